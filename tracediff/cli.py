@@ -1,0 +1,118 @@
+"""Command line: record, info, show, locate, demo. Bad input: one line on stderr, exit 2."""
+
+import functools
+import json
+import os
+import sys
+
+import click
+
+from . import __version__
+from .errors import TraceError
+
+
+def _guard(fn):
+    """Turn TraceError (and unreadable input) into one clear line and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except TraceError as exc:
+            click.echo(f"tracediff: error: {exc}", err=True)
+            sys.exit(2)
+        except BrokenPipeError:
+            sys.exit(0)
+
+    return wrapper
+
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(__version__, prog_name="tracediff")
+def main():
+    """Find the first operation where two runs of a numerical ML program disagree.
+
+    \b
+    On each machine:   tracediff record -o a.h5 train.py [ARGS...]
+    Then:              tracediff locate a.h5 b.h5
+    """
+
+
+@main.command(context_settings={**CONTEXT, "ignore_unknown_options": True,
+                                "allow_interspersed_args": False})
+@click.option("-o", "--output", default="trace.h5", show_default=True,
+              help="Trace file to write (HDF5).")
+@click.option("--loops", type=click.Choice(["opaque", "stepped"]), default="opaque",
+              show_default=True, help="JAX while/scan: one event per loop, or one per iteration.")
+@click.option("--framework", "frameworks", multiple=True, type=click.Choice(["jax", "torch"]),
+              help="Capture only these frameworks (default: every one the script imports).")
+@click.argument("script", type=click.Path(dir_okay=False))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@_guard
+def record(output, loops, frameworks, script, args):
+    """Run SCRIPT [ARGS...] unmodified and record every operation into a trace.
+
+    JAX: every jit call (its real compiled outputs) and every jaxpr equation inside it
+    (replayed from the call's real inputs), every eager primitive, every optax step.
+    PyTorch: every aten op forward and backward, every optimizer step. The script's
+    own results are unchanged; its exit code is tracediff's exit code.
+    """
+    from .capture import RecordOptions
+    from .runner import record_script
+
+    options = RecordOptions(loops=loops)
+    code = record_script(script, list(args), output, options, frameworks or ("jax", "torch"))
+    click.echo(f"tracediff: trace written to {output}", err=True)
+    sys.exit(code)
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("trace", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@_guard
+def info(trace, as_json):
+    """Show a trace's manifest, counts and per-operation summary."""
+    from .report.summary import trace_summary, print_summary
+
+    from .trace.reader import Trace
+
+    with Trace(trace) as t:
+        summary = trace_summary(t)
+    if as_json:
+        click.echo(json.dumps(summary, indent=2, default=str))
+    else:
+        print_summary(summary)
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("trace", type=click.Path(dir_okay=False))
+@click.argument("event", type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--npy", type=click.Path(dir_okay=False),
+              help="Save the event's first output value to this .npy file.")
+@_guard
+def show(trace, event, as_json, npy):
+    """Show one event's metadata, inputs and values."""
+    import numpy as np
+
+    from .report.summary import event_detail, print_event
+    from .trace.reader import Trace
+
+    with Trace(trace) as t:
+        if not 0 <= event < len(t):
+            raise TraceError(f"{trace}: no event {event} (the trace has {len(t)} events)")
+        detail, arrays = event_detail(t, event)
+    if npy:
+        if not arrays:
+            raise TraceError(f"event {event} has no stored output value")
+        folder = os.path.dirname(os.path.abspath(npy))
+        if not os.access(folder, os.W_OK):
+            raise TraceError(f"cannot write {npy}")
+        np.save(npy, arrays[0], allow_pickle=False)
+    if as_json:
+        click.echo(json.dumps(detail, indent=2, default=str))
+    else:
+        print_event(detail)

@@ -1,0 +1,1 @@
+"""The trace file: schema (constants), writer (append-only, chunked), reader (safe, lazy)."""

@@ -1,0 +1,84 @@
+"""HDF5 schema of a tracediff trace (documented for humans in docs/format.md).
+
+Everything variable-length (op names, module paths, source lines, shapes, dtypes) is
+interned once in the `strings` dataset and referenced by index, so the three tables
+stay fixed-width and can be appended to in chunks.
+"""
+
+import numpy as np
+
+FORMAT_NAME = "tracediff.trace"
+SCHEMA_VERSION = 1
+
+# events.kind
+KIND_CALL = 0      # a top-level compiled call (jax jit); its values are the real compiled outputs
+KIND_EQN = 1       # a jaxpr equation replayed inside a call
+KIND_EAGER = 2     # an eager JAX primitive (outside any jit)
+KIND_OP = 3        # a torch aten op
+KIND_OPTIM = 4     # an optimizer step snapshot: params, grads, state by name
+KIND_INPUT = 5     # an external value first seen without a recorded producer
+KIND_NAMES = {KIND_CALL: "call", KIND_EQN: "eqn", KIND_EAGER: "eager", KIND_OP: "op",
+              KIND_OPTIM: "optim", KIND_INPUT: "input"}
+
+# events.framework
+FW_JAX = 1
+FW_TORCH = 2
+FW_NAMES = {0: "", FW_JAX: "jax", FW_TORCH: "torch"}
+
+# events.phase
+PHASE_FWD = 0
+PHASE_BWD = 1
+PHASE_OPTIM = 2
+PHASE_NAMES = {PHASE_FWD: "forward", PHASE_BWD: "backward", PHASE_OPTIM: "optimizer"}
+
+# events.origin: where the recorded values come from
+ORIGIN_NONE = 0
+ORIGIN_COMPILED = 1   # outputs of the real compiled program (what the script saw)
+ORIGIN_REPLAY = 2     # equation-by-equation replay from the call's real inputs
+ORIGIN_EAGER = 3      # the op as the script ran it, op by op
+ORIGIN_SNAPSHOT = 4   # a copy of live state (optimizer step, external input)
+ORIGIN_NAMES = {ORIGIN_NONE: "", ORIGIN_COMPILED: "compiled", ORIGIN_REPLAY: "replay",
+                ORIGIN_EAGER: "eager", ORIGIN_SNAPSHOT: "snapshot"}
+
+# values.role
+ROLE_OUT = 0
+ROLE_IN = 1
+
+# values.flags (bit set)
+VFLAG_UNINIT = 1      # uninitialised memory (torch empty*): never compare
+VFLAG_NOT_STORED = 2  # metadata only: bytes were not written (meta/sparse tensor, cap reached)
+VFLAG_SCALAR = 4      # a Python scalar (torch .item())
+
+# inputs.producer special values
+PRODUCER_UNKNOWN = -1   # produced outside what was recorded
+PRODUCER_LITERAL = -2   # a literal constant in the program
+PRODUCER_CONST = -3     # a constant closed over by the program
+
+EVENT_DTYPE = np.dtype([
+    ("framework", "u1"), ("kind", "u1"), ("phase", "u1"), ("origin", "u1"),
+    ("op", "<i4"),          # strings index: primitive / aten op / call name
+    ("params", "<i4"),      # strings index: short summary of parameters
+    ("name_stack", "<i4"),  # strings index: Flax name stack / nn.Module path
+    ("source", "<i4"),      # strings index: user file:line
+    ("node", "<i4"),        # strings index: torch autograd node (DotBackward0), public API parent
+    ("call", "<i8"),        # event id of the enclosing top-level call, -1 if none
+    ("parent", "<i8"),      # enclosing event (nested jit eqn) or forward op of a backward op
+    ("step", "<i8"),        # optimizer steps completed before this event
+    ("iter", "<i8"),        # loop iteration when a while/scan body is stepped, else -1
+])
+
+VALUE_DTYPE = np.dtype([
+    ("event", "<i8"), ("slot", "<i4"), ("role", "u1"), ("flags", "u1"),
+    ("dtype", "<i4"),     # strings index: logical dtype name (float32, bfloat16, key<fry>)
+    ("storage", "<i4"),   # strings index: numpy dtype the bytes are stored as
+    ("shape", "<i4"),     # strings index: comma-separated dims, "" for a scalar
+    ("name", "<i4"),      # strings index: pytree path / parameter name, or -1
+    ("offset", "<i8"), ("nbytes", "<i8"),
+    ("hash", "<u8"),      # blake2b-64 of the stored bytes: equal hash == bitwise equal
+])
+
+INPUT_DTYPE = np.dtype([
+    ("event", "<i8"), ("slot", "<i4"), ("producer", "<i8"), ("producer_slot", "<i4"),
+])
+
+TABLES = {"events": EVENT_DTYPE, "values": VALUE_DTYPE, "inputs": INPUT_DTYPE}

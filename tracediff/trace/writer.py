@@ -1,0 +1,168 @@
+"""Append-only trace writer: rows and bytes are buffered and flushed in chunks.
+
+One HDF5 dataset per table plus one byte arena (`blob`) for all values: creating a
+dataset per tensor was measured 10-170x slower. After each flush the `committed`
+counts on the root are updated last, so a reader of a file whose writer died trusts
+only rows that were completely written.
+"""
+
+import json
+import os
+import time
+
+import h5py
+import numpy as np
+
+from . import schema, values
+
+FLUSH_ROWS = 20_000
+FLUSH_BYTES = 64 << 20
+CHUNK_ROWS = 8192
+CHUNK_BYTES = 1 << 20
+
+
+class TraceWriter:
+    """Writes one trace file. Not thread-safe: capture code serialises calls."""
+
+    def __init__(self, path, manifest):
+        self.path = os.fspath(path)
+        self._f = h5py.File(self.path, "w")
+        f = self._f
+        f.attrs["format"] = schema.FORMAT_NAME
+        f.attrs["schema_version"] = schema.SCHEMA_VERSION
+        f.attrs["complete"] = False
+        for name, dt in schema.TABLES.items():
+            f.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dt, chunks=(CHUNK_ROWS,))
+        f.create_dataset("blob", shape=(0,), maxshape=(None,), dtype="u1", chunks=(CHUNK_BYTES,))
+        f.create_dataset("strings", shape=(0,), maxshape=(None,),
+                         dtype=h5py.string_dtype("utf-8"), chunks=(4096,))
+        self._manifest = dict(manifest)
+        self._write_manifest()
+        self._strings = {}
+        self._new_strings = []
+        self._rows = {name: [] for name in schema.TABLES}
+        self._counts = {name: 0 for name in schema.TABLES}
+        self._blob = bytearray()
+        self._blob_size = 0
+        self._n_strings = 0
+        self.bytes_recorded = 0
+        self.closed = False
+        self._commit()
+
+    # -- strings ---------------------------------------------------------------------------
+    def intern(self, text):
+        """Index of `text` in the strings table (-1 for None)."""
+        if text is None:
+            return -1
+        idx = self._strings.get(text)
+        if idx is None:
+            idx = self._strings[text] = len(self._strings)
+            self._new_strings.append(text)
+        return idx
+
+    # -- rows ------------------------------------------------------------------------------
+    @property
+    def n_events(self):
+        return self._counts["events"] + len(self._rows["events"])
+
+    def add_event(self, *, framework, kind, op, phase=schema.PHASE_FWD, origin=schema.ORIGIN_NONE,
+                  params=None, name_stack=None, source=None, node=None, call=-1, parent=-1,
+                  step=0, iter=-1):
+        """Append an event; returns its id (row number)."""
+        eid = self.n_events
+        s = self.intern
+        self._rows["events"].append((framework, kind, phase, origin, s(op), s(params),
+                                     s(name_stack), s(source), s(node), call, parent, step, iter))
+        if len(self._rows["events"]) >= FLUSH_ROWS:
+            self.flush()
+        return eid
+
+    def add_value(self, event, slot, array, *, role=schema.ROLE_OUT, name=None, flags=0,
+                  logical_dtype=None, store=True):
+        """Append one value of `event`. `array` must be a host numpy array (or scalar)."""
+        raw, dtype_name, storage, shape = values.encode(array, logical_dtype)
+        if not store or flags & (schema.VFLAG_UNINIT | schema.VFLAG_NOT_STORED):
+            flags |= schema.VFLAG_NOT_STORED if not (flags & schema.VFLAG_UNINIT) else 0
+            offset, nbytes, h = -1, 0, 0
+        else:
+            offset, nbytes, h = self._blob_size, len(raw), values.digest(raw)
+            self._blob += raw
+            self._blob_size += nbytes
+            self.bytes_recorded += nbytes
+        self._rows["values"].append((event, slot, role, flags, self.intern(dtype_name),
+                                     self.intern(storage), self.intern(values.shape_str(shape)),
+                                     self.intern(name), offset, nbytes, h))
+        if len(self._blob) >= FLUSH_BYTES or len(self._rows["values"]) >= FLUSH_ROWS:
+            self.flush()
+
+    def add_meta_value(self, event, slot, dtype_name, shape, *, role=schema.ROLE_OUT, name=None,
+                       flags=schema.VFLAG_NOT_STORED):
+        """A value whose bytes are not stored (uninitialised memory, meta tensors)."""
+        self._rows["values"].append((event, slot, role, flags, self.intern(dtype_name),
+                                     self.intern(dtype_name), self.intern(values.shape_str(shape)),
+                                     self.intern(name), -1, 0, 0))
+
+    def add_input(self, event, slot, producer, producer_slot=0):
+        self._rows["inputs"].append((event, slot, producer, producer_slot))
+
+    # -- manifest --------------------------------------------------------------------------
+    def update_manifest(self, **fields):
+        self._manifest.update(fields)
+        self._write_manifest()
+
+    def _write_manifest(self):
+        text = json.dumps(self._manifest, sort_keys=True, default=str)
+        if "manifest" in self._f:
+            del self._f["manifest"]
+        self._f.create_dataset("manifest", data=text, dtype=h5py.string_dtype("utf-8"))
+
+    # -- flushing --------------------------------------------------------------------------
+    def flush(self):
+        """Write buffered rows and bytes, then advance the committed counts."""
+        if self.closed:
+            return
+        f = self._f
+        if self._new_strings:
+            ds = f["strings"]
+            n = ds.shape[0]
+            ds.resize((n + len(self._new_strings),))
+            ds[n:] = np.array(self._new_strings, dtype=object)
+            self._n_strings = n + len(self._new_strings)
+            self._new_strings = []
+        if self._blob:
+            ds = f["blob"]
+            n = ds.shape[0]
+            ds.resize((n + len(self._blob),))
+            ds[n:] = np.frombuffer(bytes(self._blob), dtype="u1")
+            self._blob = bytearray()
+        for name, dt in schema.TABLES.items():
+            rows = self._rows[name]
+            if not rows:
+                continue
+            ds = f[name]
+            n = ds.shape[0]
+            ds.resize((n + len(rows),))
+            ds[n:] = np.array(rows, dtype=dt)
+            self._counts[name] = n + len(rows)
+            self._rows[name] = []
+        self._commit()
+
+    def _commit(self):
+        f = self._f
+        for name in schema.TABLES:
+            f.attrs[f"committed_{name}"] = self._counts[name]
+        f.attrs["committed_blob"] = self._blob_size - len(self._blob)
+        f.attrs["committed_strings"] = self._n_strings
+        f.attrs["last_flush_unix"] = time.time()
+        f.flush()
+
+    def close(self, **manifest_fields):
+        """Flush, store the final manifest fields (how the run ended) and mark complete."""
+        if self.closed:
+            return
+        self.flush()
+        if manifest_fields:
+            self.update_manifest(**manifest_fields)
+        self._f.attrs["complete"] = True
+        self._f.close()
+        self.closed = True
