@@ -1,0 +1,541 @@
+"""PyTorch capture: every aten op (forward, backward, optimizer) and every optimizer step.
+
+Supported torch: >= 2.1 (checked by reading the sources of the private APIs used below;
+tested on 2.13.0+cpu). `install()` checks that the private APIs exist and raises a clear
+error naming the torch version if one is missing.
+
+Design (see /work/shared/design/torch-capture-notes.md for the measurements behind it):
+
+- One `TorchDispatchMode`, entered on the thread that installs the capture (the main
+  thread), sees every aten op after autograd and CompositeImplicit decomposition:
+  forward ops, the autograd engine's backward ops (CPU backward runs on the calling
+  thread) and the optimizer's ops. Each op is one `KIND_OP` event whose values are
+  all its output tensors, stored exactly (bf16 as int16 bits, float8 as uint8 bits,
+  conj/neg views resolved, sparse densified). Outputs of `empty*` are uninitialised
+  memory: metadata with `VFLAG_UNINIT`, never stored. `.item()` (aten
+  `_local_scalar_dense`) stores its Python scalar with `VFLAG_SCALAR`. Ops that return
+  None but write their arguments (`_foreach_*_`, `_fused_adam_`) have the schema's
+  `is_write` arguments as outputs.
+- Backward ops: `torch._C._current_autograd_node()` names the node (`node` column:
+  `DotBackward0`, `AccumulateGrad`); the forward op that created it is found through
+  autograd sequence numbers (`torch.autograd._get_sequence_nr()` read on entry of
+  each forward op; the window since the previous op holds the nodes this op's autograd
+  kernel created), keyed by (thread, seq). `parent` is that forward op's event id and
+  the backward op inherits its module path and source line. `AccumulateGrad` ops take
+  the module path of the parameter they accumulate into and `param=<name>` in params.
+- The `node` column of forward and optimizer ops is empty; it only ever holds autograd
+  node names. (No TorchFunctionMode API bracketing is done: it is optional and costs
+  about 1.3x; the module path usually names the API-level unit.)
+- Module path (`name_stack`): global module forward pre/post hooks keep a stack of
+  qualified names; a root module names its subtree once with `named_modules()`.
+- Source: a cheap `sys._getframe` walk to the first frame outside torch, tracediff,
+  runpy and importlib (a per-code-object cache), shortened with `session.short_path()`.
+- Dataflow: `add_input` for every tensor input (flattened, in argument order), linked
+  to the producing event and output slot. No strong references are kept to the
+  program's tensors (that would change what autograd does): `id -> (weakref, event,
+  slot, _version)`, with `_version` read lazily at the next op (it is bumped after the
+  Python dispatch key returns). A tensor with no live producer entry, or whose version
+  moved (written through another alias), is looked up by storage `data_ptr` (last
+  writer): if the last writer's output is alive and has the same geometry it is the
+  producer; otherwise the tensor is snapshotted once as a `KIND_INPUT` `<input>` event
+  (`parent` = the last writer, if any), so every input has a producer with a value.
+- Optimizer: global `register_optimizer_step_pre_hook`/`post_hook`. Ops between them
+  are `PHASE_OPTIM`; the post hook writes one `KIND_OPTIM` event (`optim:Adam`) with
+  values named `params/<name>`, `grads/<name>`, `state/<name>/<key>` (names from the
+  seen root modules' `named_parameters()`, else `group{g}.param{i}`), copied with
+  dispatch recording disabled, then increments the step counter (`step` column =
+  optimizer steps completed before the event).
+- Threads: NOT captured. The dispatch mode stack is thread-local, so aten ops run in
+  other Python threads are not recorded; the manifest says so (`threads_captured`).
+- Forked DataLoader workers inherit the mode and hooks but never write (pid check);
+  their batches reach the main process as `<input>` events.
+- torch.compile falls back to eager while a dispatch mode is active: the trace shows
+  eager numerics (`mode: eager dispatch` in the manifest).
+- Cost: no pytree in the hot path (hand-written flatten), values go straight into the
+  writer's buffered byte arena; the runner raises the GC threshold.
+"""
+
+import os
+import re
+import sys
+import threading
+import weakref
+
+import numpy as np
+
+from . import Capture
+from ..trace import schema
+
+SUPPORTED = "torch >= 2.1 (tested 2.13)"
+
+_UNINIT_OPS = frozenset({"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
+                         "aten::new_empty_strided", "aten::empty_permuted"})
+_SCALAR_TYPES = (bool, int, float, complex)
+_SKIP_FILE_PREFIXES = ("<frozen", "<string>")
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_MAX_PARAM = 48
+_MAX_PARAMS = 160
+
+
+def _flat(xs, out):
+    """Append the tensors of xs (args tuple, kwargs values, nested one level) to out."""
+    Tensor = _torch.Tensor
+    for x in xs:
+        if isinstance(x, Tensor):
+            out.append(x)
+        elif isinstance(x, (list, tuple)):
+            for y in x:
+                if isinstance(y, Tensor):
+                    out.append(y)
+    return out
+
+
+def _short_repr(v):
+    r = repr(v)
+    if " at 0x" in r:  # object addresses change from run to run
+        r = _ADDRESS.sub("", r)
+    return r if len(r) <= _MAX_PARAM else r[:_MAX_PARAM - 3] + "..."
+
+
+_torch = None
+
+
+class _OpInfo:
+    """Per-aten-overload facts computed once: name, argument names, writes, uninit."""
+
+    __slots__ = ("name", "arg_names", "write_pos", "write_kw", "uninit", "skip")
+
+    def __init__(self, func):
+        sch = func._schema
+        self.name = sch.name if func._overloadname == "default" else f"{sch.name}.{func._overloadname}"
+        self.arg_names = [a.name for a in sch.arguments]
+        self.write_pos, self.write_kw = [], []
+        for i, a in enumerate(sch.arguments):
+            if a.alias_info is not None and a.alias_info.is_write:
+                (self.write_kw if a.kwarg_only else self.write_pos).append((i, a.name))
+        self.uninit = sch.name in _UNINIT_OPS
+        # record_function brackets (profiler::) carry no numbers and an object address.
+        self.skip = sch.name.startswith("profiler::")
+
+
+class TorchCapture(Capture):
+    framework = "torch"
+    trigger = "torch"
+
+    def __init__(self):
+        self.session = None
+        self.installed = False
+        self._handles = []
+
+    # -- install / uninstall ----------------------------------------------------------------
+    def install(self, session):
+        global _torch
+        import torch
+
+        import torch.optim.optimizer as optim_mod
+
+        _torch = torch
+        missing = [name for name, ok in (
+            ("torch._C._current_autograd_node", hasattr(torch._C, "_current_autograd_node")),
+            ("torch.autograd._get_sequence_nr", hasattr(torch.autograd, "_get_sequence_nr")),
+            ("torch._C._DisableTorchDispatch", hasattr(torch._C, "_DisableTorchDispatch")),
+            ("torch.optim.optimizer.register_optimizer_step_post_hook",
+             hasattr(optim_mod, "register_optimizer_step_post_hook")),
+        ) if not ok]
+        if missing:
+            raise RuntimeError(f"tracediff torch capture needs {SUPPORTED}; torch {torch.__version__} "
+                               f"lacks {', '.join(missing)}")
+        from torch.nn.modules.module import (register_module_forward_hook,
+                                             register_module_forward_pre_hook)
+        from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                           register_optimizer_step_pre_hook)
+
+        self.session = session
+        self.writer = session.writer
+        self.lock = session.lock
+        self.pid = session.pid
+        self.tool_dirs = tuple(session.tool_dirs) + (os.path.dirname(os.path.abspath(__file__)),)
+        self.skip_prefixes = (os.path.dirname(torch.__file__),) + self.tool_dirs + _SKIP_FILE_PREFIXES
+        self.step = 0
+        self.phase = schema.PHASE_FWD
+        self.n_ops = 0
+        self.n_inputs = 0
+        self.n_fallback = 0
+        # dataflow
+        self.producer = {}       # id(tensor) -> (weakref, event, slot, version or None/-1)
+        self.pending = []        # (id, weakref) of the last op's outputs, version read lazily
+        self.last_writer = {}    # storage data_ptr -> (event, slot, weakref, uninit)
+        # autograd
+        self.seq2fwd = {}        # (thread id, seq nr) -> (event, module path, source)
+        self.last_seq = {}       # thread id -> sequence number after the previous forward op
+        # modules
+        self.mod_names = weakref.WeakKeyDictionary()
+        self.roots = []
+        self.mod_stack = []
+        # caches
+        self._opinfo = {}
+        self._names, self._names_key = {}, None
+        self._cur_source = None
+        self._code_skip = {}
+        self._short = {}
+        self._cur_node = torch._C._current_autograd_node
+        self._get_seq = torch.autograd._get_sequence_nr
+
+        self._handles = [
+            register_module_forward_pre_hook(self._mod_pre),
+            register_module_forward_hook(self._mod_post, always_call=True),
+            register_optimizer_step_pre_hook(self._optim_pre),
+            register_optimizer_step_post_hook(self._optim_post),
+        ]
+        self.mode = _make_mode(self)
+        self.mode.__enter__()
+        self.thread = threading.get_ident()
+        self.last_seq[self.thread] = self._get_seq()
+        self.installed = True
+
+    def uninstall(self):
+        if not self.installed:
+            return
+        self.installed = False
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        try:
+            self.mode.__exit__(None, None, None)
+        finally:
+            self.producer.clear()
+            self.last_writer.clear()
+            self.pending = []
+
+    def manifest(self):
+        torch = _torch
+        if torch is None:
+            return {}
+        m = {"version": torch.__version__, "mode": "eager dispatch",
+             "supported": SUPPORTED,
+             "compile": "torch.compile falls back to eager while recording (dispatch mode active)",
+             "threads_captured": False,
+             "threads_note": "aten ops run in Python threads other than the recording thread are "
+                             "not recorded (the dispatch mode stack is thread-local)",
+             "num_threads": torch.get_num_threads(),
+             "num_interop_threads": torch.get_num_interop_threads(),
+             "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+             "float32_matmul_precision": torch.get_float32_matmul_precision(),
+             "optimizer_steps": getattr(self, "step", 0),
+             "ops": getattr(self, "n_ops", 0),
+             "input_snapshots": getattr(self, "n_inputs", 0)}
+        for key, fn in (("config", lambda: torch.__config__.show()),
+                        ("parallel_info", lambda: torch.__config__.parallel_info()),
+                        ("cpu_capability", lambda: torch.backends.cpu.get_cpu_capability()),
+                        ("cuda_matmul_allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32),
+                        ("cudnn_allow_tf32", lambda: torch.backends.cudnn.allow_tf32),
+                        ("cudnn_deterministic", lambda: torch.backends.cudnn.deterministic),
+                        ("cuda_available", lambda: torch.cuda.is_available()),
+                        ("mkldnn_enabled", lambda: torch.backends.mkldnn.enabled)):
+            try:
+                m[key] = fn()
+            except Exception as exc:  # a missing backend must not lose the manifest
+                m[key] = f"unavailable: {type(exc).__name__}"
+        return m
+
+    # -- module paths ---------------------------------------------------------------------
+    def _mod_name(self, m):
+        n = self.mod_names.get(m)
+        if n is None:
+            if not self.mod_stack:
+                self.roots.append(weakref.ref(m))
+                for sub_name, sub in m.named_modules(remove_duplicate=False):
+                    if sub not in self.mod_names:
+                        self.mod_names[sub] = sub_name
+                n = self.mod_names[m]
+            else:
+                n = self.mod_names[m] = f"{self.mod_stack[-1]}.<{type(m).__name__}>".lstrip(".")
+        return n
+
+    def _mod_pre(self, module, args):
+        if threading.get_ident() == self.thread:
+            self.mod_stack.append(self._mod_name(module))
+
+    def _mod_post(self, module, args, output):
+        if threading.get_ident() == self.thread and self.mod_stack:
+            self.mod_stack.pop()
+
+    def _param_names(self):
+        """id(parameter) -> qualified name, over the root modules seen (cached per step)."""
+        key = (self.step, len(self.roots))
+        if self._names_key == key:
+            return self._names
+        names = {}
+        for r in self.roots:
+            root = r()
+            if root is not None:
+                for n, p in root.named_parameters(remove_duplicate=False):
+                    names.setdefault(id(p), n)
+        self._names, self._names_key = names, key
+        return names
+
+    # -- source lines ---------------------------------------------------------------------
+    def _source(self):
+        f = sys._getframe(2)
+        skip = self._code_skip
+        while f is not None:
+            code = f.f_code
+            s = skip.get(code)
+            if s is None:
+                fn = code.co_filename
+                s = skip[code] = fn.startswith(self.skip_prefixes) or os.path.basename(fn) in (
+                    "runpy.py", "threading.py")
+            if not s:
+                fn = code.co_filename
+                short = self._short.get(fn)
+                if short is None:
+                    short = self._short[fn] = self.session.short_path(fn)
+                return f"{short}:{f.f_lineno}"
+            f = f.f_back
+        return None
+
+    # -- values ---------------------------------------------------------------------------
+    def _store(self, eid, slot, t, uninit=False, name=None, role=schema.ROLE_OUT):
+        """Write tensor t as value `slot` of event eid (caller holds the lock)."""
+        torch = _torch
+        w = self.writer
+        dtype = t.dtype
+        dname = str(dtype)[6:]
+        if uninit:
+            w.add_meta_value(eid, slot, dname, tuple(t.shape), role=role, name=name,
+                             flags=schema.VFLAG_UNINIT)
+            return
+        if t.device.type == "meta":
+            w.add_meta_value(eid, slot, dname, tuple(t.shape), role=role, name=name)
+            return
+        if t.requires_grad:
+            t = t.detach()
+        if t.layout != torch.strided:
+            try:
+                t = t.to_dense()
+            except Exception:
+                w.add_meta_value(eid, slot, dname, tuple(t.shape), role=role, name=name)
+                return
+        if t.device.type != "cpu":
+            t = t.cpu()
+        logical = None
+        if dtype.is_complex:
+            t = t.resolve_conj().resolve_neg()
+            if dtype == torch.complex32:
+                t = t.to(torch.complex64)
+        elif dtype == torch.bfloat16:
+            t, logical = t.view(torch.int16), "bfloat16"
+        elif dtype.itemsize == 1 and dtype.is_floating_point:
+            t, logical = t.view(torch.uint8), dname
+        elif t.is_neg():
+            t = t.resolve_neg()
+        w.add_value(eid, slot, t.numpy(), role=role, name=name, logical_dtype=logical)
+
+    # -- dataflow -------------------------------------------------------------------------
+    def _fix_pending(self):
+        producer = self.producer
+        for key, wr in self.pending:
+            t = wr()
+            if t is not None:
+                e = producer.get(key)
+                if e is not None and e[0] is wr:
+                    producer[key] = (wr, e[1], e[2], -1 if t.is_inference() else t._version)
+        self.pending = []
+
+    def _ref(self, t):
+        """(event, slot) that produced tensor t's current value; snapshots unknown tensors."""
+        e = self.producer.get(id(t))
+        known = e is not None and e[0]() is t
+        if known:
+            v = e[3]
+            if v is None or v == -1 or t.is_inference() or v == t._version:
+                return e[1], e[2]
+        self.n_fallback += 1
+        try:
+            ptr = t.untyped_storage().data_ptr()
+        except Exception:
+            ptr = 0
+        lw = self.last_writer.get(ptr) if ptr else None
+        parent, uninit = -1, False
+        if lw is not None:
+            o = lw[2]()
+            if o is not None:
+                # The writer's output is alive, so the storage is the same one: an alias.
+                if (o.shape == t.shape and o.dtype == t.dtype and o.stride() == t.stride()
+                        and o.storage_offset() == t.storage_offset()):
+                    return lw[0], lw[1]
+                parent = lw[0]
+            elif known and lw[0] > e[1]:
+                parent = lw[0]  # written in place through a view that is gone
+            elif lw[3]:
+                # Most likely a wrapper (nn.Parameter) of an empty* output: the bytes are
+                # uninitialised, never compare them.
+                parent, uninit = lw[0], True
+        # Snapshot: an external input (or a value written through an alias we cannot map).
+        eid = self.writer.add_event(framework=schema.FW_TORCH, kind=schema.KIND_INPUT, op="<input>",
+                                    phase=self.phase, origin=schema.ORIGIN_SNAPSHOT,
+                                    step=self.step, parent=parent, source=self._cur_source)
+        self.n_inputs += 1
+        self._store(eid, 0, t, uninit=uninit)
+        self.producer[id(t)] = (weakref.ref(t), eid, 0, -1 if t.is_inference() else t._version)
+        return eid, 0
+
+    # -- the op hook ----------------------------------------------------------------------
+    def on_op(self, func, args, kwargs):
+        """Run one aten op and record it (called by the dispatch mode)."""
+        if os.getpid() != self.pid or self.writer.closed:
+            return func(*args, **kwargs)
+        info = self._opinfo.get(func)
+        if info is None:
+            info = self._opinfo[func] = _OpInfo(func)
+        if info.skip:
+            return func(*args, **kwargs)
+        tid = threading.get_ident()
+        node = self._cur_node()
+        if node is None:
+            seq_now = self._get_seq()
+            src = self._source()
+            mod = self.mod_stack[-1] if self.mod_stack else None
+        else:
+            src = mod = None
+        self._cur_source = src
+        ins = _flat(args, [])
+        if kwargs:
+            _flat(kwargs.values(), ins)
+        with self.lock:
+            if self.pending:
+                self._fix_pending()
+            refs = [self._ref(t) for t in ins]
+        out = func(*args, **kwargs)
+        # outputs
+        if out is None:
+            outs = [a for i, _ in info.write_pos if i < len(args) for a in _flat((args[i],), [])]
+            outs += [a for _, n in info.write_kw if n in kwargs for a in _flat((kwargs[n],), [])]
+        elif isinstance(out, _torch.Tensor):
+            outs = [out]
+        elif isinstance(out, (list, tuple)):
+            outs = _flat(out, [])
+        else:
+            outs = None
+        parent = -1
+        node_name = None
+        phase = self.phase
+        params = self._params(info, args, kwargs)
+        if node is not None:
+            phase = schema.PHASE_BWD
+            node_name = type(node).__name__
+            fwd = self.seq2fwd.get((tid, node._sequence_nr()))
+            if fwd is not None:
+                parent, mod, src = fwd
+            elif node_name == "AccumulateGrad":
+                pname = self._param_names().get(id(node.variable))
+                if pname is not None:
+                    mod = pname.rpartition(".")[0]
+                    params = f"param={pname}" + (f", {params}" if params else "")
+        with self.lock:
+            eid = self.writer.add_event(framework=schema.FW_TORCH, kind=schema.KIND_OP, op=info.name,
+                                        phase=phase, origin=schema.ORIGIN_EAGER, params=params,
+                                        name_stack=mod, source=src, node=node_name, parent=parent,
+                                        step=self.step)
+            self.n_ops += 1
+            w = self.writer
+            for slot, (pe, ps) in enumerate(refs):
+                w.add_input(eid, slot, pe, ps)
+            if node is None:
+                last = self.last_seq.get(tid, seq_now)
+                for s in range(last, seq_now):
+                    self.seq2fwd[(tid, s)] = (eid, mod, src)
+                self.last_seq[tid] = seq_now
+            if outs is None:
+                if isinstance(out, _SCALAR_TYPES):
+                    w.add_value(eid, 0, np.asarray(out), flags=schema.VFLAG_SCALAR)
+            else:
+                producer, pending, last_writer = self.producer, self.pending, self.last_writer
+                uninit = info.uninit
+                for slot, o in enumerate(outs):
+                    wr = weakref.ref(o)
+                    key = id(o)
+                    producer[key] = (wr, eid, slot, None)
+                    pending.append((key, wr))
+                    try:
+                        ptr = o.untyped_storage().data_ptr()
+                    except Exception:
+                        ptr = 0
+                    if ptr:
+                        last_writer[ptr] = (eid, slot, wr, uninit)
+                    self._store(eid, slot, o, uninit)
+        return out
+
+    def _params(self, info, args, kwargs):
+        """Short deterministic summary of the non-tensor arguments."""
+        Tensor = _torch.Tensor
+        parts = []
+        names = info.arg_names
+        for i, a in enumerate(args):
+            if isinstance(a, Tensor) or a is None:
+                continue
+            if isinstance(a, (list, tuple)) and a and isinstance(a[0], Tensor):
+                continue
+            parts.append(f"{names[i] if i < len(names) else i}={_short_repr(a)}")
+        if kwargs:
+            for k, a in kwargs.items():
+                if isinstance(a, Tensor) or a is None or k == "pin_memory":
+                    continue
+                if isinstance(a, (list, tuple)) and a and isinstance(a[0], Tensor):
+                    continue
+                parts.append(f"{k}={_short_repr(a)}")
+        if not parts:
+            return None
+        s = ", ".join(parts)
+        return s if len(s) <= _MAX_PARAMS else s[:_MAX_PARAMS - 3] + "..."
+
+    # -- optimizer ------------------------------------------------------------------------
+    def _optim_pre(self, opt, args, kwargs):
+        if os.getpid() == self.pid and threading.get_ident() == self.thread:
+            self.phase = schema.PHASE_OPTIM
+
+    def _optim_post(self, opt, args, kwargs):
+        if os.getpid() != self.pid or threading.get_ident() != self.thread or self.writer.closed:
+            return
+        torch = _torch
+        names = self._param_names()
+        hyper = []
+        for g, group in enumerate(opt.param_groups):
+            for k in ("lr", "betas", "eps", "weight_decay", "momentum"):
+                if k in group and not isinstance(group[k], torch.Tensor):
+                    hyper.append(f"{k}={_short_repr(group[k])}" if g == 0 else f"g{g}.{k}={_short_repr(group[k])}")
+        with self.lock, torch._C._DisableTorchDispatch(), torch.no_grad():
+            eid = self.writer.add_event(framework=schema.FW_TORCH, kind=schema.KIND_OPTIM,
+                                        op=f"optim:{type(opt).__name__}", phase=schema.PHASE_OPTIM,
+                                        origin=schema.ORIGIN_SNAPSHOT, params=", ".join(hyper)[:_MAX_PARAMS] or None,
+                                        step=self.step)
+            slot = 0
+            for g, group in enumerate(opt.param_groups):
+                for i, p in enumerate(group["params"]):
+                    n = names.get(id(p), f"group{g}.param{i}")
+                    self._store(eid, slot, p, name=f"params/{n}")
+                    slot += 1
+                    if p.grad is not None:
+                        self._store(eid, slot, p.grad, name=f"grads/{n}")
+                        slot += 1
+                    for k, v in opt.state.get(p, {}).items():
+                        if isinstance(v, torch.Tensor):
+                            self._store(eid, slot, v, name=f"state/{n}/{k}")
+                        elif isinstance(v, _SCALAR_TYPES):
+                            self.writer.add_value(eid, slot, np.asarray(v), name=f"state/{n}/{k}",
+                                                  flags=schema.VFLAG_SCALAR)
+                        else:
+                            continue
+                        slot += 1
+        self.step += 1
+        self.phase = schema.PHASE_FWD
+
+
+def _make_mode(capture):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _TraceMode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return capture.on_op(func, args, kwargs or {})
+
+    return _TraceMode()
