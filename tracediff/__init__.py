@@ -12,3 +12,11 @@ def load(path):
     from .trace.reader import Trace
 
     return Trace(path)
+
+
+def locate(a, b, rtol=None, atol=None, map_file=None):
+    """Compare two traces (paths or open traces); returns a result whose `.to_json()` is
+    what `tracediff locate --json` prints and whose `.exit_code` is its exit code."""
+    from .diff.locate import locate as _locate
+
+    return _locate(a, b, rtol=rtol, atol=atol, map_file=map_file)

@@ -116,3 +116,37 @@ def show(trace, event, as_json, npy):
         click.echo(json.dumps(detail, indent=2, default=str))
     else:
         print_event(detail)
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("trace_a", type=click.Path(dir_okay=False))
+@click.argument("trace_b", type=click.Path(dir_okay=False))
+@click.option("--rtol", type=float, default=None,
+              help="Relative tolerance for every floating dtype (default: per dtype).")
+@click.option("--atol", type=float, default=None,
+              help="Absolute tolerance for every floating dtype (default: per dtype).")
+@click.option("--map", "map_file", type=click.Path(dir_okay=False), default=None,
+              help="JSON file {\"a name stack or op pattern\": \"b name stack or op pattern\"} "
+                   "for traces of different frameworks.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@_guard
+def locate(trace_a, trace_b, rtol, atol, map_file, as_json):
+    """Name the first operation where two traces disagree.
+
+    \b
+    Reports the first bitwise difference and the first difference beyond tolerance
+    (op, name stack, source line, step, metrics, introduced here or inherited), then
+    the environment differences. Exit code: 0 match, 1 diverged, 2 error.
+    """
+    from .diff.locate import locate as _locate
+
+    result = _locate(trace_a, trace_b, rtol=rtol, atol=atol, map_file=map_file)
+    for w in result.warnings:
+        click.echo(f"tracediff: warning: {w}", err=True)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        from .report.terminal import print_locate
+
+        print_locate(result)
+    sys.exit(result.exit_code)

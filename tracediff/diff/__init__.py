@@ -1,0 +1,1 @@
+"""Diff two traces: align events (align), compare values (compare), locate the origin."""

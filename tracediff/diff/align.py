@@ -1,0 +1,287 @@
+"""Align the events of two traces by sequence alignment over event signatures.
+
+Signature of an event: (framework, kind, normalised op, name stack, output dtypes and
+shapes by slot; by name for optimizer snapshots), hashed to one uint64 per event.
+Index equality is never assumed: another JAX version adds or reorders equations,
+torch picks foreach or per-parameter optimizers, and so on.
+
+Algorithm (near-linear for near-identical traces):
+
+1. Identical signature sequences: identity, one vectorised comparison.
+2. Otherwise anchor on top-level events that structure a run: JAX `call` events and
+   optimizer-step snapshots. The anchor sequences are aligned with Myers' O(ND) diff,
+   then each region between two consecutive matched anchors (a call's replayed eqns,
+   the ops of one training step) is aligned on its own with the same diff.
+3. Myers' diff first trims the common prefix and suffix (vectorised), and follows each
+   diagonal "snake" with numpy chunk comparisons, so its cost is O(N) numpy work plus
+   O(D^2) Python steps for D edits. When a region needs more than `MAX_EDITS` edits the
+   region falls back to pairing equal signatures position by position after the common
+   prefix and suffix (reported as `fallback_regions` in the stats).
+"""
+
+import dataclasses
+
+import numpy as np
+
+from ..trace import schema
+
+MAX_EDITS = 2000
+
+_M1 = np.uint64(0x9E3779B97F4A7C15)
+_M2 = np.uint64(0xBF58476D1CE4E5B9)
+_M3 = np.uint64(0x94D049BB133111EB)
+
+
+def mix(*cols):
+    """Vectorised 64-bit hash of integer columns (splitmix64 finaliser over a combination)."""
+    h = np.zeros(np.broadcast(*cols).shape if len(cols) > 1 else np.shape(cols[0]), np.uint64)
+    for c in cols:
+        c = np.asarray(c).astype(np.int64).view(np.uint64) if np.asarray(c).dtype != np.uint64 \
+            else np.asarray(c)
+        h = (h ^ c) * _M1
+        h ^= h >> np.uint64(31)
+        h = h * _M2
+        h ^= h >> np.uint64(29)
+    return h * _M3
+
+
+def normalise_op(op):
+    """Primitive names that changed between versions: `pjit` is `jit` since jax 0.7."""
+    return "jit" if op == "pjit" else op
+
+
+class StringIds:
+    """One id space for the strings of several traces (so ids compare across traces)."""
+
+    def __init__(self):
+        self.ids = {}
+
+    def map(self, strings, normalise=None):
+        ids = self.ids
+        norm = normalise or (lambda s: s)
+        out = np.fromiter((ids.setdefault(norm(s), len(ids)) for s in strings), np.int64,
+                          count=len(strings))
+        return np.concatenate([out, np.array([-1], np.int64)])  # index -1 -> -1
+
+
+@dataclasses.dataclass
+class Side:
+    """A trace prepared for diffing: signatures, content hashes, value lookup."""
+
+    trace: object
+    gid: np.ndarray          # per-trace string index -> global id (last entry: -1)
+    sig: np.ndarray          # uint64 signature per event
+    content: np.ndarray      # uint64 combined hash of the comparable output values
+    n_out: np.ndarray        # number of output values per event
+    kind: np.ndarray
+    call: np.ndarray
+    parent: np.ndarray
+    vkey: np.ndarray         # sorted lookup keys of the values table
+    vrow: np.ndarray         # values-table row for each key
+
+    # key layout: event << 21 | role << 20 | slot
+    @staticmethod
+    def key(event, role, slot):
+        return (np.asarray(event, np.int64) << 21) | (np.asarray(role, np.int64) << 20) | \
+            (np.asarray(slot, np.int64) & 0xFFFFF)
+
+    def value_row(self, event, slot, role=schema.ROLE_OUT):
+        """values-table row of (event, slot, role), or None."""
+        k = int(self.key(event, role, slot))
+        i = int(np.searchsorted(self.vkey, k))
+        if i < len(self.vkey) and self.vkey[i] == k:
+            return self.trace.values[self.vrow[i]]
+        return None
+
+
+def prepare(trace, strings):
+    """Build a `Side` for `trace` with string ids from the shared `strings` space."""
+    ev, vals = trace.events, trace.values
+    n = len(ev)
+    gid = strings.map(trace.strings, normalise_op)
+    op = gid[ev["op"]]
+    ns = gid[ev["name_stack"]]
+    kind = ev["kind"].astype(np.int64)
+    # output signature and content per event
+    out = vals[vals["role"] == schema.ROLE_OUT]
+    ev_of = out["event"].astype(np.int64)
+    is_optim = kind[ev_of] == schema.KIND_OPTIM if n else np.zeros(0, bool)
+    slot_key = np.where(is_optim, gid[out["name"]] + (1 << 40), out["slot"].astype(np.int64))
+    shape_sig = mix(slot_key, gid[out["dtype"]], gid[out["shape"]])
+    outsig = np.zeros(n, np.uint64)
+    np.add.at(outsig, ev_of, shape_sig)
+    comparable = (out["offset"] >= 0) & ((out["flags"] & (schema.VFLAG_UNINIT | schema.VFLAG_NOT_STORED)) == 0)
+    content = np.zeros(n, np.uint64)
+    np.add.at(content, ev_of[comparable], mix(slot_key[comparable], out["hash"][comparable]))
+    n_out = np.bincount(ev_of, minlength=n) if n else np.zeros(0, np.int64)
+    sig = mix(ev["framework"], kind, op, ns, outsig) if n else np.zeros(0, np.uint64)
+    keys = Side.key(vals["event"], vals["role"], vals["slot"])
+    order = np.argsort(keys, kind="stable")
+    return Side(trace=trace, gid=gid, sig=sig, content=content, n_out=n_out, kind=kind,
+                call=ev["call"].astype(np.int64), parent=ev["parent"].astype(np.int64),
+                vkey=keys[order], vrow=order)
+
+
+# -- Myers diff --------------------------------------------------------------------------
+
+def _snake(a, b, x, y):
+    """Advance (x, y) along equal elements; returns the new x."""
+    n, m = len(a), len(b)
+    step = 32
+    while x < n and y < m:
+        k = min(step, n - x, m - y)
+        eq = a[x:x + k] == b[y:y + k]
+        if eq.all():
+            x += k
+            y += k
+            step = min(step * 2, 1 << 16)
+            continue
+        return x + int(np.argmin(eq))
+    return x
+
+
+def myers(a, b, max_edits=MAX_EDITS):
+    """Matched runs [(ia, ib, length)] of two equality-comparable numpy arrays, or None
+    when more than `max_edits` insertions/deletions are needed."""
+    n, m = len(a), len(b)
+    if n == 0 or m == 0:
+        return []
+    off = max_edits + 1
+    v = [0] * (2 * off + 1)
+    history = []
+    for d in range(0, max_edits + 1):
+        for k in range(-d, d + 1, 2):
+            if k == -d or (k != d and v[off + k - 1] < v[off + k + 1]):
+                x = v[off + k + 1]
+            else:
+                x = v[off + k - 1] + 1
+            y = x - k
+            x = _snake(a, b, x, y)
+            v[off + k] = x
+            if x >= n and x - k >= m:
+                history.append(v[off - d: off + d + 1])
+                return _backtrack(history, n, m)
+        history.append(v[off - d: off + d + 1])
+    return None
+
+
+def _backtrack(history, n, m):
+    runs = []
+    x, y = n, m
+    for d in range(len(history) - 1, 0, -1):
+        prev = history[d - 1]          # index k + (d - 1)
+        k = x - y
+        if k == -d or (k != d and prev[k - 1 + d - 1] < prev[k + 1 + d - 1]):
+            pk = k + 1
+            px = prev[pk + d - 1]
+            mx = px
+        else:
+            pk = k - 1
+            px = prev[pk + d - 1]
+            mx = px + 1
+        my = mx - k
+        if x > mx:
+            runs.append((mx, my, x - mx))
+        x, y = px, px - pk
+    if x > 0:
+        runs.append((0, 0, x))
+    runs.reverse()
+    return runs
+
+
+def align_arrays(a, b, max_edits=MAX_EDITS):
+    """(pairs_a, pairs_b, fallback) for two signature arrays."""
+    n, m = len(a), len(b)
+    if n == m and np.array_equal(a, b):
+        r = np.arange(n, dtype=np.int64)
+        return r, r.copy(), False
+    # common prefix / suffix, vectorised
+    k = min(n, m)
+    neq = np.flatnonzero(a[:k] != b[:k])
+    pre = int(neq[0]) if len(neq) else k
+    neq = np.flatnonzero(a[n - k + pre:][::-1] != b[m - k + pre:][::-1]) if k > pre else []
+    suf = int(neq[0]) if len(neq) else k - pre
+    ma, mb = a[pre:n - suf], b[pre:m - suf]
+    runs = myers(ma, mb, max_edits)
+    fallback = runs is None
+    if fallback:
+        kk = min(len(ma), len(mb))
+        idx = np.flatnonzero(ma[:kk] == mb[:kk])
+        mid_a, mid_b = idx + pre, idx + pre
+    else:
+        if runs:
+            mid_a = np.concatenate([np.arange(i, i + L) for i, _, L in runs]) + pre
+            mid_b = np.concatenate([np.arange(j, j + L) for _, j, L in runs]) + pre
+        else:
+            mid_a = mid_b = np.zeros(0, np.int64)
+    pa = np.concatenate([np.arange(pre), mid_a, np.arange(n - suf, n)]).astype(np.int64)
+    pb = np.concatenate([np.arange(pre), mid_b, np.arange(m - suf, m)]).astype(np.int64)
+    return pa, pb, fallback
+
+
+@dataclasses.dataclass
+class Alignment:
+    a2b: np.ndarray        # per event of a: matched event of b, or -1
+    b2a: np.ndarray
+    fallback_regions: int
+    anchors_matched: int
+
+    def stats(self):
+        na, nb = len(self.a2b), len(self.b2a)
+        matched = int((self.a2b >= 0).sum())
+        return {"events_a": na, "events_b": nb, "matched": matched,
+                "only_in_a": na - matched, "only_in_b": nb - matched,
+                "anchors_matched": self.anchors_matched,
+                "fallback_regions": self.fallback_regions}
+
+    def gaps(self, limit=5):
+        """The first runs of unmatched events on each side: [(side, start, length)]."""
+        out = []
+        for side, arr in (("a", self.a2b), ("b", self.b2a)):
+            um = np.flatnonzero(arr < 0)
+            if not len(um):
+                continue
+            starts = np.concatenate([[0], np.flatnonzero(np.diff(um) > 1) + 1])
+            ends = np.concatenate([starts[1:], [len(um)]])
+            for s, e in list(zip(starts, ends))[:limit]:
+                out.append({"side": side, "start": int(um[s]), "length": int(e - s)})
+        return out
+
+
+ANCHOR_KINDS = (schema.KIND_CALL, schema.KIND_OPTIM)
+
+
+def align(sa, sb, max_edits=MAX_EDITS):
+    """Align two prepared sides; returns an `Alignment`."""
+    na, nb = len(sa.sig), len(sb.sig)
+    a2b = np.full(na, -1, np.int64)
+    b2a = np.full(nb, -1, np.int64)
+    if na == nb and np.array_equal(sa.sig, sb.sig):
+        a2b[:] = np.arange(na)
+        b2a[:] = np.arange(nb)
+        return Alignment(a2b, b2a, 0, int(np.isin(sa.kind, ANCHOR_KINDS).sum()))
+    anc_a = np.flatnonzero(np.isin(sa.kind, ANCHOR_KINDS))
+    anc_b = np.flatnonzero(np.isin(sb.kind, ANCHOR_KINDS))
+    fallbacks = 0
+    if len(anc_a) and len(anc_b):
+        pa, pb, fb = align_arrays(sa.sig[anc_a], sb.sig[anc_b], max_edits)
+        fallbacks += fb
+        ma, mb = anc_a[pa], anc_b[pb]
+    else:
+        ma = mb = np.zeros(0, np.int64)
+    # regions: (-1 .. first anchor), (anchor_i .. anchor_i+1), ..., (last anchor .. end)
+    bounds_a = np.concatenate([[-1], ma, [na]])
+    bounds_b = np.concatenate([[-1], mb, [nb]])
+    for i in range(len(bounds_a) - 1):
+        lo_a, hi_a = int(bounds_a[i]) + 1, int(bounds_a[i + 1])
+        lo_b, hi_b = int(bounds_b[i]) + 1, int(bounds_b[i + 1])
+        if i > 0:
+            a2b[lo_a - 1] = lo_b - 1
+            b2a[lo_b - 1] = lo_a - 1
+        if hi_a <= lo_a or hi_b <= lo_b:
+            continue
+        pa, pb, fb = align_arrays(sa.sig[lo_a:hi_a], sb.sig[lo_b:hi_b], max_edits)
+        fallbacks += fb
+        a2b[pa + lo_a] = pb + lo_b
+        b2a[pb + lo_b] = pa + lo_a
+    return Alignment(a2b, b2a, fallbacks, len(ma))

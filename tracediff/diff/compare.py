@@ -1,0 +1,190 @@
+"""Compare two recorded values: tolerances per dtype, error metrics, ULP distance.
+
+Rules (the same for every caller):
+
+* Equal hashes mean bitwise equal: callers compare hashes first and only read values
+  whose hashes differ.
+* NaN equals NaN at the same position; NaN against a number is a mismatch. Infinities
+  are equal only with the same sign. Signed zeros compare equal in tolerance terms
+  (they are still a bitwise difference).
+* An element is within tolerance when |a - b| <= atol + rtol * max(|a|, |b|)
+  (symmetric: neither run is the reference).
+* ULP distance is counted in the value's own dtype (float16/32/64 through their bits,
+  bfloat16 and float8 through their raw bits); integers count one unit per 1.
+* Default tolerances per dtype (`DEFAULT_TOLERANCES`), chosen a little above ordinary
+  reduction-order noise of that dtype, with atol ~ rtol/10 so that values produced by
+  cancellation near zero do not flag on their own:
+
+      float64      rtol 1e-12  atol 1e-14
+      float32      rtol 1e-5   atol 1e-6     (complex64 the same)
+      float16      rtol 1e-3   atol 1e-4
+      bfloat16     rtol 1e-2   atol 1e-3
+      float8/6/4   rtol 1e-1   atol 1e-2
+      integers, bool, PRNG keys, anything else: exact
+
+  `--rtol/--atol` override the defaults for every floating dtype (a value given for one
+  of them keeps the default of the other).
+"""
+
+import math
+
+import numpy as np
+
+DEFAULT_TOLERANCES = {
+    "float64": (1e-12, 1e-14), "complex128": (1e-12, 1e-14),
+    "float32": (1e-5, 1e-6), "complex64": (1e-5, 1e-6),
+    "float16": (1e-3, 1e-4),
+    "bfloat16": (1e-2, 1e-3),
+}
+LOW_PRECISION = (1e-1, 1e-2)
+EXACT = (0.0, 0.0)
+
+_FLOAT_BITS = {"float16": (np.uint16, 16), "bfloat16": (np.uint16, 16), "float32": (np.uint32, 32),
+               "float64": (np.uint64, 64)}
+
+
+def is_floating(dtype_name):
+    return dtype_name.startswith(("float", "bfloat", "complex"))
+
+
+def tolerance(dtype_name, rtol=None, atol=None):
+    """(rtol, atol) for a logical dtype name, with user overrides for floating dtypes."""
+    if dtype_name in DEFAULT_TOLERANCES:
+        r, a = DEFAULT_TOLERANCES[dtype_name]
+    elif dtype_name.startswith(("float8", "float6", "float4")):
+        r, a = LOW_PRECISION
+    else:
+        return EXACT if rtol is None and atol is None else (rtol or 0.0, atol or 0.0)
+    return (r if rtol is None else rtol, a if atol is None else atol)
+
+
+def _ordered_bits(arr, dtype_name):
+    """Integers whose order and spacing follow the float values (one step per ULP)."""
+    utype, nbits = _FLOAT_BITS[dtype_name]
+    bits = np.ascontiguousarray(arr).view(utype).astype(np.uint64)
+    sign = np.uint64(1) << np.uint64(nbits - 1)
+    mag = (bits & (sign - np.uint64(1))).astype(np.float64 if nbits == 64 else np.int64)
+    neg = (bits & sign) != 0
+    return np.where(neg, -mag, mag)
+
+
+def ulp_distance(xa, xb, dtype_name):
+    """Elementwise ULP distance as float64 (NaN where either side is NaN)."""
+    if dtype_name in _FLOAT_BITS:
+        oa, ob = _ordered_bits(xa, dtype_name), _ordered_bits(xb, dtype_name)
+        d = np.abs(oa.astype(np.float64) - ob.astype(np.float64))
+        return d
+    if dtype_name.startswith(("float8", "float6", "float4")) and xa.dtype.itemsize == 1:
+        # raw bits of a 1-byte float: sign-magnitude like the others
+        ba, bb = (np.ascontiguousarray(x).view(np.uint8).astype(np.int64) for x in (xa, xb))
+        oa = np.where(ba & 0x80, -(ba & 0x7F), ba & 0x7F)
+        ob = np.where(bb & 0x80, -(bb & 0x7F), bb & 0x7F)
+        return np.abs(oa - ob).astype(np.float64)
+    return None
+
+
+def _f64(x):
+    a = np.asarray(x)
+    if a.dtype.kind == "c":
+        return a.astype(np.complex128)
+    try:
+        return a.astype(np.float64)
+    except (TypeError, ValueError):
+        return None
+
+
+def _finite_or_str(x):
+    if x is None:
+        return None
+    x = float(x)
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return x
+
+
+def compare_arrays(xa, xb, dtype_name, rtol=None, atol=None):
+    """Metrics of two arrays of the same logical dtype. Returns a plain dict:
+
+    max_abs, max_rel, max_ulp, mismatch_fraction (elements that differ at all),
+    beyond_tolerance_fraction, within_tolerance (bool), rtol, atol, n, worst_index.
+    Non-finite metrics are given as the strings "inf"/"nan" so the dict stays JSON.
+    """
+    r, a = tolerance(dtype_name, rtol, atol)
+    out = {"rtol": r, "atol": a}
+    xa, xb = np.asarray(xa), np.asarray(xb)
+    if xa.shape != xb.shape:
+        out.update(shape_mismatch=True, within_tolerance=False, max_abs=None, max_rel=None,
+                   max_ulp=None, mismatch_fraction=1.0, beyond_tolerance_fraction=1.0,
+                   n=int(max(xa.size, xb.size)))
+        return out
+    n = int(xa.size)
+    out["n"] = n
+    fa, fb = _f64(xa), _f64(xb)
+    if fa is None or fb is None or n == 0:
+        same = xa.tobytes() == xb.tobytes()
+        out.update(max_abs=None, max_rel=None, max_ulp=None, within_tolerance=same,
+                   mismatch_fraction=0.0 if same else 1.0,
+                   beyond_tolerance_fraction=0.0 if same else 1.0)
+        return out
+    fa, fb = fa.reshape(-1), fb.reshape(-1)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        nan_a, nan_b = np.isnan(fa), np.isnan(fb)
+        both_nan = nan_a & nan_b
+        one_nan = nan_a ^ nan_b
+        equal = (fa == fb) | both_nan
+        diff = np.abs(fa - fb)
+        diff[equal] = 0.0
+        diff[one_nan] = np.inf
+        scale = np.maximum(np.abs(fa), np.abs(fb))
+        rel = np.where(diff == 0, 0.0, diff / np.where(scale == 0, 1.0, scale))
+        rel[one_nan] = np.inf
+        # inf vs inf of the other sign, or inf vs finite: diff is inf (nan for inf-inf)
+        diff = np.where(np.isnan(diff), np.inf, diff)
+        rel = np.where(np.isnan(rel), np.inf, rel)
+        beyond = ~equal & ~(diff <= a + r * scale)
+    mism = ~equal
+    out["mismatch_fraction"] = float(mism.mean()) if n else 0.0
+    out["beyond_tolerance_fraction"] = float(beyond.mean()) if n else 0.0
+    out["within_tolerance"] = not bool(beyond.any())
+    out["max_abs"] = _finite_or_str(diff.max()) if n else 0.0
+    out["max_rel"] = _finite_or_str(rel.max()) if n else 0.0
+    out["worst_index"] = int(np.argmax(diff)) if mism.any() else None
+    if xa.dtype.kind in "iub":
+        out["max_ulp"] = _finite_or_str(diff.max())
+    else:
+        u = None
+        try:
+            u = ulp_distance(xa.reshape(-1), xb.reshape(-1), dtype_name)
+        except (TypeError, ValueError):
+            u = None
+        if u is not None:
+            u = np.where(both_nan, 0.0, u)
+            u = np.where(one_nan, np.inf, u)
+            out["max_ulp"] = _finite_or_str(u.max()) if n else 0.0
+        else:
+            out["max_ulp"] = None
+    return out
+
+
+def worst(metrics_list):
+    """Combine metrics of several values of one event: the worst of each."""
+    if not metrics_list:
+        return None
+    if len(metrics_list) == 1:
+        return dict(metrics_list[0])
+
+    def key(v):
+        if v is None:
+            return -1.0
+        if isinstance(v, str):
+            return math.inf if v != "nan" else math.inf
+        return float(v)
+
+    out = {}
+    for k in ("max_abs", "max_rel", "max_ulp", "mismatch_fraction", "beyond_tolerance_fraction"):
+        vals = [m.get(k) for m in metrics_list]
+        out[k] = max(vals, key=key)
+    out["within_tolerance"] = all(m.get("within_tolerance", False) for m in metrics_list)
+    return out

@@ -1,0 +1,561 @@
+"""Locate the first divergence between two traces.
+
+Two findings are reported, each as a `Finding`:
+
+* `first_difference`: the first aligned event (in the order of trace a) whose outputs
+  are not bitwise equal.
+* `first_beyond_tolerance`: the first aligned event whose outputs differ beyond the
+  tolerance (see `compare.py`). It decides the verdict and the exit code.
+
+Rule for JAX compiled calls and replayed equations (the script saw the *compiled*
+outputs of a `call`; its `eqn` events are an op-by-op replay from the call's real
+inputs, which explains but is not what the script computed):
+
+1. A `call` whose compiled outputs differ (at the level being searched) is resolved
+   by descending into its replayed equations: the culprit is the first equation of
+   that call whose inputs all match and whose outputs differ (the origin; when that
+   equation is a nested `jit`, its own inner equations are searched the same way).
+   If every replayed equation matches, the call itself is reported with the note that
+   the divergence is inside the compiled program (fusion, compiler rewrites), not at
+   any single equation.
+2. A replayed equation that differs while the compiled outputs of its call match is a
+   *replay-only* difference: the script never saw it. It can be the bitwise
+   `first_difference` (marked `origin: replay` with a note saying the compiled outputs
+   match), but it never decides the verdict: the tolerance search skips it and keeps
+   the first such case in `replay_only` for information.
+3. Every other kind (eager primitive, torch op, optimizer snapshot, input) is what the
+   script saw and is reported as is.
+
+"Introduced here" (`inputs_match: true`): every input the event read is equal (bitwise
+for the bitwise finding, within tolerance for the tolerance finding). Inputs come from
+role-IN values stored on the event itself (call events) and from the inputs table: the
+producer's value in a is compared with the value b's matching input row points at.
+Literals and closed-over constants count as equal; an unknown producer, a producer
+whose value was not stored, or an input b does not have gives `inputs_match: null`
+with the reason.
+"""
+
+import dataclasses
+import os
+
+import numpy as np
+
+from ..errors import TraceError
+from ..trace import schema
+from ..trace.values import decode, parse_shape, _NATIVE
+from . import align as _align
+from . import compare
+from .env import env_diff
+
+BITWISE, TOLERANCE = "bitwise", "tolerance"
+BLOB_IN_MEMORY = 1 << 30
+MAX_OPTIM_ROWS = 200
+
+
+class ValueReader:
+    """Reads stored values; keeps the whole byte arena in memory when it is small."""
+
+    def __init__(self, trace):
+        self.t = trace
+        self.blob = None
+        if trace.blob_size <= BLOB_IN_MEMORY:
+            self.blob = trace._f["blob"][:trace.blob_size] if trace.blob_size else np.zeros(0, "u1")
+
+    def read(self, row):
+        if self.blob is None:
+            return self.t.read_value(row)
+        if row["offset"] < 0 or row["flags"] & (schema.VFLAG_NOT_STORED | schema.VFLAG_UNINIT):
+            return None
+        s = self.t.string
+        off, n = int(row["offset"]), int(row["nbytes"])
+        if n < 0 or off + n > len(self.blob):
+            raise TraceError(f"{self.t.path}: value bytes lie outside the stored data (truncated?)")
+        storage = s(row["storage"])
+        try:
+            shape = parse_shape(s(row["shape"]))
+        except ValueError as exc:
+            raise TraceError(f"{self.t.path}: bad value shape ({exc})") from None
+        if storage not in _NATIVE:
+            raise TraceError(f"{self.t.path}: unknown storage dtype {storage!r}")
+        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        if count * np.dtype(storage).itemsize != n:
+            raise TraceError(f"{self.t.path}: value size does not match its shape and dtype")
+        return decode(self.blob[off:off + n].tobytes(), s(row["dtype"]), storage, shape)
+
+
+def comparable(row):
+    return row is not None and row["offset"] >= 0 and not (
+        row["flags"] & (schema.VFLAG_UNINIT | schema.VFLAG_NOT_STORED))
+
+
+@dataclasses.dataclass
+class Finding:
+    """One located divergence (a plain container; reports render it)."""
+
+    level: str                 # "bitwise" or "tolerance"
+    a: dict                    # event of trace a (index, op, name_stack, source, step, ...)
+    b: dict
+    metrics: dict              # worst over the event's differing values
+    values: list               # per compared output value
+    inputs_match: object       # True / False / None
+    inputs_reason: str
+    origin: str                # compiled / replay / eager / snapshot / ...
+    note: str = ""
+    call: dict = None          # enclosing compiled call {a, b, op} when descended into
+    pair_by: str = "structure"
+
+
+@dataclasses.dataclass
+class LocateResult:
+    path_a: str
+    path_b: str
+    verdict: str
+    first_difference: Finding
+    first_beyond_tolerance: Finding
+    replay_only: Finding
+    alignment: dict
+    gaps: list
+    env_diff: list
+    optimizer_steps: list
+    warnings: list
+    traces: dict
+    tolerance: dict
+    mapping: list = dataclasses.field(default_factory=list)
+
+    @property
+    def exit_code(self):
+        return 1 if self.verdict == "diverged" else 0
+
+    def to_json(self):
+        from ..report.json_report import build
+
+        return build(self)
+
+
+class Differ:
+    """The state of one comparison: both traces, their alignment, cached comparisons."""
+
+    def __init__(self, ta, tb, rtol=None, atol=None, alignment=None, sides=None):
+        self.ta, self.tb = ta, tb
+        self.rtol, self.atol = rtol, atol
+        if sides is None:
+            strings = _align.StringIds()
+            sides = _align.prepare(ta, strings), _align.prepare(tb, strings)
+        self.sa, self.sb = sides
+        self.al = alignment or _align.align(self.sa, self.sb)
+        self.ra, self.rb = ValueReader(ta), ValueReader(tb)
+        self._cmp = {}
+        self._cmp_val = {}
+        self.pair_by = {}   # a event -> how it was paired (cross-framework)
+
+    # -- values ----------------------------------------------------------------------------
+    def compare_rows(self, row_a, row_b):
+        """Metrics of two value rows; None when either cannot be compared."""
+        if not comparable(row_a) or not comparable(row_b):
+            return None
+        key = (int(row_a["offset"]), int(row_b["offset"]), int(row_a["nbytes"]))
+        hit = self._cmp_val.get(key)
+        if hit is not None:
+            return hit
+        sa, sb = self.ta.string, self.tb.string
+        da, db = sa(row_a["dtype"]), sb(row_b["dtype"])
+        shape_a, shape_b = sa(row_a["shape"]), sb(row_b["shape"])
+        if row_a["hash"] == row_b["hash"] and da == db and shape_a == shape_b:
+            r, t = compare.tolerance(da, self.rtol, self.atol)
+            m = {"bitwise_equal": True, "within_tolerance": True, "max_abs": 0.0, "max_rel": 0.0,
+                 "max_ulp": 0.0, "mismatch_fraction": 0.0, "beyond_tolerance_fraction": 0.0,
+                 "rtol": r, "atol": t}
+        else:
+            xa, xb = self.ra.read(row_a), self.rb.read(row_b)
+            xb_cmp = self.transform_b(row_a, row_b, xa, xb)
+            m = compare.compare_arrays(xa, xb_cmp, da, self.rtol, self.atol)
+            if da != db:
+                m["dtype_mismatch"] = [da, db]
+                m["within_tolerance"] = False if not compare.is_floating(da) else m["within_tolerance"]
+            m["bitwise_equal"] = bool(da == db and xa.shape == np.asarray(xb_cmp).shape and
+                                      np.asarray(xa).tobytes() == np.asarray(xb_cmp).tobytes())
+            if m["bitwise_equal"]:
+                m["within_tolerance"] = True
+        self._cmp_val[key] = m
+        return m
+
+    def transform_b(self, row_a, row_b, xa, xb):
+        """Hook for cross-framework comparison (e.g. a transposed weight); identity here."""
+        return xb
+
+    def _out_pairs(self, ea, eb):
+        """[(key, row_a, row_b)] of the output values of two paired events."""
+        ra = self.ta.value_rows(ea, schema.ROLE_OUT)
+        rb = self.tb.value_rows(eb, schema.ROLE_OUT)
+        return _pair_rows(self.ta, self.tb, ra, rb, by_name=self.sa.kind[ea] == schema.KIND_OPTIM)
+
+    def compare_event(self, ea, eb):
+        """Outputs of a paired event: {'bitwise_equal', 'within_tolerance', 'values',
+        'metrics', 'compared', 'not_compared'}."""
+        key = (ea, eb)
+        hit = self._cmp.get(key)
+        if hit is not None:
+            return hit
+        vals, ms, not_compared = [], [], 0
+        for k, row_a, row_b in self._out_pairs(ea, eb):
+            m = self.compare_rows(row_a, row_b) if row_a is not None and row_b is not None else None
+            entry = {"key": k,
+                     "a": _vdesc(self.ta, row_a), "b": _vdesc(self.tb, row_b)}
+            if m is None:
+                not_compared += 1
+                entry["compared"] = False
+            else:
+                entry["compared"] = True
+                entry["metrics"] = m
+                ms.append(m)
+            vals.append(entry)
+        bit = all(m["bitwise_equal"] for m in ms)
+        tol = all(m["within_tolerance"] for m in ms)
+        diff_ms = [m for m in ms if not m["bitwise_equal"]]
+        res = {"bitwise_equal": bit, "within_tolerance": tol, "values": vals,
+               "metrics": compare.worst(diff_ms or ms) if ms else None,
+               "compared": len(ms), "not_compared": not_compared}
+        self._cmp[key] = res
+        return res
+
+    def equal_at(self, ea, eb, level):
+        r = self.compare_event(ea, eb)
+        return r["bitwise_equal"] if level == BITWISE else r["within_tolerance"]
+
+    # -- inputs ----------------------------------------------------------------------------
+    def _input_value_row(self, side, trace, ev, prod, pslot):
+        """The value row an input slot read: producer output, or the call's role-IN value
+        when an equation reads its enclosing call's argument."""
+        if prod < 0 or prod >= len(trace.events):
+            return None
+        if side.kind[prod] == schema.KIND_CALL and side.call[ev] == prod:
+            row = side.value_row(prod, pslot, schema.ROLE_IN)
+            if row is not None:
+                return row
+        return side.value_row(prod, pslot, schema.ROLE_OUT)
+
+    def inputs_match(self, ea, eb, level):
+        """(True/False/None, reason, [mismatching input descriptions])."""
+        bad, unknown = [], []
+        checked = 0
+        # role-IN values stored on the event itself
+        ina = self.ta.value_rows(ea, schema.ROLE_IN)
+        inb = self.tb.value_rows(eb, schema.ROLE_IN)
+        for k, row_a, row_b in _pair_rows(self.ta, self.tb, ina, inb, by_name=False):
+            if row_a is None or row_b is None:
+                unknown.append(f"input {k} is recorded on one side only")
+                continue
+            m = self.compare_rows(row_a, row_b)
+            if m is None:
+                unknown.append(f"input {k} was not stored")
+                continue
+            checked += 1
+            if not (m["bitwise_equal"] if level == BITWISE else m["within_tolerance"]):
+                bad.append({"input": str(k), "metrics": m})
+        # dataflow edges
+        rows_a = self.ta.input_rows(ea)
+        rows_b = {int(r["slot"]): r for r in self.tb.input_rows(eb)}
+        for r in rows_a:
+            slot, p, ps = int(r["slot"]), int(r["producer"]), int(r["producer_slot"])
+            if p in (schema.PRODUCER_LITERAL, schema.PRODUCER_CONST):
+                continue
+            if p == schema.PRODUCER_UNKNOWN:
+                unknown.append(f"input {slot} has an unknown producer")
+                continue
+            rb = rows_b.get(slot)
+            if rb is None:
+                unknown.append(f"input {slot} has no counterpart in b")
+                continue
+            q, qs = int(rb["producer"]), int(rb["producer_slot"])
+            if q < 0:
+                unknown.append(f"input {slot} comes from event {p} in a but has no producer in b")
+                continue
+            va = self._input_value_row(self.sa, self.ta, ea, p, ps)
+            vb = self._input_value_row(self.sb, self.tb, eb, q, qs)
+            m = self.compare_rows(va, vb) if va is not None and vb is not None else None
+            if m is None:
+                unknown.append(f"input {slot} (from event {p}) was not stored")
+                continue
+            checked += 1
+            if not (m["bitwise_equal"] if level == BITWISE else m["within_tolerance"]):
+                bad.append({"input": slot, "producer_a": p, "producer_b": q,
+                            "producer_op": self.ta.string(self.ta.events[p]["op"]),
+                            "metrics": m})
+        if bad:
+            return False, f"{len(bad)} of its inputs differ ({_level_word(level)})", bad
+        if unknown:
+            return None, "; ".join(unknown[:3]) + (" ..." if len(unknown) > 3 else ""), []
+        if checked == 0:
+            return True, "it reads no recorded inputs", []
+        return True, (f"its input matches ({_level_word(level)})" if checked == 1 else
+                      f"all {checked} inputs match ({_level_word(level)})"), []
+
+    # -- search ----------------------------------------------------------------------------
+    def pairs(self):
+        ia = np.flatnonzero(self.al.a2b >= 0)
+        return ia, self.al.a2b[ia]
+
+    def candidate_pairs(self):
+        """Paired events whose output content hashes differ, in the order of trace a."""
+        ia, ib = self.pairs()
+        diff = self.sa.content[ia] != self.sb.content[ib]
+        return ia[diff], ib[diff]
+
+    def _children(self, side, ev, by_call):
+        col = side.call if by_call else side.parent
+        kids = np.flatnonzero((col == ev) & (side.kind == schema.KIND_EQN))
+        if not by_call:
+            return kids
+        # direct children of the call: eqns whose parent is not another eqn of this call
+        return kids
+
+    def _origin_among(self, events_a, level, depth=0):
+        """First origin (inputs match, outputs differ) among these a-events; prefers the
+        inner equations of a nested jit origin. Returns (ea, eb, first_diff)."""
+        first_diff = None
+        for ea in events_a:
+            eb = int(self.al.a2b[ea])
+            if eb < 0 or self.sa.content[ea] == self.sb.content[eb]:
+                continue
+            if self.equal_at(ea, eb, level):
+                continue
+            if first_diff is None:
+                first_diff = (ea, eb)
+            ok, _, _ = self.inputs_match(ea, eb, level)
+            if ok:
+                kids = np.flatnonzero((self.sa.parent == ea) & (self.sa.kind == schema.KIND_EQN))
+                if len(kids) and depth < 16:
+                    inner, _, _ = self._origin_among(kids, level, depth + 1)
+                    if inner is not None:
+                        return inner, first_diff, True
+                return (ea, eb), first_diff, True
+        return None, first_diff, False
+
+    def search(self, level):
+        """(Finding or None, replay-only Finding or None) for one level."""
+        ia, ib = self.candidate_pairs()
+        replay_only = None
+        for ea, eb in zip(ia.tolist(), ib.tolist()):
+            kind = int(self.sa.kind[ea])
+            if kind == schema.KIND_EQN:
+                c = int(self.sa.call[ea])
+                cb = int(self.al.a2b[c]) if c >= 0 else -1
+                if c >= 0 and cb >= 0 and not self.equal_at(c, cb, level):
+                    continue  # resolved through its call (cannot happen: the call comes first)
+                if self.equal_at(ea, eb, level):
+                    continue
+                note = (f"replay-only: the compiled outputs of the enclosing call (event {c}) "
+                        f"match{' bitwise' if level == BITWISE else ' within tolerance'}; "
+                        f"the script did not see this difference" if cb >= 0 else
+                        "replayed equation whose enclosing call has no counterpart")
+                f = self.finding(ea, eb, level, note=note)
+                if level == BITWISE:
+                    return f, None
+                if replay_only is None:
+                    replay_only = f
+                continue
+            if self.equal_at(ea, eb, level):
+                continue
+            if kind == schema.KIND_CALL:
+                eqns = np.flatnonzero((self.sa.call == ea) & (self.sa.kind == schema.KIND_EQN))
+                eqns = eqns[self.sa.parent[eqns] < 0] if len(eqns) else eqns
+                if not len(eqns):
+                    eqns = np.flatnonzero(self.sa.call == ea)
+                origin, first_diff, _ = self._origin_among(eqns, level)
+                call = {"a": ea, "b": eb, "op": self.ta.string(self.ta.events[ea]["op"])}
+                if origin is not None:
+                    f = self.finding(*origin, level, note=(
+                        f"first replayed equation of compiled call {call['op']!r} (event {ea}) "
+                        f"whose inputs match and whose outputs differ"))
+                    f.call = call
+                    return f, replay_only
+                if first_diff is not None:
+                    f = self.finding(*first_diff, level, note=(
+                        f"first differing replayed equation of compiled call {call['op']!r} "
+                        f"(event {ea}); no equation inside it was found to introduce the "
+                        f"difference on its own"))
+                    f.call = call
+                    return f, replay_only
+                note = ("the compiled outputs differ but every replayed equation of this call "
+                        "matches: the divergence is inside the compiled program (fusion, "
+                        "compiler rewrites), not at any single equation"
+                        if len(eqns) else "the compiled outputs differ (no replayed equations "
+                        "recorded for this call)")
+                return self.finding(ea, eb, level, note=note), replay_only
+            return self.finding(ea, eb, level), replay_only
+        return None, replay_only
+
+    def finding(self, ea, eb, level, note=""):
+        r = self.compare_event(ea, eb)
+        ok, reason, bad = self.inputs_match(ea, eb, level)
+        if ok is False and bad:
+            reason += ": " + ", ".join(
+                f"input {d['input']}" + (f" from {d['producer_op']} (event {d['producer_a']})"
+                                         if "producer_op" in d else "") for d in bad[:3])
+        return Finding(level=level, a=_event(self.ta, ea, self.sa), b=_event(self.tb, eb, self.sb),
+                       metrics=r["metrics"] or {}, values=r["values"], inputs_match=ok,
+                       inputs_reason=reason,
+                       origin=schema.ORIGIN_NAMES.get(int(self.ta.events[ea]["origin"]), ""),
+                       note=note, pair_by=self.pair_by.get(ea, "structure"))
+
+    # -- optimizer steps -------------------------------------------------------------------
+    def optimizer_steps(self):
+        ia, ib = self.pairs()
+        sel = self.sa.kind[ia] == schema.KIND_OPTIM
+        rows = []
+        for ea, eb in zip(ia[sel].tolist(), ib[sel].tolist()):
+            pairs = self._out_pairs(ea, eb)
+            names = [p for p in pairs if str(p[0]).startswith("params/")] or pairs
+            worst_rel, worst_abs, worst_name, bit = 0.0, 0.0, None, True
+            for k, row_a, row_b in names:
+                if row_a is None or row_b is None:
+                    continue
+                m = self.compare_rows(row_a, row_b)
+                if m is None:
+                    continue
+                bit &= m["bitwise_equal"]
+                rel = _num(m.get("max_rel"))
+                if rel > worst_rel or (worst_name is None and not m["bitwise_equal"]):
+                    worst_rel, worst_abs, worst_name = rel, _num(m.get("max_abs")), str(k)
+            rows.append({"step": int(self.ta.events[ea]["step"]), "a": ea, "b": eb,
+                         "bitwise_equal": bool(bit), "max_rel": worst_rel, "max_abs": worst_abs,
+                         "worst": worst_name})
+        return rows
+
+
+def _num(x):
+    if x is None:
+        return 0.0
+    if isinstance(x, str):
+        return float("inf")
+    return float(x)
+
+
+def _level_word(level):
+    return "bitwise" if level == BITWISE else "within tolerance"
+
+
+def _pair_rows(ta, tb, ra, rb, by_name):
+    """Pair two lists of value rows by slot (or by name)."""
+    if by_name:
+        ka = [ta.string(r["name"]) if r["name"] >= 0 else f"#{int(r['slot'])}" for r in ra]
+        kb = [tb.string(r["name"]) if r["name"] >= 0 else f"#{int(r['slot'])}" for r in rb]
+    else:
+        ka = [int(r["slot"]) for r in ra]
+        kb = [int(r["slot"]) for r in rb]
+    db = dict(zip(kb, rb))
+    out = []
+    seen = set()
+    for k, r in zip(ka, ra):
+        out.append((k, r, db.get(k)))
+        seen.add(k)
+    for k, r in zip(kb, rb):
+        if k not in seen:
+            out.append((k, None, r))
+    return out
+
+
+def _vdesc(t, row):
+    if row is None:
+        return None
+    return {"slot": int(row["slot"]), "name": t.string(row["name"]) if row["name"] >= 0 else None,
+            "dtype": t.string(row["dtype"]), "shape": list(parse_shape(t.string(row["shape"]))),
+            "stored": bool(comparable(row)),
+            "uninitialized": bool(row["flags"] & schema.VFLAG_UNINIT)}
+
+
+def _event(t, eid, side):
+    d = t.event(eid)
+    outs = t.value_rows(eid, schema.ROLE_OUT)
+    d["shapes"] = [list(parse_shape(t.string(r["shape"]))) for r in outs]
+    d["dtypes"] = [t.string(r["dtype"]) for r in outs]
+    return d
+
+
+def _script_warnings(ta, tb):
+    w = []
+    sa, sb = ta.manifest.get("script") or {}, tb.manifest.get("script") or {}
+    if sa.get("sha256") and sb.get("sha256") and sa.get("sha256") != sb.get("sha256"):
+        same = sa.get("name") == sb.get("name")
+        w.append(f"the traces come from different scripts ({sa.get('name')} sha256 "
+                 f"{str(sa.get('sha256'))[:12]} vs {sb.get('name')} sha256 "
+                 f"{str(sb.get('sha256'))[:12]}{'' if not same else ', same name, edited'}); "
+                 f"comparing anyway")
+    for t, name in ((ta, "a"), (tb, "b")):
+        if not t.complete:
+            w.append(f"trace {name} ({os.path.basename(t.path)}) is truncated: the recording did "
+                     f"not finish; events after its end cannot be compared")
+        end = t.manifest.get("end") or {}
+        if end.get("status") not in (None, "ok", "exit", "completed", "success") and \
+                end.get("exit_code") not in (None, 0):
+            w.append(f"trace {name}: the recorded script ended with {end.get('status')} "
+                     f"(exit {end.get('exit_code')})")
+    return w
+
+
+def _frameworks(t):
+    return set(np.unique(t.events["framework"]).tolist()) - {0}
+
+
+def _trace_info(t):
+    m = t.manifest
+    return {"path": t.path, "complete": bool(t.complete), "events": int(len(t)),
+            "script": (m.get("script") or {}).get("name"),
+            "hostname": m.get("hostname"), "created": m.get("created")}
+
+
+def run(ta, tb, rtol=None, atol=None, differ=None, mapping=None):
+    """Compare two open traces; returns a `LocateResult`."""
+    d = differ or Differ(ta, tb, rtol, atol)
+    first_bit, _ = d.search(BITWISE)
+    first_tol, replay_only = d.search(TOLERANCE) if first_bit is not None else (None, None)
+    steps = d.optimizer_steps()
+    if len(steps) > MAX_OPTIM_ROWS:
+        # keep it compact: the first steps and every step that got worse than all before
+        kept, best = [], -1.0
+        for i, r in enumerate(steps):
+            if i < 20 or r["max_rel"] > best:
+                kept.append(r)
+            best = max(best, r["max_rel"])
+        steps = kept[:MAX_OPTIM_ROWS]
+    return LocateResult(
+        path_a=ta.path, path_b=tb.path,
+        verdict="diverged" if first_tol is not None else "match",
+        first_difference=first_bit, first_beyond_tolerance=first_tol, replay_only=replay_only,
+        alignment=d.al.stats(), gaps=d.al.gaps(), env_diff=env_diff(ta.manifest, tb.manifest),
+        optimizer_steps=steps, warnings=_script_warnings(ta, tb),
+        traces={"a": _trace_info(ta), "b": _trace_info(tb)},
+        tolerance={"rtol": rtol, "atol": atol, "defaults": {k: list(v) for k, v in
+                                                              compare.DEFAULT_TOLERANCES.items()}},
+        mapping=mapping or [])
+
+
+def locate(a, b, rtol=None, atol=None, map_file=None):
+    """Python API: compare two trace files (paths or open `Trace` objects).
+
+    Traces of different frameworks (or a `map_file`) go through the cross-framework
+    pairing of `cross.py`."""
+    from ..trace.reader import Trace
+
+    if rtol is not None and (rtol < 0 or rtol != rtol):
+        raise TraceError(f"invalid --rtol {rtol}")
+    if atol is not None and (atol < 0 or atol != atol):
+        raise TraceError(f"invalid --atol {atol}")
+    own = []
+    try:
+        ta = a if isinstance(a, Trace) else Trace(a)
+        if ta is not a:
+            own.append(ta)
+        tb = b if isinstance(b, Trace) else Trace(b)
+        if tb is not b:
+            own.append(tb)
+        fw_a, fw_b = _frameworks(ta), _frameworks(tb)
+        if map_file is not None or (fw_a and fw_b and fw_a != fw_b):
+            from .cross import cross_differ
+
+            d, mapping = cross_differ(ta, tb, rtol, atol, map_file)
+            return run(ta, tb, rtol, atol, differ=d, mapping=mapping)
+        return run(ta, tb, rtol, atol)
+    finally:
+        for t in own:
+            t.close()

@@ -1,0 +1,102 @@
+"""The JSON form of a `locate` result (the contract of `tracediff locate --json`).
+
+Top-level fields: verdict ("match" | "diverged"), exit_code, traces {a, b},
+warnings, tolerance, first_difference, first_beyond_tolerance, replay_only,
+alignment {events_a, events_b, matched, only_in_a, only_in_b, anchors_matched,
+fallback_regions, gaps}, optimizer_steps, env_diff, mapping, next_steps.
+
+A finding is null or {level, a, b, metrics, inputs_match, inputs_reason, origin, note,
+call, paired_by, values}; a and b hold index, op, name_stack, source, step, kind,
+framework, phase, origin, node, call, shapes, dtypes; metrics hold max_abs, max_rel,
+max_ulp, mismatch_fraction, beyond_tolerance_fraction, within_tolerance. Non-finite
+numbers are the strings "inf" / "nan" so the output is strict JSON.
+"""
+
+import math
+
+from .. import __version__
+
+EVENT_FIELDS = ("index", "op", "name_stack", "source", "step", "kind", "framework", "phase",
+                "origin", "node", "call", "shapes", "dtypes")
+METRIC_FIELDS = ("max_abs", "max_rel", "max_ulp", "mismatch_fraction", "beyond_tolerance_fraction",
+                 "within_tolerance", "rtol", "atol")
+MAX_VALUES = 8
+
+
+def _clean(x):
+    """Make a value strict-JSON (non-finite floats as strings, numpy scalars as Python)."""
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if hasattr(x, "item") and not isinstance(x, (str, bytes)):
+        try:
+            x = x.item()
+        except (TypeError, ValueError):
+            return str(x)
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    return x
+
+
+def finding_json(f):
+    if f is None:
+        return None
+    metrics = {k: f.metrics.get(k) for k in METRIC_FIELDS} if f.metrics else \
+        {k: None for k in METRIC_FIELDS}
+    values = []
+    for v in f.values[:MAX_VALUES]:
+        e = {"key": v["key"], "a": v["a"], "b": v["b"], "compared": v["compared"]}
+        if v.get("metrics"):
+            e["metrics"] = {k: v["metrics"].get(k) for k in
+                            ("bitwise_equal", *METRIC_FIELDS, "dtype_mismatch", "shape_mismatch")
+                            if k in v["metrics"]}
+        values.append(e)
+    return {
+        "level": f.level,
+        "a": {k: f.a.get(k) for k in EVENT_FIELDS},
+        "b": {k: f.b.get(k) for k in EVENT_FIELDS},
+        "metrics": metrics,
+        "inputs_match": f.inputs_match,
+        "inputs_reason": f.inputs_reason,
+        "origin": f.origin,
+        "note": f.note,
+        "call": f.call,
+        "paired_by": f.pair_by,
+        "values": values,
+        "values_total": len(f.values),
+    }
+
+
+def next_steps(r):
+    out = []
+    f = r.first_beyond_tolerance or r.first_difference
+    if f is not None:
+        out.append(f"tracediff show {r.path_a} {f.a['index']}")
+        out.append(f"tracediff show {r.path_b} {f.b['index']}")
+        if f.call:
+            out.append(f"tracediff show {r.path_a} {f.call['a']}   # the enclosing compiled call")
+    if r.first_beyond_tolerance is None and r.first_difference is not None:
+        out.append("differences stay within tolerance; tighten with --rtol/--atol to localise them")
+    return out
+
+
+def build(r):
+    """Plain dict (JSON-ready) of a `LocateResult`."""
+    out = {
+        "tracediff_version": __version__,
+        "verdict": r.verdict,
+        "exit_code": r.exit_code,
+        "traces": r.traces,
+        "warnings": list(r.warnings),
+        "tolerance": r.tolerance,
+        "first_difference": finding_json(r.first_difference),
+        "first_beyond_tolerance": finding_json(r.first_beyond_tolerance),
+        "replay_only": finding_json(r.replay_only),
+        "alignment": {**r.alignment, "gaps": r.gaps},
+        "optimizer_steps": r.optimizer_steps,
+        "env_diff": r.env_diff,
+        "mapping": r.mapping,
+        "next_steps": next_steps(r),
+    }
+    return _clean(out)

@@ -1,0 +1,149 @@
+"""Terminal rendering of a `locate` result: short and pasteable into a bug report.
+
+rich honours NO_COLOR and non-terminal output on its own.
+"""
+
+from rich.console import Console
+from rich.markup import escape
+
+from .json_report import next_steps
+
+MAX_ENV = 15
+
+
+def _fmt(x):
+    if x is None:
+        return "-"
+    if isinstance(x, str):
+        return x
+    if isinstance(x, bool):
+        return str(x)
+    if isinstance(x, float):
+        if x == 0:
+            return "0"
+        if float(x).is_integer() and abs(x) < 1e15:
+            return str(int(x))
+        return f"{x:.3g}"
+    return str(x)
+
+
+def _where(e):
+    parts = [f"{e['framework']} {e['kind']} [bold]{escape(e['op'])}[/]"]
+    if e.get("phase") and e["kind"] == "op":
+        parts.append(f"({e['phase']}{', ' + escape(e['node']) if e.get('node') else ''})")
+    parts.append(f"step {e['step']}")
+    return " ".join(parts)
+
+
+def _shapes(e):
+    return ", ".join(f"{d}{s}" for d, s in zip(e.get("dtypes", []), e.get("shapes", []))) or "-"
+
+
+def _finding(console, title, f, a_name, b_name):
+    console.print(f"[bold]{title}[/]: {_where(f.a)}  (a #{f.a['index']}, b #{f.b['index']}"
+                  f"{', ' + f.origin if f.origin else ''})")
+    if f.a.get("name_stack") or f.b.get("name_stack"):
+        ns = escape(f.a.get("name_stack") or "-")
+        if f.b.get("name_stack") and f.b["name_stack"] != f.a.get("name_stack"):
+            ns += f"  |  b: {escape(f.b['name_stack'])}"
+        console.print(f"  name stack: {ns}")
+    if f.a.get("source") or f.b.get("source"):
+        src = escape(f.a.get("source") or "-")
+        if f.b.get("source") and f.b["source"] != f.a.get("source"):
+            src += f"  |  b: {escape(f.b['source'])}"
+        console.print(f"  source: {src}")
+    if f.b["op"] != f.a["op"] or f.b["framework"] != f.a["framework"]:
+        console.print(f"  paired with b: {_where(f.b)} (by {f.pair_by})")
+    console.print(f"  outputs: a {_shapes(f.a)}   b {_shapes(f.b)}")
+    m = f.metrics or {}
+    if m:
+        console.print(f"  max abs {_fmt(m.get('max_abs'))}  max rel {_fmt(m.get('max_rel'))}  "
+                      f"max ulp {_fmt(m.get('max_ulp'))}  mismatched "
+                      f"{_fmt(100 * m['mismatch_fraction']) if isinstance(m.get('mismatch_fraction'), float) else '-'}% "
+                      f"of elements (beyond tolerance "
+                      f"{_fmt(100 * m['beyond_tolerance_fraction']) if isinstance(m.get('beyond_tolerance_fraction'), float) else '-'}%)")
+    if f.inputs_match is True:
+        console.print(f"  [bold]introduced here[/]: {escape(f.inputs_reason)}")
+    elif f.inputs_match is False:
+        console.print(f"  inherited: {escape(f.inputs_reason)}")
+    else:
+        console.print(f"  inputs unknown: {escape(f.inputs_reason)}")
+    if f.call:
+        console.print(f"  inside compiled call {escape(f.call['op'])} (a #{f.call['a']}, b #{f.call['b']})")
+    if f.note:
+        console.print(f"  note: {escape(f.note)}")
+
+
+def print_locate(r, console=None):
+    console = console or Console(highlight=False, soft_wrap=True)
+    a, b = r.traces["a"], r.traces["b"]
+    if r.verdict == "match":
+        head = "[bold green]MATCH[/]: no divergence beyond tolerance"
+        if r.first_difference is not None:
+            head += " (but bitwise differences exist)"
+    else:
+        head = "[bold red]DIVERGED[/]"
+    console.print(f"{head}   a={escape(a['path'])}  b={escape(b['path'])}")
+    for w in r.warnings:
+        console.print(f"[yellow]warning:[/] {escape(w)}")
+    tol = r.tolerance
+    tol_txt = ("per-dtype defaults" if tol.get("rtol") is None and tol.get("atol") is None else
+               f"rtol {tol.get('rtol') if tol.get('rtol') is not None else 'default'}, "
+               f"atol {tol.get('atol') if tol.get('atol') is not None else 'default'}")
+    if r.first_beyond_tolerance is not None:
+        _finding(console, f"first divergence beyond tolerance ({tol_txt})",
+                 r.first_beyond_tolerance, a, b)
+    fd = r.first_difference
+    if fd is not None:
+        same = (r.first_beyond_tolerance is not None and
+                fd.a["index"] == r.first_beyond_tolerance.a["index"])
+        if same:
+            console.print("first bitwise difference: the same event")
+        else:
+            _finding(console, "first bitwise difference", fd, a, b)
+    elif r.first_beyond_tolerance is None:
+        console.print("every compared value is bitwise identical")
+    if r.replay_only is not None and r.first_beyond_tolerance is None:
+        f = r.replay_only
+        console.print(f"replay-only difference beyond tolerance (not seen by the script): "
+                      f"{_where(f.a)} (a #{f.a['index']})")
+    al = r.alignment
+    console.print(f"alignment: {al['matched']} events matched; a {al['events_a']} "
+                  f"({al['only_in_a']} only in a), b {al['events_b']} ({al['only_in_b']} only in b)"
+                  f"{'; ' + str(al['fallback_regions']) + ' regions aligned by fallback' if al.get('fallback_regions') else ''}")
+    if r.mapping:
+        by = {}
+        for m in r.mapping:
+            by[m["by"]] = by.get(m["by"], 0) + 1
+        console.print("pairs matched by: " + ", ".join(f"{k} {v}" for k, v in sorted(by.items())))
+    if r.optimizer_steps:
+        diff = [s for s in r.optimizer_steps if not s["bitwise_equal"]]
+        if diff:
+            s0 = diff[0]
+            last = r.optimizer_steps[-1]
+            console.print(f"optimizer steps: {len(r.optimizer_steps)} compared; parameters first "
+                          f"differ after step {s0['step']} (max rel {_fmt(s0['max_rel'])} in "
+                          f"{escape(str(s0['worst']))}); last step {last['step']}: max rel "
+                          f"{_fmt(last['max_rel'])}")
+        else:
+            console.print(f"optimizer steps: {len(r.optimizer_steps)} compared, parameters "
+                          f"bitwise identical")
+    if r.env_diff:
+        console.print("environment differences (a -> b):")
+        for e in r.env_diff[:MAX_ENV]:
+            console.print(f"  {e['category']:<12} {escape(e['key'])}: {escape(_fmt_env(e['a']))} -> "
+                          f"{escape(_fmt_env(e['b']))}")
+        if len(r.env_diff) > MAX_ENV:
+            console.print(f"  ... {len(r.env_diff) - MAX_ENV} more (--json for all)")
+    else:
+        console.print("environment: no differences in the manifests")
+    steps = next_steps(r)
+    if steps:
+        console.print("next steps:")
+        for s in steps:
+            console.print(f"  {escape(s)}")
+
+
+def _fmt_env(v):
+    s = "(unset)" if v is None else str(v)
+    return s if len(s) <= 80 else s[:77] + "..."
