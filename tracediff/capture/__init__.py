@@ -115,27 +115,29 @@ class ImportWatcher(importlib.abc.MetaPathFinder):
             sys.meta_path.remove(self)
 
 
-def available_captures():
-    """Capture classes for the frameworks tracediff knows, imported lazily."""
-    from .jax_recorder import JaxCapture
-    from .torch_recorder import TorchCapture
-
-    return [JaxCapture, TorchCapture]
+# framework -> (module that triggers the capture, recorder module, recorder class).
+# Recorder modules import their framework, so they are imported only once the script
+# has imported it: a torch-only script never pays for importing JAX, and vice versa.
+RECORDERS = {
+    "jax": ("jax", "tracediff.capture.jax_recorder", "JaxCapture"),
+    "torch": ("torch", "tracediff.capture.torch_recorder", "TorchCapture"),
+}
 
 
 def start_captures(session, frameworks=("jax", "torch")):
     """Arrange for each framework's capture to install when the script imports it."""
-    callbacks = {}
-    for cls in available_captures():
-        if cls.framework not in frameworks:
-            continue
+    import importlib
 
-        def _install(cls=cls):
-            cap = cls()
+    callbacks = {}
+    for framework in frameworks:
+        trigger, module, cls_name = RECORDERS[framework]
+
+        def _install(module=module, cls_name=cls_name):
+            cap = getattr(importlib.import_module(module), cls_name)()
             cap.install(session)
             session.captures.append(cap)
 
-        callbacks[cls.trigger] = _install
+        callbacks[trigger] = _install
     watcher = ImportWatcher(callbacks)
     watcher.install()
     return watcher

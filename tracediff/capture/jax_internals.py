@@ -1,0 +1,73 @@
+"""Every private JAX internal tracediff touches, in one place, checked at start.
+
+JAX has no public API that intercepts calls, so capture patches three private
+functions. Their names and signatures drift between releases; `check()` verifies them
+and fails with one message naming the installed JAX version instead of failing later
+in the middle of the user's script.
+
+Supported and tested: jax 0.7 - 0.10 (see README). Differences handled here:
+  * the jit primitive is `jit` since 0.7 (`pjit` before): normalised by `JIT_NAMES`;
+  * `Primitive.get_bind_params` returns `params` (>= 0.9) or `(subfuns, params)`;
+  * `_pjit_call_impl_python` returns a tuple whose first item is always the flat outputs.
+"""
+
+import jax
+
+JIT_NAMES = ("jit", "pjit")
+SUPPORTED = ((0, 7), (0, 10))  # inclusive range of minor versions tested in CI
+
+
+class UnsupportedJax(RuntimeError):
+    pass
+
+
+def jax_version():
+    return tuple(int(p) for p in jax.__version__.split(".")[:2] if p.isdigit())
+
+
+def _load():
+    from jax._src import core, pjit
+    from jax._src import source_info_util
+
+    return core, pjit, source_info_util
+
+
+def check():
+    """Return the internals namespace, or raise UnsupportedJax with a clear message."""
+    try:
+        core, pjit, siu = _load()
+    except ImportError as exc:
+        raise UnsupportedJax(f"jax {jax.__version__}: cannot import internals ({exc})") from None
+    missing = [name for obj, name in (
+        (pjit, "_pjit_call_impl_python"), (pjit, "_get_fastpath_data"),
+        (core, "EvalTrace"), (core, "trace_state_clean"), (siu, "user_context"),
+        (siu, "current"), (siu, "register_exclusion"), (siu, "current_name_stack"),
+    ) if not hasattr(obj, name)]
+    if not missing and not hasattr(core.EvalTrace, "process_primitive"):
+        missing.append("EvalTrace.process_primitive")
+    if missing:
+        lo, hi = SUPPORTED
+        raise UnsupportedJax(
+            f"jax {jax.__version__} is not supported by this tracediff (missing internals: "
+            f"{', '.join(missing)}); supported: jax {lo[0]}.{lo[1]} to {hi[0]}.{hi[1]}")
+    return core, pjit, siu
+
+
+def bind_params(prim, params):
+    """Parameters to pass to `prim.bind` for an equation's params, across versions."""
+    got = prim.get_bind_params(params)
+    if isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], dict):
+        subfuns, bparams = got
+        if subfuns:
+            raise NotImplementedError(f"{prim.name}: primitives with subfuns are replayed opaquely")
+        return bparams
+    return got
+
+
+def call_outputs(result):
+    """Flat outputs from `_pjit_call_impl_python`'s result tuple (2, 3 or 4 items)."""
+    return result[0]
+
+
+def is_key_dtype(dtype):
+    return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)

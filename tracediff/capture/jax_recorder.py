@@ -1,0 +1,473 @@
+"""JAX capture: every top-level jit call, every equation inside it, every eager primitive.
+
+Faithful ("shadow") recording. A jitted call is recorded twice over: first its jaxpr is
+replayed equation by equation from the call's real inputs (a small interpreter in the
+style of `jax.core.eval_jaxpr`) and every equation's outputs are written, then the real
+compiled executable runs and *its* outputs, the ones the script receives, are written
+as the call's values. Replay numbers can differ from the compiled program (XLA fuses and
+rewrites, e.g. `x / s` into `x * (1/s)`), so each event says where its values come
+from (`origin`: compiled, replay, eager); the script's own results stay bitwise
+identical to an unrecorded run because nothing replayed is ever returned to it.
+
+Hooks (private, see jax_internals): `pjit._pjit_call_impl_python` sees every concrete
+jit call; `EvalTrace.process_primitive` sees eager primitives; `_get_fastpath_data`
+returns None for intercepted calls so C++ dispatch does not hide calls 2..N.
+"""
+
+import os
+import sys
+import threading
+import weakref
+
+import numpy as np
+
+from ..trace import schema
+from . import Capture, ImportWatcher, jax_internals
+
+TOOL_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_CALL_PRIMS = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
+               "custom_vjp_call_jaxpr", "remat2", "checkpoint"}
+_LOOP_PRIMS = {"while", "scan"}
+OPTAX_TAG = "tracediff:optax/"
+_LIBRARY_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep,
+                    os.sep + "lib" + os.sep + "python3", "<frozen", "<string>")
+
+
+class _Local(threading.local):
+    suppress = 0        # >0 while tracediff itself is running JAX code
+    intercepted = False  # the last jit call was recorded: deny it the C++ fast path
+    optax_depth = 0
+
+
+_TL = _Local()
+
+
+def _is_user_file(filename):
+    return not (filename.startswith(TOOL_DIR) or any(m in filename for m in _LIBRARY_MARKERS))
+
+
+def _summarize_params(params):
+    parts = []
+    for key in sorted(params):
+        val = params[key]
+        tname = type(val).__name__
+        if "Jaxpr" in tname or callable(val) or tname in ("WrappedFun",):
+            continue
+        if isinstance(val, (tuple, list)) and val and "Jaxpr" in type(val[0]).__name__:
+            continue
+        text = repr(val)
+        if " at 0x" in text:
+            continue
+        parts.append(f"{key}={text[:60]}")
+    return ", ".join(parts)[:240]
+
+
+class _Site:
+    """Static facts about one jaxpr equation, computed once (jaxprs are cached by JAX)."""
+
+    __slots__ = ("eqn", "op", "params", "name_stack", "source", "sub", "mode")
+
+    def __init__(self, eqn, session):
+        self.eqn = eqn  # keeps id(eqn) valid as a cache key
+        prim = eqn.primitive.name
+        self.op = "jit" if prim in jax_internals.JIT_NAMES else prim
+        self.params = _summarize_params(eqn.params)
+        self.name_stack = str(eqn.source_info.name_stack)
+        self.source = None
+        tb = eqn.source_info.traceback
+        if tb is not None:
+            for fr in tb.frames:
+                if _is_user_file(fr.file_name):
+                    self.source = f"{session.short_path(fr.file_name)}:{fr.line_num}"
+                    break
+        self.sub, self.mode = None, "bind"
+        p = eqn.params
+        if prim in _CALL_PRIMS:
+            from jax.extend.core import ClosedJaxpr
+
+            for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+                sub = p.get(key)
+                if sub is None:
+                    continue
+                if not isinstance(sub, ClosedJaxpr) and hasattr(sub, "eqns"):
+                    sub = ClosedJaxpr(sub, ())
+                if isinstance(sub, ClosedJaxpr) and len(sub.jaxpr.invars) == len(eqn.invars):
+                    self.sub, self.mode = sub, "call"
+                break
+        elif prim == "cond":
+            self.mode = "cond"
+        elif prim in _LOOP_PRIMS:
+            self.mode = prim
+        if eqn.effects and not eqn.outvars:
+            self.mode = "skip"  # debug prints and other output-less effects: never run twice
+
+
+class JaxCapture(Capture):
+    framework = "jax"
+    trigger = "jax"
+
+    def __init__(self):
+        self.session = None
+        self.step = 0
+        self._sites = {}
+        self._producers = {}        # id(array) -> (weakref, event, slot)
+        self._pending_optim = {}    # optax tag -> numpy value, flushed as one optim event
+        self._orig = {}
+        self.calls = self.eqns = self.eager = 0
+        self.replay_errors = []
+        self.opaque_calls = 0
+
+    # -- install -----------------------------------------------------------------------------
+    def install(self, session):
+        try:
+            core, pjit, siu = jax_internals.check()
+        except jax_internals.UnsupportedJax as exc:
+            print(f"tracediff: error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+        import jax
+
+        self.session, self._core, self._pjit, self._siu = session, core, pjit, siu
+        self.stepped = session.options.loops == "stepped"
+        siu.register_exclusion(TOOL_DIR)
+        self._orig = {"impl": pjit._pjit_call_impl_python, "fast": pjit._get_fastpath_data,
+                      "pp": core.EvalTrace.process_primitive}
+        pjit._pjit_call_impl_python = self._impl_hook
+        pjit._get_fastpath_data = self._fast_hook
+        core.EvalTrace.process_primitive = self._make_pp_hook()
+        jax.clear_caches()
+        self._optax = ImportWatcher({"optax": self._patch_optax})
+        self._optax.install()
+
+    def uninstall(self):
+        if not self._orig:
+            return
+        self._optax.uninstall()
+        self._unpatch_optax()
+        self._pjit._pjit_call_impl_python = self._orig["impl"]
+        self._pjit._get_fastpath_data = self._orig["fast"]
+        self._core.EvalTrace.process_primitive = self._orig["pp"]
+        self._flush_optim()
+
+    def manifest(self):
+        import jax
+
+        cfg = jax.config
+        out = {
+            "version": jax.__version__,
+            "jaxlib": getattr(__import__("jaxlib"), "__version__", None),
+            "mode": "shadow: jit calls return their real compiled outputs (origin=compiled); "
+                    "equations inside them are replayed one by one from the call's real inputs "
+                    "(origin=replay), which can differ from the fused program",
+            "loops": self.session.options.loops if self.session else None,
+            "calls": self.calls, "equations": self.eqns, "eager_primitives": self.eager,
+            "optimizer_steps": self.step, "calls_not_replayed": self.opaque_calls,
+            "replay_errors": self.replay_errors[:20],
+        }
+        for name in ("jax_enable_x64", "jax_default_matmul_precision", "jax_threefry_partitionable",
+                     "jax_default_prng_impl", "jax_numpy_rank_promotion", "jax_disable_jit",
+                     "jax_platforms", "jax_enable_checks"):
+            try:
+                out[name] = getattr(cfg, name)
+            except AttributeError:
+                pass
+        try:
+            out["backend"] = jax.default_backend()
+            out["devices"] = [str(d) for d in jax.devices()]
+            out["device_kind"] = jax.devices()[0].device_kind
+        except Exception as exc:  # a broken backend is itself worth recording
+            out["backend_error"] = repr(exc)
+        return out
+
+    # -- hooks -------------------------------------------------------------------------------
+    def _fast_hook(self, *args, **kwargs):
+        if _TL.intercepted:
+            _TL.intercepted = False
+            return None
+        return self._orig["fast"](*args, **kwargs)
+
+    def _impl_hook(self, *args, jaxpr, **params):
+        orig = self._orig["impl"]
+        if _TL.suppress or not self.session.active or not self._core.trace_state_clean():
+            return orig(*args, jaxpr=jaxpr, **params)
+        _TL.suppress += 1  # everything below is tracediff's own JAX work: never recorded
+        try:
+            with self.session.lock:
+                call_id = self._record_call_start(params.get("name", "?"), jaxpr, args)
+                self._replay_call(call_id, jaxpr, args)
+                result = orig(*args, jaxpr=jaxpr, **params)
+                outs = jax_internals.call_outputs(result)
+                names = self._result_names(jaxpr, len(outs))
+                for slot, x in enumerate(outs):
+                    self._store(call_id, slot, x, name=names[slot])
+                    self._register(x, call_id, slot)
+                self._flush_optim()
+        finally:
+            _TL.suppress -= 1
+        _TL.intercepted = True
+        return result
+
+    def _make_pp_hook(self):
+        capture, orig = self, self._orig["pp"]
+        jit_names = jax_internals.JIT_NAMES
+
+        def process_primitive(trace, prim, args, params, /):
+            if _TL.suppress or prim.name in jit_names or not capture.session.active:
+                return orig(trace, prim, args, params)
+            _TL.suppress += 1
+            try:
+                out = orig(trace, prim, args, params)
+                with capture.session.lock:
+                    capture._record_eager(prim, params, args, out)
+            finally:
+                _TL.suppress -= 1
+            return out
+
+        return process_primitive
+
+    # -- recording -----------------------------------------------------------------------------
+    def _live_source(self):
+        f = sys._getframe(2)
+        while f is not None:
+            name = f.f_code.co_filename
+            if _is_user_file(name):
+                return f"{self.session.short_path(name)}:{f.f_lineno}"
+            f = f.f_back
+        return None
+
+    def _name_stack(self):
+        return str(self._siu.current_name_stack())
+
+    def _producer(self, x, label="input"):
+        """(event, slot) that produced array x; unseen arrays get an `input` snapshot event."""
+        entry = self._producers.get(id(x))
+        if entry is not None and entry[0]() is x:
+            return entry[1], entry[2]
+        if isinstance(x, (int, float, complex, bool, np.generic)):
+            return schema.PRODUCER_LITERAL, 0
+        w = self.session.writer
+        eid = w.add_event(framework=schema.FW_JAX, kind=schema.KIND_INPUT, op="input",
+                          origin=schema.ORIGIN_SNAPSHOT, params=label, name_stack=self._name_stack(),
+                          source=self._live_source(), step=self.step)
+        self._store(eid, 0, x)
+        self._register(x, eid, 0)
+        return eid, 0
+
+    def _register(self, x, eid, slot):
+        try:
+            self._producers[id(x)] = (weakref.ref(x), eid, slot)
+        except TypeError:
+            pass
+        if len(self._producers) > 200_000:  # drop dead entries now and then
+            self._producers = {k: v for k, v in self._producers.items() if v[0]() is not None}
+
+    def _store(self, eid, slot, x, name=None, role=schema.ROLE_OUT):
+        w = self.session.writer
+        dtype = getattr(x, "dtype", None)
+        if dtype is None:
+            if isinstance(x, (int, float, complex, bool, np.generic)):
+                w.add_value(eid, slot, np.asarray(x), role=role, name=name)
+            return
+        logical = None
+        if jax_internals.is_key_dtype(dtype):
+            import jax
+
+            logical, x = str(dtype), jax.random.key_data(x)
+        try:
+            arr = np.asarray(x)
+        except Exception:  # tokens, non-addressable arrays: keep shape and dtype only
+            w.add_meta_value(eid, slot, str(dtype), getattr(x, "shape", ()), role=role, name=name)
+            return
+        w.add_value(eid, slot, arr, role=role, name=name, logical_dtype=logical)
+
+    def _record_call_start(self, name, jaxpr, args):
+        self.calls += 1
+        w = self.session.writer
+        source = self._live_source()
+        refs = [self._producer(x, "argument") for x in args]
+        ns = self._name_stack()
+        eid = w.add_event(framework=schema.FW_JAX, kind=schema.KIND_CALL, op=f"jit:{name}",
+                          origin=schema.ORIGIN_COMPILED, name_stack=ns,
+                          source=source, step=self.step,
+                          params=f"{len(jaxpr.jaxpr.eqns)} eqns")
+        names = self._arg_names(jaxpr, len(args))
+        for slot, (x, ref) in enumerate(zip(args, refs)):
+            w.add_input(eid, slot, *ref)
+            self._store(eid, slot, x, name=names[slot], role=schema.ROLE_IN)
+        self._call_refs, self._call_source, self._call_ns = refs, source, ns
+        return eid
+
+    @staticmethod
+    def _arg_names(jaxpr, n):
+        names = getattr(getattr(jaxpr.jaxpr, "debug_info", None), "arg_names", None)
+        return list(names) if names is not None and len(names) == n else [None] * n
+
+    @staticmethod
+    def _result_names(jaxpr, n):
+        names = getattr(getattr(jaxpr.jaxpr, "debug_info", None), "result_paths", None)
+        if callable(names) or names is None or len(names) != n:
+            return [None] * n
+        return list(names)
+
+    def _record_eager(self, prim, params, args, out):
+        self.eager += 1
+        w = self.session.writer
+        if prim.name == "name" and str(params.get("name", "")).startswith(OPTAX_TAG):
+            self._pending_optim[params["name"][len(OPTAX_TAG):]] = self._host(out)
+        refs = [self._producer(x) for x in args]
+        eid = w.add_event(framework=schema.FW_JAX, kind=schema.KIND_EAGER, op=prim.name,
+                          origin=schema.ORIGIN_EAGER, params=_summarize_params(params),
+                          name_stack=self._name_stack(), source=self._live_source(), step=self.step)
+        for slot, ref in enumerate(refs):
+            w.add_input(eid, slot, *ref)
+        outs = out if prim.multiple_results else [out]
+        for slot, x in enumerate(outs):
+            self._store(eid, slot, x)
+            self._register(x, eid, slot)
+
+    @staticmethod
+    def _host(x):
+        try:
+            return np.array(x, copy=True)
+        except Exception:
+            return None
+
+    # -- replay --------------------------------------------------------------------------------
+    def _replay_call(self, call_id, closed, args):
+        effects = [e for e in closed.effects if "Debug" not in type(e).__name__]
+        if effects:  # ordered effects, io_callback, state: replay would repeat side effects
+            self.opaque_calls += 1
+            return
+        try:
+            self._interpret(closed, list(args), list(self._call_refs), call_id, call_id,
+                            self._call_ns, -1, self._call_source)
+        except Exception as exc:  # never break the script: the compiled call still runs
+            if len(self.replay_errors) < 100:
+                self.replay_errors.append(f"call {call_id}: {type(exc).__name__}: {str(exc)[:200]}")
+
+    def _site(self, eqn):
+        site = self._sites.get(id(eqn))
+        if site is None or site.eqn is not eqn:
+            site = self._sites[id(eqn)] = _Site(eqn, self.session)
+        return site
+
+    def _interpret(self, closed, vals, refs, call_id, parent, prefix, it, source):
+        from jax.extend.core import Literal
+
+        jaxpr = closed.jaxpr
+        env = {}
+        for v, c in zip(jaxpr.constvars, closed.consts):
+            env[v] = (c, self._producer(c, "constant"))
+        for v, x, r in zip(jaxpr.invars, vals, refs):
+            env[v] = (x, r)
+
+        def read(v):
+            if isinstance(v, Literal):
+                return v.val, (schema.PRODUCER_LITERAL, 0)
+            return env[v]
+
+        w = self.session.writer
+        for eqn in jaxpr.eqns:
+            site = self._site(eqn)
+            if site.mode == "skip":
+                continue
+            ins = [read(v) for v in eqn.invars]
+            ivals = [a for a, _ in ins]
+            irefs = [r for _, r in ins]
+            ns = f"{prefix}/{site.name_stack}" if prefix and site.name_stack else (prefix or site.name_stack)
+            src = site.source or source
+            eid = w.add_event(framework=schema.FW_JAX, kind=schema.KIND_EQN, op=site.op,
+                              origin=schema.ORIGIN_REPLAY, params=site.params, name_stack=ns,
+                              source=src, call=call_id, parent=parent, step=self.step, iter=it)
+            self.eqns += 1
+            for slot, r in enumerate(irefs):
+                w.add_input(eid, slot, *r)
+            mode = site.mode
+            if mode == "call":
+                outs, _ = self._interpret(site.sub, ivals, irefs, call_id, eid, ns, it, src)
+            elif mode == "cond":
+                branch = eqn.params["branches"][int(np.asarray(ivals[0]))]
+                outs, _ = self._interpret(branch, ivals[1:], irefs[1:], call_id, eid, ns, it, src)
+            elif mode == "scan" and self.stepped:
+                outs = self._step_scan(eqn, ivals, irefs, call_id, eid, ns, src)
+            elif mode == "while" and self.stepped:
+                outs = self._step_while(eqn, ivals, irefs, call_id, eid, ns, src)
+            else:
+                outs = self._bind(eqn, ivals)
+            for slot, (v, x) in enumerate(zip(eqn.outvars, outs)):
+                self._store(eid, slot, x)
+                if site.op == "name" and str(eqn.params.get("name", "")).startswith(OPTAX_TAG):
+                    self._pending_optim[eqn.params["name"][len(OPTAX_TAG):]] = self._host(x)
+                if type(v).__name__ != "DropVar":
+                    env[v] = (x, (eid, slot))
+        return [read(v)[0] for v in jaxpr.outvars], [read(v)[1] for v in jaxpr.outvars]
+
+    @staticmethod
+    def _bind(eqn, vals):
+        prim = eqn.primitive
+        with eqn.ctx.manager:
+            out = prim.bind(*vals, **jax_internals.bind_params(prim, eqn.params))
+        return list(out) if prim.multiple_results else [out]
+
+    def _step_scan(self, eqn, vals, refs, call_id, parent, ns, src):
+        import jax.numpy as jnp
+
+        p = eqn.params
+        nc, ncarry, length = p["num_consts"], p["num_carry"], p["length"]
+        consts, carry, xs = vals[:nc], vals[nc:nc + ncarry], vals[nc + ncarry:]
+        crefs, carry_refs, xrefs = refs[:nc], refs[nc:nc + ncarry], refs[nc + ncarry:]
+        ys = []
+        order = range(length - 1, -1, -1) if p.get("reverse") else range(length)
+        for i in order:
+            x_i = [x[i] for x in xs]
+            outs, orefs = self._interpret(p["jaxpr"], [*consts, *carry, *x_i],
+                                          [*crefs, *carry_refs, *xrefs], call_id, parent, ns, i, src)
+            carry, carry_refs = outs[:ncarry], orefs[:ncarry]
+            ys.append(outs[ncarry:])
+        if p.get("reverse"):
+            ys.reverse()
+        n_ys = len(eqn.outvars) - ncarry
+        stacked = [jnp.stack([y[k] for y in ys]) if ys else self._bind(eqn, vals)[ncarry + k]
+                   for k in range(n_ys)]
+        return [*carry, *stacked]
+
+    def _step_while(self, eqn, vals, refs, call_id, parent, ns, src):
+        p = eqn.params
+        cn, bn = p["cond_nconsts"], p["body_nconsts"]
+        cconsts, bconsts, carry = vals[:cn], vals[cn:cn + bn], vals[cn + bn:]
+        crefs, brefs, carry_refs = refs[:cn], refs[cn:cn + bn], refs[cn + bn:]
+        i = 0
+        while True:
+            (pred,), _ = self._interpret(p["cond_jaxpr"], [*cconsts, *carry], [*crefs, *carry_refs],
+                                         call_id, parent, ns, i, src)
+            if not bool(np.asarray(pred)):
+                return carry
+            carry, carry_refs = self._interpret(p["body_jaxpr"], [*bconsts, *carry],
+                                                [*brefs, *carry_refs], call_id, parent, ns, i, src)
+            i += 1
+
+    # -- optimizer steps (optax) -------------------------------------------------------------
+    def _flush_optim(self):
+        """Write the optax values tagged during the last call (or eager update) as one step."""
+        if not self._pending_optim or not self.session.active:
+            return
+        w = self.session.writer
+        eid = w.add_event(framework=schema.FW_JAX, kind=schema.KIND_OPTIM, op="optim:optax",
+                          phase=schema.PHASE_OPTIM, origin=schema.ORIGIN_REPLAY,
+                          params="optax update: grads, params, updates, state after the step",
+                          step=self.step)
+        for slot, (name, arr) in enumerate(sorted(self._pending_optim.items())):
+            if arr is not None:
+                w.add_value(eid, slot, arr, name=name)
+        self._pending_optim = {}
+        self.step += 1
+
+    def _patch_optax(self):
+        from . import optax_tags
+
+        self._optax_patch = optax_tags.install(self)
+
+    def _unpatch_optax(self):
+        patch = getattr(self, "_optax_patch", None)
+        if patch is not None:
+            patch.uninstall()
+            self._optax_patch = None
