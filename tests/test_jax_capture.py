@@ -1,0 +1,207 @@
+"""JAX capture on real jax/flax/optax: what a trace holds, and that recording changes nothing."""
+
+import json
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+import tracediff
+from tracediff.trace import schema
+
+from .helpers import record, run_cli, run_plain
+
+GRU = "jax_gru_expm_adam.py"
+FLOW = "jax_control_flow.py"
+STEPS = "3"
+
+
+@pytest.fixture(scope="module")
+def gru(tmp_path_factory):
+    out = tmp_path_factory.mktemp("jax") / "gru.h5"
+    proc = record(GRU, out, "--steps", STEPS)
+    return out, proc
+
+
+@pytest.fixture(scope="module")
+def flow(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("flow")
+    opaque, stepped = folder / "opaque.h5", folder / "stepped.h5"
+    return record(FLOW, opaque), opaque, record(FLOW, stepped, extra=("--loops", "stepped")), stepped
+
+
+def events(trace):
+    return [trace.event(i) for i in range(len(trace))]
+
+
+def ancestors(evs, e):
+    found = set()
+    while e["parent"] >= 0 and e["parent"] != e["call"]:
+        found.add(e["parent"])
+        e = evs[e["parent"]]
+    return found
+
+
+def test_recording_leaves_printed_result_bitwise_unchanged(gru):
+    _, proc = gru
+    plain = run_plain(GRU, "--steps", STEPS)
+    assert "final loss:" in plain.stdout
+    assert proc.stdout == plain.stdout
+
+
+def test_calls_equations_and_links(gru):
+    path, _ = gru
+    t = tracediff.load(path)
+    evs = events(t)
+    calls = [e for e in evs if e["kind"] == "call"]
+    steps = [e for e in calls if e["op"] == "jit:train_step"]
+    assert len(steps) == int(STEPS)
+    for call in steps:
+        assert call["origin"] == "compiled" and call["source"] == "jax_gru_expm_adam.py:60"
+        inner = [e for e in evs if e["call"] == call["index"]]
+        assert len(inner) > 300 and all(e["index"] > call["index"] for e in inner)
+        assert {e["origin"] for e in inner} == {"replay"}
+        ops = {e["op"] for e in inner}
+        assert {"dot_general", "tanh", "logistic", "custom_linear_solve"} <= ops
+        stacks = {e["name_stack"] for e in inner}
+        assert any("GRUCell_0" in s and s.startswith("jvp(") for s in stacks)
+        assert any(s.startswith("transpose(jvp(") for s in stacks)
+        # the call's inputs carry their pytree names, its outputs the compiled results
+        names = [t.value_meta(r)["name"] for r in t.value_rows(call["index"], schema.ROLE_IN)]
+        assert any("GRUCell_0" in (n or "") for n in names)
+        assert len(t.value_rows(call["index"], schema.ROLE_OUT)) > 0
+    # dataflow: each step's parameters come from the previous step's compiled outputs
+    for prev, call in zip(steps, steps[1:]):
+        producers = {int(r["producer"]) for r in t.input_rows(call["index"])}
+        assert prev["index"] in producers
+    # every input link points at an earlier event or is a literal
+    ins = t.inputs
+    assert np.all((ins["producer"] == schema.PRODUCER_LITERAL) | (ins["producer"] < ins["event"]))
+    assert not np.any(ins["producer"] == schema.PRODUCER_UNKNOWN)
+
+
+def test_user_source_lines_and_module_paths(gru):
+    t = tracediff.load(gru[0])
+    tanh = [e for e in events(t) if e["op"] == "tanh"]
+    assert tanh and all(e["source"] == "jax_gru_expm_adam.py:25" for e in tanh)
+    assert all("GRUCell_0" in e["name_stack"] for e in tanh)
+    dense = [e for e in events(t) if e["op"] == "dot_general" and "Dense_0" in e["name_stack"]]
+    assert dense and dense[0]["source"] == "jax_gru_expm_adam.py:26"
+
+
+def test_optax_steps_are_named_snapshots(gru):
+    t = tracediff.load(gru[0])
+    steps = [e for e in events(t) if e["kind"] == "optim"]
+    assert [e["step"] for e in steps] == list(range(int(STEPS)))
+    for k, e in enumerate(steps):
+        vals = {t.value_meta(r)["name"]: t.read_value(r) for r in t.value_rows(e["index"])}
+        assert int(vals["state/count"]) == k + 1
+        for prefix in ("grads", "params", "updates", "state/mu", "state/nu"):
+            assert f"{prefix}/GRUCell_0/ir/kernel" in vals
+        if k == 0:  # Adam's first moment after one step is (1 - b1) * grads
+            np.testing.assert_allclose(vals["state/mu/Dense_0/bias"], 0.1 * vals["grads/Dense_0/bias"],
+                                       rtol=1e-6)
+    # the next step starts from the parameters this step produced
+    first, second = ({t.value_meta(r)["name"]: t.read_value(r) for r in t.value_rows(e["index"])}
+                     for e in steps[:2])
+    np.testing.assert_allclose(second["params/Dense_0/kernel"],
+                               first["params/Dense_0/kernel"] + first["updates/Dense_0/kernel"], rtol=1e-6)
+
+
+def test_manifest_says_how_and_where_it_was_recorded(gru):
+    m = tracediff.load(gru[0]).manifest
+    assert m["recording"]["level"] == "full" and m["recording"]["loops"] == "opaque"
+    jax_m = m["frameworks"]["jax"]
+    assert jax_m["jax_enable_x64"] is True and jax_m["mode"].startswith("shadow")
+    assert jax_m["replay_errors"] == [] and jax_m["backend"] == "cpu"
+    assert m["packages"]["jax"] == jax_m["version"]
+    assert m["script"]["name"] == GRU and len(m["script"]["sha256"]) == 64
+    assert m["script"]["argv"][1:] == ["--steps", STEPS]
+    assert m["end"] == {"status": "completed", "exit_code": 0}
+    assert m["cpu"]["count"] >= 1 and "python" in m
+
+
+def test_control_flow_is_stepped_into(flow):
+    proc, opaque, _, stepped = flow
+    assert proc.stdout.count("debug value 4") == 1, "a debug print ran twice under replay"
+    t = tracediff.load(opaque)
+    evs = events(t)
+    by_op = {}
+    for e in evs:
+        by_op.setdefault(e["op"], []).append(e)
+    # nested jit, custom_jvp, remat and the cond branch taken are entered
+    for outer, inner in (("jit", "sin"), ("custom_jvp_call", "max"), ("remat2", "cos"), ("cond", "mul")):
+        outers = {e["index"] for e in by_op[outer]}
+        assert any(outers & ancestors(evs, e) for e in by_op[inner]), (outer, inner)
+    assert not any(e["iter"] >= 0 for e in evs)  # loops opaque by default
+    bf16 = [t.value_meta(r)["dtype"] for e in by_op["convert_element_type"] for r in t.value_rows(e["index"])]
+    assert "bfloat16" in bf16
+    ts = tracediff.load(stepped)
+    iters = {e["iter"] for e in events(ts) if e["iter"] >= 0}
+    assert iters == set(range(6)) and ts.manifest["recording"]["loops"] == "stepped"
+    # stepped and opaque loops give the same loop outputs
+    for op in ("scan", "while"):
+        a = [t.read_value(r) for e in events(t) if e["op"] == op for r in t.value_rows(e["index"])]
+        b = [ts.read_value(r) for e in events(ts) if e["op"] == op for r in ts.value_rows(e["index"])]
+        for x, y in zip(a, b):
+            np.testing.assert_allclose(x, y, rtol=1e-6)
+
+
+def test_bfloat16_and_keys_round_trip_exactly(flow):
+    t = tracediff.load(flow[1])
+    import ml_dtypes
+
+    for e in events(t):
+        for r in t.value_rows(e["index"]):
+            meta = t.value_meta(r)
+            if meta["dtype"] == "bfloat16":
+                v = t.read_value(r)
+                assert v.dtype == ml_dtypes.bfloat16
+                assert v.view(np.uint16).tobytes() == t._f["blob"][r["offset"]:r["offset"] + r["nbytes"]].tobytes()
+    keys = [t.value_meta(r)["dtype"] for r in t.values]
+    assert any(k.startswith("key<") for k in keys)
+
+
+def test_crashing_script_leaves_a_readable_trace(tmp_path):
+    out = tmp_path / "crash.h5"
+    proc = record(FLOW, out, "--crash", check=False)
+    assert proc.returncode == 1
+    assert "RuntimeError: deliberate failure" in proc.stderr and "tracediff/" not in proc.stderr
+    t = tracediff.load(out)
+    assert t.complete and len(t) > 10
+    assert t.manifest["end"]["status"] == "exception"
+    assert t.manifest["end"]["exception"] == "RuntimeError"
+    proc = record(FLOW, tmp_path / "exit.h5", "--exit", check=False)
+    assert proc.returncode == 3
+    assert tracediff.load(tmp_path / "exit.h5").manifest["end"]["exit_code"] == 3
+
+
+@pytest.mark.parametrize("args, message", [
+    (("record", "-o", "x.h5", "no_such_script.py"), "no such script"),
+    (("record", "-o", "/no/such/folder/x.h5", "fixtures/jax_control_flow.py"), "does not exist"),
+])
+def test_record_bad_input_is_one_line_exit_2(args, message, tmp_path):
+    proc = run_cli(*args, cwd=None)
+    assert proc.returncode == 2
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_trace_is_readable_with_plain_h5py(gru):
+    """Follows docs/format.md with h5py and numpy only."""
+    with h5py.File(gru[0], "r") as f:
+        assert f.attrs["format"] == "tracediff.trace" and f.attrs["schema_version"] == 1
+        manifest = json.loads(f["manifest"][()])
+        strings = [s.decode() for s in f["strings"][:]]
+        events_ = f["events"][:]
+        values = f["values"][:]
+        blob = f["blob"]
+        tanh = [i for i, e in enumerate(events_) if strings[e["op"]] == "tanh"][0]
+        row = values[values["event"] == tanh][0]
+        raw = blob[row["offset"]:row["offset"] + row["nbytes"]].tobytes()
+        shape = tuple(int(d) for d in strings[row["shape"]].split(",") if d)
+        value = np.frombuffer(raw, dtype=strings[row["storage"]]).reshape(shape)
+        assert manifest["script"]["name"] == GRU
+    t = tracediff.load(gru[0])
+    np.testing.assert_array_equal(value, t.read_value(t.value_rows(tanh)[0]))
