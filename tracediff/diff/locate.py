@@ -301,14 +301,6 @@ class Differ:
         diff = self.sa.content[ia] != self.sb.content[ib]
         return ia[diff], ib[diff]
 
-    def _children(self, side, ev, by_call):
-        col = side.call if by_call else side.parent
-        kids = np.flatnonzero((col == ev) & (side.kind == schema.KIND_EQN))
-        if not by_call:
-            return kids
-        # direct children of the call: eqns whose parent is not another eqn of this call
-        return kids
-
     def _origin_among(self, events_a, level, depth=0):
         """First origin (inputs match, outputs differ) among these a-events; prefers the
         inner equations of a nested jit origin. Returns (ea, eb, first_diff)."""
@@ -358,9 +350,9 @@ class Differ:
                 continue
             if kind == schema.KIND_CALL:
                 eqns = np.flatnonzero((self.sa.call == ea) & (self.sa.kind == schema.KIND_EQN))
-                eqns = eqns[self.sa.parent[eqns] < 0] if len(eqns) else eqns
-                if not len(eqns):
-                    eqns = np.flatnonzero(self.sa.call == ea)
+                # direct equations of the call (parent = the call, or unset); nested ones
+                # are searched through their enclosing jit/cond/scan equation
+                eqns = eqns[(self.sa.parent[eqns] == ea) | (self.sa.parent[eqns] < 0)]
                 origin, first_diff, _ = self._origin_among(eqns, level)
                 call = {"a": ea, "b": eb, "op": self.ta.string(self.ta.events[ea]["op"])}
                 if origin is not None:

@@ -1,0 +1,339 @@
+"""`tracediff locate`: unit tests of alignment and metrics on synthetic traces, and
+end-to-end tests on traces recorded with the real CLI."""
+
+import json
+import os
+import random
+
+import h5py
+import numpy as np
+import pytest
+
+import tracediff
+from tracediff.diff import align, compare
+from tracediff.diff.env import env_diff
+from tracediff.trace import schema
+
+from . import synth
+from .helpers import ROOT, record, run_cli
+
+F32 = np.float32
+
+
+def _bump(a, i=0):
+    a = np.array(a, copy=True)
+    a.flat[i] = np.nextafter(a.flat[i], a.dtype.type(np.inf))
+    return a
+
+
+# -- metrics ---------------------------------------------------------------------------------
+
+def test_nan_inf_rules():
+    nan, inf = np.nan, np.inf
+    m = compare.compare_arrays(np.array([1, nan, inf], F32), np.array([1, nan, inf], F32), "float32")
+    assert m["within_tolerance"] and m["mismatch_fraction"] == 0 and m["max_abs"] == 0
+    m = compare.compare_arrays(np.array([1, nan], F32), np.array([1, 2], F32), "float32")
+    assert not m["within_tolerance"] and m["mismatch_fraction"] == 0.5 and m["max_abs"] == "inf"
+    m = compare.compare_arrays(np.array([inf], F32), np.array([-inf], F32), "float32")
+    assert not m["within_tolerance"]
+    json.dumps(m, allow_nan=False)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "bfloat16"])
+def test_ulp_in_own_dtype(dtype):
+    import ml_dtypes
+
+    dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    x = np.array([1.0, -2.5, 0.0, 3.0], dt)
+    y = x.copy()
+    ut = {2: np.uint16, 4: np.uint32, 8: np.uint64}[x.dtype.itemsize]
+    y[0] = np.frombuffer((x[:1].view(ut) + 1).tobytes(), dt)[0]   # one ULP up
+    m = compare.compare_arrays(x, y, dtype)
+    assert m["max_ulp"] == 1.0
+    m = compare.compare_arrays(np.array([0.0], dt), np.array([-0.0], dt), dtype)
+    assert m["within_tolerance"] and m["max_ulp"] == 0.0
+    # 3 ulp across signs: +1ulp vs -2ulp of the smallest subnormal
+    tiny = np.array([1], np.uint64).astype({"float16": np.uint16, "bfloat16": np.uint16,
+                                           "float32": np.uint32, "float64": np.uint64}[dtype])
+    a = tiny.view(dt)
+    b = (tiny * 2).view(dt) * -1
+    assert compare.compare_arrays(a, b, dtype)["max_ulp"] == 3.0
+
+
+def test_tolerance_defaults_and_overrides():
+    assert compare.tolerance("float32") == (1e-5, 1e-6)
+    assert compare.tolerance("float64") == (1e-12, 1e-14)
+    assert compare.tolerance("int32") == (0.0, 0.0)
+    assert compare.tolerance("float32", rtol=0.1) == (0.1, 1e-6)
+    x = np.array([1.0], F32)
+    assert compare.compare_arrays(x, x * F32(1 + 2e-6), "float32")["within_tolerance"]
+    assert not compare.compare_arrays(x, x * F32(1 + 2e-5), "float32")["within_tolerance"]
+    assert compare.compare_arrays(x, x * F32(1 + 2e-5), "float32", rtol=1e-3)["within_tolerance"]
+    assert not compare.compare_arrays(np.array([1, 2]), np.array([1, 3]), "int64")["within_tolerance"]
+
+
+# -- alignment -------------------------------------------------------------------------------
+
+def _lcs(a, b):
+    L = [[0] * (len(b) + 1) for _ in range(len(a) + 1)]
+    for i in range(len(a) - 1, -1, -1):
+        for j in range(len(b) - 1, -1, -1):
+            L[i][j] = L[i + 1][j + 1] + 1 if a[i] == b[j] else max(L[i + 1][j], L[i][j + 1])
+    return L[0][0]
+
+
+def test_myers_is_an_optimal_alignment():
+    rng = random.Random(1)
+    for _ in range(400):
+        a = [rng.randrange(4) for _ in range(rng.randint(0, 25))]
+        b = list(a)
+        for _ in range(rng.randint(0, 5)):
+            if rng.random() < 0.5 and b:
+                del b[rng.randrange(len(b))]
+            else:
+                b.insert(rng.randrange(len(b) + 1), rng.randrange(6))
+        A, B = np.array(a, np.uint64), np.array(b, np.uint64)
+        pa, pb, fb = align.align_arrays(A, B)
+        assert not fb
+        assert np.all(A[pa] == B[pb]) and np.all(np.diff(pa) > 0) and np.all(np.diff(pb) > 0)
+        assert len(pa) == _lcs(a, b)
+
+
+def test_alignment_falls_back_when_too_different():
+    a = np.arange(3000, dtype=np.uint64)
+    b = a[::-1].copy()
+    pa, pb, fb = align.align_arrays(a, b, max_edits=50)
+    assert fb and np.all(a[pa] == b[pb])
+
+
+def _xw():
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((4, 8)).astype(F32), rng.standard_normal((8, 3)).astype(F32)
+
+
+def test_identical_traces_match(tmp_path):
+    x, w = _xw()
+    a = synth.write(tmp_path / "a.h5", synth.mlp_events(x, w, steps=2))
+    r = tracediff.locate(a, a)
+    assert r.verdict == "match" and r.exit_code == 0
+    assert r.first_difference is None and r.first_beyond_tolerance is None
+    assert r.alignment["only_in_a"] == r.alignment["only_in_b"] == 0
+
+
+def test_inserted_event_is_aligned_and_first_difference_found(tmp_path):
+    x, w = _xw()
+    a = synth.write(tmp_path / "a.h5", synth.mlp_events(x, w, steps=3))
+    b = synth.write(tmp_path / "b.h5", synth.mlp_events(x, w, steps=3, perturb=("mm", 1), extra_at=0))
+    r = tracediff.locate(a, b)
+    assert r.alignment["only_in_b"] == 1 and r.alignment["only_in_a"] == 0
+    f = r.first_difference
+    assert f.a["op"] == "aten::mm" and f.a["step"] == 1 and f.b["index"] == f.a["index"] + 1
+    assert f.inputs_match is True and f.metrics["max_ulp"] == 1.0
+    # one ulp is within float32 tolerance: no verdict change
+    assert r.verdict == "match" and r.first_beyond_tolerance is None
+    r2 = tracediff.locate(a, b, rtol=0.0, atol=0.0)
+    assert r2.verdict == "diverged" and r2.first_beyond_tolerance.a["op"] == "aten::mm"
+    # downstream ops differ too but are inherited
+    d = r.to_json()
+    json.dumps(d, allow_nan=False)
+    assert d["first_difference"]["a"]["index"] == f.a["index"]
+
+
+def test_inherited_and_unknown_inputs(tmp_path):
+    x, w = _xw()
+    t = np.tanh(x @ w)
+    ev_a = [dict(kind=schema.KIND_INPUT, op="input", outs=[x]),
+            dict(op="aten::tanh", outs=[t], ins=[(0, 0, 0)]),
+            dict(op="aten::exp", outs=[np.exp(t)], ins=[(0, -1, 0)])]
+    ev_b = [dict(kind=schema.KIND_INPUT, op="input", outs=[x * 2]),
+            dict(op="aten::tanh", outs=[t * 2], ins=[(0, 0, 0)]),
+            dict(op="aten::exp", outs=[np.exp(t) * 2], ins=[(0, -1, 0)])]
+    a = synth.write(tmp_path / "a.h5", ev_a)
+    b = synth.write(tmp_path / "b.h5", ev_b)
+    r = tracediff.locate(a, b)
+    assert r.first_difference.a["op"] == "input"
+    from tracediff.diff.locate import Differ, TOLERANCE
+    from tracediff.trace.reader import Trace
+
+    with Trace(a) as ta, Trace(b) as tb:
+        d = Differ(ta, tb)
+        ok, reason, bad = d.inputs_match(1, 1, TOLERANCE)
+        assert ok is False and bad[0]["producer_a"] == 0
+        ok, reason, _ = d.inputs_match(2, 2, TOLERANCE)
+        assert ok is None and "unknown producer" in reason
+
+
+def test_uninitialised_and_unstored_values_are_never_compared(tmp_path):
+    x, _ = _xw()
+    ev_a = [dict(op="aten::empty", outs=[x], uninit=(0,)), dict(op="aten::relu", outs=[x])]
+    ev_b = [dict(op="aten::empty", outs=[x + 1], uninit=(0,)), dict(op="aten::relu", outs=[x])]
+    r = tracediff.locate(synth.write(tmp_path / "a.h5", ev_a), synth.write(tmp_path / "b.h5", ev_b))
+    assert r.verdict == "match" and r.first_difference is None
+
+
+def _jax_call(inp, mid, out, compiled_out, step=0, base=0):
+    """input, call(IN inp), eqn sin(inp)=mid, eqn cos(mid)=out ; call OUT = compiled_out."""
+    return [dict(kind=schema.KIND_INPUT, op="input", outs=[inp], step=step),
+            dict(kind=schema.KIND_CALL, op="jit:f", outs=[compiled_out], in_values=[(inp, "x")],
+                 ins=[(0, base, 0)], step=step),
+            dict(kind=schema.KIND_EQN, op="sin", outs=[mid], ins=[(0, base, 0)], call=base + 1,
+                 parent=base + 1, name_stack="f", source="f.py:3", step=step),
+            dict(kind=schema.KIND_EQN, op="pjit", outs=[out], ins=[(0, base + 2, 0)], call=base + 1,
+                 parent=base + 1, step=step),
+            dict(kind=schema.KIND_EQN, op="cos", outs=[out], ins=[(0, base + 2, 0)], call=base + 1,
+                 parent=base + 3, name_stack="f/g", source="f.py:4", step=step)]
+
+
+def test_compiled_call_descends_to_origin_equation(tmp_path):
+    x = np.linspace(0, 1, 5)
+    mid, out = np.sin(x), np.cos(np.sin(x))
+    a = synth.write(tmp_path / "a.h5", _jax_call(x, mid, out, out))
+    # b: sin is off by a lot (beyond tolerance) -> cos inherits; the call outputs differ
+    mid_b = mid * 1.01
+    b = synth.write(tmp_path / "b.h5", _jax_call(x, mid_b, np.cos(mid_b), np.cos(mid_b)))
+    r = tracediff.locate(a, b)
+    f = r.first_beyond_tolerance
+    assert r.verdict == "diverged"
+    assert f.a["op"] == "sin" and f.inputs_match is True and f.call["op"] == "jit:f"
+    assert f.origin == "replay"
+    # nested jit: the origin inside the jit eqn is the inner cos
+    out_b = _bump(out)
+    b2 = synth.write(tmp_path / "b2.h5", _jax_call(x, mid, out_b, out_b))
+    f2 = tracediff.locate(a, b2, rtol=0, atol=0).first_beyond_tolerance
+    assert f2.a["op"] == "cos" and f2.a["name_stack"] == "f/g" and f2.inputs_match is True
+
+
+def test_compiled_divergence_with_matching_replay(tmp_path):
+    x = np.linspace(0, 1, 5)
+    mid, out = np.sin(x), np.cos(np.sin(x))
+    a = synth.write(tmp_path / "a.h5", _jax_call(x, mid, out, out))
+    b = synth.write(tmp_path / "b.h5", _jax_call(x, mid, out, out * 1.1))
+    r = tracediff.locate(a, b)
+    f = r.first_beyond_tolerance
+    assert f.a["kind"] == "call" and "inside the compiled program" in f.note
+    assert f.inputs_match is True  # the call's role-IN values match
+
+
+def test_replay_only_difference_does_not_decide_the_verdict(tmp_path):
+    x = np.linspace(0, 1, 5)
+    mid, out = np.sin(x), np.cos(np.sin(x))
+    a = synth.write(tmp_path / "a.h5", _jax_call(x, mid, out, out))
+    b = synth.write(tmp_path / "b.h5", _jax_call(x, mid * 1.1, out, out))
+    r = tracediff.locate(a, b)
+    assert r.verdict == "match" and r.exit_code == 0
+    assert r.first_difference.a["op"] == "sin" and r.first_difference.origin == "replay"
+    assert "did not see" in r.first_difference.note
+    assert r.replay_only is not None and r.replay_only.a["op"] == "sin"
+
+
+def test_optimizer_snapshots_compare_by_name(tmp_path):
+    w1, w2 = np.ones(3, F32), np.zeros(2, F32)
+    ev_a = [dict(kind=schema.KIND_OPTIM, op="optim", step=1, outs=[(w1, "params/a"), (w2, "params/b")])]
+    ev_b = [dict(kind=schema.KIND_OPTIM, op="optim", step=1, outs=[(w2, "params/b"), (w1 * 2, "params/a")])]
+    r = tracediff.locate(synth.write(tmp_path / "a.h5", ev_a), synth.write(tmp_path / "b.h5", ev_b))
+    assert r.optimizer_steps[0]["worst"] == "params/a" and r.optimizer_steps[0]["max_rel"] == 0.5
+    assert r.first_beyond_tolerance.values[0]["key"] == "params/a"
+
+
+def test_env_diff_ranks_and_summarises():
+    base = {"created": "x", "pid": 1, "hostname": "h1", "packages": {"jax": "0.4"},
+            "cpu": {"isa_flags": ["sse2", "avx2", "fpu"] + [f"f{i}" for i in range(100)]},
+            "env": {"XLA_FLAGS": "--a"}, "threads": {"cpu_count": 8}}
+    other = {"created": "y", "pid": 2, "hostname": "h2", "packages": {"jax": "0.10"},
+             "cpu": {"isa_flags": ["sse2", "avx512f", "fpu"] + [f"f{i}" for i in range(100)]},
+             "env": {}, "threads": {"cpu_count": 2}}
+    d = env_diff(base, other)
+    keys = [e["key"] for e in d]
+    assert keys[0] == "packages.jax" and keys[-1] == "hostname"
+    assert "created" not in keys and "pid" not in keys
+    isa = next(e for e in d if e["key"] == "cpu.isa_flags")
+    assert isa["numeric_only_in_a"] == ["avx2"] and isa["numeric_only_in_b"] == ["avx512f"]
+    assert keys.index("cpu.isa_flags") < keys.index("env.XLA_FLAGS") < keys.index("threads.cpu_count")
+
+
+def test_truncated_and_different_script_warnings(tmp_path):
+    x, w = _xw()
+    a = synth.write(tmp_path / "a.h5", synth.mlp_events(x, w))
+    m = synth.manifest(script={"name": "other.py", "sha256": "1" * 64})
+    b = synth.write(tmp_path / "b.h5", synth.mlp_events(x, w), man=m, complete=False)
+    r = tracediff.locate(a, b)
+    assert any("different scripts" in w for w in r.warnings)
+    assert any("truncated" in w for w in r.warnings)
+    proc = run_cli("locate", a, b)
+    assert "different scripts" in proc.stderr and "truncated" in proc.stderr
+
+
+# -- CLI on bad input ------------------------------------------------------------------------
+
+def _bad_inputs(tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_text("hello\n")
+    empty = tmp_path / "empty.h5"
+    empty.write_bytes(b"")
+    foreign = tmp_path / "foreign.h5"
+    with h5py.File(foreign, "w") as f:
+        f["x"] = np.arange(3)
+    return {"missing": tmp_path / "nope.h5", "text": text, "empty": empty, "foreign": foreign}
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    x, w = _xw()
+    good = synth.write(tmp_path / "good.h5", synth.mlp_events(x, w))
+    for what, path in _bad_inputs(tmp_path).items():
+        for args in ((good, path), (path, good)):
+            proc = run_cli("locate", *args)
+            assert proc.returncode == 2, (what, proc.stderr)
+            lines = proc.stderr.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("tracediff: error:"), (what, proc.stderr)
+            assert "Traceback" not in proc.stderr and proc.stdout == ""
+    proc = run_cli("locate", good, good, "--rtol", "-1")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+# -- real recorded traces (torch) ------------------------------------------------------------
+
+BROKEN_DOT = os.path.join(ROOT, "tests", "perturb", "broken_dot")
+
+
+@pytest.fixture(scope="module")
+def dot_traces(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dot")
+    a, a2, b = d / "a.h5", d / "a2.h5", d / "b.h5"
+    record("torch_dot.py", a)
+    record("torch_dot.py", a2)
+    record("torch_dot.py", b, env={"PYTHONPATH": BROKEN_DOT})
+    return a, a2, b
+
+
+def test_real_identical_runs_match(dot_traces):
+    a, a2, _ = dot_traces
+    proc = run_cli("locate", a, a2, "--json")
+    assert proc.returncode == 0, proc.stderr
+    d = json.loads(proc.stdout)
+    assert d["verdict"] == "match" and d["first_difference"] is None
+    assert d["alignment"]["only_in_a"] == 0 and d["alignment"]["matched"] == d["alignment"]["events_a"]
+    assert all(e["key"] not in ("created", "pid") for e in d["env_diff"])
+    proc = run_cli("locate", a, a2)
+    assert proc.returncode == 0 and "MATCH" in proc.stdout
+
+
+def test_real_broken_dot_is_located(dot_traces):
+    a, _, b = dot_traces
+    proc = run_cli("locate", a, b, "--json")
+    assert proc.returncode == 1, proc.stderr
+    d = json.loads(proc.stdout)
+    assert d["verdict"] == "diverged"
+    for key in ("first_difference", "first_beyond_tolerance"):
+        f = d[key]
+        assert f["a"]["op"] == "aten::dot" and f["b"]["op"] == "aten::dot"
+        assert f["a"]["phase"] == "forward" and f["a"]["step"] == 0
+        assert f["inputs_match"] is True
+        assert f["metrics"]["max_abs"] == 14.0 and f["metrics"]["mismatch_fraction"] == 1.0
+        assert f["a"]["source"].endswith("torch_dot.py:6")
+    # the Python API gives the same object as the CLI
+    assert tracediff.locate(str(a), str(b)).to_json() == d
+    proc = run_cli("locate", a, b, env={"NO_COLOR": "1"})
+    assert proc.returncode == 1
+    assert "DIVERGED" in proc.stdout and "aten::dot" in proc.stdout and "introduced here" in proc.stdout
+    assert "\x1b[" not in proc.stdout
+    assert f"tracediff show {a}" in proc.stdout
