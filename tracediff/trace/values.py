@@ -35,12 +35,24 @@ def parse_shape(text, limit=64):
     return dims
 
 
+_DTYPE_NAMES = {}
+
+
+def _dtype_name(dt):
+    """numpy dtype name, cached: `dtype.name` costs microseconds and this runs per value."""
+    name = _DTYPE_NAMES.get(dt)
+    if name is None:
+        name = _DTYPE_NAMES[dt] = dt.name
+    return name
+
+
 def encode(array, logical_dtype=None):
     """Return (bytes, logical dtype name, storage dtype name, shape) for a numpy array."""
     a = np.asarray(array)
-    name = logical_dtype or a.dtype.name
-    if a.dtype.name in _NATIVE:
-        storage = a.dtype.name
+    dname = _dtype_name(a.dtype)
+    name = logical_dtype or dname
+    if dname in _NATIVE:
+        storage = dname
         raw = np.ascontiguousarray(a).tobytes()
     else:
         storage = _UINT_OF_SIZE.get(a.dtype.itemsize)
