@@ -56,7 +56,6 @@ Design (see /work/shared/design/torch-capture-notes.md for the measurements behi
 """
 
 import os
-import re
 import sys
 import threading
 import weakref
@@ -72,7 +71,6 @@ _UNINIT_OPS = frozenset({"aten::empty", "aten::empty_like", "aten::empty_strided
                          "aten::new_empty_strided", "aten::empty_permuted"})
 _SCALAR_TYPES = (bool, int, float, complex)
 _SKIP_FILE_PREFIXES = ("<frozen", "<string>")
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _MAX_PARAM = 48
 _MAX_PARAMS = 160
 
@@ -91,10 +89,27 @@ def _flat(xs, out):
 
 
 def _short_repr(v):
+    """repr of a plain argument (numbers, strings, dtypes, devices, lists of those);
+    other objects (storages, script objects) are named by type only: their repr can be
+    huge or hold an address."""
+    if isinstance(v, (list, tuple)):
+        if len(v) > 8 or not all(isinstance(x, _PLAIN) for x in v):
+            return f"<{type(v).__name__} of {len(v)}>"
+    elif not isinstance(v, _PLAIN + _torch_plain_types()):
+        return f"<{type(v).__name__}>"
     r = repr(v)
-    if " at 0x" in r:  # object addresses change from run to run
-        r = _ADDRESS.sub("", r)
     return r if len(r) <= _MAX_PARAM else r[:_MAX_PARAM - 3] + "..."
+
+
+_PLAIN = (bool, int, float, complex, str, type(None))
+_TORCH_PLAIN = None
+
+
+def _torch_plain_types():
+    global _TORCH_PLAIN
+    if _TORCH_PLAIN is None:
+        _TORCH_PLAIN = (_torch.dtype, _torch.device, _torch.memory_format, _torch.layout)
+    return _TORCH_PLAIN
 
 
 _torch = None

@@ -1,0 +1,290 @@
+"""PyTorch capture: real torch, real HDF5 traces recorded by the CLI in subprocesses."""
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tests.helpers import FIXTURES, ROOT, record, run_plain  # noqa: E402
+from tracediff.trace import schema  # noqa: E402
+from tracediff.trace.reader import Trace  # noqa: E402
+
+BROKEN_DOT = os.path.join(ROOT, "tests", "perturb", "broken_dot")
+GRU_STEPS = "2"
+
+
+def _record(tmp_path_factory, name, script, *args, env=None):
+    out = tmp_path_factory.mktemp("torch") / f"{name}.h5"
+    proc = record(script, out, *args, env=env)
+    return out, proc
+
+
+def _ops(trace, op=None, kind=schema.KIND_OP):
+    """Event dicts of the given kind (and op name) in order."""
+    out = []
+    for i in range(len(trace)):
+        e = trace.events[i]
+        if int(e["kind"]) == kind and (op is None or trace.string(e["op"]) == op):
+            out.append(trace.event(i))
+    return out
+
+
+def _out(trace, eid, slot=0):
+    rows = trace.value_rows(eid, role=schema.ROLE_OUT)
+    row = rows[rows["slot"] == slot][0]
+    return row, trace.read_value(row)
+
+
+def _inputs(trace, eid):
+    return [(int(r["producer"]), int(r["producer_slot"])) for r in trace.input_rows(eid)]
+
+
+@pytest.fixture(scope="module")
+def dot(tmp_path_factory):
+    out, proc = _record(tmp_path_factory, "dot", "torch_dot.py")
+    with Trace(out) as t:
+        yield t, proc
+
+
+@pytest.fixture(scope="module")
+def broken_dot(tmp_path_factory):
+    out, proc = _record(tmp_path_factory, "dot_broken", "torch_dot.py",
+                        env={"PYTHONPATH": BROKEN_DOT})
+    with Trace(out) as t:
+        yield t, proc
+
+
+@pytest.fixture(scope="module")
+def gru(tmp_path_factory):
+    out, proc = _record(tmp_path_factory, "gru", "torch_gru_adam.py", "--steps", GRU_STEPS)
+    with Trace(out) as t:
+        yield t, proc
+
+
+# -- the dot case -------------------------------------------------------------------------
+def test_dot_forward_op_links_both_inputs_to_arange(dot):
+    t, proc = dot
+    assert proc.stdout.splitlines()[0] == "28.0"
+    (arange,) = _ops(t, "aten::arange")
+    (fwd,) = [e for e in _ops(t, "aten::dot") if e["phase"] == "forward"]
+    assert fwd["framework"] == "torch" and fwd["origin"] == "eager"
+    assert _inputs(t, fwd["index"]) == [(arange["index"], 0), (arange["index"], 0)]
+    assert _out(t, fwd["index"])[1] == np.float32(14.0)
+    assert _out(t, arange["index"])[1].tolist() == [0.0, 1.0, 2.0, 3.0]
+    # the source line of the dot is the fixture's `y = 2 * torch.dot(x, x)` line
+    lines = open(os.path.join(FIXTURES, "torch_dot.py")).read().splitlines()
+    file, line = fwd["source"].rsplit(":", 1)
+    assert file == "torch_dot.py" and "torch.dot(x, x)" in lines[int(line) - 1]
+
+
+def test_dot_backward_ops_link_to_forward_dot(dot):
+    t, _ = dot
+    (fwd,) = _ops(t, "aten::dot")
+    bwd = [e for e in _ops(t) if e["node"] == "DotBackward0"]
+    assert len(bwd) >= 2
+    for e in bwd:
+        assert e["phase"] == "backward"
+        assert e["parent"] == fwd["index"]
+        assert e["source"] == fwd["source"]
+    acc = [e for e in _ops(t) if e["node"] == "AccumulateGrad"]
+    assert len(acc) == 1
+    # the gradient accumulated into x is 4x, computed by the DotBackward0 ops
+    (prod,) = _inputs(t, acc[0]["index"])
+    assert t.event(prod[0])["node"] == "DotBackward0"
+    assert _out(t, acc[0]["index"])[1].tolist() == [0.0, 4.0, 8.0, 12.0]
+    # y.item(): the scalar is recorded as such
+    (item,) = _ops(t, "aten::_local_scalar_dense")
+    row, val = _out(t, item["index"])
+    assert row["flags"] & schema.VFLAG_SCALAR and float(val) == 28.0
+
+
+def test_dot_manifest(dot):
+    t, _ = dot
+    m = t.manifest["frameworks"]["torch"]
+    assert m["version"] == torch.__version__
+    assert m["mode"] == "eager dispatch"
+    assert m["threads_captured"] is False
+    for key in ("config", "parallel_info", "cpu_capability", "num_threads", "num_interop_threads",
+                "deterministic_algorithms", "cuda_matmul_allow_tf32", "cudnn_allow_tf32",
+                "float32_matmul_precision", "compile"):
+        assert key in m
+    assert t.manifest["end"]["status"] == "completed"
+
+
+def test_broken_dot_records_zero_with_identical_inputs(dot, broken_dot):
+    good, _ = dot
+    bad, proc = broken_dot
+    # sitecustomize imported torch before tracediff: the capture installed at once
+    assert proc.stdout.splitlines()[0] == "0.0"
+    (g,) = _ops(good, "aten::dot")
+    (b,) = _ops(bad, "aten::dot")
+    g_in = [good.read_value(good.value_rows(p)[0]) for p, _ in _inputs(good, g["index"])]
+    b_in = [bad.read_value(bad.value_rows(p)[0]) for p, _ in _inputs(bad, b["index"])]
+    for x, y in zip(g_in, b_in, strict=True):
+        assert x.tobytes() == y.tobytes()
+    assert _out(good, g["index"])[1] == np.float32(14.0)
+    assert _out(bad, b["index"])[1] == np.float32(0.0)
+
+
+# -- GRU + Adam ---------------------------------------------------------------------------
+def test_gru_recording_leaves_output_bitwise_identical(gru):
+    _, proc = gru
+    plain = run_plain("torch_gru_adam.py", "--steps", GRU_STEPS)
+    assert proc.stdout == plain.stdout
+
+
+def test_gru_module_paths_and_backward_inheritance(gru):
+    t, _ = gru
+    ops = _ops(t)
+    fwd_addmm = [e for e in ops if e["op"] == "aten::addmm" and e["phase"] == "forward"]
+    assert {e["name_stack"] for e in fwd_addmm} == {"rnn.gru", "head"}
+    by_id = {e["index"]: e for e in ops}
+    bwd = [e for e in ops if e["phase"] == "backward" and e["node"] != "AccumulateGrad"]
+    assert bwd
+    for e in bwd:
+        assert e["parent"] in by_id, e
+        fwd = by_id[e["parent"]]
+        assert fwd["phase"] == "forward"
+        assert (e["name_stack"], e["source"]) == (fwd["name_stack"], fwd["source"])
+    assert {e["name_stack"] for e in bwd if e["node"] == "AddmmBackward0"} == {"rnn.gru", "head"}
+    acc = [e for e in ops if e["node"] == "AccumulateGrad"]
+    assert {e["params"].split(",")[0] for e in acc} == {
+        "param=" + n for n in ("rnn.gru.weight_ih", "rnn.gru.weight_hh", "rnn.gru.bias_ih",
+                               "rnn.gru.bias_hh", "head.weight", "head.bias")}
+    # optimizer ops are in the optimizer phase, and steps count up
+    assert any(e["phase"] == "optimizer" and e["op"] == "aten::addcdiv_" for e in ops)
+    assert sorted({e["step"] for e in ops}) == list(range(int(GRU_STEPS) + 1))
+
+
+def _load_fixture(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(FIXTURES, f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_gru_optimizer_snapshots_equal_script_state(gru):
+    t, _ = gru
+    expected = []
+
+    def on_step(step, model, opt):
+        snap = {}
+        for n, p in model.named_parameters():
+            snap[f"params/{n}"] = p.detach().numpy().copy()
+            snap[f"grads/{n}"] = p.grad.numpy().copy()
+            for k, v in opt.state[p].items():
+                snap[f"state/{n}/{k}"] = v.numpy().copy()
+        expected.append(snap)
+
+    _load_fixture("torch_gru_adam").train(int(GRU_STEPS), on_step=on_step)
+    snaps = _ops(t, kind=schema.KIND_OPTIM)
+    assert len(snaps) == int(GRU_STEPS)
+    for step, (e, exp) in enumerate(zip(snaps, expected)):
+        assert e["op"] == "optim:Adam" and e["phase"] == "optimizer" and e["step"] == step
+        assert e["origin"] == "snapshot"
+        got = {}
+        for row in t.value_rows(e["index"]):
+            got[t.value_meta(row)["name"]] = t.read_value(row)
+        assert set(got) == set(exp)
+        assert {k.rsplit("/", 1)[1] for k in got if k.startswith("state/")} == {
+            "step", "exp_avg", "exp_avg_sq"}
+        for k, v in exp.items():
+            assert got[k].dtype == v.dtype and got[k].tobytes() == v.tobytes(), k
+
+
+def test_gru_every_input_has_a_producer_with_a_value(gru):
+    t, _ = gru
+    ins = t.inputs
+    assert len(ins) and (ins["producer"] >= 0).all()
+    assert (ins["producer"] < ins["event"]).all()
+    kinds = t.events["kind"][ins["producer"]]
+    assert set(np.unique(kinds)) <= {schema.KIND_OP, schema.KIND_INPUT}
+    # the first addmm of step 0 reads the gru bias produced by its uniform_ init
+    first = next(e for e in _ops(t, "aten::addmm") if e["name_stack"] == "rnn.gru")
+    producers = [t.event(p)["op"] for p, _ in _inputs(t, first["index"])]
+    assert producers[0] == "aten::uniform_"
+
+
+# -- MKL instruction set ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def gru_sse(tmp_path_factory):
+    out, proc = _record(tmp_path_factory, "gru_sse", "torch_gru_adam.py", "--steps", GRU_STEPS,
+                        env={"MKL_ENABLE_INSTRUCTIONS": "SSE4_2"})
+    with Trace(out) as t:
+        yield t, proc
+
+
+def test_mkl_sse42_changes_a_blas_output_bitwise(gru, gru_sse):
+    """On this machine (AVX-512) MKL's SSE4.2 kernels round the GRU's addmm differently."""
+    a, _ = gru
+    b, _ = gru_sse
+    assert b.manifest["env"].get("MKL_ENABLE_INSTRUCTIONS") == "SSE4_2"
+    assert len(a) == len(b)
+    assert [a.string(x) for x in a.events["op"]] == [b.string(x) for x in b.events["op"]]
+    first = None
+    for i in range(len(a)):
+        ha = a.value_rows(i)["hash"].tolist()
+        hb = b.value_rows(i)["hash"].tolist()
+        if ha != hb:
+            first = i
+            break
+    assert first is not None, "SSE4_2 changed no recorded value"
+    e = a.event(first)
+    assert e["op"] in ("aten::addmm", "aten::mm"), e
+    # its inputs are bitwise identical: this op is where the runs diverge
+    for (pa, sa), (pb, sb) in zip(_inputs(a, first), _inputs(b, first), strict=True):
+        assert _out(a, pa, sa)[0]["hash"] == _out(b, pb, sb)[0]["hash"]
+
+
+# -- dtypes, empty, DataLoader ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def dtypes(tmp_path_factory):
+    out, proc = _record(tmp_path_factory, "dtypes", "torch_dtypes.py")
+    with Trace(out) as t:
+        yield t, proc
+
+
+def test_bf16_and_complex_round_trip_exactly(dtypes):
+    t, _ = dtypes
+    torch.manual_seed(0)
+    a = torch.randn(5, dtype=torch.float32)
+    b = a.to(torch.bfloat16) * 3
+    c = torch.complex(a, a.flip(0))
+    d = c.conj() * 2
+    (mul_bf16,) = [e for e in _ops(t, "aten::mul.Tensor")
+                   if t.value_meta(t.value_rows(e["index"])[0])["dtype"] == "bfloat16"]
+    row, v = _out(t, mul_bf16["index"])
+    assert t.value_meta(row)["dtype"] == "bfloat16"
+    assert np.asarray(v).view(np.int16).tobytes() == b.view(torch.int16).numpy().tobytes()
+    (conj,) = _ops(t, "aten::_conj")
+    assert _out(t, conj["index"])[1].tobytes() == c.conj().resolve_conj().numpy().tobytes()
+    cmul = [e for e in _ops(t, "aten::mul.Tensor")
+            if t.value_meta(t.value_rows(e["index"])[0])["dtype"] == "complex64"]
+    assert _out(t, cmul[-1]["index"])[1].tobytes() == d.resolve_conj().numpy().tobytes()
+
+
+def test_empty_outputs_are_flagged_uninitialised(dtypes):
+    t, _ = dtypes
+    (empty,) = _ops(t, "aten::empty.memory_format")
+    row, v = _out(t, empty["index"])
+    assert v is None
+    assert row["flags"] & schema.VFLAG_UNINIT
+    assert t.value_meta(row)["shape"] == [3, 4]
+    (fill,) = _ops(t, "aten::fill_.Scalar")
+    assert _inputs(t, fill["index"]) == [(empty["index"], 0)]
+    assert (_out(t, fill["index"])[1] == 1.5).all()
+
+
+def test_forked_dataloader_workers_do_not_write(tmp_path_factory):
+    out, proc = _record(tmp_path_factory, "dl", "torch_dataloader.py")
+    assert proc.stdout == run_plain("torch_dataloader.py").stdout
+    with Trace(out) as t:
+        assert t.complete and t.manifest["end"]["status"] == "completed"
+        names = {t.string(x) for x in t.events["op"]}
+        # the workers' own ops (full, sin, stack) never reach the parent's trace
+        assert not names & {"aten::sin", "aten::full", "aten::stack", "aten::stack.out"}
+        assert len(_ops(t, "aten::addmm")) == 4
+        assert (t.inputs["producer"] >= 0).all()
