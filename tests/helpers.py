@@ -36,3 +36,30 @@ def run_plain(script, *script_args, env=None):
     full_env.update(env or {})
     return subprocess.run([sys.executable, path, *script_args], env=full_env, capture_output=True,
                           text=True, timeout=600, check=True)
+
+
+def record_many(jobs, max_parallel=2):
+    """Record several fixtures concurrently. jobs: {key: (script, out, args, env)}.
+
+    Returns {key: CompletedProcess}; raises if any recording fails.
+    """
+    pending, running, done = list(jobs.items()), [], {}
+    while pending or running:
+        while pending and len(running) < max_parallel:
+            key, (script, out, args, env) = pending.pop(0)
+            path = script if os.path.isabs(script) else os.path.join(FIXTURES, script)
+            full_env = dict(os.environ)
+            full_env.pop("XLA_FLAGS", None)
+            full_env.update(env or {})
+            full_env["PYTHONPATH"] = os.pathsep.join(
+                p for p in ((env or {}).get("PYTHONPATH"), ROOT) if p)
+            proc = subprocess.Popen([sys.executable, "-m", "tracediff", "record", "-o", str(out),
+                                     path, *args], env=full_env, cwd=ROOT, text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            running.append((key, proc))
+        key, proc = running.pop(0)
+        stdout, stderr = proc.communicate(timeout=900)
+        if proc.returncode != 0:
+            raise AssertionError(f"recording {key} exited {proc.returncode}:\n{stderr[-5000:]}")
+        done[key] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    return done

@@ -14,14 +14,12 @@ from .helpers import record, run_cli, run_plain
 
 GRU = "jax_gru_expm_adam.py"
 FLOW = "jax_control_flow.py"
-STEPS = "3"
+from .conftest import GRU_STEPS as STEPS
 
 
 @pytest.fixture(scope="module")
-def gru(tmp_path_factory):
-    out = tmp_path_factory.mktemp("jax") / "gru.h5"
-    proc = record(GRU, out, "--steps", STEPS)
-    return out, proc
+def gru(jax_gru):
+    return jax_gru["a"]
 
 
 @pytest.fixture(scope="module")

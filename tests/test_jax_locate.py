@@ -1,0 +1,54 @@
+"""`tracediff locate` on real JAX divergences: identical runs, an XLA ISA switch, a one-ULP tanh."""
+
+import json
+
+from .helpers import run_cli
+
+
+def locate_json(a, b, *extra):
+    proc = run_cli("locate", a, b, "--json", *extra)
+    assert proc.returncode in (0, 1), proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["exit_code"] == proc.returncode
+    return report
+
+
+def test_identical_runs_match(jax_gru):
+    a, a2 = jax_gru["a"][0], jax_gru["a2"][0]
+    report = locate_json(a, a2)
+    assert report["verdict"] == "match"
+    assert report["first_difference"] is None and report["first_beyond_tolerance"] is None
+    al = report["alignment"]
+    assert al["matched"] == al["events_a"] == al["events_b"]
+    proc = run_cli("locate", a, a2)
+    assert proc.returncode == 0 and "MATCH" in proc.stdout.upper()
+
+
+def test_isa_switch_is_located_at_an_op_whose_inputs_match(jax_gru):
+    a, isa = jax_gru["a"], jax_gru["isa"]
+    assert a[1].stdout != isa[1].stdout, "SSE4.2 code generation no longer changes the result here"
+    report = locate_json(a[0], isa[0])
+    assert report["verdict"] == "diverged"
+    first = report["first_difference"]
+    assert first is not None and first["inputs_match"] is True
+    assert first["a"]["step"] == 0 and first["metrics"]["max_abs"] > 0
+    assert first["a"]["op"] == first["b"]["op"]
+    beyond = report["first_beyond_tolerance"]
+    assert beyond is not None and beyond["metrics"]["max_rel"] > 0
+    assert beyond["a"]["index"] >= first["a"]["index"]
+    keys = {d["key"] for d in report["env_diff"]}
+    assert "env.XLA_FLAGS" in keys
+    assert report["optimizer_steps"], "optimizer steps were not compared"
+
+
+def test_one_ulp_tanh_is_located_at_tanh_and_its_source_line(jax_gru):
+    a, bad = jax_gru["a"], jax_gru["tanh"]
+    report = locate_json(a[0], bad[0])
+    first = report["first_difference"]
+    assert first["a"]["op"] == "tanh"
+    assert first["a"]["source"] == "jax_gru_expm_adam.py:25"
+    assert "GRUCell_0" in first["a"]["name_stack"]
+    assert first["inputs_match"] is True
+    assert first["metrics"]["max_ulp"] == 1
+    proc = run_cli("locate", a[0], bad[0])
+    assert "tanh" in proc.stdout and "jax_gru_expm_adam.py:25" in proc.stdout
