@@ -150,3 +150,17 @@ def locate(trace_a, trace_b, rtol, atol, map_file, as_json):
 
         print_locate(result)
     sys.exit(result.exit_code)
+
+
+@main.command(context_settings=CONTEXT)
+@click.option("--dir", "folder", default="tracediff-demo", show_default=True,
+              help="Folder for the two traces.")
+@click.option("--steps", default=3, show_default=True, type=click.IntRange(1, 1000),
+              help="Training steps of the example.")
+@_guard
+def demo(folder, steps):
+    """Record a bundled JAX example twice (plain, and with XLA limited to SSE4.2) and locate
+    the first operation where the runs disagree."""
+    from .demo import run_demo
+
+    run_demo(folder, steps)

@@ -39,11 +39,28 @@ class Session:
         self.script_dir = None
         self.tool_dirs = tuple(tool_dirs)
         self.captures = []
+        self._user_files = {}
 
     @property
     def active(self):
         """False in forked children (DataLoader workers): they never write the parent's file."""
         return os.getpid() == self.pid and not self.writer.closed
+
+    _LIBRARY_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep,
+                        os.sep + "lib" + os.sep + "python3", "<frozen", "<string>")
+
+    def is_user_file(self, filename):
+        """True for the user's code: the script's folder, or anything outside libraries and
+        tracediff itself (the bundled examples count as user code when they are the script)."""
+        known = self._user_files.get(filename)
+        if known is None:
+            if self.script_dir and filename.startswith(self.script_dir + os.sep):
+                known = True
+            else:
+                known = not (filename.startswith(self.tool_dirs)
+                             or any(m in filename for m in self._LIBRARY_MARKERS))
+            self._user_files[filename] = known
+        return known
 
     def short_path(self, filename):
         """A source path as shown in reports: relative to the script's folder when inside it."""

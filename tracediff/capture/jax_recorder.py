@@ -24,13 +24,10 @@ import numpy as np
 from ..trace import schema
 from . import Capture, ImportWatcher, jax_internals
 
-TOOL_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CALL_PRIMS = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
                "custom_vjp_call_jaxpr", "remat2", "checkpoint"}
 _LOOP_PRIMS = {"while", "scan"}
 OPTAX_TAG = "tracediff:optax/"
-_LIBRARY_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep,
-                    os.sep + "lib" + os.sep + "python3", "<frozen", "<string>")
 
 
 class _Local(threading.local):
@@ -40,10 +37,6 @@ class _Local(threading.local):
 
 
 _TL = _Local()
-
-
-def _is_user_file(filename):
-    return not (filename.startswith(TOOL_DIR) or any(m in filename for m in _LIBRARY_MARKERS))
 
 
 def _summarize_params(params):
@@ -77,7 +70,7 @@ class _Site:
         tb = eqn.source_info.traceback
         if tb is not None:
             for fr in tb.frames:
-                if _is_user_file(fr.file_name):
+                if session.is_user_file(fr.file_name):
                     self.source = f"{session.short_path(fr.file_name)}:{fr.line_num}"
                     break
         self.sub, self.mode = None, "bind"
@@ -128,7 +121,7 @@ class JaxCapture(Capture):
 
         self.session, self._core, self._pjit, self._siu = session, core, pjit, siu
         self.stepped = session.options.loops == "stepped"
-        siu.register_exclusion(TOOL_DIR)
+        siu.register_exclusion(os.path.dirname(os.path.abspath(__file__)))
         self._orig = {"impl": pjit._pjit_call_impl_python, "fast": pjit._get_fastpath_data,
                       "pp": core.EvalTrace.process_primitive}
         pjit._pjit_call_impl_python = self._impl_hook
@@ -229,7 +222,7 @@ class JaxCapture(Capture):
         f = sys._getframe(2)
         while f is not None:
             name = f.f_code.co_filename
-            if _is_user_file(name):
+            if self.session.is_user_file(name):
                 return f"{self.session.short_path(name)}:{f.f_lineno}"
             f = f.f_back
         return None
