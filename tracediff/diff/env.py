@@ -6,6 +6,10 @@ import re
 IGNORED = {"created", "pid", "python.executable", "script.path", "script.argv.0",
            "recording.tool", "end.duration_s", "end.wall_s", "end.elapsed_s", "duration_s"}
 IGNORED_PREFIX = ("end.", "counts.", "stats.")
+# leaf names that are recording statistics or notes, not environment
+IGNORED_LEAF = {"calls", "calls_not_replayed", "eager_primitives", "equations", "optimizer_steps",
+                "replay_errors", "ops", "input_snapshots", "mode", "supported", "threads_note",
+                "compile", "events", "bytes_recorded", "captured", "loops"}
 
 CATEGORY_OF_TOP = {"packages": "package", "cpu": "cpu", "env": "env", "jax": "jax-config",
                    "torch": "torch-config", "threads": "threads", "python": "python",
@@ -37,8 +41,12 @@ def _flatten(obj, prefix="", out=None):
 
 
 def _category(key):
-    top = key.split(".", 1)[0]
-    return CATEGORY_OF_TOP.get(top, "other")
+    parts = key.split(".")
+    if parts[0] == "frameworks" and len(parts) > 1:
+        return {"jax": "jax-config", "torch": "torch-config"}.get(parts[1], "other")
+    if key.startswith(("threads.", "env.OMP_", "env.MKL_")) or key.endswith("_threads"):
+        return "threads" if not key.startswith("env.") else "env"
+    return CATEGORY_OF_TOP.get(parts[0], "other")
 
 
 def _isa_entry(a, b):
@@ -64,10 +72,24 @@ def _isa_entry(a, b):
 def env_diff(ma, mb):
     """List of {key, category, a, b}, numerically relevant first. Hostname is kept as
     informative (last); timestamps and pids are never listed."""
-    fa, fb = _flatten(ma or {}), _flatten(mb or {})
+    ma, mb = dict(ma or {}), dict(mb or {})
     out = []
+    # a framework used on one side only: one line, not one per setting
+    fwa, fwb = dict(ma.get("frameworks") or {}), dict(mb.get("frameworks") or {})
+    for fw in sorted((set(fwa) | set(fwb)) - {"captured"}):
+        if (fw in fwa) != (fw in fwb):
+            ver = (fwa.get(fw) or fwb.get(fw) or {}).get("version", "")
+            out.append({"key": f"frameworks.{fw}", "category": f"{fw}-config",
+                        "a": f"{fw} {ver}".strip() if fw in fwa else None,
+                        "b": f"{fw} {ver}".strip() if fw in fwb else None})
+            fwa.pop(fw, None)
+            fwb.pop(fw, None)
+    ma["frameworks"], mb["frameworks"] = fwa, fwb
+    fa, fb = _flatten(ma), _flatten(mb)
     for key in sorted(set(fa) | set(fb)):
         if key in IGNORED or key.startswith(IGNORED_PREFIX) or key.startswith("cpu.isa_flags"):
+            continue
+        if key.rsplit(".", 1)[-1] in IGNORED_LEAF:
             continue
         va, vb = fa.get(key), fb.get(key)
         if va == vb:

@@ -467,7 +467,8 @@ def _event(t, eid, side):
 def _script_warnings(ta, tb):
     w = []
     sa, sb = ta.manifest.get("script") or {}, tb.manifest.get("script") or {}
-    if sa.get("sha256") and sb.get("sha256") and sa.get("sha256") != sb.get("sha256"):
+    cross = _frameworks(ta) and _frameworks(tb) and _frameworks(ta) != _frameworks(tb)
+    if sa.get("sha256") and sb.get("sha256") and sa.get("sha256") != sb.get("sha256") and not cross:
         same = sa.get("name") == sb.get("name")
         w.append(f"the traces come from different scripts ({sa.get('name')} sha256 "
                  f"{str(sa.get('sha256'))[:12]} vs {sb.get('name')} sha256 "

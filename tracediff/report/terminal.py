@@ -84,8 +84,6 @@ def print_locate(r, console=None):
     else:
         head = "[bold red]DIVERGED[/]"
     console.print(f"{head}   a={escape(a['path'])}  b={escape(b['path'])}")
-    for w in r.warnings:
-        console.print(f"[yellow]warning:[/] {escape(w)}")
     tol = r.tolerance
     tol_txt = ("per-dtype defaults" if tol.get("rtol") is None and tol.get("atol") is None else
                f"rtol {tol.get('rtol') if tol.get('rtol') is not None else 'default'}, "

@@ -1,0 +1,104 @@
+"""Cross-framework `locate`: a Flax trace against a PyTorch trace of the same model
+(fixtures/flax_dense.py, fixtures/torch_linear.py: same seeded weights, weight = kernel.T)."""
+
+import json
+import os
+
+import pytest
+
+import tracediff
+from tracediff.diff.cross import op_family
+
+from .helpers import ROOT, record, run_cli
+
+TF32 = os.path.join(ROOT, "tests", "perturb", "tf32_addmm")
+
+
+def test_op_families():
+    assert op_family("dot_general") == op_family("aten::mm") == "matmul"
+    assert op_family("aten::addmm") == op_family("aten::linear") == "linear"
+    assert op_family("aten::add.Tensor") == op_family("add") == "add"
+    assert op_family("max") == op_family("aten::relu") == "max"
+    assert op_family("logistic") == op_family("aten::sigmoid")
+    for passthrough in ("aten::t", "reshape", "stage", "aten::copy_", "broadcast_in_dim", "jit:add"):
+        assert op_family(passthrough) is None
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cross")
+    out = {}
+    for name, script, args, env in (
+            ("flax", "flax_dense.py", (), None),
+            ("torch", "torch_linear.py", (), None),
+            ("torch_tf32", "torch_linear.py", (), {"PYTHONPATH": TF32}),
+            ("flax_mlp", "flax_dense.py", ("--mlp", "--jit"), None),
+            ("torch_mlp", "torch_linear.py", ("--mlp",), None)):
+        out[name] = d / f"{name}.h5"
+        record(script, out[name], *args, env=env)
+    return out
+
+
+def _by(d):
+    return sorted(m["by"] for m in d["mapping"])
+
+
+def test_dense_vs_tf32_linear_inputs_match_matmul_differs(traces):
+    proc = run_cli("locate", traces["flax"], traces["torch_tf32"], "--json")
+    assert proc.returncode == 1, proc.stderr
+    d = json.loads(proc.stdout)
+    f = d["first_beyond_tolerance"]
+    assert d["verdict"] == "diverged"
+    assert f["a"]["framework"] == "jax" and f["b"]["framework"] == "torch"
+    assert f["a"]["op"] == "add" and f["a"]["name_stack"] == "MLP/fc0"
+    assert f["b"]["op"].startswith("aten::addmm")
+    assert f["inputs_match"] is True and "inputs and parameters match" in f["inputs_reason"]
+    assert "dot_general + add" in f["note"] and "linear" in f["note"]
+    assert 1e-4 < f["metrics"]["max_abs"] < 1e-1 and f["metrics"]["mismatch_fraction"] > 0.5
+    # input, kernel (= weight.T) and bias are paired by value; the matmul by structure
+    assert _by(d) == ["structure", "value", "value", "value"]
+    lin = next(m for m in d["mapping"] if m["by"] == "structure")
+    assert lin["family"] == "linear" and lin["b_op"] == "addmm"
+    # different scripts are expected across frameworks: no warning
+    assert "different scripts" not in proc.stderr
+    assert d["env_diff"][0]["category"] in ("jax-config", "torch-config", "package")
+    proc = run_cli("locate", traces["flax"], traces["torch_tf32"], env={"NO_COLOR": "1"})
+    assert "introduced here" in proc.stdout and "aten::addmm" in proc.stdout
+    assert "pairs matched by: structure 1, value 3" in proc.stdout
+
+
+def test_dense_vs_linear_same_machine(traces):
+    r = tracediff.locate(str(traces["flax"]), str(traces["torch"]))
+    d = r.to_json()
+    assert _by(d) == ["structure", "value", "value", "value"]
+    # whatever the BLAS does here, a difference can only be introduced at the linear unit
+    for f in (d["first_difference"], d["first_beyond_tolerance"]):
+        if f is not None:
+            assert f["b"]["op"].startswith("aten::addmm") and f["inputs_match"] is True
+
+
+def test_mlp_pairs_every_layer_and_activation(traces, tmp_path):
+    r = tracediff.locate(str(traces["flax_mlp"]), str(traces["torch_mlp"]))
+    fams = sorted(m["family"] for m in r.mapping if m["by"] == "structure")
+    assert fams == ["linear", "linear", "linear", "max", "tanh"]
+    f = r.first_difference
+    if f is not None:  # on this CPU: tanh differs by a few ulp, with identical inputs
+        assert f.inputs_match is True
+        assert f.b["op"].split(".")[0] in ("aten::addmm", "aten::tanh", "aten::relu")
+    # a user map pairs what it names and says so
+    m = tmp_path / "map.json"
+    m.write_text(json.dumps({"MLP/fc1:add": "2:aten::addmm"}))
+    proc = run_cli("locate", traces["flax_mlp"], traces["torch_mlp"], "--map", m, "--json")
+    assert proc.returncode in (0, 1), proc.stderr
+    d = json.loads(proc.stdout)
+    user = [x for x in d["mapping"] if x["by"] == "user map"]
+    assert len(user) == 1 and user[0]["a_name_stack"] == "MLP/fc1" and user[0]["b_name_stack"] == "2"
+
+
+def test_bad_map_file(traces, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    for path in (bad, tmp_path / "missing.json"):
+        proc = run_cli("locate", traces["flax"], traces["torch"], "--map", path)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
