@@ -337,3 +337,55 @@ def test_real_broken_dot_is_located(dot_traces):
     assert "DIVERGED" in proc.stdout and "aten::dot" in proc.stdout and "introduced here" in proc.stdout
     assert "\x1b[" not in proc.stdout
     assert f"tracediff show {a}" in proc.stdout
+
+
+def test_equation_of_a_call_without_counterpart_still_decides(tmp_path):
+    x = np.linspace(0, 1, 5)
+    mid, out = np.sin(x), np.cos(np.sin(x))
+    ev_a = _jax_call(x, mid, out, out)
+    ev_b = _jax_call(x, mid * 1.1, out, out)
+    ev_b[1]["op"] = "jit:g"          # the calls do not pair; the equations do
+    r = tracediff.locate(synth.write(tmp_path / "a.h5", ev_a), synth.write(tmp_path / "b.h5", ev_b))
+    assert r.verdict == "diverged" and r.first_beyond_tolerance.a["op"] == "sin"
+    assert "no counterpart" in r.first_beyond_tolerance.note
+
+
+# -- real recorded traces (JAX) --------------------------------------------------------------
+
+TANH_ULP = os.path.join(ROOT, "tests", "perturb", "tanh_ulp")
+
+
+@pytest.fixture(scope="module")
+def jax_traces(tmp_path_factory):
+    d = tmp_path_factory.mktemp("jaxmlp")
+    a, a2, b = d / "a.h5", d / "a2.h5", d / "b.h5"
+    record("flax_dense.py", a, "--mlp", "--jit")
+    record("flax_dense.py", a2, "--mlp", "--jit")
+    record("flax_dense.py", b, "--mlp", "--jit", env={"PYTHONPATH": TANH_ULP})
+    return a, a2, b
+
+
+def test_real_jax_identical_runs_match(jax_traces):
+    a, a2, _ = jax_traces
+    proc = run_cli("locate", a, a2, "--json")
+    assert proc.returncode == 0, proc.stderr
+    d = json.loads(proc.stdout)
+    assert d["verdict"] == "match" and d["first_difference"] is None
+    assert d["alignment"]["only_in_a"] == d["alignment"]["only_in_b"] == 0
+
+
+def test_real_jax_tanh_ulp_descends_into_compiled_call(jax_traces):
+    a, _, b = jax_traces
+    proc = run_cli("locate", a, b, "--json")
+    # one float32 ulp is within the default tolerance: exit 0, but located bitwise
+    assert proc.returncode == 0, proc.stderr
+    d = json.loads(proc.stdout)
+    f = d["first_difference"]
+    assert d["verdict"] == "match" and d["first_beyond_tolerance"] is None
+    assert f["a"]["op"] == "tanh" and f["a"]["kind"] == "eqn" and f["origin"] == "replay"
+    assert f["call"]["op"] == "jit:apply" and f["inputs_match"] is True
+    assert f["metrics"]["max_ulp"] == 1.0 and f["a"]["source"].endswith("flax_dense.py:45")
+    proc = run_cli("locate", a, b, "--rtol", "0", "--atol", "0", "--json")
+    assert proc.returncode == 1
+    g = json.loads(proc.stdout)["first_beyond_tolerance"]
+    assert g["a"]["op"] == "tanh" and g["call"]["op"] == "jit:apply" and g["inputs_match"] is True

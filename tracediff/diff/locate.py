@@ -329,17 +329,22 @@ class Differ:
         replay_only = None
         for ea, eb in zip(ia.tolist(), ib.tolist()):
             kind = int(self.sa.kind[ea])
-            if kind == schema.KIND_EQN:
-                c = int(self.sa.call[ea])
-                cb = int(self.al.a2b[c]) if c >= 0 else -1
-                if c >= 0 and cb >= 0 and not self.equal_at(c, cb, level):
+            c = int(self.sa.call[ea]) if kind == schema.KIND_EQN else -1
+            cb = int(self.al.a2b[c]) if c >= 0 else -1
+            if kind == schema.KIND_EQN and cb < 0 and not self.equal_at(ea, eb, level):
+                # no compiled counterpart to judge by (the calls are structured differently
+                # in the two runs): the replayed values are the best evidence there is
+                return self.finding(ea, eb, level, note=(
+                    "replayed equation; its enclosing compiled call has no counterpart in b, "
+                    "so the replayed values are compared")), replay_only
+            if kind == schema.KIND_EQN and cb >= 0:
+                if not self.equal_at(c, cb, level):
                     continue  # resolved through its call (cannot happen: the call comes first)
                 if self.equal_at(ea, eb, level):
                     continue
                 note = (f"replay-only: the compiled outputs of the enclosing call (event {c}) "
                         f"match{' bitwise' if level == BITWISE else ' within tolerance'}; "
-                        f"the script did not see this difference" if cb >= 0 else
-                        "replayed equation whose enclosing call has no counterpart")
+                        f"the script did not see this difference")
                 f = self.finding(ea, eb, level, note=note)
                 if level == BITWISE:
                     return f, None
