@@ -9,7 +9,7 @@ IGNORED_PREFIX = ("end.", "counts.", "stats.")
 # leaf names that are recording statistics or notes, not environment
 IGNORED_LEAF = {"calls", "calls_not_replayed", "eager_primitives", "equations", "optimizer_steps",
                 "replay_errors", "ops", "input_snapshots", "mode", "supported", "threads_note",
-                "compile", "events", "bytes_recorded", "captured", "loops"}
+                "compile", "events", "bytes_recorded", "captured", "loops", "producer_fallbacks"}
 
 CATEGORY_OF_TOP = {"packages": "package", "cpu": "cpu", "env": "env", "jax": "jax-config",
                    "torch": "torch-config", "threads": "threads", "python": "python",
