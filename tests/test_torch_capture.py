@@ -288,3 +288,27 @@ def test_forked_dataloader_workers_do_not_write(tmp_path_factory):
         assert not names & {"aten::sin", "aten::full", "aten::stack", "aten::stack.out"}
         assert len(_ops(t, "aten::addmm")) == 4
         assert (t.inputs["producer"] >= 0).all()
+
+
+def test_a_recorder_failure_never_reaches_the_script(tmp_path, monkeypatch):
+    """In-process: a bug in the recorder stops recording; the op still runs correctly."""
+    from tracediff.capture import RecordOptions, Session
+    from tracediff.capture.torch_recorder import TorchCapture
+    from tracediff.trace.writer import TraceWriter
+
+    writer = TraceWriter(tmp_path / "fail.h5", {})
+    cap = TorchCapture()
+    cap.install(Session(writer, RecordOptions()))
+    try:
+        x = torch.arange(4.0)
+        assert torch.dot(x, x).item() == 14.0
+        monkeypatch.setattr(cap, "_params", lambda *a: 1 / 0)
+        assert torch.dot(x, x).item() == 14.0
+        assert (x + 1).tolist() == [1.0, 2.0, 3.0, 4.0]
+    finally:
+        cap.uninstall()
+    manifest = cap.manifest()
+    writer.close()
+    assert manifest["recording_error"].startswith("ZeroDivisionError")
+    with Trace(tmp_path / "fail.h5") as t:
+        assert len(_ops(t, "aten::dot")) == 1

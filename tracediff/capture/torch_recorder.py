@@ -189,6 +189,13 @@ class TorchCapture(Capture):
         self.mod_stack = []
         # caches
         self._opinfo = {}
+        self._dtypes = {}
+        self._strided = torch.strided
+        self.forked = False
+        self.failed = None
+        self.failed_at_event = None
+        self._seq_marks = []
+        os.register_at_fork(after_in_child=self._after_fork)
         self._names, self._names_key = {}, None
         self._cur_source = None
         self._code_skip = {}
@@ -207,6 +214,9 @@ class TorchCapture(Capture):
         self.thread = threading.get_ident()
         self.last_seq[self.thread] = self._get_seq()
         self.installed = True
+
+    def _after_fork(self):
+        self.forked = True  # a forked child (DataLoader worker) never writes the parent's file
 
     def uninstall(self):
         if not self.installed:
@@ -238,7 +248,11 @@ class TorchCapture(Capture):
              "float32_matmul_precision": torch.get_float32_matmul_precision(),
              "optimizer_steps": getattr(self, "step", 0),
              "ops": getattr(self, "n_ops", 0),
-             "input_snapshots": getattr(self, "n_inputs", 0)}
+             "input_snapshots": getattr(self, "n_inputs", 0),
+             "producer_fallbacks": getattr(self, "n_fallback", 0)}
+        if getattr(self, "failed", None):
+            m["recording_error"] = self.failed
+            m["recording_stopped_at_event"] = self.failed_at_event
         for key, fn in (("config", lambda: torch.__config__.show()),
                         ("parallel_info", lambda: torch.__config__.parallel_info()),
                         ("cpu_capability", lambda: torch.backends.cpu.get_cpu_capability()),
@@ -310,28 +324,47 @@ class TorchCapture(Capture):
         return None
 
     # -- values ---------------------------------------------------------------------------
+    def _dtype_info(self, dtype):
+        """(name, fast) for a torch dtype: fast if .numpy() holds it as is (cached)."""
+        info = self._dtypes.get(dtype)
+        if info is None:
+            torch = _torch
+            fast = not (dtype.is_complex or dtype == torch.bfloat16
+                        or (dtype.itemsize == 1 and dtype.is_floating_point))
+            info = self._dtypes[dtype] = (str(dtype)[6:], fast)
+        return info
+
     def _store(self, eid, slot, t, uninit=False, name=None, role=schema.ROLE_OUT):
         """Write tensor t as value `slot` of event eid (caller holds the lock)."""
+        dname, fast = self._dtype_info(t.dtype)
+        if fast and not uninit and t.is_cpu and t.layout is self._strided:
+            try:
+                arr = (t.detach() if t.requires_grad else t).numpy()
+            except RuntimeError:  # a negative-bit view
+                arr = t.detach().resolve_neg().numpy()
+            self.writer.add_value(eid, slot, arr, role=role, name=name)
+            return
+        self._store_slow(eid, slot, t, dname, uninit, name, role)
+
+    def _store_slow(self, eid, slot, t, dname, uninit, name, role):
         torch = _torch
         w = self.writer
         dtype = t.dtype
-        dname = str(dtype)[6:]
         if uninit:
             w.add_meta_value(eid, slot, dname, tuple(t.shape), role=role, name=name,
                              flags=schema.VFLAG_UNINIT)
             return
-        if t.device.type == "meta":
+        if t.is_meta:
             w.add_meta_value(eid, slot, dname, tuple(t.shape), role=role, name=name)
             return
-        if t.requires_grad:
-            t = t.detach()
+        t = t.detach()
         if t.layout != torch.strided:
             try:
                 t = t.to_dense()
             except Exception:
                 w.add_meta_value(eid, slot, dname, tuple(t.shape), role=role, name=name)
                 return
-        if t.device.type != "cpu":
+        if not t.is_cpu:
             t = t.cpu()
         logical = None
         if dtype.is_complex:
@@ -342,7 +375,7 @@ class TorchCapture(Capture):
             t, logical = t.view(torch.int16), "bfloat16"
         elif dtype.itemsize == 1 and dtype.is_floating_point:
             t, logical = t.view(torch.uint8), dname
-        elif t.is_neg():
+        else:
             t = t.resolve_neg()
         w.add_value(eid, slot, t.numpy(), role=role, name=name, logical_dtype=logical)
 
@@ -397,14 +430,39 @@ class TorchCapture(Capture):
 
     # -- the op hook ----------------------------------------------------------------------
     def on_op(self, func, args, kwargs):
-        """Run one aten op and record it (called by the dispatch mode)."""
-        if os.getpid() != self.pid or self.writer.closed:
+        """Run one aten op and record it (called by the dispatch mode).
+
+        A failure inside the recorder never reaches the script: recording stops, the
+        op runs as usual and the manifest names the error."""
+        if self.forked or self.failed or self.writer.closed:
             return func(*args, **kwargs)
+        try:
+            pre = self._before(func, args, kwargs)
+        except Exception as exc:
+            self._fail(exc)
+            return func(*args, **kwargs)
+        if pre is None:
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        try:
+            self._after(pre, args, kwargs, out)
+        except Exception as exc:
+            self._fail(exc)
+        return out
+
+    def _fail(self, exc):
+        self.failed = f"{type(exc).__name__}: {exc}"[:500]
+        self.failed_at_event = self.writer.n_events
+        print(f"tracediff: torch capture stopped at event {self.failed_at_event}: {self.failed}",
+              file=sys.stderr)
+
+    def _before(self, func, args, kwargs):
+        """Context, autograd node and input producers of an op, read before it runs."""
         info = self._opinfo.get(func)
         if info is None:
             info = self._opinfo[func] = _OpInfo(func)
         if info.skip:
-            return func(*args, **kwargs)
+            return None
         tid = threading.get_ident()
         node = self._cur_node()
         if node is None:
@@ -412,7 +470,7 @@ class TorchCapture(Capture):
             src = self._source()
             mod = self.mod_stack[-1] if self.mod_stack else None
         else:
-            src = mod = None
+            seq_now = src = mod = None
         self._cur_source = src
         ins = _flat(args, [])
         if kwargs:
@@ -421,7 +479,11 @@ class TorchCapture(Capture):
             if self.pending:
                 self._fix_pending()
             refs = [self._ref(t) for t in ins]
-        out = func(*args, **kwargs)
+        return info, tid, node, seq_now, src, mod, refs
+
+    def _after(self, pre, args, kwargs, out):
+        """Write the op's event, input links and output values."""
+        info, tid, node, seq_now, src, mod, refs = pre
         # outputs
         if out is None:
             outs = [a for i, _ in info.write_pos if i < len(args) for a in _flat((args[i],), [])]
@@ -479,7 +541,6 @@ class TorchCapture(Capture):
                     if ptr:
                         last_writer[ptr] = (eid, slot, wr, uninit)
                     self._store(eid, slot, o, uninit)
-        return out
 
     def _params(self, info, args, kwargs):
         """Short deterministic summary of the non-tensor arguments."""
@@ -506,12 +567,33 @@ class TorchCapture(Capture):
 
     # -- optimizer ------------------------------------------------------------------------
     def _optim_pre(self, opt, args, kwargs):
-        if os.getpid() == self.pid and threading.get_ident() == self.thread:
+        if not self.forked and threading.get_ident() == self.thread:
             self.phase = schema.PHASE_OPTIM
 
     def _optim_post(self, opt, args, kwargs):
-        if os.getpid() != self.pid or threading.get_ident() != self.thread or self.writer.closed:
+        if self.forked or self.failed or threading.get_ident() != self.thread or self.writer.closed:
             return
+        try:
+            self._snapshot_optimizer(opt)
+        except Exception as exc:
+            self._fail(exc)
+        self.step += 1
+        self.phase = schema.PHASE_FWD
+        self._prune()
+
+    def _prune(self):
+        """Forget bookkeeping that can no longer be used, so long runs stay bounded."""
+        # Autograd nodes older than two optimizer steps have run their backward.
+        self._seq_marks.append(self._get_seq())
+        if len(self._seq_marks) > 2:
+            keep = self._seq_marks.pop(0)
+            self.seq2fwd = {k: v for k, v in self.seq2fwd.items() if k[1] >= keep}
+        if len(self.producer) > 200_000:
+            self.producer = {k: v for k, v in self.producer.items() if v[0]() is not None}
+        if len(self.last_writer) > 200_000:
+            self.last_writer = {k: v for k, v in self.last_writer.items() if v[2]() is not None}
+
+    def _snapshot_optimizer(self, opt):
         torch = _torch
         names = self._param_names()
         hyper = []
@@ -542,8 +624,6 @@ class TorchCapture(Capture):
                         else:
                             continue
                         slot += 1
-        self.step += 1
-        self.phase = schema.PHASE_FWD
 
 
 def _make_mode(capture):
