@@ -63,7 +63,9 @@ class _Site:
     def __init__(self, eqn, session):
         self.eqn = eqn  # keeps id(eqn) valid as a cache key
         prim = eqn.primitive.name
-        self.op = "jit" if prim in jax_internals.JIT_NAMES else prim
+        # nested jits are named like top-level calls: `jit:_normal_real`, whatever the
+        # primitive is called in this JAX version (`pjit` before 0.7)
+        self.op = f"jit:{eqn.params.get('name', '?')}" if prim in jax_internals.JIT_NAMES else prim
         self.params = _summarize_params(eqn.params)
         self.name_stack = str(eqn.source_info.name_stack)
         self.source = None
