@@ -1,8 +1,10 @@
 """PyTorch capture: every aten op (forward, backward, optimizer) and every optimizer step.
 
-Supported torch: >= 2.1 (checked by reading the sources of the private APIs used below;
-tested on 2.13.0+cpu). `install()` checks that the private APIs exist and raises a clear
-error naming the torch version if one is missing.
+Supported torch: >= 2.1, by reading (global optimizer step hooks and module forward
+hooks with `always_call`); only 2.13.0+cpu has been run. `install()` checks that the
+private APIs used (`torch._C._current_autograd_node`, `torch.autograd._get_sequence_nr`,
+`torch._C._DisableTorchDispatch`) and the hooks exist, and raises a clear error naming
+the torch version if one is missing.
 
 Design (see /work/shared/design/torch-capture-notes.md for the measurements behind it):
 
@@ -44,11 +46,15 @@ Design (see /work/shared/design/torch-capture-notes.md for the measurements behi
   values named `params/<name>`, `grads/<name>`, `state/<name>/<key>` (names from the
   seen root modules' `named_parameters()`, else `group{g}.param{i}`), copied with
   dispatch recording disabled, then increments the step counter (`step` column =
-  optimizer steps completed before the event).
+  optimizer steps completed before the event; with two optimizers, two per iteration).
+  `record_function` brackets (`profiler::` ops) are not recorded.
 - Threads: NOT captured. The dispatch mode stack is thread-local, so aten ops run in
   other Python threads are not recorded; the manifest says so (`threads_captured`).
-- Forked DataLoader workers inherit the mode and hooks but never write (pid check);
-  their batches reach the main process as `<input>` events.
+- Forked DataLoader workers inherit the mode and hooks but never write (a flag set by
+  `os.register_at_fork` in the child); batches reach the main process through the
+  ops that rebuild them from shared memory (`empty` + `set_`), whose outputs are stored.
+- Robustness: an exception inside the recorder stops recording (one line on stderr,
+  `recording_error` in the manifest); the script's op still runs and returns normally.
 - torch.compile falls back to eager while a dispatch mode is active: the trace shows
   eager numerics (`mode: eager dispatch` in the manifest).
 - Cost: no pytree in the hot path (hand-written flatten), values go straight into the
@@ -73,6 +79,8 @@ _SCALAR_TYPES = (bool, int, float, complex)
 _SKIP_FILE_PREFIXES = ("<frozen", "<string>")
 _MAX_PARAM = 48
 _MAX_PARAMS = 160
+
+_torch = None  # the torch module, set at install (this module never imports torch itself)
 
 
 def _flat(xs, out):
@@ -110,9 +118,6 @@ def _torch_plain_types():
     if _TORCH_PLAIN is None:
         _TORCH_PLAIN = (_torch.dtype, _torch.device, _torch.memory_format, _torch.layout)
     return _TORCH_PLAIN
-
-
-_torch = None
 
 
 class _OpInfo:
@@ -168,9 +173,8 @@ class TorchCapture(Capture):
         self.session = session
         self.writer = session.writer
         self.lock = session.lock
-        self.pid = session.pid
-        self.tool_dirs = tuple(session.tool_dirs) + (os.path.dirname(os.path.abspath(__file__)),)
-        self.skip_prefixes = (os.path.dirname(torch.__file__),) + self.tool_dirs + _SKIP_FILE_PREFIXES
+        tool_dirs = tuple(session.tool_dirs) + (os.path.dirname(os.path.abspath(__file__)),)
+        self.skip_prefixes = (os.path.dirname(torch.__file__),) + tool_dirs + _SKIP_FILE_PREFIXES
         self.step = 0
         self.phase = schema.PHASE_FWD
         self.n_ops = 0
@@ -203,9 +207,13 @@ class TorchCapture(Capture):
         self._cur_node = torch._C._current_autograd_node
         self._get_seq = torch.autograd._get_sequence_nr
 
-        self._handles = [
+        try:
+            self._handles = [register_module_forward_hook(self._mod_post, always_call=True)]
+        except TypeError:
+            raise RuntimeError(f"tracediff torch capture needs {SUPPORTED}; torch {torch.__version__} "
+                               f"has no always_call module hooks") from None
+        self._handles += [
             register_module_forward_pre_hook(self._mod_pre),
-            register_module_forward_hook(self._mod_post, always_call=True),
             register_optimizer_step_pre_hook(self._optim_pre),
             register_optimizer_step_post_hook(self._optim_post),
         ]
