@@ -233,6 +233,16 @@ def test_optimizer_snapshots_compare_by_name(tmp_path):
     r = tracediff.locate(synth.write(tmp_path / "a.h5", ev_a), synth.write(tmp_path / "b.h5", ev_b))
     assert r.optimizer_steps[0]["worst"] == "params/a" and r.optimizer_steps[0]["max_rel"] == 0.5
     assert r.first_beyond_tolerance.values[0]["key"] == "params/a"
+    import io
+
+    from rich.console import Console
+
+    from tracediff.report.terminal import print_locate
+
+    buf = io.StringIO()
+    print_locate(r, Console(file=buf, width=200, no_color=True))
+    text = buf.getvalue()
+    assert "DIVERGED" in text and "optimizer steps: 1 compared" in text and "params/a" in text
 
 
 def test_env_diff_ranks_and_summarises():
@@ -411,3 +421,24 @@ def test_real_foreach_vs_per_parameter_adam_aligns(tmp_path):
     assert len(r.optimizer_steps) == 3 and r.alignment["anchors_matched"] == 3
     if r.first_difference is not None:   # the two update formulas may round differently
         assert r.first_difference.a["phase"] == "optimizer" or r.first_difference.a["step"] >= 1
+
+
+def test_vectorised_tolerance_scan_agrees_with_exact_path(tmp_path, monkeypatch):
+    from tracediff.diff.locate import Differ
+
+    rng = np.random.default_rng(3)
+    base = [rng.standard_normal(rng.integers(1, 40)).astype(rng.choice([np.float32, np.float64]))
+            for _ in range(300)]
+    ev_a = [dict(op=f"aten::op{i % 4}", outs=[v]) for i, v in enumerate(base)]
+    noisy = [np.nextafter(v, v.dtype.type(np.inf)) if i > 20 else v for i, v in enumerate(base)]
+    noisy[250] = noisy[250] * np.float32(1.001) if noisy[250].dtype == np.float32 else noisy[250] * 1.001
+    noisy[120] = noisy[120].copy()
+    noisy[120][0] = np.nan
+    ev_b = [dict(op=f"aten::op{i % 4}", outs=[v]) for i, v in enumerate(noisy)]
+    a, b = synth.write(tmp_path / "a.h5", ev_a), synth.write(tmp_path / "b.h5", ev_b)
+    fast = tracediff.locate(a, b).to_json()
+    monkeypatch.setattr(Differ, "_fast_within_tolerance", lambda self, ia, ib: np.zeros(len(ia), bool))
+    slow = tracediff.locate(a, b).to_json()
+    assert fast == slow
+    assert fast["first_beyond_tolerance"]["a"]["index"] == 120
+    assert fast["first_difference"]["a"]["index"] == 21

@@ -121,6 +121,7 @@ class LocateResult:
     traces: dict
     tolerance: dict
     mapping: list = dataclasses.field(default_factory=list)
+    optimizer_steps_total: int = 0
 
     @property
     def exit_code(self):
@@ -323,9 +324,68 @@ class Differ:
                 return (ea, eb), first_diff, True
         return None, first_diff, False
 
+    FAST_CHUNK_BYTES = 32 << 20
+    FAST_MAX_BYTES = 1 << 20
+
+    def _fast_within_tolerance(self, ia, ib):
+        """Vectorised pre-check of many candidate pairs: True where the pair is certainly
+        within tolerance (one float output value on each side, same dtype and shape, every
+        element within tolerance). Everything else is left to the exact per-event path."""
+        ok = np.zeros(len(ia), bool)
+        if self.ra.blob is None or self.rb.blob is None or not len(ia):
+            return ok
+        sa, sb = self.sa, self.sb
+        simple = (sa.n_out[ia] == 1) & (sb.n_out[ib] == 1) & (sa.kind[ia] != schema.KIND_OPTIM)
+        if not simple.any():
+            return ok
+        sel = np.flatnonzero(simple)
+
+        def rows(side, ev):
+            keys = side.key(ev, schema.ROLE_OUT, 0)
+            pos = np.minimum(np.searchsorted(side.vkey, keys), max(len(side.vkey) - 1, 0))
+            found = side.vkey[pos] == keys
+            return side.trace.values[side.vrow[pos]], found
+
+        va, fa = rows(sa, ia[sel])
+        vb, fb = rows(sb, ib[sel])
+        bad_flags = schema.VFLAG_UNINIT | schema.VFLAG_NOT_STORED
+        good = fa & fb & (va["offset"] >= 0) & (vb["offset"] >= 0) & \
+            ((va["flags"] & bad_flags) == 0) & ((vb["flags"] & bad_flags) == 0) & \
+            (sa.gid[va["dtype"]] == sb.gid[vb["dtype"]]) & (sa.gid[va["shape"]] == sb.gid[vb["shape"]]) & \
+            (va["nbytes"] == vb["nbytes"]) & (va["nbytes"] > 0) & (va["nbytes"] <= self.FAST_MAX_BYTES)
+        dnames = np.array([self.ta.string(d) for d in va["dtype"]], dtype=object)
+        for dt in ("float32", "float64", "float16"):
+            m = good & (dnames == dt) & (np.array([self.ta.string(x) for x in va["storage"]],
+                                                  dtype=object) == dt)
+            idx = np.flatnonzero(m)
+            if not len(idx):
+                continue
+            r, t = compare.tolerance(dt, self.rtol, self.atol)
+            item = np.dtype(dt).itemsize
+            start = 0
+            while start < len(idx):
+                nb = va["nbytes"][idx[start:]]
+                stop = start + max(1, int(np.searchsorted(np.cumsum(nb), self.FAST_CHUNK_BYTES)))
+                part = idx[start:stop]
+                xa = _gather(self.ra.blob, va["offset"][part], va["nbytes"][part]).view(dt)
+                xb = _gather(self.rb.blob, vb["offset"][part], vb["nbytes"][part]).view(dt)
+                with np.errstate(invalid="ignore", over="ignore"):
+                    fa64, fb64 = xa.astype(np.float64), xb.astype(np.float64)
+                    diff = np.abs(fa64 - fb64)
+                    within = (fa64 == fb64) | (np.isnan(fa64) & np.isnan(fb64)) | \
+                        (np.isfinite(diff) & (diff <= t + r * np.maximum(np.abs(fa64), np.abs(fb64))))
+                seg = np.concatenate([[0], np.cumsum(va["nbytes"][part] // item)[:-1]])
+                all_ok = np.minimum.reduceat(within.astype(np.int8), seg) == 1
+                ok[sel[part[all_ok]]] = True
+                start = stop
+        return ok
+
     def search(self, level):
         """(Finding or None, replay-only Finding or None) for one level."""
         ia, ib = self.candidate_pairs()
+        if level == TOLERANCE:
+            keep = ~self._fast_within_tolerance(ia, ib)
+            ia, ib = ia[keep], ib[keep]
         replay_only = None
         for ea, eb in zip(ia.tolist(), ib.tolist()):
             kind = int(self.sa.kind[ea])
@@ -420,6 +480,15 @@ class Differ:
         return rows
 
 
+def _gather(blob, offsets, lengths):
+    """Concatenated byte slices blob[o:o+n] for many (o, n), vectorised."""
+    lengths = lengths.astype(np.int64)
+    total = int(lengths.sum())
+    starts = np.repeat(offsets.astype(np.int64) - np.concatenate([[0], np.cumsum(lengths)[:-1]]),
+                       lengths)
+    return blob[starts + np.arange(total, dtype=np.int64)]
+
+
 def _num(x):
     if x is None:
         return 0.0
@@ -508,14 +577,16 @@ def run(ta, tb, rtol=None, atol=None, differ=None, mapping=None):
     first_bit, _ = d.search(BITWISE)
     first_tol, replay_only = d.search(TOLERANCE) if first_bit is not None else (None, None)
     steps = d.optimizer_steps()
+    n_steps = len(steps)
     if len(steps) > MAX_OPTIM_ROWS:
-        # keep it compact: the first steps and every step that got worse than all before
+        # keep it compact: the first steps, every step that got worse than all before,
+        # and the last one
         kept, best = [], -1.0
         for i, r in enumerate(steps):
             if i < 20 or r["max_rel"] > best:
                 kept.append(r)
             best = max(best, r["max_rel"])
-        steps = kept[:MAX_OPTIM_ROWS]
+        steps = kept[:MAX_OPTIM_ROWS - 1] + ([steps[-1]] if kept[-1] is not steps[-1] else [])
     return LocateResult(
         path_a=ta.path, path_b=tb.path,
         verdict="diverged" if first_tol is not None else "match",
@@ -525,7 +596,7 @@ def run(ta, tb, rtol=None, atol=None, differ=None, mapping=None):
         traces={"a": _trace_info(ta), "b": _trace_info(tb)},
         tolerance={"rtol": rtol, "atol": atol, "defaults": {k: list(v) for k, v in
                                                               compare.DEFAULT_TOLERANCES.items()}},
-        mapping=mapping or [])
+        mapping=mapping or [], optimizer_steps_total=n_steps)
 
 
 def locate(a, b, rtol=None, atol=None, map_file=None):

@@ -3,7 +3,9 @@
 Top-level fields: verdict ("match" | "diverged"), exit_code, traces {a, b},
 warnings, tolerance, first_difference, first_beyond_tolerance, replay_only,
 alignment {events_a, events_b, matched, only_in_a, only_in_b, anchors_matched,
-fallback_regions, gaps}, optimizer_steps, env_diff, mapping, next_steps.
+fallback_regions, gaps}, optimizer_steps (per compared step: step, a, b, bitwise_equal,
+max_rel, max_abs, worst; long runs keep the first 20, each new worst, the last),
+optimizer_steps_total, env_diff, mapping, next_steps.
 
 A finding is null or {level, a, b, metrics, inputs_match, inputs_reason, origin, note,
 call, paired_by, values}; a and b hold index, op, name_stack, source, step, kind,
@@ -95,6 +97,7 @@ def build(r):
         "replay_only": finding_json(r.replay_only),
         "alignment": {**r.alignment, "gaps": r.gaps},
         "optimizer_steps": r.optimizer_steps,
+        "optimizer_steps_total": r.optimizer_steps_total,
         "env_diff": r.env_diff,
         "mapping": r.mapping,
         "next_steps": next_steps(r),

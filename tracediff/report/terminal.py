@@ -119,12 +119,13 @@ def print_locate(r, console=None):
         if diff:
             s0 = diff[0]
             last = r.optimizer_steps[-1]
-            console.print(f"optimizer steps: {len(r.optimizer_steps)} compared; parameters first "
-                          f"differ after step {s0['step']} (max rel {_fmt(s0['max_rel'])} in "
+            console.print(f"optimizer steps: {r.optimizer_steps_total} compared; parameters first "
+                          f"differ in the "
+                          f"snapshot of step {s0['step']} (max rel {_fmt(s0['max_rel'])} in "
                           f"{escape(str(s0['worst']))}); last step {last['step']}: max rel "
                           f"{_fmt(last['max_rel'])}")
         else:
-            console.print(f"optimizer steps: {len(r.optimizer_steps)} compared, parameters "
+            console.print(f"optimizer steps: {r.optimizer_steps_total} compared, parameters "
                           f"bitwise identical")
     if r.env_diff:
         console.print("environment differences (a -> b):")
