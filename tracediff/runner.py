@@ -38,30 +38,86 @@ def _on_sigterm(signum, frame):
     raise _Terminated()
 
 
+class Recording:
+    """One recording in the current process: writer, session, captures, and their clean
+    teardown. Shared by `tracediff record` (`record_script`) and `tracediff.record()`.
+
+    `start()` opens the trace and arms the captures (a framework already imported is
+    captured at once, one imported later when it is imported); `stop(end)` uninstalls
+    them, completes the manifest with `end` ({"status", "exit_code", ...}) and each
+    framework's configuration, and closes the trace. `stop` never raises over a capture's
+    clean-up error (it is recorded in the manifest instead) and is idempotent.
+    """
+
+    def __init__(self, output, options=None, frameworks=("jax", "torch"), script=None,
+                 argv=None, tool="tracediff record", script_dir=None):
+        self.output = output
+        self.options = options or RecordOptions()
+        self.frameworks = tuple(frameworks or ("jax", "torch"))
+        self.script, self.argv, self.tool = script, argv, tool
+        self.script_dir = script_dir or (os.path.dirname(script) if script else None)
+        self.writer = self.session = self.watcher = None
+        self._old_gc = None
+
+    def start(self):
+        check_output_path(self.output)
+        manifest = base_manifest(self.script, self.argv,
+                                 {"tool": self.tool, **self.options.as_dict()})
+        try:
+            self.writer = TraceWriter(self.output, manifest)
+        except OSError as exc:
+            raise TraceError(f"cannot write {self.output}: {exc.strerror or exc}") from None
+        self.session = Session(self.writer, self.options, tool_dirs=(TOOL_DIR,))
+        self.session.script_dir = self.script_dir
+        # The op log grows large; generation-0 collections over it cost more than recording.
+        self._old_gc = gc.get_threshold()
+        gc.set_threshold(100_000, 50, 100)
+        try:
+            self.watcher = start_captures(self.session, self.frameworks)
+        except BaseException:
+            self.stop({"status": "capture failed to start", "exit_code": 1})
+            raise
+        return self
+
+    def stop(self, end=None):
+        if self.writer is None or self.writer.closed:
+            return
+        end = end or {"status": "completed", "exit_code": 0}
+        if self.watcher is not None:
+            self.watcher.uninstall()
+        frameworks_manifest = {}
+        for cap in self.session.captures:
+            try:
+                cap.uninstall()
+            except Exception as exc:  # never lose the trace over a clean-up error
+                frameworks_manifest.setdefault("capture_errors", []).append(repr(exc))
+            try:
+                frameworks_manifest[cap.framework] = cap.manifest()
+            except Exception as exc:
+                frameworks_manifest.setdefault("capture_errors", []).append(repr(exc))
+        frameworks_manifest["captured"] = [c.framework for c in self.session.captures]
+        try:
+            self.writer.close(end=end, frameworks=frameworks_manifest, events=self.writer.n_events,
+                              bytes_recorded=self.writer.bytes_recorded)
+        finally:
+            if self._old_gc is not None:
+                gc.set_threshold(*self._old_gc)
+                self._old_gc = None
+
+
 def record_script(script, args, output, options=None, frameworks=("jax", "torch")):
     """Record `script args...` into `output`; returns the script's exit code."""
-    options = options or RecordOptions()
     if not os.path.isfile(script):
         raise TraceError(f"{script}: no such script")
-    check_output_path(output)
     script = os.path.abspath(script)
-    manifest = base_manifest(script, [script, *args], {"tool": "tracediff record", **options.as_dict()})
-    try:
-        writer = TraceWriter(output, manifest)
-    except OSError as exc:
-        raise TraceError(f"cannot write {output}: {exc.strerror or exc}") from None
-    session = Session(writer, options, tool_dirs=(TOOL_DIR,))
-    session.script_dir = os.path.dirname(script)
-
+    rec = Recording(output, options, frameworks, script=script, argv=[script, *args],
+                    tool="tracediff record")
     saved_argv, saved_path = sys.argv[:], sys.path[:]
-    sys.argv = [script, *args]
-    sys.path.insert(0, session.script_dir)
-    old_term = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
-    # The op log grows large; generation-0 collections over it cost more than recording.
-    old_gc = gc.get_threshold()
-    gc.set_threshold(100_000, 50, 100)
     end = {"status": "completed", "exit_code": 0}
-    watcher = start_captures(session, frameworks)
+    rec.start()
+    sys.argv = [script, *args]
+    sys.path.insert(0, rec.script_dir)
+    old_term = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
@@ -83,24 +139,12 @@ def record_script(script, args, output, options=None, frameworks=("jax", "torch"
         end = {"status": "exception", "exit_code": 1, "exception": type(exc).__name__,
                "message": str(exc)[:2000], "traceback": tb[-20000:]}
     finally:
-        watcher.uninstall()
-        frameworks_manifest = {}
-        for cap in session.captures:
-            try:
-                cap.uninstall()
-            except Exception as exc:  # never lose the trace over a clean-up error
-                frameworks_manifest.setdefault("capture_errors", []).append(repr(exc))
-            try:
-                frameworks_manifest[cap.framework] = cap.manifest()
-            except Exception as exc:
-                frameworks_manifest.setdefault("capture_errors", []).append(repr(exc))
-        frameworks_manifest["captured"] = [c.framework for c in session.captures]
-        writer.close(end=end, frameworks=frameworks_manifest, events=writer.n_events,
-                     bytes_recorded=writer.bytes_recorded)
-        sys.argv, sys.path[:] = saved_argv, saved_path
-        gc.set_threshold(*old_gc)
-        if old_term is not None:
-            signal.signal(signal.SIGTERM, old_term)
+        try:
+            rec.stop(end)
+        finally:
+            sys.argv, sys.path[:] = saved_argv, saved_path
+            if old_term is not None:
+                signal.signal(signal.SIGTERM, old_term)
     return end["exit_code"]
 
 
