@@ -99,15 +99,21 @@ def prepare(trace, strings):
     ev, vals = trace.events, trace.values
     n = len(ev)
     gid = strings.map(trace.strings, normalise_op)
-    op = gid[ev["op"]]
-    ns = gid[ev["name_stack"]]
+    n_str = len(trace.strings)
+
+    def sidx(col):  # damaged string references read as "no string", like Trace.string
+        col = np.asarray(col, np.int64)
+        return np.where((col >= 0) & (col < n_str), col, -1)
+
+    op = gid[sidx(ev["op"])]
+    ns = gid[sidx(ev["name_stack"])]
     kind = ev["kind"].astype(np.int64)
     # output signature and content per event
     out = vals[vals["role"] == schema.ROLE_OUT]
     ev_of = out["event"].astype(np.int64)
     is_optim = kind[ev_of] == schema.KIND_OPTIM if n else np.zeros(0, bool)
-    slot_key = np.where(is_optim, gid[out["name"]] + (1 << 40), out["slot"].astype(np.int64))
-    shape_sig = mix(slot_key, gid[out["dtype"]], gid[out["shape"]])
+    slot_key = np.where(is_optim, gid[sidx(out["name"])] + (1 << 40), out["slot"].astype(np.int64))
+    shape_sig = mix(slot_key, gid[sidx(out["dtype"])], gid[sidx(out["shape"])])
     outsig = np.zeros(n, np.uint64)
     np.add.at(outsig, ev_of, shape_sig)
     comparable = (out["offset"] >= 0) & ((out["flags"] & (schema.VFLAG_UNINIT | schema.VFLAG_NOT_STORED)) == 0)

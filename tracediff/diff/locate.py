@@ -26,6 +26,10 @@ inputs, which explains but is not what the script computed):
 3. Every other kind (eager primitive, torch op, optimizer snapshot, input) is what the
    script saw and is reported as is.
 
+The verdict is about values: events that have no counterpart (the two runs executed
+different ops, or one trace is truncated) are counted in `alignment`, named in a warning,
+and never compared; a run whose paired events all agree is a `match`.
+
 "Introduced here" (`inputs_match: true`): every input the event read is equal (bitwise
 for the bitwise finding, within tolerance for the tolerance finding). Inputs come from
 role-IN values stored on the event itself (call events) and from the inputs table: the
@@ -541,6 +545,7 @@ def _event(t, eid, side):
 def _script_warnings(ta, tb):
     w = []
     sa, sb = ta.manifest.get("script") or {}, tb.manifest.get("script") or {}
+    sa, sb = (sa if isinstance(sa, dict) else {}), (sb if isinstance(sb, dict) else {})
     cross = _frameworks(ta) and _frameworks(tb) and _frameworks(ta) != _frameworks(tb)
     if sa.get("sha256") and sb.get("sha256") and sa.get("sha256") != sb.get("sha256") and not cross:
         same = sa.get("name") == sb.get("name")
@@ -553,6 +558,7 @@ def _script_warnings(ta, tb):
             w.append(f"trace {name} ({os.path.basename(t.path)}) is truncated: the recording did "
                      f"not finish; events after its end cannot be compared")
         end = t.manifest.get("end") or {}
+        end = end if isinstance(end, dict) else {}
         if end.get("status") not in (None, "ok", "exit", "completed", "success") and \
                 end.get("exit_code") not in (None, 0):
             w.append(f"trace {name}: the recorded script ended with {end.get('status')} "
@@ -587,12 +593,23 @@ def run(ta, tb, rtol=None, atol=None, differ=None, mapping=None):
                 kept.append(r)
             best = max(best, r["max_rel"])
         steps = kept[:MAX_OPTIM_ROWS - 1] + ([steps[-1]] if kept[-1] is not steps[-1] else [])
+    warnings = _script_warnings(ta, tb)
+    stats = d.al.stats()
+    if not mapping and (stats["only_in_a"] or stats["only_in_b"]):
+        gap = d.al.gaps(1)[0]
+        t = ta if gap["side"] == "a" else tb
+        ops = sorted({t.string(o) for o in t.events["op"][gap["start"]:gap["start"] + gap["length"]]})
+        warnings.append(
+            f"the event sequences differ: {stats['only_in_a']} events only in a, "
+            f"{stats['only_in_b']} only in b (first: {gap['length']} events of {gap['side']} from "
+            f"#{gap['start']}: {', '.join(ops[:5])}{' ...' if len(ops) > 5 else ''}); "
+            f"only paired events are compared")
     return LocateResult(
         path_a=ta.path, path_b=tb.path,
         verdict="diverged" if first_tol is not None else "match",
         first_difference=first_bit, first_beyond_tolerance=first_tol, replay_only=replay_only,
         alignment=d.al.stats(), gaps=d.al.gaps(), env_diff=env_diff(ta.manifest, tb.manifest),
-        optimizer_steps=steps, warnings=_script_warnings(ta, tb),
+        optimizer_steps=steps, warnings=warnings,
         traces={"a": _trace_info(ta), "b": _trace_info(tb)},
         tolerance={"rtol": rtol, "atol": atol, "defaults": {k: list(v) for k, v in
                                                               compare.DEFAULT_TOLERANCES.items()}},
@@ -619,12 +636,18 @@ def locate(a, b, rtol=None, atol=None, map_file=None):
         if tb is not b:
             own.append(tb)
         fw_a, fw_b = _frameworks(ta), _frameworks(tb)
-        if map_file is not None or (fw_a and fw_b and fw_a != fw_b):
-            from .cross import cross_differ
+        try:
+            if map_file is not None or (fw_a and fw_b and fw_a != fw_b):
+                from .cross import cross_differ
 
-            d, mapping = cross_differ(ta, tb, rtol, atol, map_file)
-            return run(ta, tb, rtol, atol, differ=d, mapping=mapping)
-        return run(ta, tb, rtol, atol)
+                d, mapping = cross_differ(ta, tb, rtol, atol, map_file)
+                return run(ta, tb, rtol, atol, differ=d, mapping=mapping)
+            return run(ta, tb, rtol, atol)
+        except (ValueError, IndexError, KeyError, OSError) as exc:
+            # damaged tables (bad shapes, dangling references) that the reader let through
+            msg = str(exc).splitlines()[0][:160] if str(exc) else ""
+            raise TraceError(f"cannot compare {ta.path} and {tb.path}: damaged trace? "
+                             f"({type(exc).__name__}: {msg})") from None
     finally:
         for t in own:
             t.close()
