@@ -126,8 +126,9 @@ def show(trace, event, as_json, npy):
 @click.option("--atol", type=float, default=None,
               help="Absolute tolerance for every floating dtype (default: per dtype).")
 @click.option("--map", "map_file", type=click.Path(dir_okay=False), default=None,
-              help="JSON file {\"a name stack or op pattern\": \"b name stack or op pattern\"} "
-                   "for traces of different frameworks.")
+              help="JSON file {\"a pattern\": \"b pattern\"} (globs over name stack, op, "
+                   "or name_stack:op) pairing events the automatic alignment misses; implies "
+                   "cross-framework pairing (used anyway when the frameworks differ).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @_guard
 def locate(trace_a, trace_b, rtol, atol, map_file, as_json):
@@ -137,6 +138,10 @@ def locate(trace_a, trace_b, rtol, atol, map_file, as_json):
     Reports the first bitwise difference and the first difference beyond tolerance
     (op, name stack, source line, step, metrics, introduced here or inherited), then
     the environment differences. Exit code: 0 match, 1 diverged, 2 error.
+
+    \b
+    Default tolerances (rtol/atol): float64 1e-12/1e-14, float32 1e-5/1e-6,
+    float16 1e-3/1e-4, bfloat16 1e-2/1e-3; integers, bools and keys exact.
     """
     from .diff.locate import locate as _locate
 
