@@ -8,15 +8,35 @@ __version__ = "0.1.0"
 
 
 def load(path):
-    """Open a trace file read-only (no code in it is ever executed)."""
+    """Open a trace file read-only (no code in it is ever executed); returns a `Trace`.
+
+    `t.manifest` (dict), `len(t)` events, `t.events_table()` (dict of numpy columns with
+    strings resolved: `pandas.DataFrame(t.events_table())`), `t.event(i)` (one event as a
+    dict), `t.outputs(i)` (its output values as numpy arrays). Use as a context manager
+    or call `t.close()`.
+    """
     from .trace.reader import Trace
 
     return Trace(path)
 
 
 def locate(a, b, rtol=None, atol=None, map_file=None):
-    """Compare two traces (paths or open traces); returns a result whose `.to_json()` is
-    what `tracediff locate --json` prints and whose `.exit_code` is its exit code."""
+    """Compare two traces (paths or open traces); returns a `LocateResult`.
+
+    `result.verdict` ("match" / "diverged"), `result.exit_code` (0 / 1, as the CLI),
+    `result.first_difference` and `result.first_beyond_tolerance` (`Finding` or None:
+    `.a`/`.b` event dicts with op, name_stack, source, step; `.metrics`; `.inputs_match`),
+    `result.env_diff`, `result.optimizer_steps`; `result.to_json()` is exactly what
+    `tracediff locate --json` prints. `rtol`/`atol` override the per-dtype tolerances."""
     from .diff.locate import locate as _locate
 
     return _locate(a, b, rtol=rtol, atol=atol, map_file=map_file)
+
+
+def __getattr__(name):
+    # `tracediff.record` is imported lazily: `import tracediff` stays cheap.
+    if name == "record":
+        from .api import record
+
+        return record
+    raise AttributeError(f"module 'tracediff' has no attribute {name!r}")

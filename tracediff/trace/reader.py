@@ -130,6 +130,57 @@ class Trace:
             "iter": int(e["iter"]),
         }
 
+    def events_table(self):
+        """The events as a dict of equal-length numpy columns, strings resolved, for
+        `pandas.DataFrame(t.events_table())` (pandas is not needed otherwise).
+
+        Columns: index, framework, kind, phase, origin, op, name_stack, source, node,
+        params (str, object arrays), call, parent, step, iter (int64; -1 = none),
+        n_outputs (int64) and out_dtype / out_shape (str: first output value, "" if none).
+        """
+        e = self.events
+        strings = np.array(self.strings + [""], dtype=object)
+
+        def resolve(col):
+            idx = e[col].astype(np.int64)
+            idx = np.where((idx >= 0) & (idx < len(self.strings)), idx, len(self.strings))
+            return strings[idx]
+
+        def names(col, table):
+            lut = np.array([table.get(i, "?") for i in range(256)], dtype=object)
+            return lut[e[col].astype(np.int64)]
+
+        n = len(e)
+        out_rows = self.values[self.values["role"] == schema.ROLE_OUT]
+        n_out = np.bincount(out_rows["event"].astype(np.int64), minlength=n)[:n] \
+            if len(out_rows) else np.zeros(n, np.int64)
+        first = out_rows[out_rows["slot"] == 0]
+        out_dtype = np.full(n, "", dtype=object)
+        out_shape = np.full(n, "", dtype=object)
+        if len(first):
+            ev = first["event"].astype(np.int64)
+            out_dtype[ev] = strings[np.where(first["dtype"] >= 0, first["dtype"], len(self.strings))]
+            out_shape[ev] = strings[np.where(first["shape"] >= 0, first["shape"], len(self.strings))]
+        return {
+            "index": np.arange(n, dtype=np.int64),
+            "framework": names("framework", schema.FW_NAMES),
+            "kind": names("kind", schema.KIND_NAMES),
+            "phase": names("phase", schema.PHASE_NAMES),
+            "origin": names("origin", schema.ORIGIN_NAMES),
+            "op": resolve("op"), "name_stack": resolve("name_stack"), "source": resolve("source"),
+            "node": resolve("node"), "params": resolve("params"),
+            "call": e["call"].astype(np.int64), "parent": e["parent"].astype(np.int64),
+            "step": e["step"].astype(np.int64), "iter": e["iter"].astype(np.int64),
+            "n_outputs": n_out.astype(np.int64), "out_dtype": out_dtype, "out_shape": out_shape,
+        }
+
+    def outputs(self, eid):
+        """The output values of event `eid` as numpy arrays, by slot (None where a value
+        was not stored, e.g. uninitialised memory)."""
+        rows = self.value_rows(int(eid), schema.ROLE_OUT)
+        rows = rows[np.argsort(rows["slot"], kind="stable")]
+        return [self.read_value(r) for r in rows]
+
     def value_rows(self, eid, role=None):
         """Rows of the values table for event `eid` (outputs by slot unless role given)."""
         lo, hi = np.searchsorted(self._v_sorted, [eid, eid + 1])

@@ -1,0 +1,101 @@
+"""Python API for notebooks and tests: record a block of code in the current process.
+
+    import tracediff
+
+    with tracediff.record("a.h5"):
+        train(steps=3)
+
+    @tracediff.record("b.h5")
+    def train_once():
+        train(steps=3)
+
+    result = tracediff.locate("a.h5", "b.h5")
+    print(result.verdict, result.to_json()["first_beyond_tolerance"])
+
+The block is recorded with the same captures and trace writer as `tracediff record`
+(`runner.Recording`): frameworks already imported are captured at once, frameworks
+imported inside the block when they are imported, and everything is uninstalled when
+the block ends, so successive blocks work. The manifest says
+`recording.tool = "tracediff.record()"`; an exception in the block is recorded as the
+run's end ({"status": "exception", ...}) and propagates unchanged.
+"""
+
+import functools
+import os
+import sys
+
+from .capture import RecordOptions
+
+
+class record:
+    """Record the code inside a `with` block (or a decorated function) into `path`.
+
+    Options: `loops` ("opaque" or "stepped", as `tracediff record --loops`) and
+    `frameworks` (default: jax and torch, each captured once it is imported).
+    Source lines are shown relative to the folder of the file that opens the block.
+    """
+
+    def __init__(self, path, *, loops="opaque", frameworks=("jax", "torch")):
+        self.path = os.fspath(path)
+        self.options = RecordOptions(loops=loops)
+        self.frameworks = tuple(frameworks)
+        for fw in self.frameworks:
+            if fw not in ("jax", "torch"):
+                raise ValueError(f"unknown framework {fw!r}: use 'jax' and/or 'torch'")
+        self._rec = None
+
+    def _start(self, caller_file):
+        from .runner import Recording
+
+        if self._rec is not None:
+            raise RuntimeError("tracediff.record(): this block is already recording "
+                               "(nested use of one record object)")
+        script = caller_file if caller_file and os.path.isfile(caller_file) else None
+        self._rec = Recording(self.path, self.options, self.frameworks, script=script,
+                              argv=list(sys.argv), tool="tracediff.record()",
+                              script_dir=os.path.dirname(os.path.abspath(script)) if script else None)
+        try:
+            self._rec.start()
+        except BaseException:
+            self._rec = None
+            raise
+        return self
+
+    def _stop(self, exc_type, exc):
+        rec, self._rec = self._rec, None
+        if rec is None:
+            return
+        if exc_type is None:
+            end = {"status": "completed", "exit_code": 0}
+        elif issubclass(exc_type, SystemExit):
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            end = {"status": "sys.exit", "exit_code": code}
+        elif issubclass(exc_type, KeyboardInterrupt):
+            end = {"status": "interrupted (SIGINT)", "exit_code": 130}
+        else:
+            end = {"status": "exception", "exit_code": 1, "exception": exc_type.__name__,
+                   "message": str(exc)[:2000]}
+        rec.stop(end)
+
+    def __enter__(self):
+        return self._start(sys._getframe(1).f_code.co_filename)
+
+    def __exit__(self, exc_type, exc, tb):
+        self._stop(exc_type, exc)
+        return False
+
+    def __call__(self, fn):
+        """Use as a decorator: every call of `fn` is recorded (each call rewrites the file)."""
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            self._start(fn.__code__.co_filename if hasattr(fn, "__code__") else None)
+            try:
+                out = fn(*args, **kwargs)
+            except BaseException as exc:
+                self._stop(type(exc), exc)
+                raise
+            self._stop(None, None)
+            return out
+
+        return wrapper
