@@ -288,6 +288,9 @@ def test_forked_dataloader_workers_do_not_write(tmp_path_factory):
         assert not names & {"aten::sin", "aten::full", "aten::stack", "aten::stack.out"}
         assert len(_ops(t, "aten::addmm")) == 4
         assert (t.inputs["producer"] >= 0).all()
+        # batches rebuilt from shared memory are attributed to the script's loop line,
+        # not to multiprocessing internals
+        assert {e["source"].split(":")[0] for e in _ops(t)} == {"torch_dataloader.py"}
 
 
 def test_a_recorder_failure_never_reaches_the_script(tmp_path, monkeypatch):

@@ -30,8 +30,9 @@ Design (see /work/shared/design/torch-capture-notes.md for the measurements behi
   about 1.3x; the module path usually names the API-level unit.)
 - Module path (`name_stack`): global module forward pre/post hooks keep a stack of
   qualified names; a root module names its subtree once with `named_modules()`.
-- Source: a cheap `sys._getframe` walk to the first frame outside torch, tracediff,
-  runpy and importlib (a per-code-object cache), shortened with `session.short_path()`.
+- Source: a cheap `sys._getframe` walk to the first frame outside torch, tracediff and
+  Python's standard library (runpy, importlib, multiprocessing...), with a
+  per-code-object cache, shortened with `session.short_path()`.
 - Dataflow: `add_input` for every tensor input (flattened, in argument order), linked
   to the producing event and output slot. No strong references are kept to the
   program's tensors (that would change what autograd does): `id -> (weakref, event,
@@ -63,6 +64,7 @@ Design (see /work/shared/design/torch-capture-notes.md for the measurements behi
 
 import os
 import sys
+import sysconfig
 import threading
 import weakref
 
@@ -94,6 +96,13 @@ def _flat(xs, out):
                 if isinstance(y, Tensor):
                     out.append(y)
     return out
+
+
+def _tensor_like(a):
+    """A tensor, None, or a list of tensors: dataflow, not a parameter."""
+    if isinstance(a, _torch.Tensor) or a is None:
+        return True
+    return isinstance(a, (list, tuple)) and bool(a) and isinstance(a[0], _torch.Tensor)
 
 
 def _short_repr(v):
@@ -174,6 +183,9 @@ class TorchCapture(Capture):
         self.writer = session.writer
         self.lock = session.lock
         tool_dirs = tuple(session.tool_dirs) + (os.path.dirname(os.path.abspath(__file__)),)
+        # Python's own library is skipped too: a DataLoader batch is attributed to the
+        # script's `for ... in loader` line, not to multiprocessing/queues.py.
+        self.stdlib = sysconfig.get_paths()["stdlib"] + os.sep
         self.skip_prefixes = (os.path.dirname(torch.__file__),) + tool_dirs + _SKIP_FILE_PREFIXES
         self.step = 0
         self.phase = schema.PHASE_FWD
@@ -320,8 +332,8 @@ class TorchCapture(Capture):
             s = skip.get(code)
             if s is None:
                 fn = code.co_filename
-                s = skip[code] = fn.startswith(self.skip_prefixes) or os.path.basename(fn) in (
-                    "runpy.py", "threading.py")
+                s = skip[code] = fn.startswith(self.skip_prefixes) or (
+                    fn.startswith(self.stdlib) and "-packages" not in fn)
             if not s:
                 fn = code.co_filename
                 short = self._short.get(fn)
@@ -552,22 +564,12 @@ class TorchCapture(Capture):
 
     def _params(self, info, args, kwargs):
         """Short deterministic summary of the non-tensor arguments."""
-        Tensor = _torch.Tensor
-        parts = []
         names = info.arg_names
-        for i, a in enumerate(args):
-            if isinstance(a, Tensor) or a is None:
-                continue
-            if isinstance(a, (list, tuple)) and a and isinstance(a[0], Tensor):
-                continue
-            parts.append(f"{names[i] if i < len(names) else i}={_short_repr(a)}")
+        parts = [f"{names[i] if i < len(names) else i}={_short_repr(a)}"
+                 for i, a in enumerate(args) if not _tensor_like(a)]
         if kwargs:
-            for k, a in kwargs.items():
-                if isinstance(a, Tensor) or a is None or k == "pin_memory":
-                    continue
-                if isinstance(a, (list, tuple)) and a and isinstance(a[0], Tensor):
-                    continue
-                parts.append(f"{k}={_short_repr(a)}")
+            parts += [f"{k}={_short_repr(a)}" for k, a in kwargs.items()
+                      if k != "pin_memory" and not _tensor_like(a)]
         if not parts:
             return None
         s = ", ".join(parts)
