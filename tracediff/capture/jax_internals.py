@@ -33,7 +33,17 @@ def _load():
 
 
 def check():
-    """Return the internals namespace, or raise UnsupportedJax with a clear message."""
+    """Return the internals namespace, or raise UnsupportedJax with a clear message.
+
+    Older JAX than the supported range is refused (its internals differ in ways that
+    would give wrong traces, e.g. 0.4.x's trace stack); newer JAX is tried when the
+    internals are still there, with a warning in the manifest (`untested_version`).
+    """
+    lo, hi = SUPPORTED
+    if jax_version() < lo:
+        raise UnsupportedJax(f"jax {jax.__version__} is older than this tracediff supports "
+                             f"(jax {lo[0]}.{lo[1]} to {hi[0]}.{hi[1]}): upgrade jax, or record "
+                             f"with an older tracediff")
     try:
         core, pjit, siu = _load()
     except ImportError as exc:
@@ -46,7 +56,6 @@ def check():
     if not missing and not hasattr(core.EvalTrace, "process_primitive"):
         missing.append("EvalTrace.process_primitive")
     if missing:
-        lo, hi = SUPPORTED
         raise UnsupportedJax(
             f"jax {jax.__version__} is not supported by this tracediff (missing internals: "
             f"{', '.join(missing)}); supported: jax {lo[0]}.{lo[1]} to {hi[0]}.{hi[1]}")
@@ -71,3 +80,8 @@ def call_outputs(result):
 
 def is_key_dtype(dtype):
     return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def untested_version():
+    """True when this JAX is newer than the tested range (recorded in the manifest)."""
+    return jax_version() > SUPPORTED[1]

@@ -157,6 +157,7 @@ class JaxCapture(Capture):
             "calls": self.calls, "equations": self.eqns, "eager_primitives": self.eager,
             "optimizer_steps": self.step, "calls_not_replayed": self.opaque_calls,
             "replay_errors": self.replay_errors[:20],
+            "untested_version": jax_internals.untested_version(),
         }
         for name in ("jax_enable_x64", "jax_default_matmul_precision", "jax_threefry_partitionable",
                      "jax_default_prng_impl", "jax_numpy_rank_promotion", "jax_disable_jit",

@@ -1,0 +1,59 @@
+"""Across JAX versions: the same fixture recorded under an older JAX and this one.
+
+CI creates a second virtual environment with the oldest supported JAX and names its
+Python in TRACEDIFF_OTHER_JAX_PYTHON (see .ci/run); without it these tests are skipped.
+"""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+import tracediff
+
+from .helpers import FIXTURES, ROOT, record, run_cli
+
+OTHER = os.environ.get("TRACEDIFF_OTHER_JAX_PYTHON")
+pytestmark = pytest.mark.skipif(not OTHER, reason="TRACEDIFF_OTHER_JAX_PYTHON not set (.ci/run sets it)")
+
+
+@pytest.fixture(scope="module")
+def two_versions(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("versions")
+    old, new = folder / "old.h5", folder / "new.h5"
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop("XLA_FLAGS", None)
+    proc = subprocess.run([OTHER, "-m", "tracediff", "record", "-o", str(old),
+                           os.path.join(FIXTURES, "jax_gru_expm_adam.py")],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record("jax_gru_expm_adam.py", new)
+    return old, new
+
+
+def test_traces_of_two_versions_share_one_schema(two_versions):
+    old, new = (tracediff.load(p) for p in two_versions)
+    assert old.schema_version == new.schema_version
+    v_old, v_new = old.manifest["packages"]["jax"], new.manifest["packages"]["jax"]
+    assert v_old != v_new
+    # version-specific primitive names are normalised: nested jits are `jit:<function>` in both
+    for t in (old, new):
+        ops = {t.string(i) for i in t.events["op"]}
+        assert "pjit" not in ops and any(op.startswith("jit:") for op in ops)
+
+
+def test_locate_names_the_version_difference_and_the_first_differing_op(two_versions):
+    old, new = two_versions
+    proc = run_cli("locate", old, new, "--json")
+    assert proc.returncode in (0, 1), proc.stderr
+    report = json.loads(proc.stdout)
+    env = report["env_diff"]
+    assert env[0]["key"] in ("packages.jax", "packages.jaxlib"), env[:3]
+    first = report["first_difference"]
+    assert first is not None, "different JAX versions gave bitwise identical traces"
+    assert first["a"]["op"] == first["b"]["op"]
+    al = report["alignment"]
+    assert al["matched"] > 0.9 * min(al["events_a"], al["events_b"])
+    text = run_cli("locate", old, new).stdout
+    assert "packages.jax" in text
