@@ -39,7 +39,7 @@ def _num(x):
 
 def event_profile(d, max_exact=5000):
     """Dict of numpy arrays, one entry per aligned pair (order of trace a): a, b (event
-    indices), step, kind (kind names), origin, max_rel (float64; 0 for bitwise equal,
+    indices), step, kind, origin, op, name_stack, source (strings of trace a), max_rel (float64; 0 for bitwise equal,
     NaN when not computed), beyond (bool: outside tolerance), bitwise_equal (bool)."""
     ia, ib = d.pairs()
     n = len(ia)
@@ -62,12 +62,19 @@ def event_profile(d, max_exact=5000):
         beyond[k] = not r["within_tolerance"]
         bitwise[k] = r["bitwise_equal"]
     ev = d.ta.events
+    strings = np.array(list(d.ta.strings) + [""], dtype=object)
+
+    def resolve(col):
+        idx = ev[col][ia].astype(np.int64)
+        return strings[np.where((idx >= 0) & (idx < len(d.ta.strings)), idx, len(d.ta.strings))]
+
     kinds = np.array([schema.KIND_NAMES.get(i, "?") for i in range(256)], dtype=object)
     origins = np.array([schema.ORIGIN_NAMES.get(i, "?") for i in range(256)], dtype=object)
     return {"a": ia.astype(np.int64), "b": ib.astype(np.int64),
             "step": ev["step"][ia].astype(np.int64),
             "kind": kinds[ev["kind"][ia].astype(np.int64)],
             "origin": origins[ev["origin"][ia].astype(np.int64)],
+            "op": resolve("op"), "name_stack": resolve("name_stack"), "source": resolve("source"),
             "max_rel": max_rel, "beyond": beyond, "bitwise_equal": bitwise}
 
 

@@ -1,0 +1,233 @@
+"""What the Markdown and HTML reports share: the locate JSON plus a little context.
+
+`report_data(result)` is `result.to_json()` (the same data as `tracediff locate --json`)
+with one extra key, "report", holding what only the trace files and this machine know:
+file sizes, each run's command line and numeric environment variables, and the user's
+source lines around the culprit (read from the script's folder when it exists here).
+Renderers take that dict; sections for fields a future `locate` adds ("explain": the
+replay verdict, "chain": origin to outputs) appear when the fields are present.
+"""
+
+import math
+import os
+import shlex
+
+GITHUB_ATTACH_LIMIT = 25 << 20
+CONTEXT_LINES = 2
+
+
+def fmt(x, digits=3):
+    """A number as a short human string ('-' for None)."""
+    if x is None:
+        return "-"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, str):
+        return x
+    if isinstance(x, int):
+        return f"{x:,}" if abs(x) >= 10000 else str(x)
+    if isinstance(x, float):
+        if not math.isfinite(x):
+            return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+        if x == 0:
+            return "0"
+        if x.is_integer() and abs(x) < 1e15:
+            return fmt(int(x))
+        return f"{x:.{digits}g}"
+    return str(x)
+
+
+def fmt_pct(x):
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        return "-"
+    return f"{100 * x:.3g}%"
+
+
+def fmt_bytes(n):
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000.0
+    return f"{n:.1f} GB"
+
+
+def culprit(data):
+    """(finding dict, title) of what the report is about, or (None, None)."""
+    if data.get("first_beyond_tolerance"):
+        return data["first_beyond_tolerance"], "First divergence beyond tolerance"
+    if data.get("first_difference"):
+        return data["first_difference"], "First bitwise difference (within tolerance)"
+    return None, None
+
+
+def event_label(e):
+    """'jax eqn `tanh`' style label of an event dict."""
+    origin = f" ({e['origin']})" if e.get("origin") and e.get("origin") != e.get("kind") else ""
+    return f"{e.get('framework', '')} {e.get('kind', '')}{origin} `{e.get('op', '?')}`".strip()
+
+
+def where(e):
+    """'step 0, event #375, Controller/GRUCell_0, jax_gru.py:25'."""
+    parts = [f"step {e.get('step')}", f"event #{e.get('index')}"]
+    if e.get("name_stack"):
+        parts.append(f"`{e['name_stack']}`")
+    if e.get("source"):
+        parts.append(f"`{e['source']}`")
+    return ", ".join(parts)
+
+
+def inputs_word(f):
+    if f.get("inputs_match") is True:
+        return "introduced here"
+    if f.get("inputs_match") is False:
+        return "inherited"
+    return "inputs unknown"
+
+
+def summary(data):
+    """One paragraph (Markdown inline syntax: backticks only)."""
+    a, b = data["traces"]["a"], data["traces"]["b"]
+    script = a.get("script") or "the script"
+    script_b = b.get("script")
+    runs = (f"Two runs of `{script}`" if not script_b or script_b == script else
+            f"A run of `{script}` and a run of `{script_b}`")
+    hosts = ""
+    if a.get("hostname") and b.get("hostname") and a["hostname"] != b["hostname"]:
+        hosts = f" (on `{a['hostname']}` and `{b['hostname']}`)"
+    f, _ = culprit(data)
+    tol = data.get("tolerance") or {}
+    tol_txt = ("the per-dtype default tolerances" if tol.get("rtol") is None and tol.get("atol") is None
+               else f"rtol {fmt(tol.get('rtol'))}, atol {fmt(tol.get('atol'))}")
+    out = []
+    if data["verdict"] == "diverged":
+        e, m = f["a"], f.get("metrics") or {}
+        out.append(f"{runs}{hosts} diverge beyond {tol_txt}. The first operation whose outputs "
+                   f"differ beyond tolerance is the {event_label(e)} at {where(e)}: max relative "
+                   f"difference {fmt(m.get('max_rel'))}, max ULP {fmt(m.get('max_ulp'))}, "
+                   f"{fmt_pct(m.get('beyond_tolerance_fraction'))} of its elements beyond tolerance.")
+        if f.get("inputs_match") is True:
+            out.append("Its inputs match, so the difference is introduced by this operation.")
+        elif f.get("inputs_match") is False:
+            out.append("Its inputs already differ, so the difference is inherited from an "
+                       "earlier operation.")
+        fd = data.get("first_difference")
+        if fd and fd["a"].get("index") != e.get("index"):
+            out.append(f"The first bitwise difference comes earlier, at the "
+                       f"{event_label(fd['a'])} ({where(fd['a'])}), within tolerance.")
+    elif data.get("first_difference"):
+        fd = data["first_difference"]
+        m = fd.get("metrics") or {}
+        out.append(f"{runs}{hosts} agree within {tol_txt}, but not bitwise: the first bitwise "
+                   f"difference is at the {event_label(fd['a'])} ({where(fd['a'])}), max relative "
+                   f"difference {fmt(m.get('max_rel'))}, max ULP {fmt(m.get('max_ulp'))}.")
+    else:
+        out.append(f"{runs}{hosts} are bitwise identical in every compared value.")
+    steps = [s for s in data.get("optimizer_steps") or [] if not s.get("bitwise_equal")]
+    if steps:
+        last = data["optimizer_steps"][-1]
+        out.append(f"The parameters first differ in the optimizer snapshot of step "
+                   f"{steps[0]['step']}; at the last compared step ({last['step']}) the max "
+                   f"relative difference is {fmt(last.get('max_rel'))}.")
+    env = data.get("env_diff") or []
+    if env:
+        keys = ", ".join(f"`{d['key']}`" for d in env[:4]) + (" ..." if len(env) > 4 else "")
+        out.append(f"The environments differ in {len(env)} "
+                   f"{'entry' if len(env) == 1 else 'entries'} ({keys}).")
+    else:
+        out.append("The recorded environments are identical.")
+    return " ".join(out)
+
+
+def source_context(manifest, source, context=CONTEXT_LINES):
+    """The user's lines around `source` ("file.py:25", relative to the script's folder
+    or absolute) when the file exists on this machine: {"file", "line", "lines":
+    [(number, text)], "found"}; None when `source` has no line number."""
+    if not source or ":" not in source:
+        return None
+    fname, _, line = source.rpartition(":")
+    try:
+        line = int(line)
+    except ValueError:
+        return None
+    script = (manifest or {}).get("script") or {}
+    folder = os.path.dirname(script.get("path") or "")
+    path = fname if os.path.isabs(fname) else os.path.join(folder, fname) if folder else fname
+    out = {"file": fname, "path": path, "line": line, "lines": [], "found": False}
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read(4 << 20).splitlines()
+    except OSError:
+        return out
+    if 1 <= line <= len(text):
+        lo, hi = max(1, line - context), min(len(text), line + context)
+        out["lines"] = [(i, text[i - 1].rstrip()) for i in range(lo, hi + 1)]
+        out["found"] = True
+    return out
+
+
+def _trace_context(path):
+    from ..trace.reader import Trace
+
+    info = {"path": path, "size": None, "argv": None, "env": {}, "tool": None, "manifest": {}}
+    try:
+        info["size"] = os.path.getsize(path)
+    except OSError:
+        pass
+    try:
+        with Trace(path) as t:
+            m = t.manifest
+    except Exception:  # a report never fails over context it cannot read
+        return info
+    info["manifest"] = m
+    info["argv"] = (m.get("script") or {}).get("argv")
+    info["env"] = m.get("env") or {}
+    info["tool"] = (m.get("recording") or {}).get("tool")
+    info["end"] = m.get("end")
+    return info
+
+
+def reproduction(data, ctx):
+    """Shell commands that reproduce the comparison (record both runs, locate)."""
+    cmds = []
+    names = {}
+    for side in ("a", "b"):
+        c = ctx["traces"][side]
+        name = os.path.basename(data["traces"][side]["path"])
+        if side == "b" and name == names.get("a"):
+            name = "b_" + name
+        names[side] = name
+        argv = c.get("argv")
+        if not argv:
+            cmds.append(f"# {side}: recorded with {c.get('tool') or 'tracediff'} (no script command line)")
+            continue
+        script = os.path.basename(argv[0])
+        env_a, env_b = ctx["traces"]["a"]["env"], ctx["traces"]["b"]["env"]
+        env = c["env"]
+        differing = {k: v for k, v in env.items() if (env_a.get(k) != env_b.get(k))}
+        prefix = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in sorted(differing.items()))
+        cmds.append(f"{prefix + ' ' if prefix else ''}tracediff record -o {name} "
+                    f"{shlex.join([script, *argv[1:]])}")
+    cmds.append(f"tracediff locate {names['a']} {names['b']}")
+    f, _ = culprit(data)
+    if f is not None:
+        cmds.append(f"tracediff show {names['a']} {f['a']['index']}")
+    return cmds
+
+
+def report_data(result):
+    """`result.to_json()` plus the "report" context (see the module docstring)."""
+    data = result.to_json()
+    ctx = {"traces": {s: _trace_context(data["traces"][s]["path"]) for s in ("a", "b")}}
+    f, _ = culprit(data)
+    ctx["source"] = None
+    if f is not None and f["a"].get("source"):
+        ctx["source"] = source_context(ctx["traces"]["a"]["manifest"], f["a"]["source"])
+    ctx["commands"] = reproduction(data, ctx)
+    sizes = [ctx["traces"][s]["size"] or 0 for s in ("a", "b")]
+    ctx["attach_ok"] = all(s <= GITHUB_ATTACH_LIMIT for s in sizes)
+    for s in ("a", "b"):
+        ctx["traces"][s].pop("manifest", None)
+    data["report"] = ctx
+    return data

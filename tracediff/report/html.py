@@ -1,0 +1,440 @@
+"""Self-contained HTML report of a `locate` result: one file, no network.
+
+The page holds the same sections as the Markdown report, plus two inline SVG plots
+(generated here, log scale): the difference magnitude (max relative difference of the
+outputs) of every aligned event along the run, with the culprit and the first bitwise
+difference marked, and the same per optimizer step. Tables (environment, optimizer
+steps, differing events) can be searched with a few lines of vanilla JavaScript.
+"""
+
+import html
+import json
+import math
+import os
+import re
+
+import numpy as np
+
+from .common import (GITHUB_ATTACH_LIMIT, culprit, event_label, fmt, fmt_bytes, fmt_pct,
+                     summary)
+
+MAX_POINTS = 2500          # wider runs are binned (max per bin) to keep the page small
+MAX_EVENT_ROWS = 500
+FLOOR = 1e-18
+
+COLORS = {"beyond": "#d62728", "within": "#f0a030", "equal": "#b8b8b8", "culprit": "#d62728",
+          "first": "#1f77b4", "grid": "#e6e6e6", "axis": "#555"}
+
+CSS = """
+body{font:14px/1.45 -apple-system,BlinkMacSystemFont,"Segoe UI",Helvetica,Arial,sans-serif;
+ color:#1f2328;margin:0;background:#f6f8fa}
+main{max-width:1180px;margin:0 auto;padding:18px 24px 40px}
+h1{font-size:22px;margin:6px 0 10px}h2{font-size:17px;margin:26px 0 8px;border-bottom:1px solid #d0d7de;
+ padding-bottom:4px}
+.card{background:#fff;border:1px solid #d0d7de;border-radius:8px;padding:12px 16px;margin:10px 0}
+.badge{display:inline-block;padding:2px 10px;border-radius:12px;font-weight:600;color:#fff;
+ font-size:13px;vertical-align:middle;margin-left:8px}
+.diverged{background:#cf222e}.match{background:#1a7f37}
+code,pre{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12.5px}
+code{background:#eff1f3;padding:1px 4px;border-radius:4px}
+pre{background:#f6f8fa;border:1px solid #d0d7de;border-radius:6px;padding:8px 10px;overflow-x:auto}
+pre .hl{background:#ffebe9;display:inline-block;width:100%}
+table{border-collapse:collapse;width:100%;font-size:13px}
+th,td{border-bottom:1px solid #e6e8eb;padding:4px 8px;text-align:left;vertical-align:top}
+th{background:#f6f8fa;position:sticky;top:0}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+tr.bad td{background:#fff5f5}tr.culprit td{background:#ffe3e3;font-weight:600}
+.kv td:first-child{color:#57606a;width:190px}
+input.search{width:320px;padding:4px 8px;margin:4px 0 6px;border:1px solid #d0d7de;border-radius:6px}
+.scroll{max-height:420px;overflow:auto;border:1px solid #e6e8eb;border-radius:6px}
+.muted{color:#57606a}.warn{background:#fff8c5;border:1px solid #d4a72c;border-radius:6px;padding:6px 10px}
+svg text{font:11px -apple-system,Helvetica,Arial,sans-serif;fill:#444}
+.legend span{display:inline-block;margin-right:14px}.sw{display:inline-block;width:10px;height:10px;
+ margin-right:4px;border-radius:2px;vertical-align:middle}
+"""
+
+JS = """
+document.querySelectorAll('input.search').forEach(function(box){
+  box.addEventListener('input',function(){
+    var q=box.value.toLowerCase(),t=document.getElementById(box.dataset.table),n=0;
+    t.querySelectorAll('tbody tr').forEach(function(r){
+      var hit=r.textContent.toLowerCase().indexOf(q)>=0;r.style.display=hit?'':'none';if(hit)n++;});
+    var c=document.getElementById(box.dataset.table+'-count');if(c)c.textContent=n+' shown';
+  });
+});
+"""
+
+
+def e(x):
+    return html.escape(str(x), quote=True)
+
+
+def _inline(text):
+    """Escape, then turn `code` spans (Markdown inline syntax of `summary`) into <code>."""
+    return re.sub(r"`([^`]*)`", r"<code>\1</code>", e(text))
+
+
+def _num(x):
+    if x is None:
+        return math.nan
+    if isinstance(x, str):
+        return math.inf if x == "inf" else math.nan
+    return float(x)
+
+
+# -- plots -----------------------------------------------------------------------------------
+def _log_range(vals):
+    pos = vals[np.isfinite(vals) & (vals > 0)]
+    if not len(pos):
+        return -16.0, 0.0
+    lo = math.floor(math.log10(max(pos.min(), FLOOR)))
+    hi = math.ceil(math.log10(pos.max()))
+    if hi <= lo:
+        hi = lo + 1
+    return float(lo), float(hi)
+
+
+def _axes(parts, x0, y0, w, h, lo, hi, ylabel):
+    """Decade grid lines and labels; returns y(value) mapper."""
+    step = max(1, int(math.ceil((hi - lo) / 8)))
+    d = lo
+    while d <= hi + 1e-9:
+        y = y0 + h - (d - lo) / (hi - lo) * h
+        parts.append(f'<line x1="{x0}" x2="{x0 + w}" y1="{y:.1f}" y2="{y:.1f}" '
+                     f'stroke="{COLORS["grid"]}"/>')
+        parts.append(f'<text x="{x0 - 6}" y="{y + 4:.1f}" text-anchor="end">1e{int(d)}</text>')
+        d += step
+    parts.append(f'<line x1="{x0}" x2="{x0}" y1="{y0}" y2="{y0 + h}" stroke="{COLORS["axis"]}"/>')
+    parts.append(f'<text transform="translate(14,{y0 + h / 2}) rotate(-90)" '
+                 f'text-anchor="middle">{e(ylabel)}</text>')
+
+    def ymap(v):
+        lv = min(max(math.log10(v), lo), hi)
+        return y0 + h - (lv - lo) / (hi - lo) * h
+
+    return ymap
+
+
+def _squares(xs, ys, size=3.0):
+    r = size / 2
+    return "".join(f"M{x - r:.1f} {y - r:.1f}h{size}v{size}h-{size}z" for x, y in zip(xs, ys))
+
+
+def event_plot(profile, data, width=1120, height=300):
+    """SVG: max relative difference per aligned event along the run (log scale)."""
+    a_idx = np.asarray(profile["a"], np.int64)
+    if not len(a_idx):
+        return '<p class="muted">No aligned events.</p>'
+    rel = np.asarray(profile["max_rel"], np.float64)
+    beyond = np.asarray(profile["beyond"], bool)
+    pos = np.arange(len(a_idx))
+    n = len(a_idx)
+    if n > MAX_POINTS:   # bin: the max of each bin, beyond if any is beyond
+        edges = np.linspace(0, n, MAX_POINTS + 1).astype(np.int64)
+        edges = np.unique(edges)
+        r0 = np.where(np.isnan(rel), -1.0, rel)
+        rel_b = np.maximum.reduceat(r0, edges[:-1])
+        rel_b = np.where(rel_b < 0, np.nan, rel_b)
+        beyond_b = np.maximum.reduceat(beyond.astype(np.int8), edges[:-1]) == 1
+        pos_b = edges[:-1]
+    else:
+        rel_b, beyond_b, pos_b = rel, beyond, pos
+    lo, hi = _log_range(rel_b)
+    x0, y0, pw, ph = 64, 26, width - 84, height - 78
+    band = y0 + ph + 14          # bitwise-equal band under the axis
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" role="img" aria-label="difference per event">']
+    ymap = _axes(parts, x0, y0, pw, ph, lo, hi, "max relative difference")
+
+    def xmap(p):
+        return x0 + (p + 0.5) / n * pw
+
+    # optimizer steps: light vertical separators where the step number changes
+    steps = np.asarray(profile["step"], np.int64)
+    change = np.flatnonzero(np.diff(steps) != 0) + 1
+    every = max(1, int(math.ceil(len(change) / 20)))
+    if len(steps):
+        parts.append(f'<text x="{x0 + 3}" y="{y0 + 10}">step {int(steps[0])}</text>')
+    for j, p in enumerate(change.tolist()):
+        x = xmap(p - 0.5)
+        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y0}" y2="{y0 + ph}" stroke="#c9d1d9" '
+                     f'stroke-dasharray="3 3"/>')
+        if j % every == 0:
+            parts.append(f'<text x="{x + 3:.1f}" y="{y0 + 10}">step {int(steps[p])}</text>')
+    ok = ~np.isnan(rel_b)
+    eq = ok & (rel_b == 0)
+    bad = ok & (rel_b > 0) & beyond_b
+    within = ok & (rel_b > 0) & ~beyond_b
+    parts.append(f'<text x="{x0 - 6}" y="{band + 4}" text-anchor="end">equal</text>')
+    if eq.any():
+        xs = [xmap(p) for p in pos_b[eq]]
+        parts.append(f'<path fill="{COLORS["equal"]}" d="{_squares(xs, [band] * len(xs), 2.0)}"/>')
+    for mask, color in ((within, COLORS["within"]), (bad, COLORS["beyond"])):
+        if mask.any():
+            xs = [xmap(p) for p in pos_b[mask]]
+            ys = [ymap(v) for v in rel_b[mask]]
+            parts.append(f'<path fill="{color}" d="{_squares(xs, ys)}"/>')
+    # markers: the first bitwise difference and the culprit
+    where = {int(a): i for i, a in enumerate(a_idx.tolist())}
+    marks = []
+    fd = data.get("first_difference")
+    f, _ = culprit(data)
+    if fd is not None and (f is None or fd["a"]["index"] != f["a"]["index"]):
+        marks.append((fd, COLORS["first"], "first bitwise difference"))
+    if f is not None:
+        diverged = data["verdict"] == "diverged"
+        marks.append((f, COLORS["culprit"] if diverged else COLORS["first"],
+                      "culprit" if diverged else "first bitwise difference"))
+    for k, (finding, color, label) in enumerate(marks):
+        p = where.get(int(finding["a"]["index"]))
+        if p is None:
+            continue
+        x = xmap(p)
+        anchor = "start" if x < x0 + pw * 0.7 else "end"
+        dx = 5 if anchor == "start" else -5
+        ty = y0 + 24 + 14 * k
+        parts.append(f'<g class="marker"><line x1="{x:.1f}" x2="{x:.1f}" y1="{y0}" y2="{band}" '
+                     f'stroke="{color}" stroke-width="1.5"/>'
+                     f'<title>{e(label)}: {e(finding["a"]["op"])} (event #{finding["a"]["index"]})</title>'
+                     f'<text x="{x + dx:.1f}" y="{ty}" text-anchor="{anchor}" style="fill:{color};'
+                     f'font-weight:600;paint-order:stroke;stroke:#fff;stroke-width:4px">{e(label)}: {e(finding["a"]["op"])} '
+                     f'#{finding["a"]["index"]}</text></g>')
+    parts.append(f'<text x="{x0 + pw / 2}" y="{height - 8}" text-anchor="middle">aligned events '
+                 f'in the order of run a ({fmt(n)}{", binned" if n > MAX_POINTS else ""}); '
+                 f'dashed lines: optimizer steps</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def step_plot(steps, width=1120, height=220):
+    """SVG: worst parameter max relative difference per optimizer step (log scale)."""
+    if not steps:
+        return ""
+    xs_step = [int(s["step"]) for s in steps]
+    rel = np.array([_num(s.get("max_rel")) for s in steps], np.float64)
+    lo, hi = _log_range(rel)
+    x0, y0, pw, ph = 64, 14, width - 84, height - 64
+    band = y0 + ph + 14
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" role="img" aria-label="difference per optimizer step">']
+    ymap = _axes(parts, x0, y0, pw, ph, lo, hi, "max rel (parameters)")
+    s_lo, s_hi = min(xs_step), max(xs_step)
+    span = max(1, s_hi - s_lo)
+
+    def xmap(s):
+        return x0 + 10 + (s - s_lo) / span * (pw - 20) if s_hi > s_lo else x0 + pw / 2
+
+    parts.append(f'<text x="{x0 - 6}" y="{band + 4}" text-anchor="end">equal</text>')
+    pts = []
+    for s, v in zip(xs_step, rel):
+        if math.isnan(v):
+            continue
+        pts.append((xmap(s), band if v == 0 else ymap(v), v))
+    if len(pts) > 1:
+        d = "M" + " L".join(f"{x:.1f} {y:.1f}" for x, y, _ in pts)
+        parts.append(f'<path d="{d}" fill="none" stroke="#8c959f" stroke-width="1"/>')
+    for (x, y, v), s in zip(pts, xs_step):
+        color = COLORS["equal"] if v == 0 else COLORS["beyond"]
+        parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}">'
+                     f'<title>step {s}: max rel {fmt(float(v))}</title></circle>')
+    ticks = sorted(set(xs_step))
+    every = max(1, int(math.ceil(len(ticks) / 20)))
+    for s in ticks[::every]:
+        parts.append(f'<text x="{xmap(s):.1f}" y="{band + 18}" text-anchor="middle">{s}</text>')
+    parts.append(f'<text x="{x0 + pw / 2}" y="{height - 4}" text-anchor="middle">optimizer step'
+                 f'</text></svg>')
+    return "".join(parts)
+
+
+# -- tables ----------------------------------------------------------------------------------
+def _table(tid, header, rows, num_cols=(), row_classes=None, search=True, note=""):
+    out = []
+    if search:
+        out.append(f'<input class="search" type="search" placeholder="filter rows..." '
+                   f'data-table="{tid}" aria-label="filter {tid}"> '
+                   f'<span class="muted" id="{tid}-count">{len(rows)} rows</span>{note}')
+    out.append(f'<div class="scroll"><table id="{tid}"><thead><tr>' +
+               "".join(f"<th>{e(h)}</th>" for h in header) + "</tr></thead><tbody>")
+    for i, r in enumerate(rows):
+        cls = f' class="{row_classes[i]}"' if row_classes and row_classes[i] else ""
+        out.append(f"<tr{cls}>" + "".join(
+            f'<td class="num">{c}</td>' if j in num_cols else f"<td>{c}</td>"
+            for j, c in enumerate(r)) + "</tr>")
+    out.append("</tbody></table></div>")
+    return "".join(out)
+
+
+def _kv(rows):
+    return '<table class="kv"><tbody>' + "".join(
+        f"<tr><td>{e(k)}</td><td>{v}</td></tr>" for k, v in rows) + "</tbody></table>"
+
+
+def _finding(f, title, src=None):
+    a, b = f["a"], f["b"]
+    rows = [("event", f"#{a['index']} in a, #{b['index']} in b; step {e(a.get('step'))}, "
+                      f"{e(a.get('phase', ''))}")]
+    if a.get("name_stack"):
+        rows.append(("name stack", f"<code>{e(a['name_stack'])}</code>" +
+                     (f" (b: <code>{e(b['name_stack'])}</code>)"
+                      if b.get("name_stack") and b["name_stack"] != a["name_stack"] else "")))
+    if a.get("source"):
+        rows.append(("source", f"<code>{e(a['source'])}</code>"))
+    if b.get("op") != a.get("op") or b.get("framework") != a.get("framework"):
+        rows.append(("paired with", _inline(event_label(b)) + f" (by {e(f.get('paired_by'))})"))
+    shapes = ", ".join(f"{d}{list(s)}" for d, s in zip(a.get("dtypes") or [], a.get("shapes") or []))
+    rows.append(("outputs", f"<code>{e(shapes or '-')}</code>"))
+    word = {True: "<b>introduced here</b>", False: "inherited", None: "unknown"}[f.get("inputs_match")]
+    rows.append(("inputs", f"{word}: {e(f.get('inputs_reason') or '')}"))
+    if f.get("call"):
+        c = f["call"]
+        rows.append(("inside compiled call", f"<code>{e(c['op'])}</code> (a #{c['a']}, b #{c['b']})"))
+    if f.get("note"):
+        rows.append(("note", e(f["note"])))
+    m = f.get("metrics") or {}
+    rows += [("max abs difference", e(fmt(m.get("max_abs")))),
+             ("max relative difference", e(fmt(m.get("max_rel")))),
+             ("max ULP distance", e(fmt(m.get("max_ulp")))),
+             ("elements that differ / beyond tolerance",
+              f"{e(fmt_pct(m.get('mismatch_fraction')))} / {e(fmt_pct(m.get('beyond_tolerance_fraction')))}"),
+             ("tolerance (rtol, atol)", f"{e(fmt(m.get('rtol')))}, {e(fmt(m.get('atol')))}")]
+    out = [f'<div class="card"><h3>{e(title)}: {_inline(event_label(a))}</h3>', _kv(rows)]
+    if src:
+        if src.get("found"):
+            lines = []
+            for no, text in src["lines"]:
+                line = f"{no:>5}  {e(text)}"
+                lines.append(f'<span class="hl">{line}</span>' if no == src["line"] else line)
+            out.append(f'<p class="muted">{e(src["file"])}</p><pre>' + "\n".join(lines) + "</pre>")
+        else:
+            out.append(f'<p class="muted">source {e(src["file"])}:{src["line"]} (the file is '
+                       f'not on this machine)</p>')
+    out.append("</div>")
+    return "".join(out)
+
+
+def _events_rows(profile, data, limit=MAX_EVENT_ROWS):
+    """Rows of the differing-events table: every differing aligned event up to `limit`."""
+    rel = np.asarray(profile["max_rel"], np.float64)
+    diff = np.flatnonzero(~np.asarray(profile["bitwise_equal"], bool))
+    f, _ = culprit(data)
+    cidx = f["a"]["index"] if f else None
+    rows, classes = [], []
+    for k in diff[:limit].tolist():
+        a = int(profile["a"][k])
+        rows.append((str(a), str(int(profile["b"][k])), str(int(profile["step"][k])),
+                     e(profile["kind"][k]) + (f" ({e(profile['origin'][k])})"
+                                              if profile["origin"][k] else ""),
+                     f"<code>{e(profile['op'][k])}</code>", e(profile["name_stack"][k]),
+                     e(profile["source"][k]), e(fmt(float(rel[k]))),
+                     "beyond" if profile["beyond"][k] else "within"))
+        classes.append("culprit" if a == cidx else ("bad" if profile["beyond"][k] else ""))
+    return rows, classes, len(diff)
+
+
+def render(data, profile=None):
+    """HTML text from `common.report_data(result)` and `profile.event_profile(...)`."""
+    ctx = data.get("report") or {}
+    a, b = data["traces"]["a"], data["traces"]["b"]
+    verdict = data["verdict"]
+    title = f"tracediff: {os.path.basename(a['path'])} vs {os.path.basename(b['path'])}"
+    body = [f'<h1>{e(title)}<span class="badge {e(verdict)}">{e(verdict.upper())}</span></h1>',
+            f'<p class="muted">exit code {data["exit_code"]} · tracediff '
+            f'{e(data.get("tracediff_version", ""))} · a: <code>{e(a["path"])}</code> · '
+            f'b: <code>{e(b["path"])}</code></p>',
+            f'<div class="card"><p>{_inline(summary(data))}</p></div>']
+    for w in data.get("warnings") or []:
+        body.append(f'<p class="warn"><b>Warning:</b> {e(w)}</p>')
+    if profile is not None:
+        body.append('<h2>Difference along the run</h2><div class="card">')
+        body.append('<div class="legend">' + "".join(
+            f'<span><i class="sw" style="background:{c}"></i>{e(t)}</span>' for c, t in (
+                (COLORS["beyond"], "beyond tolerance"), (COLORS["within"], "differs, within tolerance"),
+                (COLORS["equal"], "bitwise equal"))) + "</div>")
+        body.append(event_plot(profile, data))
+        body.append("</div>")
+    steps = data.get("optimizer_steps") or []
+    if steps:
+        body.append(f'<h2>Per optimizer step ({fmt(data.get("optimizer_steps_total") or len(steps))} '
+                    f'compared)</h2><div class="card">{step_plot(steps)}</div>')
+    f, ftitle = culprit(data)
+    if f is not None:
+        body.append("<h2>Culprit</h2>")
+        body.append(_finding(f, ftitle, ctx.get("source")))
+    if data.get("explain"):
+        ex = data["explain"]
+        body.append("<h2>Replay verdict</h2><div class=\"card\">")
+        if isinstance(ex, dict):
+            if ex.get("verdict") or ex.get("summary"):
+                body.append(f"<p><b>{e(ex.get('verdict') or ex.get('summary'))}</b></p>")
+            body.append(_kv([(k, e(v if not isinstance(v, (dict, list)) else json.dumps(v)))
+                             for k, v in ex.items() if k not in ("verdict", "summary")]))
+        else:
+            body.append(f"<p>{e(ex)}</p>")
+        body.append("</div>")
+    if data.get("chain"):
+        body.append('<h2>From origin to outputs</h2><div class="card"><ol>')
+        for link in data["chain"] if isinstance(data["chain"], list) else []:
+            if isinstance(link, dict):
+                ev = link.get("a") if isinstance(link.get("a"), dict) else link
+                m = link.get("metrics") or {}
+                body.append(f"<li>{_inline(event_label(ev))} (event #{e(ev.get('index'))}, step "
+                            f"{e(ev.get('step'))}{', ' + e(ev['source']) if ev.get('source') else ''})"
+                            f"{' max rel ' + e(fmt(m.get('max_rel'))) if m else ''}</li>")
+            else:
+                body.append(f"<li>{e(link)}</li>")
+        body.append("</ol></div>")
+    fd = data.get("first_difference")
+    if fd and f is not None and fd["a"].get("index") != f["a"].get("index"):
+        body.append(_finding(fd, "First bitwise difference (earlier, within tolerance)"))
+    if profile is not None:
+        rows, classes, total = _events_rows(profile, data)
+        note = (f' <span class="muted">(the first {len(rows)} of {fmt(total)} differing '
+                f'events)</span>' if total > len(rows) else "")
+        body.append(f"<h2>Differing events ({fmt(total)} of {fmt(len(profile['a']))} aligned)</h2>")
+        if rows:
+            body.append(_table("events", ["a #", "b #", "step", "kind", "op", "name stack",
+                                          "source", "max rel", "tolerance"], rows,
+                               num_cols=(0, 1, 2, 7), row_classes=classes, note=note))
+        else:
+            body.append('<p class="muted">Every aligned event is bitwise equal.</p>')
+    if steps:
+        rows = [(str(s["step"]), "yes" if s["bitwise_equal"] else "no", e(fmt(s.get("max_rel"))),
+                 e(fmt(s.get("max_abs"))), f"<code>{e(s.get('worst') or '-')}</code>") for s in steps]
+        body.append("<h2>Optimizer steps</h2>")
+        body.append(_table("steps", ["step", "bitwise equal", "max rel", "max abs",
+                                     "worst parameter"], rows, num_cols=(0, 2, 3),
+                           row_classes=["" if s["bitwise_equal"] else "bad" for s in steps]))
+    env = data.get("env_diff") or []
+    body.append("<h2>Environment differences (a → b)</h2>")
+    if env:
+        rows = [(e(d.get("category")), f"<code>{e(d.get('key'))}</code>",
+                 e("(unset)" if d.get("a") is None else d.get("a")),
+                 e("(unset)" if d.get("b") is None else d.get("b"))) for d in env]
+        body.append(_table("env", ["category", "key", "a", "b"], rows))
+    else:
+        body.append('<p class="muted">None: the manifests record the same machine, packages '
+                    'and variables.</p>')
+    al = data.get("alignment") or {}
+    if al:
+        body.append(f'<h2>Alignment</h2><p>{fmt(al.get("matched"))} events matched; a has '
+                    f'{fmt(al.get("events_a"))} ({fmt(al.get("only_in_a"))} only in a), b has '
+                    f'{fmt(al.get("events_b"))} ({fmt(al.get("only_in_b"))} only in b).</p>')
+    if ctx.get("commands"):
+        body.append("<h2>Reproduce</h2><pre>" + "\n".join(e(c) for c in ctx["commands"]) + "</pre>")
+    if ctx.get("traces"):
+        items = []
+        for side in ("a", "b"):
+            t, c = data["traces"][side], ctx["traces"][side]
+            items.append(f"<li>{side}: <code>{e(os.path.basename(t['path']))}</code> — "
+                         f"{e(fmt_bytes(c.get('size')))}, {e(fmt(t.get('events')))} events, recorded "
+                         f"{e(t.get('created') or '?')} on <code>{e(t.get('hostname') or '?')}</code>"
+                         f"{'' if t.get('complete') else ' — <b>truncated</b>'}</li>")
+        body.append("<h2>Traces to attach</h2><ul>" + "".join(items) + "</ul>")
+        if not ctx.get("attach_ok", True):
+            body.append(f'<p class="warn">A trace is larger than GitHub\'s '
+                        f'{e(fmt_bytes(GITHUB_ATTACH_LIMIT))} attachment limit: compress it '
+                        f'(<code>gzip -9</code>) or share it from elsewhere.</p>')
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">"
+            f"<title>{e(title)}</title><style>{CSS}</style></head><body><main>"
+            + "\n".join(body) + f"</main><script>{JS}</script></body></html>\n")

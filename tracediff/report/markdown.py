@@ -1,0 +1,229 @@
+"""Markdown report of a `locate` result, made to paste into a bug tracker (GitHub
+flavoured: tables, fenced code, <details> for long sections).
+
+Sections: summary paragraph; verdict line; the culprit op (event, source lines,
+metrics, per-value table, inputs, enclosing compiled call); the replay verdict and the
+chain from origin to outputs when the result has them ("explain", "chain"); the first
+bitwise difference when it is another event; optimizer steps; environment diff; warnings;
+reproduction commands; the trace files to attach with their sizes.
+"""
+
+import os
+
+from .common import (GITHUB_ATTACH_LIMIT, culprit, event_label, fmt, fmt_bytes, fmt_pct,
+                     summary)
+
+MAX_STEP_ROWS = 30
+MAX_ENV_ROWS = 60
+
+
+def _cell(x):
+    """Text safe inside a Markdown table cell."""
+    s = fmt(x) if not isinstance(x, str) else x
+    s = s.replace("|", "\\|").replace("\n", " ")
+    return s if len(s) <= 120 else s[:117] + "..."
+
+
+def _code(x):
+    s = _cell(x)
+    return f"`{s}`" if s and s != "-" else s
+
+
+def _table(header, rows):
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def _metrics_rows(m):
+    return [
+        ("max abs difference", fmt(m.get("max_abs"))),
+        ("max relative difference", fmt(m.get("max_rel"))),
+        ("max ULP distance", fmt(m.get("max_ulp"))),
+        ("elements that differ", fmt_pct(m.get("mismatch_fraction"))),
+        ("elements beyond tolerance", fmt_pct(m.get("beyond_tolerance_fraction"))),
+        ("tolerance (rtol, atol)", f"{fmt(m.get('rtol'))}, {fmt(m.get('atol'))}"),
+    ]
+
+
+def _finding(lines, f, title, ctx_source=None):
+    a, b = f["a"], f["b"]
+    lines += [f"## {title}", ""]
+    lines.append(f"**{event_label(a)}** — event #{a['index']} in a, #{b['index']} in b, step "
+                 f"{a.get('step')}, {a.get('phase', '')}")
+    lines.append("")
+    rows = []
+    if a.get("name_stack") or b.get("name_stack"):
+        ns = _code(a.get("name_stack") or "-")
+        if b.get("name_stack") and b["name_stack"] != a.get("name_stack"):
+            ns += f" (b: {_code(b['name_stack'])})"
+        rows.append(("name stack", ns))
+    if a.get("source"):
+        src = _code(a["source"])
+        if b.get("source") and b["source"] != a["source"]:
+            src += f" (b: {_code(b['source'])})"
+        rows.append(("source", src))
+    if b.get("op") != a.get("op") or b.get("framework") != a.get("framework"):
+        rows.append(("paired with", f"{event_label(b)} in b (by {f.get('paired_by')})"))
+    shapes = ", ".join(f"{d}{list(s)}" for d, s in zip(a.get("dtypes") or [], a.get("shapes") or []))
+    rows.append(("outputs", _code(shapes or "-")))
+    verdict = {True: "**introduced here**", False: "inherited",
+               None: "unknown"}[f.get("inputs_match")]
+    rows.append(("inputs", f"{verdict}: {_cell(f.get('inputs_reason') or '')}"))
+    if f.get("call"):
+        c = f["call"]
+        rows.append(("inside compiled call", f"{_code(c['op'])} (a #{c['a']}, b #{c['b']})"))
+    if f.get("note"):
+        rows.append(("note", _cell(f["note"])))
+    lines += _table(["", ""], [(k, v) for k, v in rows])
+    lines.append("")
+    if ctx_source:
+        if ctx_source.get("found"):
+            width = len(str(ctx_source["lines"][-1][0]))
+            lines.append(f"Source (`{ctx_source['file']}`):")
+            lines.append("")
+            lines.append("```python")
+            for no, text in ctx_source["lines"]:
+                mark = ">" if no == ctx_source["line"] else " "
+                lines.append(f"{mark}{no:>{width}}  {text}")
+            lines.append("```")
+            lines.append("")
+        else:
+            lines += [f"Source: `{ctx_source['file']}:{ctx_source['line']}` (the file is not "
+                      f"on this machine)", ""]
+    m = f.get("metrics") or {}
+    lines += _table(["metric", "value"], _metrics_rows(m))
+    lines.append("")
+    vals = [v for v in f.get("values") or [] if v.get("compared")]
+    if len(f.get("values") or []) > 1:
+        rows = []
+        for v in f["values"]:
+            vm = v.get("metrics") or {}
+            desc = v.get("a") or v.get("b") or {}
+            rows.append((_code(v["key"]), _code(f"{desc.get('dtype')}{desc.get('shape')}"),
+                         "yes" if vm.get("bitwise_equal") else ("-" if not v.get("compared") else "no"),
+                         fmt(vm.get("max_rel")), fmt(vm.get("max_ulp")),
+                         fmt_pct(vm.get("beyond_tolerance_fraction"))))
+        lines += _table(["output", "value", "bitwise equal", "max rel", "max ULP", "beyond tol"], rows)
+        if f.get("values_total", 0) > len(f["values"]):
+            lines.append(f"\n... {f['values_total'] - len(f['values'])} more outputs "
+                         f"(`tracediff locate --json`)")
+        lines.append("")
+    del vals
+
+
+def _explain(lines, explain):
+    """The replay verdict (a future `locate` field), rendered generically."""
+    lines += ["## Replay verdict", ""]
+    if isinstance(explain, dict):
+        head = explain.get("verdict") or explain.get("summary")
+        if head:
+            lines += [f"**{_cell(head)}**", ""]
+        rows = [(_cell(k), _cell(v if not isinstance(v, (dict, list)) else str(v)))
+                for k, v in explain.items() if k not in ("verdict", "summary")]
+        if rows:
+            lines += _table(["", ""], rows)
+    else:
+        lines.append(_cell(str(explain)))
+    lines.append("")
+
+
+def _chain(lines, chain):
+    """The chain from origin to outputs (a future `locate` field)."""
+    lines += ["## From origin to outputs", ""]
+    for i, link in enumerate(chain if isinstance(chain, list) else []):
+        if isinstance(link, dict):
+            e = link.get("a") if isinstance(link.get("a"), dict) else link
+            m = link.get("metrics") or {}
+            lines.append(f"{i + 1}. {event_label(e)} (event #{e.get('index')}, step {e.get('step')}"
+                         f"{', `' + e['source'] + '`' if e.get('source') else ''})"
+                         f"{' max rel ' + fmt(m.get('max_rel')) if m else ''}")
+        else:
+            lines.append(f"{i + 1}. {_cell(str(link))}")
+    lines.append("")
+
+
+def render(data):
+    """Markdown text from `common.report_data(result)`."""
+    ctx = data.get("report") or {}
+    lines = ["# tracediff report", "", summary(data), ""]
+    verdict = {"diverged": "**Verdict: DIVERGED** (exit code 1)",
+               "match": "**Verdict: MATCH** (exit code 0)"}.get(data["verdict"], data["verdict"])
+    tol = data.get("tolerance") or {}
+    tol_txt = ("per-dtype default tolerances" if tol.get("rtol") is None and tol.get("atol") is None
+               else f"rtol {fmt(tol.get('rtol'))}, atol {fmt(tol.get('atol'))}")
+    lines += [f"{verdict} — {tol_txt}; tracediff {data.get('tracediff_version', '')}", ""]
+    for w in data.get("warnings") or []:
+        lines.append(f"> **Warning:** {w}")
+    if data.get("warnings"):
+        lines.append("")
+    f, title = culprit(data)
+    if f is not None:
+        _finding(lines, f, title, ctx.get("source"))
+    if data.get("explain"):
+        _explain(lines, data["explain"])
+    if data.get("chain"):
+        _chain(lines, data["chain"])
+    fd = data.get("first_difference")
+    if fd and f is not None and fd is not f and fd["a"].get("index") != f["a"].get("index"):
+        _finding(lines, fd, "First bitwise difference (earlier, within tolerance)")
+    ro = data.get("replay_only")
+    if ro and data["verdict"] == "match":
+        lines += ["## Replay-only difference", "",
+                  f"{event_label(ro['a'])} (event #{ro['a']['index']}) differs beyond tolerance "
+                  f"in the op-by-op replay only; the compiled outputs the script saw match.", ""]
+    al = data.get("alignment") or {}
+    if al:
+        lines += ["## Alignment", "",
+                  f"{fmt(al.get('matched'))} events matched; a has {fmt(al.get('events_a'))} "
+                  f"({fmt(al.get('only_in_a'))} only in a), b has {fmt(al.get('events_b'))} "
+                  f"({fmt(al.get('only_in_b'))} only in b).", ""]
+    steps = data.get("optimizer_steps") or []
+    if steps:
+        total = data.get("optimizer_steps_total") or len(steps)
+        lines += [f"## Optimizer steps ({total} compared)", ""]
+        rows = [(str(s["step"]), "yes" if s["bitwise_equal"] else "no", fmt(s.get("max_rel")),
+                 fmt(s.get("max_abs")), _code(s.get("worst") or "-")) for s in steps]
+        table = _table(["step", "bitwise equal", "max rel", "max abs", "worst parameter"],
+                       rows[:MAX_STEP_ROWS])
+        if len(rows) > 8:
+            lines += ["<details><summary>per-step table</summary>", ""] + table + \
+                [""] + ([f"... {len(rows) - MAX_STEP_ROWS} more rows (`tracediff locate --json`)", ""]
+                        if len(rows) > MAX_STEP_ROWS else []) + ["</details>", ""]
+        else:
+            lines += table + [""]
+    env = data.get("env_diff") or []
+    lines += ["## Environment differences (a → b)", ""]
+    if env:
+        rows = [(_cell(e.get("category")), _code(e.get("key")),
+                 _code("(unset)" if e.get("a") is None else str(e.get("a"))),
+                 _code("(unset)" if e.get("b") is None else str(e.get("b")))) for e in env]
+        table = _table(["category", "key", "a", "b"], rows[:MAX_ENV_ROWS])
+        if len(rows) > 12:
+            lines += [f"<details><summary>{len(rows)} differences</summary>", ""] + table + \
+                ["", "</details>"]
+        else:
+            lines += table
+        if len(rows) > MAX_ENV_ROWS:
+            lines.append(f"\n... {len(rows) - MAX_ENV_ROWS} more (`tracediff locate --json`)")
+    else:
+        lines.append("None: the manifests record the same machine, packages and variables.")
+    lines.append("")
+    cmds = ctx.get("commands")
+    if cmds:
+        lines += ["## Reproduce", "", "```sh"] + cmds + ["```", ""]
+    if ctx.get("traces"):
+        lines += ["## Traces to attach", ""]
+        for side in ("a", "b"):
+            t = data["traces"][side]
+            c = ctx["traces"][side]
+            state = "" if t.get("complete") else " — **truncated** (the recording did not finish)"
+            lines.append(f"- {side}: `{os.path.basename(t['path'])}` — {fmt_bytes(c.get('size'))}, "
+                         f"{fmt(t.get('events'))} events, recorded {t.get('created') or '?'} on "
+                         f"`{t.get('hostname') or '?'}`{state}")
+        if not ctx.get("attach_ok", True):
+            lines.append(f"\nA trace is larger than GitHub's {fmt_bytes(GITHUB_ATTACH_LIMIT)} "
+                         f"attachment limit: compress it (`gzip -9`, HDF5 compresses well) or "
+                         f"share it from elsewhere.")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
