@@ -442,3 +442,19 @@ def test_vectorised_tolerance_scan_agrees_with_exact_path(tmp_path, monkeypatch)
     assert fast == slow
     assert fast["first_beyond_tolerance"]["a"]["index"] == 120
     assert fast["first_difference"]["a"]["index"] == 21
+
+
+def test_upcast_is_judged_at_the_precision_of_its_input(tmp_path):
+    x = np.linspace(1, 2, 6).astype(F32)
+    xb = _bump(x, 2)
+
+    def evs(v):
+        return [dict(kind=schema.KIND_INPUT, op="input", outs=[v]),
+                dict(op="aten::_to_copy", outs=[v.astype(np.float64)], ins=[(0, 0, 0)]),
+                dict(op="aten::exp", outs=[np.exp(v.astype(np.float64))], ins=[(0, 1, 0)])]
+
+    r = tracediff.locate(synth.write(tmp_path / "a.h5", evs(x)), synth.write(tmp_path / "b.h5", evs(xb)))
+    assert r.first_difference.a["op"] == "input"
+    f = r.first_beyond_tolerance
+    assert f.a["op"] == "aten::exp" and f.inputs_match is False
+    assert "beyond tolerance" in f.inputs_reason and "aten::_to_copy" in f.inputs_reason

@@ -24,6 +24,8 @@ Rules (the same for every caller):
 
   `--rtol/--atol` override the defaults for every floating dtype (a value given for one
   of them keeps the default of the other).
+* An output is judged at the tolerance of the least precise floating dtype among its
+  own and its inputs' (a float32 value converted to float64 keeps its float32 error).
 """
 
 import math
@@ -109,15 +111,19 @@ def _finite_or_str(x):
     return x
 
 
-def compare_arrays(xa, xb, dtype_name, rtol=None, atol=None):
+def compare_arrays(xa, xb, dtype_name, rtol=None, atol=None, tol_dtype=None):
     """Metrics of two arrays of the same logical dtype. Returns a plain dict:
 
     max_abs, max_rel, max_ulp, mismatch_fraction (elements that differ at all),
     beyond_tolerance_fraction, within_tolerance (bool), rtol, atol, n, worst_index.
     Non-finite metrics are given as the strings "inf"/"nan" so the dict stays JSON.
+    `tol_dtype` names a less precise dtype whose tolerance applies instead (an output
+    computed from lower-precision inputs).
     """
-    r, a = tolerance(dtype_name, rtol, atol)
+    r, a = tolerance(tol_dtype or dtype_name, rtol, atol)
     out = {"rtol": r, "atol": a}
+    if tol_dtype and tol_dtype != dtype_name:
+        out["tolerance_of"] = tol_dtype
     xa, xb = np.asarray(xa), np.asarray(xb)
     if xa.shape != xb.shape:
         out.update(shape_mismatch=True, within_tolerance=False, max_abs=None, max_rel=None,

@@ -31,8 +31,8 @@ def _flatten(obj, prefix="", out=None):
     if isinstance(obj, dict):
         for k, v in obj.items():
             key = f"{prefix}{k}"
-            if isinstance(v, dict) and v:
-                _flatten(v, key + ".", out)
+            if isinstance(v, dict):
+                _flatten(v, key + ".", out)   # an empty section adds nothing
             else:
                 out[key] = v
     else:
@@ -84,7 +84,10 @@ def env_diff(ma, mb):
                         "b": f"{fw} {ver}".strip() if fw in fwb else None})
             fwa.pop(fw, None)
             fwb.pop(fw, None)
-    ma["frameworks"], mb["frameworks"] = fwa, fwb
+    if "frameworks" in ma:
+        ma["frameworks"] = fwa
+    if "frameworks" in mb:
+        mb["frameworks"] = fwb
     fa, fb = _flatten(ma), _flatten(mb)
     for key in sorted(set(fa) | set(fb)):
         if key in IGNORED or key.startswith(IGNORED_PREFIX) or key.startswith("cpu.isa_flags"):

@@ -154,11 +154,12 @@ class Differ:
         self.pair_by = {}   # a event -> how it was paired (cross-framework)
 
     # -- values ----------------------------------------------------------------------------
-    def compare_rows(self, row_a, row_b):
-        """Metrics of two value rows; None when either cannot be compared."""
+    def compare_rows(self, row_a, row_b, tol_dtype=None):
+        """Metrics of two value rows; None when either cannot be compared. `tol_dtype`:
+        judge by the tolerance of this (less precise) dtype instead of the value's own."""
         if not comparable(row_a) or not comparable(row_b):
             return None
-        key = (int(row_a["offset"]), int(row_b["offset"]), int(row_a["nbytes"]))
+        key = (int(row_a["offset"]), int(row_b["offset"]), int(row_a["nbytes"]), tol_dtype)
         hit = self._cmp_val.get(key)
         if hit is not None:
             return hit
@@ -166,14 +167,14 @@ class Differ:
         da, db = sa(row_a["dtype"]), sb(row_b["dtype"])
         shape_a, shape_b = sa(row_a["shape"]), sb(row_b["shape"])
         if row_a["hash"] == row_b["hash"] and da == db and shape_a == shape_b:
-            r, t = compare.tolerance(da, self.rtol, self.atol)
+            r, t = compare.tolerance(tol_dtype or da, self.rtol, self.atol)
             m = {"bitwise_equal": True, "within_tolerance": True, "max_abs": 0.0, "max_rel": 0.0,
                  "max_ulp": 0.0, "mismatch_fraction": 0.0, "beyond_tolerance_fraction": 0.0,
                  "rtol": r, "atol": t}
         else:
             xa, xb = self.ra.read(row_a), self.rb.read(row_b)
             xb_cmp = self.transform_b(row_a, row_b, xa, xb)
-            m = compare.compare_arrays(xa, xb_cmp, da, self.rtol, self.atol)
+            m = compare.compare_arrays(xa, xb_cmp, da, self.rtol, self.atol, tol_dtype=tol_dtype)
             if da != db:
                 m["dtype_mismatch"] = [da, db]
                 m["within_tolerance"] = False if not compare.is_floating(da) else m["within_tolerance"]
@@ -202,8 +203,16 @@ class Differ:
         if hit is not None:
             return hit
         vals, ms, not_compared = [], [], 0
+        weak = self._weakest_input_dtype(ea)
         for k, row_a, row_b in self._out_pairs(ea, eb):
-            m = self.compare_rows(row_a, row_b) if row_a is not None and row_b is not None else None
+            tol_dtype = None
+            if weak is not None and row_a is not None:
+                own = self.ta.string(row_a["dtype"])
+                if compare.is_floating(own) and \
+                        compare.tolerance(weak)[0] > compare.tolerance(own)[0]:
+                    tol_dtype = weak
+            m = self.compare_rows(row_a, row_b, tol_dtype) \
+                if row_a is not None and row_b is not None else None
             entry = {"key": k,
                      "a": _vdesc(self.ta, row_a), "b": _vdesc(self.tb, row_b)}
             if m is None:
@@ -222,6 +231,24 @@ class Differ:
                "compared": len(ms), "not_compared": not_compared}
         self._cmp[key] = res
         return res
+
+    def _weakest_input_dtype(self, ea):
+        """The least precise floating dtype among the values event `ea` of a reads: an
+        output cannot be held to a tighter tolerance than its inputs (a float32 value
+        converted to float64 keeps its float32 error)."""
+        names = set()
+        for row in self.ta.value_rows(ea, schema.ROLE_IN):
+            names.add(self.ta.string(row["dtype"]))
+        for r in self.ta.input_rows(ea):
+            p = int(r["producer"])
+            if 0 <= p < len(self.ta.events):
+                row = self._input_value_row(self.sa, self.ta, ea, p, int(r["producer_slot"]))
+                if row is not None:
+                    names.add(self.ta.string(row["dtype"]))
+        names = [n for n in names if compare.is_floating(n)]
+        if not names:
+            return None
+        return max(names, key=lambda n: compare.tolerance(n)[0])
 
     def equal_at(self, ea, eb, level):
         r = self.compare_event(ea, eb)
@@ -287,7 +314,8 @@ class Differ:
                             "producer_op": self.ta.string(self.ta.events[p]["op"]),
                             "metrics": m})
         if bad:
-            return False, f"{len(bad)} of its inputs differ ({_level_word(level)})", bad
+            return False, (f"{len(bad)} of its inputs differ "
+                           f"{'bitwise' if level == BITWISE else 'beyond tolerance'}"), bad
         if unknown:
             return None, "; ".join(unknown[:3]) + (" ..." if len(unknown) > 3 else ""), []
         if checked == 0:
