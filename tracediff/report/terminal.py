@@ -1,6 +1,10 @@
 """Terminal rendering of a `locate` result: short and pasteable into a bug report.
 
-rich honours NO_COLOR and non-terminal output on its own.
+Short by default; `verbose=True` (`tracediff locate --verbose`) adds the user's source
+lines, per-output metrics, the optimizer-step table, every environment difference and
+the alignment gaps. The replay verdict ("explain") and the chain from origin to outputs
+("chain") are printed when the result carries them. rich honours NO_COLOR and
+non-terminal output on its own.
 """
 
 from rich.console import Console
@@ -9,6 +13,7 @@ from rich.markup import escape
 from .json_report import next_steps
 
 MAX_ENV = 15
+MAX_ENV_SHORT = 8
 
 
 def _fmt(x):
@@ -39,7 +44,7 @@ def _shapes(e):
     return ", ".join(f"{d}{s}" for d, s in zip(e.get("dtypes", []), e.get("shapes", []))) or "-"
 
 
-def _finding(console, title, f, a_name, b_name):
+def _finding(console, title, f, a_name, b_name, verbose=False, manifest=None):
     console.print(f"[bold]{title}[/]: {_where(f.a)}  (a #{f.a['index']}, b #{f.b['index']}"
                   f"{', ' + f.origin if f.origin else ''})")
     if f.a.get("name_stack") or f.b.get("name_stack"):
@@ -52,6 +57,13 @@ def _finding(console, title, f, a_name, b_name):
         if f.b.get("source") and f.b["source"] != f.a.get("source"):
             src += f"  |  b: {escape(f.b['source'])}"
         console.print(f"  source: {src}")
+        if verbose and f.a.get("source"):
+            from .common import source_context
+
+            ctx = source_context(manifest, f.a["source"])
+            for no, text in (ctx or {}).get("lines", []):
+                mark = "[bold red]>[/]" if no == ctx["line"] else " "
+                console.print(f"    {mark}{no:>5}  {escape(text)}")
     if f.b["op"] != f.a["op"] or f.b["framework"] != f.a["framework"]:
         console.print(f"  paired with b: {_where(f.b)} (by {f.pair_by})")
     console.print(f"  outputs: a {_shapes(f.a)}   b {_shapes(f.b)}")
@@ -62,6 +74,14 @@ def _finding(console, title, f, a_name, b_name):
                       f"{_fmt(100 * m['mismatch_fraction']) if isinstance(m.get('mismatch_fraction'), float) else '-'}% "
                       f"of elements (beyond tolerance "
                       f"{_fmt(100 * m['beyond_tolerance_fraction']) if isinstance(m.get('beyond_tolerance_fraction'), float) else '-'}%)")
+    if verbose and len(f.values) > 1:
+        for v in f.values[:16]:
+            vm = v.get("metrics") or {}
+            desc = v.get("a") or v.get("b") or {}
+            state = ("not compared" if not v.get("compared") else "equal" if vm.get("bitwise_equal")
+                     else f"max rel {_fmt(vm.get('max_rel'))}, max ulp {_fmt(vm.get('max_ulp'))}")
+            console.print(f"    output {escape(str(v['key']))} {desc.get('dtype')}{desc.get('shape')}: "
+                          f"{state}")
     if f.inputs_match is True:
         console.print(f"  [bold]introduced here[/]: {escape(f.inputs_reason)}")
     elif f.inputs_match is False:
@@ -74,8 +94,9 @@ def _finding(console, title, f, a_name, b_name):
         console.print(f"  note: {escape(f.note)}")
 
 
-def print_locate(r, console=None):
+def print_locate(r, console=None, verbose=False):
     console = console or Console(highlight=False, soft_wrap=True)
+    manifest_a = _manifest(r.path_a) if verbose else None
     a, b = r.traces["a"], r.traces["b"]
     if r.verdict == "match":
         head = "[bold green]MATCH[/]: no divergence beyond tolerance"
@@ -90,7 +111,7 @@ def print_locate(r, console=None):
                f"atol {tol.get('atol') if tol.get('atol') is not None else 'default'}")
     if r.first_beyond_tolerance is not None:
         _finding(console, f"first divergence beyond tolerance ({tol_txt})",
-                 r.first_beyond_tolerance, a, b)
+                 r.first_beyond_tolerance, a, b, verbose, manifest_a)
     fd = r.first_difference
     if fd is not None:
         same = (r.first_beyond_tolerance is not None and
@@ -98,17 +119,21 @@ def print_locate(r, console=None):
         if same:
             console.print("first bitwise difference: the same event")
         else:
-            _finding(console, "first bitwise difference", fd, a, b)
+            _finding(console, "first bitwise difference", fd, a, b, verbose, manifest_a)
     elif r.first_beyond_tolerance is None:
         console.print("every compared value is bitwise identical")
     if r.replay_only is not None and r.first_beyond_tolerance is None:
         f = r.replay_only
         console.print(f"replay-only difference beyond tolerance (not seen by the script): "
                       f"{_where(f.a)} (a #{f.a['index']})")
+    _extras(console, r)
     al = r.alignment
     console.print(f"alignment: {al['matched']} events matched; a {al['events_a']} "
                   f"({al['only_in_a']} only in a), b {al['events_b']} ({al['only_in_b']} only in b)"
                   f"{'; ' + str(al['fallback_regions']) + ' regions aligned by fallback' if al.get('fallback_regions') else ''}")
+    if verbose and r.gaps:
+        for g in r.gaps[:20]:
+            console.print(f"  gap: {escape(str(g))}")
     if r.mapping:
         by = {}
         for m in r.mapping:
@@ -127,13 +152,19 @@ def print_locate(r, console=None):
         else:
             console.print(f"optimizer steps: {r.optimizer_steps_total} compared, parameters "
                           f"bitwise identical")
+        if verbose and diff:
+            for s in r.optimizer_steps:
+                console.print(f"  step {s['step']:>5}  "
+                              f"{'equal' if s['bitwise_equal'] else 'max rel ' + _fmt(s['max_rel'])}"
+                              f"{'' if s['bitwise_equal'] else '  in ' + escape(str(s['worst']))}")
     if r.env_diff:
         console.print("environment differences (a -> b):")
-        for e in r.env_diff[:MAX_ENV]:
+        limit = len(r.env_diff) if verbose else MAX_ENV_SHORT
+        for e in r.env_diff[:limit]:
             console.print(f"  {e['category']:<12} {escape(e['key'])}: {escape(_fmt_env(e['a']))} -> "
                           f"{escape(_fmt_env(e['b']))}")
-        if len(r.env_diff) > MAX_ENV:
-            console.print(f"  ... {len(r.env_diff) - MAX_ENV} more (--json for all)")
+        if len(r.env_diff) > limit:
+            console.print(f"  ... {len(r.env_diff) - limit} more (--verbose or --json for all)")
     else:
         console.print("environment: no differences in the manifests")
     steps = next_steps(r)
@@ -146,3 +177,28 @@ def print_locate(r, console=None):
 def _fmt_env(v):
     s = "(unset)" if v is None else str(v)
     return s if len(s) <= 80 else s[:77] + "..."
+
+
+def _manifest(path):
+    from ..trace.reader import Trace
+
+    try:
+        with Trace(path) as t:
+            return t.manifest
+    except Exception:  # context only: never fail the report over it
+        return None
+
+
+def _extras(console, r):
+    """Fields a later `locate` adds: the replay verdict and the chain origin -> outputs."""
+    explain = getattr(r, "explain", None)
+    if explain:
+        head = explain.get("verdict") or explain.get("summary") if isinstance(explain, dict) else explain
+        console.print(f"[bold]replay verdict[/]: {escape(str(head))}")
+    chain = getattr(r, "chain", None)
+    if chain:
+        names = []
+        for link in chain:
+            e = link.get("a") if isinstance(link, dict) and isinstance(link.get("a"), dict) else link
+            names.append(f"{e.get('op')} #{e.get('index')}" if isinstance(e, dict) else str(e))
+        console.print("chain: " + " [dim]->[/] ".join(escape(n) for n in names))
