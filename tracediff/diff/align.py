@@ -46,8 +46,13 @@ def mix(*cols):
 
 
 def normalise_op(op):
-    """Primitive names that changed between versions: `pjit` is `jit` since jax 0.7."""
-    return "jit" if op == "pjit" else op
+    """Primitive names that changed between versions: `pjit` is `jit` since jax 0.7
+    (also when a recorder suffixes the function name: `pjit:f` is `jit:f`)."""
+    if op == "pjit":
+        return "jit"
+    if op.startswith("pjit:"):
+        return op[1:]
+    return op
 
 
 class StringIds:

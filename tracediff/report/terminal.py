@@ -13,6 +13,7 @@ from rich.markup import escape
 from .json_report import next_steps
 
 MAX_ENV = 15
+MAX_PAIRS = 12
 MAX_ENV_SHORT = 8
 
 
@@ -139,6 +140,12 @@ def print_locate(r, console=None, verbose=False):
         for m in r.mapping:
             by[m["by"]] = by.get(m["by"], 0) + 1
         console.print("pairs matched by: " + ", ".join(f"{k} {v}" for k, v in sorted(by.items())))
+        for m in r.mapping[:MAX_PAIRS]:
+            console.print(f"  a #{m['a']} {escape(m['a_op'])} [{escape(m['a_name_stack'] or '-')}] <-> "
+                          f"b #{m['b']} {escape(m['b_op'])} [{escape(m['b_name_stack'] or '-')}]  "
+                          f"({m['family']}, by {m['by']})")
+        if len(r.mapping) > MAX_PAIRS:
+            console.print(f"  ... {len(r.mapping) - MAX_PAIRS} more pairs (--json for all)")
     if r.optimizer_steps:
         diff = [s for s in r.optimizer_steps if not s["bitwise_equal"]]
         if diff:
