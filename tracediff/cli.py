@@ -1,4 +1,7 @@
-"""Command line: record, info, show, locate, demo. Bad input: one line on stderr, exit 2."""
+"""Command line: record, info, show, locate, report, check, demo.
+
+Bad input: one line on stderr that says how to fix it, exit code 2.
+"""
 
 import functools
 import json
@@ -30,38 +33,99 @@ def _guard(fn):
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-@click.group(context_settings=CONTEXT)
+class _Ordered(click.Group):
+    """List commands in workflow order (record, inspect, compare, report), not A-Z."""
+
+    def list_commands(self, ctx):
+        return list(self.commands)
+
+
+def _need_trace(path, what="trace"):
+    """A clear error, with the fix, for a trace argument that is not there."""
+    if not os.path.exists(path):
+        raise TraceError(f"{path}: no such {what} file (record one with: "
+                         f"tracediff record -o {path} SCRIPT.py [ARGS...])")
+
+
+def _tolerance_options(fn):
+    fn = click.option("--atol", type=click.FloatRange(min=0), default=None, metavar="X",
+                      help="Absolute tolerance for every floating dtype (default: per dtype, "
+                           "e.g. 1e-6 for float32).")(fn)
+    fn = click.option("--rtol", type=click.FloatRange(min=0), default=None, metavar="X",
+                      help="Relative tolerance for every floating dtype (default: per dtype, "
+                           "e.g. 1e-5 for float32).")(fn)
+    return fn
+
+
+def _print_result(result, as_json=False, verbose=False, quiet=False):
+    if quiet:
+        return
+    for w in result.warnings:
+        click.echo(f"tracediff: warning: {w}", err=True)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        from .report.terminal import print_locate
+
+        print_locate(result, verbose=verbose)
+
+
+@click.group(cls=_Ordered, context_settings=CONTEXT)
 @click.version_option(__version__, prog_name="tracediff")
 def main():
     """Find the first operation where two runs of a numerical ML program disagree.
 
+    Record the same script twice (two machines, two library versions, two flags),
+    then compare the traces:
+
     \b
-    On each machine:   tracediff record -o a.h5 train.py [ARGS...]
-    Then:              tracediff locate a.h5 b.h5
+      tracediff record -o a.h5 train.py --steps 3     # run a
+      tracediff record -o b.h5 train.py --steps 3     # run b, elsewhere
+      tracediff locate a.h5 b.h5                      # the first op that differs
+      tracediff report a.h5 b.h5 -o report.md         # Markdown for a bug report
+      tracediff check golden.h5 train.py --steps 3    # CI: compare with a golden
+
+    \b
+    Exit codes: 0 match, 1 diverged, 2 error (the message says how to fix it).
+    `tracediff demo` runs the whole workflow on a bundled example.
+    `tracediff COMMAND -h` explains each command.
     """
 
 
 @main.command(context_settings={**CONTEXT, "ignore_unknown_options": True,
                                 "allow_interspersed_args": False})
-@click.option("-o", "--output", default="trace.h5", show_default=True,
-              help="Trace file to write (HDF5).")
+@click.option("-o", "--output", default="trace.h5", show_default=True, metavar="FILE",
+              help="Trace file to write (HDF5; overwritten).")
 @click.option("--loops", type=click.Choice(["opaque", "stepped"]), default="opaque",
               show_default=True, help="JAX while/scan: one event per loop, or one per iteration.")
 @click.option("--framework", "frameworks", multiple=True, type=click.Choice(["jax", "torch"]),
-              help="Capture only these frameworks (default: every one the script imports).")
+              help="Capture only this framework; repeat for both (default: every one the "
+                   "script imports).")
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @_guard
 def record(output, loops, frameworks, script, args):
     """Run SCRIPT [ARGS...] unmodified and record every operation into a trace.
 
-    JAX: every jit call (its real compiled outputs) and every jaxpr equation inside it
+    \b
+    JAX: every jit call (its compiled outputs) and every jaxpr equation inside it
     (replayed from the call's real inputs), every eager primitive, every optax step.
-    PyTorch: every aten op forward and backward, every optimizer step. The script's
-    own results are unchanged; its exit code is tracediff's exit code.
+    PyTorch: every aten op, forward and backward, and every optimizer step.
+
+    The script's results are unchanged and its exit code is tracediff's. Options for
+    tracediff go before SCRIPT; everything after SCRIPT is passed to the script.
+
+    \b
+    Examples:
+      tracediff record -o a.h5 train.py --epochs 1
+      XLA_FLAGS=--xla_cpu_max_isa=SSE4_2 tracediff record -o b.h5 train.py --epochs 1
     """
     from .capture import RecordOptions
     from .runner import record_script
+
+    if not os.path.isfile(script):
+        raise TraceError(f"{script}: no such script (give the path of a Python file: "
+                         f"tracediff record -o trace.h5 train.py [ARGS...])")
 
     options = RecordOptions(loops=loops)
     code = record_script(script, list(args), output, options, frameworks or ("jax", "torch"))
@@ -74,10 +138,17 @@ def record(output, loops, frameworks, script, args):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @_guard
 def info(trace, as_json):
-    """Show a trace's manifest, counts and per-operation summary."""
+    """Summarise TRACE: machine, packages, how the run ended, operation counts.
+
+    \b
+    Example:
+      tracediff info a.h5
+    """
     from .report.summary import trace_summary, print_summary
 
     from .trace.reader import Trace
+
+    _need_trace(trace)
 
     with Trace(trace) as t:
         summary = trace_summary(t)
@@ -95,15 +166,25 @@ def info(trace, as_json):
               help="Save the event's first output value to this .npy file.")
 @_guard
 def show(trace, event, as_json, npy):
-    """Show one event's metadata, inputs and values."""
+    """Show EVENT (a number, as `locate` prints it) of TRACE: op, source line, inputs,
+    and statistics of its values.
+
+    \b
+    Examples:
+      tracediff show a.h5 375
+      tracediff show a.h5 375 --npy out.npy    # then numpy.load("out.npy")
+    """
     import numpy as np
 
     from .report.summary import event_detail, print_event
     from .trace.reader import Trace
 
+    _need_trace(trace)
+
     with Trace(trace) as t:
         if not 0 <= event < len(t):
-            raise TraceError(f"{trace}: no event {event} (the trace has {len(t)} events)")
+            raise TraceError(f"{trace}: no event {event} (the trace has {len(t)} events, "
+                                 f"numbered 0 to {len(t) - 1})")
         detail, arrays = event_detail(t, event)
     if npy:
         if not arrays:
@@ -121,51 +202,252 @@ def show(trace, event, as_json, npy):
 @main.command(context_settings=CONTEXT)
 @click.argument("trace_a", type=click.Path(dir_okay=False))
 @click.argument("trace_b", type=click.Path(dir_okay=False))
-@click.option("--rtol", type=float, default=None,
-              help="Relative tolerance for every floating dtype (default: per dtype).")
-@click.option("--atol", type=float, default=None,
-              help="Absolute tolerance for every floating dtype (default: per dtype).")
-@click.option("--map", "map_file", type=click.Path(dir_okay=False), default=None,
-              help="JSON file {\"a pattern\": \"b pattern\"} (globs over name stack, op, "
-                   "or name_stack:op) pairing events the automatic alignment misses; implies "
-                   "cross-framework pairing (used anyway when the frameworks differ).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@_tolerance_options
+@click.option("--map", "map_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="JSON file {\"a name stack or op pattern\": \"b name stack or op pattern\"} "
+                   "for traces of different frameworks.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (see docs/reports.md).")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Also print source lines, per-output metrics, every optimizer step and every "
+                   "environment difference.")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing; only the exit code tells.")
 @_guard
-def locate(trace_a, trace_b, rtol, atol, map_file, as_json):
-    """Name the first operation where two traces disagree.
+def locate(trace_a, trace_b, rtol, atol, map_file, as_json, verbose, quiet):
+    """Name the first operation where TRACE_A and TRACE_B disagree.
+
+    Prints the first difference beyond tolerance (op, name stack, source line, step,
+    metrics, whether it is introduced there or inherited from its inputs), the first
+    bitwise difference, the optimizer steps and the environment differences.
 
     \b
-    Reports the first bitwise difference and the first difference beyond tolerance
-    (op, name stack, source line, step, metrics, introduced here or inherited), then
-    the environment differences. Exit code: 0 match, 1 diverged, 2 error.
+    Exit code: 0 match (within tolerance), 1 diverged, 2 error.
 
     \b
-    Default tolerances (rtol/atol): float64 1e-12/1e-14, float32 1e-5/1e-6,
-    float16 1e-3/1e-4, bfloat16 1e-2/1e-3; integers, bools and keys exact.
+    Examples:
+      tracediff locate a.h5 b.h5
+      tracediff locate a.h5 b.h5 --rtol 1e-4 --atol 1e-6
+      tracediff locate -q a.h5 b.h5 || echo "runs differ"
+      NO_COLOR=1 tracediff locate a.h5 b.h5 > locate.txt
     """
     from .diff.locate import locate as _locate
 
+    if verbose and quiet:
+        raise click.UsageError("--verbose and --quiet contradict each other; pick one")
+    _need_trace(trace_a)
+    _need_trace(trace_b)
     result = _locate(trace_a, trace_b, rtol=rtol, atol=atol, map_file=map_file)
-    for w in result.warnings:
-        click.echo(f"tracediff: warning: {w}", err=True)
-    if as_json:
-        click.echo(json.dumps(result.to_json(), indent=2))
-    else:
-        from .report.terminal import print_locate
+    _print_result(result, as_json, verbose, quiet)
+    sys.exit(result.exit_code)
 
-        print_locate(result)
+
+def _report_format(output, fmt):
+    if fmt:
+        return fmt
+    ext = os.path.splitext(output)[1].lower()
+    if output == "-" or ext in (".md", ".markdown", ".txt"):
+        return "md"
+    if ext in (".html", ".htm"):
+        return "html"
+    raise TraceError(f"{output}: cannot tell the report format from the extension "
+                     f"(use report.md or report.html, or give --format md|html)")
+
+
+def write_report(trace_a, trace_b, output, fmt=None, rtol=None, atol=None, map_file=None):
+    """Locate and write a Markdown/HTML report to `output` ('-' = stdout); returns the result."""
+    from .report.common import report_data
+
+    fmt = _report_format(output, fmt)
+    if output != "-":
+        folder = os.path.dirname(os.path.abspath(output))
+        if not os.path.isdir(folder):
+            raise TraceError(f"cannot write {output}: folder {folder} does not exist")
+    if fmt == "html":
+        from .diff.profile import locate_with_profile
+        from .report.html import render
+
+        result, profile = locate_with_profile(trace_a, trace_b, rtol, atol, map_file)
+        text = render(report_data(result), profile)
+    else:
+        from .diff.locate import locate as _locate
+        from .report.markdown import render
+
+        result = _locate(trace_a, trace_b, rtol=rtol, atol=atol, map_file=map_file)
+        text = render(report_data(result))
+    if output == "-":
+        click.echo(text, nl=False)
+    else:
+        try:
+            with open(output, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        except OSError as exc:
+            raise TraceError(f"cannot write {output}: {exc.strerror or exc}") from None
+    return result
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("trace_a", type=click.Path(dir_okay=False))
+@click.argument("trace_b", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", default="-", show_default=True, metavar="FILE",
+              help="report.md (Markdown), report.html (one self-contained page), "
+                   "or - for Markdown on stdout.")
+@click.option("--format", "fmt", type=click.Choice(["md", "html"]), default=None,
+              help="Format, when the extension of -o does not say.")
+@_tolerance_options
+@click.option("--map", "map_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Name map for traces of different frameworks (as for locate).")
+@_guard
+def report(trace_a, trace_b, output, fmt, rtol, atol, map_file):
+    """Write a bug report comparing TRACE_A and TRACE_B.
+
+    \b
+    Markdown (-o report.md), made to paste into a GitHub issue: a summary paragraph,
+    the culprit op with the user's source lines, metrics, the optimizer steps, the
+    environment differences as a table, reproduction commands and the trace sizes to
+    attach.
+    HTML (-o report.html): the same in one page that needs no network, with plots
+    of the difference per event along the run and per optimizer step (log scale),
+    the culprit marked, and tables you can filter.
+
+    \b
+    Exit code: 0 when the report is written (whatever the verdict), 2 on error.
+
+    \b
+    Examples:
+      tracediff report a.h5 b.h5 -o report.md
+      tracediff report a.h5 b.h5 -o report.html --rtol 1e-4
+      tracediff report a.h5 b.h5 | gh issue create --title "run diverges" --body-file -
+    """
+    _need_trace(trace_a)
+    _need_trace(trace_b)
+    result = write_report(trace_a, trace_b, output, fmt, rtol, atol, map_file)
+    if output != "-":
+        click.echo(f"tracediff: {_report_format(output, fmt)} report written to {output} "
+                   f"(verdict: {result.verdict})", err=True)
+
+
+@main.command(context_settings={**CONTEXT, "ignore_unknown_options": True,
+                                "allow_interspersed_args": False})
+@click.argument("golden", type=click.Path(dir_okay=False))
+@click.argument("script", type=click.Path(dir_okay=False))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@_tolerance_options
+@click.option("-o", "--output", default=None, metavar="FILE",
+              help="Keep the new trace here (default: a temporary file, kept only when the "
+                   "run diverges).")
+@click.option("--update", is_flag=True,
+              help="Record SCRIPT into GOLDEN (create or replace it) instead of comparing.")
+@click.option("--report", "report_path", default=None, metavar="FILE",
+              help="Also write a report (.md or .html), e.g. as a CI artifact.")
+@click.option("--loops", type=click.Choice(["opaque", "stepped"]), default="opaque",
+              show_default=True, help="As for record (use the golden's setting).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object, as locate --json.")
+@click.option("-v", "--verbose", is_flag=True, help="Longer report, as locate --verbose.")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing; only the exit code tells.")
+@_guard
+def check(golden, script, args, rtol, atol, output, update, report_path, loops, as_json,
+          verbose, quiet):
+    """Record SCRIPT [ARGS...] and compare it with the golden trace GOLDEN.
+
+    For catching numerical drift in CI, e.g. after a library upgrade: store a
+    golden trace once (--update), then run check in every build. tracediff's options
+    go before GOLDEN; everything after SCRIPT is passed to the script. The script's
+    own output goes to stderr, the report to stdout.
+
+    \b
+    Exit code: 0 match, 1 diverged, 2 error (including the script failing).
+
+    \b
+    Examples:
+      tracediff check --update goldens/train.h5 train.py --steps 2   # create
+      tracediff check goldens/train.h5 train.py --steps 2            # compare
+      tracediff check --rtol 1e-4 --report drift.html goldens/train.h5 train.py --steps 2
+    """
+    import contextlib
+    import tempfile
+
+    from .capture import RecordOptions
+    from .runner import record_script
+
+    if verbose and quiet:
+        raise click.UsageError("--verbose and --quiet contradict each other; pick one")
+    if script.endswith((".h5", ".hdf5")) or golden.endswith(".py"):
+        raise TraceError("arguments in the wrong order: the golden trace comes first "
+                         "(tracediff check GOLDEN.h5 SCRIPT.py [ARGS...])")
+    if not os.path.isfile(script):
+        raise TraceError(f"{script}: no such script (usage: tracediff check GOLDEN.h5 "
+                         f"SCRIPT.py [ARGS...])")
+    if not update:
+        if not os.path.exists(golden):
+            raise TraceError(f"{golden}: no such golden trace; create it with: tracediff check "
+                             f"--update {golden} {script}{' ' if args else ''}{' '.join(args)}")
+    if report_path:
+        _report_format(report_path, None)
+    target = golden if update else output
+    tmp = None
+    if target is None:
+        fd, tmp = tempfile.mkstemp(prefix="tracediff-check-", suffix=".h5")
+        os.close(fd)
+        target = tmp
+    with contextlib.redirect_stdout(sys.stderr):
+        code = record_script(script, list(args), target, RecordOptions(loops=loops))
+    if code != 0:
+        if tmp:
+            os.unlink(tmp)
+        raise TraceError(f"{script} exited with status {code} while being recorded (its output "
+                         f"is above); fix the script, or check it runs: python {script} "
+                         f"{' '.join(args)}".rstrip())
+    if update:
+        if not quiet:
+            click.echo(f"tracediff: golden trace written to {golden}", err=True)
+        sys.exit(0)
+    from .diff.locate import locate as _locate
+
+    try:
+        result = _locate(golden, target, rtol=rtol, atol=atol)
+        if report_path:
+            write_report(golden, target, report_path, None, rtol, atol)
+    except BaseException:
+        if tmp:
+            os.unlink(tmp)
+        raise
+    _print_result(result, as_json, verbose, quiet)
+    if tmp and result.exit_code == 0:
+        os.unlink(tmp)
+    elif tmp and not quiet:
+        click.echo(f"tracediff: the new trace is kept at {tmp} (compare or attach it; "
+                   f"`tracediff check --update` accepts the new numbers)", err=True)
+    if report_path and not quiet:
+        click.echo(f"tracediff: report written to {report_path}", err=True)
     sys.exit(result.exit_code)
 
 
 @main.command(context_settings=CONTEXT)
-@click.option("--dir", "folder", default="tracediff-demo", show_default=True,
+@click.option("--dir", "folder", default="tracediff-demo", show_default=True, metavar="DIR",
               help="Folder for the two traces.")
 @click.option("--steps", default=3, show_default=True, type=click.IntRange(1, 1000),
               help="Training steps of the example.")
 @_guard
 def demo(folder, steps):
-    """Record a bundled JAX example twice (plain, and with XLA limited to SSE4.2) and locate
-    the first operation where the runs disagree."""
+    """See tracediff work: record a bundled JAX example twice and locate the divergence.
+
+    The two runs are on this machine: one plain, one with XLA's CPU code generation
+    limited to SSE4.2 (as on an older CPU). Needs JAX, Flax and optax; about a minute.
+
+    \b
+    Example:
+      tracediff demo --dir /tmp/demo && tracediff report /tmp/demo/a.h5 /tmp/demo/b.h5 -o r.html
+    """
     from .demo import run_demo
 
     run_demo(folder, steps)
+
+
+# One line each in `tracediff --help`.
+for _cmd, _text in ((record, "Run a script unmodified and record every operation into a trace."),
+                    (info, "Summarise a trace: machine, packages, end status, op counts."),
+                    (show, "Show one event of a trace: op, source, inputs, values."),
+                    (locate, "Name the first operation where two traces disagree."),
+                    (report, "Write a Markdown or HTML bug report comparing two traces."),
+                    (check, "Record a script and compare it with a golden trace (CI)."),
+                    (demo, "Record a bundled example twice and locate the divergence.")):
+    _cmd.short_help = _text
