@@ -198,4 +198,6 @@ def worst(metrics_list):
         vals = [m.get(k) for m in metrics_list]
         out[k] = max(vals, key=key)
     out["within_tolerance"] = all(m.get("within_tolerance", False) for m in metrics_list)
+    loosest = max(metrics_list, key=lambda m: m.get("rtol") or 0.0)
+    out["rtol"], out["atol"] = loosest.get("rtol"), loosest.get("atol")
     return out
