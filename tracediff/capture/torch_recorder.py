@@ -84,6 +84,19 @@ _MAX_PARAMS = 160
 
 _torch = None  # the torch module, set at install (this module never imports torch itself)
 
+# Captures installed in this process; a forked child (DataLoader worker) marks them all
+# so that it never writes the parent's file. One fork hook for the process, however many
+# recordings it makes (os.register_at_fork hooks cannot be removed).
+_live_captures = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    for cap in list(_live_captures):
+        cap.forked = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
 
 def _flat(xs, out):
     """Append the tensors of xs (args tuple, kwargs values, nested one level) to out."""
@@ -211,7 +224,7 @@ class TorchCapture(Capture):
         self.failed = None
         self.failed_at_event = None
         self._seq_marks = []
-        os.register_at_fork(after_in_child=self._after_fork)
+        _live_captures.add(self)
         self._names, self._names_key = {}, None
         self._cur_source = None
         self._code_skip = {}
@@ -235,13 +248,11 @@ class TorchCapture(Capture):
         self.last_seq[self.thread] = self._get_seq()
         self.installed = True
 
-    def _after_fork(self):
-        self.forked = True  # a forked child (DataLoader worker) never writes the parent's file
-
     def uninstall(self):
         if not self.installed:
             return
         self.installed = False
+        _live_captures.discard(self)
         for h in self._handles:
             h.remove()
         self._handles = []
