@@ -1,0 +1,288 @@
+"""Reports: Markdown and HTML from the locate JSON, the per-event profile, the terminal
+report's --verbose/--quiet/NO_COLOR. Synthetic traces for the details, the session JAX
+recordings (XLA SSE4.2, one-ULP tanh) end to end."""
+
+import html.parser
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+
+import tracediff
+from tracediff.diff.locate import Differ
+from tracediff.diff.profile import event_profile, locate_with_profile
+from tracediff.report import html as html_report
+from tracediff.report import markdown
+from tracediff.report.common import fmt_bytes, report_data, source_context
+from tracediff.trace.reader import Trace
+
+from . import synth
+from .helpers import run_cli
+
+TRAIN_PY = "\n".join(f"line_{i} = {i}" for i in range(1, 20)) + "\n"
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    """Two 3-step synthetic runs: b has aten::tanh of step 1 scaled by 1.001 (beyond tolerance);
+    the manifests point at a train.py that exists, and b sets an env variable."""
+    folder = tmp_path_factory.mktemp("reports")
+    script = folder / "train.py"
+    script.write_text(TRAIN_PY)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    w = rng.standard_normal((3, 5)).astype(np.float32)
+    ev_a = synth.mlp_events(x, w, steps=3)
+    ev_b = synth.mlp_events(x, w, steps=3)
+    for e in ev_b:
+        if e["op"] == "aten::tanh" and e["step"] == 1:
+            e["outs"] = [e["outs"][0] * np.float32(1.001)]
+    script_meta = {"name": "train.py", "sha256": "0" * 64, "path": str(script),
+                   "argv": [str(script), "--steps", "3"]}
+    man_a = synth.manifest(script=script_meta)
+    man_b = synth.manifest(script=script_meta)
+    man_b["env"] = {**man_b["env"], "OMP_NUM_THREADS": "1"}
+    a = synth.write(str(folder / "a.h5"), ev_a, man_a)
+    b = synth.write(str(folder / "b.h5"), ev_b, man_b)
+    return a, b, folder
+
+
+class _Html(html.parser.HTMLParser):
+    """Collects tags and checks that every non-void element is closed in order."""
+
+    VOID = {"meta", "input", "br", "hr", "img", "link", "col", "source", "path", "line",
+            "circle", "rect"}
+
+    def __init__(self):
+        super().__init__()
+        self.stack, self.tags, self.errors, self.attrs = [], [], [], []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        self.attrs.append((tag, dict(attrs)))
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_startendtag(self, tag, attrs):
+        self.tags.append(tag)
+        self.attrs.append((tag, dict(attrs)))
+
+    def handle_endtag(self, tag):
+        if tag in self.VOID:
+            return
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes {self.stack[-1:]}")
+        else:
+            self.stack.pop()
+
+
+def _parse(text):
+    p = _Html()
+    p.feed(text)
+    p.close()
+    return p
+
+
+def _md_tables_ok(text):
+    """Every Markdown table has the same number of cells in each row."""
+    rows = [ln for ln in text.splitlines() if ln.startswith("|")]
+    blocks, cur = [], []
+    for ln in text.splitlines():
+        if ln.startswith("|"):
+            cur.append(ln)
+        elif cur:
+            blocks.append(cur)
+            cur = []
+    for block in blocks:
+        counts = {len(re.findall(r"(?<!\\)\|", ln)) for ln in block}
+        assert len(counts) == 1, block
+        assert re.fullmatch(r"\|(---\|)+", block[1]), block[1]
+    return bool(rows)
+
+
+# -- profile ---------------------------------------------------------------------------------
+
+def test_profile_agrees_with_the_exact_comparison(synthetic):
+    a, b, _ = synthetic
+    with Trace(a) as ta, Trace(b) as tb:
+        d = Differ(ta, tb)
+        p = event_profile(d)
+        assert len(p["a"]) == len(ta)
+        for k in range(len(p["a"])):
+            r = d.compare_event(int(p["a"][k]), int(p["b"][k]))
+            if r["bitwise_equal"]:
+                assert p["max_rel"][k] == 0 and p["bitwise_equal"][k] and not p["beyond"][k]
+            else:
+                assert p["max_rel"][k] == pytest.approx(float(r["metrics"]["max_rel"]), rel=1e-12)
+                assert bool(p["beyond"][k]) == (not r["within_tolerance"])
+        tanh = [k for k in range(len(p["a"])) if p["op"][k] == "aten::tanh"]
+        assert [bool(p["beyond"][k]) for k in tanh] == [False, True, False]
+        assert p["max_rel"][tanh[1]] == pytest.approx(1e-3, rel=1e-2)
+
+
+# -- Markdown --------------------------------------------------------------------------------
+
+def test_markdown_has_every_section(synthetic):
+    a, b, folder = synthetic
+    data = report_data(tracediff.locate(a, b))
+    text = markdown.render(data)
+    assert text.startswith("# tracediff report\n")
+    summary = text.split("\n\n")[1]
+    assert "diverge" in summary and "`aten::tanh`" in summary and "step 1" in summary
+    for head in ("## First divergence beyond tolerance", "## Optimizer steps",
+                 "## Environment differences", "## Reproduce", "## Traces to attach"):
+        assert head in text
+    # the user's line with two lines of context, marked
+    assert "```python\n  9  line_9 = 9\n 10  line_10 = 10\n>11  line_11 = 11\n" in text
+    assert "| env | `env.OMP_NUM_THREADS` | `(unset)` | `1` |" in text
+    assert "OMP_NUM_THREADS=1 tracediff record -o b.h5 train.py --steps 3" in text
+    assert "tracediff locate a.h5 b.h5" in text
+    size = os.path.getsize(a)
+    assert f"`a.h5` — {fmt_bytes(size)}, 15 events" in text
+    assert "introduced here" in text
+    assert _md_tables_ok(text)
+    # no future sections unless the result has them
+    assert "Replay verdict" not in text and "From origin to outputs" not in text
+
+
+def test_markdown_renders_future_explain_and_chain_fields(synthetic):
+    a, b, _ = synthetic
+    data = report_data(tracediff.locate(a, b))
+    data["explain"] = {"verdict": "float64 replay agrees with a", "max_rel_vs_f64_a": 1e-9}
+    data["chain"] = [data["first_beyond_tolerance"]["a"], {"op": "aten::sum", "index": 9, "step": 1}]
+    text = markdown.render(data)
+    assert "## Replay verdict\n\n**float64 replay agrees with a**" in text
+    assert "## From origin to outputs" in text and "`aten::sum` (event #9" in text
+    page = html_report.render(data)
+    assert "Replay verdict" in page and "float64 replay agrees with a" in page
+    assert "From origin to outputs" in page
+
+
+def test_source_context_when_the_file_is_elsewhere(tmp_path):
+    assert source_context({"script": {"path": str(tmp_path / "x.py")}}, "x.py:3") == {
+        "file": "x.py", "path": str(tmp_path / "x.py"), "line": 3, "lines": [], "found": False}
+    (tmp_path / "x.py").write_text("a\nb\nc\n")
+    ctx = source_context({"script": {"path": str(tmp_path / "x.py")}}, "x.py:1")
+    assert ctx["lines"] == [(1, "a"), (2, "b"), (3, "c")] and ctx["found"]
+    assert source_context({}, "no line number") is None
+
+
+def test_match_report_says_identical(synthetic):
+    a, _, _ = synthetic
+    text = markdown.render(report_data(tracediff.locate(a, a)))
+    assert "bitwise identical in every compared value" in text and "**Verdict: MATCH**" in text
+    assert "The recorded environments are identical." in text
+
+
+# -- HTML ------------------------------------------------------------------------------------
+
+def test_html_is_self_contained_and_well_formed(synthetic):
+    a, b, _ = synthetic
+    result, profile = locate_with_profile(a, b)
+    page = html_report.render(report_data(result), profile)
+    p = _parse(page)
+    assert not p.errors and p.stack == [], (p.errors, p.stack)
+    assert page.startswith("<!DOCTYPE html>")
+    # nothing from the network: no external scripts, styles, images or fonts
+    for tag, attrs in p.attrs:
+        for key in ("src", "href"):
+            assert not attrs.get(key), (tag, attrs)
+    assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    assert "https://" not in page and "@import" not in page
+    assert p.tags.count("svg") == 2      # per event, per optimizer step
+    assert len(page) < 200_000
+    # culprit marked on the plot and highlighted in the event table
+    culprit = result.first_beyond_tolerance.a["index"]
+    assert f"culprit: aten::tanh #{culprit}" in page
+    assert re.search(r'<tr class="culprit"><td class="num">%d</td>' % culprit, page)
+    # searchable tables: a filter box bound to each table, and the script doing it
+    for tid in ("events", "steps", "env"):
+        assert f'data-table="{tid}"' in page and f'<table id="{tid}">' in page
+    assert "addEventListener('input'" in page
+    assert "OMP_NUM_THREADS" in page and "line_11 = 11" in page
+
+
+def test_html_plot_bins_long_runs():
+    n = 10 * html_report.MAX_POINTS
+    rel = np.zeros(n)
+    rel[5000] = 1e-3
+    profile = {"a": np.arange(n), "b": np.arange(n), "step": np.repeat(np.arange(10), n // 10),
+               "max_rel": rel, "beyond": rel > 0, "bitwise_equal": rel == 0}
+    data = {"verdict": "diverged", "first_difference": None,
+            "first_beyond_tolerance": {"a": {"index": 5000, "op": "mul"}}}
+    svg = html_report.event_plot(profile, data)
+    assert "binned" in svg and "culprit: mul #5000" in svg
+    assert len(svg) < 150_000
+    assert svg.count("step ") >= 10
+
+
+# -- CLI on real JAX divergences --------------------------------------------------------------
+
+def test_report_cli_on_the_xla_isa_divergence(jax_gru, tmp_path):
+    a, isa = jax_gru["a"][0], jax_gru["isa"][0]
+    located = json.loads(run_cli("locate", a, isa, "--json").stdout)
+    culprit = located["first_beyond_tolerance"]
+    md, page = tmp_path / "r.md", tmp_path / "r.html"
+    for out in (md, page):
+        proc = run_cli("report", a, isa, "-o", out)
+        assert proc.returncode == 0, proc.stderr
+        assert "verdict: diverged" in proc.stderr
+    text = md.read_text()
+    assert f"`{culprit['a']['op']}`" in text.split("\n\n")[1]
+    assert "| env | `env.XLA_FLAGS` | `(unset)` | `--xla_cpu_max_isa=SSE4_2` |" in text
+    assert "XLA_FLAGS=--xla_cpu_max_isa=SSE4_2 tracediff record -o isa.h5 jax_gru_expm_adam.py " \
+           "--steps 3" in text
+    assert "nn.GRUCell(features=self.hidden)(h, x)" in text      # the user's line, read back
+    assert _md_tables_ok(text)
+    doc = page.read_text()
+    assert not _parse(doc).errors
+    assert f"culprit: {culprit['a']['op']} #{culprit['a']['index']}" in doc
+    # stdout: Markdown, pipeable
+    proc = run_cli("report", a, isa)
+    assert proc.returncode == 0 and proc.stdout.startswith("# tracediff report")
+
+
+def test_report_html_on_one_ulp_tanh_marks_the_first_bitwise_difference(jax_gru, tmp_path):
+    a, bad = jax_gru["a"][0], jax_gru["tanh"][0]
+    result, profile = locate_with_profile(a, bad)
+    assert result.verdict == "match"
+    doc = html_report.render(report_data(result), profile)
+    idx = result.first_difference.a["index"]
+    assert f"first bitwise difference: tanh #{idx}" in doc
+    k = int(np.flatnonzero(profile["a"] == idx)[0])
+    assert 0 < profile["max_rel"][k] < 1e-12 and not profile["beyond"].any()
+    # everything before the enclosing compiled call (whose outputs differ too) is equal
+    call = int(np.flatnonzero(profile["a"] == result.first_difference.call["a"])[0])
+    assert call < k and not profile["bitwise_equal"][call]
+    assert profile["bitwise_equal"][:call].all()
+
+
+def test_report_errors_say_how_to_fix(synthetic, tmp_path):
+    a, b, _ = synthetic
+    proc = run_cli("report", a, b, "-o", tmp_path / "r.pdf")
+    assert proc.returncode == 2 and "report.md or report.html" in proc.stderr
+    proc = run_cli("report", a, tmp_path / "missing.h5")
+    assert proc.returncode == 2 and "tracediff record -o" in proc.stderr
+    proc = run_cli("report", a, b, "-o", tmp_path / "r.txt", "--format", "html")
+    assert proc.returncode == 0 and (tmp_path / "r.txt").read_text().startswith("<!DOCTYPE html>")
+
+
+# -- terminal --------------------------------------------------------------------------------
+
+def test_locate_quiet_verbose_and_no_color(synthetic):
+    a, b, _ = synthetic
+    proc = run_cli("locate", "-q", a, b)
+    assert proc.returncode == 1 and proc.stdout == "" and proc.stderr == ""
+    short = run_cli("locate", a, b)
+    verbose = run_cli("locate", "-v", a, b)
+    assert short.returncode == verbose.returncode == 1
+    assert "line_11 = 11" in verbose.stdout and "line_11" not in short.stdout
+    assert len(verbose.stdout) > len(short.stdout)
+    colored = run_cli("locate", a, b, env={"FORCE_COLOR": "1", "NO_COLOR": ""})
+    assert "\x1b[" in colored.stdout
+    plain = run_cli("locate", a, b, env={"FORCE_COLOR": "1", "NO_COLOR": "1"})
+    assert "\x1b[" not in plain.stdout and "DIVERGED" in plain.stdout
+    proc = run_cli("locate", "-q", "-v", a, b)
+    assert proc.returncode == 2 and "pick one" in proc.stderr
