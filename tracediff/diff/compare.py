@@ -26,6 +26,10 @@ Rules (the same for every caller):
   of them keeps the default of the other).
 * An output is judged at the tolerance of the least precise floating dtype among its
   own and its inputs' (a float32 value converted to float64 keeps its float32 error).
+* `--ulp N`: an element at most N ULP from the other is within tolerance (ULP of the
+  value's dtype, or of the less precise input dtype it is judged by: N float32-ULP are
+  N * 2**29 float64-ULP). With --ulp alone the rtol/atol rule is not used; with --rtol
+  or --atol as well, either rule suffices. Complex values keep the rtol/atol rule.
 """
 
 import math
@@ -111,14 +115,29 @@ def _finite_or_str(x):
     return x
 
 
-def compare_arrays(xa, xb, dtype_name, rtol=None, atol=None, tol_dtype=None):
+def ulp_threshold(n_ulp, dtype_name, tol_dtype=None):
+    """`n_ulp` ULP of `tol_dtype` counted in ULP of `dtype_name` (a float32 value
+    upcast to float64 may be N float32-ULP off: N * 2**29 float64-ULP)."""
+    if not tol_dtype or tol_dtype == dtype_name:
+        return float(n_ulp)
+    bits = {"float16": 10, "bfloat16": 7, "float32": 23, "float64": 52,
+            "complex64": 23, "complex128": 52}
+    own, tol = bits.get(dtype_name), bits.get(tol_dtype)
+    if own is None or tol is None or tol >= own:
+        return float(n_ulp)
+    return float(n_ulp) * 2.0 ** (own - tol)
+
+
+def compare_arrays(xa, xb, dtype_name, rtol=None, atol=None, tol_dtype=None, ulp=None):
     """Metrics of two arrays of the same logical dtype. Returns a plain dict:
 
     max_abs, max_rel, max_ulp, mismatch_fraction (elements that differ at all),
     beyond_tolerance_fraction, within_tolerance (bool), rtol, atol, n, worst_index.
     Non-finite metrics are given as the strings "inf"/"nan" so the dict stays JSON.
     `tol_dtype` names a less precise dtype whose tolerance applies instead (an output
-    computed from lower-precision inputs).
+    computed from lower-precision inputs). `ulp`: an element at most this many ULP (of
+    `tol_dtype` when given) from the other is within tolerance; with `ulp` alone the
+    rtol/atol rule is not used, with rtol or atol given as well either rule suffices.
     """
     r, a = tolerance(tol_dtype or dtype_name, rtol, atol)
     out = {"rtol": r, "atol": a}
@@ -176,6 +195,13 @@ def compare_arrays(xa, xb, dtype_name, rtol=None, atol=None, tol_dtype=None):
             out["max_ulp"] = _finite_or_str(u.max()) if n else 0.0
         else:
             out["max_ulp"] = None
+        if ulp is not None and u is not None and is_floating(dtype_name):
+            within_ulp = equal | (u <= ulp_threshold(ulp, dtype_name, tol_dtype))
+            ok = within_ulp | ~beyond if (rtol is not None or atol is not None) else within_ulp
+            beyond = ~ok
+            out["beyond_tolerance_fraction"] = float(beyond.mean()) if n else 0.0
+            out["within_tolerance"] = not bool(beyond.any())
+            out["ulp"] = ulp
     return out
 
 

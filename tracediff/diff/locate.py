@@ -49,10 +49,11 @@ from ..trace import schema
 from ..trace.values import decode, parse_shape, _NATIVE
 from . import align as _align
 from . import compare
+from . import levels as _levels
 from .env import env_diff
 
 BITWISE, TOLERANCE = "bitwise", "tolerance"
-BLOB_IN_MEMORY = 1 << 30
+BLOB_IN_MEMORY = 256 << 20   # larger byte arenas are read value by value (bounded memory)
 MAX_OPTIM_ROWS = 200
 
 
@@ -126,6 +127,10 @@ class LocateResult:
     tolerance: dict
     mapping: list = dataclasses.field(default_factory=list)
     optimizer_steps_total: int = 0
+    explain: dict = None       # short replay verdict of the origin (explain.py), or None
+    chain: list = None         # origin -> first beyond tolerance -> outputs (chain.py)
+    noise: dict = None         # noise floor (--noise): nondeterministic events skipped
+    levels: dict = None        # how each side was recorded, what was decided, zoom (levels.py)
 
     @property
     def exit_code(self):
@@ -153,11 +158,18 @@ class Differ:
         self._cmp_val = {}
         self.pair_by = {}   # a event -> how it was paired (cross-framework)
 
+    ulp = None        # --ulp N: an element within N ULP is within tolerance
+    noisy = None      # bool per a event: nondeterministic on a's machine (--noise)
+    noise_skipped = ()
+
     # -- values ----------------------------------------------------------------------------
     def compare_rows(self, row_a, row_b, tol_dtype=None):
         """Metrics of two value rows; None when either cannot be compared. `tol_dtype`:
         judge by the tolerance of this (less precise) dtype instead of the value's own."""
         if not comparable(row_a) or not comparable(row_b):
+            # --level stats/calls: hash first, then statistics (levels.py)
+            if _levels.hashed(row_a) and _levels.hashed(row_b):
+                return _levels.compare_hashed(self, row_a, row_b, tol_dtype)
             return None
         key = (int(row_a["offset"]), int(row_b["offset"]), int(row_a["nbytes"]), tol_dtype)
         hit = self._cmp_val.get(key)
@@ -174,7 +186,8 @@ class Differ:
         else:
             xa, xb = self.ra.read(row_a), self.rb.read(row_b)
             xb_cmp = self.transform_b(row_a, row_b, xa, xb)
-            m = compare.compare_arrays(xa, xb_cmp, da, self.rtol, self.atol, tol_dtype=tol_dtype)
+            m = compare.compare_arrays(xa, xb_cmp, da, self.rtol, self.atol, tol_dtype=tol_dtype,
+                                       ulp=self.ulp)
             if da != db:
                 m["dtype_mismatch"] = [da, db]
                 m["within_tolerance"] = False if not compare.is_floating(da) else m["within_tolerance"]
@@ -344,6 +357,8 @@ class Differ:
                 continue
             if self.equal_at(ea, eb, level):
                 continue
+            if self._is_noise(ea):
+                continue
             if first_diff is None:
                 first_diff = (ea, eb)
             ok, _, _ = self.inputs_match(ea, eb, level)
@@ -364,7 +379,7 @@ class Differ:
         within tolerance (one float output value on each side, same dtype and shape, every
         element within tolerance). Everything else is left to the exact per-event path."""
         ok = np.zeros(len(ia), bool)
-        if self.ra.blob is None or self.rb.blob is None or not len(ia):
+        if self.ra.blob is None or self.rb.blob is None or not len(ia) or self.ulp is not None:
             return ok
         sa, sb = self.sa, self.sb
         simple = (sa.n_out[ia] == 1) & (sb.n_out[ib] == 1) & (sa.kind[ia] != schema.KIND_OPTIM)
@@ -420,6 +435,8 @@ class Differ:
             ia, ib = ia[keep], ib[keep]
         replay_only = None
         for ea, eb in zip(ia.tolist(), ib.tolist()):
+            if self.noisy is not None and self._is_noise(ea):
+                continue
             kind = int(self.sa.kind[ea])
             c = int(self.sa.call[ea]) if kind == schema.KIND_EQN else -1
             cb = int(self.al.a2b[c]) if c >= 0 else -1
@@ -473,6 +490,15 @@ class Differ:
                 return self.finding(ea, eb, level, note=note), replay_only
             return self.finding(ea, eb, level), replay_only
         return None, replay_only
+
+    def _is_noise(self, ea):
+        """True (and remembered) when event `ea` differs between two runs on a's machine."""
+        if self.noisy is None or not self.noisy[ea]:
+            return False
+        if not isinstance(self.noise_skipped, set):
+            self.noise_skipped = set()
+        self.noise_skipped.add(int(ea))
+        return True
 
     def finding(self, ea, eb, level, note=""):
         r = self.compare_event(ea, eb)
@@ -608,6 +634,7 @@ def _trace_info(t):
 def run(ta, tb, rtol=None, atol=None, differ=None, mapping=None):
     """Compare two open traces; returns a `LocateResult`."""
     d = differ or Differ(ta, tb, rtol, atol)
+    d.noise_skipped = set()
     first_bit, _ = d.search(BITWISE)
     first_tol, replay_only = d.search(TOLERANCE) if first_bit is not None else (None, None)
     steps = d.optimizer_steps()
@@ -632,7 +659,7 @@ def run(ta, tb, rtol=None, atol=None, differ=None, mapping=None):
             f"{stats['only_in_b']} only in b (first: {gap['length']} events of {gap['side']} from "
             f"#{gap['start']}: {', '.join(ops[:5])}{' ...' if len(ops) > 5 else ''}); "
             f"only paired events are compared")
-    return LocateResult(
+    result = LocateResult(
         path_a=ta.path, path_b=tb.path,
         verdict="diverged" if first_tol is not None else "match",
         first_difference=first_bit, first_beyond_tolerance=first_tol, replay_only=replay_only,
@@ -640,21 +667,60 @@ def run(ta, tb, rtol=None, atol=None, differ=None, mapping=None):
         optimizer_steps=steps, warnings=warnings,
         traces={"a": _trace_info(ta), "b": _trace_info(tb)},
         tolerance={"rtol": rtol, "atol": atol, "defaults": {k: list(v) for k, v in
-                                                              compare.DEFAULT_TOLERANCES.items()}},
-        mapping=mapping or [], optimizer_steps_total=n_steps)
+                                                              compare.DEFAULT_TOLERANCES.items()},
+                   **({"ulp": d.ulp} if d.ulp is not None else {})},
+        mapping=mapping or [], optimizer_steps_total=n_steps,
+        noise=_noise_info(d))
+    return _levels.annotate(result, ta, tb, d)
 
 
-def locate(a, b, rtol=None, atol=None, map_file=None):
+def _noise_info(d):
+    if d.noisy is None:
+        return None
+    skipped = sorted(d.noise_skipped)
+    return {"nondeterministic_events": int(np.count_nonzero(d.noisy)),
+            "skipped": [{"index": e, "op": d.ta.string(d.ta.events[e]["op"])} for e in skipped[:20]],
+            "skipped_total": len(skipped),
+            "note": "events whose values differ between the two --noise runs (recorded on one "
+                    "machine) are nondeterministic there and are never blamed as the origin"}
+
+
+def noise_mask(ta, n1, n2):
+    """Bool per event of `ta`: its counterpart differs between noise traces n1 and n2."""
+    dn = Differ(n1, n2)
+    ia, ib = dn.pairs()
+    bad = ia[dn.sa.content[ia] != dn.sb.content[ib]]
+    if n1 is ta or os.path.abspath(n1.path) == os.path.abspath(ta.path):
+        to_a = np.arange(len(ta))
+    else:
+        strings = _align.StringIds()
+        s1, sa = _align.prepare(n1, strings), _align.prepare(ta, strings)
+        to_a = _align.align(s1, sa).a2b
+    mask = np.zeros(len(ta), bool)
+    hit = to_a[bad] if len(bad) else np.zeros(0, np.int64)
+    mask[hit[hit >= 0]] = True
+    return mask
+
+
+def locate(a, b, rtol=None, atol=None, map_file=None, ulp=None, noise=None, explain=True,
+           analysis=None):
     """Python API: compare two trace files (paths or open `Trace` objects).
 
     Traces of different frameworks (or a `map_file`) go through the cross-framework
-    pairing of `cross.py`."""
+    pairing of `cross.py`. `ulp`: elements within this many ULP are within tolerance
+    (alone, or in addition to rtol/atol when those are given). `noise`: two traces
+    recorded on a's machine; events that differ between them are never blamed.
+    `explain`: replay the origin and add the short verdict and the chain (`explain`,
+    `chain`). `analysis`: a dict that receives the full `explain.analyse` output
+    under "analysis" (for `tracediff explain`; the event to explain under "event")."""
     from ..trace.reader import Trace
 
     if rtol is not None and (rtol < 0 or rtol != rtol):
         raise TraceError(f"invalid --rtol {rtol}")
     if atol is not None and (atol < 0 or atol != atol):
         raise TraceError(f"invalid --atol {atol}")
+    if ulp is not None and (ulp < 0 or ulp != ulp):
+        raise TraceError(f"invalid --ulp {ulp}")
     own = []
     try:
         ta = a if isinstance(a, Trace) else Trace(a)
@@ -665,12 +731,22 @@ def locate(a, b, rtol=None, atol=None, map_file=None):
             own.append(tb)
         fw_a, fw_b = _frameworks(ta), _frameworks(tb)
         try:
+            mapping = None
             if map_file is not None or (fw_a and fw_b and fw_a != fw_b):
                 from .cross import cross_differ
 
                 d, mapping = cross_differ(ta, tb, rtol, atol, map_file)
-                return run(ta, tb, rtol, atol, differ=d, mapping=mapping)
-            return run(ta, tb, rtol, atol)
+            else:
+                d = Differ(ta, tb, rtol, atol)
+            d.ulp = ulp
+            if noise:
+                n1, n2 = (x if isinstance(x, Trace) else Trace(x) for x in noise)
+                own += [x for x, y in zip((n1, n2), noise) if x is not y]
+                d.noisy = noise_mask(ta, n1, n2)
+            result = run(ta, tb, rtol, atol, differ=d, mapping=mapping)
+            if explain or analysis is not None:
+                _attach_explain(result, d, analysis)
+            return result
         except (ValueError, IndexError, KeyError, OSError) as exc:
             # damaged tables (bad shapes, dangling references) that the reader let through
             msg = str(exc).splitlines()[0][:160] if str(exc) else ""
@@ -679,3 +755,23 @@ def locate(a, b, rtol=None, atol=None, map_file=None):
     finally:
         for t in own:
             t.close()
+
+
+def _attach_explain(result, d, analysis=None):
+    """Add the short replay verdict and the chain to a result (never fails locate)."""
+    from . import explain as _explain
+
+    if result.first_difference is None and (analysis is None or analysis.get("event") is None):
+        if analysis is not None:
+            analysis["analysis"] = _explain.analyse(result, d)
+        return
+    try:
+        full = _explain.analyse(result, d, (analysis or {}).get("event"))
+    except TraceError:
+        raise
+    except Exception as exc:  # an explanation must never break locate
+        result.explain = {"verdict": f"no explanation: {type(exc).__name__}: {str(exc)[:160]}"}
+        return
+    if analysis is not None:
+        analysis["analysis"] = full
+    result.explain, result.chain = _explain.short(full)

@@ -5,7 +5,11 @@ warnings, tolerance, first_difference, first_beyond_tolerance, replay_only,
 alignment {events_a, events_b, matched, only_in_a, only_in_b, anchors_matched,
 fallback_regions, gaps}, optimizer_steps (per compared step: step, a, b, bitwise_equal,
 max_rel, max_abs, worst; long runs keep the first 20, each new worst, the last),
-optimizer_steps_total, env_diff, mapping, next_steps.
+optimizer_steps_total, env_diff, mapping, next_steps; when computed: explain (the
+replay verdict of the origin: verdict, event, summary, a_ulp_from_exact, b_ulp_from_exact,
+exact_by, reproduced_here, likely_cause), chain (links {a, b, metrics, input_rel,
+amplification, role} from the origin to the outputs, collapsed to ~10 with "... N more
+hops" strings), noise (the --noise floor: nondeterministic_events, skipped).
 
 A finding is null or {level, a, b, metrics, inputs_match, inputs_reason, origin, note,
 call, paired_by, values}; a and b hold index, op, name_stack, source, step, kind,
@@ -80,6 +84,9 @@ def next_steps(r):
             out.append(f"tracediff show {r.path_a} {f.call['a']}   # the enclosing compiled call")
     if r.first_beyond_tolerance is None and r.first_difference is not None:
         out.append("differences stay within tolerance; tighten with --rtol/--atol to localise them")
+    from ..diff.levels import zoom_lines
+
+    out += zoom_lines(r)  # two-level search: record the divergent step at full level
     return out
 
 
@@ -101,5 +108,11 @@ def build(r):
         "env_diff": r.env_diff,
         "mapping": r.mapping,
         "next_steps": next_steps(r),
+        "levels": getattr(r, "levels", None),
     }
+    # root cause (diff/explain.py): short replay verdict of the origin, the chain from the
+    # origin to the outputs, the noise floor; present only when computed
+    for key in ("explain", "chain", "noise"):
+        if getattr(r, key, None) is not None:
+            out[key] = getattr(r, key)
     return _clean(out)

@@ -1,0 +1,189 @@
+"""The chain from an origin to the first difference beyond tolerance and to the outputs.
+
+Dataflow graph of trace a: an edge producer -> consumer for every row of the `inputs`
+table, plus an edge from a replayed equation that no other event reads (an output of its
+jaxpr) to its parent (the enclosing call or nested jit equation), since the values that
+leave a jit call are the call's own outputs. Only events that are paired with b and
+whose outputs differ bitwise take part: the difference can only travel through them.
+
+From the origin, a breadth-first search gives the shortest dataflow path to the target
+(the first event beyond tolerance) and then on to the last differing event reachable
+(the latest along the run: the final outputs as far as the trace shows them). Each hop
+reports its outputs' worst relative difference, its inputs' worst relative difference
+and their ratio, the amplification (output rel / input rel): >1 the op magnified the
+difference, <1 it damped it.
+"""
+
+import collections
+
+import numpy as np
+
+from ..trace import schema
+from . import locate as _loc
+
+MAX_LINKS = 200        # hops kept in the JSON
+SHOWN = 10             # hops shown by the renderers after collapsing
+MAX_VISIT = 500_000
+
+
+def _num(x):
+    if x is None:
+        return None
+    if isinstance(x, str):
+        return float("inf") if x in ("inf", "-inf") else float("nan")
+    return float(x)
+
+
+def differing_mask(d):
+    """Bool per a-event: paired and outputs differ bitwise (content hashes)."""
+    ta = d.ta
+    m = np.zeros(len(ta), bool)
+    ia, ib = d.pairs()
+    m[ia] = d.sa.content[ia] != d.sb.content[ib]
+    return m
+
+
+def consumers(d):
+    """CSR (starts, targets) of the dataflow graph of trace a (see module docstring)."""
+    t = d.ta
+    n = len(t)
+    inp = t.inputs
+    src = inp["producer"].astype(np.int64)
+    dst = inp["event"].astype(np.int64)
+    ok = (src >= 0) & (src < n) & (dst >= 0) & (dst < n) & (src != dst)
+    src, dst = src[ok], dst[ok]
+    # equation outputs nobody reads flow into the parent's (the call's) outputs
+    kind = d.sa.kind
+    parent = d.sa.parent
+    has_consumer = np.zeros(n, bool)
+    has_consumer[src] = True
+    sinks = np.flatnonzero((kind == schema.KIND_EQN) & ~has_consumer & (parent >= 0) &
+                           (parent < n))
+    src = np.concatenate([src, sinks])
+    dst = np.concatenate([dst, parent[sinks]])
+    order = np.lexsort((dst, src))
+    src, dst = src[order], dst[order]
+    starts = np.searchsorted(src, np.arange(n + 1))
+    return starts, dst
+
+
+def _bfs(starts, targets, origin, allowed):
+    prev = {origin: -1}
+    q = collections.deque([origin])
+    while q and len(prev) < MAX_VISIT:
+        u = q.popleft()
+        for v in targets[starts[u]:starts[u + 1]].tolist():
+            if v not in prev and allowed[v]:
+                prev[v] = u
+                q.append(v)
+    return prev
+
+
+def _path(prev, end):
+    out = []
+    while end != -1:
+        out.append(end)
+        end = prev[end]
+    return out[::-1]
+
+
+def build(d, origin, target=None):
+    """(links, info). links: [{a, b, metrics, input_rel, amplification, role}], info:
+    {reaches_target, last, hops_total, strongest}."""
+    allowed = differing_mask(d)
+    allowed[origin] = True
+    starts, targets = consumers(d)
+    prev = _bfs(starts, targets, origin, allowed)
+    info = {"reaches_target": None, "hops_total": 0}
+    path = [origin]
+    if target is not None and target != origin:
+        if target in prev:
+            path = _path(prev, target)
+            info["reaches_target"] = True
+        else:
+            info["reaches_target"] = False
+    start = path[-1]
+    prev2 = prev if start == origin else _bfs(starts, targets, start, allowed)
+    last = max(prev2)
+    if last != start:
+        path += _path(prev2, last)[1:]
+    info["last"] = int(last)
+    info["hops_total"] = len(path)
+    links = []
+    prev_rel = None
+    for i, ea in enumerate(path[:MAX_LINKS]):
+        links.append(_link(d, ea, i, origin, target, last, prev_rel))
+        prev_rel = links[-1]["metrics"].get("max_rel")
+    if len(path) > MAX_LINKS:
+        links.append(_link(d, path[-1], len(path) - 1, origin, target, last, None))
+    amps = [(lk["amplification"], j) for j, lk in enumerate(links)
+            if isinstance(lk.get("amplification"), float) and np.isfinite(lk["amplification"])
+            and j > 0]
+    if amps:
+        a, j = max(amps)
+        if a > 1:
+            lk = links[j]
+            info["strongest"] = {"index": lk["a"]["index"], "op": lk["a"]["op"],
+                                 "amplification": a, "input_rel": lk["input_rel"],
+                                 "output_rel": lk["metrics"].get("max_rel")}
+    return links, info
+
+
+def _link(d, ea, i, origin, target, last, prev_rel):
+    eb = int(d.al.a2b[ea])
+    e = d.ta.event(ea)
+    ev = {k: e[k] for k in ("index", "op", "name_stack", "source", "step", "kind", "framework",
+                            "origin", "phase")}
+    r = d.compare_event(ea, eb) if eb >= 0 else {"metrics": None}
+    m = r.get("metrics") or {}
+    metrics = {k: m.get(k) for k in ("max_rel", "max_abs", "max_ulp", "within_tolerance")}
+    in_rel = None
+    if eb >= 0:
+        try:
+            _, _, bad = d.inputs_match(ea, eb, _loc.BITWISE)
+        except Exception:  # an odd input row: the hop is still shown
+            bad = []
+        rels = [_num((b.get("metrics") or {}).get("max_rel")) for b in bad]
+        rels = [x for x in rels if x is not None]
+        in_rel = max(rels) if rels else (0.0 if i == 0 else None)
+    if in_rel is None and prev_rel is not None and i > 0:
+        in_rel = _num(prev_rel)   # the parent link (a call's outputs from its equations)
+    out_rel = _num(metrics.get("max_rel"))
+    amp = None
+    if in_rel and out_rel is not None and np.isfinite(in_rel) and in_rel > 0:
+        amp = out_rel / in_rel
+    roles = []
+    if ea == origin:
+        roles.append("origin")
+    if target is not None and ea == target:
+        roles.append("first_beyond_tolerance")
+    if ea == last:
+        roles.append("last")
+    return {"a": ev, "b": {"index": eb}, "metrics": metrics, "input_rel": in_rel,
+            "amplification": amp, "role": ",".join(roles)}
+
+
+def collapse(links, shown=SHOWN):
+    """At most `shown` links for display: the origin, the target, the last, and the hops
+    that amplified most; the rest are counted in a placeholder link."""
+    if len(links) <= shown:
+        return list(links)
+    keep = {0, len(links) - 1}
+    keep |= {j for j, lk in enumerate(links) if lk.get("role")}
+    ranked = sorted(range(1, len(links) - 1),
+                    key=lambda j: -(links[j]["amplification"] or 0.0)
+                    if isinstance(links[j].get("amplification"), float) else 0.0)
+    for j in ranked:
+        if len(keep) >= shown - 1:
+            break
+        keep.add(j)
+    out, skipped = [], 0
+    for j, lk in enumerate(links):
+        if j in keep:
+            if skipped:
+                out.append(f"... {skipped} more hops")
+                skipped = 0
+            out.append(lk)
+        else:
+            skipped += 1
+    return out
