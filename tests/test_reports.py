@@ -143,21 +143,40 @@ def test_markdown_has_every_section(synthetic):
     assert f"`a.h5` — {fmt_bytes(size)}, 15 events" in text
     assert "introduced here" in text
     assert _md_tables_ok(text)
-    # no future sections unless the result has them
+    # the replay verdict and the chain appear exactly when the result carries them
+    assert ("## Replay verdict" in text) == bool(data.get("explain"))
+    assert ("## From origin to outputs" in text) == bool(data.get("chain"))
+    data.pop("explain", None)
+    data.pop("chain", None)
+    text = markdown.render(data)
     assert "Replay verdict" not in text and "From origin to outputs" not in text
 
 
-def test_markdown_renders_future_explain_and_chain_fields(synthetic):
+def test_markdown_and_html_render_explain_and_chain_when_present(synthetic):
     a, b, _ = synthetic
     data = report_data(tracediff.locate(a, b))
-    data["explain"] = {"verdict": "float64 replay agrees with a", "max_rel_vs_f64_a": 1e-9}
-    data["chain"] = [data["first_beyond_tolerance"]["a"], {"op": "aten::sum", "index": 9, "step": 1}]
+    origin = dict(data["first_beyond_tolerance"]["a"])
+    data["explain"] = {"verdict": "this machine reproduces b", "event": "aten::tanh (a #7)",
+                       "summary": "the float64 replay is 1 ULP from a", "a_ulp_from_exact": 1.0}
+    data["chain"] = [{"a": origin, "b": {"index": 7}, "metrics": {"max_rel": 1e-3},
+                      "input_rel": 0.0, "amplification": None, "role": "origin,first_beyond_tolerance"},
+                     "... 3 more hops",
+                     {"a": {"op": "aten::sum", "index": 9, "step": 1, "source": "train.py:12"},
+                      "b": {"index": 9}, "metrics": {"max_rel": 2e-3}, "input_rel": 1e-3,
+                      "amplification": 2.0, "role": "last"}]
     text = markdown.render(data)
-    assert "## Replay verdict\n\n**float64 replay agrees with a**" in text
-    assert "## From origin to outputs" in text and "`aten::sum` (event #9" in text
+    assert "## Replay verdict\n\n**this machine reproduces b**\n\nthe float64 replay is 1 ULP" in text
+    assert "| a ulp from exact | 1 |" in text
+    assert "## From origin to outputs" in text
+    assert "1. `aten::tanh` (event #7, step 1, `train.py:11`) max rel 0.001 — **origin, first " \
+           "beyond tolerance**" in text
+    assert "2. ... 3 more hops" in text
+    assert "3. `aten::sum` (event #9, step 1, `train.py:12`) max rel 0.002, amplified x2 — " \
+           "**last differing event**" in text
     page = html_report.render(data)
-    assert "Replay verdict" in page and "float64 replay agrees with a" in page
-    assert "From origin to outputs" in page
+    assert not _parse(page).errors
+    assert "<p><b>this machine reproduces b</b></p>" in page
+    assert "<li><code>aten::sum</code> (event #9" in page and "<b>last differing event</b>" in page
 
 
 def test_source_context_when_the_file_is_elsewhere(tmp_path):
@@ -280,9 +299,12 @@ def test_locate_quiet_verbose_and_no_color(synthetic):
     assert short.returncode == verbose.returncode == 1
     assert "line_11 = 11" in verbose.stdout and "line_11" not in short.stdout
     assert len(verbose.stdout) > len(short.stdout)
+    colour = re.compile(r"\x1b\[(?:[0-9]+;)*(?:3[0-79]|9[0-7]|38;)")   # SGR foreground colours
     colored = run_cli("locate", a, b, env={"FORCE_COLOR": "1", "NO_COLOR": ""})
-    assert "\x1b[" in colored.stdout
+    assert colour.search(colored.stdout)
     plain = run_cli("locate", a, b, env={"FORCE_COLOR": "1", "NO_COLOR": "1"})
-    assert "\x1b[" not in plain.stdout and "DIVERGED" in plain.stdout
+    assert not colour.search(plain.stdout) and "DIVERGED" in plain.stdout
+    piped = run_cli("locate", a, b)            # not a terminal: no escape codes at all
+    assert "\x1b[" not in piped.stdout
     proc = run_cli("locate", "-q", "-v", a, b)
     assert proc.returncode == 2 and "pick one" in proc.stderr

@@ -231,3 +231,47 @@ def report_data(result):
         ctx["traces"][s].pop("manifest", None)
     data["report"] = ctx
     return data
+
+
+ROLE_WORDS = {"origin": "origin", "first_beyond_tolerance": "first beyond tolerance",
+              "last": "last differing event"}
+
+
+def chain_items(chain):
+    """Lines (Markdown inline syntax) for the chain from origin to outputs: one per hop
+    (`op` (event #i, step s, source) max rel R, x amplification, role), or a placeholder
+    text such as "... 12 more hops"."""
+    out = []
+    for link in chain if isinstance(chain, list) else []:
+        if not isinstance(link, dict):
+            out.append(str(link))
+            continue
+        e = link.get("a") if isinstance(link.get("a"), dict) else link
+        m = link.get("metrics") or {}
+        text = (f"`{e.get('op', '?')}` (event #{e.get('index')}, step {e.get('step')}"
+                f"{', `' + e['source'] + '`' if e.get('source') else ''})")
+        if m.get("max_rel") is not None:
+            text += f" max rel {fmt(m.get('max_rel'))}"
+        amp = link.get("amplification")
+        if isinstance(amp, (int, float)) and not isinstance(amp, bool) and math.isfinite(amp):
+            text += f", amplified x{fmt(float(amp))}"
+        roles = [ROLE_WORDS.get(r, r) for r in str(link.get("role") or "").split(",") if r]
+        if roles:
+            text += f" — **{', '.join(roles)}**"
+        out.append(text)
+    return out
+
+
+def explain_parts(explain):
+    """(headline, summary or None, [(key, value text)]) of the replay verdict."""
+    if not isinstance(explain, dict):
+        return str(explain), None, []
+    head = explain.get("verdict") or explain.get("summary") or ""
+    summ = explain.get("summary") if explain.get("summary") not in (None, head) else None
+    rows = []
+    for k, v in explain.items():
+        if k in ("verdict", "summary") or v is None:
+            continue
+        rows.append((k.replace("_", " "), v if isinstance(v, str) else
+                     fmt(v) if isinstance(v, (int, float)) else str(v)))
+    return str(head), summ, rows

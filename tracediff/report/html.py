@@ -8,15 +8,14 @@ steps, differing events) can be searched with a few lines of vanilla JavaScript.
 """
 
 import html
-import json
 import math
 import os
 import re
 
 import numpy as np
 
-from .common import (GITHUB_ATTACH_LIMIT, culprit, event_label, fmt, fmt_bytes, fmt_pct,
-                     summary)
+from .common import (GITHUB_ATTACH_LIMIT, chain_items, culprit, event_label, explain_parts, fmt,
+                     fmt_bytes, fmt_pct, summary)
 
 MAX_POINTS = 2500          # wider runs are binned (max per bin) to keep the page small
 MAX_EVENT_ROWS = 500
@@ -72,6 +71,10 @@ def e(x):
 def _inline(text):
     """Escape, then turn `code` spans (Markdown inline syntax of `summary`) into <code>."""
     return re.sub(r"`([^`]*)`", r"<code>\1</code>", e(text))
+
+
+def _inline_bold(text):
+    return re.sub(r"\*\*([^*]*)\*\*", r"<b>\1</b>", _inline(text))
 
 
 def _num(x):
@@ -361,28 +364,19 @@ def render(data, profile=None):
         body.append("<h2>Culprit</h2>")
         body.append(_finding(f, ftitle, ctx.get("source")))
     if data.get("explain"):
-        ex = data["explain"]
-        body.append("<h2>Replay verdict</h2><div class=\"card\">")
-        if isinstance(ex, dict):
-            if ex.get("verdict") or ex.get("summary"):
-                body.append(f"<p><b>{e(ex.get('verdict') or ex.get('summary'))}</b></p>")
-            body.append(_kv([(k, e(v if not isinstance(v, (dict, list)) else json.dumps(v)))
-                             for k, v in ex.items() if k not in ("verdict", "summary")]))
-        else:
-            body.append(f"<p>{e(ex)}</p>")
+        head, summ, rows = explain_parts(data["explain"])
+        body.append('<h2>Replay verdict</h2><div class="card">')
+        if head:
+            body.append(f"<p><b>{e(head)}</b></p>")
+        if summ:
+            body.append(f"<p>{e(summ)}</p>")
+        if rows:
+            body.append(_kv([(k, e(v)) for k, v in rows]))
         body.append("</div>")
     if data.get("chain"):
-        body.append('<h2>From origin to outputs</h2><div class="card"><ol>')
-        for link in data["chain"] if isinstance(data["chain"], list) else []:
-            if isinstance(link, dict):
-                ev = link.get("a") if isinstance(link.get("a"), dict) else link
-                m = link.get("metrics") or {}
-                body.append(f"<li>{_inline(event_label(ev))} (event #{e(ev.get('index'))}, step "
-                            f"{e(ev.get('step'))}{', ' + e(ev['source']) if ev.get('source') else ''})"
-                            f"{' max rel ' + e(fmt(m.get('max_rel'))) if m else ''}</li>")
-            else:
-                body.append(f"<li>{e(link)}</li>")
-        body.append("</ol></div>")
+        body.append('<h2>From origin to outputs</h2><div class="card"><ol>' +
+                    "".join(f"<li>{_inline_bold(t)}</li>" for t in chain_items(data["chain"])) +
+                    "</ol></div>")
     fd = data.get("first_difference")
     if fd and f is not None and fd["a"].get("index") != f["a"].get("index"):
         body.append(_finding(fd, "First bitwise difference (earlier, within tolerance)"))

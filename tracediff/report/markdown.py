@@ -10,8 +10,8 @@ reproduction commands; the trace files to attach with their sizes.
 
 import os
 
-from .common import (GITHUB_ATTACH_LIMIT, culprit, event_label, fmt, fmt_bytes, fmt_pct,
-                     summary)
+from .common import (GITHUB_ATTACH_LIMIT, chain_items, culprit, event_label, explain_parts, fmt,
+                     fmt_bytes, fmt_pct, summary)
 
 MAX_STEP_ROWS = 30
 MAX_ENV_ROWS = 60
@@ -94,7 +94,6 @@ def _finding(lines, f, title, ctx_source=None):
     m = f.get("metrics") or {}
     lines += _table(["metric", "value"], _metrics_rows(m))
     lines.append("")
-    vals = [v for v in f.get("values") or [] if v.get("compared")]
     if len(f.get("values") or []) > 1:
         rows = []
         for v in f["values"]:
@@ -109,37 +108,25 @@ def _finding(lines, f, title, ctx_source=None):
             lines.append(f"\n... {f['values_total'] - len(f['values'])} more outputs "
                          f"(`tracediff locate --json`)")
         lines.append("")
-    del vals
 
 
 def _explain(lines, explain):
-    """The replay verdict (a future `locate` field), rendered generically."""
+    """The replay verdict (`locate`'s "explain" field)."""
+    head, summ, rows = explain_parts(explain)
     lines += ["## Replay verdict", ""]
-    if isinstance(explain, dict):
-        head = explain.get("verdict") or explain.get("summary")
-        if head:
-            lines += [f"**{_cell(head)}**", ""]
-        rows = [(_cell(k), _cell(v if not isinstance(v, (dict, list)) else str(v)))
-                for k, v in explain.items() if k not in ("verdict", "summary")]
-        if rows:
-            lines += _table(["", ""], rows)
-    else:
-        lines.append(_cell(str(explain)))
-    lines.append("")
+    if head:
+        lines += [f"**{head.strip()}**", ""]
+    if summ:
+        lines += [summ, ""]
+    if rows:
+        lines += _table(["", ""], [(_cell(k), _cell(v)) for k, v in rows])
+        lines.append("")
 
 
 def _chain(lines, chain):
-    """The chain from origin to outputs (a future `locate` field)."""
+    """The chain from origin to outputs (`locate`'s "chain" field)."""
     lines += ["## From origin to outputs", ""]
-    for i, link in enumerate(chain if isinstance(chain, list) else []):
-        if isinstance(link, dict):
-            e = link.get("a") if isinstance(link.get("a"), dict) else link
-            m = link.get("metrics") or {}
-            lines.append(f"{i + 1}. {event_label(e)} (event #{e.get('index')}, step {e.get('step')}"
-                         f"{', `' + e['source'] + '`' if e.get('source') else ''})"
-                         f"{' max rel ' + fmt(m.get('max_rel')) if m else ''}")
-        else:
-            lines.append(f"{i + 1}. {_cell(str(link))}")
+    lines += [f"{i + 1}. {text}" for i, text in enumerate(chain_items(chain))]
     lines.append("")
 
 
