@@ -1,4 +1,4 @@
-"""Command line: record, info, show, locate, report, check, demo.
+"""Command line: record, info, show, locate, explain, repro, report, check, demo.
 
 Bad input: one line on stderr that says how to fix it, exit code 2.
 """
@@ -57,6 +57,20 @@ def _tolerance_options(fn):
     return fn
 
 
+def _explain_options(fn):
+    """Options shared by locate and explain: --ulp, --noise."""
+    fn = click.option("--noise", nargs=2, type=click.Path(dir_okay=False), default=None,
+                      metavar="A1.h5 A2.h5",
+                      help="Two traces of the same script recorded on a's machine: events "
+                           "whose values differ between them are nondeterministic there and "
+                           "are never blamed as the origin.")(fn)
+    fn = click.option("--ulp", type=click.FloatRange(min=0), default=None, metavar="N",
+                      help="Elements at most N ULP apart (in their dtype) are within "
+                           "tolerance; alone it replaces the rtol/atol rule, with --rtol/--atol "
+                           "either rule suffices.")(fn)
+    return fn
+
+
 def _print_result(result, as_json=False, verbose=False, quiet=False):
     if quiet:
         return
@@ -101,10 +115,26 @@ def main():
 @click.option("--framework", "frameworks", multiple=True, type=click.Choice(["jax", "torch"]),
               help="Capture only this framework; repeat for both (default: every one the "
                    "script imports).")
+@click.option("--level", type=click.Choice(["full", "stats", "calls"]), default="full",
+              show_default=True,
+              help="full: every value's bytes. stats: per value a hash of the exact bytes and "
+                   "min/max/mean/L2/NaN/Inf (~64 bytes). calls: only top-level jit calls and "
+                   "optimizer steps (hash + stats), no JAX replay: near-zero overhead.")
+@click.option("--steps", default=None, metavar="START:STOP",
+              help="Record only optimizer steps START..STOP-1 (e.g. 30:40, 30:, or 7).")
+@click.option("--ops", default=None, metavar="REGEX",
+              help="Keep values only of ops whose name matches (e.g. 'dot|addmm'); other "
+                   "events are recorded without values.")
+@click.option("--modules", default=None, metavar="GLOB",
+              help="Keep values only of ops under these module paths / name stacks "
+                   "(e.g. 'rnn.*,head'); other events are recorded without values.")
+@click.option("--max-bytes", default=None, metavar="SIZE",
+              help="Stop storing value bytes past SIZE (e.g. 2GB); later values keep hash and "
+                   "stats. The trace says where the cap was reached.")
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @_guard
-def record(output, loops, frameworks, script, args):
+def record(output, loops, frameworks, level, steps, ops, modules, max_bytes, script, args):
     """Run SCRIPT [ARGS...] unmodified and record every operation into a trace.
 
     \b
@@ -119,6 +149,8 @@ def record(output, loops, frameworks, script, args):
     Examples:
       tracediff record -o a.h5 train.py --epochs 1
       XLA_FLAGS=--xla_cpu_max_isa=SSE4_2 tracediff record -o b.h5 train.py --epochs 1
+      tracediff record --level calls -o a.h5 train.py        # long run: cheap first pass
+      tracediff record --level full --steps 31:32 -o a31.h5 train.py   # then zoom in
     """
     from .capture import RecordOptions
     from .runner import record_script
@@ -127,7 +159,11 @@ def record(output, loops, frameworks, script, args):
         raise TraceError(f"{script}: no such script (give the path of a Python file: "
                          f"tracediff record -o trace.h5 train.py [ARGS...])")
 
-    options = RecordOptions(loops=loops)
+    try:
+        options = RecordOptions(level=level, loops=loops, steps=steps, ops=ops, modules=modules,
+                                max_bytes=max_bytes)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     code = record_script(script, list(args), output, options, frameworks or ("jax", "torch"))
     click.echo(f"tracediff: trace written to {output}", err=True)
     sys.exit(code)
@@ -211,8 +247,12 @@ def show(trace, event, as_json, npy):
               help="Also print source lines, per-output metrics, every optimizer step and every "
                    "environment difference.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing; only the exit code tells.")
+@_explain_options
+@click.option("--no-explain", is_flag=True,
+              help="Skip the replay verdict and the chain (no op is re-executed).")
 @_guard
-def locate(trace_a, trace_b, rtol, atol, map_file, as_json, verbose, quiet):
+def locate(trace_a, trace_b, rtol, atol, map_file, as_json, verbose, quiet, ulp, noise,
+           no_explain):
     """Name the first operation where TRACE_A and TRACE_B disagree.
 
     Prints the first difference beyond tolerance (op, name stack, source line, step,
@@ -226,6 +266,7 @@ def locate(trace_a, trace_b, rtol, atol, map_file, as_json, verbose, quiet):
     Examples:
       tracediff locate a.h5 b.h5
       tracediff locate a.h5 b.h5 --rtol 1e-4 --atol 1e-6
+      tracediff locate a.h5 b.h5 --ulp 4 --noise a.h5 a_again.h5
       tracediff locate -q a.h5 b.h5 || echo "runs differ"
       NO_COLOR=1 tracediff locate a.h5 b.h5 > locate.txt
     """
@@ -235,9 +276,91 @@ def locate(trace_a, trace_b, rtol, atol, map_file, as_json, verbose, quiet):
         raise click.UsageError("--verbose and --quiet contradict each other; pick one")
     _need_trace(trace_a)
     _need_trace(trace_b)
-    result = _locate(trace_a, trace_b, rtol=rtol, atol=atol, map_file=map_file)
+    for n in noise or ():
+        _need_trace(n, "noise trace")
+    result = _locate(trace_a, trace_b, rtol=rtol, atol=atol, map_file=map_file, ulp=ulp,
+                     noise=noise or None, explain=not no_explain and not quiet)
     _print_result(result, as_json, verbose, quiet)
     sys.exit(result.exit_code)
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("trace_a", type=click.Path(dir_okay=False))
+@click.argument("trace_b", type=click.Path(dir_okay=False))
+@click.argument("event", type=int, required=False)
+@_tolerance_options
+@_explain_options
+@click.option("--map", "map_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Name map for traces of different frameworks (as for locate).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@_guard
+def explain(trace_a, trace_b, event, rtol, atol, ulp, noise, map_file, as_json):
+    """Explain a divergence: where it starts, how it grows, which machine is right, why.
+
+    \b
+    For the origin (EVENT of TRACE_A, or the op that introduced the first difference):
+    - the chain through the dataflow to the first difference beyond tolerance and to
+      the last outputs, with the amplification at each hop;
+    - the replay verdict: the op re-executed here from each side's recorded inputs, in
+      its own dtype (does this machine reproduce a or b?) and in higher precision
+      (float64; numpy long double for float64 ops): how many ULP each side is off;
+    - the environment differences that can change this kind of op, ranked;
+    - per optimizer step, the largest relative difference of the parameters and loss.
+
+    \b
+    Exit code: 0 match, 1 diverged (as locate), 2 error.
+
+    \b
+    Examples:
+      tracediff explain a.h5 b.h5
+      tracediff explain a.h5 b.h5 375 --json
+      tracediff explain a.h5 b.h5 --noise a.h5 a_again.h5
+    """
+    from .diff.explain import print_analysis
+    from .diff.locate import locate as _locate
+
+    _need_trace(trace_a)
+    _need_trace(trace_b)
+    for n in noise or ():
+        _need_trace(n, "noise trace")
+    holder = {"event": event}
+    result = _locate(trace_a, trace_b, rtol=rtol, atol=atol, map_file=map_file, ulp=ulp,
+                     noise=noise or None, analysis=holder)
+    for w in result.warnings:
+        click.echo(f"tracediff: warning: {w}", err=True)
+    analysis = holder.get("analysis") or {}
+    if as_json:
+        from .report.json_report import _clean
+
+        click.echo(json.dumps(_clean(analysis), indent=2))
+    else:
+        print_analysis(analysis)
+    sys.exit(result.exit_code)
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("trace", type=click.Path(dir_okay=False))
+@click.argument("event", type=int)
+@click.option("-o", "--output", "out_dir", required=True, metavar="DIR",
+              help="Folder for repro.py and inputs.npz (created if needed).")
+@_guard
+def repro(trace, event, out_dir):
+    """Write a standalone reproducer of EVENT of TRACE: DIR/repro.py + DIR/inputs.npz.
+
+    The script runs the op alone with its recorded inputs, with only numpy and the
+    framework, and prints the result, its sha256 and whether it equals the recorded
+    output: run it on both machines and attach it to the upstream bug report.
+
+    \b
+    Examples:
+      tracediff repro b.h5 1 -o dot_repro && python dot_repro/repro.py
+    """
+    from .diff.repro import write_repro
+
+    _need_trace(trace)
+    info = write_repro(trace, event, out_dir)
+    click.echo(f"tracediff: reproducer of {info['op']} written to {info['script']} "
+               f"(+ {os.path.basename(info['npz'])}); run: python {info['script']}", err=True)
 
 
 def _report_format(output, fmt):
@@ -447,6 +570,8 @@ for _cmd, _text in ((record, "Run a script unmodified and record every operation
                     (info, "Summarise a trace: machine, packages, end status, op counts."),
                     (show, "Show one event of a trace: op, source, inputs, values."),
                     (locate, "Name the first operation where two traces disagree."),
+                    (explain, "Explain a divergence: origin, chain, replay verdict, causes."),
+                    (repro, "Write a standalone script reproducing one recorded op."),
                     (report, "Write a Markdown or HTML bug report comparing two traces."),
                     (check, "Record a script and compare it with a golden trace (CI)."),
                     (demo, "Record a bundled example twice and locate the divergence.")):

@@ -14,18 +14,136 @@ import threading
 from ..trace import schema
 
 
-class RecordOptions:
-    """What to record. `level`: full (all values); `loops`: opaque or stepped."""
+LEVELS = ("full", "stats", "calls")
 
-    def __init__(self, level="full", loops="opaque"):
-        if level not in ("full",):
-            raise ValueError(f"unknown level {level!r}")
+
+def parse_steps(text):
+    """`30:40` (steps 30..39), `30:` (from 30 on), `:10`, `7` (step 7 alone) -> (start, stop)
+    with stop None for open-ended; None for no window."""
+    if text is None or str(text).strip() in ("", ":"):
+        return None
+    text = str(text).strip()
+    try:
+        if ":" in text:
+            lo, hi = text.split(":", 1)
+            start = int(lo) if lo.strip() else 0
+            stop = int(hi) if hi.strip() else None
+        else:
+            start = int(text)
+            stop = start + 1
+    except ValueError:
+        raise ValueError(f"invalid --steps {text!r} (use START:STOP, e.g. 30:40, or one step)") \
+            from None
+    if start < 0 or (stop is not None and stop <= start):
+        raise ValueError(f"invalid --steps {text!r}: need 0 <= START < STOP")
+    return start, stop
+
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+          "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40,
+          "tib": 1 << 40}
+
+
+def parse_size(text):
+    """`500MB`, `2G`, `1.5GiB`, `1000000` -> bytes (binary units); None passes through."""
+    if text is None:
+        return None
+    if isinstance(text, (int, float)):
+        return int(text)
+    t = str(text).strip().lower().replace(" ", "")
+    num = t.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = t[len(num):]
+    try:
+        value = float(num)
+    except ValueError:
+        value = None
+    if value is None or unit not in _UNITS or value < 0:
+        raise ValueError(f"invalid size {text!r} (use e.g. 500MB, 2GB, 1000000)")
+    return int(value * _UNITS[unit])
+
+
+class RecordOptions:
+    """What to record.
+
+    `level`: full (every value's bytes), stats (per value: hash and statistics, no bytes)
+    or calls (JAX: top-level jit calls' inputs/outputs and optimizer steps, no replay;
+    torch: optimizer-step snapshots; hash and statistics). `loops`: opaque or stepped.
+    Windows: `steps` ("30:40": only optimizer steps 30..39 are recorded at all), `ops`
+    (regex on op names) and `modules` (glob(s) on module paths / name stacks, comma
+    separated): events outside these are recorded without values (metadata only);
+    `max_bytes`: past this many stored value bytes, values are kept as stats + hash."""
+
+    def __init__(self, level="full", loops="opaque", steps=None, ops=None, modules=None,
+                 max_bytes=None):
+        if level not in LEVELS:
+            raise ValueError(f"unknown level {level!r} (choose from {', '.join(LEVELS)})")
         if loops not in ("opaque", "stepped"):
             raise ValueError(f"unknown loop mode {loops!r}")
         self.level, self.loops = level, loops
+        self.steps = parse_steps(steps) if not isinstance(steps, tuple) else steps
+        self.ops = ops or None
+        self._ops_re = None
+        if self.ops:
+            import re
+
+            try:
+                self._ops_re = re.compile(self.ops)
+            except re.error as exc:
+                raise ValueError(f"invalid --ops regular expression {ops!r}: {exc}") from None
+        self.modules = modules or None
+        self._globs = tuple(g.strip() for g in self.modules.split(",") if g.strip()) \
+            if self.modules else ()
+        self.max_bytes = parse_size(max_bytes)
+        self._selected = {}
+
+    @property
+    def filtered(self):
+        """True when an --ops or --modules window restricts which events keep values."""
+        return bool(self._ops_re is not None or self._globs)
+
+    def in_steps(self, step):
+        """Is optimizer step `step` inside the --steps window?"""
+        w = self.steps
+        return w is None or (step >= w[0] and (w[1] is None or step < w[1]))
+
+    def past_steps(self, step):
+        """True once `step` is past the end of the window (nothing more will be recorded)."""
+        w = self.steps
+        return w is not None and w[1] is not None and step >= w[1]
+
+    def selected(self, op, module):
+        """Do the --ops/--modules windows keep the values of an event (cached)?"""
+        key = (op, module)
+        hit = self._selected.get(key)
+        if hit is None:
+            import fnmatch
+
+            hit = True
+            if self._ops_re is not None:
+                hit = bool(op) and self._ops_re.search(op) is not None
+            if hit and self._globs:
+                m = module or ""
+                hit = any(fnmatch.fnmatchcase(m, g) for g in self._globs)
+            if len(self._selected) < 100_000:
+                self._selected[key] = hit
+        return hit
+
+    def steps_text(self):
+        if self.steps is None:
+            return None
+        start, stop = self.steps
+        return f"{start}:{'' if stop is None else stop}"
 
     def as_dict(self):
-        return {"level": self.level, "loops": self.loops}
+        from ..trace.values import HASH_NAME
+
+        return {"level": self.level, "loops": self.loops, "steps": self.steps_text(),
+                "ops": self.ops, "modules": self.modules, "max_bytes": self.max_bytes,
+                "hash": HASH_NAME,
+                "values": {"full": "bytes of every value (hash of the exact bytes)",
+                           "stats": "hash of the exact bytes and statistics per value, no bytes",
+                           "calls": "top-level calls and optimizer steps only: hash and "
+                                    "statistics per value"}[self.level]}
 
 
 class Session:

@@ -97,6 +97,21 @@ class _Site:
             self.mode = "skip"  # debug prints and other output-less effects: never run twice
 
 
+def _jaxpr_has_tag(jaxpr, depth):
+    """True when a jaxpr (or one nested in its equations' params) tags optax values."""
+    if depth > 32:
+        return False
+    for eqn in getattr(jaxpr, "eqns", ()):
+        if eqn.primitive.name == "name" and str(eqn.params.get("name", "")).startswith(OPTAX_TAG):
+            return True
+        for val in eqn.params.values():
+            for sub in (val if isinstance(val, (tuple, list)) else (val,)):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns") and _jaxpr_has_tag(inner, depth + 1):
+                    return True
+    return False
+
+
 class JaxCapture(Capture):
     framework = "jax"
     trigger = "jax"
@@ -123,6 +138,13 @@ class JaxCapture(Capture):
 
         self.session, self._core, self._pjit, self._siu = session, core, pjit, siu
         self.stepped = session.options.loops == "stepped"
+        # Levels and windows (RecordOptions): `calls` records top-level calls only (no
+        # replay, no eager primitives); outside a --steps window nothing is recorded and
+        # optax steps are only counted; --ops/--modules keep values of matching events.
+        self.opts = session.options
+        self.calls_only = getattr(self.opts, "level", "full") == "calls"
+        self.filtered = bool(getattr(self.opts, "filtered", False))
+        self._optax_calls = {}      # id(jaxpr) -> (jaxpr, contains optax tags)
         siu.register_exclusion(os.path.dirname(os.path.abspath(__file__)))
         self._orig = {"impl": pjit._pjit_call_impl_python, "fast": pjit._get_fastpath_data,
                       "pp": core.EvalTrace.process_primitive}
@@ -156,6 +178,7 @@ class JaxCapture(Capture):
             "loops": self.session.options.loops if self.session else None,
             "calls": self.calls, "equations": self.eqns, "eager_primitives": self.eager,
             "optimizer_steps": self.step, "calls_not_replayed": self.opaque_calls,
+            "level": getattr(self.opts, "level", "full") if self.session else None,
             "replay_errors": self.replay_errors[:20],
             "untested_version": jax_internals.untested_version(),
         }
@@ -185,6 +208,8 @@ class JaxCapture(Capture):
         orig = self._orig["impl"]
         if _TL.suppress or not self.session.active or not self._core.trace_state_clean():
             return orig(*args, jaxpr=jaxpr, **params)
+        if self.calls_only or not self._in_window():
+            return self._call_light(orig, args, jaxpr, params)
         _TL.suppress += 1  # everything below is tracediff's own JAX work: never recorded
         try:
             with self.session.lock:
@@ -202,6 +227,67 @@ class JaxCapture(Capture):
         _TL.intercepted = True
         return result
 
+    def _in_window(self):
+        o = self.opts
+        return o.in_steps(self.step) if hasattr(o, "in_steps") else True
+
+    def _call_light(self, orig, args, jaxpr, params):
+        """`--level calls` (and calls outside a --steps window): run the compiled call
+        as is; record it (inputs and outputs, hash + stats) only when its step is in the
+        window; count it as an optimizer step when its jaxpr holds optax tags."""
+        record = self._in_window()
+        _TL.suppress += 1
+        try:
+            with self.session.lock:
+                if self._pending_optim:  # eager optax tags since the last call
+                    self._flush_optim()
+                call_id = None
+                if record:
+                    self.calls += 1
+                    w = self.session.writer
+                    names = self._arg_names(jaxpr, len(args))
+                    call_id = w.add_event(framework=schema.FW_JAX, kind=schema.KIND_CALL,
+                                          op=f"jit:{params.get('name', '?')}",
+                                          origin=schema.ORIGIN_COMPILED,
+                                          name_stack=self._name_stack(),
+                                          source=self._live_source(), step=self.step,
+                                          params=f"{len(jaxpr.jaxpr.eqns)} eqns")
+                    for slot, x in enumerate(args):
+                        ref = self._known_producer(x)
+                        w.add_input(call_id, slot, *ref)
+                        self._store(call_id, slot, x, name=names[slot], role=schema.ROLE_IN)
+                result = orig(*args, jaxpr=jaxpr, **params)
+                if record:
+                    outs = jax_internals.call_outputs(result)
+                    names = self._result_names(jaxpr, len(outs))
+                    for slot, x in enumerate(outs):
+                        self._store(call_id, slot, x, name=names[slot])
+                        self._register(x, call_id, slot)
+                if self._has_optax(jaxpr):
+                    self.step += 1
+        finally:
+            _TL.suppress -= 1
+        _TL.intercepted = True
+        return result
+
+    def _known_producer(self, x):
+        """(event, slot) of a recorded array, else unknown (no input snapshot event)."""
+        entry = self._producers.get(id(x))
+        if entry is not None and entry[0]() is x:
+            return entry[1], entry[2]
+        if isinstance(x, (int, float, complex, bool, np.generic)):
+            return schema.PRODUCER_LITERAL, 0
+        return schema.PRODUCER_UNKNOWN, 0
+
+    def _has_optax(self, closed):
+        """Does this call's jaxpr (at any depth) hold optax step tags? (cached)"""
+        hit = self._optax_calls.get(id(closed))
+        if hit is not None and hit[0] is closed:
+            return hit[1]
+        found = _jaxpr_has_tag(getattr(closed, "jaxpr", closed), 0)
+        self._optax_calls[id(closed)] = (closed, found)
+        return found
+
     def _make_pp_hook(self):
         capture, orig = self, self._orig["pp"]
         jit_names = jax_internals.JIT_NAMES
@@ -209,6 +295,15 @@ class JaxCapture(Capture):
         def process_primitive(trace, prim, args, params, /):
             if _TL.suppress or prim.name in jit_names or not capture.session.active:
                 return orig(trace, prim, args, params)
+            if capture.calls_only or not capture._in_window():
+                # not recorded: only an eager optax step is counted (at the next call)
+                if prim.name == "name" and str(params.get("name", "")).startswith(OPTAX_TAG):
+                    capture._pending_optim[params["name"][len(OPTAX_TAG):]] = None
+                _TL.suppress += 1  # an eager primitive's own jit dispatch is not a call
+                try:
+                    return orig(trace, prim, args, params)
+                finally:
+                    _TL.suppress -= 1
             _TL.suppress += 1
             try:
                 out = orig(trace, prim, args, params)
@@ -256,12 +351,16 @@ class JaxCapture(Capture):
         if len(self._producers) > 200_000:  # drop dead entries now and then
             self._producers = {k: v for k, v in self._producers.items() if v[0]() is not None}
 
-    def _store(self, eid, slot, x, name=None, role=schema.ROLE_OUT):
+    def _store(self, eid, slot, x, name=None, role=schema.ROLE_OUT, store=True):
         w = self.session.writer
         dtype = getattr(x, "dtype", None)
         if dtype is None:
             if isinstance(x, (int, float, complex, bool, np.generic)):
-                w.add_value(eid, slot, np.asarray(x), role=role, name=name)
+                w.add_value(eid, slot, np.asarray(x), role=role, name=name, store=store)
+            return
+        if not store:  # outside an --ops/--modules window: shape and dtype only
+            w.add_meta_value(eid, slot, str(dtype), tuple(getattr(x, "shape", ())), role=role,
+                             name=name)
             return
         logical = None
         if jax_internals.is_key_dtype(dtype):
@@ -316,8 +415,9 @@ class JaxCapture(Capture):
         for slot, ref in enumerate(refs):
             w.add_input(eid, slot, *ref)
         outs = out if prim.multiple_results else [out]
+        keep = not self.filtered or self.opts.selected(prim.name, self._name_stack())
         for slot, x in enumerate(outs):
-            self._store(eid, slot, x)
+            self._store(eid, slot, x, store=keep)
             self._register(x, eid, slot)
 
     @staticmethod
@@ -389,8 +489,9 @@ class JaxCapture(Capture):
                 outs = self._step_while(eqn, ivals, irefs, call_id, eid, ns, src)
             else:
                 outs = self._bind(eqn, ivals)
+            keep = not self.filtered or self.opts.selected(site.op, ns)
             for slot, (v, x) in enumerate(zip(eqn.outvars, outs)):
-                self._store(eid, slot, x)
+                self._store(eid, slot, x, store=keep)
                 if site.op == "name" and str(eqn.params.get("name", "")).startswith(OPTAX_TAG):
                     self._pending_optim[eqn.params["name"][len(OPTAX_TAG):]] = self._host(x)
                 if type(v).__name__ != "DropVar":
@@ -445,6 +546,11 @@ class JaxCapture(Capture):
     def _flush_optim(self):
         """Write the optax values tagged during the last call (or eager update) as one step."""
         if not self._pending_optim or not self.session.active:
+            return
+        if self.calls_only or not self._in_window() or \
+                all(v is None for v in self._pending_optim.values()):
+            self._pending_optim = {}  # counted, not recorded (outside the window)
+            self.step += 1
             return
         w = self.session.writer
         eid = w.add_event(framework=schema.FW_JAX, kind=schema.KIND_OPTIM, op="optim:optax",

@@ -243,10 +243,32 @@ class TorchCapture(Capture):
             register_optimizer_step_post_hook(self._optim_post),
         ]
         self.mode = _make_mode(self)
-        self.mode.__enter__()
         self.thread = threading.get_ident()
-        self.last_seq[self.thread] = self._get_seq()
+        # Levels and windows (RecordOptions): at `calls` level no op is recorded (only
+        # optimizer-step snapshots); outside a --steps window the dispatch mode is not
+        # even entered, so those steps run at full speed.
+        opts = session.options
+        self.opts = opts
+        self.ops_level = getattr(opts, "level", "full") != "calls"
+        self.filtered = bool(getattr(opts, "filtered", False))
+        self.mode_on = False
+        self._update_window()
         self.installed = True
+
+    def _in_window(self):
+        o = self.opts
+        return o.in_steps(self.step) if hasattr(o, "in_steps") else True
+
+    def _update_window(self):
+        """Enter the dispatch mode while the current step is recorded, leave it otherwise."""
+        want = self.ops_level and self._in_window()
+        if want and not self.mode_on:
+            self.mode.__enter__()
+            self.mode_on = True
+            self.last_seq[self.thread] = self._get_seq()
+        elif not want and self.mode_on:
+            self.mode.__exit__(None, None, None)
+            self.mode_on = False
 
     def uninstall(self):
         if not self.installed:
@@ -257,7 +279,9 @@ class TorchCapture(Capture):
             h.remove()
         self._handles = []
         try:
-            self.mode.__exit__(None, None, None)
+            if self.mode_on:
+                self.mode_on = False
+                self.mode.__exit__(None, None, None)
         finally:
             self.producer.clear()
             self.last_writer.clear()
@@ -278,6 +302,7 @@ class TorchCapture(Capture):
              "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
              "float32_matmul_precision": torch.get_float32_matmul_precision(),
              "optimizer_steps": getattr(self, "step", 0),
+             "level": getattr(getattr(self, "opts", None), "level", "full"),
              "ops": getattr(self, "n_ops", 0),
              "input_snapshots": getattr(self, "n_inputs", 0),
              "producer_fallbacks": getattr(self, "n_fallback", 0)}
@@ -560,6 +585,7 @@ class TorchCapture(Capture):
             else:
                 producer, pending, last_writer = self.producer, self.pending, self.last_writer
                 uninit = info.uninit
+                keep = not self.filtered or self.opts.selected(info.name, mod)
                 for slot, o in enumerate(outs):
                     wr = weakref.ref(o)
                     key = id(o)
@@ -571,7 +597,10 @@ class TorchCapture(Capture):
                         ptr = 0
                     if ptr:
                         last_writer[ptr] = (eid, slot, wr, uninit)
-                    self._store(eid, slot, o, uninit)
+                    if keep:
+                        self._store(eid, slot, o, uninit)
+                    else:  # outside the --ops/--modules window: metadata only
+                        w.add_meta_value(eid, slot, self._dtype_info(o.dtype)[0], tuple(o.shape))
 
     def _params(self, info, args, kwargs):
         """Short deterministic summary of the non-tensor arguments."""
@@ -594,13 +623,15 @@ class TorchCapture(Capture):
     def _optim_post(self, opt, args, kwargs):
         if self.forked or self.failed or threading.get_ident() != self.thread or self.writer.closed:
             return
-        try:
-            self._snapshot_optimizer(opt)
-        except Exception as exc:
-            self._fail(exc)
+        if self._in_window():
+            try:
+                self._snapshot_optimizer(opt)
+            except Exception as exc:
+                self._fail(exc)
         self.step += 1
         self.phase = schema.PHASE_FWD
         self._prune()
+        self._update_window()
 
     def _prune(self):
         """Forget bookkeeping that can no longer be used, so long runs stay bounded."""

@@ -122,6 +122,8 @@ def prepare(trace, strings):
     outsig = np.zeros(n, np.uint64)
     np.add.at(outsig, ev_of, shape_sig)
     comparable = (out["offset"] >= 0) & ((out["flags"] & (schema.VFLAG_UNINIT | schema.VFLAG_NOT_STORED)) == 0)
+    # stats-only values (--level stats/calls) carry the hash of their exact bytes too
+    comparable |= ((out["flags"] & schema.VFLAG_STATS) != 0) & ((out["flags"] & schema.VFLAG_UNINIT) == 0)
     content = np.zeros(n, np.uint64)
     np.add.at(content, ev_of[comparable], mix(slot_key[comparable], out["hash"][comparable]))
     n_out = np.bincount(ev_of, minlength=n) if n else np.zeros(0, np.int64)

@@ -49,10 +49,11 @@ from ..trace import schema
 from ..trace.values import decode, parse_shape, _NATIVE
 from . import align as _align
 from . import compare
+from . import levels as _levels
 from .env import env_diff
 
 BITWISE, TOLERANCE = "bitwise", "tolerance"
-BLOB_IN_MEMORY = 1 << 30
+BLOB_IN_MEMORY = 256 << 20   # larger byte arenas are read value by value (bounded memory)
 MAX_OPTIM_ROWS = 200
 
 
@@ -129,6 +130,7 @@ class LocateResult:
     explain: dict = None       # short replay verdict of the origin (explain.py), or None
     chain: list = None         # origin -> first beyond tolerance -> outputs (chain.py)
     noise: dict = None         # noise floor (--noise): nondeterministic events skipped
+    levels: dict = None        # how each side was recorded, what was decided, zoom (levels.py)
 
     @property
     def exit_code(self):
@@ -165,6 +167,9 @@ class Differ:
         """Metrics of two value rows; None when either cannot be compared. `tol_dtype`:
         judge by the tolerance of this (less precise) dtype instead of the value's own."""
         if not comparable(row_a) or not comparable(row_b):
+            # --level stats/calls: hash first, then statistics (levels.py)
+            if _levels.hashed(row_a) and _levels.hashed(row_b):
+                return _levels.compare_hashed(self, row_a, row_b, tol_dtype)
             return None
         key = (int(row_a["offset"]), int(row_b["offset"]), int(row_a["nbytes"]), tol_dtype)
         hit = self._cmp_val.get(key)
@@ -654,7 +659,7 @@ def run(ta, tb, rtol=None, atol=None, differ=None, mapping=None):
             f"{stats['only_in_b']} only in b (first: {gap['length']} events of {gap['side']} from "
             f"#{gap['start']}: {', '.join(ops[:5])}{' ...' if len(ops) > 5 else ''}); "
             f"only paired events are compared")
-    return LocateResult(
+    result = LocateResult(
         path_a=ta.path, path_b=tb.path,
         verdict="diverged" if first_tol is not None else "match",
         first_difference=first_bit, first_beyond_tolerance=first_tol, replay_only=replay_only,
@@ -666,6 +671,7 @@ def run(ta, tb, rtol=None, atol=None, differ=None, mapping=None):
                    **({"ulp": d.ulp} if d.ulp is not None else {})},
         mapping=mapping or [], optimizer_steps_total=n_steps,
         noise=_noise_info(d))
+    return _levels.annotate(result, ta, tb, d)
 
 
 def _noise_info(d):

@@ -84,6 +84,9 @@ def next_steps(r):
             out.append(f"tracediff show {r.path_a} {f.call['a']}   # the enclosing compiled call")
     if r.first_beyond_tolerance is None and r.first_difference is not None:
         out.append("differences stay within tolerance; tighten with --rtol/--atol to localise them")
+    from ..diff.levels import zoom_lines
+
+    out += zoom_lines(r)  # two-level search: record the divergent step at full level
     return out
 
 
@@ -105,6 +108,7 @@ def build(r):
         "env_diff": r.env_diff,
         "mapping": r.mapping,
         "next_steps": next_steps(r),
+        "levels": getattr(r, "levels", None),
     }
     # root cause (diff/explain.py): short replay verdict of the origin, the chain from the
     # origin to the outputs, the noise floor; present only when computed

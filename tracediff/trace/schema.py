@@ -48,6 +48,9 @@ ROLE_IN = 1
 VFLAG_UNINIT = 1      # uninitialised memory (torch empty*): never compare
 VFLAG_NOT_STORED = 2  # metadata only: bytes were not written (meta/sparse tensor, cap reached)
 VFLAG_SCALAR = 4      # a Python scalar (torch .item())
+VFLAG_STATS = 8       # bytes not stored, but `hash` and a `stats` row are (--level stats/calls,
+                      # --max-bytes cap, stats outside an --ops/--modules window); set with
+                      # VFLAG_NOT_STORED so that readers unaware of stats never read bytes
 
 # inputs.producer special values
 PRODUCER_UNKNOWN = -1   # produced outside what was recorded
@@ -74,11 +77,23 @@ VALUE_DTYPE = np.dtype([
     ("shape", "<i4"),     # strings index: comma-separated dims, "" for a scalar
     ("name", "<i4"),      # strings index: pytree path / parameter name, or -1
     ("offset", "<i8"), ("nbytes", "<i8"),
-    ("hash", "<u8"),      # blake2b-64 of the stored bytes: equal hash == bitwise equal
+    ("hash", "<u8"),      # xxh3-64 of the exact bytes: equal hash == bitwise equal
 ])
 
 INPUT_DTYPE = np.dtype([
     ("event", "<i8"), ("slot", "<i4"), ("producer", "<i8"), ("producer_slot", "<i4"),
 ])
 
-TABLES = {"events": EVENT_DTYPE, "values": VALUE_DTYPE, "inputs": INPUT_DTYPE}
+# Statistics of a value whose bytes were not stored (VFLAG_STATS), keyed by its row in
+# `values`: 56 bytes, 64 with the value's hash.
+STATS_DTYPE = np.dtype([
+    ("value", "<i8"),     # row number in the values table
+    ("min", "<f8"), ("max", "<f8"),    # over the non-NaN elements (inf included)
+    ("mean", "<f8"), ("l2", "<f8"),    # over the finite elements
+    ("nan", "<i8"), ("inf", "<i8"),    # counts (complex: real and imaginary parts counted)
+])
+
+TABLES = {"events": EVENT_DTYPE, "values": VALUE_DTYPE, "inputs": INPUT_DTYPE,
+          "stats": STATS_DTYPE}
+# Tables a trace may lack (written by an older tracediff): read as empty.
+OPTIONAL_TABLES = {"stats"}

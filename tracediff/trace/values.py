@@ -9,6 +9,15 @@ import hashlib
 
 import numpy as np
 
+try:
+    import xxhash as _xxhash
+except ImportError:  # pragma: no cover - xxhash is a dependency; blake2b keeps old installs working
+    _xxhash = None
+
+# Name of the value hash, written to every trace's manifest (recording.hash): two traces
+# are compared hash to hash only when they name the same one.
+HASH_NAME = "xxh3_64" if _xxhash is not None else "blake2b_64"
+
 # Logical dtypes that are stored as raw bits and need ml_dtypes to decode.
 _ML_DTYPES = {"bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
               "float8_e4m3b11fnuz", "float8_e3m4", "float8_e4m3", "float8_e8m0fnu",
@@ -62,9 +71,115 @@ def encode(array, logical_dtype=None):
     return raw, name, storage, a.shape
 
 
-def digest(raw):
-    """64-bit hash of exact bytes; equal hashes are taken as bitwise equality."""
-    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little")
+def prepare(array, logical_dtype=None):
+    """Like `encode` without copying: (C-contiguous array in its storage dtype, logical
+    dtype name, storage dtype name, shape). The writer hashes and appends its buffer."""
+    a = array if type(array) is np.ndarray else np.asarray(array)
+    dname = _dtype_name(a.dtype)
+    name = logical_dtype or dname
+    if not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a)
+    if dname in _NATIVE:
+        return a, name, dname, a.shape
+    storage = _UINT_OF_SIZE.get(a.dtype.itemsize)
+    if storage is None or a.dtype.kind == "O":
+        raise TypeError(f"cannot store dtype {a.dtype}")
+    return a.view(storage), name, storage, a.shape
+
+
+def as_bytes(c):
+    """The bytes of a C-contiguous array as a buffer (no copy)."""
+    if c.size == 0:
+        return b""
+    try:
+        return c.data.cast("B")
+    except (TypeError, ValueError):
+        return c.tobytes()
+
+
+if _xxhash is not None:
+    digest = _xxhash.xxh3_64_intdigest  # 64-bit hash of exact bytes (any buffer)
+else:  # pragma: no cover
+    def digest(raw):
+        """64-bit hash of exact bytes; equal hashes are taken as bitwise equality."""
+        return int.from_bytes(hashlib.blake2b(bytes(raw), digest_size=8).digest(), "little")
+
+
+# -- statistics (--level stats) -------------------------------------------------------------
+# Per value: min and max over the non-NaN elements, mean and L2 norm over the finite ones,
+# NaN and Inf counts. Complex values count their real and imaginary parts as elements;
+# integers and bools are taken as numbers; PRNG keys and unknown dtypes get counts only.
+STAT_FIELDS = ("min", "max", "mean", "l2", "nan", "inf")
+
+
+def _as_numbers(arr, logical):
+    """Float view (float32/float64) of a value's numbers, or None when it has none."""
+    if logical in _ML_DTYPES:
+        try:
+            import ml_dtypes
+        except ImportError:
+            return None
+        try:
+            return arr.view(getattr(ml_dtypes, logical)).astype(np.float32)
+        except (AttributeError, TypeError, ValueError):
+            return None
+    kind = arr.dtype.kind
+    if kind == "c":
+        return arr.view(arr.real.dtype)
+    if kind == "f":
+        return arr
+    if kind in "iub" and not logical.startswith("key<"):
+        return arr.astype(np.float64)
+    return None
+
+
+def segment_stats(flat, starts, counts, logical):
+    """Statistics of many values stored back to back in one 1-D array (one storage dtype).
+
+    `starts`/`counts` give each value's first element and element count. Returns a float64
+    array of shape (n, 6) in `STAT_FIELDS` order (NaN where undefined: empty values, keys).
+    Vectorised: one pass of numpy reductions for the whole batch."""
+    n = len(starts)
+    out = np.full((n, 6), np.nan)
+    out[:, 4:] = 0
+    nums = _as_numbers(flat, logical)
+    if nums is None or not n:
+        return out
+    per = nums.size // max(flat.size, 1) if flat.size else 1  # complex: 2 numbers per element
+    starts = np.asarray(starts, np.int64) * per
+    counts = np.asarray(counts, np.int64) * per
+    nz = counts > 0
+    if not nz.any():
+        return out
+    s, c = starts[nz], counts[nz]
+    x = nums if nums.dtype == np.float64 else nums.astype(np.float64)
+    # reduceat needs strictly usable starts: empty values were dropped above
+    with np.errstate(invalid="ignore", over="ignore"):
+        nan = np.isnan(x)
+        fin = np.isfinite(x)
+        cnt_nan = np.add.reduceat(nan, s) if nan.any() else np.zeros(len(s))
+        cnt_fin = np.add.reduceat(fin, s)
+        mn = np.fmin.reduceat(x, s)
+        mx = np.fmax.reduceat(x, s)
+        xf = np.where(fin, x, 0.0)
+        tot = np.add.reduceat(xf, s)
+        sq = np.add.reduceat(xf * xf, s)
+    # reduceat reduces up to the next start: values lie back to back (no gaps).
+    res = np.empty((len(s), 6))
+    res[:, 0], res[:, 1] = mn, mx
+    with np.errstate(invalid="ignore", divide="ignore"):
+        res[:, 2] = np.where(cnt_fin > 0, tot / np.maximum(cnt_fin, 1), np.nan)
+    res[:, 3] = np.sqrt(sq)
+    res[:, 4] = cnt_nan
+    res[:, 5] = c - cnt_fin - cnt_nan
+    out[nz] = res
+    return out
+
+
+def value_stats(arr, logical=None):
+    """Statistics of one value (numpy array): a tuple in `STAT_FIELDS` order."""
+    a = np.ascontiguousarray(np.asarray(arr)).reshape(-1)
+    return tuple(segment_stats(a, [0], [a.size], logical or a.dtype.name)[0].tolist())
 
 
 def decode(raw, logical, storage, shape):

@@ -1,0 +1,215 @@
+"""Comparing traces recorded at different levels (full / stats / calls), and the two-level
+search for long runs.
+
+A value is stored at one of three depths: its bytes (level full), its hash and statistics
+(level stats or calls, or past a --max-bytes cap: `VFLAG_STATS`), or metadata only. Two
+values can be compared whenever both have a hash:
+
+* equal hashes (same dtype and shape) mean bitwise equal, at any level;
+* different hashes with the bytes of both: the ordinary element-wise comparison;
+* different hashes with only statistics on one side (or both): the statistics bound the
+  largest element-wise difference from below (min, max and mean are 1-Lipschitz in the
+  max norm; | ||a|| - ||b|| | <= sqrt(n) max |a - b|; different NaN/Inf counts mean a
+  NaN or Inf against a number). When that lower bound exceeds the tolerance at the
+  largest magnitude present, the value is *decided* beyond tolerance; otherwise it
+  differs bitwise and whether it is within tolerance *cannot be decided* without the
+  bytes. Integers, bools and keys are exact: a different hash is decided.
+
+`annotate` adds to a locate result what each side was recorded with, what could and could
+not be decided, and, when a side is not a full recording, the exact `tracediff record`
+commands that zoom in on the divergent step at full level (the two-level search).
+"""
+
+import math
+import os
+import shlex
+
+from ..trace import schema
+from ..trace.values import STAT_FIELDS
+from . import compare
+
+_NOT = schema.VFLAG_UNINIT | schema.VFLAG_NOT_STORED
+
+
+def has_bytes(row):
+    return row is not None and row["offset"] >= 0 and not (row["flags"] & _NOT)
+
+
+def hashed(row):
+    """True when the row's hash describes its exact bytes (bytes or stats stored)."""
+    return row is not None and not (row["flags"] & schema.VFLAG_UNINIT) and (
+        has_bytes(row) or bool(row["flags"] & schema.VFLAG_STATS))
+
+
+def _counts(differ):
+    c = getattr(differ, "level_counts", None)
+    if c is None:
+        c = differ.level_counts = {"hash_equal": 0, "stats_beyond_tolerance": 0,
+                                   "stats_undecided": 0}
+    return c
+
+
+def compare_hashed(differ, row_a, row_b, tol_dtype=None):
+    """Metrics of two value rows of which at least one has only hash + statistics."""
+    ta, tb = differ.ta, differ.tb
+    da, db = ta.string(row_a["dtype"]), tb.string(row_b["dtype"])
+    shape_a, shape_b = ta.string(row_a["shape"]), tb.string(row_b["shape"])
+    key = ("stats", int(row_a["hash"]), int(row_b["hash"]), da, db, shape_a, shape_b, tol_dtype)
+    hit = differ._cmp_val.get(key)
+    if hit is not None:
+        return hit
+    r, t = compare.tolerance(tol_dtype or da, differ.rtol, differ.atol)
+    counts = _counts(differ)
+    if row_a["hash"] == row_b["hash"] and da == db and shape_a == shape_b:
+        counts["hash_equal"] += 1
+        m = {"bitwise_equal": True, "within_tolerance": True, "max_abs": 0.0, "max_rel": 0.0,
+             "max_ulp": 0.0, "mismatch_fraction": 0.0, "beyond_tolerance_fraction": 0.0,
+             "rtol": r, "atol": t, "compared_by": "hash"}
+        differ._cmp_val[key] = m
+        return m
+    sa, sb = ta.value_stats(row_a), tb.value_stats(row_b)
+    m = stats_metrics(sa, sb, da, db, shape_a, shape_b, r, t)
+    counts["stats_beyond_tolerance" if m["decided"] else "stats_undecided"] += 1
+    differ._cmp_val[key] = m
+    return m
+
+
+def stats_metrics(sa, sb, da, db, shape_a, shape_b, rtol, atol):
+    """Metrics of two bitwise-different values known only by their statistics."""
+    m = {"bitwise_equal": False, "compared_by": "stats", "rtol": rtol, "atol": atol,
+         "max_ulp": None, "max_rel": None, "mismatch_fraction": None,
+         "beyond_tolerance_fraction": None, "stats_a": sa, "stats_b": sb}
+    decided, lb, why = False, 0.0, ""
+    if da != db or shape_a != shape_b:
+        decided, why = True, "dtype or shape differ"
+    elif not compare.is_floating(da) or (rtol == 0 and atol == 0):
+        decided, why = True, "exact dtype: a different hash is a different value"
+    elif sa is None or sb is None:
+        why = "no statistics recorded"
+    elif sa["nan"] != sb["nan"] or sa["inf"] != sb["inf"]:
+        decided, lb, why = True, math.inf, "NaN/Inf counts differ"
+    else:
+        n = 1
+        for d in (shape_a.split(",") if shape_a else ()):
+            n *= max(int(d), 1)
+        bounds = []
+        for f in ("min", "max"):
+            x, y = sa[f], sb[f]
+            if math.isfinite(x) and math.isfinite(y):
+                bounds.append(abs(x - y))
+        if sa["nan"] == 0 and sa["inf"] == 0:
+            bounds.append(abs(sa["mean"] - sb["mean"]))
+            bounds.append(abs(sa["l2"] - sb["l2"]) / math.sqrt(n))
+        lb = max([b for b in bounds if math.isfinite(b)] or [0.0])
+        scale = max((abs(v) for s in (sa, sb) for v in (s["min"], s["max"])
+                     if math.isfinite(v)), default=0.0)
+        if lb > atol + rtol * scale:
+            decided, why = True, (f"statistics differ by at least {lb:.3g}, more than the "
+                                  f"tolerance at the largest magnitude ({scale:.3g})")
+        else:
+            why = ("bitwise different; the statistics agree within tolerance, so whether the "
+                   "values do cannot be decided without their bytes (--level full)")
+    m["decided"] = decided
+    m["within_tolerance"] = not decided
+    m["max_abs"] = lb
+    m["max_abs_is_lower_bound"] = True
+    m["note"] = why
+    return m
+
+
+def _level(t):
+    rec = t.manifest.get("recording") or {}
+    return rec.get("level") or "full", rec
+
+
+def _zoom_cmd(t, rec, step_lo, step_hi, out):
+    script = t.manifest.get("script") or {}
+    argv = script.get("argv") or []
+    if not isinstance(argv, list) or not argv:
+        path = script.get("path") or script.get("name") or "SCRIPT.py"
+        argv = [path]
+    env = t.manifest.get("env") or {}
+    parts = ["tracediff", "record", "--level", "full", "--steps", f"{step_lo}:{step_hi}"]
+    if rec.get("loops") and rec.get("loops") != "opaque":
+        parts += ["--loops", str(rec["loops"])]
+    parts += ["-o", out, *[str(a) for a in argv]]
+    return env, " ".join(shlex.quote(p) for p in parts)
+
+
+def annotate(result, ta, tb, differ):
+    """Add `levels` (how each side was recorded, what was and was not decided, zoom
+    commands) to a locate result, and a warning when something could not be decided."""
+    la, ra = _level(ta)
+    lb, rb = _level(tb)
+    counts = dict(getattr(differ, "level_counts", None) or
+                  {"hash_equal": 0, "stats_beyond_tolerance": 0, "stats_undecided": 0})
+    info = {"a": {"level": la, "steps": ra.get("steps"), "ops": ra.get("ops"),
+                  "modules": ra.get("modules"), "max_bytes": ra.get("max_bytes"),
+                  "values_capped_at_event": ra.get("values_capped_at_event")},
+            "b": {"level": lb, "steps": rb.get("steps"), "ops": rb.get("ops"),
+                  "modules": rb.get("modules"), "max_bytes": rb.get("max_bytes"),
+                  "values_capped_at_event": rb.get("values_capped_at_event")},
+            "compared_without_bytes": counts, "decided": [], "not_decided": [], "zoom": []}
+    if ra.get("hash") and rb.get("hash") and ra.get("hash") != rb.get("hash"):
+        result.warnings.append(f"the traces hash values differently ({ra.get('hash')} vs "
+                               f"{rb.get('hash')}): stats-only values cannot be compared")
+    cheap = la != "full" or lb != "full"
+    fd, ft = result.first_difference, result.first_beyond_tolerance
+    if fd is not None:
+        info["decided"].append(f"first bitwise difference: event {fd.a['index']} "
+                               f"({fd.a['op']}, step {fd.a['step']}) - hashes are exact")
+    if ft is not None:
+        how = ft.metrics.get("compared_by") == "stats"
+        info["decided"].append(f"first difference beyond tolerance: event {ft.a['index']} "
+                               f"({ft.a['op']}, step {ft.a['step']})" +
+                               (" - proven by its statistics" if how else ""))
+    if counts["stats_undecided"]:
+        info["not_decided"].append(
+            f"{counts['stats_undecided']} value pair(s) differ bitwise but only statistics were "
+            f"recorded and they agree within tolerance: whether they are beyond tolerance is "
+            f"unknown (the verdict treats them as within tolerance)")
+        result.warnings.append(info["not_decided"][-1] + "; zoom in at --level full to decide")
+    if cheap and la == "calls" or lb == "calls":
+        info["not_decided"].append("calls level: operations inside compiled calls and eager "
+                                   "ops were not recorded; the op cannot be named")
+    if cheap and fd is not None:
+        steps = []
+        for f in (fd, ft):
+            if f is not None and int(f.a["step"]) not in steps:
+                steps.append(int(f.a["step"]))
+        for s in steps:
+            cmds = {}
+            for side, t, rec in (("a", ta, ra), ("b", tb, rb)):
+                root, ext = os.path.splitext(t.path)
+                out = f"{root}.step{s}{ext or '.h5'}"
+                env, cmd = _zoom_cmd(t, rec, s, s + 1, out)
+                cmds[side] = {"trace": out, "command": cmd, "on": t.manifest.get("hostname")}
+            # environment variables that differ between the two runs are part of the recipe
+            ea, eb = ta.manifest.get("env") or {}, tb.manifest.get("env") or {}
+            for side, mine, other in (("a", ea, eb), ("b", eb, ea)):
+                diff = {k: v for k, v in mine.items() if isinstance(v, str) and other.get(k) != v}
+                if diff:
+                    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(diff.items()))
+                    cmds[side]["command"] = f"{prefix} {cmds[side]['command']}"
+            cmds["then"] = f"tracediff locate {shlex.quote(cmds['a']['trace'])} " \
+                           f"{shlex.quote(cmds['b']['trace'])}"
+            cmds["step"] = s
+            info["zoom"].append(cmds)
+    result.levels = info
+    return result
+
+
+def zoom_lines(result):
+    """next_steps lines for the two-level search (empty for full recordings)."""
+    info = getattr(result, "levels", None) or {}
+    out = []
+    for z in info.get("zoom") or ():
+        out.append(f"# zoom in on step {z['step']} at full level: on machine a "
+                   f"({z['a'].get('on') or '?'}), then on machine b ({z['b'].get('on') or '?'}):")
+        out.append(z["a"]["command"])
+        out.append(z["b"]["command"])
+        out.append(z["then"])
+    return out
+
+
+__all__ = ["annotate", "compare_hashed", "hashed", "stats_metrics", "zoom_lines", "STAT_FIELDS"]
