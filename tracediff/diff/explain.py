@@ -63,6 +63,13 @@ def _side(d, side):
 def event_inputs(d, side, ev):
     """Array inputs of event `ev` of one side, in slot order (raises CannotReplay)."""
     t, s, reader = _side(d, side)
+    return trace_inputs(t, s, reader, ev)
+
+
+def trace_inputs(t, s, reader, ev):
+    """Array inputs of event `ev` of trace `t` (Side `s`, ValueReader `reader`)."""
+    from .locate import Differ
+
     arrays, total = [], 0
     for r in t.input_rows(ev):
         slot, p, ps = int(r["slot"]), int(r["producer"]), int(r["producer_slot"])
@@ -76,7 +83,7 @@ def event_inputs(d, side, ev):
                                        f"not recorded")
         if p < 0:
             raise _replay.CannotReplay(f"input {slot} has an unknown producer")
-        row = d._input_value_row(s, t, ev, p, ps)
+        row = Differ._input_value_row(None, s, t, ev, p, ps)
         if row is None or not comparable(row):
             raise _replay.CannotReplay(f"input {slot} (from event {p}) was not stored")
         total += int(row["nbytes"])
@@ -573,3 +580,115 @@ def short(analysis):
     if analysis.get("compiled_call"):
         ex["compiled_call"] = analysis["compiled_call"]["explanation"]
     return ex, _chain.collapse(analysis.get("chain") or [])
+
+
+# -- terminal ---------------------------------------------------------------------------------
+
+def print_analysis(an, console=None):
+    """The full analysis for a terminal (`tracediff explain`)."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    c = console or Console(highlight=False, soft_wrap=True)
+    o = an.get("origin")
+    head = "[bold red]DIVERGED[/]" if an.get("verdict") == "diverged" else "[bold green]MATCH[/]"
+    c.print(f"{head} (beyond tolerance: {'yes' if an.get('verdict') == 'diverged' else 'no'})")
+    if not o:
+        c.print(escape(an.get("summary") or "nothing to explain"))
+        _print_steps(c, an.get("steps") or [])
+        return
+    a = o["a"]
+    c.print(f"[bold]origin[/]: {a['framework']} {a['kind']} [bold]{escape(a['op'])}[/] "
+            f"(a #{a['index']}, b #{o['b']['index']}"
+            f"{', ' + a['origin'] if a.get('origin') else ''}), step {a['step']}"
+            f"{'  ' + escape(a['name_stack']) if a.get('name_stack') else ''}"
+            f"{'  ' + escape(a['source']) if a.get('source') else ''}")
+    m = o.get("metrics") or {}
+    word = {True: "[bold]introduced here[/]", False: "inherited", None: "inputs unknown"}[
+        o.get("inputs_match")]
+    c.print(f"  {word}: {escape(o.get('inputs_reason') or '')}; outputs differ by max "
+            f"{_fmt(m.get('max_ulp'))} ULP (max rel {_fmt(m.get('max_rel'))})")
+    if o.get("call"):
+        c.print(f"  inside compiled call {escape(o['call']['op'])} (a #{o['call']['a']})")
+    if an.get("tolerance_origin"):
+        t = an["tolerance_origin"]
+        c.print(f"  first beyond tolerance: {escape(t['op'])} (a #{t['index']}, step {t['step']}),"
+                f" its inputs within tolerance: {escape(t.get('inputs_reason') or '')}")
+    links = an.get("chain") or []
+    info = an.get("chain_info") or {}
+    if links:
+        c.print(f"[bold]chain[/] (dataflow from the origin; {info.get('hops_total', len(links))} "
+                f"hops; amplification = output rel / input rel):")
+        c.print("  [dim]   a #  step  op                          out rel    in rel     ampl.   "
+                "role[/]")
+        for lk in _chain.collapse(links):
+            if isinstance(lk, str):
+                c.print(f"  [dim]{escape(lk)}[/]")
+                continue
+            e, mm = lk["a"], lk["metrics"]
+            c.print(f"  {e['index']:>6}  {e['step']:>4}  {escape(e['op'][:26]):<26}  "
+                    f"{_fmt(mm.get('max_rel')):>9}  {_fmt(lk.get('input_rel')):>9}  "
+                    f"{_fmt(lk.get('amplification')):>7}   {escape(lk.get('role') or '')}")
+        st = info.get("strongest")
+        if st:
+            c.print(f"  strongest: {escape(st['op'])} (a #{st['index']}) amplified a "
+                    f"{_fmt(st['input_rel'])} difference to {_fmt(st['output_rel'])}")
+        if info.get("reaches_target") is False:
+            c.print("  the first difference beyond tolerance is not reached through the "
+                    "recorded dataflow")
+    rv = an.get("replay") or {}
+    c.print(f"[bold]replay verdict[/]: {escape(rv.get('verdict') or '-')}")
+    if rv.get("replayed"):
+        orc = rv.get("oracle") or {}
+        if orc:
+            c.print(f"  exact reference: {orc['op']} computed by {orc['computed_by']} from "
+                    f"{orc['from']}'s recorded inputs")
+        for side in ("a", "b"):
+            s = rv.get(side) or {}
+            fo = s.get("from_oracle")
+            rep = {True: "reproduced here bitwise", False: "NOT reproduced here",
+                   None: "not replayed"}[s.get("reproduced_here")]
+            dist = (f"; from exact: {_ulp_text(fo)}, max rel {_fmt(fo['max_rel'])}"
+                    if fo else "")
+            c.print(f"  {side}: {escape(s.get('op') or '')} {rep}{dist}"
+                    f"{' (' + escape(s['reason']) + ')' if s.get('reason') else ''}")
+    if an.get("compiled_call"):
+        cc = an["compiled_call"]
+        c.print(f"[bold]compiled-call divergence[/] in {escape(cc['call'])}: "
+                f"{escape(cc['explanation'])}. To narrow it: {escape(cc['narrow'])}")
+    env = an.get("environment") or {}
+    if env.get("causes"):
+        c.print(f"[bold]likely causes[/] ({env.get('op_class')} op; from the recorded environment "
+                f"differences, ranked):")
+        for i, cause in enumerate(env["causes"][:8], 1):
+            c.print(f"  {i}. {escape(cause['key'])}: {escape(_short(cause['a']))} -> "
+                    f"{escape(_short(cause['b']))}  ({escape(cause['reason'])})"
+                    f"{'  ' + escape(cause['note']) if cause.get('note') else ''}")
+    elif env.get("none_found"):
+        c.print(f"[bold]likely causes[/]: {escape(env['none_found'])}")
+    _print_steps(c, an.get("steps") or [])
+    noise = an.get("noise")
+    if noise:
+        c.print(f"noise floor: {noise['nondeterministic_events']} events nondeterministic on a's "
+                f"machine; {noise['skipped_total']} skipped as origin")
+    c.print(f"[bold]summary[/]: {escape(an.get('summary') or '')}")
+
+
+def _print_steps(c, steps):
+    if not steps:
+        return
+    c.print("[bold]divergence over time[/] (per optimizer step):")
+    c.print("  [dim]step  params max rel  worst                          loss a            "
+            "loss b            loss rel[/]")
+    shown = steps if len(steps) <= 30 else steps[:10] + steps[-10:]
+    for i, s in enumerate(shown):
+        if len(steps) > 30 and i == 10:
+            c.print(f"  ... {len(steps) - 20} steps")
+        loss = s.get("loss") or {}
+        c.print(f"  {s['step']:>4}  {_fmt(s.get('max_rel')):>14}  {str(s.get('worst') or '-')[:30]:<30} "
+                f"{_fmt17(loss.get('a')):>17} {_fmt17(loss.get('b')):>17} "
+                f"{_fmt(loss.get('rel')):>9}")
+
+
+def _fmt17(x):
+    return "-" if x is None else f"{x:.12g}"
