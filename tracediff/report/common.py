@@ -124,6 +124,10 @@ def summary(data):
                    f"difference {fmt(m.get('max_rel'))}, max ULP {fmt(m.get('max_ulp'))}.")
     else:
         out.append(f"{runs}{hosts} are bitwise identical in every compared value.")
+    ex = data.get("explain")
+    if isinstance(ex, dict) and ex.get("event"):
+        out.append(f"The replay analysis names `{ex['event']}` as the origin"
+                   f"{' (' + ex['verdict'].split(';')[0] + ')' if ex.get('verdict') else ''}.")
     steps = [s for s in data.get("optimizer_steps") or [] if not s.get("bitwise_equal")]
     if steps:
         last = data["optimizer_steps"][-1]
