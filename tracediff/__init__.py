@@ -20,17 +20,21 @@ def load(path):
     return Trace(path)
 
 
-def locate(a, b, rtol=None, atol=None, map_file=None):
+def locate(a, b, rtol=None, atol=None, map_file=None, ulp=None, noise=None, explain=True):
     """Compare two traces (paths or open traces); returns a `LocateResult`.
 
     `result.verdict` ("match" / "diverged"), `result.exit_code` (0 / 1, as the CLI),
     `result.first_difference` and `result.first_beyond_tolerance` (`Finding` or None:
     `.a`/`.b` event dicts with op, name_stack, source, step; `.metrics`; `.inputs_match`),
     `result.env_diff`, `result.optimizer_steps`; `result.to_json()` is exactly what
-    `tracediff locate --json` prints. `rtol`/`atol` override the per-dtype tolerances."""
+    `tracediff locate --json` prints. `rtol`/`atol` override the per-dtype tolerances;
+    `ulp=N` accepts elements N ULP apart; `noise=(a1, a2)` (two traces from a's machine)
+    never blames events that differ between them; `explain` adds `result.explain` (the
+    replay verdict of the origin) and `result.chain` (origin to outputs)."""
     from .diff.locate import locate as _locate
 
-    return _locate(a, b, rtol=rtol, atol=atol, map_file=map_file)
+    return _locate(a, b, rtol=rtol, atol=atol, map_file=map_file, ulp=ulp, noise=noise,
+                   explain=explain)
 
 
 def __getattr__(name):

@@ -1,0 +1,192 @@
+"""Root cause (`tracediff explain`, locate's `explain`/`chain`): params parsing and the
+allow-list, --ulp and --noise on synthetic traces, and real divergences: the broken dot
+kernel, MKL's SSE4.2 kernels, XLA limited to SSE4.2, a one-ULP tanh, Dense vs a TF32 Linear."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import tracediff
+from tracediff.diff import compare, replay
+from tracediff.trace import schema
+
+from . import synth
+from .helpers import ROOT, record, run_cli
+
+PERTURB = os.path.join(ROOT, "tests", "perturb")
+F32 = np.float32
+
+
+def explain_json(a, b, *extra):
+    proc = run_cli("explain", a, b, "--json", *extra)
+    assert proc.returncode in (0, 1), proc.stderr
+    return json.loads(proc.stdout)
+
+
+# -- parsing and safety -------------------------------------------------------------------------
+
+def test_params_parse_literals_and_named_constants_only():
+    p = replay.parse_params("dimension_numbers=(((1,), (0,)), ((), ())), out_sharding=None, "
+                            "precision=None, preferred_element_type=dtype('float32')")
+    assert p["dimension_numbers"] == (((1,), (0,)), ((), ()))
+    assert p["preferred_element_type"] == ("np_dtype", "float32")
+    assert replay.parse_params("other=2, memory_format=torch.preserve_format, 3=-1.5") == {
+        "other": 2, "memory_format": ("torch_memfmt", "preserve_format"), "_pos3": -1.5}
+    for bad in ("x=__import__('os').system('true')", "x=open('f')", "x=torch.load",
+                "x=(lambda: 1)", "x=[1, 2, ...", "name='averyveryverylongname..."):
+        with pytest.raises(replay.CannotReplay):
+            replay.parse_params(bad)
+
+
+def test_only_allow_listed_ops_are_rebuilt():
+    with pytest.raises(replay.CannotReplay, match="not on the list"):
+        replay.build_call("torch", "aten::uniform_", "", 1)
+    with pytest.raises(replay.CannotReplay, match="not on the list"):
+        replay.build_call("jax", "random_bits", "bit_width=32, shape=(2,)", 1)
+    with pytest.raises(replay.CannotReplay, match="not an aten operator"):
+        replay.build_call("torch", "os.system", "", 0)
+    call = replay.build_call("torch", "aten::addmm", "beta=0.5", 3)
+    x = [np.ones(2, F32), np.ones((2, 3), F32), np.ones((3, 2), F32)]
+    assert call.run(x)[0].tolist() == [[3.5, 3.5], [3.5, 3.5]]
+    assert call.run(x, upcast=True)[0].dtype == np.float64
+
+
+# -- tolerances -------------------------------------------------------------------------------
+
+def test_ulp_tolerance():
+    x = np.linspace(1, 2, 5).astype(F32)
+    y = x.copy()
+    y[1] = np.nextafter(np.nextafter(y[1], F32(9)), F32(9))   # 2 ULP
+    assert not compare.compare_arrays(x, y, "float32", ulp=1)["within_tolerance"]
+    assert compare.compare_arrays(x, y, "float32", ulp=2)["within_tolerance"]
+    # ulp alone replaces rtol/atol: 2 ULP is within the float32 default rtol but not 1 ULP
+    assert compare.compare_arrays(x, y, "float32")["within_tolerance"]
+    # judged at a float32 input's precision, a float64 value may be N float32-ULP off
+    z = x.astype(np.float64)
+    assert compare.compare_arrays(z, z * (1 + 5e-8), "float64", ulp=1, tol_dtype="float32")[
+        "within_tolerance"]
+    assert not compare.compare_arrays(z, z * (1 + 5e-8), "float64", ulp=1)["within_tolerance"]
+
+
+def _chain_events(x, noisy=1.0, bad=1.0):
+    t = np.tanh(x) * F32(noisy)
+    e = np.exp(t) * F32(bad)
+    return [dict(kind=schema.KIND_INPUT, op="input", outs=[x]),
+            dict(op="aten::tanh", outs=[t], ins=[(0, 0, 0)]),
+            dict(op="aten::exp", outs=[e], ins=[(0, 1, 0)]),
+            dict(op="aten::mul.Tensor", params="other=1000.0", outs=[e * F32(1000)],
+                 ins=[(0, 2, 0)])]
+
+
+def test_noise_floor_and_chain(tmp_path):
+    x = np.linspace(-1, 1, 8).astype(F32)
+    a = synth.write(tmp_path / "a.h5", _chain_events(x))
+    a2 = synth.write(tmp_path / "a2.h5", _chain_events(x, noisy=1 + 1e-7))
+    b = synth.write(tmp_path / "b.h5", _chain_events(x, noisy=1 + 1e-7, bad=1 + 1e-3))
+    r = tracediff.locate(a, b)
+    assert r.first_difference.a["op"] == "aten::tanh"
+    assert [lk["a"]["op"] for lk in r.chain] == ["aten::tanh", "aten::exp", "aten::mul.Tensor"]
+    assert r.chain[0]["role"].startswith("origin") and "last" in r.chain[-1]["role"]
+    amp = r.chain[1]["amplification"]
+    assert amp > 100   # exp turned a 1e-7 difference into 1e-3
+    # tanh is nondeterministic on a's machine: exp, whose input then differs, is not an origin
+    # at the bitwise level, the first difference left is exp, inherited
+    r = tracediff.locate(a, b, noise=(a, a2))
+    assert r.noise["nondeterministic_events"] >= 1 and r.noise["skipped"][0]["op"] == "aten::tanh"
+    assert r.first_difference.a["op"] == "aten::exp" and r.first_difference.inputs_match is False
+    d = r.to_json()
+    assert d["noise"]["skipped_total"] >= 1 and "explain" in d
+    # the replay rebuilds tanh from its recorded input and the mul from its params
+    assert "this machine reproduces" in r.explain["verdict"]
+
+
+# -- real divergences -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def dot(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dot")
+    a, b = d / "a.h5", d / "b.h5"
+    record("torch_dot.py", a)
+    record("torch_dot.py", b, env={"PYTHONPATH": os.path.join(PERTURB, "broken_dot")})
+    return a, b
+
+
+def test_dot_verdict_convicts_the_machine_that_returned_zero(dot):
+    a, b = dot
+    an = explain_json(a, b)
+    o = an["origin"]
+    assert o["a"]["op"] == "aten::dot" and o["inputs_match"] is True and o["level"] == "bitwise"
+    rv = an["replay"]
+    assert rv["replayed"] and rv["oracle"]["computed_by"] == "float64"
+    assert rv["reproduces"] == "a" and rv["closer"] == "a"
+    assert rv["a"]["from_oracle"]["max_ulp"] == 0 and rv["b"]["from_oracle"]["max_ulp"] > 1e8
+    assert [lk["a"]["op"] for lk in an["chain"]][:2] == ["aten::dot", "aten::mul.Tensor"]
+    assert an["steps"][0]["loss"]["a"] == 28.0 and an["steps"][0]["loss"]["b"] == 0.0
+    proc = run_cli("locate", a, b, "--json")
+    d = json.loads(proc.stdout)
+    assert d["explain"]["reproduced_here"] == "a" and d["chain"][0]["a"]["op"] == "aten::dot"
+    proc = run_cli("explain", a, b, env={"NO_COLOR": "1"})
+    assert proc.returncode == 1
+    assert "this machine reproduces a bitwise, not b" in proc.stdout and "chain" in proc.stdout
+
+
+def test_mkl_sse42_origin_is_a_blas_call_and_the_cause_is_named(tmp_path):
+    a, b = tmp_path / "a.h5", tmp_path / "b.h5"
+    record("torch_gru_adam.py", a, "--steps", "1")
+    record("torch_gru_adam.py", b, "--steps", "1", env={"MKL_ENABLE_INSTRUCTIONS": "SSE4_2"})
+    an = explain_json(a, b)
+    o = an["origin"]
+    assert o["a"]["op"] in ("aten::addmm", "aten::mm") and o["inputs_match"] is True
+    assert an["replay"]["reproduces"] == "a"
+    assert an["environment"]["op_class"] == "matmul"
+    assert an["environment"]["causes"][0]["key"] == "env.MKL_ENABLE_INSTRUCTIONS"
+    assert an["chain"][0]["a"]["index"] == o["a"]["index"] and len(an["chain"]) > 2
+    assert an["steps"] and an["steps"][0]["max_rel"] > 0
+
+
+def test_xla_isa_switch(jax_gru):
+    a, isa, a2 = jax_gru["a"][0], jax_gru["isa"][0], jax_gru["a2"][0]
+    an = explain_json(a, isa, "--noise", a, a2)
+    o = an["origin"]
+    assert o["inputs_match"] is True and o["a"]["step"] == 0
+    assert an["noise"]["nondeterministic_events"] == 0
+    rv = an["replay"]
+    if rv["replayed"]:   # the origin is an op this machine can re-run: it reproduces a
+        assert rv["reproduces"] == "a"
+    assert an["environment"]["causes"][0]["key"] == "env.XLA_FLAGS"
+    info = an["chain_info"]
+    assert info["reaches_target"] in (True, None)
+    roles = [lk["role"] for lk in an["chain"]]
+    assert "origin" in roles[0]
+    if info["reaches_target"]:
+        assert any("first_beyond_tolerance" in r for r in roles)
+    # divergence over time: one row per optimizer step, loss of both runs
+    assert len([s for s in an["steps"] if "max_rel" in s]) == 3
+    assert all(s["loss"]["rel"] > 0 for s in an["steps"] if "loss" in s)
+
+
+def test_one_ulp_tanh_in_float64_against_long_double(jax_gru):
+    a, bad = jax_gru["a"][0], jax_gru["tanh"][0]
+    an = explain_json(a, bad)
+    assert an["origin"]["a"]["op"] == "tanh" and an["origin"]["metrics"]["max_ulp"] == 1
+    rv = an["replay"]
+    assert rv["replayed"] and rv["reproduces"] == "a"
+    assert rv["oracle"]["computed_by"] == "numpy long double"
+    fa, fb = rv["a"]["from_oracle"], rv["b"]["from_oracle"]
+    assert abs(fb["max_ulp_exact"] - fa["max_ulp_exact"]) <= 1.0 + 1e-9
+    assert fa["mean_ulp_exact"] < fb["mean_ulp_exact"]   # one ULP up everywhere: b is worse
+
+
+def test_dense_vs_tf32_linear_says_which_framework_is_closer_to_exact(tmp_path):
+    a, b = tmp_path / "flax.h5", tmp_path / "torch_tf32.h5"
+    record("flax_dense.py", a)
+    record("torch_linear.py", b, env={"PYTHONPATH": os.path.join(PERTURB, "tf32_addmm")})
+    an = explain_json(a, b)
+    rv = an["replay"]
+    assert rv["oracle"]["op"].startswith("aten::addmm") and rv["oracle"]["from"] == "b"
+    assert rv["closer"] == "a" and rv["b"]["from_oracle"]["max_ulp"] > 100 * max(
+        1, rv["a"]["from_oracle"]["max_ulp"])
+    assert rv["b"]["reproduced_here"] is False
+    assert an["environment"]["op_class"] == "matmul"
