@@ -7,6 +7,8 @@ the alignment gaps. The replay verdict ("explain") and the chain from origin to 
 non-terminal output on its own.
 """
 
+import re
+
 from rich.console import Console
 from rich.markup import escape
 
@@ -119,6 +121,15 @@ def print_locate(r, console=None, verbose=False):
                 fd.a["index"] == r.first_beyond_tolerance.a["index"])
         if same:
             console.print("first bitwise difference: the same event")
+        elif r.first_beyond_tolerance is not None and not verbose:
+            # short form: the beyond-tolerance finding above is the main one
+            m = fd.metrics or {}
+            word = {True: "introduced here", False: "inherited"}.get(fd.inputs_match, "inputs unknown")
+            console.print(f"[bold]first bitwise difference[/] (earlier, within tolerance): "
+                          f"{_where(fd.a)}  (a #{fd.a['index']}, b #{fd.b['index']}"
+                          f"{', ' + fd.origin if fd.origin else ''})"
+                          f"{'  ' + escape(fd.a['source']) if fd.a.get('source') else ''}; "
+                          f"max ulp {_fmt(m.get('max_ulp'))}, {word}  [dim](-v for details)[/]")
         else:
             _finding(console, "first bitwise difference", fd, a, b, verbose, manifest_a)
     elif r.first_beyond_tolerance is None:
@@ -127,7 +138,7 @@ def print_locate(r, console=None, verbose=False):
         f = r.replay_only
         console.print(f"replay-only difference beyond tolerance (not seen by the script): "
                       f"{_where(f.a)} (a #{f.a['index']})")
-    _extras(console, r)
+    _extras(console, r, verbose)
     al = r.alignment
     console.print(f"alignment: {al['matched']} events matched; a {al['events_a']} "
                   f"({al['only_in_a']} only in a), b {al['events_b']} ({al['only_in_b']} only in b)"
@@ -196,7 +207,7 @@ def _manifest(path):
         return None
 
 
-def _extras(console, r):
+def _extras(console, r, verbose=False):
     """Fields a later `locate` adds: the replay verdict and the chain origin -> outputs."""
     explain = getattr(r, "explain", None)
     if explain:
@@ -204,8 +215,25 @@ def _extras(console, r):
         console.print(f"[bold]replay verdict[/]: {escape(str(head))}")
     chain = getattr(r, "chain", None)
     if chain:
-        names = []
+        # short: the hops with a role (origin, first beyond tolerance, last), the others
+        # counted; verbose: every hop the result holds
+        shown, skipped = [], 0
         for link in chain:
             e = link.get("a") if isinstance(link, dict) and isinstance(link.get("a"), dict) else link
-            names.append(f"{e.get('op')} #{e.get('index')}" if isinstance(e, dict) else str(e))
-        console.print("chain: " + " [dim]->[/] ".join(escape(n) for n in names))
+            if not isinstance(e, dict):
+                m = re.match(r"\.\.\. (\d+) more hops", str(e))
+                if m and not verbose:
+                    skipped += int(m.group(1))
+                else:
+                    shown.append(str(e))
+                continue
+            if not verbose and not (isinstance(link, dict) and link.get("role")):
+                skipped += 1
+                continue
+            if skipped:
+                shown.append(f"({skipped} hops)")
+                skipped = 0
+            shown.append(f"{e.get('op')} #{e.get('index')}")
+        if skipped:
+            shown.append(f"({skipped} hops)")
+        console.print("chain: " + " [dim]->[/] ".join(escape(n) for n in shown))
