@@ -193,6 +193,10 @@ def test_match_report_says_identical(synthetic):
     text = markdown.render(report_data(tracediff.locate(a, a)))
     assert "bitwise identical in every compared value" in text and "**Verdict: MATCH**" in text
     assert "The recorded environments are identical." in text
+    result, profile = locate_with_profile(a, a)
+    page = html_report.render(report_data(result), profile)
+    assert not _parse(page).errors and "MATCH" in page
+    assert "Every aligned event is bitwise equal." in page and "culprit:" not in page
 
 
 # -- HTML ------------------------------------------------------------------------------------
@@ -221,6 +225,28 @@ def test_html_is_self_contained_and_well_formed(synthetic):
         assert f'data-table="{tid}"' in page and f'<table id="{tid}">' in page
     assert "addEventListener('input'" in page
     assert "OMP_NUM_THREADS" in page and "line_11 = 11" in page
+
+
+def test_trace_strings_cannot_inject_markup(synthetic, tmp_path):
+    a, b, _ = synthetic
+    result, profile = locate_with_profile(a, b)
+    data = report_data(result)
+    evil = '<img src=x onerror="alert(1)">`|'
+    data["first_beyond_tolerance"]["a"]["op"] = evil
+    data["first_beyond_tolerance"]["a"]["name_stack"] = "</table><script>alert(2)</script>"
+    data["env_diff"].append({"key": "env.X", "category": "env", "a": None, "b": "<b>x</b>"})
+    profile = dict(profile, op=np.array([evil] * len(profile["op"]), dtype=object))
+    page = html_report.render(data, profile)
+    p = _parse(page)
+    assert not p.errors
+    assert "img" not in p.tags and p.tags.count("script") == 1      # only our own
+    assert "&lt;img src=x" in page
+    src = tmp_path / "s.py"
+    src.write_text("x = 1\ny = '```'\nz = 3\n")
+    data["report"]["source"] = source_context({"script": {"path": str(src)}}, "s.py:2")
+    text = markdown.render(data)
+    assert "````python\n 1  x = 1\n>2  y = '```'\n 3  z = 3\n````" in text
+    assert _md_tables_ok(text)
 
 
 def test_html_plot_bins_long_runs():

@@ -9,6 +9,7 @@ reproduction commands; the trace files to attach with their sizes.
 """
 
 import os
+import re
 
 from .common import (GITHUB_ATTACH_LIMIT, chain_items, culprit, event_label, explain_parts, fmt,
                      fmt_bytes, fmt_pct, summary)
@@ -82,11 +83,13 @@ def _finding(lines, f, title, ctx_source=None):
             width = len(str(ctx_source["lines"][-1][0]))
             lines.append(f"Source (`{ctx_source['file']}`):")
             lines.append("")
-            lines.append("```python")
+            runs = [len(r) for _, t in ctx_source["lines"] for r in re.findall("`+", t)]
+            fence = "`" * max(3, max(runs, default=0) + 1)
+            lines.append(f"{fence}python")
             for no, text in ctx_source["lines"]:
                 mark = ">" if no == ctx_source["line"] else " "
                 lines.append(f"{mark}{no:>{width}}  {text}")
-            lines.append("```")
+            lines.append(fence)
             lines.append("")
         else:
             lines += [f"Source: `{ctx_source['file']}:{ctx_source['line']}` (the file is not "
