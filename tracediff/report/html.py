@@ -163,7 +163,11 @@ def event_plot(profile, data, width=1120, height=300):
         parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y0}" y2="{y0 + ph}" stroke="#c9d1d9" '
                      f'stroke-dasharray="3 3"/>')
         if j % every == 0:
-            parts.append(f'<text x="{x + 3:.1f}" y="{y0 + 10}">step {int(steps[p])}</text>')
+            label = f"step {int(steps[p])}"
+            if x + 7 * len(label) > x0 + pw:      # keep the last labels inside the plot
+                parts.append(f'<text x="{x - 3:.1f}" y="{y0 + 10}" text-anchor="end">{label}</text>')
+            else:
+                parts.append(f'<text x="{x + 3:.1f}" y="{y0 + 10}">{label}</text>')
     ok = ~np.isnan(rel_b)
     eq = ok & (rel_b == 0)
     bad = ok & (rel_b > 0) & beyond_b
