@@ -113,6 +113,9 @@ def test_manifest_says_how_and_where_it_was_recorded(gru):
     jax_m = m["frameworks"]["jax"]
     assert jax_m["jax_enable_x64"] is True and jax_m["mode"].startswith("shadow")
     assert jax_m["replay_errors"] == [] and jax_m["backend"] == "cpu"
+    fidelity = jax_m["replay_vs_compiled"]  # how far replay is from the compiled program here
+    assert fidelity["calls_compared"] == jax_m["calls"]
+    assert 0 <= fidelity["calls_where_replay_differs"] <= fidelity["calls_compared"]
     assert m["packages"]["jax"] == jax_m["version"]
     assert m["script"]["name"] == GRU and len(m["script"]["sha256"]) == 64
     assert m["script"]["argv"][1:] == ["--steps", STEPS]

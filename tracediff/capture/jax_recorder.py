@@ -125,6 +125,8 @@ class JaxCapture(Capture):
         self._orig = {}
         self.calls = self.eqns = self.eager = 0
         self.replay_errors = []
+        self.fidelity = {"calls_compared": 0, "calls_where_replay_differs": 0,
+                         "max_rel_difference": 0.0, "examples": []}
         self.opaque_calls = 0
 
     # -- install -----------------------------------------------------------------------------
@@ -180,6 +182,8 @@ class JaxCapture(Capture):
             "optimizer_steps": self.step, "calls_not_replayed": self.opaque_calls,
             "level": getattr(self.opts, "level", "full") if self.session else None,
             "replay_errors": self.replay_errors[:20],
+            "replay_vs_compiled": dict(self.fidelity, note="replayed call outputs compared with "
+                                       "the compiled outputs the script received"),
             "untested_version": jax_internals.untested_version(),
         }
         for name in ("jax_enable_x64", "jax_default_matmul_precision", "jax_threefry_partitionable",
@@ -214,9 +218,10 @@ class JaxCapture(Capture):
         try:
             with self.session.lock:
                 call_id = self._record_call_start(params.get("name", "?"), jaxpr, args)
-                self._replay_call(call_id, jaxpr, args)
+                replayed = self._replay_call(call_id, jaxpr, args)
                 result = orig(*args, jaxpr=jaxpr, **params)
                 outs = jax_internals.call_outputs(result)
+                self._measure_replay(params.get("name", "?"), replayed, outs)
                 names = self._result_names(jaxpr, len(outs))
                 for slot, x in enumerate(outs):
                     self._store(call_id, slot, x, name=names[slot])
@@ -434,11 +439,39 @@ class JaxCapture(Capture):
             self.opaque_calls += 1
             return
         try:
-            self._interpret(closed, list(args), list(self._call_refs), call_id, call_id,
-                            self._call_ns, -1, self._call_source)
+            return self._interpret(closed, list(args), list(self._call_refs), call_id, call_id,
+                                   self._call_ns, -1, self._call_source)[0]
         except Exception as exc:  # never break the script: the compiled call still runs
             if len(self.replay_errors) < 100:
                 self.replay_errors.append(f"call {call_id}: {type(exc).__name__}: {str(exc)[:200]}")
+            return None
+
+    def _measure_replay(self, name, replayed, compiled):
+        """How faithful is replay here? Compare the replayed outputs of a call with its
+        compiled outputs (what the script got); the totals go into the manifest."""
+        if replayed is None or len(replayed) != len(compiled):
+            return
+        worst = 0.0
+        differs = False
+        for r, c in zip(replayed, compiled):
+            try:
+                r, c = np.asarray(r), np.asarray(c)
+            except Exception:  # PRNG keys, tokens: not numbers to compare
+                continue
+            if r.shape != c.shape or r.dtype != c.dtype or r.tobytes() == c.tobytes():
+                continue
+            differs = True
+            if r.dtype.kind in "fc" and r.size:
+                with np.errstate(all="ignore"):
+                    rel = np.abs(r.astype(np.complex128) - c) / np.maximum(np.abs(c), np.finfo(r.dtype).tiny)
+                worst = max(worst, float(np.nanmax(np.abs(rel))))
+        fid = self.fidelity
+        fid["calls_compared"] += 1
+        if differs:
+            fid["calls_where_replay_differs"] += 1
+            fid["max_rel_difference"] = max(fid["max_rel_difference"], worst)
+            if len(fid["examples"]) < 5 and name not in fid["examples"]:
+                fid["examples"].append(name)
 
     def _site(self, eqn):
         site = self._sites.get(id(eqn))
