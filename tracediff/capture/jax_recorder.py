@@ -166,6 +166,9 @@ class JaxCapture(Capture):
         self._pjit._get_fastpath_data = self._orig["fast"]
         self._core.EvalTrace.process_primitive = self._orig["pp"]
         self._flush_optim()
+        import jax
+
+        jax.clear_caches()  # calls recorded without the C++ fast path get it back
 
     def manifest(self):
         import jax
