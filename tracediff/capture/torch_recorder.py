@@ -579,13 +579,13 @@ class TorchCapture(Capture):
                 for s in range(last, seq_now):
                     self.seq2fwd[(tid, s)] = (eid, mod, src)
                 self.last_seq[tid] = seq_now
+            keep = not self.filtered or self.opts.selected(info.name, mod)
             if outs is None:
                 if isinstance(out, _SCALAR_TYPES):
-                    w.add_value(eid, 0, np.asarray(out), flags=schema.VFLAG_SCALAR)
+                    w.add_value(eid, 0, np.asarray(out), flags=schema.VFLAG_SCALAR, store=keep)
             else:
                 producer, pending, last_writer = self.producer, self.pending, self.last_writer
                 uninit = info.uninit
-                keep = not self.filtered or self.opts.selected(info.name, mod)
                 for slot, o in enumerate(outs):
                     wr = weakref.ref(o)
                     key = id(o)

@@ -152,6 +152,28 @@ def segment_stats(flat, starts, counts, logical):
     if not nz.any():
         return out
     s, c = starts[nz], counts[nz]
+    res = np.empty((len(s), 6))
+    one = len(s) == 1 and s[0] == 0  # a single value: plain reductions (faster, pairwise)
+
+    def red(ufunc, x, **kw):
+        return ufunc.reduce(x, **kw) if one else ufunc.reduceat(x, s, **kw)
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        tot = red(np.add, nums, dtype=np.float64)
+    if np.isfinite(tot).all():
+        # common case, fewer passes: no NaN/Inf anywhere (a float64 sum of float32/16
+        # values cannot overflow), min/max in the value's own dtype
+        res[:, 0] = red(np.minimum, nums)
+        res[:, 1] = red(np.maximum, nums)
+        res[:, 2] = tot / c
+        sq_dt = np.float32 if nums.dtype == np.float16 else None  # float16 squares overflow
+        with np.errstate(over="ignore"):
+            res[:, 3] = np.sqrt(red(np.add, np.square(nums, dtype=sq_dt), dtype=np.float64))
+        if not np.isfinite(res[:, 3]).all():  # squares overflowed their dtype
+            res[:, 3] = np.sqrt(red(np.add, np.square(nums, dtype=np.float64)))
+        res[:, 4:] = 0
+        out[nz] = res
+        return out
     x = nums if nums.dtype == np.float64 else nums.astype(np.float64)
     # reduceat needs strictly usable starts: empty values were dropped above
     with np.errstate(invalid="ignore", over="ignore"):
@@ -165,7 +187,6 @@ def segment_stats(flat, starts, counts, logical):
         tot = np.add.reduceat(xf, s)
         sq = np.add.reduceat(xf * xf, s)
     # reduceat reduces up to the next start: values lie back to back (no gaps).
-    res = np.empty((len(s), 6))
     res[:, 0], res[:, 1] = mn, mx
     with np.errstate(invalid="ignore", divide="ignore"):
         res[:, 2] = np.where(cnt_fin > 0, tot / np.maximum(cnt_fin, 1), np.nan)

@@ -1,0 +1,288 @@
+"""Recording levels (full / stats / calls) and windows (--steps, --ops, --modules,
+--max-bytes) on real recordings, locate across levels, and the two-level search end to
+end (cheap traces -> locate prints zoom commands -> run them -> locate names the op)."""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tracediff
+from tracediff.trace import schema, values
+
+from .conftest import GRU_STEPS
+from .helpers import FIXTURES, ROOT, run_cli, run_plain
+
+TORCH_GRU = "torch_gru_adam.py"
+TORCH_STEPS = "3"
+SSE = {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}
+
+
+def _env(extra=None):
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    env.update(extra or {})
+    env["PYTHONPATH"] = os.pathsep.join(p for p in ((extra or {}).get("PYTHONPATH"), ROOT) if p)
+    return env
+
+
+def record_jobs(jobs, max_parallel=2):
+    """jobs: {key: (script, out, options list, script args, env)} -> {key: CompletedProcess}."""
+    pending, running, done = list(jobs.items()), [], {}
+    while pending or running:
+        while pending and len(running) < max_parallel:
+            key, (script, out, opts, args, env) = pending.pop(0)
+            path = os.path.join(FIXTURES, script)
+            proc = subprocess.Popen([sys.executable, "-m", "tracediff", "record", "-o", str(out),
+                                     *opts, path, *args], env=_env(env), cwd=ROOT, text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            running.append((key, proc))
+        key, proc = running.pop(0)
+        stdout, stderr = proc.communicate(timeout=900)
+        assert proc.returncode == 0, f"recording {key} exited {proc.returncode}:\n{stderr[-4000:]}"
+        done[key] = subprocess.CompletedProcess(proc.args, 0, stdout, stderr)
+    return done
+
+
+@pytest.fixture(scope="module")
+def torch_runs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("torch_levels")
+    args = ("--steps", TORCH_STEPS)
+    jobs = {
+        "full": (TORCH_GRU, d / "full.h5", [], args, None),
+        "stats": (TORCH_GRU, d / "stats.h5", ["--level", "stats"], args, None),
+        "calls": (TORCH_GRU, d / "calls.h5", ["--level", "calls"], args, None),
+        "sse_full": (TORCH_GRU, d / "sse_full.h5", [], args, SSE),
+        "sse_stats": (TORCH_GRU, d / "sse_stats.h5", ["--level", "stats"], args, SSE),
+        "sse_calls": (TORCH_GRU, d / "sse_calls.h5", ["--level", "calls"], args, SSE),
+        "steps": (TORCH_GRU, d / "steps.h5", ["--steps", "1:2"], args, None),
+        "ops": (TORCH_GRU, d / "ops.h5", ["--ops", "^aten::addmm"], args, None),
+        "modules": (TORCH_GRU, d / "modules.h5", ["--modules", "head*"], args, None),
+        "cap": (TORCH_GRU, d / "cap.h5", ["--max-bytes", "200KB"], args, None),
+    }
+    procs = record_jobs(jobs)
+    plain = run_plain(TORCH_GRU, *args).stdout
+    return {k: (str(j[1]), procs[k]) for k, j in jobs.items()}, plain, d
+
+
+@pytest.fixture(scope="module")
+def jax_runs(jax_gru, tmp_path_factory):
+    d = tmp_path_factory.mktemp("jax_levels")
+    args = ("--steps", GRU_STEPS)
+    tanh = {"PYTHONPATH": os.path.join(ROOT, "tests", "perturb", "tanh_ulp")}
+    script = "jax_gru_expm_adam.py"
+    jobs = {
+        "stats": (script, d / "stats.h5", ["--level", "stats"], args, None),
+        "tanh_stats": (script, d / "tanh_stats.h5", ["--level", "stats"], args, tanh),
+        "calls": (script, d / "calls.h5", ["--level", "calls"], args, None),
+        "tanh_calls": (script, d / "tanh_calls.h5", ["--level", "calls"], args, tanh),
+    }
+    procs = record_jobs(jobs)
+    runs = {k: (str(j[1]), procs[k]) for k, j in jobs.items()}
+    runs["full"] = (str(jax_gru["a"][0]), jax_gru["a"][1])
+    runs["tanh_full"] = (str(jax_gru["tanh"][0]), jax_gru["tanh"][1])
+    return runs, d
+
+
+def locate_json(a, b):
+    proc = run_cli("locate", a, b, "--json")
+    assert proc.returncode in (0, 1), proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _same_run_stats(full_path, cheap_path):
+    """Hashes equal and statistics equal (to rounding) for every value of the same run."""
+    with tracediff.load(full_path) as f, tracediff.load(cheap_path) as s:
+        assert len(f) == len(s) and len(f.values) == len(s.values)
+        assert np.array_equal(f.events["op"], s.events["op"])
+        stored = (f.values["flags"] & (schema.VFLAG_NOT_STORED | schema.VFLAG_UNINIT)) == 0
+        assert np.array_equal(f.values["hash"][stored], s.values["hash"][stored])
+        flagged = (s.values["flags"] & schema.VFLAG_STATS) != 0
+        assert flagged[stored].all() and s.blob_size == 0
+        assert len(s.stats_rows) == int(flagged.sum())
+        for i in np.flatnonzero(stored)[::7]:
+            full = f.value_stats(f.values[i])
+            cheap = s.value_stats(s.values[i])
+            for k in values.STAT_FIELDS:
+                x, y = full[k], cheap[k]
+                assert (np.isnan(x) and np.isnan(y)) or np.isclose(x, y, rtol=1e-6, atol=1e-30), \
+                    (i, k, x, y)
+        # hash is the documented xxh3_64 of the stored bytes
+        row = f.values[np.flatnonzero(stored)[0]]
+        raw = f._f["blob"][row["offset"]:row["offset"] + row["nbytes"]].tobytes()
+        assert int(row["hash"]) == values.digest(raw)
+        assert s.manifest["recording"]["hash"] == values.HASH_NAME
+
+
+# -- torch ----------------------------------------------------------------------------------
+
+def test_torch_output_unchanged_at_every_level_and_window(torch_runs):
+    runs, plain, _ = torch_runs
+    for key in ("full", "stats", "calls", "steps", "ops", "modules", "cap"):
+        assert runs[key][1].stdout == plain, key
+
+
+def test_torch_stats_match_full(torch_runs):
+    runs, _, _ = torch_runs
+    _same_run_stats(runs["full"][0], runs["stats"][0])
+    with tracediff.load(runs["stats"][0]) as t:
+        rec = t.manifest["recording"]
+        assert rec["level"] == "stats" and rec["stats_values"] == len(t.stats_rows)
+        # at most ~64 bytes per value for hash + statistics
+        assert schema.STATS_DTYPE.itemsize + 8 <= 64
+
+
+def test_torch_calls_level_records_optimizer_steps_only(torch_runs):
+    runs, _, _ = torch_runs
+    with tracediff.load(runs["calls"][0]) as t:
+        kinds = set(t.events["kind"].tolist())
+        assert kinds == {schema.KIND_OPTIM}
+        assert len(t) == int(TORCH_STEPS)
+        assert t.manifest["recording"]["level"] == "calls"
+        assert t.manifest["frameworks"]["torch"]["optimizer_steps"] == int(TORCH_STEPS)
+
+
+def test_torch_locate_across_levels_finds_the_same_first_event(torch_runs):
+    runs, _, _ = torch_runs
+    ref = locate_json(runs["full"][0], runs["sse_full"][0])["first_difference"]
+    assert ref is not None and ref["a"]["op"].startswith("aten::addmm")
+    for a, b in (("full", "sse_stats"), ("stats", "sse_full"), ("stats", "sse_stats")):
+        rep = locate_json(runs[a][0], runs[b][0])
+        first = rep["first_difference"]
+        assert first is not None, (a, b)
+        assert first["a"]["index"] == ref["a"]["index"], (a, b)
+        assert first["a"]["op"] == ref["a"]["op"]
+        levels = rep["levels"]
+        assert levels["a"]["level"] == ("full" if a == "full" else "stats")
+        assert levels["decided"], "locate does not say what it decided"
+        # bitwise differences whose statistics agree cannot be judged against tolerance
+        assert levels["compared_without_bytes"]["stats_undecided"] > 0
+        assert levels["not_decided"]
+    same = locate_json(runs["stats"][0], runs["full"][0])
+    assert same["verdict"] == "match" and same["first_difference"] is None
+
+
+def test_torch_steps_window(torch_runs):
+    runs, _, _ = torch_runs
+    with tracediff.load(runs["steps"][0]) as t, tracediff.load(runs["full"][0]) as f:
+        assert set(t.events["step"].tolist()) == {1}
+        assert t.manifest["recording"]["steps"] == "1:2"
+        assert int((t.events["kind"] == schema.KIND_OPTIM).sum()) == 1
+        full_ops = (f.events["step"] == 1) & (f.events["kind"] == schema.KIND_OP)
+        assert int((t.events["kind"] == schema.KIND_OP).sum()) == int(full_ops.sum())
+        assert t.manifest["frameworks"]["torch"]["optimizer_steps"] == int(TORCH_STEPS)
+
+
+def test_torch_ops_and_modules_windows_keep_values_only_inside(torch_runs):
+    runs, _, _ = torch_runs
+    for key, inside in (("ops", lambda op, ns: op.startswith("aten::addmm")),
+                        ("modules", lambda op, ns: ns.startswith("head"))):
+        with tracediff.load(runs[key][0]) as t:
+            rec = t.manifest["recording"]
+            assert rec["ops" if key == "ops" else "modules"]
+            kept = dropped = 0
+            for row in t.values[t.values["role"] == schema.ROLE_OUT]:
+                e = t.events[row["event"]]
+                if e["kind"] != schema.KIND_OP:
+                    continue
+                stored = row["offset"] >= 0
+                if inside(t.string(e["op"]), t.string(e["name_stack"])):
+                    kept += stored
+                else:
+                    assert not stored, (key, t.string(e["op"]))
+                    dropped += 1
+            assert kept > 0 and dropped > 0, key
+
+
+def test_torch_max_bytes_stops_values_and_says_so(torch_runs):
+    runs, _, _ = torch_runs
+    with tracediff.load(runs["cap"][0]) as t:
+        rec = t.manifest["recording"]
+        assert rec["max_bytes"] == 200 * 1024 and rec["max_bytes_reached"] is True
+        cap_event = rec["values_capped_at_event"]
+        assert "--max-bytes" in rec["note"]
+        assert t.blob_size <= 200 * 1024
+        late = t.values[t.values["event"] > cap_event]
+        assert len(late) and (late["offset"] < 0).all()
+        assert ((late["flags"] & schema.VFLAG_STATS) != 0).any()
+
+
+def test_torch_two_level_workflow_end_to_end(torch_runs):
+    """calls-level traces -> locate names the step and prints the zoom commands -> running
+    them gives full traces of that step -> locate names the op."""
+    runs, _, d = torch_runs
+    a, b = runs["calls"][0], runs["sse_calls"][0]
+    rep = locate_json(a, b)
+    assert rep["first_difference"] is not None and rep["first_difference"]["a"]["step"] == 0
+    zoom = rep["levels"]["zoom"]
+    assert zoom and zoom[0]["step"] == 0
+    assert any("--level full --steps 0:1" in s for s in rep["next_steps"])
+    proc = run_cli("locate", a, b)
+    assert "zoom in on step 0" in proc.stdout
+    for side in ("a", "b"):
+        cmd = zoom[0][side]["command"]
+        assert "--level full --steps 0:1" in cmd
+        if side == "b":
+            assert cmd.startswith("MKL_ENABLE_INSTRUCTIONS=SSE4_2 ")
+        # run it as a user would (the env prefix through the shell)
+        full_cmd = cmd.replace("tracediff record", f"{shlex.quote(sys.executable)} -m tracediff record", 1)
+        res = subprocess.run(full_cmd, shell=True, env=_env(), cwd=ROOT, capture_output=True,
+                             text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+    za, zb = zoom[0]["a"]["trace"], zoom[0]["b"]["trace"]
+    assert os.path.exists(za) and os.path.exists(zb)
+    final = locate_json(za, zb)
+    first = final["first_difference"]
+    assert first["a"]["op"].startswith("aten::addmm") and first["a"]["step"] == 0
+    ref = locate_json(runs["full"][0], runs["sse_full"][0])["first_difference"]
+    assert (first["a"]["op"], first["a"]["name_stack"], first["a"]["source"]) == \
+        (ref["a"]["op"], ref["a"]["name_stack"], ref["a"]["source"])
+    assert not final["levels"]["zoom"]
+
+
+# -- JAX ------------------------------------------------------------------------------------
+
+def test_jax_output_unchanged_at_every_level(jax_runs):
+    runs, _ = jax_runs
+    plain = run_plain("jax_gru_expm_adam.py", "--steps", GRU_STEPS).stdout
+    for key in ("stats", "calls", "tanh_stats"):
+        out = runs[key][1].stdout
+        if key.startswith("tanh"):
+            assert out == runs["tanh_full"][1].stdout
+        else:
+            assert out == plain, key
+
+
+def test_jax_stats_match_full(jax_runs):
+    runs, _ = jax_runs
+    _same_run_stats(runs["full"][0], runs["stats"][0])
+
+
+def test_jax_calls_level_has_calls_only_and_counts_optax_steps(jax_runs):
+    runs, _ = jax_runs
+    with tracediff.load(runs["calls"][0]) as t, tracediff.load(runs["full"][0]) as f:
+        assert set(t.events["kind"].tolist()) == {schema.KIND_CALL}
+        full_calls = f.events[f.events["kind"] == schema.KIND_CALL]
+        assert len(t) == len(full_calls)
+        assert [t.string(o) for o in t.events["op"]] == [f.string(o) for o in full_calls["op"]]
+        jax_m = t.manifest["frameworks"]["jax"]
+        assert jax_m["optimizer_steps"] == int(GRU_STEPS) and jax_m["equations"] == 0
+        assert sorted(set(t.events["step"].tolist())) == list(range(int(GRU_STEPS) + 1))
+
+
+def test_jax_locate_across_levels(jax_runs):
+    runs, _ = jax_runs
+    ref = locate_json(runs["full"][0], runs["tanh_full"][0])["first_difference"]
+    assert ref["a"]["op"] == "tanh"
+    for a, b in (("full", "tanh_stats"), ("stats", "tanh_stats")):
+        first = locate_json(runs[a][0], runs[b][0])["first_difference"]
+        assert first["a"]["index"] == ref["a"]["index"] and first["a"]["op"] == "tanh", (a, b)
+    rep = locate_json(runs["calls"][0], runs["tanh_calls"][0])
+    first = rep["first_difference"]
+    assert first is not None and first["a"]["op"].startswith("jit:") and first["a"]["step"] == 0
+    assert rep["levels"]["zoom"] and rep["levels"]["zoom"][0]["step"] == 0
+    assert any("calls level" in n for n in rep["levels"]["not_decided"])
