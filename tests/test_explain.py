@@ -13,7 +13,7 @@ from tracediff.diff import compare, replay
 from tracediff.trace import schema
 
 from . import synth
-from .helpers import ROOT, record, run_cli
+from .helpers import ROOT, record, record_many, run_cli
 
 PERTURB = os.path.join(ROOT, "tests", "perturb")
 F32 = np.float32
@@ -124,9 +124,9 @@ def test_dot_verdict_convicts_the_machine_that_returned_zero(dot):
     assert rv["a"]["from_oracle"]["max_ulp"] == 0 and rv["b"]["from_oracle"]["max_ulp"] > 1e8
     assert [lk["a"]["op"] for lk in an["chain"]][:2] == ["aten::dot", "aten::mul.Tensor"]
     assert an["steps"][0]["loss"]["a"] == 28.0 and an["steps"][0]["loss"]["b"] == 0.0
-    proc = run_cli("locate", a, b, "--json")
-    d = json.loads(proc.stdout)
+    d = tracediff.locate(str(a), str(b)).to_json()    # the same as locate --json
     assert d["explain"]["reproduced_here"] == "a" and d["chain"][0]["a"]["op"] == "aten::dot"
+    assert "b returned 0" in d["explain"]["verdict"]
     proc = run_cli("explain", a, b, env={"NO_COLOR": "1"})
     assert proc.returncode == 1
     assert "this machine reproduces a bitwise, not b" in proc.stdout and "chain" in proc.stdout
@@ -146,9 +146,25 @@ def test_mkl_sse42_origin_is_a_blas_call_and_the_cause_is_named(tmp_path):
     assert an["steps"] and an["steps"][0]["max_rel"] > 0
 
 
-def test_xla_isa_switch(jax_gru):
-    a, isa, a2 = jax_gru["a"][0], jax_gru["isa"][0], jax_gru["a2"][0]
-    an = explain_json(a, isa, "--noise", a, a2)
+@pytest.fixture(scope="module")
+def gru(tmp_path_factory):
+    """The GRU+expm+Adam example (x64), one step, plain and with XLA limited to SSE4.2;
+    the Flax MLP under jit, plain and with tanh one ULP larger."""
+    d = tmp_path_factory.mktemp("gru1")
+    args = ("--steps", "1")
+    jobs = {"a": ("jax_gru_expm_adam.py", d / "a.h5", args, None),
+            "isa": ("jax_gru_expm_adam.py", d / "isa.h5", args,
+                    {"XLA_FLAGS": "--xla_cpu_max_isa=SSE4_2"}),
+            "mlp": ("flax_dense.py", d / "mlp.h5", ("--mlp", "--jit"), None),
+            "tanh": ("flax_dense.py", d / "tanh.h5", ("--mlp", "--jit"),
+                     {"PYTHONPATH": os.path.join(PERTURB, "tanh_ulp")})}
+    record_many(jobs)
+    return {k: job[1] for k, job in jobs.items()}
+
+
+def test_xla_isa_switch(gru):
+    a, isa = gru["a"], gru["isa"]
+    an = explain_json(a, isa, "--noise", a, a)
     o = an["origin"]
     assert o["inputs_match"] is True and o["a"]["step"] == 0
     assert an["noise"]["nondeterministic_events"] == 0
@@ -163,20 +179,39 @@ def test_xla_isa_switch(jax_gru):
     if info["reaches_target"]:
         assert any("first_beyond_tolerance" in r for r in roles)
     # divergence over time: one row per optimizer step, loss of both runs
-    assert len([s for s in an["steps"] if "max_rel" in s]) == 3
+    assert len([s for s in an["steps"] if "max_rel" in s]) == 1
     assert all(s["loss"]["rel"] > 0 for s in an["steps"] if "loss" in s)
 
 
-def test_one_ulp_tanh_in_float64_against_long_double(jax_gru):
-    a, bad = jax_gru["a"][0], jax_gru["tanh"][0]
-    an = explain_json(a, bad)
-    assert an["origin"]["a"]["op"] == "tanh" and an["origin"]["metrics"]["max_ulp"] == 1
+def test_one_ulp_tanh(gru):
+    an = explain_json(gru["mlp"], gru["tanh"], "--ulp", "0")
+    o = an["origin"]
+    assert o["a"]["op"] == "tanh" and o["metrics"]["max_ulp"] == 1 and o["inputs_match"] is True
+    assert o["call"]["op"] == "jit:apply" and an["verdict"] == "diverged"   # --ulp 0: exact
     rv = an["replay"]
-    assert rv["replayed"] and rv["reproduces"] == "a"
-    assert rv["oracle"]["computed_by"] == "numpy long double"
+    assert rv["replayed"] and rv["reproduces"] == "a" and rv["oracle"]["computed_by"] == "float64"
     fa, fb = rv["a"]["from_oracle"], rv["b"]["from_oracle"]
-    assert abs(fb["max_ulp_exact"] - fa["max_ulp_exact"]) <= 1.0 + 1e-9
-    assert fa["mean_ulp_exact"] < fb["mean_ulp_exact"]   # one ULP up everywhere: b is worse
+    assert abs(fb["max_ulp_exact"] - fa["max_ulp_exact"]) <= 1.0 + 1e-9   # XLA tanh: ~3 ULP
+    assert an["environment"]["op_class"] == "transcendental"
+
+
+def test_float64_op_is_judged_against_long_double(tmp_path):
+    if np.finfo(np.longdouble).nmant <= 52:
+        pytest.skip("long double is float64 here")
+    x = np.linspace(-2, 2, 64)
+    y = np.tanh(x.astype(np.longdouble)).astype(np.float64)     # correctly rounded
+    up = np.nextafter(y, np.inf)                                   # one ULP up everywhere
+
+    def evs(out):
+        return [dict(kind=schema.KIND_INPUT, op="input", outs=[x], framework=schema.FW_JAX),
+                dict(kind=schema.KIND_EAGER, op="tanh", params="accuracy=None", outs=[out],
+                     ins=[(0, 0, 0)])]
+
+    r = tracediff.locate(synth.write(tmp_path / "a.h5", evs(y)),
+                         synth.write(tmp_path / "b.h5", evs(up)))
+    assert r.explain["exact_by"] == "numpy long double"
+    assert r.explain["a_ulp_from_exact"] == 0 and r.explain["b_ulp_from_exact"] == 1
+    assert "a is closer" in r.explain["verdict"]
 
 
 def test_dense_vs_tf32_linear_says_which_framework_is_closer_to_exact(tmp_path):

@@ -222,6 +222,9 @@ def replay_verdict(d, ea, eb):
             dist = [oracle_distance(r, o) if r is not None else None
                     for r, o in zip(rec, oracle)]
             dist = [x for x in dist if x is not None]
+            if all(r is not None and np.asarray(r).size and not np.any(np.asarray(r))
+                   for r in rec) and any(np.any(np.asarray(o)) for o in oracle):
+                res[side]["returned_zero"] = True
             if dist:
                 res[side]["from_oracle"] = {
                     "max_ulp": max(x["max_ulp"] for x in dist),
@@ -258,6 +261,8 @@ def _fmt(x):
 
 
 def _ulp_text(f):
+    if f.get("max_rel") == 0:
+        return "0 ULP (exact)"
     if f.get("max_ulp_exact") is not None and f["max_ulp"] < 1e4:
         return f"max {f['max_ulp_exact']:.2f} ULP, mean {f['mean_ulp_exact']:.2f} ULP"
     return f"up to {_fmt(f['max_ulp'])} ULP"
@@ -276,8 +281,9 @@ def _verdict_text(res):
             win, lose = res["closer"], "b" if res["closer"] == "a" else "a"
             fw, fl = res[win]["from_oracle"], res[lose]["from_oracle"]
             parts.append(f"{win} is closer to the {how} result: {lose} is off by "
-                         f"{_ulp_text(fl)} (max rel {_fmt(fl['max_rel'])}), {win} by "
-                         f"{_ulp_text(fw)}")
+                         f"{_ulp_text(fl)} (max rel {_fmt(fl['max_rel'])}"
+                         f"{f'; {lose} returned 0' if res[lose].get('returned_zero') else ''}), "
+                         f"{win} by {_ulp_text(fw)}")
     elif res.get("oracle_note"):
         parts.append(f"no exact reference ({res['oracle_note']})")
     rep = res.get("reproduces")

@@ -23,7 +23,8 @@ from . import replay as _replay
 
 
 def _raw(x):
-    x = np.ascontiguousarray(x)
+    x = np.asarray(x)
+    x = np.ascontiguousarray(x).reshape(x.shape)   # keeps 0-d values 0-d
     if x.dtype.name == "bfloat16":
         return x.view(np.uint16)
     if x.dtype.kind not in "biufc":
@@ -112,7 +113,7 @@ TAIL = '''
 print(f"{op} on this machine ({{versions}}):")
 same_all = True
 for i, o in enumerate(outs):
-    raw = np.ascontiguousarray(o)
+    raw = np.ascontiguousarray(o).reshape(o.shape)
     digest = hashlib.sha256(raw.tobytes()).hexdigest()[:16]
     print(f"output {{i}}: {{o.dtype}}{{list(o.shape)}} sha256 {{digest}}")
     print(np.array2string(np.asarray(o, dtype=np.float64) if o.dtype.name == "bfloat16" else o,
