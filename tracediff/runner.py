@@ -67,6 +67,9 @@ class Recording:
             self.writer = TraceWriter(self.output, manifest)
         except OSError as exc:
             raise TraceError(f"cannot write {self.output}: {exc.strerror or exc}") from None
+        # --level stats/calls store hash + statistics instead of bytes; --max-bytes caps bytes
+        self.writer.level = "full" if self.options.level == "full" else "stats"
+        self.writer.max_bytes = self.options.max_bytes
         self.session = Session(self.writer, self.options, tool_dirs=(TOOL_DIR,))
         self.session.script_dir = self.script_dir
         # The op log grows large; generation-0 collections over it cost more than recording.
@@ -98,11 +101,27 @@ class Recording:
         frameworks_manifest["captured"] = [c.framework for c in self.session.captures]
         try:
             self.writer.close(end=end, frameworks=frameworks_manifest, events=self.writer.n_events,
-                              bytes_recorded=self.writer.bytes_recorded)
+                              bytes_recorded=self.writer.bytes_recorded,
+                              recording=self._recording_summary())
         finally:
             if self._old_gc is not None:
                 gc.set_threshold(*self._old_gc)
                 self._old_gc = None
+
+
+    def _recording_summary(self):
+        """The manifest's `recording` section completed with what the windows and the byte
+        cap did (so every trace says how, and how much of the run, was recorded)."""
+        w = self.writer
+        rec = dict(w._manifest.get("recording") or {})
+        rec["stats_values"] = w.stats_values
+        if w.max_bytes is not None:
+            rec["max_bytes_reached"] = w.capped_at_event is not None
+            if w.capped_at_event is not None:
+                rec["values_capped_at_event"] = w.capped_at_event
+                rec["note"] = (f"--max-bytes {w.max_bytes}: value bytes stop at event "
+                               f"{w.capped_at_event}; later values have hash and statistics only")
+        return rec
 
 
 def record_script(script, args, output, options=None, frameworks=("jax", "torch")):

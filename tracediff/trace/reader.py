@@ -68,12 +68,17 @@ class Trace:
         self.complete = bool(f.attrs.get("complete", False))
         tables = {}
         for name, dt in schema.TABLES.items():
+            if name in schema.OPTIONAL_TABLES and name not in f:
+                tables[name] = np.zeros(0, dt)
+                continue
             ds = f[name]
             if ds.dtype != dt:
                 raise TraceError(f"{self.path}: table {name!r} has an unexpected layout")
             n = min(int(f.attrs.get(f"committed_{name}", 0)), ds.shape[0])
             tables[name] = ds[:n] if n else np.zeros(0, dt)
         self.events, self.values, self.inputs = tables["events"], tables["values"], tables["inputs"]
+        self.stats_rows = tables["stats"]  # statistics of values stored as stats + hash only
+        self._stats_index = None
         ds = f["strings"]
         n = min(int(f.attrs.get("committed_strings", 0)), ds.shape[0])
         raw = ds[:n] if n else []
@@ -193,6 +198,40 @@ class Trace:
         lo, hi = np.searchsorted(self._i_sorted, [eid, eid + 1])
         rows = self.inputs[self._i_order[lo:hi]]
         return rows[np.argsort(rows["slot"], kind="stable")]
+
+    # -- statistics (--level stats) ---------------------------------------------------------
+    def value_stats(self, row):
+        """Statistics of one values-table row as a dict (`values.STAT_FIELDS`: min, max, mean,
+        l2, nan, inf), from the stats table for a stats-only value (VFLAG_STATS) or computed
+        from the stored bytes; None when neither exists (metadata-only values)."""
+        if row["flags"] & schema.VFLAG_STATS:
+            if self._stats_index is None:
+                self._build_stats_index()
+            keys, order = self._stats_index
+            k = (int(row["event"]) << 21) | (int(row["role"]) << 20) | (int(row["slot"]) & 0xFFFFF)
+            i = int(np.searchsorted(keys, k))
+            if i < len(keys) and keys[i] == k:
+                r = self.stats_rows[order[i]]
+                return {f: (int(r[f]) if f in ("nan", "inf") else float(r[f]))
+                        for f in values.STAT_FIELDS}
+            return None
+        x = self.read_value(row)
+        if x is None:
+            return None
+        st = values.value_stats(np.asarray(x).view(self.string(row["storage"])),
+                                self.string(row["dtype"]))
+        return dict(zip(values.STAT_FIELDS, (int(v) if f in ("nan", "inf") else v
+                                             for f, v in zip(values.STAT_FIELDS, st))))
+
+    def _build_stats_index(self):
+        st = self.stats_rows
+        ok = (st["value"] >= 0) & (st["value"] < len(self.values))
+        st_idx = np.flatnonzero(ok)
+        v = self.values[st["value"][ok]]
+        keys = (v["event"].astype(np.int64) << 21) | (v["role"].astype(np.int64) << 20) | \
+            (v["slot"].astype(np.int64) & 0xFFFFF)
+        order = np.argsort(keys, kind="stable")
+        self._stats_index = (keys[order], st_idx[order])
 
     def value_meta(self, row):
         s = self.string

@@ -47,6 +47,16 @@ class TraceWriter:
         self._n_strings = 0
         self.bytes_recorded = 0
         self.closed = False
+        # --level stats / --max-bytes (docs/format.md, "Levels"): "full" stores every
+        # value's bytes; "stats" stores its hash and a stats row instead. Past `max_bytes`
+        # of stored bytes, values fall back to stats (`capped_at_event` says where).
+        self.level = "full"
+        self.max_bytes = None
+        self.capped_at_event = None
+        self.stats_values = 0
+        self._pstats = {}          # (storage, logical) -> [bytearray, rows, starts, counts]
+        self._pstats_bytes = 0
+        self._shape_ids = {}
         self._commit()
 
     # -- strings ---------------------------------------------------------------------------
@@ -79,21 +89,77 @@ class TraceWriter:
 
     def add_value(self, event, slot, array, *, role=schema.ROLE_OUT, name=None, flags=0,
                   logical_dtype=None, store=True):
-        """Append one value of `event`. `array` must be a host numpy array (or scalar)."""
-        raw, dtype_name, storage, shape = values.encode(array, logical_dtype)
+        """Append one value of `event`. `array` must be a host numpy array (or scalar).
+
+        `store=False`: metadata only (no hash). Otherwise the bytes (level "full", under
+        `max_bytes`) or the hash and statistics (level "stats", or past the cap); the
+        bytes are hashed and copied once, straight from the array's buffer."""
+        c, dtype_name, storage, shape = values.prepare(array, logical_dtype)
         if not store or flags & (schema.VFLAG_UNINIT | schema.VFLAG_NOT_STORED):
             flags |= schema.VFLAG_NOT_STORED if not (flags & schema.VFLAG_UNINIT) else 0
             offset, nbytes, h = -1, 0, 0
         else:
-            offset, nbytes, h = self._blob_size, len(raw), values.digest(raw)
-            self._blob += raw
-            self._blob_size += nbytes
-            self.bytes_recorded += nbytes
+            nbytes = c.nbytes
+            h = values.digest(c)
+            if self.level == "full" and (self.max_bytes is None or (
+                    self.capped_at_event is None and
+                    self.bytes_recorded + nbytes <= self.max_bytes)):
+                offset = self._blob_size
+                if nbytes:
+                    self._blob += values.as_bytes(c)
+                self._blob_size += nbytes
+                self.bytes_recorded += nbytes
+            else:
+                if self.level == "full" and self.capped_at_event is None:
+                    self.capped_at_event = int(event)
+                offset = -1
+                flags |= schema.VFLAG_NOT_STORED | schema.VFLAG_STATS
+                self._add_stats(c, storage, dtype_name)
+        sid = self._shape_ids.get(shape)
+        if sid is None:
+            sid = self._shape_ids[shape] = self.intern(values.shape_str(shape))
         self._rows["values"].append((event, slot, role, flags, self.intern(dtype_name),
-                                     self.intern(storage), self.intern(values.shape_str(shape)),
-                                     self.intern(name), offset, nbytes, h))
-        if len(self._blob) >= FLUSH_BYTES or len(self._rows["values"]) >= FLUSH_ROWS:
+                                     self.intern(storage), sid, self.intern(name), offset,
+                                     nbytes, h))
+        if len(self._blob) >= FLUSH_BYTES or len(self._rows["values"]) >= FLUSH_ROWS or \
+                self._pstats_bytes >= FLUSH_BYTES:
             self.flush()
+
+    STATS_DIRECT_BYTES = 1 << 16
+
+    def _add_stats(self, c, storage, logical):
+        """Queue the statistics of the value about to be appended (row = next values row).
+        Small values are copied into one buffer per dtype and reduced together at flush
+        (numpy reductions on tiny arrays cost more than the copy); large ones now."""
+        row = self._counts["values"] + len(self._rows["values"])
+        self.stats_values += 1
+        flat = c.reshape(-1)
+        if c.nbytes >= self.STATS_DIRECT_BYTES:
+            st = values.segment_stats(flat, [0], [flat.size], logical)[0]
+            self._rows["stats"].append((row, *st[:4], int(st[4]), int(st[5])))
+            return
+        key = (storage, logical)
+        p = self._pstats.get(key)
+        if p is None:
+            p = self._pstats[key] = [bytearray(), [], [], []]
+        p[2].append(len(p[0]) // max(c.itemsize, 1))
+        p[3].append(flat.size)
+        p[1].append(row)
+        if c.nbytes:
+            p[0] += values.as_bytes(c)
+        self._pstats_bytes += c.nbytes
+
+    def _reduce_stats(self):
+        """Statistics of the queued small values, vectorised per dtype, as stats rows."""
+        for (storage, logical), (buf, rows, starts, counts) in self._pstats.items():
+            flat = np.frombuffer(buf, dtype=storage) if buf else np.zeros(0, storage)
+            st = values.segment_stats(flat, starts, counts, logical)
+            self._rows["stats"].extend(
+                zip(rows, st[:, 0].tolist(), st[:, 1].tolist(), st[:, 2].tolist(),
+                    st[:, 3].tolist(), st[:, 4].astype(np.int64).tolist(),
+                    st[:, 5].astype(np.int64).tolist()))
+        self._pstats = {}
+        self._pstats_bytes = 0
 
     def add_meta_value(self, event, slot, dtype_name, shape, *, role=schema.ROLE_OUT, name=None,
                        flags=schema.VFLAG_NOT_STORED):
@@ -129,6 +195,8 @@ class TraceWriter:
             ds[n:] = np.array(self._new_strings, dtype=object)
             self._n_strings = n + len(self._new_strings)
             self._new_strings = []
+        if self._pstats:
+            self._reduce_stats()
         if self._blob:
             ds = f["blob"]
             n = ds.shape[0]
