@@ -45,7 +45,7 @@ def test_only_allow_listed_ops_are_rebuilt():
         replay.build_call("torch", "aten::uniform_", "", 1)
     with pytest.raises(replay.CannotReplay, match="not on the list"):
         replay.build_call("jax", "random_bits", "bit_width=32, shape=(2,)", 1)
-    with pytest.raises(replay.CannotReplay, match="not an aten operator"):
+    with pytest.raises(replay.CannotReplay, match="not on the list"):
         replay.build_call("torch", "os.system", "", 0)
     call = replay.build_call("torch", "aten::addmm", "beta=0.5", 3)
     x = [np.ones(2, F32), np.ones((2, 3), F32), np.ones((3, 2), F32)]
@@ -225,3 +225,24 @@ def test_dense_vs_tf32_linear_says_which_framework_is_closer_to_exact(tmp_path):
         1, rv["a"]["from_oracle"]["max_ulp"])
     assert rv["b"]["reproduced_here"] is False
     assert an["environment"]["op_class"] == "matmul"
+
+
+@pytest.mark.skipif(not os.environ.get("TRACEDIFF_OTHER_JAX_PYTHON"),
+                    reason="TRACEDIFF_OTHER_JAX_PYTHON not set (.ci/run sets it)")
+def test_version_difference_is_related_to_the_origin(tmp_path):
+    import subprocess
+
+    old, new = tmp_path / "old.h5", tmp_path / "new.h5"
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop("XLA_FLAGS", None)
+    proc = subprocess.run([os.environ["TRACEDIFF_OTHER_JAX_PYTHON"], "-m", "tracediff", "record",
+                           "-o", str(old), os.path.join(ROOT, "fixtures", "jax_gru_expm_adam.py"),
+                           "--steps", "1"], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record("jax_gru_expm_adam.py", new, "--steps", "1")
+    an = explain_json(old, new)
+    o = an["origin"]
+    assert o["inputs_match"] is True and o["a"]["step"] == 0
+    cause = an["environment"]["causes"][0]
+    assert cause["key"] in ("packages.jax", "packages.jaxlib")
+    assert "changed between" in cause["reason"] and o["a"]["op"] in cause["reason"]

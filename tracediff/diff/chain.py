@@ -34,13 +34,46 @@ def _num(x):
     return float(x)
 
 
+def hashes_comparable(d):
+    """True when both traces hash values the same way (then equal content hashes mean
+    equal values; traces of different tracediff versions may use different hashes)."""
+    def name(t):
+        rec = (t.manifest or {}).get("recording") or {}
+        return rec.get("hash", "blake2b_64") if isinstance(rec, dict) else "blake2b_64"
+    return name(d.ta) == name(d.tb)
+
+
+class _Differs:
+    """Bool per a-event, lazily: paired and outputs differ bitwise."""
+
+    def __init__(self, d):
+        self.d = d
+        ia, ib = d.pairs()
+        self.paired = np.zeros(len(d.ta), bool)
+        self.paired[ia] = True
+        self.fast = hashes_comparable(d)
+        self.m = np.zeros(len(d.ta), bool)
+        self.m[ia] = d.sa.content[ia] != d.sb.content[ib]
+        self.memo = {}
+
+    def __getitem__(self, ea):
+        if not self.m[ea]:
+            return False
+        if self.fast:
+            return True
+        hit = self.memo.get(ea)
+        if hit is None:
+            hit = self.memo[ea] = not self.d.equal_at(ea, int(self.d.al.a2b[ea]), _loc.BITWISE)
+        return hit
+
+    def __setitem__(self, ea, value):
+        self.m[ea] = value
+        self.memo[ea] = value
+
+
 def differing_mask(d):
-    """Bool per a-event: paired and outputs differ bitwise (content hashes)."""
-    ta = d.ta
-    m = np.zeros(len(ta), bool)
-    ia, ib = d.pairs()
-    m[ia] = d.sa.content[ia] != d.sb.content[ib]
-    return m
+    """Per a-event (indexable): paired and outputs differ bitwise."""
+    return _Differs(d)
 
 
 def consumers(d):

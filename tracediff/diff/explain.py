@@ -243,8 +243,30 @@ def replay_verdict(d, ea, eb):
     ra, rb = res["a"].get("reproduced_here"), res["b"].get("reproduced_here")
     res["reproduces"] = ("both" if ra and rb else "a" if ra else "b" if rb else
                          "neither" if ra is False or rb is False else None)
+    res["machine"] = _machine(sides[src]["framework"])
     res["verdict"] = _verdict_text(res)
     return res
+
+
+def _machine(framework):
+    """What this machine replays with (for the verdict's 'this machine')."""
+    import platform
+
+    out = {"host": platform.node(), "numpy": np.__version__}
+    try:
+        if framework == "jax":
+            import jax
+
+            out["jax"] = jax.__version__
+            out["XLA_FLAGS"] = __import__("os").environ.get("XLA_FLAGS")
+        elif framework == "torch":
+            import torch
+
+            out["torch"] = torch.__version__
+            out["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    except Exception:  # informative only
+        pass
+    return out
 
 
 def _fmt(x):
@@ -338,7 +360,7 @@ def _pkg_versions(diff):
     return out
 
 
-def environment(env_diff, op, framework, inputs_match, replay=None):
+def environment(env_diff, op, framework, inputs_match, replay=None, inner=None):
     """Ranked likely causes [{key, a, b, reason, rank}] drawn only from `env_diff`."""
     cls = op_class(op)
     causes = []
@@ -354,6 +376,8 @@ def environment(env_diff, op, framework, inputs_match, replay=None):
             reason = (f"{op}'s inputs are equal and its outputs differ: its implementation (or "
                       f"the code the compiler generates for it) changed between {name} "
                       f"{pkg_a} and {pkg_b}")
+            if inner and (inner.get("only_in_a") or inner.get("only_in_b")):
+                reason += f" ({inner['text'].split(':')[0]})"
             rank = 0 if name in ("jax", "jaxlib", "torch") else 2
         else:
             reason = (f"{name} {pkg_a} vs {pkg_b}; {op}'s inputs already differ, so the "
@@ -388,8 +412,8 @@ def environment(env_diff, op, framework, inputs_match, replay=None):
     if replay and replay.get("reproduces") in ("a", "b") and causes:
         here = replay["reproduces"]
         other = "b" if here == "a" else "a"
-        causes[0] = dict(causes[0], note=f"this machine reproduces {here}: the setting of "
-                                         f"{other} is the one that changes {op}")
+        causes[0] = dict(causes[0], note=f"this machine reproduces {here} bitwise: {other}'s "
+                                         f"{causes[0]['key']} is the one that changes {op}")
     return {"op_class": cls, "causes": causes,
             "none_found": None if causes else (
                 f"no recorded environment difference is known to affect {cls} ops; the cause "
@@ -503,11 +527,14 @@ def analyse(result, d, event=None):
             "narrow": "not yet automated: re-run the call's function op by op "
                       "(jax.disable_jit) or split it into smaller jitted functions and record "
                       "again; the equations whose compiled result differs are the ones involved"}
+    if f.a.get("kind") in ("eqn", "call") and f.a["op"].startswith("jit:"):
+        out["inner"] = _inner_structure(d, ea, eb)
     rv = out["replay"]
     env_op, env_fw = f.a["op"], f.a.get("framework")
     if (rv.get("oracle") or {}).get("from") == "b":   # b's op covers more (addmm vs add)
         env_op, env_fw = f.b["op"], f.b.get("framework")
-    out["environment"] = environment(result.env_diff, env_op, env_fw, f.inputs_match, rv)
+    out["environment"] = environment(result.env_diff, env_op, env_fw, f.inputs_match, rv,
+                                     out.get("inner"))
     if fb is not None and fb.a["index"] != ea and fb.inputs_match is True:
         out["tolerance_origin"] = {
             "index": fb.a["index"], "op": fb.a["op"], "step": fb.a["step"],
@@ -517,6 +544,39 @@ def analyse(result, d, event=None):
     out["noise"] = getattr(result, "noise", None)
     out["summary"] = _summary(out, f, info, links)
     return out
+
+
+def _inner_structure(d, ea, eb):
+    """How the equations inside a (nested) jit origin pair up: unpaired ones mean the
+    function's jaxpr differs between the runs (another library version's implementation)."""
+    def descendants(side, ev):
+        out, frontier = [], np.array([ev])
+        for _ in range(32):
+            kids = np.flatnonzero(np.isin(side.parent, frontier))
+            kids = kids[kids != ev]
+            if not len(kids):
+                break
+            out.append(kids)
+            frontier = kids
+        return np.unique(np.concatenate(out)) if out else np.zeros(0, np.int64)
+
+    in_a, in_b = descendants(d.sa, ea), descendants(d.sb, eb)
+    only_a = int(np.count_nonzero(d.al.a2b[in_a] < 0)) if len(in_a) else 0
+    only_b = int(np.count_nonzero(d.al.b2a[in_b] < 0)) if len(in_b) else 0
+    paired = in_a[d.al.a2b[in_a] >= 0] if len(in_a) else in_a
+    diff = _chain.differing_mask(d)
+    differing = sum(1 for e in paired.tolist() if diff[e])
+    if only_a or only_b:
+        text = (f"its equations differ between the runs ({len(in_a)} in a, {len(in_b)} in b; "
+                f"{only_a} only in a, {only_b} only in b): the function itself is implemented "
+                f"differently")
+    elif differing:
+        text = f"{differing} of its {len(in_a)} equations differ (see the chain)"
+    else:
+        text = (f"all {len(in_a)} equations inside it pair up and match: the difference comes "
+                f"from how it was compiled")
+    return {"equations_a": int(len(in_a)), "equations_b": int(len(in_b)), "only_in_a": only_a,
+            "only_in_b": only_b, "differing": differing, "text": text}
 
 
 def _summary(out, f, info, links):
@@ -545,6 +605,8 @@ def _summary(out, f, info, links):
     if isinstance(info, dict) and info.get("reaches_target") is False:
         words.append("the first difference beyond tolerance is not reached from it through "
                      "the recorded dataflow")
+    if out.get("inner"):
+        words.append(f"{e['op']}: {out['inner']['text']}")
     rv = out.get("replay") or {}
     if rv.get("verdict"):
         words.append(f"replay: {rv['verdict']}")
@@ -616,6 +678,8 @@ def print_analysis(an, console=None):
             f"{_fmt(m.get('max_ulp'))} ULP (max rel {_fmt(m.get('max_rel'))})")
     if o.get("call"):
         c.print(f"  inside compiled call {escape(o['call']['op'])} (a #{o['call']['a']})")
+    if an.get("inner"):
+        c.print(f"  inside {escape(a['op'])}: {escape(an['inner']['text'])}")
     if an.get("tolerance_origin"):
         t = an["tolerance_origin"]
         c.print(f"  first beyond tolerance: {escape(t['op'])} (a #{t['index']}, step {t['step']}),"
@@ -646,6 +710,10 @@ def print_analysis(an, console=None):
     c.print(f"[bold]replay verdict[/]: {escape(rv.get('verdict') or '-')}")
     if rv.get("replayed"):
         orc = rv.get("oracle") or {}
+        mach = rv.get("machine") or {}
+        if mach:
+            c.print("  this machine: " + ", ".join(
+                f"{k} {v if v is not None else '(unset)'}" for k, v in mach.items()))
         if orc:
             c.print(f"  exact reference: {orc['op']} computed by {orc['computed_by']} from "
                     f"{orc['from']}'s recorded inputs")

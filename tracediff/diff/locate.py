@@ -442,7 +442,10 @@ class Differ:
             cb = int(self.al.a2b[c]) if c >= 0 else -1
             if kind == schema.KIND_EQN and cb < 0 and not self.equal_at(ea, eb, level):
                 # no compiled counterpart to judge by (the calls are structured differently
-                # in the two runs): the replayed values are the best evidence there is
+                # in the two runs): the replayed values are the best evidence there is; a
+                # nested jit whose inputs match is searched for its inner origin
+                inner, _, _ = self._origin_among(np.array([ea]), level)
+                ea, eb = inner if inner is not None else (ea, eb)
                 return self.finding(ea, eb, level, note=(
                     "replayed equation; its enclosing compiled call has no counterpart in b, "
                     "so the replayed values are compared")), replay_only

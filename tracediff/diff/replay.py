@@ -329,9 +329,10 @@ class JaxCall(OpCall):
     def __init__(self, op, params, n_inputs):
         super().__init__(op, params)
         if op not in JAX_PRIMITIVES:
-            raise CannotReplay(f"{op} is not on the list of primitives tracediff replays"
-                               + (" (a nested jit: its equations are replayed one by one)"
-                                  if op.startswith("jit:") else ""))
+            if op.startswith("jit:"):
+                raise CannotReplay(f"{op} is a nested jit, not one primitive: its equations "
+                                   f"are compared one by one")
+            raise CannotReplay(f"{op} is not on the list of primitives tracediff replays")
         from jax.extend.core import primitives
 
         self.prim = getattr(primitives, f"{op}_p", None)
@@ -398,6 +399,10 @@ def _py(v, fw):
 
 def build_call(framework, op, params_text, n_inputs):
     """An `OpCall` for a recorded op, or raises CannotReplay with the reason."""
+    if framework == "jax" and op not in JAX_PRIMITIVES:
+        JaxCall(op, {}, n_inputs)   # raises CannotReplay with the reason
+    if framework == "torch" and op.split("::", 1)[-1].split(".", 1)[0] not in TORCH_OPS:
+        raise CannotReplay(f"{op} is not on the list of ops tracediff replays")
     params = parse_params(params_text)
     if framework == "torch":
         try:
