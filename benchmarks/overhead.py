@@ -1,15 +1,27 @@
-"""Recording overhead, trace size and locate time, measured in one run, side by side.
+"""Recording overhead per level (plain / calls / stats / full), trace size, in one run.
 
-For each workload: the plain script and `tracediff record` on it, interleaved, at two
-step counts; the difference between step counts gives the steady-state cost per step
-(without one-time compilation), the totals give what a user waits. CPU seconds (user+sys
-of the child) are reported beside wall seconds because the machine may be shared.
+Workloads (fixtures/):
+  torch_gru  GRUCell + Linear + Adam, tiny ops, 100 steps; the loop's own CPU seconds
+             (`--time`) are compared, so interpreter start-up and imports do not count.
+  torch_mlp  MLP 1024-4096-4096-1024, batch 64, 20 steps. Full values are ~1.8 GB per
+             step, so the full level runs with a window (`--steps 0:1`: one step at full,
+             the other 19 unrecorded) and its size is reported per recorded step.
+  jax_gru    the GRU + expm + Adam example; JAX has no loop timer, so each level runs at
+             two step counts and the *difference* gives the steady-state CPU per step
+             (without one-time compilation); the per-equation replay cost is derived
+             from it and the number of replayed equations per step.
+  jax_mlp    an MLP 256-1024-1024-256, batch 64, the same two-step-count method.
 
-    python benchmarks/overhead.py [--repeat 2] [--only jax_gru,torch_gru] [--markdown]
+Every configuration runs `--repeat` times, interleaved with the others (the machine may be
+shared); the minimum is kept. CPU seconds are user+sys of the child. The script checks
+that every recording printed exactly what the plain run printed.
+
+    python benchmarks/overhead.py [--repeat 2] [--only torch_gru,jax_gru] [--threads 1]
 """
 
 import argparse
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -19,16 +31,25 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIX = os.path.join(ROOT, "fixtures")
 
+MLP_T = ["--sizes", "1024,4096,4096,1024", "--batch", "64"]
 WORKLOADS = {
-    # name: (script, args, (few steps, many steps))
-    "jax_gru": ("jax_gru_expm_adam.py", [], (5, 100)),
-    "jax_mlp": ("jax_mlp.py", ["--sizes", "256,1024,1024,256", "--batch", "64"], (2, 10)),
-    "torch_gru": ("torch_gru_adam.py", [], (10, 100)),
-    "torch_mlp": ("torch_mlp.py", ["--sizes", "1024,4096,4096,1024", "--batch", "64"], (2, 20)),
+    # name: (script, args, step counts, levels {label: record options}, loop timer?)
+    "torch_gru": ("torch_gru_adam.py", [], (100,),
+                  {"calls": ["--level", "calls"], "stats": ["--level", "stats"],
+                   "full": ["--level", "full"]}, True),
+    "torch_mlp": ("torch_mlp.py", MLP_T, (20,),
+                  {"calls": ["--level", "calls"], "stats": ["--level", "stats"],
+                   "full --steps 0:1": ["--level", "full", "--steps", "0:1"]}, True),
+    "jax_gru": ("jax_gru_expm_adam.py", [], (5, 40),
+                {"calls": ["--level", "calls"], "stats": ["--level", "stats"],
+                 "full": ["--level", "full"]}, False),
+    "jax_mlp": ("jax_mlp.py", ["--sizes", "256,1024,1024,256", "--batch", "64"], (5, 40),
+                {"calls": ["--level", "calls"], "stats": ["--level", "stats"],
+                 "full": ["--level", "full"]}, False),
 }
 
 
-def timed(cmd, env=None):
+def timed(cmd, env):
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -37,76 +58,91 @@ def timed(cmd, env=None):
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu, proc.stdout
+    m = re.search(r"loop_cpu_s=([0-9.]+)", proc.stderr)
+    return {"wall": wall, "cpu": cpu, "loop": float(m.group(1)) if m else None,
+            "stdout": proc.stdout}
 
 
-def trace_stats(path):
+def trace_info(path):
     import tracediff
 
-    t = tracediff.load(path)
-    return len(t), os.path.getsize(path)
+    with tracediff.load(path) as t:
+        jax_m = (t.manifest.get("frameworks") or {}).get("jax") or {}
+        return {"events": len(t), "bytes": os.path.getsize(path),
+                "equations": jax_m.get("equations", 0)}
 
 
-def measure(name, repeat, folder):
-    script, args, (few, many) = WORKLOADS[name]
+def measure(name, repeat, folder, env):
+    script, args, step_counts, levels, has_loop = WORKLOADS[name]
     script = os.path.join(FIX, script)
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    env.pop("XLA_FLAGS", None)
-    rows = {}
-    for steps in (few, many):
-        plain, rec = [], []
+    results = {}
+    for steps in step_counts:
+        extra = ["--steps", str(steps)] + (["--time"] if has_loop else [])
         for r in range(repeat):
-            out = os.path.join(folder, f"{name}_{steps}_{r}.h5")
-            p = timed([sys.executable, script, *args, "--steps", str(steps)], env)
-            q = timed([sys.executable, "-m", "tracediff", "record", "-o", out, script, *args,
-                       "--steps", str(steps)], env)
-            assert p[2] == q[2], f"{name}: recording changed the script's output"
-            plain.append(p[:2])
-            rec.append(q[:2])
-        events, size = trace_stats(out)
-        locate_start = time.perf_counter()
-        other = os.path.join(folder, f"{name}_{steps}_0.h5")
-        subprocess.run([sys.executable, "-m", "tracediff", "locate", other, out, "--json"],
-                       env=env, capture_output=True)
-        locate_s = time.perf_counter() - locate_start
-        rows[steps] = {"plain": min(plain), "rec": min(rec), "events": events, "bytes": size,
-                       "locate_s": locate_s}
+            plain = timed([sys.executable, script, *args, *extra], env)
+            results.setdefault((steps, "plain"), []).append(plain)
+            for label, opts in levels.items():
+                out = os.path.join(folder, f"{name}_{steps}_{label.split()[0]}.h5")
+                res = timed([sys.executable, "-m", "tracediff", "record", "-o", out, *opts,
+                             script, *args, *extra], env)
+                assert res["stdout"] == plain["stdout"], f"{name} {label}: output changed"
+                res.update(trace_info(out))
+                os.unlink(out)
+                results.setdefault((steps, label), []).append(res)
+    best = {}
+    for key, runs in results.items():
+        b = min(runs, key=lambda x: x["cpu"])
+        b["loop"] = min((x["loop"] for x in runs if x["loop"] is not None), default=None)
+        b["wall"] = min(x["wall"] for x in runs)
+        best[key] = b
+    return best, step_counts, levels, has_loop
+
+
+def table(name, best, step_counts, levels, has_loop):
+    rows = []
+    labels = ["plain", *levels]
+    if has_loop:
+        steps = step_counts[-1]
+        base = best[(steps, "plain")]
+        for label in labels:
+            r = best[(steps, label)]
+            rows.append(f"| {name} | {label} | {steps} | {r['wall']:.1f} | {r['cpu']:.1f} | "
+                        f"{r['loop']:.2f} | {r['loop'] / base['loop']:.1f}x | "
+                        f"{r.get('events', 0):,} | {r.get('bytes', 0) / 1e6:.1f} |")
+        return rows
+    few, many = step_counts
+    base = (best[(many, "plain")]["cpu"] - best[(few, "plain")]["cpu"]) / (many - few)
+    for label in labels:
+        a, b = best[(few, label)], best[(many, label)]
+        per = (b["cpu"] - a["cpu"]) / (many - few)
+        eq = (b.get("equations", 0) - a.get("equations", 0)) / (many - few)
+        per_eqn = f"{(per - base) / eq * 1e6:.0f} us/eqn" if eq > 0 else ""
+        rows.append(f"| {name} | {label} | {many} | {b['wall']:.1f} | {b['cpu']:.1f} | "
+                    f"{per * 1e3:.1f} ms/step | {per / base if base > 0 else float('nan'):.1f}x | "
+                    f"{b.get('events', 0):,} | {b.get('bytes', 0) / 1e6:.1f} | {per_eqn} |")
     return rows
-
-
-def report(name, rows, markdown):
-    (few, a), (many, b) = sorted(rows.items())
-    lines = []
-    for steps, r in ((few, a), (many, b)):
-        lines.append((f"{name} {steps} steps", r["plain"][0], r["rec"][0], r["rec"][0] / r["plain"][0],
-                      r["plain"][1], r["rec"][1], r["rec"][1] / r["plain"][1], r["events"],
-                      r["bytes"] / 1e6, r["locate_s"]))
-    d_plain = (b["plain"][1] - a["plain"][1]) / (many - few)
-    d_rec = (b["rec"][1] - a["rec"][1]) / (many - few)
-    steady = (f"{name} steady state: {d_plain * 1e3:.2f} ms/step plain, {d_rec * 1e3:.2f} ms/step "
-              f"recorded (CPU), ratio {d_rec / d_plain if d_plain > 0 else float('nan'):.1f}x")
-    if markdown:
-        out = []
-        for ln in lines:
-            out.append("| {} | {:.1f} | {:.1f} | {:.1f}x | {:.1f} | {:.1f} | {:.1f}x | {:,} | {:.1f} | {:.1f} |".format(*ln))
-        return "\n".join(out) + "\n\n" + steady
-    return "\n".join("{:<22} wall {:.1f}s -> {:.1f}s ({:.1f}x)  cpu {:.1f}s -> {:.1f}s ({:.1f}x)  "
-                     "{:,} events  {:.1f} MB  locate {:.1f}s".format(*ln) for ln in lines) + "\n" + steady
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--only", default=",".join(WORKLOADS))
-    parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--threads", default="1",
+                        help="OMP_NUM_THREADS for every run ('' = library default)")
     args = parser.parse_args()
-    if args.markdown:
-        print("| workload | plain wall s | recorded wall s | ratio | plain CPU s | recorded CPU s | "
-              "ratio | events | trace MB | locate s |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
-    with tempfile.TemporaryDirectory() as folder:
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop("XLA_FLAGS", None)
+    if args.threads:
+        env["OMP_NUM_THREADS"] = args.threads
+    print(f"load average at start: {os.getloadavg()}, OMP_NUM_THREADS={args.threads or 'default'}")
+    print("| workload | level | steps | wall s | CPU s | loop CPU s (torch) / steady CPU per step "
+          "(JAX) | ratio | events | trace MB | replay cost |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    with tempfile.TemporaryDirectory(dir="/tmp") as folder:
         for name in args.only.split(","):
-            print(report(name, measure(name, args.repeat, folder), args.markdown), flush=True)
+            for row in table(name, *measure(name, args.repeat, folder, env)):
+                print(row, flush=True)
+    print(f"load average at end: {os.getloadavg()}")
 
 
 if __name__ == "__main__":

@@ -66,6 +66,25 @@ class ValueReader:
         if trace.blob_size <= BLOB_IN_MEMORY:
             self.blob = trace._f["blob"][:trace.blob_size] if trace.blob_size else np.zeros(0, "u1")
 
+    def gather(self, offsets, lengths):
+        """Concatenated bytes of many stored values (offsets/lengths checked by the caller).
+        Streams from the file when the arena is not in memory: one read of the slab that
+        covers the values (they lie close together: a chunk of consecutive events), so
+        memory stays bounded by the caller's chunk size."""
+        if self.blob is not None:
+            return _gather_slices(self.blob, offsets, lengths)
+        lo = int(offsets.min())
+        hi = int((offsets + lengths).max())
+        if hi > self.t.blob_size:
+            raise TraceError(f"{self.t.path}: value bytes lie outside the stored data")
+        total = int(lengths.sum())
+        if hi - lo <= 4 * total + (1 << 20):
+            slab = self.t._f["blob"][lo:hi]
+            return _gather_slices(slab, offsets - lo, lengths)
+        ds = self.t._f["blob"]
+        return np.concatenate([ds[int(o):int(o) + int(n)] for o, n in zip(offsets, lengths)]) \
+            if len(offsets) else np.zeros(0, "u1")
+
     def read(self, row):
         if self.blob is None:
             return self.t.read_value(row)
@@ -379,7 +398,7 @@ class Differ:
         within tolerance (one float output value on each side, same dtype and shape, every
         element within tolerance). Everything else is left to the exact per-event path."""
         ok = np.zeros(len(ia), bool)
-        if self.ra.blob is None or self.rb.blob is None or not len(ia) or self.ulp is not None:
+        if not len(ia) or self.ulp is not None:
             return ok
         sa, sb = self.sa, self.sb
         simple = (sa.n_out[ia] == 1) & (sb.n_out[ib] == 1) & (sa.kind[ia] != schema.KIND_OPTIM)
@@ -400,10 +419,10 @@ class Differ:
             ((va["flags"] & bad_flags) == 0) & ((vb["flags"] & bad_flags) == 0) & \
             (sa.gid[va["dtype"]] == sb.gid[vb["dtype"]]) & (sa.gid[va["shape"]] == sb.gid[vb["shape"]]) & \
             (va["nbytes"] == vb["nbytes"]) & (va["nbytes"] > 0) & (va["nbytes"] <= self.FAST_MAX_BYTES)
-        dnames = np.array([self.ta.string(d) for d in va["dtype"]], dtype=object)
+        dnames = _resolve(self.ta, va["dtype"])
+        snames = _resolve(self.ta, va["storage"])
         for dt in ("float32", "float64", "float16"):
-            m = good & (dnames == dt) & (np.array([self.ta.string(x) for x in va["storage"]],
-                                                  dtype=object) == dt)
+            m = good & (dnames == dt) & (snames == dt)
             idx = np.flatnonzero(m)
             if not len(idx):
                 continue
@@ -414,15 +433,19 @@ class Differ:
                 nb = va["nbytes"][idx[start:]]
                 stop = start + max(1, int(np.searchsorted(np.cumsum(nb), self.FAST_CHUNK_BYTES)))
                 part = idx[start:stop]
-                xa = _gather(self.ra.blob, va["offset"][part], va["nbytes"][part]).view(dt)
-                xb = _gather(self.rb.blob, vb["offset"][part], vb["nbytes"][part]).view(dt)
+                xa = self.ra.gather(va["offset"][part], va["nbytes"][part]).view(dt)
+                xb = self.rb.gather(vb["offset"][part], vb["nbytes"][part]).view(dt)
+                seg = np.concatenate([[0], np.cumsum(va["nbytes"][part] // item)[:-1]])
+                # only elements whose bits differ need the tolerance test (one cheap pass)
+                ut = {2: np.uint16, 4: np.uint32, 8: np.uint64}[item]
+                nz = np.flatnonzero(xa.view(ut) != xb.view(ut))
                 with np.errstate(invalid="ignore", over="ignore"):
-                    fa64, fb64 = xa.astype(np.float64), xb.astype(np.float64)
+                    fa64, fb64 = xa[nz].astype(np.float64), xb[nz].astype(np.float64)
                     diff = np.abs(fa64 - fb64)
                     within = (fa64 == fb64) | (np.isnan(fa64) & np.isnan(fb64)) | \
                         (np.isfinite(diff) & (diff <= t + r * np.maximum(np.abs(fa64), np.abs(fb64))))
-                seg = np.concatenate([[0], np.cumsum(va["nbytes"][part] // item)[:-1]])
-                all_ok = np.minimum.reduceat(within.astype(np.int8), seg) == 1
+                all_ok = np.ones(len(part), bool)
+                all_ok[np.searchsorted(seg, nz[~within], side="right") - 1] = False
                 ok[sel[part[all_ok]]] = True
                 start = stop
         return ok
@@ -539,6 +562,29 @@ class Differ:
                          "bitwise_equal": bool(bit), "max_rel": worst_rel, "max_abs": worst_abs,
                          "worst": worst_name})
         return rows
+
+
+def _resolve(trace, idx):
+    """Strings of many string-table indices (object array), one lookup per distinct index."""
+    uniq, inv = np.unique(np.asarray(idx), return_inverse=True)
+    return np.array([trace.string(u) for u in uniq.tolist()] or [""], dtype=object)[inv] \
+        if len(uniq) else np.zeros(0, dtype=object)
+
+
+def _gather_slices(buf, offsets, lengths):
+    """Like `_gather`, faster and without per-byte index arrays (whose memory grows with 16x
+    the bytes gathered): back-to-back values are one slice, values of >= 64 bytes on average
+    are sliced and concatenated, only tiny ones go through `_gather`."""
+    n = len(offsets)
+    if not n:
+        return np.zeros(0, "u1")
+    offsets = offsets.astype(np.int64)
+    ends = offsets + lengths.astype(np.int64)
+    if n == 1 or (offsets[1:] == ends[:-1]).all():
+        return buf[int(offsets[0]):int(ends[-1])]
+    if int(lengths.sum()) >= 64 * n:
+        return np.concatenate([buf[o:e] for o, e in zip(offsets.tolist(), ends.tolist())])
+    return _gather(buf, offsets, lengths)
 
 
 def _gather(blob, offsets, lengths):
