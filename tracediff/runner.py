@@ -8,8 +8,10 @@ manifest says how the run ended.
 import gc
 import os
 import runpy
+import shutil
 import signal
 import sys
+import tempfile
 import traceback
 
 from .capture import RecordOptions, Session, start_captures
@@ -20,14 +22,70 @@ from .trace.writer import TraceWriter
 TOOL_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
+MIN_FREE_BYTES = int(float(os.environ.get("TRACEDIFF_MIN_FREE_MB", "64")) * (1 << 20))
+
+# (rank, local rank, world size) variables of the launchers we know, in order of trust.
+RANK_ENV = [("RANK", "LOCAL_RANK", "WORLD_SIZE", "torchrun"),
+            ("JAX_PROCESS_ID", None, "JAX_NUM_PROCESSES", "jax"),
+            ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE", "openmpi"),
+            ("PMI_RANK", None, "PMI_SIZE", "mpich"),
+            ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "slurm")]
+
+
+def distributed_rank(environ=None):
+    """{"rank", "local_rank", "world_size", "launcher"} when this process is one of several
+    started by torchrun / jax / MPI / SLURM (world size > 1), else None."""
+    env = os.environ if environ is None else environ
+    for rank_var, local_var, size_var, launcher in RANK_ENV:
+        try:
+            rank, size = int(env[rank_var]), int(env[size_var])
+        except (KeyError, ValueError):
+            continue
+        if size > 1 and 0 <= rank < size:
+            try:
+                local = int(env[local_var]) if local_var else None
+            except (KeyError, ValueError):
+                local = None
+            return {"rank": rank, "local_rank": local, "world_size": size, "launcher": launcher}
+    return None
+
+
+def output_path_for(output, environ=None):
+    """The file a recording writes: OUTPUT itself, or NAME.rank{R}.h5 for rank R of a
+    multi-process run (every rank gets its own trace; they never share a file)."""
+    dist = distributed_rank(environ)
+    if dist is None:
+        return output
+    root, ext = os.path.splitext(os.fspath(output))
+    return f"{root}.rank{dist['rank']}{ext or '.h5'}"
+
+
 def check_output_path(output):
+    """Refuse, before the script runs, an output the trace could not be written to."""
     folder = os.path.dirname(os.path.abspath(output)) or "."
     if not os.path.isdir(folder):
         raise TraceError(f"cannot write {output}: folder {folder} does not exist")
-    if not os.access(folder, os.W_OK):
-        raise TraceError(f"cannot write {output}: folder {folder} is not writable")
     if os.path.isdir(output):
         raise TraceError(f"cannot write {output}: it is a directory")
+    if os.path.exists(output) and not os.path.isfile(output):
+        raise TraceError(f"cannot write {output}: not a regular file")
+    # A real probe: os.access says yes to root on a read-only file system.
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".tracediff-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise TraceError(f"cannot write {output}: folder {folder} is not writable "
+                         f"({exc.strerror or exc})") from None
+    if os.path.exists(output) and not os.access(output, os.W_OK):
+        raise TraceError(f"cannot write {output}: the file exists and is not writable")
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        free = None
+    if free is not None and free < MIN_FREE_BYTES:
+        raise TraceError(f"cannot write {output}: only {free / (1 << 20):.0f} MiB free in {folder} "
+                         f"(need {MIN_FREE_BYTES >> 20} MiB; set TRACEDIFF_MIN_FREE_MB to change)")
 
 
 class _Terminated(BaseException):
@@ -58,11 +116,14 @@ class Recording:
         self.script_dir = script_dir or (os.path.dirname(script) if script else None)
         self.writer = self.session = self.watcher = None
         self._old_gc = None
+        self._stopped = False
 
     def start(self):
+        self.output = output_path_for(self.output)
         check_output_path(self.output)
         manifest = base_manifest(self.script, self.argv,
                                  {"tool": self.tool, **self.options.as_dict()})
+        manifest["distributed"] = distributed_rank()
         try:
             self.writer = TraceWriter(self.output, manifest)
         except OSError as exc:
@@ -83,8 +144,9 @@ class Recording:
         return self
 
     def stop(self, end=None):
-        if self.writer is None or self.writer.closed:
+        if self.writer is None or self._stopped:
             return
+        self._stopped = True
         end = end or {"status": "completed", "exit_code": 0}
         if self.watcher is not None:
             self.watcher.uninstall()
@@ -107,6 +169,11 @@ class Recording:
             if self._old_gc is not None:
                 gc.set_threshold(*self._old_gc)
                 self._old_gc = None
+        if self.writer.error:
+            # The script ran to its end; only the trace is short. Say so, keep its exit code.
+            print(f"tracediff: warning: recording stopped early, the trace {self.output} is "
+                  f"truncated after {self.writer.committed_events} events "
+                  f"({self.writer.error})", file=sys.stderr)
 
 
     def _recording_summary(self):
@@ -147,11 +214,14 @@ def record_script(script, args, output, options=None, frameworks=("jax", "torch"
             print(code, file=sys.stderr)
             code = 1
         end = {"status": "sys.exit", "exit_code": code}
-    except KeyboardInterrupt:
-        end = {"status": "interrupted (SIGINT)", "exit_code": 130}
+    except KeyboardInterrupt as exc:
+        tb = _script_traceback(exc)
+        end = {"status": "interrupted (SIGINT)", "exit_code": 130, "exception": "KeyboardInterrupt",
+               "traceback": tb[-20000:]}
         print("KeyboardInterrupt", file=sys.stderr)
-    except _Terminated:
-        end = {"status": "terminated (SIGTERM)", "exit_code": 143}
+    except _Terminated as exc:
+        end = {"status": "terminated (SIGTERM)", "exit_code": 143, "exception": "SIGTERM",
+               "traceback": _script_traceback(exc, "Terminated by SIGTERM\n")[-20000:]}
     except BaseException as exc:  # the script's own error: report it as Python would
         tb = _script_traceback(exc)
         sys.stderr.write(tb)
@@ -173,10 +243,10 @@ def _main_thread():
     return threading.current_thread() is threading.main_thread()
 
 
-def _script_traceback(exc):
+def _script_traceback(exc, last_line=None):
     """The script's traceback without tracediff's and runpy's frames."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
               if not f.filename.startswith(TOOL_DIR) and "runpy" not in os.path.basename(f.filename)]
     lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames),
-             *traceback.format_exception_only(type(exc), exc)]
+             *([last_line] if last_line else traceback.format_exception_only(type(exc), exc))]
     return "".join(lines)

@@ -1,9 +1,24 @@
 """Append-only trace writer: rows and bytes are buffered and flushed in chunks.
 
 One HDF5 dataset per table plus one byte arena (`blob`) for all values: creating a
-dataset per tensor was measured 10-170x slower. After each flush the `committed`
-counts on the root are updated last, so a reader of a file whose writer died trusts
-only rows that were completely written.
+dataset per tensor was measured 10-170x slower.
+
+Durability (docs/format.md, "Durability"): a writer can die at any instant (SIGKILL,
+power loss, full disk), so the file on disk must be consistent at every instant:
+
+- HDF5's metadata cache never writes between flushes (evictions are disabled), so the
+  structures on disk only change inside `flush`;
+- `flush` writes in two phases: first the new data (strings, blob, tables) and an
+  `H5Fflush` (and an `fsync`), then the `committed_*` counts on the root and a second
+  `H5Fflush`. A reader trusts only committed rows, so a writer killed during phase one
+  leaves the previous commit intact, one killed during phase two the new one;
+- `flush` restarts from the committed counts, so an exception raised into it (Ctrl-C,
+  SIGTERM) and a later retry cannot leave gaps or duplicated rows;
+- besides the row and byte thresholds, `flush` runs at least every `FLUSH_SECONDS` while
+  events come in, so a killed run loses at most a few seconds;
+- a write error (disk full, file size limit, I/O error) stops recording instead of
+  reaching the script: the writer closes, `error` says why, the file keeps its last
+  commit, and `close` adds the reason to the manifest when the disk lets it.
 """
 
 import json
@@ -17,17 +32,23 @@ from . import schema, values
 
 FLUSH_ROWS = 20_000
 FLUSH_BYTES = 64 << 20
+FLUSH_SECONDS = 2.0
 CHUNK_ROWS = 8192
 CHUNK_BYTES = 1 << 20
+FSYNC = os.environ.get("TRACEDIFF_FSYNC", "1") != "0"
 
 
 class TraceWriter:
-    """Writes one trace file. Not thread-safe: capture code serialises calls."""
+    """Writes one trace file. Not thread-safe: capture code serialises calls.
+
+    `closed` turns True when the trace is closed or recording stopped on a write error
+    (`error` then says why); captures stop recording when it does."""
 
     def __init__(self, path, manifest):
         self.path = os.fspath(path)
-        self._f = h5py.File(self.path, "w")
+        self._f = h5py.File(self.path, "w", libver="earliest")
         f = self._f
+        _no_metadata_evictions(f)
         f.attrs["format"] = schema.FORMAT_NAME
         f.attrs["schema_version"] = schema.SCHEMA_VERSION
         f.attrs["complete"] = False
@@ -37,16 +58,20 @@ class TraceWriter:
         f.create_dataset("strings", shape=(0,), maxshape=(None,),
                          dtype=h5py.string_dtype("utf-8"), chunks=(4096,))
         self._manifest = dict(manifest)
-        self._write_manifest()
+        f.create_dataset("manifest", data=self._manifest_text(), dtype=h5py.string_dtype("utf-8"))
         self._strings = {}
         self._new_strings = []
         self._rows = {name: [] for name in schema.TABLES}
-        self._counts = {name: 0 for name in schema.TABLES}
+        self._counts = {name: 0 for name in schema.TABLES}   # rows on disk
         self._blob = bytearray()
-        self._blob_size = 0
-        self._n_strings = 0
+        self._blob_size = 0        # bytes recorded, buffered ones included
+        self._blob_written = 0     # bytes on disk
+        self._n_strings = 0        # strings on disk
+        self._last_flush = time.monotonic()
         self.bytes_recorded = 0
         self.closed = False
+        self.error = None
+        self.flushes = 0
         # --level stats / --max-bytes (docs/format.md, "Levels"): "full" stores every
         # value's bytes; "stats" stores its hash and a stats row instead. Past `max_bytes`
         # of stored bytes, values fall back to stats (`capped_at_event` says where).
@@ -57,7 +82,12 @@ class TraceWriter:
         self._pstats = {}          # (storage, logical) -> [bytearray, rows, starts, counts]
         self._pstats_bytes = 0
         self._shape_ids = {}
-        self._commit()
+        for name in schema.TABLES:
+            f.attrs[f"committed_{name}"] = 0
+        f.attrs["committed_blob"] = 0
+        f.attrs["committed_strings"] = 0
+        f.attrs["last_flush_unix"] = time.time()
+        f.flush()
 
     # -- strings ---------------------------------------------------------------------------
     def intern(self, text):
@@ -72,6 +102,11 @@ class TraceWriter:
 
     # -- rows ------------------------------------------------------------------------------
     @property
+    def committed_events(self):
+        """Events on disk as of the last commit (what a reader of a killed run gets)."""
+        return self._counts["events"]
+
+    @property
     def n_events(self):
         return self._counts["events"] + len(self._rows["events"])
 
@@ -83,7 +118,8 @@ class TraceWriter:
         s = self.intern
         self._rows["events"].append((framework, kind, phase, origin, s(op), s(params),
                                      s(name_stack), s(source), s(node), call, parent, step, iter))
-        if len(self._rows["events"]) >= FLUSH_ROWS:
+        if len(self._rows["events"]) >= FLUSH_ROWS or \
+                time.monotonic() - self._last_flush >= FLUSH_SECONDS:
             self.flush()
         return eid
 
@@ -174,63 +210,124 @@ class TraceWriter:
     # -- manifest --------------------------------------------------------------------------
     def update_manifest(self, **fields):
         self._manifest.update(fields)
-        self._write_manifest()
+        if not self.closed:
+            self._f["manifest"][()] = self._manifest_text()
 
-    def _write_manifest(self):
-        text = json.dumps(self._manifest, sort_keys=True, default=str)
-        if "manifest" in self._f:
-            del self._f["manifest"]
-        self._f.create_dataset("manifest", data=text, dtype=h5py.string_dtype("utf-8"))
+    def _manifest_text(self):
+        return json.dumps(self._manifest, sort_keys=True, default=str)
 
     # -- flushing --------------------------------------------------------------------------
     def flush(self):
-        """Write buffered rows and bytes, then advance the committed counts."""
+        """Write buffered rows and bytes, then advance the committed counts (see the module
+        docstring). A write error stops recording; it is never raised to the caller."""
         if self.closed:
             return
+        try:
+            self._write_pending()
+            self._commit()
+        except Exception as exc:  # disk full, file size limit, I/O error
+            self._fail(exc)
+        self._last_flush = time.monotonic()
+
+    def _write_pending(self):
         f = self._f
+        # Phase 1: data past the committed counts. Each write starts from the counts on
+        # disk, so redoing an interrupted flush overwrites instead of appending twice.
         if self._new_strings:
+            n, k = self._n_strings, len(self._new_strings)
             ds = f["strings"]
-            n = ds.shape[0]
-            ds.resize((n + len(self._new_strings),))
-            ds[n:] = np.array(self._new_strings, dtype=object)
-            self._n_strings = n + len(self._new_strings)
-            self._new_strings = []
+            ds.resize((n + k,))
+            ds[n:n + k] = np.array(self._new_strings, dtype=object)
+            self._n_strings, self._new_strings = n + k, []
         if self._pstats:
             self._reduce_stats()
         if self._blob:
+            n, k = self._blob_written, len(self._blob)
             ds = f["blob"]
-            n = ds.shape[0]
-            ds.resize((n + len(self._blob),))
-            ds[n:] = np.frombuffer(bytes(self._blob), dtype="u1")
-            self._blob = bytearray()
+            ds.resize((n + k,))
+            ds[n:n + k] = np.frombuffer(self._blob, dtype="u1")
+            self._blob_written, self._blob = n + k, bytearray()
         for name, dt in schema.TABLES.items():
             rows = self._rows[name]
             if not rows:
                 continue
+            n, k = self._counts[name], len(rows)
             ds = f[name]
-            n = ds.shape[0]
-            ds.resize((n + len(rows),))
-            ds[n:] = np.array(rows, dtype=dt)
-            self._counts[name] = n + len(rows)
-            self._rows[name] = []
-        self._commit()
+            ds.resize((n + k,))
+            ds[n:n + k] = np.array(rows, dtype=dt)
+            self._counts[name], self._rows[name] = n + k, []
+        f.flush()
+        if FSYNC:
+            os.fsync(f.id.get_vfd_handle())
 
     def _commit(self):
+        # Phase 2: the counts a reader trusts, written only once phase 1 is on disk.
         f = self._f
         for name in schema.TABLES:
             f.attrs[f"committed_{name}"] = self._counts[name]
-        f.attrs["committed_blob"] = self._blob_size - len(self._blob)
+        f.attrs["committed_blob"] = self._blob_written
         f.attrs["committed_strings"] = self._n_strings
         f.attrs["last_flush_unix"] = time.time()
         f.flush()
+        self.flushes += 1
+
+    def _fail(self, exc):
+        self.error = f"{type(exc).__name__}: {_one_line(exc)}"
+        self.closed = True
+        self._rows = {name: [] for name in schema.TABLES}
+        self._blob = bytearray()
+        self._new_strings = []
+        self._pstats, self._pstats_bytes = {}, 0
+        try:
+            self._f.close()
+        except Exception:
+            pass
 
     def close(self, **manifest_fields):
-        """Flush, store the final manifest fields (how the run ended) and mark complete."""
+        """Flush, store the final manifest fields (how the run ended) and mark complete.
+
+        After a write error the trace stays incomplete (`complete` False, its last commit
+        readable); the final fields and the error are added to its manifest if the disk
+        lets us, which it may not."""
         if self.closed:
+            if self.error and not getattr(self, "_error_noted", False):
+                self._error_noted = True
+                self._manifest.update(manifest_fields)
+                self._manifest["recording_error"] = self.error
+                try:
+                    with h5py.File(self.path, "r+", libver="earliest") as f:
+                        f["manifest"][()] = self._manifest_text()
+                except Exception:
+                    pass
             return
         self.flush()
-        if manifest_fields:
-            self.update_manifest(**manifest_fields)
-        self._f.attrs["complete"] = True
-        self._f.close()
+        if self.closed:  # the flush failed
+            return self.close(**manifest_fields)
+        try:
+            if manifest_fields:
+                self.update_manifest(**manifest_fields)
+            self._f.flush()
+            self._f.attrs["complete"] = True
+            self._f.close()
+        except Exception as exc:
+            self._fail(exc)
+            return self.close(**manifest_fields)
         self.closed = True
+
+
+def _no_metadata_evictions(f):
+    """Keep HDF5's dirty metadata in memory until `flush`: evicting it between flushes
+    writes index nodes whose neighbours are not on disk yet (measured: a writer killed
+    at random then leaves files that fail with "len exceeds EOA")."""
+    try:
+        cfg = f.id.get_mdc_config()
+        cfg.incr_mode = cfg.flash_incr_mode = cfg.decr_mode = 0
+        cfg.evictions_enabled = False
+        f.id.set_mdc_config(cfg)
+    except Exception:  # an HDF5 without this control: flushes still order the writes
+        pass
+
+
+def _one_line(exc):
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
