@@ -15,19 +15,39 @@ from .errors import TraceError
 
 
 def _guard(fn):
-    """Turn TraceError (and unreadable input) into one clear line and exit code 2."""
+    """Turn TraceError (and unreadable input) into one clear line and exit code 2.
+
+    Any other exception escaping a command is also one line and exit code 2 (a trace
+    from a stranger must never produce a traceback); TRACEDIFF_DEBUG=1 shows it."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except TraceError as exc:
-            click.echo(f"tracediff: error: {exc}", err=True)
+            click.echo(f"tracediff: error: {_one_line(exc)}", err=True)
             sys.exit(2)
         except BrokenPipeError:
             sys.exit(0)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except MemoryError:
+            click.echo("tracediff: error: out of memory (is the trace damaged or hostile?)",
+                       err=True)
+            sys.exit(2)
+        except Exception as exc:
+            if os.environ.get("TRACEDIFF_DEBUG"):
+                raise
+            click.echo(f"tracediff: error: unexpected {type(exc).__name__}: {_one_line(exc)} "
+                       f"(a damaged input? TRACEDIFF_DEBUG=1 shows the traceback)", err=True)
+            sys.exit(2)
 
     return wrapper
+
+
+def _one_line(exc):
+    lines = str(exc).strip().splitlines()
+    return " ".join(line.strip() for line in lines)[:500] if lines else type(exc).__name__
 
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -153,7 +173,7 @@ def record(output, loops, frameworks, level, steps, ops, modules, max_bytes, scr
       tracediff record --level full --steps 31:32 -o a31.h5 train.py   # then zoom in
     """
     from .capture import RecordOptions
-    from .runner import record_script
+    from .runner import output_path_for, record_script
 
     if not os.path.isfile(script):
         raise TraceError(f"{script}: no such script (give the path of a Python file: "
@@ -165,7 +185,7 @@ def record(output, loops, frameworks, level, steps, ops, modules, max_bytes, scr
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     code = record_script(script, list(args), output, options, frameworks or ("jax", "torch"))
-    click.echo(f"tracediff: trace written to {output}", err=True)
+    click.echo(f"tracediff: trace written to {output_path_for(output)}", err=True)
     sys.exit(code)
 
 

@@ -14,6 +14,26 @@ from ..errors import TraceError
 from . import schema, values
 
 MAX_MANIFEST_BYTES = 16 << 20
+MAX_ATTR_BYTES = 4096          # root attributes are short strings and numbers
+MAX_STRING_BYTES = 256 << 20   # the strings table, all strings together
+MAX_CHUNK_BYTES = 64 << 20     # one chunk of a table (the writer uses 1 MiB)
+SLACK_BYTES = 1 << 20          # HDF5 overhead allowed when comparing sizes to the file's
+MAX_DIMS = 64
+HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+
+# manifest sections the reports read, and the JSON types they must have
+_MANIFEST_OBJECTS = ("os", "python", "cpu", "packages", "env", "threads", "recording", "script",
+                     "end", "frameworks", "distributed")
+_MANIFEST_STRINGS = ("tracediff_version", "created", "hostname")
+_SECTION_STRINGS = {"script": ("path", "name", "sha256"), "end": ("status", "exception", "message",
+                                                                   "traceback"),
+                    "os": ("system", "release", "version", "platform"),
+                    "cpu": ("machine", "processor", "model")}
+
+
+def _one_line(exc):
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:160]}" if text else type(exc).__name__
 
 
 def _open(path):
@@ -22,90 +42,332 @@ def _open(path):
         raise TraceError(f"{path}: no such file")
     if os.path.isdir(path):
         raise TraceError(f"{path}: is a directory, not a trace file")
+    if not os.path.isfile(path):
+        raise TraceError(f"{path}: not a regular file")
     if os.path.getsize(path) == 0:
-        raise TraceError(f"{path}: empty file, not a trace")
+        raise TraceError(f"{path}: empty file, not a trace (a recording killed at its very start leaves one)")
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
     try:
         return h5py.File(path, "r", locking=False)
-    except OSError as exc:
-        with open(path, "rb") as fh:
-            magic = fh.read(8)
-        if magic != b"\x89HDF\r\n\x1a\n":
-            raise TraceError(f"{path}: not an HDF5 file (is this a tracediff trace?)") from None
-        raise TraceError(f"{path}: HDF5 file cannot be opened, it may be truncated or corrupt "
-                         f"({str(exc).splitlines()[0][:120]})") from None
+    except Exception as exc:
+        first = _one_line(exc)
+    if "already open for write" in first:
+        # a file left by a writer in SWMR mode (a newer writer, or another tool) that died
+        try:
+            return h5py.File(path, "r", locking=False, swmr=True)
+        except Exception as exc:
+            first = _one_line(exc)
+    if head != HDF5_MAGIC:
+        raise TraceError(f"{path}: not an HDF5 file (is this a tracediff trace?)")
+    raise TraceError(f"{path}: HDF5 file cannot be opened, it may be truncated or corrupt "
+                     f"({first})")
+
+
+def _attr(f, name, default=None):
+    """A root attribute, read only when it is small (a hostile file may hold huge ones)."""
+    if name not in f.attrs:
+        return default
+    try:
+        size = f.attrs.get_id(name).get_storage_size()
+    except Exception:
+        size = MAX_ATTR_BYTES + 1
+    if size > MAX_ATTR_BYTES:
+        raise TraceError(f"attribute {name!r} is implausibly large ({size} bytes)")
+    value = f.attrs[name]
+    if isinstance(value, np.ndarray):
+        if value.size != 1:
+            raise TraceError(f"attribute {name!r} is not a single value")
+        value = value.reshape(()).item()
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return value
+
+
+def _int_attr(f, name, default):
+    value = _attr(f, name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TraceError(f"attribute {name!r} is not an integer")
+    return int(value)
+
+
+def _dataset(f, name):
+    """A plain dataset of this file: no external links, external storage, virtual
+    mappings or filters (which could read other files or load filter plugins)."""
+    link = f.get(name, getlink=True)
+    if link is None:
+        raise TraceError(f"missing dataset {name!r}")
+    if not isinstance(link, h5py.HardLink):
+        raise TraceError(f"{name!r} is a link to elsewhere, not part of the trace")
+    ds = f[name]
+    if not isinstance(ds, h5py.Dataset):
+        raise TraceError(f"{name!r} is not a dataset")
+    plist = ds.id.get_create_plist()
+    if plist.get_nfilters() or plist.get_external_count() or ds.is_virtual:
+        raise TraceError(f"dataset {name!r} uses filters, external or virtual storage")
+    if ds.chunks is not None and int(np.prod(ds.chunks, dtype=object)) * ds.dtype.itemsize > MAX_CHUNK_BYTES:
+        raise TraceError(f"dataset {name!r} has implausibly large chunks")
+    return ds
+
+
+def _vlen_ids(ds, fh, file_size):
+    """The raw (length, heap collection address, object index) of every element of a
+    variable-length string dataset, read from the file itself, not through HDF5."""
+    ids = []
+    if ds.chunks is None:
+        off = ds.id.get_offset()
+        spans = [] if off is None else [(off, ds.size * 16)]
+    else:
+        spans = []
+        for i in range(ds.id.get_num_chunks()):
+            info = ds.id.get_chunk_info(i)
+            spans.append((info.byte_offset, info.size))
+    for off, size in spans:
+        if off is None or off < 0 or size < 0 or size % 16 or off + size > file_size:
+            raise TraceError("a variable-length table lies outside the file")
+        fh.seek(off)
+        raw = fh.read(size)
+        if len(raw) != size:
+            raise TraceError("a variable-length table lies outside the file")
+        ids.append(np.frombuffer(raw, dtype=_HEAP_ID))
+    return np.concatenate(ids) if ids else np.zeros(0, _HEAP_ID)
+
+
+_HEAP_ID = np.dtype([("length", "<u4"), ("addr", "<u8"), ("index", "<u4")])
+
+
+def _check_heap(ds, path, file_size):
+    """Check the global heap objects a string dataset points to before HDF5 reads them.
+
+    HDF5 trusts these structures: a zeroed or garbled heap collection was measured to
+    make it loop forever. Each referenced collection must have the GCOL signature, a
+    size inside the file, and a well-formed list of objects covering the referenced
+    ones with at least the referenced length."""
+    with open(path, "rb") as fh:
+        ids = _vlen_ids(ds, fh, file_size)
+        ids = ids[(ids["addr"] != 0) | (ids["length"] != 0)]
+        objects = {}
+        for addr in np.unique(ids["addr"]).tolist():
+            objects[addr] = _heap_collection(fh, addr, file_size)
+    for length, addr, index in ids.tolist():
+        size = objects[addr].get(index)
+        if size is None or length > size:
+            raise TraceError("a string refers to a missing or shorter heap object")
+
+
+def _heap_collection(fh, addr, file_size):
+    if addr < 8 or addr + 16 > file_size:
+        raise TraceError("a string heap lies outside the file")
+    fh.seek(addr)
+    head = fh.read(16)
+    size = int.from_bytes(head[8:16], "little")
+    if head[:4] != b"GCOL" or head[4] != 1 or size < 16 + 16 or addr + size > file_size:
+        raise TraceError("a string heap is damaged")
+    data = fh.read(size - 16)
+    if len(data) != size - 16:
+        raise TraceError("a string heap lies outside the file")
+    objects, p, end = {}, 0, size - 16
+    while p + 16 <= end:
+        index = int.from_bytes(data[p:p + 2], "little")
+        osize = int.from_bytes(data[p + 8:p + 16], "little")
+        if index == 0:  # free space: exactly the rest of the collection (a wrong size
+            if osize != end - p:  # makes HDF5 loop forever)
+                raise TraceError("a string heap is damaged")
+            break
+        if index in objects or osize > end - p - 16:
+            raise TraceError("a string heap is damaged")
+        objects[index] = osize
+        p += 16 + ((osize + 7) & ~7)
+    return objects
 
 
 class Trace:
-    """A recorded run: manifest, event/value/input tables, and lazy access to values."""
+    """A recorded run: manifest, event/value/input tables, and lazy access to values.
+
+    Opening checks everything a report could trip over, so a damaged or hostile file
+    fails here with one `TraceError` line: table sizes against the file's size, string
+    references, value shapes, dtypes and byte ranges, the manifest's types. `complete`
+    is False for a recording that did not finish (killed): its committed rows are read.
+    """
 
     def __init__(self, path):
         self.path = os.fspath(path)
         self._f = _open(self.path)
         try:
             self._load()
-        except TraceError:
+        except TraceError as exc:
             self._f.close()
-            raise
-        except (KeyError, ValueError, TypeError, OSError, RuntimeError) as exc:
+            msg = str(exc)
+            raise TraceError(msg if msg.startswith(self.path) else f"{self.path}: {msg}") from None
+        except Exception as exc:  # h5py / numpy on a damaged file: one line, never a traceback
             self._f.close()
-            raise TraceError(f"{self.path}: damaged trace ({type(exc).__name__}: "
-                             f"{str(exc).splitlines()[0][:120] if str(exc) else ''})") from None
+            raise TraceError(f"{self.path}: damaged trace ({_one_line(exc)})") from None
 
     def _load(self):
         f = self._f
-        fmt = f.attrs.get("format")
-        if isinstance(fmt, bytes):
-            fmt = fmt.decode("utf-8", "replace")
+        self.file_size = os.path.getsize(self.path)
+        fmt = _attr(f, "format")
         if fmt != schema.FORMAT_NAME:
             raise TraceError(f"{self.path}: an HDF5 file, but not a tracediff trace")
-        version = int(f.attrs.get("schema_version", -1))
+        version = _int_attr(f, "schema_version", -1)
         if version > schema.SCHEMA_VERSION:
             raise TraceError(f"{self.path}: trace schema version {version} is newer than this "
                              f"tracediff reads ({schema.SCHEMA_VERSION}); upgrade tracediff")
         if version < 1:
             raise TraceError(f"{self.path}: invalid schema version {version}")
         self.schema_version = version
-        self.complete = bool(f.attrs.get("complete", False))
+        complete = _attr(f, "complete", False)
+        self.complete = complete is True or (isinstance(complete, int) and complete == 1)
+        budget = self.file_size + SLACK_BYTES
         tables = {}
         for name, dt in schema.TABLES.items():
             if name in schema.OPTIONAL_TABLES and name not in f:
                 tables[name] = np.zeros(0, dt)
                 continue
-            ds = f[name]
-            if ds.dtype != dt:
+            ds = _dataset(f, name)
+            if ds.dtype != dt or ds.ndim != 1:
                 raise TraceError(f"{self.path}: table {name!r} has an unexpected layout")
-            n = min(int(f.attrs.get(f"committed_{name}", 0)), ds.shape[0])
+            n = max(0, min(_int_attr(f, f"committed_{name}", 0), ds.shape[0]))
+            if n * dt.itemsize > budget:
+                raise TraceError(f"{self.path}: table {name!r} claims {n} rows, more than the "
+                                 f"file can hold")
             tables[name] = ds[:n] if n else np.zeros(0, dt)
+            if len(tables[name]) != n:
+                raise TraceError(f"{self.path}: table {name!r} is shorter than recorded")
         self.events, self.values, self.inputs = tables["events"], tables["values"], tables["inputs"]
         self.stats_rows = tables["stats"]  # statistics of values stored as stats + hash only
         self._stats_index = None
-        ds = f["strings"]
-        n = min(int(f.attrs.get("committed_strings", 0)), ds.shape[0])
-        raw = ds[:n] if n else []
-        self.strings = [s.decode("utf-8", "replace") if isinstance(s, bytes) else str(s) for s in raw]
-        self.blob_size = min(int(f.attrs.get("committed_blob", 0)), f["blob"].shape[0])
-        mds = f["manifest"]
-        if mds.shape != () or (mds.dtype.kind not in "OS"):
-            raise TraceError(f"{self.path}: manifest is not a JSON string")
-        text = mds[()]
-        if isinstance(text, bytes):
-            text = text.decode("utf-8", "replace")
-        if len(text) > MAX_MANIFEST_BYTES:
-            raise TraceError(f"{self.path}: manifest is implausibly large")
-        try:
-            self.manifest = json.loads(text)
-        except json.JSONDecodeError:
-            raise TraceError(f"{self.path}: manifest is not valid JSON") from None
-        if not isinstance(self.manifest, dict):
-            raise TraceError(f"{self.path}: manifest is not a JSON object")
-        # Rows whose events were never committed (writer killed) are dropped.
-        n_ev = len(self.events)
-        self.values = self.values[(self.values["event"] >= 0) & (self.values["event"] < n_ev)]
-        self.inputs = self.inputs[(self.inputs["event"] >= 0) & (self.inputs["event"] < n_ev)]
+        self.strings = self._load_strings(_dataset(f, "strings"), _int_attr(f, "committed_strings", 0))
+        blob = _dataset(f, "blob")
+        if blob.dtype != np.uint8 or blob.ndim != 1:
+            raise TraceError(f"{self.path}: the value bytes have an unexpected layout")
+        self.blob_size = max(0, min(_int_attr(f, "committed_blob", 0), blob.shape[0]))
+        if self.blob_size > budget:
+            raise TraceError(f"{self.path}: the trace claims {self.blob_size} value bytes, more "
+                             f"than the file holds")
+        self.manifest = self._load_manifest(_dataset(f, "manifest"))
+        dist = self.manifest.get("distributed") or {}
+        self.rank = dist.get("rank") if isinstance(dist.get("rank"), int) else None
+        self._check_tables()
         self._v_order = np.argsort(self.values["event"], kind="stable")
         self._v_sorted = self.values["event"][self._v_order]
         self._i_order = np.argsort(self.inputs["event"], kind="stable")
         self._i_sorted = self.inputs["event"][self._i_order]
+
+    def _load_strings(self, ds, committed):
+        info = h5py.check_string_dtype(ds.dtype)
+        if ds.ndim != 1 or info is None:
+            raise TraceError(f"{self.path}: the strings table has an unexpected layout")
+        n = max(0, min(committed, ds.shape[0]))
+        if info.length is None and n:
+            _check_heap(ds, self.path, self.file_size)
+        # every stored string takes >= 16 bytes (variable length) or its fixed length
+        if n * max(16, ds.dtype.itemsize) > self.file_size + SLACK_BYTES:
+            raise TraceError(f"{self.path}: the strings table claims {n} strings, more than "
+                             f"the file can hold")
+        out, total, step = [], 0, 1 << 16
+        for lo in range(0, n, step):  # in slices, to stop early on absurd lengths
+            for s in ds[lo:min(n, lo + step)]:
+                s = s.decode("utf-8", "replace") if isinstance(s, bytes) else str(s)
+                total += len(s)
+                out.append(s)
+            if total > MAX_STRING_BYTES or total > self.file_size + SLACK_BYTES:
+                raise TraceError(f"{self.path}: the strings table is implausibly large")
+        return out
+
+    def _load_manifest(self, mds):
+        if mds.shape != () or h5py.check_string_dtype(mds.dtype) is None:
+            raise TraceError(f"{self.path}: manifest is not a JSON string")
+        if h5py.check_string_dtype(mds.dtype).length is not None and \
+                mds.dtype.itemsize > MAX_MANIFEST_BYTES:
+            raise TraceError(f"{self.path}: manifest is implausibly large")
+        if h5py.check_string_dtype(mds.dtype).length is None:
+            _check_heap(mds, self.path, self.file_size)
+        text = mds[()]
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", "replace")
+        if not isinstance(text, str):
+            raise TraceError(f"{self.path}: manifest is not a JSON string")
+        if len(text) > MAX_MANIFEST_BYTES:
+            raise TraceError(f"{self.path}: manifest is implausibly large")
+        try:
+            manifest = json.loads(text)
+        except (ValueError, RecursionError):
+            raise TraceError(f"{self.path}: manifest is not valid JSON") from None
+        if not isinstance(manifest, dict):
+            raise TraceError(f"{self.path}: manifest is not a JSON object")
+        for key in _MANIFEST_OBJECTS:
+            if manifest.get(key) is not None and not isinstance(manifest[key], dict):
+                raise TraceError(f"{self.path}: manifest field {key!r} is not an object")
+        for key in _MANIFEST_STRINGS:
+            if manifest.get(key) is not None and not isinstance(manifest[key], str):
+                raise TraceError(f"{self.path}: manifest field {key!r} is not a string")
+        for section, keys in _SECTION_STRINGS.items():
+            for key in keys:
+                v = (manifest.get(section) or {}).get(key)
+                if v is not None and not isinstance(v, str):
+                    raise TraceError(f"{self.path}: manifest field {section}.{key} is not a string")
+        code = (manifest.get("end") or {}).get("exit_code")
+        if code is not None and (isinstance(code, bool) or not isinstance(code, int)):
+            raise TraceError(f"{self.path}: manifest field end.exit_code is not an integer")
+        return manifest
+
+    def _check_tables(self):
+        """Cross-checks of the tables (vectorised; milliseconds for millions of rows)."""
+        n_ev, n_str = len(self.events), len(self.strings)
+        bad = lambda what: TraceError(f"{self.path}: damaged trace ({what})")  # noqa: E731
+        e = self.events
+        for col in ("op", "params", "name_stack", "source", "node"):
+            if len(e) and ((e[col] < -1) | (e[col] >= n_str)).any():
+                raise bad(f"events.{col} refers to a string that does not exist")
+        for col in ("call", "parent"):
+            if len(e) and ((e[col] < -1) | (e[col] >= n_ev)).any():
+                raise bad(f"events.{col} refers to an event that does not exist")
+        # Value and input rows of events past the last commit (writer killed) are dropped.
+        self.values = self.values[(self.values["event"] >= 0) & (self.values["event"] < n_ev)]
+        self.inputs = self.inputs[(self.inputs["event"] >= 0) & (self.inputs["event"] < n_ev)]
+        v = self.values
+        for col in ("dtype", "storage", "shape", "name"):
+            if len(v) and ((v[col] < -1) | (v[col] >= n_str)).any():
+                raise bad(f"values.{col} refers to a string that does not exist")
+        i = self.inputs
+        if len(i) and ((i["producer"] < schema.PRODUCER_CONST) | (i["producer"] >= n_ev)).any():
+            raise bad("inputs.producer refers to an event that does not exist")
+        # Every shape must parse; every stored value must lie inside the committed bytes
+        # and hold exactly shape x itemsize bytes of a dtype numpy knows.
+        shapes = {}
+        for idx in np.unique(v["shape"]).tolist() if len(v) else ():
+            try:
+                dims = values.parse_shape(self.string(idx), MAX_DIMS)
+            except ValueError as exc:
+                raise bad(f"value shape: {exc}") from None
+            count = 1
+            for d in dims:
+                count *= d
+            shapes[idx] = count
+        stored = v[(v["offset"] >= 0) & ((v["flags"] & (schema.VFLAG_NOT_STORED |
+                                                         schema.VFLAG_UNINIT)) == 0)]
+        if not len(stored):
+            return
+        if ((stored["nbytes"] < 0) | (stored["offset"] > self.blob_size - stored["nbytes"])).any():
+            raise bad("value bytes lie outside the stored data")
+        itemsize = {}
+        for idx in np.unique(stored["storage"]).tolist():
+            name = self.string(idx)
+            if name not in values._NATIVE:
+                raise bad(f"unknown storage dtype {name[:40]!r}")
+            itemsize[idx] = np.dtype(name).itemsize
+        pairs = np.unique(np.stack([stored["shape"].astype(np.int64),
+                                    stored["storage"].astype(np.int64),
+                                    stored["nbytes"]], axis=1), axis=0)
+        for shape_idx, storage_idx, nbytes in pairs.tolist():
+            if shapes[shape_idx] * itemsize[storage_idx] != nbytes:
+                raise bad("a value's size does not match its shape and dtype")
 
     # -- strings and events -----------------------------------------------------------------
     @property
@@ -235,11 +497,17 @@ class Trace:
 
     def value_meta(self, row):
         s = self.string
-        return {"dtype": s(row["dtype"]), "shape": list(values.parse_shape(s(row["shape"]))),
+        return {"dtype": s(row["dtype"]), "shape": list(self._shape(row)),
                 "name": s(row["name"]) if row["name"] >= 0 else None,
                 "stored": bool(row["offset"] >= 0 and not row["flags"] & schema.VFLAG_NOT_STORED),
                 "uninitialized": bool(row["flags"] & schema.VFLAG_UNINIT),
                 "hash": f"{int(row['hash']):016x}", "nbytes": int(row["nbytes"])}
+
+    def _shape(self, row):
+        try:
+            return values.parse_shape(self.string(row["shape"]), MAX_DIMS)
+        except ValueError as exc:
+            raise TraceError(f"{self.path}: damaged trace (value shape: {exc})") from None
 
     def read_value(self, row):
         """The numpy array stored for one values-table row, or None if not stored."""
@@ -249,16 +517,18 @@ class Trace:
         if n < 0 or off + n > self.blob_size:
             raise TraceError(f"{self.path}: value bytes lie outside the stored data (truncated?)")
         storage = self.string(row["storage"])
-        shape = values.parse_shape(self.string(row["shape"]))
-        try:
-            itemsize = np.dtype(storage).itemsize if storage in values._NATIVE else 0
-        except TypeError:
-            itemsize = 0
-        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        shape = self._shape(row)
+        itemsize = np.dtype(storage).itemsize if storage in values._NATIVE else 0
+        count = 1
+        for d in shape:
+            count *= d
         if itemsize == 0 or count * itemsize != n:
             raise TraceError(f"{self.path}: value size does not match its shape and dtype")
-        raw = self._f["blob"][off:off + n].tobytes()
-        return values.decode(raw, self.string(row["dtype"]), storage, shape)
+        try:
+            raw = self._f["blob"][off:off + n].tobytes()
+            return values.decode(raw, self.string(row["dtype"]), storage, shape)
+        except Exception as exc:
+            raise TraceError(f"{self.path}: damaged trace ({_one_line(exc)})") from None
 
     def close(self):
         self._f.close()
