@@ -630,8 +630,11 @@ def short(analysis):
         return None, None
     rv = analysis.get("replay") or {}
     o = analysis["origin"]["a"]
-    ex = {"verdict": rv.get("verdict") or analysis.get("summary"),
+    ex = {"verdict": f"{o['op']} (a #{o['index']}): "
+                     f"{rv.get('verdict') or analysis.get('summary')}",
           "event": f"{o['op']} (a #{o['index']})",
+          "event_index": o["index"], "event_index_b": analysis["origin"]["b"]["index"],
+          "replayable": bool(rv.get("replayed")),
           "summary": analysis.get("summary")}
     for side in ("a", "b"):
         s = rv.get(side) or {}
