@@ -246,3 +246,27 @@ def test_version_difference_is_related_to_the_origin(tmp_path):
     cause = an["environment"]["causes"][0]
     assert cause["key"] in ("packages.jax", "packages.jaxlib")
     assert "changed between" in cause["reason"] and o["a"]["op"] in cause["reason"]
+
+
+def test_compiled_call_divergence_is_named(tmp_path):
+    from .test_locate import _jax_call
+
+    x = np.linspace(0, 1, 5)
+    mid, out = np.sin(x), np.cos(np.sin(x))
+    a = synth.write(tmp_path / "a.h5", _jax_call(x, mid, out, out))
+    b = synth.write(tmp_path / "b.h5", _jax_call(x, mid, out, out * 1.1))
+    an = explain_json(a, b)
+    assert an["origin"]["a"]["kind"] == "call" and an["compiled_call"]["call"] == "jit:f"
+    assert "compiled" in an["compiled_call"]["explanation"]
+    assert an["replay"]["replayed"] is False and "compiled call" in an["replay"]["verdict"]
+    r = tracediff.locate(a, b)
+    assert "compiled_call" in r.explain and "compiled-call divergence" in r.explain["summary"]
+
+
+def test_explain_event_argument_and_bad_event(dot):
+    a, b = dot
+    an = explain_json(a, b, "2")   # the mul after the dot: inherited, replayed from its inputs
+    assert an["origin"]["a"]["op"] == "aten::mul.Tensor" and an["origin"]["inputs_match"] is False
+    assert an["replay"]["reproduces"] == "both"   # each side's mul from its own inputs
+    proc = run_cli("explain", a, b, "999")
+    assert proc.returncode == 2 and "no event 999" in proc.stderr

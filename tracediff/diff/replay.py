@@ -167,7 +167,8 @@ def _np_upcast(x):
 
 
 def _to_torch(torch, x):
-    x = np.ascontiguousarray(x)
+    x = np.asarray(x)
+    x = np.ascontiguousarray(x).reshape(x.shape)   # ascontiguousarray makes 0-d 1-d
     if x.dtype.name == "bfloat16":
         return torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16)
     return torch.from_numpy(x.copy())
