@@ -422,6 +422,11 @@ def environment(env_diff, op, framework, inputs_match, replay=None, inner=None):
 
 # -- divergence over time ---------------------------------------------------------------------
 
+_CONSTANT_OPS = re.compile(r"^(aten::)?(ones|zeros|full|fill|empty|scalar_tensor|arange|linspace|"
+                           r"rand|randn|randint|normal|uniform|bernoulli|lift|new_|iota|"
+                           r"broadcast_in_dim$)")
+
+
 def steps_table(d, result):
     """Per optimizer step: params max rel (from locate) and the loss of a and b."""
     rows = {r["step"]: dict(r) for r in result.optimizer_steps}
@@ -445,6 +450,10 @@ def steps_table(d, result):
                                   == 0)
     scalar[out0["event"][ok].astype(np.int64)] = True
     cand = cand[scalar[cand]]
+    # constants are not a loss: the backward seed (ones_like), fills, factories
+    const = np.array([bool(_CONSTANT_OPS.match(t.string(o))) for o in ev["op"][cand]], bool) \
+        if len(cand) else np.zeros(0, bool)
+    cand = cand[~const]
     steps = ev["step"].astype(np.int64)
     for s in np.unique(steps[cand]).tolist():
         ea = int(cand[steps[cand] == s][-1])
