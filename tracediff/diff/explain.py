@@ -131,8 +131,9 @@ def oracle_distance(recorded, oracle):
             both_nan = np.isnan(r.astype(np.float64)) & np.isnan(o.astype(np.float64))
             u = compare.ulp_distance(r.reshape(-1), rounded.reshape(-1), part)
             u = np.where(both_nan.reshape(-1), 0.0, u)
-            wide = o.astype(np.longdouble)
-            err = np.abs(r.astype(np.longdouble) - wide)
+            wide = o.astype(np.float64).astype(np.longdouble) if o.dtype.name == "bfloat16" \
+                else o.astype(np.longdouble)
+            err = np.abs(r.astype(np.float64).astype(np.longdouble) - wide)
             err = np.where(both_nan, 0, err)
             if part in ("float16", "float32", "float64"):
                 spacing = np.abs(np.spacing(np.abs(rounded))).astype(np.longdouble)
