@@ -5,18 +5,12 @@ their raw bits in an unsigned integer of the same width plus a tag naming the lo
 dtype, so nothing is lost and nothing needs pickle to read back.
 """
 
-import hashlib
-
 import numpy as np
+import xxhash
 
-try:
-    import xxhash as _xxhash
-except ImportError:  # pragma: no cover - xxhash is a dependency; blake2b keeps old installs working
-    _xxhash = None
-
-# Name of the value hash, written to every trace's manifest (recording.hash): two traces
-# are compared hash to hash only when they name the same one.
-HASH_NAME = "xxh3_64" if _xxhash is not None else "blake2b_64"
+# Name of the value hash, written to every trace's manifest (recording.hash). One hash
+# function only: a fallback would make traces from two installs incomparable hash to hash.
+HASH_NAME = "xxh3_64"
 
 # Logical dtypes that are stored as raw bits and need ml_dtypes to decode.
 _ML_DTYPES = {"bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
@@ -97,12 +91,7 @@ def as_bytes(c):
         return c.tobytes()
 
 
-if _xxhash is not None:
-    digest = _xxhash.xxh3_64_intdigest  # 64-bit hash of exact bytes (any buffer)
-else:  # pragma: no cover
-    def digest(raw):
-        """64-bit hash of exact bytes; equal hashes are taken as bitwise equality."""
-        return int.from_bytes(hashlib.blake2b(bytes(raw), digest_size=8).digest(), "little")
+digest = xxhash.xxh3_64_intdigest  # 64-bit hash of exact bytes (any buffer)
 
 
 # -- statistics (--level stats) -------------------------------------------------------------
