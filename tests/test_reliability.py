@@ -1,0 +1,431 @@
+"""Reliability: signals, SIGKILL at random points, bad input to every command, full disk,
+recording never perturbs the script, multi-process runs (torchrun) and threads.
+
+Crash tests for an exception and sys.exit(n) are in test_jax_capture.py; the forked
+DataLoader test is in test_torch_capture.py.
+"""
+
+import os
+import random
+import resource
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import h5py
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import tracediff
+from tracediff.cli import main as cli_main
+from tracediff.errors import TraceError
+from tracediff.runner import distributed_rank, output_path_for
+from tracediff.trace import values as tvalues
+
+from .helpers import FIXTURES, ROOT, record, run_cli, run_plain
+
+KILL_SEED = int(os.environ.get("TRACEDIFF_KILL_SEED", "6"))
+
+
+def _env(extra=None):
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    env.update(extra or {})
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _script(tmp_path, name, body):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def _check_values(t):
+    """Every stored value of a trace reads back and matches its recorded hash."""
+    n = 0
+    for row in t.values:
+        arr = t.read_value(row)
+        if arr is None:
+            continue
+        raw = t._f["blob"][int(row["offset"]):int(row["offset"]) + int(row["nbytes"])].tobytes()
+        assert tvalues.digest(raw) == int(row["hash"])
+        n += 1
+    return n
+
+
+# -- signals ---------------------------------------------------------------------------------
+
+LOOPING = """
+    import sys, time, torch
+    x = torch.ones(8)
+    for i in range(3):
+        x = torch.sin(x) * 1.5
+    print("ready", flush=True)
+    while True:
+        x = torch.cos(x)
+        time.sleep(0.01)
+"""
+
+
+@pytest.mark.parametrize("sig, code, status", [(signal.SIGINT, 130, "interrupted (SIGINT)"),
+                                               (signal.SIGTERM, 143, "terminated (SIGTERM)")])
+def test_signal_leaves_a_complete_trace_and_the_shell_exit_code(tmp_path, sig, code, status):
+    script = _script(tmp_path, "loop.py", LOOPING)
+    out = tmp_path / "sig.h5"
+    proc = subprocess.Popen([sys.executable, "-m", "tracediff", "record", "-o", str(out),
+                             str(script)], env=_env(), cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(0.3)
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == code, stderr
+    assert "Traceback" not in stderr
+    with tracediff.load(out) as t:
+        assert t.complete and len(t) > 10
+        end = t.manifest["end"]
+        assert end["status"] == status and end["exit_code"] == code
+        assert "loop.py" in end["traceback"]  # where the script was when the signal came
+        _check_values(t)
+
+
+# -- SIGKILL at random points ----------------------------------------------------------------
+
+STRESS = """
+    import sys, time
+    import numpy as np
+    from tracediff.trace import writer as W
+    W.FLUSH_ROWS = 40              # flush all the time, so kills land inside flushes too
+    w = W.TraceWriter(sys.argv[1], {"script": {"name": "stress"}})
+    rng = np.random.default_rng(0)
+    print("started", flush=True)
+    i = 0
+    while True:
+        e = w.add_event(framework=2, kind=3, op=f"op{i % 37}", source=f"s.py:{i}",
+                        parent=i - 1 if i else -1)
+        w.add_value(e, 0, rng.standard_normal(int(rng.integers(1, 500))).astype(np.float32))
+        if i:
+            w.add_input(e, 0, e - 1)
+        i += 1
+"""
+
+
+def test_sigkill_at_random_points_leaves_a_readable_truncated_trace(tmp_path):
+    """A writer flushing every 40 rows is killed at seeded random instants (most land
+    inside a flush); every file opens, says it is truncated, and every committed value
+    matches its hash."""
+    script = _script(tmp_path, "stress.py", STRESS)
+    rng = random.Random(KILL_SEED)
+    events = []
+    for k in range(10):
+        out = tmp_path / f"k{k}.h5"
+        proc = subprocess.Popen([sys.executable, str(script), str(out)], env=_env(), cwd=ROOT,
+                                text=True, stdout=subprocess.PIPE)
+        assert proc.stdout.readline().strip() == "started"
+        time.sleep(rng.uniform(0.0, 0.8))
+        proc.kill()
+        proc.wait()
+        with tracediff.load(out) as t:
+            assert not t.complete
+            assert "end" not in t.manifest
+            ev = t.events
+            assert (ev["parent"][1:] == np.arange(len(ev) - 1)).all()  # no hole, no repeat
+            assert _check_values(t) >= len(t) - 1 - 40  # values of the last batch may be missing
+            events.append(len(t))
+    assert sum(1 for n in events if n > 0) >= 8, events
+    proc = run_cli("info", tmp_path / "k9.h5")
+    assert proc.returncode == 0 and "TRUNCATED" in proc.stdout
+    proc = run_cli("locate", tmp_path / "k8.h5", tmp_path / "k9.h5")
+    assert proc.returncode in (0, 1) and "truncated" in proc.stderr
+
+
+def test_sigkill_of_a_real_recording(tmp_path):
+    """`tracediff record` of a torch training killed with SIGKILL mid-run."""
+    out = tmp_path / "mlp.h5"
+    proc = subprocess.Popen([sys.executable, "-m", "tracediff", "record", "-o", str(out),
+                             os.path.join(FIXTURES, "torch_mlp.py"), "--steps", "100000"],
+                            env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline:  # until the first time-based flush is on disk
+        time.sleep(0.5)
+        try:
+            with h5py.File(out, "r", locking=False) as f:
+                if f.attrs.get("committed_events", 0) > 100:  # a flush after the first
+                    break
+        except (OSError, KeyError):
+            pass
+    time.sleep(random.Random(KILL_SEED).uniform(0.0, 2.0))
+    proc.kill()
+    proc.wait()
+    with tracediff.load(out) as t:
+        assert not t.complete and len(t) > 100
+        assert _check_values(t) > 100
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    """Two small real traces of different scripts."""
+    d = tmp_path_factory.mktemp("good")
+    record("torch_dot.py", d / "dot.h5")
+    record("torch_mlp.py", d / "mlp.h5")
+    return d / "dot.h5", d / "mlp.h5"
+
+
+def _bad_files(folder, good_path):
+    folder.mkdir(exist_ok=True)
+    files = {"missing": folder / "missing.h5", "directory": folder}
+    files["text"] = folder / "text.h5"
+    files["text"].write_text("hello, not HDF5\n")
+    files["empty"] = folder / "empty.h5"
+    files["empty"].write_bytes(b"")
+    data = good_path.read_bytes()
+    files["truncated"] = folder / "truncated.h5"
+    files["truncated"].write_bytes(data[:len(data) // 3])
+    files["header_only"] = folder / "header.h5"
+    files["header_only"].write_bytes(data[:512])
+    files["not_a_trace"] = folder / "other.h5"
+    with h5py.File(files["not_a_trace"], "w") as f:
+        f["x"] = np.arange(3)
+    files["newer_schema"] = folder / "newer.h5"
+    files["newer_schema"].write_bytes(data)
+    with h5py.File(files["newer_schema"], "r+") as f:
+        f.attrs["schema_version"] = 99
+    return files
+
+
+COMMANDS = {
+    "info": lambda bad, good: ["info", bad],
+    "info --json": lambda bad, good: ["info", "--json", bad],
+    "show": lambda bad, good: ["show", bad, "0"],
+    "locate a": lambda bad, good: ["locate", bad, good],
+    "locate b": lambda bad, good: ["locate", good, bad],
+    "report": lambda bad, good: ["report", good, bad, "-o", "-"],
+}
+
+
+def test_bad_input_to_every_command_is_one_line_and_exit_2(good, tmp_path):
+    files = _bad_files(tmp_path / "bad", good[0])
+    runner = CliRunner()
+    failures = []
+    for kind, path in files.items():
+        for name, args in COMMANDS.items():
+            res = runner.invoke(cli_main, [str(a) for a in args(path, good[0])])
+            err = res.stderr.strip()
+            if kind == "directory":  # click refuses it before tracediff runs: a usage error
+                ok = res.exit_code == 2 and "is a directory" in err and "Traceback" not in err
+            else:
+                ok = res.exit_code == 2 and len(err.splitlines()) == 1 and \
+                    "Traceback" not in err and err.startswith("tracediff: error:")
+            if not ok:
+                failures.append(f"{name} on {kind}: exit {res.exit_code}, stderr {err[:300]!r}, "
+                                f"exception {res.exception!r}")
+    assert not failures, "\n".join(failures)
+    # the messages say what is wrong
+    msg = {k: runner.invoke(cli_main, ["info", str(p)]).stderr for k, p in files.items()}
+    assert "no such" in msg["missing"] and "directory" in msg["directory"]
+    assert "not an HDF5 file" in msg["text"] and "empty" in msg["empty"]
+    assert "truncated or corrupt" in msg["truncated"] and "not a tracediff trace" in msg["not_a_trace"]
+    assert "upgrade tracediff" in msg["newer_schema"]
+
+
+def test_check_with_a_bad_golden_is_one_line_and_exit_2(good, tmp_path):
+    files = _bad_files(tmp_path / "bad", good[0])
+    proc = run_cli("check", files["text"], os.path.join(FIXTURES, "torch_dot.py"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("tracediff: error:")
+
+
+def test_traces_of_different_scripts_warn_and_still_compare(good):
+    res = CliRunner().invoke(cli_main, ["locate", str(good[0]), str(good[1])])
+    assert res.exit_code in (0, 1)
+    assert "different scripts" in res.stderr and "comparing anyway" in res.stderr
+
+
+def test_api_raises_trace_error_only(good, tmp_path):
+    files = _bad_files(tmp_path / "bad", good[0])
+    for kind, path in files.items():
+        with pytest.raises(TraceError):
+            tracediff.load(path)
+        with pytest.raises(TraceError):
+            tracediff.locate(good[0], path)
+
+
+MARKER_SCRIPT = """
+    import pathlib, sys
+    pathlib.Path(sys.argv[1]).write_text("ran")
+"""
+
+
+@pytest.mark.parametrize("output, env, message", [
+    ("/proc/tracediff-test.h5", None, "not writable"),
+    ("{tmp}", None, "is a directory"),
+    ("{tmp}/t.h5", {"TRACEDIFF_MIN_FREE_MB": "1e12"}, "MiB free"),
+])
+def test_unwritable_output_is_refused_before_the_script_runs(tmp_path, output, env, message):
+    script = _script(tmp_path, "marker.py", MARKER_SCRIPT)
+    marker = tmp_path / "ran.txt"
+    proc = run_cli("record", "-o", output.format(tmp=tmp_path), script, marker, env=env)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not marker.exists()
+
+
+def _limit_file_size(limit):
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_full_disk_stops_recording_not_the_script(tmp_path):
+    """A file size limit (EFBIG, as ENOSPC would) reached mid-run: the script finishes with
+    its own output and exit code, the trace keeps what was committed, a warning says so."""
+    out = tmp_path / "full.h5"
+    plain = run_plain("torch_mlp.py", "--steps", "150")
+    proc = subprocess.run([sys.executable, "-m", "tracediff", "record", "-o", str(out),
+                           os.path.join(FIXTURES, "torch_mlp.py"), "--steps", "150"],
+                          env=_env({"TRACEDIFF_MIN_FREE_MB": "0"}), cwd=ROOT, text=True,
+                          capture_output=True, timeout=300,
+                          preexec_fn=_limit_file_size(9 << 20))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == plain.stdout
+    assert "recording stopped early" in proc.stderr and "Traceback" not in proc.stderr
+    with tracediff.load(out) as t:
+        assert not t.complete and len(t) > 0
+        assert "file size limit" in t.manifest["recording_error"]
+        assert t.manifest["end"]["exit_code"] == 0
+        _check_values(t)
+
+
+# -- never perturb ---------------------------------------------------------------------------
+
+# A new recording level is one entry here: (level, loops).
+LEVELS = [("full", "opaque"), ("full", "stepped"), ("stats", "opaque"), ("calls", "opaque")]
+FIXTURE_RUNS = {"jax": ("jax_control_flow.py", ()), "torch": ("torch_mlp.py", ("--steps", "3"))}
+
+
+def _combos():
+    return [(fw, level, loops) for fw in FIXTURE_RUNS for level, loops in LEVELS
+            if fw == "jax" or loops == "opaque"]  # --loops only changes JAX recording
+
+
+@pytest.fixture(scope="module")
+def perturb_runs(tmp_path_factory):
+    """Every (framework, level, loops) recorded once, two at a time, and each fixture run
+    plainly: {key: stdout}."""
+    d = tmp_path_factory.mktemp("perturb")
+    jobs = {}
+    for fw, level, loops in _combos():
+        script, args = FIXTURE_RUNS[fw]
+        jobs[(fw, level, loops)] = (script, d / f"{fw}-{level}-{loops}.h5",
+                                    ("--level", level, "--loops", loops), args)
+    out = {fw: run_plain(script, *args).stdout for fw, (script, args) in FIXTURE_RUNS.items()}
+    out.update(_record_with_options(jobs))
+    return out
+
+
+def _record_with_options(jobs, max_parallel=2):
+    """jobs: {key: (script, out, tracediff options, script args)} -> {key: stdout}."""
+    pending, running, done = list(jobs.items()), [], {}
+    while pending or running:
+        while pending and len(running) < max_parallel:
+            key, (script, out, opts, args) = pending.pop(0)
+            proc = subprocess.Popen([sys.executable, "-m", "tracediff", "record", "-o", str(out),
+                                     *opts, os.path.join(FIXTURES, script), *args], env=_env(),
+                                    cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE)
+            running.append((key, proc))
+        key, proc = running.pop(0)
+        stdout, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"recording {key} exited {proc.returncode}:\n{stderr[-3000:]}"
+        done[key] = stdout
+    return done
+
+
+@pytest.mark.parametrize("framework, level, loops", _combos(),
+                         ids=["-".join(c) for c in _combos()])
+def test_recording_never_changes_the_script_output(framework, level, loops, perturb_runs):
+    # the fixtures print repr() of their float results: equal text is bitwise equal
+    assert perturb_runs[(framework, level, loops)] == perturb_runs[framework]
+
+
+# -- multi-process ---------------------------------------------------------------------------
+
+def test_rank_detection_and_names():
+    assert distributed_rank({}) is None
+    assert distributed_rank({"RANK": "0", "WORLD_SIZE": "1"}) is None
+    env = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4"}
+    assert distributed_rank(env) == {"rank": 3, "local_rank": 1, "world_size": 4,
+                                     "launcher": "torchrun"}
+    assert output_path_for("runs/a.h5", env) == "runs/a.rank3.h5"
+    assert output_path_for("a", env) == "a.rank3.h5"
+    assert distributed_rank({"SLURM_PROCID": "1", "SLURM_NTASKS": "2"})["rank"] == 1
+    assert distributed_rank({"RANK": "x", "WORLD_SIZE": "2"}) is None
+    assert distributed_rank({"RANK": "5", "WORLD_SIZE": "2"}) is None
+
+
+DIST = """
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    r = dist.get_rank()
+    x = torch.arange(4.0) * (r + 1)
+    y = torch.sin(x)
+    dist.all_reduce(y)
+    print(r, repr(y.sum().item()), flush=True)
+    dist.destroy_process_group()
+"""
+
+
+def test_torchrun_two_ranks_write_one_trace_each_and_locate_rank_to_rank(tmp_path):
+    script = _script(tmp_path, "dist.py", DIST)
+    for run in ("a", "b"):
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                               "--master_port", str(29500 + os.getpid() % 1000 + (run == "b")),
+                               "-m", "tracediff", "record", "-o", str(tmp_path / f"{run}.h5"),
+                               str(script)], env=_env({"OMP_NUM_THREADS": "1"}), cwd=ROOT,
+                              text=True, capture_output=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert not (tmp_path / f"{run}.h5").exists()
+        for rank in (0, 1):
+            with tracediff.load(tmp_path / f"{run}.rank{rank}.h5") as t:
+                assert t.complete and len(t) > 0 and t.rank == rank
+                assert t.manifest["distributed"]["world_size"] == 2
+    result = tracediff.locate(tmp_path / "a.rank0.h5", tmp_path / "b.rank0.h5")
+    assert result.exit_code == 0
+    result = tracediff.locate(tmp_path / "a.rank1.h5", tmp_path / "b.rank1.h5")
+    assert result.exit_code == 0
+
+
+THREADS = """
+    import threading, torch
+    def work():
+        a = torch.ones(64, 64)
+        for _ in range(200):
+            a = torch.tanh(a @ a / 64)
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for t in threads:
+        t.start()
+    x = torch.arange(16.0)
+    for _ in range(100):
+        x = torch.sin(x) + 1
+    for t in threads:
+        t.join()
+    print(repr(x.sum().item()))
+"""
+
+
+def test_threads_never_corrupt_the_trace(tmp_path):
+    script = _script(tmp_path, "threads.py", THREADS)
+    proc = record(str(script), tmp_path / "th.h5")
+    assert proc.returncode == 0
+    with tracediff.load(tmp_path / "th.h5") as t:
+        assert t.complete and len(t) >= 200
+        _check_values(t)
