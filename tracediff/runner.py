@@ -234,6 +234,12 @@ def record_script(script, args, output, options=None, frameworks=("jax", "torch"
             sys.argv, sys.path[:] = saved_argv, saved_path
             if old_term is not None:
                 signal.signal(signal.SIGTERM, old_term)
+    if rec.writer is not None and rec.writer.unclosed:
+        # A write failed mid-flush: HDF5 can crash closing that file (at exit too), which
+        # would replace the script's exit code. The trace keeps its last commit.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(end["exit_code"])
     return end["exit_code"]
 
 

@@ -19,6 +19,8 @@ MAX_STRING_BYTES = 256 << 20   # the strings table, all strings together
 MAX_CHUNK_BYTES = 64 << 20     # one chunk of a table (the writer uses 1 MiB)
 SLACK_BYTES = 1 << 20          # HDF5 overhead allowed when comparing sizes to the file's
 MAX_DIMS = 64
+MAX_STRING_LEN = 4096          # one string as the reports see it (longer ones are cut)
+MAX_HEAP_BYTES = 256 << 20     # one global heap collection (HDF5 makes 4 KiB ones for short strings)
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 
 # manifest sections the reports read, and the JSON types they must have
@@ -115,33 +117,35 @@ def _dataset(f, name):
     return ds
 
 
-def _vlen_ids(ds, fh, file_size):
-    """The raw (length, heap collection address, object index) of every element of a
-    variable-length string dataset, read from the file itself, not through HDF5."""
+def _vlen_ids(ds, fh, file_size, n):
+    """The raw (length, heap collection address, object index) of the first `n` elements
+    of a variable-length string dataset, read from the file itself, not through HDF5."""
     ids = []
     if ds.chunks is None:
         off = ds.id.get_offset()
-        spans = [] if off is None else [(off, ds.size * 16)]
+        spans = [] if off is None else [(0, off, ds.size * 16)]
     else:
         spans = []
         for i in range(ds.id.get_num_chunks()):
             info = ds.id.get_chunk_info(i)
-            spans.append((info.byte_offset, info.size))
-    for off, size in spans:
+            spans.append((info.chunk_offset[0], info.byte_offset, info.size))
+    for start, off, size in spans:
+        if start >= n:
+            continue  # past the last commit: not read, not checked
         if off is None or off < 0 or size < 0 or size % 16 or off + size > file_size:
             raise TraceError("a variable-length table lies outside the file")
         fh.seek(off)
         raw = fh.read(size)
         if len(raw) != size:
             raise TraceError("a variable-length table lies outside the file")
-        ids.append(np.frombuffer(raw, dtype=_HEAP_ID))
+        ids.append(np.frombuffer(raw, dtype=_HEAP_ID)[:n - start])
     return np.concatenate(ids) if ids else np.zeros(0, _HEAP_ID)
 
 
 _HEAP_ID = np.dtype([("length", "<u4"), ("addr", "<u8"), ("index", "<u4")])
 
 
-def _check_heap(ds, path, file_size):
+def _check_heap(ds, path, file_size, n=1):
     """Check the global heap objects a string dataset points to before HDF5 reads them.
 
     HDF5 trusts these structures: a zeroed or garbled heap collection was measured to
@@ -149,7 +153,7 @@ def _check_heap(ds, path, file_size):
     size inside the file, and a well-formed list of objects covering the referenced
     ones with at least the referenced length."""
     with open(path, "rb") as fh:
-        ids = _vlen_ids(ds, fh, file_size)
+        ids = _vlen_ids(ds, fh, file_size, n)
         ids = ids[(ids["addr"] != 0) | (ids["length"] != 0)]
         objects = {}
         for addr in np.unique(ids["addr"]).tolist():
@@ -160,17 +164,36 @@ def _check_heap(ds, path, file_size):
             raise TraceError("a string refers to a missing or shorter heap object")
 
 
+def _scan_heaps(path, file_size, block=16 << 20):
+    """Check every global heap collection in the file (HDF5 keeps variable-length
+    strings, attributes included, in them) before HDF5 parses one: a collection with a
+    damaged free-space record makes HDF5 loop forever. Streams the file once."""
+    with open(path, "rb") as fh:
+        pos, tail = 0, b""
+        while pos < file_size:
+            fh.seek(pos)
+            data = tail + fh.read(block)
+            base = pos - len(tail)
+            i = data.find(b"GCOL\x01")
+            while i >= 0:
+                _heap_collection(fh, base + i, file_size)
+                i = data.find(b"GCOL\x01", i + 1)
+            pos += block
+            tail = data[-4:]
+
+
 def _heap_collection(fh, addr, file_size):
     if addr < 8 or addr + 16 > file_size:
-        raise TraceError("a string heap lies outside the file")
+        raise TraceError("a string heap lies outside the file (is it still being written?)")
     fh.seek(addr)
     head = fh.read(16)
     size = int.from_bytes(head[8:16], "little")
-    if head[:4] != b"GCOL" or head[4] != 1 or size < 16 + 16 or addr + size > file_size:
+    if head[:4] != b"GCOL" or head[4] != 1 or not 32 <= size <= MAX_HEAP_BYTES or \
+            addr + size > file_size:
         raise TraceError("a string heap is damaged")
     data = fh.read(size - 16)
     if len(data) != size - 16:
-        raise TraceError("a string heap lies outside the file")
+        raise TraceError("a string heap lies outside the file (is it still being written?)")
     objects, p, end = {}, 0, size - 16
     while p + 16 <= end:
         index = int.from_bytes(data[p:p + 2], "little")
@@ -211,6 +234,7 @@ class Trace:
     def _load(self):
         f = self._f
         self.file_size = os.path.getsize(self.path)
+        _scan_heaps(self.path, self.file_size)
         fmt = _attr(f, "format")
         if fmt != schema.FORMAT_NAME:
             raise TraceError(f"{self.path}: an HDF5 file, but not a tracediff trace")
@@ -265,7 +289,7 @@ class Trace:
             raise TraceError(f"{self.path}: the strings table has an unexpected layout")
         n = max(0, min(committed, ds.shape[0]))
         if info.length is None and n:
-            _check_heap(ds, self.path, self.file_size)
+            _check_heap(ds, self.path, self.file_size, n)
         # every stored string takes >= 16 bytes (variable length) or its fixed length
         if n * max(16, ds.dtype.itemsize) > self.file_size + SLACK_BYTES:
             raise TraceError(f"{self.path}: the strings table claims {n} strings, more than "
@@ -275,6 +299,8 @@ class Trace:
             for s in ds[lo:min(n, lo + step)]:
                 s = s.decode("utf-8", "replace") if isinstance(s, bytes) else str(s)
                 total += len(s)
+                if len(s) > MAX_STRING_LEN:  # names, sources, params are short; a report
+                    s = s[:MAX_STRING_LEN] + "…"  # must not spend minutes laying out one
                 out.append(s)
             if total > MAX_STRING_BYTES or total > self.file_size + SLACK_BYTES:
                 raise TraceError(f"{self.path}: the strings table is implausibly large")
@@ -312,6 +338,9 @@ class Trace:
                 v = (manifest.get(section) or {}).get(key)
                 if v is not None and not isinstance(v, str):
                     raise TraceError(f"{self.path}: manifest field {section}.{key} is not a string")
+        for key, value in (manifest.get("frameworks") or {}).items():
+            if key in ("jax", "torch") and value is not None and not isinstance(value, dict):
+                raise TraceError(f"{self.path}: manifest field frameworks.{key} is not an object")
         code = (manifest.get("end") or {}).get("exit_code")
         if code is not None and (isinstance(code, bool) or not isinstance(code, int)):
             raise TraceError(f"{self.path}: manifest field end.exit_code is not an integer")

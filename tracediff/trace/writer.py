@@ -23,7 +23,13 @@ power loss, full disk), so the file on disk must be consistent at every instant:
 
 import json
 import os
+import shutil
 import time
+
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None
 
 import h5py
 import numpy as np
@@ -35,6 +41,7 @@ FLUSH_BYTES = 64 << 20
 FLUSH_SECONDS = 2.0
 CHUNK_ROWS = 8192
 CHUNK_BYTES = 1 << 20
+RESERVE_BYTES = 3 * CHUNK_BYTES + (1 << 20)  # chunk allocations and metadata of one flush
 FSYNC = os.environ.get("TRACEDIFF_FSYNC", "1") != "0"
 
 
@@ -71,6 +78,7 @@ class TraceWriter:
         self.bytes_recorded = 0
         self.closed = False
         self.error = None
+        self.unclosed = False
         self.flushes = 0
         # --level stats / --max-bytes (docs/format.md, "Levels"): "full" stores every
         # value's bytes; "stats" stores its hash and a stats row instead. Past `max_bytes`
@@ -222,12 +230,50 @@ class TraceWriter:
         docstring). A write error stops recording; it is never raised to the caller."""
         if self.closed:
             return
+        short = self._no_room()
+        if short:
+            self._stop_cleanly(short)
+            return
         try:
             self._write_pending()
             self._commit()
         except Exception as exc:  # disk full, file size limit, I/O error
             self._fail(exc)
         self._last_flush = time.monotonic()
+
+    def _no_room(self):
+        """Why the next flush may not fit on the disk (free space, file size limit), or None.
+
+        Checked before writing because HDF5 cannot recover from a failed write: measured
+        with HDF5 2.0, closing a file after ENOSPC/EFBIG crashes the process."""
+        need = len(self._blob) + self._pstats_bytes + RESERVE_BYTES + sum(
+            len(rows) * schema.TABLES[name].itemsize for name, rows in self._rows.items()) + \
+            sum(len(s) + 16 for s in self._new_strings)
+        try:
+            free = shutil.disk_usage(os.path.dirname(os.path.abspath(self.path))).free
+            if free < need:
+                return f"disk full: {free >> 20} MiB free, the next flush needs {need >> 20} MiB"
+            limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0] if resource else -1
+            if limit not in (-1, resource.RLIM_INFINITY):
+                size = os.path.getsize(self.path)
+                if size + need > limit:
+                    return f"file size limit: {limit >> 20} MiB (ulimit -f)"
+        except OSError:
+            return None
+        return None
+
+    def _stop_cleanly(self, reason):
+        """Stop recording while the disk still has room to close the file properly."""
+        self.error = reason
+        self._rows = {name: [] for name in schema.TABLES}
+        self._blob = bytearray()
+        self._new_strings = []
+        self._pstats, self._pstats_bytes = {}, 0
+        try:
+            self._f.close()
+        except Exception:
+            pass
+        self.closed = True
 
     def _write_pending(self):
         f = self._f
@@ -272,16 +318,16 @@ class TraceWriter:
         self.flushes += 1
 
     def _fail(self, exc):
+        """A write failed although `_no_room` found room (another process filled the disk,
+        an I/O error). The HDF5 file is left unclosed: closing it now can crash the
+        process (HDF5 2.0); `tracediff record` then exits without closing it."""
         self.error = f"{type(exc).__name__}: {_one_line(exc)}"
         self.closed = True
+        self.unclosed = True
         self._rows = {name: [] for name in schema.TABLES}
         self._blob = bytearray()
         self._new_strings = []
         self._pstats, self._pstats_bytes = {}, 0
-        try:
-            self._f.close()
-        except Exception:
-            pass
 
     def close(self, **manifest_fields):
         """Flush, store the final manifest fields (how the run ended) and mark complete.
@@ -294,11 +340,12 @@ class TraceWriter:
                 self._error_noted = True
                 self._manifest.update(manifest_fields)
                 self._manifest["recording_error"] = self.error
-                try:
-                    with h5py.File(self.path, "r+", libver="earliest") as f:
-                        f["manifest"][()] = self._manifest_text()
-                except Exception:
-                    pass
+                if not self.unclosed:
+                    try:
+                        with h5py.File(self.path, "r+", libver="earliest") as f:
+                            f["manifest"][()] = self._manifest_text()
+                    except Exception:
+                        pass
             return
         self.flush()
         if self.closed:  # the flush failed
