@@ -398,10 +398,14 @@ def test_torchrun_two_ranks_write_one_trace_each_and_locate_rank_to_rank(tmp_pat
             with tracediff.load(tmp_path / f"{run}.rank{rank}.h5") as t:
                 assert t.complete and len(t) > 0 and t.rank == rank
                 assert t.manifest["distributed"]["world_size"] == 2
-    result = tracediff.locate(tmp_path / "a.rank0.h5", tmp_path / "b.rank0.h5")
-    assert result.exit_code == 0
-    result = tracediff.locate(tmp_path / "a.rank1.h5", tmp_path / "b.rank1.h5")
-    assert result.exit_code == 0
+    for rank in (0, 1):
+        result = tracediff.locate(tmp_path / f"a.rank{rank}.h5", tmp_path / f"b.rank{rank}.h5")
+        assert result.alignment["matched"] == len(tracediff.load(tmp_path / f"a.rank{rank}.h5"))
+        # Measured: the output of an in-place collective (c10d::allreduce_ on gloo) is
+        # recorded when the op is dispatched, before the reduction has finished, so its
+        # recorded value can differ between identical runs. Nothing else may.
+        first = result.first_difference
+        assert first is None or first.a["op"].startswith("c10d::"), first.a
 
 
 THREADS = """
