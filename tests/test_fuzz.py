@@ -16,6 +16,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 
 import h5py
@@ -27,7 +29,7 @@ from tracediff.errors import TraceError
 from tracediff.report.summary import event_detail, print_event, print_summary, trace_summary
 from tracediff.trace import schema
 
-from .helpers import record_many
+from .helpers import ROOT, record_many
 
 N_CASES = int(os.environ.get("TRACEDIFF_FUZZ_CASES", "520"))
 SEED = int(os.environ.get("TRACEDIFF_FUZZ_SEED", "20261130"))
@@ -44,11 +46,7 @@ def seeds(tmp_path_factory):
     out = {}
     for key, job in jobs.items():
         path = str(job[1])
-        data = open(path, "rb").read()
-        # byte flips aimed where the file says something (metadata, tables, strings),
-        # not at the unused tail of pre-allocated chunks
-        live = np.flatnonzero(np.frombuffer(data, dtype=np.uint8))
-        out[key] = (path, live)
+        out[key] = (path, None)  # the child computes the live byte positions
     return out
 
 
@@ -318,14 +316,13 @@ def _exercise(path, intact):
     return result
 
 
-def test_fuzz_mutated_traces_end_in_trace_error_or_a_result(seeds, tmp_path):
-    rng = np.random.default_rng(SEED)
+def run_cases(seeds, n_cases, seed, work, progress=None):
+    """Run `n_cases` mutations; returns (failures, outcomes, mutation counts)."""
+    rng = np.random.default_rng(seed)
     failures, outcomes, kinds = [], {"TraceError": 0, "result": 0}, {}
-    work = tmp_path / "case.h5"
     old = signal.signal(signal.SIGALRM, _alarm)
-    t0 = time.time()
     try:
-        for case in range(N_CASES):
+        for case in range(n_cases):
             key = ("torch", "jax")[case % 2]
             src, live = seeds[key]
             shutil.copyfile(src, work)
@@ -335,6 +332,9 @@ def test_fuzz_mutated_traces_end_in_trace_error_or_a_result(seeds, tmp_path):
                 what = mutate(rng, str(work), live)
             except Exception as exc:  # the mutation itself failed on a damaged file
                 what = f"{mutate.__name__} (partial: {type(exc).__name__})"
+            if progress:
+                progress.write(f"case {case} ({key}): {what}\n")
+                progress.flush()
             signal.setitimer(signal.ITIMER_REAL, CASE_SECONDS)
             try:
                 with contextlib.redirect_stderr(io.StringIO()):
@@ -352,9 +352,41 @@ def test_fuzz_mutated_traces_end_in_trace_error_or_a_result(seeds, tmp_path):
                 signal.setitimer(signal.ITIMER_REAL, 0)
     finally:
         signal.signal(signal.SIGALRM, old)
-    elapsed = time.time() - t0
-    print(f"\nfuzz: {N_CASES} cases in {elapsed:.1f}s, outcomes {outcomes}, mutations {kinds}")
+    return failures, outcomes, kinds
+
+
+def test_fuzz_mutated_traces_end_in_trace_error_or_a_result(seeds, tmp_path):
+    """The cases run in a child process, so that a crash inside HDF5 (a segfault cannot be
+    caught) fails this test with the case that caused it instead of ending the session."""
+    t0 = time.time()
+    spec = {"seeds": {k: v[0] for k, v in seeds.items()}, "n": N_CASES, "seed": SEED,
+            "work": str(tmp_path / "case.h5")}
+    progress = tmp_path / "progress.txt"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+    with open(progress, "w") as fh:
+        proc = subprocess.run([sys.executable, "-m", "tests.test_fuzz", json.dumps(spec)],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=fh, text=True,
+                              timeout=N_CASES * CASE_SECONDS + 120)
+    last = progress.read_text().strip().splitlines()[-1:] or ["(none)"]
+    assert proc.returncode == 0, (f"the fuzz process died (exit {proc.returncode}) during "
+                                  f"{last[0]}")
+    failures, outcomes, kinds = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"\nfuzz: {N_CASES} cases in {time.time() - t0:.1f}s, outcomes {outcomes}, "
+          f"mutations {kinds}")
     assert not failures, f"{len(failures)} of {N_CASES} cases failed:\n" + "\n".join(
         f"case {c} ({k}, {w}): {e}" for c, k, w, e in failures[:25])
     # the mutations must really exercise both outcomes
     assert outcomes["TraceError"] > N_CASES // 10 and outcomes["result"] > N_CASES // 10
+
+
+if __name__ == "__main__":
+    spec = json.loads(sys.argv[1])
+    seeds = {}
+    for key, path in spec["seeds"].items():
+        data = open(path, "rb").read()
+        # byte flips aimed where the file says something (metadata, tables, strings),
+        # not at the unused tail of pre-allocated chunks
+        seeds[key] = (path, np.flatnonzero(np.frombuffer(data, dtype=np.uint8)))
+    result = run_cases(seeds, spec["n"], spec["seed"], spec["work"], progress=sys.stderr)
+    print(json.dumps(result))

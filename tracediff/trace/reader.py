@@ -79,6 +79,17 @@ def _attr(f, name, default=None):
         size = MAX_ATTR_BYTES + 1
     if size > MAX_ATTR_BYTES:
         raise TraceError(f"attribute {name!r} is implausibly large ({size} bytes)")
+    # Only plain numbers and strings: HDF5 crashes (segfault, measured) converting some
+    # damaged types, e.g. a string type garbled into a variable-length sequence.
+    try:
+        aid = f.attrs.get_id(name)
+        tclass, space = aid.get_type().get_class(), aid.get_space()
+        npoints = space.get_simple_extent_npoints()
+    except Exception as exc:
+        raise TraceError(f"attribute {name!r} is damaged ({_one_line(exc)})") from None
+    if tclass not in (h5py.h5t.INTEGER, h5py.h5t.FLOAT, h5py.h5t.STRING, h5py.h5t.ENUM) or \
+            npoints != 1:
+        raise TraceError(f"attribute {name!r} is not a single number or string")
     value = f.attrs[name]
     if isinstance(value, np.ndarray):
         if value.size != 1:
