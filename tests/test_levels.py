@@ -107,10 +107,13 @@ def _same_run_stats(full_path, cheap_path):
         for i in np.flatnonzero(stored)[::7]:
             full = f.value_stats(f.values[i])
             cheap = s.value_stats(s.values[i])
+            # sums are rounded (float32 pairwise for one large value, float64 in batches):
+            # equal up to rounding relative to the value's magnitude
+            scale = max(abs(full["min"]), abs(full["max"])) if np.isfinite(full["min"]) else 0
             for k in values.STAT_FIELDS:
                 x, y = full[k], cheap[k]
-                assert (np.isnan(x) and np.isnan(y)) or np.isclose(x, y, rtol=1e-6, atol=1e-30), \
-                    (i, k, x, y)
+                assert (np.isnan(x) and np.isnan(y)) or \
+                    np.isclose(x, y, rtol=1e-5, atol=1e-6 * scale + 1e-30), (i, k, x, y)
         # hash is the documented xxh3_64 of the stored bytes
         row = f.values[np.flatnonzero(stored)[0]]
         raw = f._f["blob"][row["offset"]:row["offset"] + row["nbytes"]].tobytes()

@@ -147,8 +147,13 @@ def segment_stats(flat, starts, counts, logical):
     def red(ufunc, x, **kw):
         return ufunc.reduce(x, **kw) if one else ufunc.reduceat(x, s, **kw)
 
+    # One large float32 value (the expensive case) accumulates in float32: numpy's
+    # pairwise summation keeps the relative error near eps * log2(n); locate allows for
+    # that when it bounds differences by mean and L2 (diff/levels.py). Batches of small
+    # values go through reduceat, which sums sequentially, so they accumulate in float64.
+    acc = None if (one and nums.dtype == np.float32) else np.float64
     with np.errstate(invalid="ignore", over="ignore"):
-        tot = red(np.add, nums, dtype=np.float64)
+        tot = np.asarray(red(np.add, nums, dtype=acc), dtype=np.float64)
     if np.isfinite(tot).all():
         # common case, fewer passes: no NaN/Inf anywhere (a float64 sum of float32/16
         # values cannot overflow), min/max in the value's own dtype
@@ -157,7 +162,8 @@ def segment_stats(flat, starts, counts, logical):
         res[:, 2] = tot / c
         sq_dt = np.float32 if nums.dtype == np.float16 else None  # float16 squares overflow
         with np.errstate(over="ignore"):
-            res[:, 3] = np.sqrt(red(np.add, np.square(nums, dtype=sq_dt), dtype=np.float64))
+            res[:, 3] = np.sqrt(np.asarray(red(np.add, np.square(nums, dtype=sq_dt), dtype=acc),
+                                           dtype=np.float64))
         if not np.isfinite(res[:, 3]).all():  # squares overflowed their dtype
             res[:, 3] = np.sqrt(red(np.add, np.square(nums, dtype=np.float64)))
         res[:, 4:] = 0
