@@ -91,6 +91,23 @@ def _explain_options(fn):
     return fn
 
 
+def _status(text, quiet=False):
+    """A transient rich status line on stderr while a long step runs, only on a terminal
+    (never in pipes, CI logs or --quiet; TRACEDIFF_NO_PROGRESS=1 turns it off)."""
+    import contextlib
+
+    if quiet or os.environ.get("TRACEDIFF_NO_PROGRESS") or not sys.stderr.isatty():
+        return contextlib.nullcontext()
+    from rich.console import Console
+
+    return Console(stderr=True).status(text, spinner="dots")
+
+
+def _sizes(*paths):
+    total = sum(os.path.getsize(p) for p in paths if os.path.isfile(p))
+    return f"{total / 1e9:.1f} GB" if total >= 1e9 else f"{total / 1e6:.0f} MB"
+
+
 def _print_result(result, as_json=False, verbose=False, quiet=False):
     if quiet:
         return
@@ -185,7 +202,10 @@ def record(output, loops, frameworks, level, steps, ops, modules, max_bytes, scr
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     code = record_script(script, list(args), output, options, frameworks or ("jax", "torch"))
-    click.echo(f"tracediff: trace written to {output_path_for(output)}", err=True)
+    written = output_path_for(output)
+    extra = f" (level {level}" + (f", steps {steps}" if steps else "") + \
+        (f", {_sizes(written)}" if os.path.isfile(written) else "") + ")"
+    click.echo(f"tracediff: trace written to {written}{extra}", err=True)
     sys.exit(code)
 
 
@@ -298,8 +318,10 @@ def locate(trace_a, trace_b, rtol, atol, map_file, as_json, verbose, quiet, ulp,
     _need_trace(trace_b)
     for n in noise or ():
         _need_trace(n, "noise trace")
-    result = _locate(trace_a, trace_b, rtol=rtol, atol=atol, map_file=map_file, ulp=ulp,
-                     noise=noise or None, explain=not no_explain and not quiet)
+    with _status(f"tracediff: comparing {_sizes(trace_a, trace_b)} of traces "
+                 f"(hashes first, then values)...", quiet):
+        result = _locate(trace_a, trace_b, rtol=rtol, atol=atol, map_file=map_file, ulp=ulp,
+                         noise=noise or None, explain=not no_explain and not quiet)
     _print_result(result, as_json, verbose, quiet)
     sys.exit(result.exit_code)
 
