@@ -22,11 +22,11 @@ that every recording printed exactly what the plain run printed.
 import argparse
 import os
 import re
-import resource
-import subprocess
 import sys
 import tempfile
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from child import run_timed  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIX = os.path.join(ROOT, "fixtures")
@@ -50,14 +50,9 @@ WORKLOADS = {
 
 
 def timed(cmd, env):
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc, wall, cpu = run_timed(cmd, env)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     m = re.search(r"loop_cpu_s=([0-9.]+)", proc.stderr)
     return {"wall": wall, "cpu": cpu, "loop": float(m.group(1)) if m else None,
             "stdout": proc.stdout}

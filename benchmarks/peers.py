@@ -23,12 +23,13 @@ import argparse
 import hashlib
 import json
 import os
-import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from child import run_timed  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -160,12 +161,7 @@ def du(path):
 
 
 def run(cmd, env):
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    proc, wall, cpu = run_timed(cmd, env)
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1][:200] if proc.stderr else "failed",
                 "wall": wall, "cpu": cpu}
