@@ -86,6 +86,35 @@ def inputs_word(f):
     return "inputs unknown"
 
 
+def finding_rows(f, code, text, strong, label):
+    """The (label, cell) rows describing a finding, rendered with the caller's markup:
+    `code`, `text` (escape), `strong` and `label` (an event label) turn strings into cells."""
+    a, b = f["a"], f["b"]
+    rows = []
+    if a.get("name_stack") or b.get("name_stack"):
+        ns = code(a.get("name_stack") or "-")
+        if b.get("name_stack") and b["name_stack"] != a.get("name_stack"):
+            ns += f" (b: {code(b['name_stack'])})"
+        rows.append(("name stack", ns))
+    if a.get("source"):
+        src = code(a["source"])
+        if b.get("source") and b["source"] != a["source"]:
+            src += f" (b: {code(b['source'])})"
+        rows.append(("source", src))
+    if b.get("op") != a.get("op") or b.get("framework") != a.get("framework"):
+        rows.append(("paired with", f"{label(event_label(b))} in b (by {text(f.get('paired_by'))})"))
+    shapes = ", ".join(f"{d}{list(s)}" for d, s in zip(a.get("dtypes") or [], a.get("shapes") or []))
+    rows.append(("outputs", code(shapes or "-")))
+    word = {True: strong("introduced here"), False: "inherited", None: "unknown"}[f.get("inputs_match")]
+    rows.append(("inputs", f"{word}: {text(f.get('inputs_reason') or '')}"))
+    if f.get("call"):
+        c = f["call"]
+        rows.append(("inside compiled call", f"{code(c['op'])} (a #{c['a']}, b #{c['b']})"))
+    if f.get("note"):
+        rows.append(("note", text(f["note"])))
+    return rows
+
+
 def summary(data):
     """One paragraph (Markdown inline syntax: backticks only)."""
     a, b = data["traces"]["a"], data["traces"]["b"]

@@ -14,8 +14,8 @@ import re
 
 import numpy as np
 
-from .common import (GITHUB_ATTACH_LIMIT, chain_items, culprit, event_label, explain_parts, fmt,
-                     fmt_bytes, fmt_pct, summary)
+from .common import (GITHUB_ATTACH_LIMIT, chain_items, culprit, event_label, explain_parts,
+                     finding_rows, fmt, fmt_bytes, fmt_pct, summary)
 
 MAX_POINTS = 2500          # wider runs are binned (max per bin) to keep the page small
 MAX_EVENT_ROWS = 500
@@ -280,23 +280,8 @@ def _finding(f, title, src=None):
     a, b = f["a"], f["b"]
     rows = [("event", f"#{a['index']} in a, #{b['index']} in b; step {e(a.get('step'))}, "
                       f"{e(a.get('phase', ''))}")]
-    if a.get("name_stack"):
-        rows.append(("name stack", f"<code>{e(a['name_stack'])}</code>" +
-                     (f" (b: <code>{e(b['name_stack'])}</code>)"
-                      if b.get("name_stack") and b["name_stack"] != a["name_stack"] else "")))
-    if a.get("source"):
-        rows.append(("source", f"<code>{e(a['source'])}</code>"))
-    if b.get("op") != a.get("op") or b.get("framework") != a.get("framework"):
-        rows.append(("paired with", _inline(event_label(b)) + f" (by {e(f.get('paired_by'))})"))
-    shapes = ", ".join(f"{d}{list(s)}" for d, s in zip(a.get("dtypes") or [], a.get("shapes") or []))
-    rows.append(("outputs", f"<code>{e(shapes or '-')}</code>"))
-    word = {True: "<b>introduced here</b>", False: "inherited", None: "unknown"}[f.get("inputs_match")]
-    rows.append(("inputs", f"{word}: {e(f.get('inputs_reason') or '')}"))
-    if f.get("call"):
-        c = f["call"]
-        rows.append(("inside compiled call", f"<code>{e(c['op'])}</code> (a #{c['a']}, b #{c['b']})"))
-    if f.get("note"):
-        rows.append(("note", e(f["note"])))
+    rows += finding_rows(f, code=lambda x: f"<code>{e(x)}</code>", text=e,
+                         strong=lambda x: f"<b>{e(x)}</b>", label=_inline)
     m = f.get("metrics") or {}
     rows += [("max abs difference", e(fmt(m.get("max_abs")))),
              ("max relative difference", e(fmt(m.get("max_rel")))),

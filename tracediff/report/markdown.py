@@ -11,8 +11,8 @@ reproduction commands; the trace files to attach with their sizes.
 import os
 import re
 
-from .common import (GITHUB_ATTACH_LIMIT, chain_items, culprit, event_label, explain_parts, fmt,
-                     fmt_bytes, fmt_pct, summary)
+from .common import (GITHUB_ATTACH_LIMIT, chain_items, culprit, event_label, explain_parts,
+                     finding_rows, fmt, fmt_bytes, fmt_pct, summary)
 
 MAX_STEP_ROWS = 30
 MAX_ENV_ROWS = 60
@@ -53,29 +53,7 @@ def _finding(lines, f, title, ctx_source=None):
     lines.append(f"**{event_label(a)}** — event #{a['index']} in a, #{b['index']} in b, step "
                  f"{a.get('step')}, {a.get('phase', '')}")
     lines.append("")
-    rows = []
-    if a.get("name_stack") or b.get("name_stack"):
-        ns = _code(a.get("name_stack") or "-")
-        if b.get("name_stack") and b["name_stack"] != a.get("name_stack"):
-            ns += f" (b: {_code(b['name_stack'])})"
-        rows.append(("name stack", ns))
-    if a.get("source"):
-        src = _code(a["source"])
-        if b.get("source") and b["source"] != a["source"]:
-            src += f" (b: {_code(b['source'])})"
-        rows.append(("source", src))
-    if b.get("op") != a.get("op") or b.get("framework") != a.get("framework"):
-        rows.append(("paired with", f"{event_label(b)} in b (by {f.get('paired_by')})"))
-    shapes = ", ".join(f"{d}{list(s)}" for d, s in zip(a.get("dtypes") or [], a.get("shapes") or []))
-    rows.append(("outputs", _code(shapes or "-")))
-    verdict = {True: "**introduced here**", False: "inherited",
-               None: "unknown"}[f.get("inputs_match")]
-    rows.append(("inputs", f"{verdict}: {_cell(f.get('inputs_reason') or '')}"))
-    if f.get("call"):
-        c = f["call"]
-        rows.append(("inside compiled call", f"{_code(c['op'])} (a #{c['a']}, b #{c['b']})"))
-    if f.get("note"):
-        rows.append(("note", _cell(f["note"])))
+    rows = finding_rows(f, code=_code, text=_cell, strong=lambda x: f"**{x}**", label=_cell)
     lines += _table(["", ""], [(k, v) for k, v in rows])
     lines.append("")
     if ctx_source:
