@@ -15,7 +15,7 @@ from tracediff.diff.env import env_diff
 from tracediff.trace import schema
 
 from . import synth
-from .helpers import ROOT, record, run_cli
+from .helpers import ROOT, record, record_many, run_cli
 
 F32 = np.float32
 
@@ -309,9 +309,8 @@ BROKEN_DOT = os.path.join(ROOT, "tests", "perturb", "broken_dot")
 def dot_traces(tmp_path_factory):
     d = tmp_path_factory.mktemp("dot")
     a, a2, b = d / "a.h5", d / "a2.h5", d / "b.h5"
-    record("torch_dot.py", a)
-    record("torch_dot.py", a2)
-    record("torch_dot.py", b, env={"PYTHONPATH": BROKEN_DOT})
+    record_many({"a": ("torch_dot.py", a, (), None), "a2": ("torch_dot.py", a2, (), None),
+                 "b": ("torch_dot.py", b, (), {"PYTHONPATH": BROKEN_DOT})})
     return a, a2, b
 
 
@@ -369,9 +368,9 @@ TANH_ULP = os.path.join(ROOT, "tests", "perturb", "tanh_ulp")
 def jax_traces(tmp_path_factory):
     d = tmp_path_factory.mktemp("jaxmlp")
     a, a2, b = d / "a.h5", d / "a2.h5", d / "b.h5"
-    record("flax_dense.py", a, "--mlp", "--jit")
-    record("flax_dense.py", a2, "--mlp", "--jit")
-    record("flax_dense.py", b, "--mlp", "--jit", env={"PYTHONPATH": TANH_ULP})
+    args = ("--mlp", "--jit")
+    record_many({"a": ("flax_dense.py", a, args, None), "a2": ("flax_dense.py", a2, args, None),
+                 "b": ("flax_dense.py", b, args, {"PYTHONPATH": TANH_ULP})})
     return a, a2, b
 
 
