@@ -39,14 +39,15 @@ def run_plain(script, *script_args, env=None):
 
 
 def record_many(jobs, max_parallel=2):
-    """Record several fixtures concurrently. jobs: {key: (script, out, args, env)}.
+    """Record several fixtures concurrently. jobs: {key: (script, out, args, env[, options])}
+    with `options` for tracediff record itself (before the script).
 
     Returns {key: CompletedProcess}; raises if any recording fails.
     """
     pending, running, done = list(jobs.items()), [], {}
     while pending or running:
         while pending and len(running) < max_parallel:
-            key, (script, out, args, env) = pending.pop(0)
+            key, (script, out, args, env, *options) = pending.pop(0)
             path = script if os.path.isabs(script) else os.path.join(FIXTURES, script)
             full_env = dict(os.environ)
             full_env.pop("XLA_FLAGS", None)
@@ -54,7 +55,7 @@ def record_many(jobs, max_parallel=2):
             full_env["PYTHONPATH"] = os.pathsep.join(
                 p for p in ((env or {}).get("PYTHONPATH"), ROOT) if p)
             proc = subprocess.Popen([sys.executable, "-m", "tracediff", "record", "-o", str(out),
-                                     path, *args], env=full_env, cwd=ROOT, text=True,
+                                     *(options[0] if options else ()), path, *args], env=full_env, cwd=ROOT, text=True,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             running.append((key, proc))
         key, proc = running.pop(0)

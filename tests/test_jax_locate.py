@@ -2,6 +2,8 @@
 
 import json
 
+import tracediff
+
 from .helpers import run_cli
 
 
@@ -52,3 +54,44 @@ def test_one_ulp_tanh_is_located_at_tanh_and_its_source_line(jax_gru):
     assert first["metrics"]["max_ulp"] == 1
     proc = run_cli("locate", a[0], bad[0])
     assert "tanh" in proc.stdout and "jax_gru_expm_adam.py:25" in proc.stdout
+
+
+def test_compiled_call_divergence_is_narrowed_by_its_probe(tmp_path):
+    """XLA contracts `t * rate + offset` into one FMA where the ISA has it (not under
+    SSE4.2): the compiled outputs differ, every replayed equation matches. locate says so
+    and prints the `record --probe` commands; on the probed traces it names the `add`."""
+    from .helpers import record_many
+
+    sse = {"XLA_FLAGS": "--xla_cpu_max_isa=SSE4_2"}
+    probe = ("--probe", "^schedule$")
+    t = {k: tmp_path / f"{k}.h5" for k in ("a", "b", "ap", "bp")}
+    runs = record_many({"a": ("jax_fused_fma.py", t["a"], (), None),
+                        "b": ("jax_fused_fma.py", t["b"], (), sse),
+                        "ap": ("jax_fused_fma.py", t["ap"], (), None, probe),
+                        "bp": ("jax_fused_fma.py", t["bp"], (), sse, probe)})
+    assert runs["a"].stdout != runs["b"].stdout, "SSE4.2 no longer changes the fused program here"
+    assert runs["ap"].stdout == runs["a"].stdout, "the probe changed the script's result"
+    r = locate_json(t["a"], t["b"])
+    fd = r["first_difference"]
+    assert fd["a"]["op"] == "jit:schedule" and fd["inputs_match"] is True
+    assert "every replayed equation of this call matches" in fd["note"]
+    zoom = r["levels"]["zoom"][0]
+    assert "--probe '^schedule$' --steps 0:1" in zoom["a"]["command"]
+    assert zoom["b"]["command"].startswith("XLA_FLAGS=--xla_cpu_max_isa=SSE4_2 ")
+    assert any("--probe" in line for line in r["next_steps"])
+
+    r = locate_json(t["ap"], t["bp"])
+    fd = r["first_difference"]
+    assert (fd["a"]["op"], fd["origin"], fd["inputs_match"]) == ("add", "probe", True)
+    assert fd["a"]["source"].endswith("jax_fused_fma.py:14")
+    assert fd["call"]["op"] == "jit:schedule" and "compiled probe" in fd["note"]
+    # the probe computed what the script saw: its final outputs equal the compiled ones
+    with tracediff.load(t["bp"]) as tr:
+        info = tr.manifest["frameworks"]["jax"]["probe"]
+    assert info["calls"] == 1 and info["final_outputs_equal_compiled"] == 1
+    proc = run_cli("explain", t["ap"], t["bp"], "--json")
+    an = json.loads(proc.stdout)
+    cc = an["compiled_call"]
+    assert cc["narrowed_to"]["op"] == "add" and cc["probe"] is not None
+    # run alone, the add rounds twice (no contraction): this machine gives SSE4.2's value
+    assert an["replay"]["reproduces"] == "b" and "FMA" in cc["explanation"]

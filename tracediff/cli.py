@@ -168,10 +168,14 @@ def main():
 @click.option("--max-bytes", default=None, metavar="SIZE",
               help="Stop storing value bytes past SIZE (e.g. 2GB); later values keep hash and "
                    "stats. The trace says where the cap was reached.")
+@click.option("--probe", default=None, metavar="REGEX",
+              help="JAX: for jit functions whose name matches, also compile the call's "
+                   "equations with every intermediate as a program output and record those "
+                   "compiled values, to narrow a divergence inside a compiled call.")
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @_guard
-def record(output, loops, frameworks, level, steps, ops, modules, max_bytes, script, args):
+def record(output, loops, frameworks, level, steps, ops, modules, max_bytes, probe, script, args):
     """Run SCRIPT [ARGS...] unmodified and record every operation into a trace.
 
     \b
@@ -188,6 +192,7 @@ def record(output, loops, frameworks, level, steps, ops, modules, max_bytes, scr
       XLA_FLAGS=--xla_cpu_max_isa=SSE4_2 tracediff record -o b.h5 train.py --epochs 1
       tracediff record --level calls -o a.h5 train.py        # long run: cheap first pass
       tracediff record --level full --steps 31:32 -o a31.h5 train.py   # then zoom in
+      tracediff record --probe '^train_step$' --steps 31:32 -o a31p.h5 train.py
     """
     from .capture import RecordOptions
     from .runner import output_path_for, record_script
@@ -198,7 +203,7 @@ def record(output, loops, frameworks, level, steps, ops, modules, max_bytes, scr
 
     try:
         options = RecordOptions(level=level, loops=loops, steps=steps, ops=ops, modules=modules,
-                                max_bytes=max_bytes)
+                                max_bytes=max_bytes, probe=probe)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     code = record_script(script, list(args), output, options, frameworks or ("jax", "torch"))

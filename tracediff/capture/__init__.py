@@ -71,10 +71,12 @@ class RecordOptions:
     Windows: `steps` ("30:40": only optimizer steps 30..39 are recorded at all), `ops`
     (regex on op names) and `modules` (glob(s) on module paths / name stacks, comma
     separated): events outside these are recorded without values (metadata only);
-    `max_bytes`: past this many stored value bytes, values are kept as stats + hash."""
+    `max_bytes`: past this many stored value bytes, values are kept as stats + hash.
+    `probe` (JAX, regex on jit function names): also record those calls' compiled
+    intermediates (capture/jax_probe.py) to narrow compiled-call divergences."""
 
     def __init__(self, level="full", loops="opaque", steps=None, ops=None, modules=None,
-                 max_bytes=None):
+                 max_bytes=None, probe=None):
         if level not in LEVELS:
             raise ValueError(f"unknown level {level!r} (choose from {', '.join(LEVELS)})")
         if loops not in ("opaque", "stepped"):
@@ -90,6 +92,14 @@ class RecordOptions:
                 self._ops_re = re.compile(self.ops)
             except re.error as exc:
                 raise ValueError(f"invalid --ops regular expression {ops!r}: {exc}") from None
+        self.probe = probe or None
+        if self.probe:
+            import re
+
+            try:
+                re.compile(self.probe)
+            except re.error as exc:
+                raise ValueError(f"invalid --probe regular expression {probe!r}: {exc}") from None
         self.modules = modules or None
         self._globs = tuple(g.strip() for g in self.modules.split(",") if g.strip()) \
             if self.modules else ()
@@ -139,7 +149,7 @@ class RecordOptions:
 
         return {"level": self.level, "loops": self.loops, "steps": self.steps_text(),
                 "ops": self.ops, "modules": self.modules, "max_bytes": self.max_bytes,
-                "hash": HASH_NAME,
+                "probe": self.probe, "hash": HASH_NAME,
                 "values": {"full": "bytes of every value (hash of the exact bytes)",
                            "stats": "hash of the exact bytes and statistics per value, no bytes",
                            "calls": "top-level calls and optimizer steps only: hash and "

@@ -22,7 +22,7 @@ import weakref
 import numpy as np
 
 from ..trace import schema
-from . import Capture, ImportWatcher, jax_internals
+from . import Capture, ImportWatcher, jax_internals, jax_probe
 
 _CALL_PRIMS = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
                "custom_vjp_call_jaxpr", "remat2", "checkpoint"}
@@ -128,6 +128,7 @@ class JaxCapture(Capture):
         self.fidelity = {"calls_compared": 0, "calls_where_replay_differs": 0,
                          "max_rel_difference": 0.0, "examples": []}
         self.opaque_calls = 0
+        self.prober = None
 
     # -- install -----------------------------------------------------------------------------
     def install(self, session):
@@ -147,6 +148,8 @@ class JaxCapture(Capture):
         self.calls_only = getattr(self.opts, "level", "full") == "calls"
         self.filtered = bool(getattr(self.opts, "filtered", False))
         self._optax_calls = {}      # id(jaxpr) -> (jaxpr, contains optax tags)
+        probe = getattr(self.opts, "probe", None)
+        self.prober = jax_probe.Prober(self, probe) if probe and not self.calls_only else None
         siu.register_exclusion(os.path.dirname(os.path.abspath(__file__)))
         self._orig = {"impl": pjit._pjit_call_impl_python, "fast": pjit._get_fastpath_data,
                       "pp": core.EvalTrace.process_primitive}
@@ -189,6 +192,8 @@ class JaxCapture(Capture):
                                        "the compiled outputs the script received"),
             "untested_version": jax_internals.untested_version(),
         }
+        if self.prober is not None:
+            out["probe"] = self.prober.manifest()
         for name in ("jax_enable_x64", "jax_default_matmul_precision", "jax_threefry_partitionable",
                      "jax_default_prng_impl", "jax_numpy_rank_promotion", "jax_disable_jit",
                      "jax_platforms", "jax_enable_checks"):
@@ -225,6 +230,10 @@ class JaxCapture(Capture):
                 result = orig(*args, jaxpr=jaxpr, **params)
                 outs = jax_internals.call_outputs(result)
                 self._measure_replay(params.get("name", "?"), replayed, outs)
+                name = params.get("name", "?")
+                if self.prober is not None and self.prober.wants(name) and replayed is not None:
+                    self.prober.record(call_id, name, jaxpr, args, self._call_refs, outs,
+                                       self._call_ns, self._call_source)
                 names = self._result_names(jaxpr, len(outs))
                 for slot, x in enumerate(outs):
                     self._store(call_id, slot, x, name=names[slot])
@@ -497,7 +506,6 @@ class JaxCapture(Capture):
                 return v.val, (schema.PRODUCER_LITERAL, 0)
             return env[v]
 
-        w = self.session.writer
         for eqn in jaxpr.eqns:
             site = self._site(eqn)
             if site.mode == "skip":
@@ -505,14 +513,9 @@ class JaxCapture(Capture):
             ins = [read(v) for v in eqn.invars]
             ivals = [a for a, _ in ins]
             irefs = [r for _, r in ins]
-            ns = f"{prefix}/{site.name_stack}" if prefix and site.name_stack else (prefix or site.name_stack)
-            src = site.source or source
-            eid = w.add_event(framework=schema.FW_JAX, kind=schema.KIND_EQN, op=site.op,
-                              origin=schema.ORIGIN_REPLAY, params=site.params, name_stack=ns,
-                              source=src, call=call_id, parent=parent, step=self.step, iter=it)
+            eid, ns, src = self._eqn_event(site, irefs, prefix, source, call_id, parent, it,
+                                           schema.ORIGIN_REPLAY)
             self.eqns += 1
-            for slot, r in enumerate(irefs):
-                w.add_input(eid, slot, *r)
             mode = site.mode
             if mode == "call":
                 outs, _ = self._interpret(site.sub, ivals, irefs, call_id, eid, ns, it, src)
@@ -533,6 +536,19 @@ class JaxCapture(Capture):
                 if type(v).__name__ != "DropVar":
                     env[v] = (x, (eid, slot))
         return [read(v)[0] for v in jaxpr.outvars], [read(v)[1] for v in jaxpr.outvars]
+
+    def _eqn_event(self, site, irefs, prefix, source, call_id, parent, it, origin):
+        """Write the event of one equation (replayed or probed) and its input links;
+        returns (event id, name stack, source)."""
+        ns = f"{prefix}/{site.name_stack}" if prefix and site.name_stack else (prefix or site.name_stack)
+        src = site.source or source
+        w = self.session.writer
+        eid = w.add_event(framework=schema.FW_JAX, kind=schema.KIND_EQN, op=site.op,
+                          origin=origin, params=site.params, name_stack=ns,
+                          source=src, call=call_id, parent=parent, step=self.step, iter=it)
+        for slot, r in enumerate(irefs):
+            w.add_input(eid, slot, *r)
+        return eid, ns, src
 
     @staticmethod
     def _bind(eqn, vals):

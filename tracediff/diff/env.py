@@ -5,7 +5,8 @@ import re
 # Manifest keys that are not differences worth listing (they always differ).
 IGNORED = {"created", "pid", "python.executable", "script.path", "script.argv.0",
            "recording.tool", "end.duration_s", "end.wall_s", "end.elapsed_s", "duration_s"}
-IGNORED_PREFIX = ("end.", "counts.", "stats.", "frameworks.jax.replay_vs_compiled.")
+IGNORED_PREFIX = ("end.", "counts.", "stats.", "frameworks.jax.replay_vs_compiled.",
+                  "frameworks.jax.probe.")
 # leaf names that are recording statistics or notes, not environment
 IGNORED_LEAF = {"calls", "calls_not_replayed", "eager_primitives", "equations", "optimizer_steps",
                 "replay_errors", "ops", "input_snapshots", "mode", "supported", "threads_note",

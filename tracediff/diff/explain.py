@@ -529,14 +529,30 @@ def analyse(result, d, event=None):
     out["replay"] = replay_verdict(d, ea, eb)
     compiled = f.a.get("kind") == "call" and "every replayed equation" in (f.note or "")
     if compiled:
+        name = f.a["op"][len("jit:"):] if f.a["op"].startswith("jit:") else f.a["op"]
         out["compiled_call"] = {
             "call": f.a["op"], "event": ea,
             "explanation": "the compiled outputs differ while every replayed equation matches: "
                            "the difference comes from how the program was compiled (fusion, "
                            "algebraic rewrites, fast math), not from any single op",
-            "narrow": "not yet automated: re-run the call's function op by op "
-                      "(jax.disable_jit) or split it into smaller jitted functions and record "
-                      "again; the equations whose compiled result differs are the ones involved"}
+            "narrow": f"record the call's compiled probe on both machines (tracediff record "
+                      f"--probe '^{name}$' --steps {f.a['step']}:{int(f.a['step']) + 1} ..., "
+                      f"the commands are in locate's next steps) and locate again: it names "
+                      f"the equation whose compiled value differs"}
+    elif (f.call or {}).get("probe_a") is not None:
+        rv = out["replay"] or {}
+        alone = {"a": "b's", "b": "a's"}.get(rv.get("reproduces"))
+        out["compiled_call"] = {
+            "call": f.call["op"], "event": f.call["a"], "probe": f.call["probe_a"],
+            "narrowed_to": {"op": f.a["op"], "event": ea},
+            "explanation": f"every replayed equation of {f.call['op']} matches; its compiled "
+                           f"probe narrows the difference to {f.a['op']} (a #{ea}), whose "
+                           f"compiled value differs while its inputs match" +
+                           (f". Run alone, {f.a['op']} gives {rv['reproduces']}'s value here: "
+                            f"{alone} compiled program computes it differently (fused with "
+                            f"its neighbours, e.g. a multiply-add contracted into one FMA, "
+                            f"or vectorised code that rounds differently)" if alone else ""),
+            "narrow": "done: the probe values are compiled intermediates (origin probe)"}
     if f.a.get("kind") in ("eqn", "call") and f.a["op"].startswith("jit:"):
         out["inner"] = _inner_structure(d, ea, eb)
     rv = out["replay"]
@@ -621,7 +637,10 @@ def _summary(out, f, info, links):
     if rv.get("verdict"):
         words.append(f"replay: {rv['verdict']}")
     if out.get("compiled_call"):
-        words.append("compiled-call divergence: every replayed equation of the call matches")
+        cc = out["compiled_call"]
+        words.append(f"compiled-call divergence: every replayed equation of {cc['call']} "
+                     f"matches" + (f"; the compiled probe narrows it to {e['op']}"
+                                   if cc.get("probe") is not None else ""))
     env = out.get("environment") or {}
     if env.get("causes"):
         c = env["causes"][0]
@@ -742,7 +761,8 @@ def print_analysis(an, console=None):
     if an.get("compiled_call"):
         cc = an["compiled_call"]
         c.print(f"[bold]compiled-call divergence[/] in {escape(cc['call'])}: "
-                f"{escape(cc['explanation'])}. To narrow it: {escape(cc['narrow'])}")
+                f"{escape(cc['explanation'])}" +
+                (f". To narrow it: {escape(cc['narrow'])}" if cc.get("probe") is None else ""))
     env = an.get("environment") or {}
     if env.get("causes"):
         c.print(f"[bold]likely causes[/] ({env.get('op_class')} op; from the recorded environment "

@@ -22,6 +22,7 @@ commands that zoom in on the divergent step at full level (the two-level search)
 
 import math
 import os
+import re
 import shlex
 
 from ..trace import schema
@@ -126,14 +127,14 @@ def _level(t):
     return rec.get("level") or "full", rec
 
 
-def _zoom_cmd(t, rec, step_lo, step_hi, out):
+def _zoom_cmd(t, rec, step_lo, step_hi, out, extra=()):
     script = t.manifest.get("script") or {}
     argv = script.get("argv") or []
     if not isinstance(argv, list) or not argv:
         path = script.get("path") or script.get("name") or "SCRIPT.py"
         argv = [path]
     env = t.manifest.get("env") or {}
-    parts = ["tracediff", "record", "--level", "full", "--steps", f"{step_lo}:{step_hi}"]
+    parts = ["tracediff", "record", "--level", "full", *extra, "--steps", f"{step_lo}:{step_hi}"]
     if rec.get("loops") and rec.get("loops") != "opaque":
         parts += ["--loops", str(rec["loops"])]
     parts += ["-o", out, *[str(a) for a in argv]]
@@ -182,25 +183,41 @@ def annotate(result, ta, tb, differ):
             if f is not None and int(f.a["step"]) not in steps:
                 steps.append(int(f.a["step"]))
         for s in steps:
-            cmds = {}
-            for side, t, rec in (("a", ta, ra), ("b", tb, rb)):
-                root, ext = os.path.splitext(t.path)
-                out = f"{root}.step{s}{ext or '.h5'}"
-                env, cmd = _zoom_cmd(t, rec, s, s + 1, out)
-                cmds[side] = {"trace": out, "command": cmd, "on": t.manifest.get("hostname")}
-            # environment variables that differ between the two runs are part of the recipe
-            ea, eb = ta.manifest.get("env") or {}, tb.manifest.get("env") or {}
-            for side, mine, other in (("a", ea, eb), ("b", eb, ea)):
-                diff = {k: v for k, v in mine.items() if isinstance(v, str) and other.get(k) != v}
-                if diff:
-                    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(diff.items()))
-                    cmds[side]["command"] = f"{prefix} {cmds[side]['command']}"
-            cmds["then"] = f"tracediff locate {shlex.quote(cmds['a']['trace'])} " \
-                           f"{shlex.quote(cmds['b']['trace'])}"
-            cmds["step"] = s
-            info["zoom"].append(cmds)
+            info["zoom"].append(_recipe(ta, tb, ra, rb, s, f"step{s}",
+                                        f"zoom in on step {s} at full level"))
+    for f in (ft, fd):   # a compiled-call divergence no replayed equation explains
+        if f is not None and f.a.get("kind") == "call" and f.a["op"].startswith("jit:") and \
+                "every replayed equation" in (f.note or "") and "probe" not in (f.note or ""):
+            s, name = int(f.a["step"]), f.a["op"][len("jit:"):]
+            info["zoom"].append(_recipe(
+                ta, tb, ra, rb, s, f"probe{s}",
+                f"narrow compiled call {f.a['op']} (step {s}) below the call with its compiled "
+                f"probe", extra=("--probe", f"^{re.escape(name)}$")))
+            break
     result.levels = info
     return result
+
+
+def _recipe(ta, tb, ra, rb, s, suffix, title, extra=()):
+    """The pair of `record` commands (one per machine, with the environment variables that
+    differ between the runs) and the `locate` that follows them."""
+    cmds = {}
+    for side, t, rec in (("a", ta, ra), ("b", tb, rb)):
+        root, ext = os.path.splitext(t.path)
+        out = f"{root}.{suffix}{ext or '.h5'}"
+        env, cmd = _zoom_cmd(t, rec, s, s + 1, out, extra)
+        cmds[side] = {"trace": out, "command": cmd, "on": t.manifest.get("hostname")}
+    ea, eb = ta.manifest.get("env") or {}, tb.manifest.get("env") or {}
+    for side, mine, other in (("a", ea, eb), ("b", eb, ea)):
+        diff = {k: v for k, v in mine.items() if isinstance(v, str) and other.get(k) != v}
+        if diff:
+            prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(diff.items()))
+            cmds[side]["command"] = f"{prefix} {cmds[side]['command']}"
+    cmds["then"] = f"tracediff locate {shlex.quote(cmds['a']['trace'])} " \
+                   f"{shlex.quote(cmds['b']['trace'])}"
+    cmds["step"] = s
+    cmds["title"] = title
+    return cmds
 
 
 def zoom_lines(result):
@@ -208,7 +225,7 @@ def zoom_lines(result):
     info = getattr(result, "levels", None) or {}
     out = []
     for z in info.get("zoom") or ():
-        out.append(f"# zoom in on step {z['step']} at full level: on machine a "
+        out.append(f"# {z.get('title') or 'zoom in on step ' + str(z['step'])}: on machine a "
                    f"({z['a'].get('on') or '?'}), then on machine b ({z['b'].get('on') or '?'}):")
         out.append(z["a"]["command"])
         out.append(z["b"]["command"])

@@ -457,7 +457,10 @@ class Differ:
             keep = ~self._fast_within_tolerance(ia, ib)
             ia, ib = ia[keep], ib[keep]
         replay_only = None
+        probe = self.ta.events["origin"] == schema.ORIGIN_PROBE
         for ea, eb in zip(ia.tolist(), ib.tolist()):
+            if probe[ea]:
+                continue  # tracediff's own extra program: searched only through its call
             if self.noisy is not None and self._is_noise(ea):
                 continue
             kind = int(self.sa.kind[ea])
@@ -508,6 +511,10 @@ class Differ:
                         f"difference on its own"))
                     f.call = call
                     return f, replay_only
+                if len(eqns):
+                    f = self._probe_finding(ea, eb, call, level, probe)
+                    if f is not None:
+                        return f, replay_only
                 note = ("the compiled outputs differ but every replayed equation of this call "
                         "matches: the divergence is inside the compiled program (fusion, "
                         "compiler rewrites), not at any single equation"
@@ -516,6 +523,44 @@ class Differ:
                 return self.finding(ea, eb, level, note=note), replay_only
             return self.finding(ea, eb, level), replay_only
         return None, replay_only
+
+    def _probe_finding(self, ea, eb, call, level, probe):
+        """A compiled call whose replayed equations all match: search its compiled probe
+        (`record --probe`, capture/jax_probe.py), the same equations compiled with every
+        intermediate as an output, for the first one whose compiled value differs while
+        its inputs match. None when the call was not probed on both sides."""
+        mine = np.flatnonzero(probe & (self.sa.kind == schema.KIND_CALL) & (self.sa.parent == ea))
+        if not len(mine):
+            return None
+        pa = int(mine[0])
+        pb = int(self.al.a2b[pa])
+        if pb < 0:
+            return None
+        eqns = np.flatnonzero((self.sa.call == pa) & (self.sa.parent == pa) &
+                              (self.sa.kind == schema.KIND_EQN))
+        origin, first_diff, _ = self._origin_among(eqns, level)
+        where = f"compiled call {call['op']!r} (event {ea})"
+        if origin is None and first_diff is None:
+            note = ("the compiled outputs differ but every replayed equation matches, and the "
+                    "compiled probe of the call (event {}) does not reproduce the difference: "
+                    "it lies in how the whole program was fused".format(pa))
+            return self.finding(ea, eb, level, note=note) if self.equal_at(pa, pb, level) else None
+        pick, how = (origin, "whose inputs match and whose compiled value differs")             if origin is not None else (first_diff, "whose compiled value differs (none "
+                                                    "introduced it on its own)")
+        f = self.finding(*pick, level, note=(
+            f"every replayed equation of {where} matches; its compiled probe (event {pa}: the "
+            f"call's equations compiled with each intermediate as an output) narrows the "
+            f"difference to the first equation {how}"))
+        f.call = dict(call, probe_a=pa, probe_b=pb)
+        name = call["op"][len("jit:"):]
+        unfaithful = [side for side, t in (("a", self.ta), ("b", self.tb))
+                      if name in ((((t.manifest.get("frameworks") or {}).get("jax") or {})
+                                   .get("probe") or {}).get("differing_calls") or ())]
+        if unfaithful:
+            f.note += (f"; caveat: on {' and '.join(unfaithful)} the probe's final outputs are not "
+                       f"bitwise those of the real program (the extra outputs changed fusion), so "
+                       f"the real program may round elsewhere too")
+        return f
 
     def _is_noise(self, ea):
         """True (and remembered) when event `ea` differs between two runs on a's machine."""

@@ -37,8 +37,10 @@ ORIGIN_COMPILED = 1   # outputs of the real compiled program (what the script sa
 ORIGIN_REPLAY = 2     # equation-by-equation replay from the call's real inputs
 ORIGIN_EAGER = 3      # the op as the script ran it, op by op
 ORIGIN_SNAPSHOT = 4   # a copy of live state (optimizer step, external input)
+ORIGIN_PROBE = 5      # `record --probe`: an intermediate of the call's jaxpr compiled again with
+                      # every equation's outputs as program outputs (never seen by the script)
 ORIGIN_NAMES = {ORIGIN_NONE: "", ORIGIN_COMPILED: "compiled", ORIGIN_REPLAY: "replay",
-                ORIGIN_EAGER: "eager", ORIGIN_SNAPSHOT: "snapshot"}
+                ORIGIN_EAGER: "eager", ORIGIN_SNAPSHOT: "snapshot", ORIGIN_PROBE: "probe"}
 
 # values.role
 ROLE_OUT = 0

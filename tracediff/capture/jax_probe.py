@@ -1,0 +1,159 @@
+"""Compiled probes: narrow a compiled-call divergence below the call (`record --probe REGEX`).
+
+Replay runs a call's equations one by one. When two machines' compiled outputs differ
+while every replayed equation agrees, the difference lives in how XLA compiled the whole
+program (fusion, algebraic rewrites, vectorised code for the ISA), so no replayed
+equation can show it. A probe compiles the call's jaxpr once more, with the outputs of
+every equation (nested jits inlined, cond/while/scan kept whole) as extra program
+outputs, runs that program on the call's real inputs, and records the compiled
+intermediates as a `probe:<name>` call event (parent: the real call) with one event per
+equation (origin `probe`), shaped like the replayed ones. `locate` searches a probe when
+the replay of its call finds nothing, and names the first equation whose compiled
+intermediate differs while its inputs match.
+
+Caveat, measured per call and written to the manifest (`probe`): extra outputs change
+what XLA may fuse, so the probe program is not the script's program; the manifest says
+for how many probed calls the probe's final outputs equal the real compiled outputs
+bitwise (when they do, the probe computed the same numbers as the script).
+"""
+
+import re
+
+import numpy as np
+
+from ..trace import schema
+from . import jax_internals
+
+
+class Prober:
+    """Builds, caches and records the probe program of the calls whose name matches."""
+
+    def __init__(self, capture, pattern):
+        self.capture = capture
+        self.pattern = pattern
+        self._re = re.compile(pattern)
+        self._programs = {}   # id(closed jaxpr) -> (closed jaxpr, jitted probe program)
+        self.calls = self.equations = self.same_as_compiled = 0
+        self.differs_from_compiled = []
+        self.errors = []
+
+    def wants(self, name):
+        return self._re.search(name) is not None
+
+    def manifest(self):
+        return {"pattern": self.pattern, "calls": self.calls, "equations": self.equations,
+                "final_outputs_equal_compiled": self.same_as_compiled,
+                "final_outputs_differ_from_compiled": len(self.differs_from_compiled),
+                "differing_calls": self.differs_from_compiled[:10], "errors": self.errors[:10],
+                "note": "probe values come from the call's jaxpr compiled with every equation's "
+                        "outputs as program outputs; fusion may differ from the real program"}
+
+    # -- the probe program -------------------------------------------------------------------
+    def _program(self, closed):
+        hit = self._programs.get(id(closed))
+        if hit is not None and hit[0] is closed:
+            return hit[1]
+        import jax
+
+        def program(*args):
+            found = []
+            outs = self._walk(closed, list(args), found)
+            return outs, found
+
+        fn = jax.jit(program)
+        self._programs[id(closed)] = (closed, fn)
+        return fn
+
+    def _walk(self, closed, vals, found):
+        """Trace the equations of `closed` (under jax.jit), appending every equation's
+        outputs to `found` in the order `_emit` consumes them (inner equations first)."""
+        from jax.extend.core import Literal
+
+        jaxpr = closed.jaxpr
+        env = dict(zip(jaxpr.constvars, closed.consts))
+        env.update(zip(jaxpr.invars, vals))
+
+        def read(v):
+            return v.val if isinstance(v, Literal) else env[v]
+
+        for eqn in jaxpr.eqns:
+            site = self.capture._site(eqn)
+            if site.mode == "skip":
+                continue
+            ins = [read(v) for v in eqn.invars]
+            outs = self._walk(site.sub, ins, found) if site.mode == "call" else \
+                self.capture._bind(eqn, ins)
+            found.extend(outs)
+            for v, x in zip(eqn.outvars, outs):
+                if type(v).__name__ != "DropVar":
+                    env[v] = x
+        return [read(v) for v in jaxpr.outvars]
+
+    # -- recording ---------------------------------------------------------------------------
+    def record(self, call_id, name, closed, args, refs, compiled, ns, source):
+        """Run the probe program of one call and write it as a `probe:<name>` call."""
+        cap = self.capture
+        try:
+            outs, found = self._program(closed)(*args)
+        except Exception as exc:  # never break the script: the probe is extra work
+            if len(self.errors) < 100:
+                self.errors.append(f"{name}: {type(exc).__name__}: {str(exc)[:200]}")
+            return
+        self.calls += 1
+        w = cap.session.writer
+        pid = w.add_event(framework=schema.FW_JAX, kind=schema.KIND_CALL, op=f"probe:{name}",
+                          origin=schema.ORIGIN_PROBE, name_stack=ns, source=source,
+                          parent=call_id, step=cap.step,
+                          params=f"{len(found)} equation outputs compiled as program outputs")
+        for slot, r in enumerate(refs):
+            w.add_input(pid, slot, *r)
+        rest = iter(found)
+        self._emit(closed, list(refs), pid, pid, ns, source, rest)
+        for slot, x in enumerate(outs):
+            cap._store(pid, slot, x)
+        same = len(outs) == len(compiled) and all(_same_bytes(p, c) for p, c in zip(outs, compiled))
+        if same:
+            self.same_as_compiled += 1
+        elif name not in self.differs_from_compiled:
+            self.differs_from_compiled.append(name)
+
+    def _emit(self, closed, refs, call_id, parent, prefix, source, rest):
+        """One event per equation, values taken from the probe's outputs in walk order."""
+        from jax.extend.core import Literal
+
+        cap = self.capture
+        jaxpr = closed.jaxpr
+        env = {v: cap._producer(c, "constant") for v, c in zip(jaxpr.constvars, closed.consts)}
+        env.update(zip(jaxpr.invars, refs))
+
+        def read(v):
+            return (schema.PRODUCER_LITERAL, 0) if isinstance(v, Literal) else env[v]
+
+        for eqn in jaxpr.eqns:
+            site = cap._site(eqn)
+            if site.mode == "skip":
+                continue
+            irefs = [read(v) for v in eqn.invars]
+            eid, ns, src = cap._eqn_event(site, irefs, prefix, source, call_id, parent, -1,
+                                          schema.ORIGIN_PROBE)
+            self.equations += 1
+            if site.mode == "call":
+                self._emit(site.sub, irefs, call_id, eid, ns, src, rest)
+            keep = not cap.filtered or cap.opts.selected(site.op, ns)
+            for slot, v in enumerate(eqn.outvars):
+                cap._store(eid, slot, next(rest), store=keep)
+                if type(v).__name__ != "DropVar":
+                    env[v] = (eid, slot)
+
+
+def _same_bytes(x, y):
+    dtype = getattr(x, "dtype", None)
+    if dtype is not None and jax_internals.is_key_dtype(dtype):
+        import jax
+
+        x, y = jax.random.key_data(x), jax.random.key_data(y)
+    try:
+        x, y = np.asarray(x), np.asarray(y)
+    except Exception:   # tokens: nothing to compare
+        return True
+    return x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
