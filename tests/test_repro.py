@@ -59,6 +59,16 @@ def test_jax_primitive_reproducer(tmp_path):
     run = _run_script(tmp_path / "r")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "identical" in run.stdout and "sha256" in run.stdout
+    # relu is `max x 0.0`: the literal 0.0 is stored with the equation, so it replays too
+    ev = _index(t, "max")
+    with Trace(t) as tr:
+        assert any(int(r["producer"]) == -2 for r in tr.input_rows(ev))
+    proc = run_cli("repro", t, ev, "-o", tmp_path / "relu")
+    assert proc.returncode == 0, proc.stderr
+    data = np.load(tmp_path / "relu" / "inputs.npz", allow_pickle=False)
+    assert data["in1"].shape == () and float(data["in1"]) == 0.0
+    run = _run_script(tmp_path / "relu")
+    assert run.returncode == 0 and "identical" in run.stdout, run.stdout + run.stderr
 
 
 def test_not_an_op_or_not_replayable_is_one_line(dots, tmp_path):

@@ -58,7 +58,7 @@ def _summarize_params(params):
 class _Site:
     """Static facts about one jaxpr equation, computed once (jaxprs are cached by JAX)."""
 
-    __slots__ = ("eqn", "op", "params", "name_stack", "source", "sub", "mode")
+    __slots__ = ("eqn", "op", "params", "name_stack", "source", "sub", "mode", "literals")
 
     def __init__(self, eqn, session):
         self.eqn = eqn  # keeps id(eqn) valid as a cache key
@@ -75,6 +75,17 @@ class _Site:
                 if session.is_user_file(fr.file_name):
                     self.source = f"{session.short_path(fr.file_name)}:{fr.line_num}"
                     break
+        # literal inputs (`mul x 2.0`), stored as role-IN values so that replay and repro
+        # can rebuild the op from the trace alone
+        self.literals = []
+        from jax.extend.core import Literal
+
+        for slot, v in enumerate(eqn.invars):
+            if isinstance(v, Literal):
+                try:
+                    self.literals.append((slot, np.asarray(v.val, dtype=v.aval.dtype)))
+                except Exception:  # a literal numpy cannot hold (PRNG key): left unrecorded
+                    pass
         self.sub, self.mode = None, "bind"
         p = eqn.params
         if prim in _CALL_PRIMS:
@@ -548,6 +559,8 @@ class JaxCapture(Capture):
                           source=src, call=call_id, parent=parent, step=self.step, iter=it)
         for slot, r in enumerate(irefs):
             w.add_input(eid, slot, *r)
+        for slot, val in site.literals:
+            w.add_value(eid, slot, val, role=schema.ROLE_IN)
         return eid, ns, src
 
     @staticmethod

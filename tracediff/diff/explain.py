@@ -76,8 +76,12 @@ def trace_inputs(t, s, reader, ev):
         if slot != len(arrays):
             raise _replay.CannotReplay(f"input slot {len(arrays)} is not recorded")
         if p == schema.PRODUCER_LITERAL:
-            raise _replay.CannotReplay(f"input {slot} is a literal of the program; its value "
-                                       f"is not recorded")
+            row = s.value_row(ev, slot, schema.ROLE_IN)   # stored since tracediff 0.1 (JAX)
+            if row is None or not comparable(row):
+                raise _replay.CannotReplay(f"input {slot} is a literal of the program; its "
+                                           f"value is not recorded")
+            arrays.append(reader.read(row))
+            continue
         if p == schema.PRODUCER_CONST:
             raise _replay.CannotReplay(f"input {slot} is a closed-over constant; its value is "
                                        f"not recorded")
