@@ -283,7 +283,8 @@ class JaxCapture(Capture):
                     for slot, x in enumerate(args):
                         ref = self._known_producer(x)
                         w.add_input(call_id, slot, *ref)
-                        self._store(call_id, slot, x, name=names[slot], role=schema.ROLE_IN)
+                        self._store(call_id, slot, x, name=names[slot], role=schema.ROLE_IN,
+                                    store=self._arg_needs_bytes(ref))
                 result = orig(*args, jaxpr=jaxpr, **params)
                 if record:
                     outs = jax_internals.call_outputs(result)
@@ -415,9 +416,18 @@ class JaxCapture(Capture):
         names = self._arg_names(jaxpr, len(args))
         for slot, (x, ref) in enumerate(zip(args, refs)):
             w.add_input(eid, slot, *ref)
-            self._store(eid, slot, x, name=names[slot], role=schema.ROLE_IN)
+            self._store(eid, slot, x, name=names[slot], role=schema.ROLE_IN,
+                        store=self._arg_needs_bytes(ref))
         self._call_refs, self._call_source, self._call_ns = refs, source, ns
         return eid
+
+    def _arg_needs_bytes(self, ref):
+        """A call argument produced by a recorded event is that event's output, already
+        hashed and stored: the call keeps only its name, dtype and shape (locate follows the
+        dataflow edge), which halves the work per call at --level calls. Arguments with no
+        recorded producer, and any argument under an --ops/--modules window (whose producer
+        may not have kept its value), are stored."""
+        return ref[0] < 0 or self.filtered
 
     @staticmethod
     def _arg_names(jaxpr, n):

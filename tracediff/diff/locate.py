@@ -302,20 +302,37 @@ class Differ:
         """(True/False/None, reason, [mismatching input descriptions])."""
         bad, unknown = [], []
         checked = 0
-        # role-IN values stored on the event itself
+        # role-IN values stored on the event itself (a call's arguments, an equation's
+        # literals); a slot that also has a dataflow edge is judged by the edge, with the
+        # role-IN values as the fallback when the producer's value was not stored
         ina = self.ta.value_rows(ea, schema.ROLE_IN)
         inb = self.tb.value_rows(eb, schema.ROLE_IN)
-        for k, row_a, row_b in _pair_rows(self.ta, self.tb, ina, inb, by_name=False):
-            if row_a is None or row_b is None:
-                unknown.append(f"input {k} is recorded on one side only")
-                continue
-            m = self.compare_rows(row_a, row_b)
-            if m is None:
-                unknown.append(f"input {k} was not stored")
-                continue
+        own = {k: (row_a, row_b) for k, row_a, row_b in
+               _pair_rows(self.ta, self.tb, ina, inb, by_name=False)}
+        edges = {int(r["slot"]) for r in self.ta.input_rows(ea) if int(r["producer"]) >= 0}
+
+        def judge(key, m, extra):
+            nonlocal checked
             checked += 1
             if not (m["bitwise_equal"] if level == BITWISE else m["within_tolerance"]):
-                bad.append({"input": str(k), "metrics": m})
+                bad.append(dict(extra, input=key, metrics=m))
+
+        def own_value(k):
+            """Judge slot k by the values stored on the event; False when it cannot."""
+            row_a, row_b = own.get(k, (None, None))
+            m = self.compare_rows(row_a, row_b) if row_a is not None and row_b is not None \
+                else None
+            if m is not None:
+                judge(str(k), m, {})
+            return m is not None
+
+        for k, (row_a, row_b) in own.items():
+            if k in edges:
+                continue
+            if row_a is None or row_b is None:
+                unknown.append(f"input {k} is recorded on one side only")
+            elif not own_value(k):
+                unknown.append(f"input {k} was not stored")
         # dataflow edges
         rows_a = self.ta.input_rows(ea)
         rows_b = {int(r["slot"]): r for r in self.tb.input_rows(eb)}
@@ -324,27 +341,23 @@ class Differ:
             if p in (schema.PRODUCER_LITERAL, schema.PRODUCER_CONST):
                 continue
             if p == schema.PRODUCER_UNKNOWN:
-                unknown.append(f"input {slot} has an unknown producer")
+                if slot not in own:
+                    unknown.append(f"input {slot} has an unknown producer")
                 continue
             rb = rows_b.get(slot)
-            if rb is None:
-                unknown.append(f"input {slot} has no counterpart in b")
-                continue
-            q, qs = int(rb["producer"]), int(rb["producer_slot"])
-            if q < 0:
-                unknown.append(f"input {slot} comes from event {p} in a but has no producer in b")
-                continue
+            q, qs = (int(rb["producer"]), int(rb["producer_slot"])) if rb is not None else (-1, 0)
             va = self._input_value_row(self.sa, self.ta, ea, p, ps)
-            vb = self._input_value_row(self.sb, self.tb, eb, q, qs)
+            vb = self._input_value_row(self.sb, self.tb, eb, q, qs) if q >= 0 else None
             m = self.compare_rows(va, vb) if va is not None and vb is not None else None
             if m is None:
-                unknown.append(f"input {slot} (from event {p}) was not stored")
+                if own_value(slot):
+                    continue
+                unknown.append(f"input {slot} has no counterpart in b" if rb is None else
+                               f"input {slot} comes from event {p} in a but has no producer "
+                               f"in b" if q < 0 else f"input {slot} (from event {p}) was not stored")
                 continue
-            checked += 1
-            if not (m["bitwise_equal"] if level == BITWISE else m["within_tolerance"]):
-                bad.append({"input": slot, "producer_a": p, "producer_b": q,
-                            "producer_op": self.ta.string(self.ta.events[p]["op"]),
-                            "metrics": m})
+            judge(slot, m, {"producer_a": p, "producer_b": q,
+                            "producer_op": self.ta.string(self.ta.events[p]["op"])})
         if bad:
             return False, (f"{len(bad)} of its inputs differ "
                            f"{'bitwise' if level == BITWISE else 'beyond tolerance'}"), bad

@@ -162,8 +162,13 @@ def segment_stats(flat, starts, counts, logical):
         res[:, 2] = tot / c
         sq_dt = np.float32 if nums.dtype == np.float16 else None  # float16 squares overflow
         with np.errstate(over="ignore"):
-            res[:, 3] = np.sqrt(np.asarray(red(np.add, np.square(nums, dtype=sq_dt), dtype=acc),
-                                           dtype=np.float64))
+            if one and nums.dtype in (np.float32, np.float64) and nums.ndim == 1:
+                # one BLAS dot: a single pass, no temporary (half the cost of square + sum);
+                # it accumulates in the value's dtype, locate allows for that (levels.py)
+                res[:, 3] = np.sqrt(np.float64(np.dot(nums, nums)))
+            else:
+                res[:, 3] = np.sqrt(np.asarray(red(np.add, np.square(nums, dtype=sq_dt),
+                                                   dtype=acc), dtype=np.float64))
         if not np.isfinite(res[:, 3]).all():  # squares overflowed their dtype
             res[:, 3] = np.sqrt(red(np.add, np.square(nums, dtype=np.float64)))
         res[:, 4:] = 0
