@@ -11,7 +11,7 @@ Reported: generation time, trace sizes, locate wall and CPU seconds, MB/s over t
 files and over the value bytes it actually compared, and its peak RSS (the locate runs in
 a child process: `ru_maxrss` of the children).
 
-    python benchmarks/locate_scale.py [--events 1050000] [--elements 768] [--keep DIR]
+    python benchmarks/locate_scale.py [--events 1050000] [--elements 768] [--keep DIR [--reuse]]
 """
 
 import argparse
@@ -77,6 +77,8 @@ def main():
     ap.add_argument("--events", type=int, default=1_050_000)
     ap.add_argument("--elements", type=int, default=768)
     ap.add_argument("--keep", default=None, help="write the pair here and keep it")
+    ap.add_argument("--reuse", action="store_true",
+                    help="with --keep: use the pair already there (same --events/--elements)")
     args = ap.parse_args()
     n, e = args.events, args.elements
     d1, d2 = int(n * 0.66), int(n * 0.95)
@@ -85,8 +87,9 @@ def main():
     a, b = os.path.join(folder, "a.h5"), os.path.join(folder, "b.h5")
     try:
         t0 = time.perf_counter()
-        for path, perturbed in ((a, False), (b, True)):
-            generate(path, n, e, d1, d2, perturbed)
+        if not (args.reuse and os.path.isfile(a) and os.path.isfile(b)):
+            for path, perturbed in ((a, False), (b, True)):
+                generate(path, n, e, d1, d2, perturbed)
         gen = time.perf_counter() - t0
         size = os.path.getsize(a) + os.path.getsize(b)
         wall, cpu, rss, rep = run_locate(a, b)

@@ -403,7 +403,8 @@ class Differ:
                 return (ea, eb), first_diff, True
         return None, first_diff, False
 
-    FAST_CHUNK_BYTES = 32 << 20
+    FAST_CHUNK_BYTES = 8 << 20   # per side; the float64 temporaries of a chunk whose every
+                                 # element differs take ~17x this (kept well under 1 GB)
     FAST_MAX_BYTES = 1 << 20
 
     def _fast_within_tolerance(self, ia, ib):
