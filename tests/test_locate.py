@@ -339,8 +339,14 @@ def test_real_broken_dot_is_located(dot_traces):
         assert f["inputs_match"] is True
         assert f["metrics"]["max_abs"] == 14.0 and f["metrics"]["mismatch_fraction"] == 1.0
         assert f["a"]["source"].endswith("torch_dot.py:6")
-    # the Python API gives the same object as the CLI
-    assert tracediff.locate(str(a), str(b)).to_json() == d
+    # the Python API gives the same object as the CLI, and reports its progress
+    seen = []
+    assert tracediff.locate(str(a), str(b), progress=lambda *p: seen.append(p)).to_json() == d
+    phases = [p[0] for p in seen]
+    assert phases.index("aligning the event sequences") < \
+        phases.index("comparing differing events (bitwise)") < phases.index(
+            "comparing differing events (tolerance)") < phases.index(
+            "explaining: replaying the origin op")
     proc = run_cli("locate", a, b, env={"NO_COLOR": "1"})
     assert proc.returncode == 1
     assert "DIVERGED" in proc.stdout and "aten::dot" in proc.stdout and "introduced here" in proc.stdout

@@ -20,7 +20,8 @@ def load(path):
     return Trace(path)
 
 
-def locate(a, b, rtol=None, atol=None, map_file=None, ulp=None, noise=None, explain=True):
+def locate(a, b, rtol=None, atol=None, map_file=None, ulp=None, noise=None, explain=True,
+           progress=None):
     """Compare two traces (paths or open traces); returns a `LocateResult`.
 
     `result.verdict` ("match" / "diverged"), `result.exit_code` (0 / 1, as the CLI),
@@ -30,11 +31,12 @@ def locate(a, b, rtol=None, atol=None, map_file=None, ulp=None, noise=None, expl
     `tracediff locate --json` prints. `rtol`/`atol` override the per-dtype tolerances;
     `ulp=N` accepts elements N ULP apart; `noise=(a1, a2)` (two traces from a's machine)
     never blames events that differ between them; `explain` adds `result.explain` (the
-    replay verdict of the origin) and `result.chain` (origin to outputs)."""
+    replay verdict of the origin) and `result.chain` (origin to outputs); `progress(phase,
+    done, total)` is called as the work goes (the CLI draws its progress bar from it)."""
     from .diff.locate import locate as _locate
 
     return _locate(a, b, rtol=rtol, atol=atol, map_file=map_file, ulp=ulp, noise=noise,
-                   explain=explain)
+                   explain=explain, progress=progress)
 
 
 def __getattr__(name):

@@ -91,16 +91,39 @@ def _explain_options(fn):
     return fn
 
 
-def _status(text, quiet=False):
-    """A transient rich status line on stderr while a long step runs, only on a terminal
-    (never in pipes, CI logs or --quiet; TRACEDIFF_NO_PROGRESS=1 turns it off)."""
-    import contextlib
+class _Progress:
+    """A transient rich progress bar on stderr for `locate` (phase, bar, bytes compared),
+    only on a terminal and for traces of 100 MB or more; elsewhere a no-op callback."""
 
-    if quiet or os.environ.get("TRACEDIFF_NO_PROGRESS") or not sys.stderr.isatty():
-        return contextlib.nullcontext()
-    from rich.console import Console
+    MIN_BYTES = 100 << 20
 
-    return Console(stderr=True).status(text, spinner="dots")
+    def __init__(self, paths, quiet=False):
+        self._bar = None
+        total = sum(os.path.getsize(p) for p in paths if os.path.isfile(p))
+        if quiet or os.environ.get("TRACEDIFF_NO_PROGRESS") or not sys.stderr.isatty() or \
+                total < self.MIN_BYTES:
+            return
+        from rich.console import Console
+        from rich.progress import (BarColumn, Progress, TaskProgressColumn, TextColumn,
+                                   TimeElapsedColumn)
+
+        self._bar = Progress(TextColumn("tracediff: {task.description}"), BarColumn(),
+                             TaskProgressColumn(), TimeElapsedColumn(),
+                             console=Console(stderr=True), transient=True)
+        self._task = self._bar.add_task("reading traces", total=None)
+
+    def __call__(self, phase, done=None, total=None):
+        if self._bar is not None:
+            self._bar.update(self._task, description=phase, completed=done or 0, total=total)
+
+    def __enter__(self):
+        if self._bar is not None:
+            self._bar.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._bar is not None:
+            self._bar.stop()
 
 
 def _sizes(*paths):
@@ -323,10 +346,10 @@ def locate(trace_a, trace_b, rtol, atol, map_file, as_json, verbose, quiet, ulp,
     _need_trace(trace_b)
     for n in noise or ():
         _need_trace(n, "noise trace")
-    with _status(f"tracediff: comparing {_sizes(trace_a, trace_b)} of traces "
-                 f"(hashes first, then values)...", quiet):
+    with _Progress((trace_a, trace_b), quiet) as progress:
         result = _locate(trace_a, trace_b, rtol=rtol, atol=atol, map_file=map_file, ulp=ulp,
-                         noise=noise or None, explain=not no_explain and not quiet)
+                         noise=noise or None, explain=not no_explain and not quiet,
+                         progress=progress)
     _print_result(result, as_json, verbose, quiet)
     sys.exit(result.exit_code)
 

@@ -178,6 +178,11 @@ class Differ:
         self.pair_by = {}   # a event -> how it was paired (cross-framework)
 
     ulp = None        # --ulp N: an element within N ULP is within tolerance
+    progress = None   # progress(phase, done, total), set by locate() for the CLI's bar
+
+    def _tell(self, phase, done=None, total=None):
+        if self.progress is not None:
+            self.progress(phase, done, total)
     noisy = None      # bool per a event: nondeterministic on a's machine (--noise)
     noise_skipped = ()
 
@@ -435,6 +440,7 @@ class Differ:
             (va["nbytes"] == vb["nbytes"]) & (va["nbytes"] > 0) & (va["nbytes"] <= self.FAST_MAX_BYTES)
         dnames = _resolve(self.ta, va["dtype"])
         snames = _resolve(self.ta, va["storage"])
+        todo, done = int(va["nbytes"][good].sum()), 0
         for dt in ("float32", "float64", "float16"):
             m = good & (dnames == dt) & (snames == dt)
             idx = np.flatnonzero(m)
@@ -462,6 +468,8 @@ class Differ:
                 all_ok[np.searchsorted(seg, nz[~within], side="right") - 1] = False
                 ok[sel[part[all_ok]]] = True
                 start = stop
+                done += int(va["nbytes"][part].sum())
+                self._tell("comparing values within tolerance (bytes)", done, todo)
         return ok
 
     def search(self, level):
@@ -472,7 +480,11 @@ class Differ:
             ia, ib = ia[keep], ib[keep]
         replay_only = None
         probe = self.ta.events["origin"] == schema.ORIGIN_PROBE
-        for ea, eb in zip(ia.tolist(), ib.tolist()):
+        phase = f"comparing differing events ({level})"
+        self._tell(phase, 0, len(ia))
+        for i, (ea, eb) in enumerate(zip(ia.tolist(), ib.tolist())):
+            if not i & 1023:
+                self._tell(phase, i, len(ia))
             if probe[ea]:
                 continue  # tracediff's own extra program: searched only through its call
             if self.noisy is not None and self._is_noise(ea):
@@ -820,7 +832,7 @@ def noise_mask(ta, n1, n2):
 
 
 def locate(a, b, rtol=None, atol=None, map_file=None, ulp=None, noise=None, explain=True,
-           analysis=None):
+           analysis=None, progress=None):
     """Python API: compare two trace files (paths or open `Trace` objects).
 
     Traces of different frameworks (or a `map_file`) go through the cross-framework
@@ -829,8 +841,11 @@ def locate(a, b, rtol=None, atol=None, map_file=None, ulp=None, noise=None, expl
     recorded on a's machine; events that differ between them are never blamed.
     `explain`: replay the origin and add the short verdict and the chain (`explain`,
     `chain`). `analysis`: a dict that receives the full `explain.analyse` output
-    under "analysis" (for `tracediff explain`; the event to explain under "event")."""
+    under "analysis" (for `tracediff explain`; the event to explain under "event").
+    `progress(phase, done=None, total=None)`: called as the work goes (the CLI's bar)."""
     from ..trace.reader import Trace
+
+    progress = progress or _no_progress
 
     if rtol is not None and (rtol < 0 or rtol != rtol):
         raise TraceError(f"invalid --rtol {rtol}")
@@ -847,6 +862,7 @@ def locate(a, b, rtol=None, atol=None, map_file=None, ulp=None, noise=None, expl
         if tb is not b:
             own.append(tb)
         fw_a, fw_b = _frameworks(ta), _frameworks(tb)
+        progress("aligning the event sequences")
         try:
             mapping = None
             if map_file is not None or (fw_a and fw_b and fw_a != fw_b):
@@ -856,12 +872,14 @@ def locate(a, b, rtol=None, atol=None, map_file=None, ulp=None, noise=None, expl
             else:
                 d = Differ(ta, tb, rtol, atol)
             d.ulp = ulp
+            d.progress = progress
             if noise:
                 n1, n2 = (x if isinstance(x, Trace) else Trace(x) for x in noise)
                 own += [x for x, y in zip((n1, n2), noise) if x is not y]
                 d.noisy = noise_mask(ta, n1, n2)
             result = run(ta, tb, rtol, atol, differ=d, mapping=mapping)
             if explain or analysis is not None:
+                progress("explaining: replaying the origin op")
                 _attach_explain(result, d, analysis)
             return result
         except (ValueError, IndexError, KeyError, OSError) as exc:
@@ -872,6 +890,10 @@ def locate(a, b, rtol=None, atol=None, map_file=None, ulp=None, noise=None, expl
     finally:
         for t in own:
             t.close()
+
+
+def _no_progress(phase, done=None, total=None):
+    pass
 
 
 def _attach_explain(result, d, analysis=None):
