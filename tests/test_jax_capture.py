@@ -206,3 +206,37 @@ def test_trace_is_readable_with_plain_h5py(gru):
         assert manifest["script"]["name"] == GRU
     t = tracediff.load(gru[0])
     np.testing.assert_array_equal(value, t.read_value(t.value_rows(tanh)[0]))
+
+
+EAGER_ADAM = '''
+import jax, jax.numpy as jnp, optax
+p = {"w": jnp.ones(3)}
+opt = optax.adam(0.1)
+s = opt.init(p)
+for i in range(4):  # no jit: optax's own jnp calls run as jit calls inside each update
+    g = jax.grad(lambda q: jnp.sum(q["w"] ** 2))(p)
+    u, s = opt.update(g, s, p)
+    p = optax.apply_updates(p, u)
+print(p["w"])
+'''
+
+
+def test_eager_optax_update_is_one_step(tmp_path):
+    """An eager update calls jitted helpers; none of them may end the step early."""
+    script = tmp_path / "eager_adam.py"
+    script.write_text(EAGER_ADAM)
+    full, calls = tmp_path / "full.h5", tmp_path / "calls.h5"
+    record(str(script), full)
+    record(str(script), calls, extra=("--level", "calls"))
+    t = tracediff.load(full)
+    steps = [e for e in events(t) if e["kind"] == "optim"]
+    assert [e["step"] for e in steps] == [0, 1, 2, 3]
+    assert t.manifest["frameworks"]["jax"]["optimizer_steps"] == 4
+    for k, e in enumerate(steps):
+        vals = {t.value_meta(r)["name"]: t.read_value(r) for r in t.value_rows(e["index"])}
+        assert set(vals) == {"grads/w", "params/w", "updates/w", "state/count", "state/mu/w",
+                             "state/nu/w"}
+        assert int(vals["state/count"]) == k + 1
+    t = tracediff.load(calls)   # calls level: steps counted, not recorded
+    assert t.manifest["frameworks"]["jax"]["optimizer_steps"] == 4
+    assert not [e for e in events(t) if e["kind"] == "optim"]

@@ -249,7 +249,8 @@ class JaxCapture(Capture):
                 for slot, x in enumerate(outs):
                     self._store(call_id, slot, x, name=names[slot])
                     self._register(x, call_id, slot)
-                self._flush_optim()
+                if not _TL.optax_depth:  # a jit call inside an eager optax update is not its end
+                    self._flush_optim()
         finally:
             _TL.suppress -= 1
         _TL.intercepted = True
@@ -267,8 +268,8 @@ class JaxCapture(Capture):
         _TL.suppress += 1
         try:
             with self.session.lock:
-                if self._pending_optim:  # eager optax tags since the last call
-                    self._flush_optim()
+                if self._pending_optim and not _TL.optax_depth:  # eager optax tags since the
+                    self._flush_optim()                              # last call
                 call_id = None
                 if record:
                     self.calls += 1
