@@ -10,7 +10,8 @@ Workloads (fixtures/):
              two step counts and the *difference* gives the steady-state CPU per step
              (without one-time compilation); the per-equation replay cost is derived
              from it and the number of replayed equations per step.
-  jax_mlp    an MLP 256-1024-1024-256, batch 64, the same two-step-count method.
+  jax_mlp    an MLP 256-1024-1024-256, batch 64, 100 steps; the loop's own CPU seconds
+             after the first (compiling) step; full level through a one-step window.
 
 Every configuration runs `--repeat` times, interleaved with the others (the machine may be
 shared); the minimum is kept. CPU seconds are user+sys of the child. The script checks
@@ -43,9 +44,11 @@ WORKLOADS = {
     "jax_gru": ("jax_gru_expm_adam.py", [], (5, 40),
                 {"calls": ["--level", "calls"], "stats": ["--level", "stats"],
                  "full": ["--level", "full"]}, False),
-    "jax_mlp": ("jax_mlp.py", ["--sizes", "256,1024,1024,256", "--batch", "64"], (5, 40),
+    # the MLP fixture has a loop timer (`--time`: steps 2..N, after the first step
+    # compiled); full values are ~220 MB per step, so full runs through a one-step window
+    "jax_mlp": ("jax_mlp.py", ["--sizes", "256,1024,1024,256", "--batch", "64"], (100,),
                 {"calls": ["--level", "calls"], "stats": ["--level", "stats"],
-                 "full": ["--level", "full"]}, False),
+                 "full --steps 1:2": ["--level", "full", "--steps", "1:2"]}, True),
 }
 
 
