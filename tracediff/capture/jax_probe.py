@@ -90,15 +90,16 @@ class Prober:
         return [read(v) for v in jaxpr.outvars]
 
     # -- recording ---------------------------------------------------------------------------
-    def record(self, call_id, name, closed, args, refs, compiled, ns, source):
-        """Run the probe program of one call and write it as a `probe:<name>` call."""
+    def record(self, call_id, name, closed, args, refs, ns, source):
+        """Run the probe program of one call and write it as a `probe:<name>` call;
+        returns the probe's final outputs (for `check`), None when it could not run."""
         cap = self.capture
         try:
             outs, found = self._program(closed)(*args)
         except Exception as exc:  # never break the script: the probe is extra work
             if len(self.errors) < 100:
                 self.errors.append(f"{name}: {type(exc).__name__}: {str(exc)[:200]}")
-            return
+            return None
         self.calls += 1
         w = cap.session.writer
         pid = w.add_event(framework=schema.FW_JAX, kind=schema.KIND_CALL, op=f"probe:{name}",
@@ -111,6 +112,10 @@ class Prober:
         self._emit(closed, list(refs), pid, pid, ns, source, rest)
         for slot, x in enumerate(outs):
             cap._store(pid, slot, x)
+        return outs
+
+    def check(self, name, outs, compiled):
+        """Did the probe compute what the real program did? (counted in the manifest)"""
         same = len(outs) == len(compiled) and all(_same_bytes(p, c) for p, c in zip(outs, compiled))
         if same:
             self.same_as_compiled += 1

@@ -238,13 +238,17 @@ class JaxCapture(Capture):
             with self.session.lock:
                 call_id = self._record_call_start(params.get("name", "?"), jaxpr, args)
                 replayed = self._replay_call(call_id, jaxpr, args)
+                name = params.get("name", "?")
+                probed = None
+                if self.prober is not None and self.prober.wants(name) and replayed is not None:
+                    # before the real call, which may donate (delete) its arguments
+                    probed = self.prober.record(call_id, name, jaxpr, args, self._call_refs,
+                                                self._call_ns, self._call_source)
                 result = orig(*args, jaxpr=jaxpr, **params)
                 outs = jax_internals.call_outputs(result)
-                self._measure_replay(params.get("name", "?"), replayed, outs)
-                name = params.get("name", "?")
-                if self.prober is not None and self.prober.wants(name) and replayed is not None:
-                    self.prober.record(call_id, name, jaxpr, args, self._call_refs, outs,
-                                       self._call_ns, self._call_source)
+                self._measure_replay(name, replayed, outs)
+                if probed is not None:
+                    self.prober.check(name, probed, outs)
                 names = self._result_names(jaxpr, len(outs))
                 for slot, x in enumerate(outs):
                     self._store(call_id, slot, x, name=names[slot])
