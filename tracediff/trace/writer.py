@@ -15,7 +15,10 @@ power loss, full disk), so the file on disk must be consistent at every instant:
 - `flush` restarts from the committed counts, so an exception raised into it (Ctrl-C,
   SIGTERM) and a later retry cannot leave gaps or duplicated rows;
 - besides the row and byte thresholds, `flush` runs at least every `FLUSH_SECONDS` while
-  events come in, so a killed run loses at most a few seconds;
+  events come in, so a killed run loses at most a few seconds; the byte threshold starts
+  at `FIRST_FLUSH_BYTES` and doubles up to `FLUSH_BYTES`, so the first values are
+  committed early even when they arrive faster than the clock flushes them (and before a
+  small disk or file size limit is reached);
 - a write error (disk full, file size limit, I/O error) stops recording instead of
   reaching the script: the writer closes, `error` says why, the file keeps its last
   commit, and `close` adds the reason to the manifest when the disk lets it.
@@ -38,6 +41,7 @@ from . import schema, values
 
 FLUSH_ROWS = 20_000
 FLUSH_BYTES = 64 << 20
+FIRST_FLUSH_BYTES = 1 << 20
 FLUSH_SECONDS = 2.0
 CHUNK_ROWS = 8192
 CHUNK_BYTES = 1 << 20
@@ -75,6 +79,7 @@ class TraceWriter:
         self._blob_written = 0     # bytes on disk
         self._n_strings = 0        # strings on disk
         self._last_flush = time.monotonic()
+        self._flush_bytes = FIRST_FLUSH_BYTES
         self.bytes_recorded = 0
         self.closed = False
         self.error = None
@@ -165,7 +170,7 @@ class TraceWriter:
         self._rows["values"].append((event, slot, role, flags, self.intern(dtype_name),
                                      self.intern(storage), sid, self.intern(name), offset,
                                      nbytes, h))
-        if len(self._blob) >= FLUSH_BYTES or len(self._rows["values"]) >= FLUSH_ROWS or \
+        if len(self._blob) >= self._flush_bytes or len(self._rows["values"]) >= FLUSH_ROWS or \
                 self._pstats_bytes >= FLUSH_BYTES:
             self.flush()
 
@@ -240,6 +245,7 @@ class TraceWriter:
         except Exception as exc:  # disk full, file size limit, I/O error
             self._fail(exc)
         self._last_flush = time.monotonic()
+        self._flush_bytes = min(2 * self._flush_bytes, FLUSH_BYTES)
 
     def _no_room(self):
         """Why the next flush may not fit on the disk (free space, file size limit), or None.
