@@ -93,6 +93,41 @@ def test_signal_leaves_a_complete_trace_and_the_shell_exit_code(tmp_path, sig, c
         _check_values(t)
 
 
+LOST_CTRL_C = """
+    import weakref
+    import torch
+
+    class Obj:
+        pass
+
+    def callback(_):  # what a SIGINT landing in a weakref callback (h5py frees objects
+        raise KeyboardInterrupt  # during a flush) does: Python prints it and drops it
+
+    obj = Obj()
+    ref = weakref.ref(obj, callback)
+    del obj
+    x = torch.ones(3)
+    for _ in range(3):
+        x = torch.cos(x)
+    print("finished")
+"""
+
+
+def test_ctrl_c_lost_in_a_weakref_callback_still_stops_the_script(tmp_path):
+    """A swallowed KeyboardInterrupt is raised again at the next recorded op (before this,
+    a Ctrl-C that hit a flush could be dropped and the script ran on: a hang in CI)."""
+    script = _script(tmp_path, "lost.py", LOST_CTRL_C)
+    out = tmp_path / "lost.h5"
+    proc = subprocess.run([sys.executable, "-m", "tracediff", "record", "-o", str(out),
+                           str(script)], env=_env(), cwd=ROOT, text=True, capture_output=True,
+                          timeout=300)
+    assert proc.returncode == 130, proc.stderr
+    assert "finished" not in proc.stdout and "Exception ignored" not in proc.stderr
+    with tracediff.load(out) as t:
+        assert t.complete and t.manifest["end"]["status"] == "interrupted (SIGINT)"
+        assert "lost.py" in t.manifest["end"]["traceback"]
+
+
 # -- SIGKILL at random points ----------------------------------------------------------------
 
 STRESS = """

@@ -205,7 +205,8 @@ def record_script(script, args, output, options=None, frameworks=("jax", "torch"
     sys.path.insert(0, rec.script_dir)
     old_term = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
     try:
-        runpy.run_path(script, run_name="__main__")
+        with _LostInterrupts(rec.writer):
+            runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         code = exc.code
         if code is None:
@@ -241,6 +242,45 @@ def record_script(script, args, output, options=None, frameworks=("jax", "torch"
         sys.stderr.flush()
         os._exit(end["exit_code"])
     return end["exit_code"]
+
+
+class _LostInterrupts:
+    """Hands a swallowed Ctrl-C back to the script.
+
+    Python raises KeyboardInterrupt wherever the main thread is when SIGINT arrives. When
+    that is a weakref callback (h5py frees its objects while the writer flushes), the
+    exception is printed as "Exception ignored" and dropped: the recorded script would
+    run on as if Ctrl-C had never been pressed (seen as a hang). A KeyboardInterrupt that
+    reaches `sys.unraisablehook` is therefore raised again just before the next recorded
+    event, in the script's own call stack (SIGTERM's exception likewise). A Ctrl-C the
+    script catches itself is not touched."""
+
+    def __init__(self, writer):
+        self.writer = writer
+        self.previous = None
+
+    def __enter__(self):
+        self.previous = sys.unraisablehook
+        sys.unraisablehook = self._hook
+        return self
+
+    def __exit__(self, *exc):
+        sys.unraisablehook = self.previous
+        if self.writer is not None:
+            self.writer.before_event = None
+
+    def _hook(self, unraisable):
+        kind = unraisable.exc_type
+        if kind is not None and issubclass(kind, (KeyboardInterrupt, _Terminated)) and \
+                self.writer is not None:
+            self.lost = kind
+            self.writer.before_event = self._raise
+            return
+        self.previous(unraisable)
+
+    def _raise(self):
+        self.writer.before_event = None
+        raise self.lost()
 
 
 def _main_thread():

@@ -80,6 +80,7 @@ class TraceWriter:
         self._n_strings = 0        # strings on disk
         self._last_flush = time.monotonic()
         self._flush_bytes = FIRST_FLUSH_BYTES
+        self.before_event = None   # callable run before each event is appended, or None
         self.bytes_recorded = 0
         self.closed = False
         self.error = None
@@ -127,6 +128,8 @@ class TraceWriter:
                   params=None, name_stack=None, source=None, node=None, call=-1, parent=-1,
                   step=0, iter=-1):
         """Append an event; returns its id (row number)."""
+        if self.before_event is not None:   # e.g. a Ctrl-C to hand back (runner.py)
+            self.before_event()
         eid = self.n_events
         s = self.intern
         self._rows["events"].append((framework, kind, phase, origin, s(op), s(params),
