@@ -48,6 +48,10 @@ SCRIPT = textwrap.dedent('''
         pass
     with tracediff.record(out + "/torch.h5", frameworks=("torch",)):
         t = torch.tanh(torch.ones(3)) * 2
+    with tracediff.record(out + "/calls.h5", level="calls"):
+        f(x)
+    with tracediff.record(out + "/probe.h5", probe="^f$"):
+        f(x)
     after = f(x)                           # unrecorded again: still the same numbers
     print(json.dumps({"after": [float(v) for v in after], "y": [float(v) for v in y]}))
 ''')
@@ -125,11 +129,26 @@ def test_locate_api_has_the_json_content(api_run):
         assert api[key] == cli[key], key
 
 
+def test_record_options_as_the_cli(api_run):
+    folder, _ = api_run
+    rows, manifest = _ops(folder / "calls.h5")
+    assert manifest["recording"]["level"] == "calls"
+    assert [(k, op) for k, op, _ in rows] == [("call", "jit:f")]
+    rows, manifest = _ops(folder / "probe.h5")
+    assert manifest["recording"]["probe"] == "^f$"
+    assert ("call", "probe:f") in [(k, op) for k, op, _ in rows]
+    assert manifest["frameworks"]["jax"]["probe"]["final_outputs_equal_compiled"] == 1
+
+
 def test_record_rejects_bad_options(tmp_path):
     with pytest.raises(ValueError, match="unknown framework"):
         tracediff.record(tmp_path / "x.h5", frameworks=("tensorflow",))
     with pytest.raises(ValueError):
         tracediff.record(tmp_path / "x.h5", loops="sometimes")
+    with pytest.raises(ValueError, match="unknown level"):
+        tracediff.record(tmp_path / "x.h5", level="everything")
+    with pytest.raises(ValueError, match="--probe"):
+        tracediff.record(tmp_path / "x.h5", probe="(")
     with pytest.raises(TraceError, match="does not exist"):
         with tracediff.record(tmp_path / "no" / "such" / "x.h5"):
             pass

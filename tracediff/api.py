@@ -30,14 +30,19 @@ from .capture import RecordOptions
 class record:
     """Record the code inside a `with` block (or a decorated function) into `path`.
 
-    Options: `loops` ("opaque" or "stepped", as `tracediff record --loops`) and
-    `frameworks` (default: jax and torch, each captured once it is imported).
-    Source lines are shown relative to the folder of the file that opens the block.
+    Options, as `tracediff record`'s: `level` ("full", "stats", "calls"), `loops`
+    ("opaque" or "stepped"), the windows `steps` ("30:40"), `ops` (regex), `modules`
+    (globs), `max_bytes` ("2GB"), `probe` (regex on jit function names), and
+    `frameworks` (default: jax and torch, each captured once it is imported). A bad
+    option raises ValueError. Source lines are shown relative to the folder of the file
+    that opens the block.
     """
 
-    def __init__(self, path, *, loops="opaque", frameworks=("jax", "torch")):
+    def __init__(self, path, *, level="full", loops="opaque", steps=None, ops=None,
+                 modules=None, max_bytes=None, probe=None, frameworks=("jax", "torch")):
         self.path = os.fspath(path)
-        self.options = RecordOptions(loops=loops)
+        self.options = RecordOptions(level=level, loops=loops, steps=steps, ops=ops,
+                                     modules=modules, max_bytes=max_bytes, probe=probe)
         self.frameworks = tuple(frameworks)
         for fw in self.frameworks:
             if fw not in ("jax", "torch"):
