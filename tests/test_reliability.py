@@ -76,9 +76,12 @@ LOOPING = """
 def test_signal_leaves_a_complete_trace_and_the_shell_exit_code(tmp_path, sig, code, status):
     script = _script(tmp_path, "loop.py", LOOPING)
     out = tmp_path / "sig.h5"
+    # SIGINT back to its default in the child: a suite started as a background job
+    # (`cmd &` in a script) ignores SIGINT, and the child would inherit that and never stop
     proc = subprocess.Popen([sys.executable, "-m", "tracediff", "record", "-o", str(out),
                              str(script)], env=_env(), cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout.readline().strip() == "ready"
     time.sleep(0.3)
     proc.send_signal(sig)
