@@ -76,12 +76,16 @@ LOOPING = """
 def test_signal_leaves_a_complete_trace_and_the_shell_exit_code(tmp_path, sig, code, status):
     script = _script(tmp_path, "loop.py", LOOPING)
     out = tmp_path / "sig.h5"
-    # SIGINT back to its default in the child: a suite started as a background job
-    # (`cmd &` in a script) ignores SIGINT, and the child would inherit that and never stop
-    proc = subprocess.Popen([sys.executable, "-m", "tracediff", "record", "-o", str(out),
-                             str(script)], env=_env(), cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # A suite started as a background job (`cmd &` in a script) ignores SIGINT, and a child
+    # inherits an ignored signal: give this process a handler while starting the child, so
+    # the child gets the default (and Python's KeyboardInterrupt) whatever ran the suite.
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "tracediff", "record", "-o", str(out),
+                                 str(script)], env=_env(), cwd=ROOT, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    finally:
+        signal.signal(signal.SIGINT, old)
     assert proc.stdout.readline().strip() == "ready"
     time.sleep(0.3)
     proc.send_signal(sig)
