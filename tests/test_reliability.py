@@ -193,7 +193,7 @@ def test_sigkill_of_a_real_recording(tmp_path):
                             env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
-    while time.time() < deadline:  # until the first time-based flush is on disk
+    while time.time() < deadline:  # until a flush past the first events is on disk
         time.sleep(0.5)
         try:
             with h5py.File(out, "r", locking=False) as f:

@@ -26,6 +26,7 @@ from ..errors import TraceError
 from ..trace import schema
 from . import chain as _chain
 from . import compare
+from . import levels as _levels
 from . import replay as _replay
 from .locate import comparable
 
@@ -531,18 +532,21 @@ def analyse(result, d, event=None):
     out["chain"] = links
     out["chain_info"] = info
     out["replay"] = replay_verdict(d, ea, eb)
-    compiled = f.a.get("kind") == "call" and "every replayed equation" in (f.note or "")
-    if compiled:
-        name = f.a["op"][len("jit:"):] if f.a["op"].startswith("jit:") else f.a["op"]
+    if f.compiled:
+        step = int(f.a["step"])
         out["compiled_call"] = {
             "call": f.a["op"], "event": ea,
             "explanation": "the compiled outputs differ while every replayed equation matches: "
                            "the difference comes from how the program was compiled (fusion, "
                            "algebraic rewrites, fast math), not from any single op",
             "narrow": f"record the call's compiled probe on both machines (tracediff record "
-                      f"--probe '^{name}$' --steps {f.a['step']}:{int(f.a['step']) + 1} ..., "
-                      f"the commands are in locate's next steps) and locate again: it names "
-                      f"the equation whose compiled value differs"}
+                      f"--probe '{_levels.probe_pattern(f.a['op'])}' --steps {step}:{step + 1} "
+                      f"..., the commands are in locate's next steps) and locate again: it names "
+                      f"the equation whose compiled value differs"
+                      if f.compiled == "replay matches" else
+                      "done: the call's compiled probe was recorded on both sides and matches, so "
+                      "the difference lies in how the whole program was fused, not in any one "
+                      "equation's compiled value"}
     elif (f.call or {}).get("probe_a") is not None:
         rv = out["replay"] or {}
         alone = {"a": "b's", "b": "a's"}.get(rv.get("reproduces"))

@@ -189,16 +189,20 @@ def annotate(result, ta, tb, differ):
             info["zoom"].append(_recipe(ta, tb, ra, rb, s, f"step{s}",
                                         f"zoom in on step {s} at full level"))
     for f in (ft, fd):   # a compiled-call divergence no replayed equation explains
-        if f is not None and f.a.get("kind") == "call" and f.a["op"].startswith("jit:") and \
-                "every replayed equation" in (f.note or "") and "probe" not in (f.note or ""):
-            s, name = int(f.a["step"]), f.a["op"][len("jit:"):]
+        if f is not None and f.compiled == "replay matches" and f.a["op"].startswith("jit:"):
+            s = int(f.a["step"])
             info["zoom"].append(_recipe(
                 ta, tb, ra, rb, s, f"probe{s}",
                 f"narrow compiled call {f.a['op']} (step {s}) below the call with its compiled "
-                f"probe", extra=("--probe", f"^{re.escape(name)}$")))
+                f"probe", extra=("--probe", probe_pattern(f.a["op"]))))
             break
     result.levels = info
     return result
+
+
+def probe_pattern(op):
+    """The `record --probe` regex that selects exactly the jit call named `jit:NAME`."""
+    return f"^{re.escape(op[len('jit:'):] if op.startswith('jit:') else op)}$"
 
 
 def _recipe(ta, tb, ra, rb, s, suffix, title, extra=()):

@@ -127,6 +127,9 @@ class Finding:
     note: str = ""
     call: dict = None          # enclosing compiled call {a, b, op} when descended into
     pair_by: str = "structure"
+    # a compiled call found at the call itself: "replay matches" (every replayed equation
+    # matches, no probe recorded), "probe does not reproduce" (its probe matches too)
+    compiled: str = ""
 
 
 @dataclasses.dataclass
@@ -179,12 +182,12 @@ class Differ:
 
     ulp = None        # --ulp N: an element within N ULP is within tolerance
     progress = None   # progress(phase, done, total), set by locate() for the CLI's bar
+    noisy = None      # bool per a event: nondeterministic on a's machine (--noise)
+    noise_skipped = ()
 
     def _tell(self, phase, done=None, total=None):
         if self.progress is not None:
             self.progress(phase, done, total)
-    noisy = None      # bool per a event: nondeterministic on a's machine (--noise)
-    noise_skipped = ()
 
     # -- values ----------------------------------------------------------------------------
     def compare_rows(self, row_a, row_b, tol_dtype=None):
@@ -546,7 +549,9 @@ class Differ:
                         "compiler rewrites), not at any single equation"
                         if len(eqns) else "the compiled outputs differ (no replayed equations "
                         "recorded for this call)")
-                return self.finding(ea, eb, level, note=note), replay_only
+                f = self.finding(ea, eb, level, note=note)
+                f.compiled = "replay matches" if len(eqns) else ""
+                return f, replay_only
             return self.finding(ea, eb, level), replay_only
         return None, replay_only
 
@@ -570,9 +575,15 @@ class Differ:
             note = ("the compiled outputs differ but every replayed equation matches, and the "
                     "compiled probe of the call (event {}) does not reproduce the difference: "
                     "it lies in how the whole program was fused".format(pa))
-            return self.finding(ea, eb, level, note=note) if self.equal_at(pa, pb, level) else None
-        pick, how = (origin, "whose inputs match and whose compiled value differs")             if origin is not None else (first_diff, "whose compiled value differs (none "
-                                                    "introduced it on its own)")
+            if not self.equal_at(pa, pb, level):
+                return None
+            f = self.finding(ea, eb, level, note=note)
+            f.compiled = "probe does not reproduce"
+            return f
+        if origin is not None:
+            pick, how = origin, "whose inputs match and whose compiled value differs"
+        else:
+            pick, how = first_diff, "whose compiled value differs (none introduced it on its own)"
         f = self.finding(*pick, level, note=(
             f"every replayed equation of {where} matches; its compiled probe (event {pa}: the "
             f"call's equations compiled with each intermediate as an output) narrows the "
