@@ -16,7 +16,7 @@ Workloads: gru (GRUCell(8,32) + Linear(32,4), seq 5, batch 16, Adam, 100 steps) 
 that times its training loop (CPU seconds of the loop, `time.process_time`) and prints a
 SHA-1 of the final parameters, so we can tell whether a recorder changed the result.
 
-    python benchmarks/peers.py [--peers-python /work/venv-peers/bin/python] [--only gru]
+    python benchmarks/peers.py [--peers-python .venv-peers/bin/python] [--only gru]
 """
 
 import argparse
@@ -174,7 +174,7 @@ def run(cmd, env):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--child", nargs=3, metavar=("WORKLOAD", "RECORDER", "OUT"))
-    ap.add_argument("--peers-python", default="/work/venv-peers/bin/python")
+    ap.add_argument("--peers-python", default=".venv-peers/bin/python")
     ap.add_argument("--only", default="gru,mlp")
     ap.add_argument("--recorders", default="none,debugmode,ms_stat,ms_md5,ms_tensor,torchlens,"
                                            "td_calls,td_stats,td_full")

@@ -4,7 +4,7 @@ Pipeline: capture (per framework) -> trace (one versioned HDF5 file) -> diff (al
 compare, locate) -> report (terminal, JSON).
 """
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 
 def load(path):

@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from . import __version__
+from ._version import __version__
 from .errors import TraceError
 
 

@@ -15,7 +15,7 @@ import tempfile
 import traceback
 
 from .capture import RecordOptions, Session, start_captures
-from .errors import TraceError
+from .errors import TraceError, UnsupportedJax
 from .trace.manifest import base_manifest
 from .trace.writer import TraceWriter
 
@@ -220,6 +220,10 @@ def record_script(script, args, output, options=None, frameworks=("jax", "torch"
         end = {"status": "interrupted (SIGINT)", "exit_code": 130, "exception": "KeyboardInterrupt",
                "traceback": tb[-20000:]}
         print("KeyboardInterrupt", file=sys.stderr)
+    except UnsupportedJax as exc:   # JAX imported by the script, outside the supported range
+        print(f"tracediff: error: {exc}", file=sys.stderr)
+        end = {"status": "unsupported jax", "exit_code": 2, "exception": "UnsupportedJax",
+               "message": str(exc)[:2000]}
     except _Terminated as exc:
         end = {"status": "terminated (SIGTERM)", "exit_code": 143, "exception": "SIGTERM",
                "traceback": _script_traceback(exc, "Terminated by SIGTERM\n")[-20000:]}

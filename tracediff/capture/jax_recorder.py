@@ -143,11 +143,7 @@ class JaxCapture(Capture):
 
     # -- install -----------------------------------------------------------------------------
     def install(self, session):
-        try:
-            core, pjit, siu = jax_internals.check()
-        except jax_internals.UnsupportedJax as exc:
-            print(f"tracediff: error: {exc}", file=sys.stderr)
-            raise SystemExit(2) from None
+        core, pjit, siu = jax_internals.check()   # raises UnsupportedJax
         import jax
 
         self.session, self._core, self._pjit, self._siu = session, core, pjit, siu

@@ -6,7 +6,7 @@ private APIs used (`torch._C._current_autograd_node`, `torch.autograd._get_seque
 `torch._C._DisableTorchDispatch`) and the hooks exist, and raises a clear error naming
 the torch version if one is missing.
 
-Design (see /work/shared/design/torch-capture-notes.md for the measurements behind it):
+Design (see the design notes, torch-capture-notes.md, for the measurements behind it):
 
 - One `TorchDispatchMode`, entered on the thread that installs the capture (the main
   thread), sees every aten op after autograd and CompositeImplicit decomposition:

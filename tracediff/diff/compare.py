@@ -212,12 +212,13 @@ def worst(metrics_list):
     if len(metrics_list) == 1:
         return dict(metrics_list[0])
 
-    def key(v):
+    def key(v):   # None < finite < inf < nan: a NaN difference is the worst of all
         if v is None:
-            return -1.0
-        if isinstance(v, str):
-            return math.inf if v != "nan" else math.inf
-        return float(v)
+            return (0, 0.0)
+        v = float(v)   # metrics may still carry "inf"/"nan" as strings
+        if math.isnan(v):
+            return (3, 0.0)
+        return (2, 0.0) if math.isinf(v) else (1, v)
 
     out = {}
     for k in ("max_abs", "max_rel", "max_ulp", "mismatch_fraction", "beyond_tolerance_fraction"):

@@ -18,6 +18,7 @@
   the loss (the last scalar float output of the step's forward computation).
 """
 
+import os
 import re
 
 import numpy as np
@@ -28,7 +29,7 @@ from . import chain as _chain
 from . import compare
 from . import levels as _levels
 from . import replay as _replay
-from .locate import comparable
+from .locate import comparable, input_value_row
 
 MAX_REPLAY_BYTES = 64 << 20
 
@@ -69,8 +70,6 @@ def event_inputs(d, side, ev):
 
 def trace_inputs(t, s, reader, ev):
     """Array inputs of event `ev` of trace `t` (Side `s`, ValueReader `reader`)."""
-    from .locate import Differ
-
     arrays, total = [], 0
     for r in t.input_rows(ev):
         slot, p, ps = int(r["slot"]), int(r["producer"]), int(r["producer_slot"])
@@ -88,7 +87,7 @@ def trace_inputs(t, s, reader, ev):
                                        f"not recorded")
         if p < 0:
             raise _replay.CannotReplay(f"input {slot} has an unknown producer")
-        row = Differ._input_value_row(None, s, t, ev, p, ps)
+        row = input_value_row(s, t, ev, p, ps)
         if row is None or not comparable(row):
             raise _replay.CannotReplay(f"input {slot} (from event {p}) was not stored")
         total += int(row["nbytes"])
@@ -264,7 +263,7 @@ def _machine(framework):
             import jax
 
             out["jax"] = jax.__version__
-            out["XLA_FLAGS"] = __import__("os").environ.get("XLA_FLAGS")
+            out["XLA_FLAGS"] = os.environ.get("XLA_FLAGS")
         elif framework == "torch":
             import torch
 

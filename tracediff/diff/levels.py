@@ -177,7 +177,7 @@ def annotate(result, ta, tb, differ):
             f"recorded and they agree within tolerance: whether they are beyond tolerance is "
             f"unknown (the verdict treats them as within tolerance)")
         result.warnings.append(info["not_decided"][-1] + "; zoom in at --level full to decide")
-    if cheap and la == "calls" or lb == "calls":
+    if la == "calls" or lb == "calls":   # calls implies cheap
         info["not_decided"].append("calls level: operations inside compiled calls and eager "
                                    "ops were not recorded; the op cannot be named")
     if cheap and fd is not None:

@@ -164,6 +164,18 @@ class LocateResult:
         return build(self)
 
 
+def input_value_row(side, trace, ev, prod, pslot):
+    """The value row an input slot read: producer output, or the call's role-IN value
+    when an equation reads its enclosing call's argument."""
+    if prod < 0 or prod >= len(trace.events):
+        return None
+    if side.kind[prod] == schema.KIND_CALL and side.call[ev] == prod:
+        row = side.value_row(prod, pslot, schema.ROLE_IN)
+        if row is not None:
+            return row
+    return side.value_row(prod, pslot, schema.ROLE_OUT)
+
+
 class Differ:
     """The state of one comparison: both traces, their alignment, cached comparisons."""
 
@@ -282,7 +294,7 @@ class Differ:
         for r in self.ta.input_rows(ea):
             p = int(r["producer"])
             if 0 <= p < len(self.ta.events):
-                row = self._input_value_row(self.sa, self.ta, ea, p, int(r["producer_slot"]))
+                row = input_value_row(self.sa, self.ta, ea, p, int(r["producer_slot"]))
                 if row is not None:
                     names.add(self.ta.string(row["dtype"]))
         names = [n for n in names if compare.is_floating(n)]
@@ -295,17 +307,6 @@ class Differ:
         return r["bitwise_equal"] if level == BITWISE else r["within_tolerance"]
 
     # -- inputs ----------------------------------------------------------------------------
-    def _input_value_row(self, side, trace, ev, prod, pslot):
-        """The value row an input slot read: producer output, or the call's role-IN value
-        when an equation reads its enclosing call's argument."""
-        if prod < 0 or prod >= len(trace.events):
-            return None
-        if side.kind[prod] == schema.KIND_CALL and side.call[ev] == prod:
-            row = side.value_row(prod, pslot, schema.ROLE_IN)
-            if row is not None:
-                return row
-        return side.value_row(prod, pslot, schema.ROLE_OUT)
-
     def inputs_match(self, ea, eb, level):
         """(True/False/None, reason, [mismatching input descriptions])."""
         bad, unknown = [], []
@@ -354,8 +355,8 @@ class Differ:
                 continue
             rb = rows_b.get(slot)
             q, qs = (int(rb["producer"]), int(rb["producer_slot"])) if rb is not None else (-1, 0)
-            va = self._input_value_row(self.sa, self.ta, ea, p, ps)
-            vb = self._input_value_row(self.sb, self.tb, eb, q, qs) if q >= 0 else None
+            va = input_value_row(self.sa, self.ta, ea, p, ps)
+            vb = input_value_row(self.sb, self.tb, eb, q, qs) if q >= 0 else None
             m = self.compare_rows(va, vb) if va is not None and vb is not None else None
             if m is None:
                 if own_value(slot):

@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from .. import __version__
+from .._version import __version__
 from ..errors import TraceError
 from ..trace import schema
 from . import align as _align

@@ -78,14 +78,6 @@ def where(e):
     return ", ".join(parts)
 
 
-def inputs_word(f):
-    if f.get("inputs_match") is True:
-        return "introduced here"
-    if f.get("inputs_match") is False:
-        return "inherited"
-    return "inputs unknown"
-
-
 def finding_rows(f, code, text, strong, label):
     """The (label, cell) rows describing a finding, rendered with the caller's markup:
     `code`, `text` (escape), `strong` and `label` (an event label) turn strings into cells."""

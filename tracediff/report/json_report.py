@@ -20,7 +20,7 @@ numbers are the strings "inf" / "nan" so the output is strict JSON.
 
 import math
 
-from .. import __version__
+from .._version import __version__
 
 EVENT_FIELDS = ("index", "op", "name_stack", "source", "step", "kind", "framework", "phase",
                 "origin", "node", "call", "shapes", "dtypes")

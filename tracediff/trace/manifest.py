@@ -11,7 +11,7 @@ import os
 import platform
 import sys
 
-from .. import __version__
+from .._version import __version__
 
 # Packages whose versions can change numerics or capture.
 PACKAGES = ["jax", "jaxlib", "jax-cuda12-plugin", "flax", "optax", "chex", "ml_dtypes", "numpy",
