@@ -12,6 +12,7 @@ import click
 
 from ._version import __version__
 from .errors import TraceError
+from .untrusted import printable
 
 
 def _guard(fn):
@@ -46,8 +47,10 @@ def _guard(fn):
 
 
 def _one_line(exc):
+    """The error as one printable line: messages quote trace strings and file names,
+    which may hold terminal escapes (`untrusted.printable` shows them as text)."""
     lines = str(exc).strip().splitlines()
-    return " ".join(line.strip() for line in lines)[:500] if lines else type(exc).__name__
+    return printable(" ".join(line.strip() for line in lines), 500) if lines else type(exc).__name__
 
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -135,7 +138,7 @@ def _print_result(result, as_json=False, verbose=False, quiet=False):
     if quiet:
         return
     for w in result.warnings:
-        click.echo(f"tracediff: warning: {w}", err=True)
+        click.echo(f"tracediff: warning: {printable(w)}", err=True)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
@@ -397,7 +400,7 @@ def explain(trace_a, trace_b, event, rtol, atol, ulp, noise, map_file, as_json):
     result = _locate(trace_a, trace_b, rtol=rtol, atol=atol, map_file=map_file, ulp=ulp,
                      noise=noise or None, analysis=holder)
     for w in result.warnings:
-        click.echo(f"tracediff: warning: {w}", err=True)
+        click.echo(f"tracediff: warning: {printable(w)}", err=True)
     analysis = holder.get("analysis") or {}
     if as_json:
         from .report.json_report import _clean

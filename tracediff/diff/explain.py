@@ -25,6 +25,7 @@ import numpy as np
 
 from ..errors import TraceError
 from ..trace import schema
+from ..untrusted import markup
 from . import chain as _chain
 from . import compare
 from . import levels as _levels
@@ -692,37 +693,37 @@ def short(analysis):
 # -- terminal ---------------------------------------------------------------------------------
 
 def print_analysis(an, console=None):
-    """The full analysis for a terminal (`tracediff explain`)."""
+    """The full analysis for a terminal (`tracediff explain`). Rich markup: every string
+    from the traces goes through `untrusted.markup` (shown as typed, no escape sequence)."""
     from rich.console import Console
-    from rich.markup import escape
 
-    c = console or Console(highlight=False, soft_wrap=True)
+    c = console or Console(highlight=False, soft_wrap=True, emoji=False)
     o = an.get("origin")
     head = "[bold red]DIVERGED[/]" if an.get("verdict") == "diverged" else "[bold green]MATCH[/]"
     c.print(f"{head} (beyond tolerance: {'yes' if an.get('verdict') == 'diverged' else 'no'})")
     if not o:
-        c.print(escape(an.get("summary") or "nothing to explain"))
+        c.print(markup(an.get("summary") or "nothing to explain"))
         _print_steps(c, an.get("steps") or [])
         return
     a = o["a"]
-    c.print(f"[bold]origin[/]: {a['framework']} {a['kind']} [bold]{escape(a['op'])}[/] "
+    c.print(f"[bold]origin[/]: {markup(a['framework'])} {markup(a['kind'])} [bold]{markup(a['op'])}[/] "
             f"(a #{a['index']}, b #{o['b']['index']}"
-            f"{', ' + a['origin'] if a.get('origin') else ''}), step {a['step']}"
-            f"{'  ' + escape(a['name_stack']) if a.get('name_stack') else ''}"
-            f"{'  ' + escape(a['source']) if a.get('source') else ''}")
+            f"{', ' + markup(a['origin']) if a.get('origin') else ''}), step {a['step']}"
+            f"{'  ' + markup(a['name_stack']) if a.get('name_stack') else ''}"
+            f"{'  ' + markup(a['source']) if a.get('source') else ''}")
     m = o.get("metrics") or {}
     word = {True: "[bold]introduced here[/]", False: "inherited", None: "inputs unknown"}[
         o.get("inputs_match")]
-    c.print(f"  {word}: {escape(o.get('inputs_reason') or '')}; outputs differ by max "
+    c.print(f"  {word}: {markup(o.get('inputs_reason') or '')}; outputs differ by max "
             f"{_fmt(m.get('max_ulp'))} ULP (max rel {_fmt(m.get('max_rel'))})")
     if o.get("call"):
-        c.print(f"  inside compiled call {escape(o['call']['op'])} (a #{o['call']['a']})")
+        c.print(f"  inside compiled call {markup(o['call']['op'])} (a #{o['call']['a']})")
     if an.get("inner"):
-        c.print(f"  inside {escape(a['op'])}: {escape(an['inner']['text'])}")
+        c.print(f"  inside {markup(a['op'])}: {markup(an['inner']['text'])}")
     if an.get("tolerance_origin"):
         t = an["tolerance_origin"]
-        c.print(f"  first beyond tolerance: {escape(t['op'])} (a #{t['index']}, step {t['step']}),"
-                f" its inputs within tolerance: {escape(t.get('inputs_reason') or '')}")
+        c.print(f"  first beyond tolerance: {markup(t['op'])} (a #{t['index']}, step {t['step']}),"
+                f" its inputs within tolerance: {markup(t.get('inputs_reason') or '')}")
     links = an.get("chain") or []
     info = an.get("chain_info") or {}
     if links:
@@ -732,30 +733,30 @@ def print_analysis(an, console=None):
                 "role[/]")
         for lk in _chain.collapse(links):
             if isinstance(lk, str):
-                c.print(f"  [dim]{escape(lk)}[/]")
+                c.print(f"  [dim]{markup(lk)}[/]")
                 continue
             e, mm = lk["a"], lk["metrics"]
-            c.print(f"  {e['index']:>6}  {e['step']:>4}  {escape(e['op'][:26]):<26}  "
+            c.print(f"  {e['index']:>6}  {e['step']:>4}  {markup(e['op'], limit=26):<26}  "
                     f"{_fmt(mm.get('max_rel')):>9}  {_fmt(lk.get('input_rel')):>9}  "
-                    f"{_fmt(lk.get('amplification')):>7}   {escape(lk.get('role') or '')}")
+                    f"{_fmt(lk.get('amplification')):>7}   {markup(lk.get('role') or '')}")
         st = info.get("strongest")
         if st:
-            c.print(f"  strongest: {escape(st['op'])} (a #{st['index']}) amplified a "
+            c.print(f"  strongest: {markup(st['op'])} (a #{st['index']}) amplified a "
                     f"{_fmt(st['input_rel'])} difference to {_fmt(st['output_rel'])}")
         if info.get("reaches_target") is False:
             c.print("  the first difference beyond tolerance is not reached through the "
                     "recorded dataflow")
     rv = an.get("replay") or {}
-    c.print(f"[bold]replay verdict[/]: {escape(rv.get('verdict') or '-')}")
+    c.print(f"[bold]replay verdict[/]: {markup(rv.get('verdict') or '-')}")
     if rv.get("replayed"):
         orc = rv.get("oracle") or {}
         mach = rv.get("machine") or {}
         if mach:
             c.print("  this machine: " + ", ".join(
-                f"{k} {v if v is not None else '(unset)'}" for k, v in mach.items()))
+                markup(f"{k} {v if v is not None else '(unset)'}") for k, v in mach.items()))
         if orc:
-            c.print(f"  exact reference: {orc['op']} computed by {orc['computed_by']} from "
-                    f"{orc['from']}'s recorded inputs")
+            c.print(f"  exact reference: {markup(orc['op'])} computed by {markup(orc['computed_by'])} "
+                    f"from {markup(orc['from'])}'s recorded inputs")
         for side in ("a", "b"):
             s = rv.get(side) or {}
             fo = s.get("from_oracle")
@@ -763,29 +764,29 @@ def print_analysis(an, console=None):
                    None: "not replayed"}[s.get("reproduced_here")]
             dist = (f"; from exact: {_ulp_text(fo)}, max rel {_fmt(fo['max_rel'])}"
                     if fo else "")
-            c.print(f"  {side}: {escape(s.get('op') or '')} {rep}{dist}"
-                    f"{' (' + escape(s['reason']) + ')' if s.get('reason') else ''}")
+            c.print(f"  {side}: {markup(s.get('op') or '')} {rep}{dist}"
+                    f"{' (' + markup(s['reason']) + ')' if s.get('reason') else ''}")
     if an.get("compiled_call"):
         cc = an["compiled_call"]
-        c.print(f"[bold]compiled-call divergence[/] in {escape(cc['call'])}: "
-                f"{escape(cc['explanation'])}" +
-                (f". To narrow it: {escape(cc['narrow'])}" if cc.get("probe") is None else ""))
+        c.print(f"[bold]compiled-call divergence[/] in {markup(cc['call'])}: "
+                f"{markup(cc['explanation'])}" +
+                (f". To narrow it: {markup(cc['narrow'])}" if cc.get("probe") is None else ""))
     env = an.get("environment") or {}
     if env.get("causes"):
-        c.print(f"[bold]likely causes[/] ({env.get('op_class')} op; from the recorded environment "
+        c.print(f"[bold]likely causes[/] ({markup(env.get('op_class'))} op; from the recorded environment "
                 f"differences, ranked):")
         for i, cause in enumerate(env["causes"][:8], 1):
-            c.print(f"  {i}. {escape(cause['key'])}: {escape(_short(cause['a']))} -> "
-                    f"{escape(_short(cause['b']))}  ({escape(cause['reason'])})"
-                    f"{'  ' + escape(cause['note']) if cause.get('note') else ''}")
+            c.print(f"  {i}. {markup(cause['key'])}: {markup(_short(cause['a']))} -> "
+                    f"{markup(_short(cause['b']))}  ({markup(cause['reason'])})"
+                    f"{'  ' + markup(cause['note']) if cause.get('note') else ''}")
     elif env.get("none_found"):
-        c.print(f"[bold]likely causes[/]: {escape(env['none_found'])}")
+        c.print(f"[bold]likely causes[/]: {markup(env['none_found'])}")
     _print_steps(c, an.get("steps") or [])
     noise = an.get("noise")
     if noise:
         c.print(f"noise floor: {noise['nondeterministic_events']} events nondeterministic on a's "
                 f"machine; {noise['skipped_total']} skipped as origin")
-    c.print(f"[bold]summary[/]: {escape(an.get('summary') or '')}")
+    c.print(f"[bold]summary[/]: {markup(an.get('summary') or '')}")
 
 
 def _print_steps(c, steps):
@@ -799,7 +800,7 @@ def _print_steps(c, steps):
         if len(steps) > 30 and i == 10:
             c.print(f"  ... {len(steps) - 20} steps")
         loss = s.get("loss") or {}
-        c.print(f"  {s['step']:>4}  {_fmt(s.get('max_rel')):>14}  {str(s.get('worst') or '-')[:30]:<30} "
+        c.print(f"  {s['step']:>4}  {_fmt(s.get('max_rel')):>14}  {markup(s.get('worst') or '-', limit=30):<30} "
                 f"{_fmt17(loss.get('a')):>17} {_fmt17(loss.get('b')):>17} "
                 f"{_fmt(loss.get('rel')):>9}")
 

@@ -10,7 +10,10 @@ replay verdict, "chain": origin to outputs) appear when the fields are present.
 
 import math
 import os
+import re
 import shlex
+
+from ..untrusted import md_code, md_text
 
 GITHUB_ATTACH_LIMIT = 25 << 20
 CONTEXT_LINES = 2
@@ -62,25 +65,28 @@ def culprit(data):
     return None, None
 
 
-def event_label(e):
-    """'jax eqn `tanh`' style label of an event dict."""
-    origin = f" ({e['origin']})" if e.get("origin") and e.get("origin") != e.get("kind") else ""
-    return f"{e.get('framework', '')} {e.get('kind', '')}{origin} `{e.get('op', '?')}`".strip()
+def event_label(e, code=md_code, text=md_text):
+    """'jax eqn `tanh`' style label of an event dict; `code` and `text` render trace
+    strings for the output format (Markdown by default)."""
+    origin = f" ({text(e['origin'])})" if e.get("origin") and e.get("origin") != e.get("kind") else ""
+    return (f"{text(e.get('framework', ''))} {text(e.get('kind', ''))}{origin} "
+            f"{code(e.get('op', '?'))}").strip()
 
 
-def where(e):
-    """'step 0, event #375, Controller/GRUCell_0, jax_gru.py:25'."""
+def where(e, code=md_code):
+    """'step 0, event #375, `Controller/GRUCell_0`, `jax_gru.py:25`'."""
     parts = [f"step {e.get('step')}", f"event #{e.get('index')}"]
     if e.get("name_stack"):
-        parts.append(f"`{e['name_stack']}`")
+        parts.append(code(e["name_stack"]))
     if e.get("source"):
-        parts.append(f"`{e['source']}`")
+        parts.append(code(e["source"]))
     return ", ".join(parts)
 
 
-def finding_rows(f, code, text, strong, label):
+def finding_rows(f, code, text, strong):
     """The (label, cell) rows describing a finding, rendered with the caller's markup:
-    `code`, `text` (escape), `strong` and `label` (an event label) turn strings into cells."""
+    `code` and `text` turn trace strings into safe cells of the output format, `strong`
+    emphasises text that is already rendered."""
     a, b = f["a"], f["b"]
     rows = []
     if a.get("name_stack") or b.get("name_stack"):
@@ -94,29 +100,31 @@ def finding_rows(f, code, text, strong, label):
             src += f" (b: {code(b['source'])})"
         rows.append(("source", src))
     if b.get("op") != a.get("op") or b.get("framework") != a.get("framework"):
-        rows.append(("paired with", f"{label(event_label(b))} in b (by {text(f.get('paired_by'))})"))
+        rows.append(("paired with", f"{event_label(b, code, text)} in b "
+                                    f"(by {text(f.get('paired_by'))})"))
     shapes = ", ".join(f"{d}{list(s)}" for d, s in zip(a.get("dtypes") or [], a.get("shapes") or []))
     rows.append(("outputs", code(shapes or "-")))
     word = {True: strong("introduced here"), False: "inherited", None: "unknown"}[f.get("inputs_match")]
     rows.append(("inputs", f"{word}: {text(f.get('inputs_reason') or '')}"))
     if f.get("call"):
         c = f["call"]
-        rows.append(("inside compiled call", f"{code(c['op'])} (a #{c['a']}, b #{c['b']})"))
+        rows.append(("inside compiled call", f"{code(c['op'])} (a #{text(c['a'])}, b #{text(c['b'])})"))
     if f.get("note"):
         rows.append(("note", text(f["note"])))
     return rows
 
 
-def summary(data):
-    """One paragraph (Markdown inline syntax: backticks only)."""
+def summary(data, code=md_code, text=md_text):
+    """One paragraph; trace strings rendered by `code` and `text` (Markdown inline
+    syntax by default)."""
     a, b = data["traces"]["a"], data["traces"]["b"]
-    script = a.get("script") or "the script"
+    script = code(a.get("script")) if a.get("script") else "the script"
     script_b = b.get("script")
-    runs = (f"Two runs of `{script}`" if not script_b or script_b == script else
-            f"A run of `{script}` and a run of `{script_b}`")
+    runs = (f"Two runs of {script}" if not script_b or script_b == a.get("script") else
+            f"A run of {script} and a run of {code(script_b)}")
     hosts = ""
     if a.get("hostname") and b.get("hostname") and a["hostname"] != b["hostname"]:
-        hosts = f" (on `{a['hostname']}` and `{b['hostname']}`)"
+        hosts = f" (on {code(a['hostname'])} and {code(b['hostname'])})"
     f, _ = culprit(data)
     tol = data.get("tolerance") or {}
     tol_txt = ("the per-dtype default tolerances" if tol.get("rtol") is None and tol.get("atol") is None
@@ -125,7 +133,8 @@ def summary(data):
     if data["verdict"] == "diverged":
         e, m = f["a"], f.get("metrics") or {}
         out.append(f"{runs}{hosts} diverge beyond {tol_txt}. The first operation whose outputs "
-                   f"differ beyond tolerance is the {event_label(e)} at {where(e)}: max relative "
+                   f"differ beyond tolerance is the {event_label(e, code, text)} at "
+                   f"{where(e, code)}: max relative "
                    f"difference {fmt(m.get('max_rel'))}, max ULP {fmt(m.get('max_ulp'))}, "
                    f"{fmt_pct(m.get('beyond_tolerance_fraction'))} of its elements beyond tolerance.")
         if f.get("inputs_match") is True:
@@ -136,19 +145,21 @@ def summary(data):
         fd = data.get("first_difference")
         if fd and fd["a"].get("index") != e.get("index"):
             out.append(f"The first bitwise difference comes earlier, at the "
-                       f"{event_label(fd['a'])} ({where(fd['a'])}), within tolerance.")
+                       f"{event_label(fd['a'], code, text)} ({where(fd['a'], code)}), within "
+                       f"tolerance.")
     elif data.get("first_difference"):
         fd = data["first_difference"]
         m = fd.get("metrics") or {}
         out.append(f"{runs}{hosts} agree within {tol_txt}, but not bitwise: the first bitwise "
-                   f"difference is at the {event_label(fd['a'])} ({where(fd['a'])}), max relative "
+                   f"difference is at the {event_label(fd['a'], code, text)} "
+                   f"({where(fd['a'], code)}), max relative "
                    f"difference {fmt(m.get('max_rel'))}, max ULP {fmt(m.get('max_ulp'))}.")
     else:
         out.append(f"{runs}{hosts} are bitwise identical in every compared value.")
     ex = data.get("explain")
     if isinstance(ex, dict) and ex.get("event"):
-        out.append(f"The replay analysis names `{ex['event']}` as the origin"
-                   f"{' (' + ex['verdict'].split(';')[0] + ')' if ex.get('verdict') else ''}.")
+        verdict = f" ({text(str(ex['verdict']).split(';')[0])})" if ex.get("verdict") else ""
+        out.append(f"The replay analysis names {code(ex['event'])} as the origin{verdict}.")
     steps = [s for s in data.get("optimizer_steps") or [] if not s.get("bitwise_equal")]
     if steps:
         last = data["optimizer_steps"][-1]
@@ -157,7 +168,7 @@ def summary(data):
                    f"relative difference is {fmt(last.get('max_rel'))}.")
     env = data.get("env_diff") or []
     if env:
-        keys = ", ".join(f"`{d['key']}`" for d in env[:4]) + (" ..." if len(env) > 4 else "")
+        keys = ", ".join(code(d["key"]) for d in env[:4]) + (" ..." if len(env) > 4 else "")
         out.append(f"The environments differ in {len(env)} "
                    f"{'entry' if len(env) == 1 else 'entries'} ({keys}).")
     else:
@@ -262,33 +273,38 @@ ROLE_WORDS = {"origin": "origin", "first_beyond_tolerance": "first beyond tolera
               "last": "last differing event"}
 
 
-def chain_items(chain):
-    """Lines (Markdown inline syntax) for the chain from origin to outputs: one per hop
-    (`op` (event #i, step s, source) max rel R, x amplification, role), or a placeholder
-    text such as "... 12 more hops"."""
+_MORE_HOPS = re.compile(r"\.\.\. \d+ more hops")
+
+
+def chain_items(chain, code=md_code, text=md_text, strong=lambda s: f"**{s}**"):
+    """Lines for the chain from origin to outputs, trace strings rendered by `code` and
+    `text` (Markdown inline syntax by default): one per hop (`op` (event #i, step s,
+    source) max rel R, x amplification, role), or a placeholder such as "... 12 more hops"."""
     out = []
     for link in chain if isinstance(chain, list) else []:
         if not isinstance(link, dict):
-            out.append(str(link))
+            s = str(link)
+            out.append(s if _MORE_HOPS.fullmatch(s) else text(s))
             continue
         e = link.get("a") if isinstance(link.get("a"), dict) else link
         m = link.get("metrics") or {}
-        text = (f"`{e.get('op', '?')}` (event #{e.get('index')}, step {e.get('step')}"
-                f"{', `' + e['source'] + '`' if e.get('source') else ''})")
+        line = (f"{code(e.get('op', '?'))} (event #{text(e.get('index'))}, step "
+                f"{text(e.get('step'))}{', ' + code(e['source']) if e.get('source') else ''})")
         if m.get("max_rel") is not None:
-            text += f" max rel {fmt(m.get('max_rel'))}"
+            line += f" max rel {fmt(m.get('max_rel'))}"
         amp = link.get("amplification")
         if isinstance(amp, (int, float)) and not isinstance(amp, bool) and math.isfinite(amp):
-            text += f", amplified x{fmt(float(amp))}"
+            line += f", amplified x{fmt(float(amp))}"
         roles = [ROLE_WORDS.get(r, r) for r in str(link.get("role") or "").split(",") if r]
         if roles:
-            text += f" — **{', '.join(roles)}**"
-        out.append(text)
+            line += f" — {strong(text(', '.join(roles)))}"
+        out.append(line)
     return out
 
 
 def explain_parts(explain):
-    """(headline, summary or None, [(key, value text)]) of the replay verdict."""
+    """(headline, summary or None, [(key, value text)]) of the replay verdict, as plain
+    strings: they quote trace strings, so the renderer escapes them."""
     if not isinstance(explain, dict):
         return str(explain), None, []
     head = explain.get("verdict") or explain.get("summary") or ""

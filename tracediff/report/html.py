@@ -5,15 +5,18 @@ The page holds the same sections as the Markdown report, plus two inline SVG plo
 outputs) of every aligned event along the run, with the culprit and the first bitwise
 difference marked, and the same per optimizer step. Tables (environment, optimizer
 steps, differing events) can be searched with a few lines of vanilla JavaScript.
+
+Every string from a trace goes through `e` (HTML-escaped, control characters shown as
+text) or `code`; the shared helpers of `common` get these as their renderers.
 """
 
 import html
 import math
 import os
-import re
 
 import numpy as np
 
+from ..untrusted import printable
 from .common import (GITHUB_ATTACH_LIMIT, chain_items, culprit, event_label, explain_parts,
                      finding_rows, fmt, fmt_bytes, fmt_pct, summary)
 
@@ -65,16 +68,19 @@ document.querySelectorAll('input.search').forEach(function(box){
 
 
 def e(x):
-    return html.escape(str(x), quote=True)
+    """Text (maybe from a trace) as HTML text or attribute value: control characters
+    shown as `\\xNN` (`untrusted.printable`, line breaks as spaces), markup escaped."""
+    return html.escape(printable(str(x).replace("\r\n", " ").replace("\n", " ")), quote=True)
 
 
-def _inline(text):
-    """Escape, then turn `code` spans (Markdown inline syntax of `summary`) into <code>."""
-    return re.sub(r"`([^`]*)`", r"<code>\1</code>", e(text))
+def code(x):
+    """A trace string as one <code> element."""
+    return f"<code>{e(x)}</code>"
 
 
-def _inline_bold(text):
-    return re.sub(r"\*\*([^*]*)\*\*", r"<b>\1</b>", _inline(text))
+def bold(rendered):
+    """Emphasis around text that is already HTML."""
+    return f"<b>{rendered}</b>"
 
 
 def _num(x):
@@ -280,8 +286,7 @@ def _finding(f, title, src=None):
     a, b = f["a"], f["b"]
     rows = [("event", f"#{a['index']} in a, #{b['index']} in b; step {e(a.get('step'))}, "
                       f"{e(a.get('phase', ''))}")]
-    rows += finding_rows(f, code=lambda x: f"<code>{e(x)}</code>", text=e,
-                         strong=lambda x: f"<b>{e(x)}</b>", label=_inline)
+    rows += finding_rows(f, code=code, text=e, strong=lambda x: bold(e(x)))
     m = f.get("metrics") or {}
     rows += [("max abs difference", e(fmt(m.get("max_abs")))),
              ("max relative difference", e(fmt(m.get("max_rel")))),
@@ -289,12 +294,12 @@ def _finding(f, title, src=None):
              ("elements that differ / beyond tolerance",
               f"{e(fmt_pct(m.get('mismatch_fraction')))} / {e(fmt_pct(m.get('beyond_tolerance_fraction')))}"),
              ("tolerance (rtol, atol)", f"{e(fmt(m.get('rtol')))}, {e(fmt(m.get('atol')))}")]
-    out = [f'<div class="card"><h3>{e(title)}: {_inline(event_label(a))}</h3>', _kv(rows)]
+    out = [f'<div class="card"><h3>{e(title)}: {event_label(a, code, e)}</h3>', _kv(rows)]
     if src:
         if src.get("found"):
             lines = []
             for no, text in src["lines"]:
-                line = f"{no:>5}  {e(text)}"
+                line = f"{no:>5}  {e(text.expandtabs())}"
                 lines.append(f'<span class="hl">{line}</span>' if no == src["line"] else line)
             out.append(f'<p class="muted">{e(src["file"])}</p><pre>' + "\n".join(lines) + "</pre>")
         else:
@@ -333,7 +338,7 @@ def render(data, profile=None):
             f'<p class="muted">exit code {data["exit_code"]} · tracediff '
             f'{e(data.get("tracediff_version", ""))} · a: <code>{e(a["path"])}</code> · '
             f'b: <code>{e(b["path"])}</code></p>',
-            f'<div class="card"><p>{_inline(summary(data))}</p></div>']
+            f'<div class="card"><p>{summary(data, code, e)}</p></div>']
     for w in data.get("warnings") or []:
         body.append(f'<p class="warn"><b>Warning:</b> {e(w)}</p>')
     if profile is not None:
@@ -364,7 +369,7 @@ def render(data, profile=None):
         body.append("</div>")
     if data.get("chain"):
         body.append('<h2>From origin to outputs</h2><div class="card"><ol>' +
-                    "".join(f"<li>{_inline_bold(t)}</li>" for t in chain_items(data["chain"])) +
+                    "".join(f"<li>{t}</li>" for t in chain_items(data["chain"], code, e, bold)) +
                     "</ol></div>")
     fd = data.get("first_difference")
     if fd and f is not None and fd["a"].get("index") != f["a"].get("index"):

@@ -6,11 +6,17 @@ metrics, per-value table, inputs, enclosing compiled call); the replay verdict a
 chain from origin to outputs when the result has them ("explain", "chain"); the first
 bitwise difference when it is another event; optimizer steps; environment diff; warnings;
 reproduction commands; the trace files to attach with their sizes.
+
+Every string from a trace is untrusted: it goes into the Markdown only through
+`untrusted.md_code` (a code span it cannot end; `|` escaped in table cells) or
+`untrusted.md_text` (Markdown and HTML syntax escaped), so a rendered report holds no raw
+HTML, link or table cell that the trace wrote, and no control character.
 """
 
 import os
 import re
 
+from ..untrusted import md_code, md_text, printable
 from .common import (GITHUB_ATTACH_LIMIT, chain_items, culprit, event_label, explain_parts,
                      finding_rows, fmt, fmt_bytes, fmt_pct, summary)
 
@@ -18,16 +24,29 @@ MAX_STEP_ROWS = 30
 MAX_ENV_ROWS = 60
 
 
-def _cell(x):
-    """Text safe inside a Markdown table cell."""
+CELL_LIMIT = 120
+
+
+def _plain(x):
     s = fmt(x) if not isinstance(x, str) else x
-    s = s.replace("|", "\\|").replace("\n", " ")
-    return s if len(s) <= 120 else s[:117] + "..."
+    return s.replace("\r\n", " ").replace("\n", " ")
+
+
+def _cell(x):
+    """Text (maybe from a trace) as one Markdown table cell or inline text, shown literally."""
+    return md_text(_plain(x), CELL_LIMIT)
 
 
 def _code(x):
-    s = _cell(x)
-    return f"`{s}`" if s and s != "-" else s
+    """A trace string as a code span that stays in its table cell; '-' for nothing."""
+    s = _plain(x)
+    return md_code(s, CELL_LIMIT, cell=True) if s and s != "-" else "-"
+
+
+def _fence(lines, least=3):
+    """A backtick fence longer than any backtick run in `lines`."""
+    runs = [len(r) for line in lines for r in re.findall("`+", line)]
+    return "`" * max(least, max(runs, default=0) + 1)
 
 
 def _table(header, rows):
@@ -51,27 +70,27 @@ def _finding(lines, f, title, ctx_source=None):
     a, b = f["a"], f["b"]
     lines += [f"## {title}", ""]
     lines.append(f"**{event_label(a)}** — event #{a['index']} in a, #{b['index']} in b, step "
-                 f"{a.get('step')}, {a.get('phase', '')}")
+                 f"{md_text(a.get('step'))}, {md_text(a.get('phase', ''))}")
     lines.append("")
-    rows = finding_rows(f, code=_code, text=_cell, strong=lambda x: f"**{x}**", label=_cell)
+    rows = finding_rows(f, code=_code, text=_cell, strong=lambda x: f"**{x}**")
     lines += _table(["", ""], [(k, v) for k, v in rows])
     lines.append("")
     if ctx_source:
         if ctx_source.get("found"):
             width = len(str(ctx_source["lines"][-1][0]))
-            lines.append(f"Source (`{ctx_source['file']}`):")
+            lines.append(f"Source ({md_code(ctx_source['file'])}):")
             lines.append("")
-            runs = [len(r) for _, t in ctx_source["lines"] for r in re.findall("`+", t)]
-            fence = "`" * max(3, max(runs, default=0) + 1)
+            code = [printable(t.expandtabs()) for _, t in ctx_source["lines"]]
+            fence = _fence(code)
             lines.append(f"{fence}python")
-            for no, text in ctx_source["lines"]:
+            for (no, _), text in zip(ctx_source["lines"], code):
                 mark = ">" if no == ctx_source["line"] else " "
                 lines.append(f"{mark}{no:>{width}}  {text}")
             lines.append(fence)
             lines.append("")
         else:
-            lines += [f"Source: `{ctx_source['file']}:{ctx_source['line']}` (the file is not "
-                      f"on this machine)", ""]
+            src = f"{ctx_source['file']}:{ctx_source['line']}"
+            lines += [f"Source: {md_code(src)} (the file is not on this machine)", ""]
     m = f.get("metrics") or {}
     lines += _table(["metric", "value"], _metrics_rows(m))
     lines.append("")
@@ -95,10 +114,10 @@ def _explain(lines, explain):
     """The replay verdict (`locate`'s "explain" field)."""
     head, summ, rows = explain_parts(explain)
     lines += ["## Replay verdict", ""]
-    if head:
-        lines += [f"**{head.strip()}**", ""]
+    if head.strip():
+        lines += [f"**{md_text(head.strip())}**", ""]
     if summ:
-        lines += [summ, ""]
+        lines += [md_text(summ), ""]
     if rows:
         lines += _table(["", ""], [(_cell(k), _cell(v)) for k, v in rows])
         lines.append("")
@@ -122,7 +141,7 @@ def render(data):
                else f"rtol {fmt(tol.get('rtol'))}, atol {fmt(tol.get('atol'))}")
     lines += [f"{verdict} — {tol_txt}; tracediff {data.get('tracediff_version', '')}", ""]
     for w in data.get("warnings") or []:
-        lines.append(f"> **Warning:** {w}")
+        lines.append(f"> **Warning:** {md_text(w)}")
     if data.get("warnings"):
         lines.append("")
     f, title = culprit(data)
@@ -179,16 +198,19 @@ def render(data):
     lines.append("")
     cmds = ctx.get("commands")
     if cmds:
-        lines += ["## Reproduce", "", "```sh"] + cmds + ["```", ""]
+        cmds = [printable(c) for c in cmds]
+        fence = _fence(cmds)
+        lines += ["## Reproduce", "", f"{fence}sh"] + cmds + [fence, ""]
     if ctx.get("traces"):
         lines += ["## Traces to attach", ""]
         for side in ("a", "b"):
             t = data["traces"][side]
             c = ctx["traces"][side]
             state = "" if t.get("complete") else " — **truncated** (the recording did not finish)"
-            lines.append(f"- {side}: `{os.path.basename(t['path'])}` — {fmt_bytes(c.get('size'))}, "
-                         f"{fmt(t.get('events'))} events, recorded {t.get('created') or '?'} on "
-                         f"`{t.get('hostname') or '?'}`{state}")
+            lines.append(f"- {side}: {md_code(os.path.basename(t['path']))} — "
+                         f"{fmt_bytes(c.get('size'))}, {md_text(fmt(t.get('events')))} events, "
+                         f"recorded {md_code(t.get('created') or '?')} on "
+                         f"{md_code(t.get('hostname') or '?')}{state}")
         if not ctx.get("attach_ok", True):
             lines.append(f"\nA trace is larger than GitHub's {fmt_bytes(GITHUB_ATTACH_LIMIT)} "
                          f"attachment limit: compress it (`gzip -9`, HDF5 compresses well) or "

@@ -1,13 +1,21 @@
-"""`tracediff info` and `tracediff show`: a trace's summary and one event in detail."""
+"""`tracediff info` and `tracediff show`: a trace's summary and one event in detail.
+
+Printed as rich markup: every value from the trace (op names, name stacks, sources,
+manifest fields) goes through `untrusted.markup` (table cells: plain `Text` of
+`untrusted.printable`), so it is shown as typed and no escape sequence or markup from a
+trace reaches the terminal.
+"""
 
 import collections
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ..trace import schema
 from ..trace.values import as_float64
+from ..untrusted import markup, printable
 
 
 def trace_summary(t):
@@ -68,49 +76,56 @@ def event_detail(t, eid):
 
 
 def print_summary(s, console=None):
-    console = console or Console()
+    console = console or Console(emoji=False)
     m = s["manifest"]
-    pk = m.get("packages", {})
-    console.print(f"[bold]{s['path']}[/]  schema v{s['schema_version']}"
+    pk = m.get("packages") or {}
+    end = m.get("end") or {}
+    script = m.get("script") or {}
+    console.print(f"[bold]{markup(s['path'])}[/]  schema v{s['schema_version']}"
                   f"{'' if s['complete'] else '  [red]TRUNCATED (recording did not finish)[/]'}")
-    script = m.get("script", {})
-    console.print(f"script: {script.get('name', '?')}  sha256 {script.get('sha256', '?')[:12]}  "
-                  f"ended: {m.get('end', {}).get('status', '?')} (exit {m.get('end', {}).get('exit_code', '?')})")
-    console.print(f"recorded {m.get('created', '?')} on {m.get('hostname', '?')}: "
-                  f"{m.get('os', {}).get('platform', '?')}, {m.get('cpu', {}).get('model', '?')}")
-    console.print("packages: " + ", ".join(f"{k} {v}" for k, v in sorted(pk.items())))
-    console.print(f"recording: {m.get('recording', {})}")
+    console.print(f"script: {markup(script.get('name', '?'))}  sha256 "
+                  f"{markup(str(script.get('sha256', '?'))[:12])}  ended: "
+                  f"{markup(end.get('status', '?'))} (exit {markup(end.get('exit_code', '?'))})")
+    console.print(f"recorded {markup(m.get('created', '?'))} on {markup(m.get('hostname', '?'))}: "
+                  f"{markup((m.get('os') or {}).get('platform', '?'))}, "
+                  f"{markup((m.get('cpu') or {}).get('model', '?'))}")
+    console.print("packages: " + ", ".join(markup(f"{k} {v}") for k, v in sorted(pk.items())))
+    console.print(f"recording: {markup(m.get('recording') or {})}")
     console.print(f"events: {s['events']}  values: {s['values']}  bytes: {s['bytes']:,}  "
-                  f"optimizer steps: {s['optimizer_steps']}  kinds: {s['kinds']}")
+                  f"optimizer steps: {s['optimizer_steps']}  kinds: {markup(s['kinds'])}")
     table = Table(title="operations (most frequent first)")
     for col in ("framework", "op", "count"):
         table.add_column(col, justify="right" if col == "count" else "left")
     for row in s["operations"][:40]:
-        table.add_row(row["framework"], row["op"], str(row["count"]))
+        table.add_row(Text(printable(row["framework"])), Text(printable(row["op"])),
+                      str(row["count"]))
     console.print(table)
     if len(s["operations"]) > 40:
         console.print(f"... and {len(s['operations']) - 40} more (--json for all)")
 
 
 def print_event(d, console=None):
-    console = console or Console()
-    console.print(f"[bold]event {d['index']}[/]: {d['framework']} {d['kind']} [bold]{d['op']}[/] "
-                  f"({d['phase']}, values from {d['origin'] or '-'})")
+    console = console or Console(emoji=False)
+    console.print(f"[bold]event {d['index']}[/]: {markup(d['framework'])} {markup(d['kind'])} "
+                  f"[bold]{markup(d['op'])}[/] ({markup(d['phase'])}, values from "
+                  f"{markup(d['origin'] or '-')})")
     for key in ("name_stack", "source", "node", "params"):
         if d[key]:
-            console.print(f"  {key}: {d[key]}")
+            console.print(f"  {key}: {markup(d[key])}")
     console.print(f"  step {d['step']}  call {d['call']}  parent {d['parent']}  iter {d['iter']}")
     for i in d["inputs"]:
-        console.print(f"  input {i['slot']} <- event {i['producer']}[{i['producer_slot']}] {i['producer_op'] or ''}")
+        console.print(f"  input {i['slot']} <- event {i['producer']}[{i['producer_slot']}] "
+                      f"{markup(i['producer_op'] or '')}")
     for v in d["values"]:
-        head = f"  {v['role']} {v['slot']}{' ' + v['name'] if v['name'] else ''}: {v['dtype']}{v['shape']}"
+        head = (f"  {v['role']} {v['slot']}{' ' + markup(v['name']) if v['name'] else ''}: "
+                f"{markup(str(v['dtype']) + str(v['shape']))}")
         if v["uninitialized"]:
             head += " (uninitialised memory, not compared)"
         elif not v["stored"]:
             head += " (not stored)"
-        console.print(head + f" hash {v['hash']}")
+        console.print(head + f" hash {markup(v['hash'])}")
         stats = {k: v[k] for k in ("min", "max", "mean", "nan", "inf") if k in v}
         if stats:
-            console.print(f"    {stats}")
+            console.print(f"    {markup(stats)}")
         if "values" in v:
-            console.print(f"    {v['values']}")
+            console.print(f"    {markup(v['values'])}")

@@ -5,13 +5,16 @@ lines, per-output metrics, the optimizer-step table, every environment differenc
 the alignment gaps. The replay verdict ("explain") and the chain from origin to outputs
 ("chain") are printed when the result carries them. rich honours NO_COLOR and
 non-terminal output on its own.
+
+The output is rich markup: every string that comes from a trace (or a file name) goes
+through `untrusted.markup`, so it is shown as typed, with control characters as `\\xNN`:
+no terminal escape, hyperlink or markup from a trace reaches the terminal.
 """
 
 import re
 
 from rich.console import Console
-from rich.markup import escape
-
+from ..untrusted import markup
 from .json_report import next_steps
 
 MAX_ENV = 15
@@ -36,29 +39,30 @@ def _fmt(x):
 
 
 def _where(e):
-    parts = [f"{e['framework']} {e['kind']} [bold]{escape(e['op'])}[/]"]
+    parts = [f"{markup(e['framework'])} {markup(e['kind'])} [bold]{markup(e['op'])}[/]"]
     if e.get("phase") and e["kind"] == "op":
-        parts.append(f"({e['phase']}{', ' + escape(e['node']) if e.get('node') else ''})")
-    parts.append(f"step {e['step']}")
+        parts.append(f"({markup(e['phase'])}{', ' + markup(e['node']) if e.get('node') else ''})")
+    parts.append(f"step {markup(e['step'])}")
     return " ".join(parts)
 
 
 def _shapes(e):
-    return ", ".join(f"{d}{s}" for d, s in zip(e.get("dtypes", []), e.get("shapes", []))) or "-"
+    return markup(", ".join(f"{d}{s}" for d, s in zip(e.get("dtypes", []), e.get("shapes", [])))
+                  or "-")
 
 
 def _finding(console, title, f, a_name, b_name, verbose=False, manifest=None):
     console.print(f"[bold]{title}[/]: {_where(f.a)}  (a #{f.a['index']}, b #{f.b['index']}"
-                  f"{', ' + f.origin if f.origin else ''})")
+                  f"{', ' + markup(f.origin) if f.origin else ''})")
     if f.a.get("name_stack") or f.b.get("name_stack"):
-        ns = escape(f.a.get("name_stack") or "-")
+        ns = markup(f.a.get("name_stack") or "-")
         if f.b.get("name_stack") and f.b["name_stack"] != f.a.get("name_stack"):
-            ns += f"  |  b: {escape(f.b['name_stack'])}"
+            ns += f"  |  b: {markup(f.b['name_stack'])}"
         console.print(f"  name stack: {ns}")
     if f.a.get("source") or f.b.get("source"):
-        src = escape(f.a.get("source") or "-")
+        src = markup(f.a.get("source") or "-")
         if f.b.get("source") and f.b["source"] != f.a.get("source"):
-            src += f"  |  b: {escape(f.b['source'])}"
+            src += f"  |  b: {markup(f.b['source'])}"
         console.print(f"  source: {src}")
         if verbose and f.a.get("source"):
             from .common import source_context
@@ -66,9 +70,9 @@ def _finding(console, title, f, a_name, b_name, verbose=False, manifest=None):
             ctx = source_context(manifest, f.a["source"])
             for no, text in (ctx or {}).get("lines", []):
                 mark = "[bold red]>[/]" if no == ctx["line"] else " "
-                console.print(f"    {mark}{no:>5}  {escape(text)}")
+                console.print(f"    {mark}{no:>5}  {markup(text.expandtabs())}")
     if f.b["op"] != f.a["op"] or f.b["framework"] != f.a["framework"]:
-        console.print(f"  paired with b: {_where(f.b)} (by {f.pair_by})")
+        console.print(f"  paired with b: {_where(f.b)} (by {markup(f.pair_by)})")
     console.print(f"  outputs: a {_shapes(f.a)}   b {_shapes(f.b)}")
     m = f.metrics or {}
     if m:
@@ -83,22 +87,22 @@ def _finding(console, title, f, a_name, b_name, verbose=False, manifest=None):
             desc = v.get("a") or v.get("b") or {}
             state = ("not compared" if not v.get("compared") else "equal" if vm.get("bitwise_equal")
                      else f"max rel {_fmt(vm.get('max_rel'))}, max ulp {_fmt(vm.get('max_ulp'))}")
-            console.print(f"    output {escape(str(v['key']))} {desc.get('dtype')}{desc.get('shape')}: "
-                          f"{state}")
+            console.print(f"    output {markup(v['key'])} "
+                          f"{markup(str(desc.get('dtype')) + str(desc.get('shape')))}: {markup(state)}")
     if f.inputs_match is True:
-        console.print(f"  [bold]introduced here[/]: {escape(f.inputs_reason)}")
+        console.print(f"  [bold]introduced here[/]: {markup(f.inputs_reason)}")
     elif f.inputs_match is False:
-        console.print(f"  inherited: {escape(f.inputs_reason)}")
+        console.print(f"  inherited: {markup(f.inputs_reason)}")
     else:
-        console.print(f"  inputs unknown: {escape(f.inputs_reason)}")
+        console.print(f"  inputs unknown: {markup(f.inputs_reason)}")
     if f.call:
-        console.print(f"  inside compiled call {escape(f.call['op'])} (a #{f.call['a']}, b #{f.call['b']})")
+        console.print(f"  inside compiled call {markup(f.call['op'])} (a #{f.call['a']}, b #{f.call['b']})")
     if f.note:
-        console.print(f"  note: {escape(f.note)}")
+        console.print(f"  note: {markup(f.note)}")
 
 
 def print_locate(r, console=None, verbose=False):
-    console = console or Console(highlight=False, soft_wrap=True)
+    console = console or Console(highlight=False, soft_wrap=True, emoji=False)
     manifest_a = _manifest(r.path_a) if verbose else None
     a, b = r.traces["a"], r.traces["b"]
     if r.verdict == "match":
@@ -107,7 +111,7 @@ def print_locate(r, console=None, verbose=False):
             head += " (but bitwise differences exist)"
     else:
         head = "[bold red]DIVERGED[/]"
-    console.print(f"{head}   a={escape(a['path'])}  b={escape(b['path'])}")
+    console.print(f"{head}   a={markup(a['path'])}  b={markup(b['path'])}")
     tol = r.tolerance
     tol_txt = ("per-dtype defaults" if tol.get("rtol") is None and tol.get("atol") is None else
                f"rtol {tol.get('rtol') if tol.get('rtol') is not None else 'default'}, "
@@ -127,8 +131,8 @@ def print_locate(r, console=None, verbose=False):
             word = {True: "introduced here", False: "inherited"}.get(fd.inputs_match, "inputs unknown")
             console.print(f"[bold]first bitwise difference[/] (earlier, within tolerance): "
                           f"{_where(fd.a)}  (a #{fd.a['index']}, b #{fd.b['index']}"
-                          f"{', ' + fd.origin if fd.origin else ''})"
-                          f"{'  ' + escape(fd.a['source']) if fd.a.get('source') else ''}; "
+                          f"{', ' + markup(fd.origin) if fd.origin else ''})"
+                          f"{'  ' + markup(fd.a['source']) if fd.a.get('source') else ''}; "
                           f"max ulp {_fmt(m.get('max_ulp'))}, {word}  [dim](-v for details)[/]")
         else:
             _finding(console, "first bitwise difference", fd, a, b, verbose, manifest_a)
@@ -145,16 +149,17 @@ def print_locate(r, console=None, verbose=False):
                   f"{'; ' + str(al['fallback_regions']) + ' regions aligned by fallback' if al.get('fallback_regions') else ''}")
     if verbose and r.gaps:
         for g in r.gaps[:20]:
-            console.print(f"  gap: {escape(str(g))}")
+            console.print(f"  gap: {markup(str(g))}")
     if r.mapping:
         by = {}
         for m in r.mapping:
             by[m["by"]] = by.get(m["by"], 0) + 1
-        console.print("pairs matched by: " + ", ".join(f"{k} {v}" for k, v in sorted(by.items())))
+        console.print("pairs matched by: " + ", ".join(f"{markup(k)} {v}" for k, v in sorted(by.items())))
         for m in r.mapping[:MAX_PAIRS]:
-            console.print(f"  a #{m['a']} {escape(m['a_op'])} [{escape(m['a_name_stack'] or '-')}] <-> "
-                          f"b #{m['b']} {escape(m['b_op'])} [{escape(m['b_name_stack'] or '-')}]  "
-                          f"({m['family']}, by {m['by']})")
+            a_ns, b_ns = m["a_name_stack"] or "-", m["b_name_stack"] or "-"
+            console.print(f"  a #{m['a']} {markup(m['a_op'])} {markup(f'[{a_ns}]')} <-> "
+                          f"b #{m['b']} {markup(m['b_op'])} {markup(f'[{b_ns}]')}  "
+                          f"({markup(m['family'])}, by {markup(m['by'])})")
         if len(r.mapping) > MAX_PAIRS:
             console.print(f"  ... {len(r.mapping) - MAX_PAIRS} more pairs (--json for all)")
     if r.optimizer_steps:
@@ -165,7 +170,7 @@ def print_locate(r, console=None, verbose=False):
             console.print(f"optimizer steps: {r.optimizer_steps_total} compared; parameters first "
                           f"differ in the "
                           f"snapshot of step {s0['step']} (max rel {_fmt(s0['max_rel'])} in "
-                          f"{escape(str(s0['worst']))}); last step {last['step']}: max rel "
+                          f"{markup(str(s0['worst']))}); last step {last['step']}: max rel "
                           f"{_fmt(last['max_rel'])}")
         else:
             console.print(f"optimizer steps: {r.optimizer_steps_total} compared, parameters "
@@ -174,13 +179,13 @@ def print_locate(r, console=None, verbose=False):
             for s in r.optimizer_steps:
                 console.print(f"  step {s['step']:>5}  "
                               f"{'equal' if s['bitwise_equal'] else 'max rel ' + _fmt(s['max_rel'])}"
-                              f"{'' if s['bitwise_equal'] else '  in ' + escape(str(s['worst']))}")
+                              f"{'' if s['bitwise_equal'] else '  in ' + markup(str(s['worst']))}")
     if r.env_diff:
         console.print("environment differences (a -> b):")
         limit = len(r.env_diff) if verbose else MAX_ENV_SHORT
         for e in r.env_diff[:limit]:
-            console.print(f"  {e['category']:<12} {escape(e['key'])}: {escape(_fmt_env(e['a']))} -> "
-                          f"{escape(_fmt_env(e['b']))}")
+            console.print(f"  {markup(e['category']):<12} {markup(e['key'])}: {_fmt_env(e['a'])} -> "
+                          f"{_fmt_env(e['b'])}")
         if len(r.env_diff) > limit:
             console.print(f"  ... {len(r.env_diff) - limit} more (--verbose or --json for all)")
     else:
@@ -189,12 +194,12 @@ def print_locate(r, console=None, verbose=False):
     if steps:
         console.print("next steps:")
         for s in steps:
-            console.print(f"  {escape(s)}")
+            console.print(f"  {markup(s)}")
 
 
 def _fmt_env(v):
-    s = "(unset)" if v is None else str(v)
-    return s if len(s) <= 80 else s[:77] + "..."
+    """An environment value as markup, one line of at most 80 characters."""
+    return markup("(unset)" if v is None else v, limit=80)
 
 
 def _manifest(path):
@@ -212,7 +217,7 @@ def _extras(console, r, verbose=False):
     explain = getattr(r, "explain", None)
     if explain:
         head = explain.get("verdict") or explain.get("summary") if isinstance(explain, dict) else explain
-        console.print(f"[bold]replay verdict[/]: {escape(str(head))}")
+        console.print(f"[bold]replay verdict[/]: {markup(str(head))}")
     chain = getattr(r, "chain", None)
     if chain:
         # short: the hops with a role (origin, first beyond tolerance, last), the others
@@ -233,7 +238,7 @@ def _extras(console, r, verbose=False):
             if skipped:
                 shown.append(f"({skipped} hops)")
                 skipped = 0
-            shown.append(f"{e.get('op')} #{e.get('index')}")
+            shown.append(f"{e.get('op')} #{e.get('index')}")  # escaped below
         if skipped:
             shown.append(f"({skipped} hops)")
-        console.print("chain: " + " [dim]->[/] ".join(escape(n) for n in shown))
+        console.print("chain: " + " [dim]->[/] ".join(markup(n) for n in shown))
