@@ -23,7 +23,11 @@ import shlex
 # separators; zero-width and BOM characters that hide text.
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
 _SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>])")
+# Inline Markdown syntax: emphasis, code, links/images (their `[`), tables, strikethrough,
+# headings. `(` only matters after `]` (escaped) and `-`, `+`, `.`, `)`, `=` only where the
+# text starts (_MD_LEADING), so elsewhere they stay as written and the raw file readable.
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]|~#])")
+_MD_LEADING = re.compile(r"^(\s*\d*)([-+=.)])")
 
 
 def _escape_char(m):
@@ -64,7 +68,9 @@ def md_text(s, limit=None):
     """`s` as Markdown text that renders as itself: HTML and Markdown syntax escaped."""
     s = printable(s, limit)
     s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return _MD_SPECIAL.sub(r"\\\1", s)
+    s = _MD_SPECIAL.sub(r"\\\1", s)
+    # a list marker or setext underline where the text starts (`- x`, `1. x`, `===`)
+    return _MD_LEADING.sub(r"\1\\\2", s, count=1)
 
 
 def shell_word(s):
