@@ -77,12 +77,12 @@ class Prober:
             return v.val if isinstance(v, Literal) else env[v]
 
         for eqn in jaxpr.eqns:
-            site = self.capture._site(eqn)
+            site = self.capture.site(eqn)
             if site.mode == "skip":
                 continue
             ins = [read(v) for v in eqn.invars]
             outs = self._walk(site.sub, ins, found) if site.mode == "call" else \
-                self.capture._bind(eqn, ins)
+                self.capture.bind(eqn, ins)
             found.extend(outs)
             for v, x in zip(eqn.outvars, outs):
                 if type(v).__name__ != "DropVar":
@@ -111,7 +111,7 @@ class Prober:
         rest = iter(found)
         self._emit(closed, list(refs), pid, pid, ns, source, rest)
         for slot, x in enumerate(outs):
-            cap._store(pid, slot, x)
+            cap.store(pid, slot, x)
         return outs
 
     def check(self, name, outs, compiled):
@@ -128,25 +128,25 @@ class Prober:
 
         cap = self.capture
         jaxpr = closed.jaxpr
-        env = {v: cap._producer(c, "constant") for v, c in zip(jaxpr.constvars, closed.consts)}
+        env = {v: cap.producer(c, "constant") for v, c in zip(jaxpr.constvars, closed.consts)}
         env.update(zip(jaxpr.invars, refs))
 
         def read(v):
             return (schema.PRODUCER_LITERAL, 0) if isinstance(v, Literal) else env[v]
 
         for eqn in jaxpr.eqns:
-            site = cap._site(eqn)
+            site = cap.site(eqn)
             if site.mode == "skip":
                 continue
             irefs = [read(v) for v in eqn.invars]
-            eid, ns, src = cap._eqn_event(site, irefs, prefix, source, call_id, parent, -1,
+            eid, ns, src = cap.eqn_event(site, irefs, prefix, source, call_id, parent, -1,
                                           schema.ORIGIN_PROBE)
             self.equations += 1
             if site.mode == "call":
                 self._emit(site.sub, irefs, call_id, eid, ns, src, rest)
             keep = not cap.filtered or cap.opts.selected(site.op, ns)
             for slot, v in enumerate(eqn.outvars):
-                cap._store(eid, slot, next(rest), store=keep)
+                cap.store(eid, slot, next(rest), store=keep)
                 if type(v).__name__ != "DropVar":
                     env[v] = (eid, slot)
 

@@ -12,8 +12,15 @@ identical to an unrecorded run because nothing replayed is ever returned to it.
 Hooks (private, see jax_internals): `pjit._pjit_call_impl_python` sees every concrete
 jit call; `EvalTrace.process_primitive` sees eager primitives; `_get_fastpath_data`
 returns None for intercepted calls so C++ dispatch does not hide calls 2..N.
+
+Emitter API (public methods, used by jax_probe and optax_tags as by the recorder itself):
+`site(eqn)` (cached per-equation metadata), `bind(eqn, vals)` (run one equation),
+`producer(x)` (the event that made an array), `eqn_event(...)` (write one equation's
+event and input links), `store(eid, slot, x)` (write a value), `flush_optim()` (write
+the tagged optax values as one step) and `optax_update()` (bracket an optax update).
 """
 
+import contextlib
 import os
 import sys
 import threading
@@ -175,7 +182,7 @@ class JaxCapture(Capture):
         self._pjit._pjit_call_impl_python = self._orig["impl"]
         self._pjit._get_fastpath_data = self._orig["fast"]
         self._core.EvalTrace.process_primitive = self._orig["pp"]
-        self._flush_optim()
+        self.flush_optim()
         import jax
 
         jax.clear_caches()  # calls recorded without the C++ fast path get it back
@@ -247,10 +254,10 @@ class JaxCapture(Capture):
                     self.prober.check(name, probed, outs)
                 names = self._result_names(jaxpr, len(outs))
                 for slot, x in enumerate(outs):
-                    self._store(call_id, slot, x, name=names[slot])
+                    self.store(call_id, slot, x, name=names[slot])
                     self._register(x, call_id, slot)
                 if not _TL.optax_depth:  # a jit call inside an eager optax update is not its end
-                    self._flush_optim()
+                    self.flush_optim()
         finally:
             _TL.suppress -= 1
         _TL.intercepted = True
@@ -269,7 +276,7 @@ class JaxCapture(Capture):
         try:
             with self.session.lock:
                 if self._pending_optim and not _TL.optax_depth:  # eager optax tags since the
-                    self._flush_optim()                              # last call
+                    self.flush_optim()                              # last call
                 call_id = None
                 if record:
                     self.calls += 1
@@ -284,14 +291,14 @@ class JaxCapture(Capture):
                     for slot, x in enumerate(args):
                         ref = self._known_producer(x)
                         w.add_input(call_id, slot, *ref)
-                        self._store(call_id, slot, x, name=names[slot], role=schema.ROLE_IN,
+                        self.store(call_id, slot, x, name=names[slot], role=schema.ROLE_IN,
                                     store=self._arg_needs_bytes(ref))
                 result = orig(*args, jaxpr=jaxpr, **params)
                 if record:
                     outs = jax_internals.call_outputs(result)
                     names = self._result_names(jaxpr, len(outs))
                     for slot, x in enumerate(outs):
-                        self._store(call_id, slot, x, name=names[slot])
+                        self.store(call_id, slot, x, name=names[slot])
                         self._register(x, call_id, slot)
                 if self._has_optax(jaxpr):
                     self.step += 1
@@ -358,7 +365,7 @@ class JaxCapture(Capture):
     def _name_stack(self):
         return str(self._siu.current_name_stack())
 
-    def _producer(self, x, label="input"):
+    def producer(self, x, label="input"):
         """(event, slot) that produced array x; unseen arrays get an `input` snapshot event."""
         entry = self._producers.get(id(x))
         if entry is not None and entry[0]() is x:
@@ -369,7 +376,7 @@ class JaxCapture(Capture):
         eid = w.add_event(framework=schema.FW_JAX, kind=schema.KIND_INPUT, op="input",
                           origin=schema.ORIGIN_SNAPSHOT, params=label, name_stack=self._name_stack(),
                           source=self._live_source(), step=self.step)
-        self._store(eid, 0, x)
+        self.store(eid, 0, x)
         self._register(x, eid, 0)
         return eid, 0
 
@@ -381,7 +388,7 @@ class JaxCapture(Capture):
         if len(self._producers) > 200_000:  # drop dead entries now and then
             self._producers = {k: v for k, v in self._producers.items() if v[0]() is not None}
 
-    def _store(self, eid, slot, x, name=None, role=schema.ROLE_OUT, store=True):
+    def store(self, eid, slot, x, name=None, role=schema.ROLE_OUT, store=True):
         w = self.session.writer
         dtype = getattr(x, "dtype", None)
         if dtype is None:
@@ -408,7 +415,7 @@ class JaxCapture(Capture):
         self.calls += 1
         w = self.session.writer
         source = self._live_source()
-        refs = [self._producer(x, "argument") for x in args]
+        refs = [self.producer(x, "argument") for x in args]
         ns = self._name_stack()
         eid = w.add_event(framework=schema.FW_JAX, kind=schema.KIND_CALL, op=f"jit:{name}",
                           origin=schema.ORIGIN_COMPILED, name_stack=ns,
@@ -417,7 +424,7 @@ class JaxCapture(Capture):
         names = self._arg_names(jaxpr, len(args))
         for slot, (x, ref) in enumerate(zip(args, refs)):
             w.add_input(eid, slot, *ref)
-            self._store(eid, slot, x, name=names[slot], role=schema.ROLE_IN,
+            self.store(eid, slot, x, name=names[slot], role=schema.ROLE_IN,
                         store=self._arg_needs_bytes(ref))
         self._call_refs, self._call_source, self._call_ns = refs, source, ns
         return eid
@@ -447,7 +454,7 @@ class JaxCapture(Capture):
         w = self.session.writer
         if prim.name == "name" and str(params.get("name", "")).startswith(OPTAX_TAG):
             self._pending_optim[params["name"][len(OPTAX_TAG):]] = self._host(out)
-        refs = [self._producer(x) for x in args]
+        refs = [self.producer(x) for x in args]
         eid = w.add_event(framework=schema.FW_JAX, kind=schema.KIND_EAGER, op=prim.name,
                           origin=schema.ORIGIN_EAGER, params=_summarize_params(params),
                           name_stack=self._name_stack(), source=self._live_source(), step=self.step)
@@ -456,7 +463,7 @@ class JaxCapture(Capture):
         outs = out if prim.multiple_results else [out]
         keep = not self.filtered or self.opts.selected(prim.name, self._name_stack())
         for slot, x in enumerate(outs):
-            self._store(eid, slot, x, store=keep)
+            self.store(eid, slot, x, store=keep)
             self._register(x, eid, slot)
 
     @staticmethod
@@ -507,7 +514,7 @@ class JaxCapture(Capture):
             if len(fid["examples"]) < 5 and name not in fid["examples"]:
                 fid["examples"].append(name)
 
-    def _site(self, eqn):
+    def site(self, eqn):
         site = self._sites.get(id(eqn))
         if site is None or site.eqn is not eqn:
             site = self._sites[id(eqn)] = _Site(eqn, self.session)
@@ -519,7 +526,7 @@ class JaxCapture(Capture):
         jaxpr = closed.jaxpr
         env = {}
         for v, c in zip(jaxpr.constvars, closed.consts):
-            env[v] = (c, self._producer(c, "constant"))
+            env[v] = (c, self.producer(c, "constant"))
         for v, x, r in zip(jaxpr.invars, vals, refs):
             env[v] = (x, r)
 
@@ -529,13 +536,13 @@ class JaxCapture(Capture):
             return env[v]
 
         for eqn in jaxpr.eqns:
-            site = self._site(eqn)
+            site = self.site(eqn)
             if site.mode == "skip":
                 continue
             ins = [read(v) for v in eqn.invars]
             ivals = [a for a, _ in ins]
             irefs = [r for _, r in ins]
-            eid, ns, src = self._eqn_event(site, irefs, prefix, source, call_id, parent, it,
+            eid, ns, src = self.eqn_event(site, irefs, prefix, source, call_id, parent, it,
                                            schema.ORIGIN_REPLAY)
             self.eqns += 1
             mode = site.mode
@@ -549,17 +556,17 @@ class JaxCapture(Capture):
             elif mode == "while" and self.stepped:
                 outs = self._step_while(eqn, ivals, irefs, call_id, eid, ns, src)
             else:
-                outs = self._bind(eqn, ivals)
+                outs = self.bind(eqn, ivals)
             keep = not self.filtered or self.opts.selected(site.op, ns)
             for slot, (v, x) in enumerate(zip(eqn.outvars, outs)):
-                self._store(eid, slot, x, store=keep)
+                self.store(eid, slot, x, store=keep)
                 if site.op == "name" and str(eqn.params.get("name", "")).startswith(OPTAX_TAG):
                     self._pending_optim[eqn.params["name"][len(OPTAX_TAG):]] = self._host(x)
                 if type(v).__name__ != "DropVar":
                     env[v] = (x, (eid, slot))
         return [read(v)[0] for v in jaxpr.outvars], [read(v)[1] for v in jaxpr.outvars]
 
-    def _eqn_event(self, site, irefs, prefix, source, call_id, parent, it, origin):
+    def eqn_event(self, site, irefs, prefix, source, call_id, parent, it, origin):
         """Write the event of one equation (replayed or probed) and its input links;
         returns (event id, name stack, source)."""
         ns = f"{prefix}/{site.name_stack}" if prefix and site.name_stack else (prefix or site.name_stack)
@@ -575,7 +582,7 @@ class JaxCapture(Capture):
         return eid, ns, src
 
     @staticmethod
-    def _bind(eqn, vals):
+    def bind(eqn, vals):
         prim = eqn.primitive
         with eqn.ctx.manager:
             out = prim.bind(*vals, **jax_internals.bind_params(prim, eqn.params))
@@ -599,7 +606,7 @@ class JaxCapture(Capture):
         if p.get("reverse"):
             ys.reverse()
         n_ys = len(eqn.outvars) - ncarry
-        stacked = [jnp.stack([y[k] for y in ys]) if ys else self._bind(eqn, vals)[ncarry + k]
+        stacked = [jnp.stack([y[k] for y in ys]) if ys else self.bind(eqn, vals)[ncarry + k]
                    for k in range(n_ys)]
         return [*carry, *stacked]
 
@@ -619,7 +626,19 @@ class JaxCapture(Capture):
             i += 1
 
     # -- optimizer steps (optax) -------------------------------------------------------------
-    def _flush_optim(self):
+    @contextlib.contextmanager
+    def optax_update(self):
+        """Bracket one optax `update` call (optax_tags wraps every transformation's).
+        Yields True for the outermost update of an active session: the one whose grads,
+        params, updates and state are tagged as the optimizer step."""
+        outer = _TL.optax_depth == 0 and self.session is not None and self.session.active
+        _TL.optax_depth += 1
+        try:
+            yield outer
+        finally:
+            _TL.optax_depth -= 1
+
+    def flush_optim(self):
         """Write the optax values tagged during the last call (or eager update) as one step."""
         if not self._pending_optim or not self.session.active:
             return

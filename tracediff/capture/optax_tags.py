@@ -10,7 +10,7 @@ e.g. `grads/GRUCell_0/ir/kernel`, `state/mu/Dense_0/bias`, `state/count`.
 import jax
 from jax.ad_checkpoint import checkpoint_name
 
-from .jax_recorder import OPTAX_TAG, _TL
+from .jax_recorder import OPTAX_TAG
 
 
 def key_path(path, drop_indices=False):
@@ -59,22 +59,18 @@ def install(capture):
 
     def wrap_update(update):
         def update_fn(updates, state, params=None, *args, **kwargs):
-            outer = _TL.optax_depth == 0 and capture.session is not None and capture.session.active
-            if outer:
-                updates = tag(updates, "grads")
-                if params is not None:
-                    params = tag(params, "params")
-            _TL.optax_depth += 1
-            try:
+            with capture.optax_update() as outer:
+                if outer:
+                    updates = tag(updates, "grads")
+                    if params is not None:
+                        params = tag(params, "params")
                 new_updates, new_state = update(updates, state, params, *args, **kwargs)
-            finally:
-                _TL.optax_depth -= 1
             if outer:
                 new_updates = tag(new_updates, "updates")
                 new_state = tag(new_state, "state", drop_indices=True)
                 leaves = jax.tree_util.tree_leaves(new_updates)
                 if not any(isinstance(x, jax.core.Tracer) for x in leaves):
-                    capture._flush_optim()  # eager update: the step is complete now
+                    capture.flush_optim()  # eager update: the step is complete now
             return new_updates, new_state
 
         update_fn.__wrapped__ = update
