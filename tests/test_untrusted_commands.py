@@ -27,7 +27,7 @@ from tracediff.diff import levels, replay
 from tracediff.report.common import report_data
 from tracediff.report.json_report import next_steps
 
-from .helpers import FIXTURES, ROOT, record_many
+from .helpers import ROOT, record_many
 
 DOT = 1            # event 1 of torch_dot.py is aten::dot
 MUL = 2            # event 2 is aten::mul.Tensor (other=2)
