@@ -3,6 +3,7 @@
 Bad input: one line on stderr that says how to fix it, exit code 2.
 """
 
+import contextlib
 import functools
 import json
 import os
@@ -12,6 +13,7 @@ import click
 
 from ._version import __version__
 from .errors import TraceError
+from .shell import command
 from .untrusted import printable
 
 
@@ -46,11 +48,28 @@ def _guard(fn):
     return wrapper
 
 
+@contextlib.contextmanager
+def _stdout():
+    """Output to stdout that must reach it: a write or flush error (a full disk, EIO) is
+    one TraceError line, not an "unexpected" one, and not a second error at exit."""
+    try:
+        yield
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        try:   # what is still buffered goes nowhere at exit, instead of failing again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        raise TraceError(f"cannot write to standard output: {exc.strerror or exc}") from None
+
+
 def _one_line(exc):
-    """The error as one printable line: messages quote trace strings and file names,
-    which may hold terminal escapes (`untrusted.printable` shows them as text)."""
+    """The message of `exc` as one printable line (it may quote strings from a trace)."""
     lines = str(exc).strip().splitlines()
-    return printable(" ".join(line.strip() for line in lines), 500) if lines else type(exc).__name__
+    return printable(" ".join(line.strip() for line in lines), 500) if lines else \
+        type(exc).__name__
 
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -67,7 +86,7 @@ def _need_trace(path, what="trace"):
     """A clear error, with the fix, for a trace argument that is not there."""
     if not os.path.exists(path):
         raise TraceError(f"{path}: no such {what} file (record one with: "
-                         f"tracediff record -o {path} SCRIPT.py [ARGS...])")
+                         f"{command('tracediff', 'record', '-o', path)} SCRIPT.py [ARGS...])")
 
 
 def _tolerance_options(fn):
@@ -296,14 +315,16 @@ def show(trace, event, as_json, npy):
     if npy:
         if not arrays:
             raise TraceError(f"event {event} has no stored output value")
-        folder = os.path.dirname(os.path.abspath(npy))
-        if not os.access(folder, os.W_OK):
-            raise TraceError(f"cannot write {npy}")
-        np.save(npy, arrays[0], allow_pickle=False)
-    if as_json:
-        click.echo(json.dumps(detail, indent=2, default=str))
-    else:
-        print_event(detail)
+        try:
+            with open(npy, "wb") as fh:   # close() reports a full disk, e.g. /dev/full
+                np.save(fh, arrays[0], allow_pickle=False)
+        except OSError as exc:
+            raise TraceError(f"cannot write {npy}: {exc.strerror or exc}") from None
+    with _stdout():
+        if as_json:
+            click.echo(json.dumps(detail, indent=2, default=str))
+        else:
+            print_event(detail)
 
 
 @main.command(context_settings=CONTEXT)
@@ -416,8 +437,11 @@ def explain(trace_a, trace_b, event, rtol, atol, ulp, noise, map_file, as_json):
 @click.argument("event", type=int)
 @click.option("-o", "--output", "out_dir", required=True, metavar="DIR",
               help="Folder for repro.py and inputs.npz (created if needed).")
+@click.option("--force", is_flag=True,
+              help="Replace DIR/repro.py and DIR/inputs.npz when they exist (by default "
+                   "tracediff refuses; it never writes through a symbolic link).")
 @_guard
-def repro(trace, event, out_dir):
+def repro(trace, event, out_dir, force):
     """Write a standalone reproducer of EVENT of TRACE: DIR/repro.py + DIR/inputs.npz.
 
     The script runs the op alone with its recorded inputs, with only numpy and the
@@ -431,9 +455,10 @@ def repro(trace, event, out_dir):
     from .diff.repro import write_repro
 
     _need_trace(trace)
-    info = write_repro(trace, event, out_dir)
-    click.echo(f"tracediff: reproducer of {info['op']} written to {info['script']} "
-               f"(+ {os.path.basename(info['npz'])}); run: python {info['script']}", err=True)
+    info = write_repro(trace, event, out_dir, force)
+    click.echo(f"tracediff: reproducer of {printable(info['op'])} written to "
+               f"{printable(info['script'])} (+ {os.path.basename(info['npz'])}); run: "
+               f"{command('python', info['script'])}", err=True)
 
 
 def _report_format(output, fmt):
@@ -574,8 +599,8 @@ def check(golden, script, args, rtol, atol, output, update, report_path, loops, 
                          f"SCRIPT.py [ARGS...])")
     if not update:
         if not os.path.exists(golden):
-            raise TraceError(f"{golden}: no such golden trace; create it with: tracediff check "
-                             f"--update {golden} {script}{' ' if args else ''}{' '.join(args)}")
+            raise TraceError(f"{golden}: no such golden trace; create it with: "
+                             f"{command('tracediff', 'check', '--update', golden, script, *args)}")
     if report_path:
         _report_format(report_path, None)
     target = golden if update else output
@@ -590,8 +615,8 @@ def check(golden, script, args, rtol, atol, output, update, report_path, loops, 
         if tmp:
             os.unlink(tmp)
         raise TraceError(f"{script} exited with status {code} while being recorded (its output "
-                         f"is above); fix the script, or check it runs: python {script} "
-                         f"{' '.join(args)}".rstrip())
+                         f"is above); fix the script, or check it runs: "
+                         f"{command('python', script, *args)}")
     if update:
         if not quiet:
             click.echo(f"tracediff: golden trace written to {golden}", err=True)

@@ -12,8 +12,10 @@ import sys
 import time
 
 from rich.console import Console
+from rich.markup import escape
 
 from .errors import TraceError
+from .shell import command
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "examples", "jax_gru_expm_adam.py")
 ISA_FLAGS = "--xla_cpu_max_isa=SSE4_2"
@@ -56,7 +58,8 @@ def run_demo(folder, steps=3, console=None):
     for label, path in (("a", a), ("b", b)):
         line = [ln for ln in outputs[path][0].splitlines() if ln.startswith("final loss")]
         console.print(f"  {label}: {line[0] if line else '(nothing)'}")
-    console.print(f"\n[bold]$ tracediff locate {os.path.relpath(a)} {os.path.relpath(b)}[/]\n")
+    cmd = command("tracediff", "locate", os.path.relpath(a), os.path.relpath(b))
+    console.print(f"\n[bold]$ {escape(cmd)}[/]\n")
     from .diff.locate import locate
     from .report.terminal import print_locate
 

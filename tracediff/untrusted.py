@@ -5,9 +5,9 @@ stacks, hostnames, environment keys and values, file names) may have been writte
 attack whoever opens it. Everything that leaves tracediff — terminal text, rich markup,
 Markdown, generated Python, printed shell commands — goes through one of these functions:
 
-- `printable(s)`: control characters (C0, DEL, C1), bidi overrides and line separators
-  escaped as `\\xNN` / `\\uNNNN`, so no escape sequence reaches a terminal and no string
-  spans lines.
+- `printable(s)`: control characters (C0, DEL, C1), bidi overrides, line separators and
+  lone surrogates escaped as `\\xNN` / `\\uNNNN`, so no escape sequence reaches a terminal
+  and no string spans lines.
 - `markup(s)`: `printable` plus rich markup escaped (`[link=…]` is shown, not followed).
 - `md_code(s)` / `md_text(s)`: a Markdown code span that the string cannot end, and text
   with Markdown and HTML syntax escaped (`md_code(s, cell=True)` inside a table cell).
@@ -20,8 +20,10 @@ import re
 import shlex
 
 # C0 controls, DEL, C1 controls; bidi embeddings/overrides/isolates; line and paragraph
-# separators; zero-width and BOM characters that hide text.
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
+# separators; zero-width and BOM characters that hide text; lone surrogates (from JSON
+# "\\ud800" escapes: no UTF-8 file or terminal can take them).
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff"
+                     "\ufeff]")
 _SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Inline Markdown syntax: emphasis, code, links/images (their `[`), tables, strikethrough,
 # headings. `(` only matters after `]` (escaped) and `-`, `+`, `.`, `)`, `=` only where the

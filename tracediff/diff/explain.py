@@ -24,6 +24,7 @@ import re
 import numpy as np
 
 from ..errors import TraceError
+from ..shell import command
 from ..trace import schema
 from ..untrusted import markup
 from . import chain as _chain
@@ -534,14 +535,15 @@ def analyse(result, d, event=None):
     out["replay"] = replay_verdict(d, ea, eb)
     if f.compiled:
         step = int(f.a["step"])
+        probe = command("tracediff", "record", "--probe", _levels.probe_pattern(f.a["op"]),
+                        "--steps", f"{step}:{step + 1}")
         out["compiled_call"] = {
             "call": f.a["op"], "event": ea,
             "explanation": "the compiled outputs differ while every replayed equation matches: "
                            "the difference comes from how the program was compiled (fusion, "
                            "algebraic rewrites, fast math), not from any single op",
-            "narrow": f"record the call's compiled probe on both machines (tracediff record "
-                      f"--probe '{_levels.probe_pattern(f.a['op'])}' --steps {step}:{step + 1} "
-                      f"..., the commands are in locate's next steps) and locate again: it names "
+            "narrow": f"record the call's compiled probe on both machines ({probe} ..., the "
+                      f"commands are in locate's next steps) and locate again: it names "
                       f"the equation whose compiled value differs"
                       if f.compiled == "replay matches" else
                       "done: the call's compiled probe was recorded on both sides and matches, so "

@@ -23,9 +23,10 @@ commands that zoom in on the divergent step at full level (the two-level search)
 import math
 import os
 import re
-import shlex
 
+from .. import shell
 from ..trace import schema
+from ..untrusted import printable
 from ..trace.values import STAT_FIELDS
 from . import compare
 
@@ -130,18 +131,17 @@ def _level(t):
     return rec.get("level") or "full", rec
 
 
-def _zoom_cmd(t, rec, step_lo, step_hi, out, extra=()):
-    script = t.manifest.get("script") or {}
-    argv = script.get("argv") or []
-    if not isinstance(argv, list) or not argv:
-        path = script.get("path") or script.get("name") or "SCRIPT.py"
-        argv = [path]
-    env = t.manifest.get("env") or {}
-    parts = ["tracediff", "record", "--level", "full", *extra, "--steps", f"{step_lo}:{step_hi}"]
+def _zoom_cmd(t, rec, step_lo, step_hi, out, env, extra=()):
+    """(note lines, command) recording steps step_lo..step_hi-1 of t's run at level full."""
+    argv = shell.script_argv(t.manifest)
+    if argv is None:
+        script = t.manifest.get("script") or {}
+        argv = [script.get("path") or script.get("name") or "SCRIPT.py"]
+    options = ["--level", "full", *extra, "--steps", f"{step_lo}:{step_hi}"]
     if rec.get("loops") and rec.get("loops") != "opaque":
-        parts += ["--loops", str(rec["loops"])]
-    parts += ["-o", out, *[str(a) for a in argv]]
-    return env, " ".join(shlex.quote(p) for p in parts)
+        options += ["--loops", str(rec["loops"])]
+    *notes, cmd = shell.record_command(argv, out, env, options)
+    return notes, cmd
 
 
 def annotate(result, ta, tb, differ):
@@ -201,27 +201,25 @@ def annotate(result, ta, tb, differ):
 
 
 def probe_pattern(op):
-    """The `record --probe` regex that selects exactly the jit call named `jit:NAME`."""
-    return f"^{re.escape(op[len('jit:'):] if op.startswith('jit:') else op)}$"
+    """The `record --probe` regex that selects exactly the jit call named `jit:NAME`; one
+    printable line (a control character is the regex escape `\\xNN` / `\\uNNNN`)."""
+    name = op[len('jit:'):] if op.startswith('jit:') else op
+    return "^" + "".join(re.escape(c) if printable(c) == c else printable(c) for c in name) + "$"
 
 
 def _recipe(ta, tb, ra, rb, s, suffix, title, extra=()):
     """The pair of `record` commands (one per machine, with the environment variables that
     differ between the runs) and the `locate` that follows them."""
     cmds = {}
-    for side, t, rec in (("a", ta, ra), ("b", tb, rb)):
+    ea, eb = ta.manifest.get("env"), tb.manifest.get("env")
+    for side, t, rec, env in (("a", ta, ra, shell.env_differences(ea, eb)),
+                              ("b", tb, rb, shell.env_differences(eb, ea))):
         root, ext = os.path.splitext(t.path)
         out = f"{root}.{suffix}{ext or '.h5'}"
-        env, cmd = _zoom_cmd(t, rec, s, s + 1, out, extra)
-        cmds[side] = {"trace": out, "command": cmd, "on": t.manifest.get("hostname")}
-    ea, eb = ta.manifest.get("env") or {}, tb.manifest.get("env") or {}
-    for side, mine, other in (("a", ea, eb), ("b", eb, ea)):
-        diff = {k: v for k, v in mine.items() if isinstance(v, str) and other.get(k) != v}
-        if diff:
-            prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(diff.items()))
-            cmds[side]["command"] = f"{prefix} {cmds[side]['command']}"
-    cmds["then"] = f"tracediff locate {shlex.quote(cmds['a']['trace'])} " \
-                   f"{shlex.quote(cmds['b']['trace'])}"
+        notes, cmd = _zoom_cmd(t, rec, s, s + 1, out, env, extra)
+        cmds[side] = {"trace": out, "command": cmd, "notes": notes,
+                      "on": t.manifest.get("hostname")}
+    cmds["then"] = shell.command("tracediff", "locate", cmds["a"]["trace"], cmds["b"]["trace"])
     cmds["step"] = s
     cmds["title"] = title
     return cmds
@@ -232,10 +230,12 @@ def zoom_lines(result):
     info = getattr(result, "levels", None) or {}
     out = []
     for z in info.get("zoom") or ():
-        out.append(f"# {z.get('title') or 'zoom in on step ' + str(z['step'])}: on machine a "
-                   f"({z['a'].get('on') or '?'}), then on machine b ({z['b'].get('on') or '?'}):")
-        out.append(z["a"]["command"])
-        out.append(z["b"]["command"])
+        out.append(shell.comment(
+            f"{z.get('title') or 'zoom in on step ' + str(z['step'])}: on machine a "
+            f"({z['a'].get('on') or '?'}), then on machine b ({z['b'].get('on') or '?'}):"))
+        for side in ("a", "b"):
+            out += z[side].get("notes") or []
+            out.append(z[side]["command"])
         out.append(z["then"])
     return out
 

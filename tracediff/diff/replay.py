@@ -37,6 +37,16 @@ class CannotReplay(Exception):
     """The op cannot be rebuilt from what the trace holds (the message says why)."""
 
 
+class Named(tuple):
+    """(kind, name) of an allow-listed named constant (`torch.float32`, `dtype('float32')`,
+    `Precision.HIGHEST`, `device(type='cpu')`), distinct from a literal tuple in the params:
+    a recorded `('torch_dtype', 'float32 if ... else 0')` must stay a tuple of strings, never
+    become code in a reproducer or an attribute looked up here."""
+
+    def __new__(cls, kind, name):
+        return super().__new__(cls, (kind, name))
+
+
 # -- allow-lists --------------------------------------------------------------------------
 
 TORCH_OPS = frozenset("""
@@ -100,20 +110,21 @@ def _lit(node):
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
         owner, attr = node.value.id, node.attr
         if owner == "torch" and attr in _TORCH_CONSTANTS:
-            return _TORCH_CONSTANTS[attr]
+            return Named(*_TORCH_CONSTANTS[attr])
         if owner == "Precision" and attr in _PRECISIONS:
-            return ("precision", attr)
+            return Named("precision", attr)
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args \
             and node.func.id == "device" and len(node.keywords) == 1 \
             and node.keywords[0].arg == "type":
-        return ("device", _lit(node.keywords[0].value))
+        _lit(node.keywords[0].value)
+        return Named("device", "cpu")
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and len(node.args) == 1 \
             and not node.keywords:
         fn = node.func.id
         if fn == "dtype":
             name = _lit(node.args[0])
             if name in _NUMPY_DTYPES:
-                return ("np_dtype", name)
+                return Named("np_dtype", name)
         if fn in ("np.int64", "int64"):  # pragma: no cover - handled below
             pass
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
@@ -127,6 +138,7 @@ def _lit(node):
 
 
 _POS_KEY = re.compile(r"(^|, )(\d+)=")
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")   # ASCII names only (`**x` has no name)
 
 
 def parse_params(text):
@@ -143,7 +155,8 @@ def parse_params(text):
     except SyntaxError:
         raise CannotReplay("parameters not recorded in a form that can rebuild the call") from None
     call = tree.body
-    if not isinstance(call, ast.Call) or call.args:
+    if not isinstance(call, ast.Call) or call.args or \
+            not all(kw.arg and _KEY.fullmatch(kw.arg) for kw in call.keywords):
         raise CannotReplay("parameters not recorded in a form that can rebuild the call")
     return {kw.arg: _lit(kw.value) for kw in call.keywords}
 
@@ -265,8 +278,9 @@ class TorchCall(OpCall):
                                f"takes fewer")
         known = {a.name for a in args}
         for k, v in params.items():
-            if k.startswith("_pos"):
-                pos = int(k[4:])
+            pos = re.fullmatch(r"_pos(\d+)", k)
+            if pos:
+                pos = int(pos.group(1))
                 if pos >= len(args):
                     raise CannotReplay(f"positional parameter {pos} is beyond the schema")
                 k = args[pos].name
@@ -276,7 +290,7 @@ class TorchCall(OpCall):
         return plan
 
     def _value(self, torch, v, upcast):
-        if isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str):
+        if isinstance(v, Named):
             kind, name = v
             if kind == "torch_dtype":
                 return getattr(torch, upcast_dtype(name) if upcast else name)
@@ -342,8 +356,7 @@ class JaxCall(OpCall):
         self.n_inputs = n_inputs
 
     def _value(self, v, upcast):
-        if isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str) and \
-                v[0] in ("np_dtype", "precision", "torch_dtype", "torch_memfmt", "device"):
+        if isinstance(v, Named):
             kind, name = v
             if kind == "np_dtype":
                 import ml_dtypes  # noqa: F401  (bfloat16 needs it registered)
@@ -376,26 +389,37 @@ class JaxCall(OpCall):
         return f"primitives.{self.op}_p.bind(*inputs{', ' + params if params else ''})"
 
 
+_NAMES = {"np_dtype": _NUMPY_DTYPES, "precision": _PRECISIONS,
+          "torch_dtype": {k for k, v in _TORCH_CONSTANTS.items() if v[0] == "torch_dtype"},
+          "torch_memfmt": {k for k, v in _TORCH_CONSTANTS.items() if v[0] == "torch_memfmt"}}
+
+
 def _py(v, fw):
-    """Python source of a parsed parameter value (for the generated reproducer)."""
-    if isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str) and v[0] in (
-            "np_dtype", "precision", "torch_dtype", "torch_memfmt", "device"):
+    """Python source of a parsed parameter value (for the generated reproducer): literals
+    as their repr, named constants only from the allow-lists above."""
+    if isinstance(v, Named):
         kind, name = v
+        if kind == "device":
+            return "torch.device('cpu')"
+        if name not in _NAMES.get(kind, ()):   # never: parse_params makes only these
+            raise CannotReplay(f"{kind} {name!r} is not an allow-listed constant")
         if kind == "np_dtype":
             return f"torch.{name}" if fw == "torch" else f"np.dtype({name!r})"
         if kind == "precision":
             return f"lax.Precision.{name}"
-        if kind in ("torch_dtype", "torch_memfmt"):
-            return f"torch.{name}"
-        return "torch.device('cpu')"
-    if isinstance(v, float) and not math.isfinite(v):
-        return f"float({str(v)!r})"
+        return f"torch.{name}"
+    if isinstance(v, bool) or v is None or isinstance(v, (int, str)):
+        return repr(v)
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else f"float({str(v)!r})"
+    if isinstance(v, complex):
+        return f"complex({_py(v.real, fw)}, {_py(v.imag, fw)})"
     if isinstance(v, tuple):
         return "(" + ", ".join(_py(x, fw) for x in v) + ("," if len(v) == 1 else "") + ")"
     if isinstance(v, list):
         return ("(" if fw == "jax" else "[") + ", ".join(_py(x, fw) for x in v) + \
             ("," if fw == "jax" and len(v) == 1 else "") + (")" if fw == "jax" else "]")
-    return repr(v)
+    raise CannotReplay(f"a {type(v).__name__} parameter cannot be written as code")
 
 
 def build_call(framework, op, params_text, n_inputs):

@@ -9,14 +9,23 @@ on both machines and compare the hashes.
 
 The call is rebuilt as for `replay.py` (allow-listed ops only, parameters from the
 params summary); an op that cannot be rebuilt gives a clear error, not a script.
+
+The trace is untrusted, and the user runs the script: nothing from the trace reaches its
+code except allow-listed identifiers (op, overload, parameter and constant names) and
+`repr` literals; the op, source, name stack, hostname and file name are shown on comment
+lines made `printable`. Existing files in DIR (or links there) are never overwritten
+unless `force`, and never written through.
 """
 
 import os
+import secrets
 
 import numpy as np
 
+from .. import shell
 from .._version import __version__
 from ..errors import TraceError
+from ..untrusted import printable, py_str
 from ..trace import schema
 from . import align as _align
 from . import replay as _replay
@@ -32,16 +41,20 @@ def _raw(x):
     return x
 
 
-HEADER = '''"""Standalone reproducer written by tracediff {version}.
-
-op: {op} ({framework}), event {event} of {trace}
-recorded at: {source}, step {step}{name_stack}
-recorded on: {host}, {fw_version}
+# The docstring is fixed text. What the trace says about the op (strings chosen by whoever
+# recorded it) follows on comment lines made `printable` (one line each, control characters
+# escaped), from line 9 on: a comment on line 1 or 2 could set the file's encoding.
+HEADER = '''"""Standalone reproducer of one op, written by tracediff {version}.
 
 Runs the op alone on this machine with the recorded inputs (inputs.npz) and prints each
 output with its sha256; compare the hashes between machines. Needs numpy and {framework}.
 Usage: python repro.py
+
+The comments below are copied from the trace (control characters escaped).
 """
+# op: {op} ({framework}), event {event} of {trace}
+# recorded at: {source}, step {step}{name_stack}
+# recorded on: {host}, {fw_version}
 
 import hashlib
 import os
@@ -110,7 +123,8 @@ versions = f"jax {{jax.__version__}}, numpy {{np.__version__}}"
 '''
 
 TAIL = '''
-print(f"{op} on this machine ({{versions}}):")
+OP = {op}
+print(f"{{OP}} on this machine ({{versions}}):")
 same_all = True
 for i, o in enumerate(outs):
     raw = np.ascontiguousarray(o).reshape(o.shape)
@@ -130,9 +144,13 @@ sys.exit(0 if same_all else 1)
 '''
 
 
-def write_repro(trace_path, event, out_dir):
+FILES = ("inputs.npz", "repro.py")
+
+
+def write_repro(trace_path, event, out_dir, force=False):
     """Write DIR/repro.py and DIR/inputs.npz for event `event` of a trace; returns a dict
-    {script, npz, op, framework, n_inputs}. Raises TraceError when it cannot."""
+    {script, npz, op, framework, n_inputs, call}. Raises TraceError when it cannot, and
+    when either file exists already, unless `force` (see `_write_new`)."""
     from ..trace.reader import Trace
     from .explain import trace_inputs
     from .locate import ValueReader
@@ -143,42 +161,104 @@ def write_repro(trace_path, event, out_dir):
                              f"{len(t) - 1})")
         e = t.event(event)
         if e["kind"] not in ("eqn", "eager", "op"):
-            raise TraceError(f"event {event} is a {e['kind']} event ({e['op']}), not a single "
-                             f"op; pick an equation or op (tracediff show {trace_path} {event})")
+            raise TraceError(f"event {event} is a {e['kind']} event ({printable(e['op'], 80)}), "
+                             f"not a single op; pick an equation or op "
+                             f"({shell.command('tracediff', 'show', trace_path, event)})")
         side = _align.prepare(t, _align.StringIds())
         reader = ValueReader(t)
         try:
             inputs = trace_inputs(t, side, reader, event)
             call = _replay.build_call(e["framework"], e["op"], e["params"], len(inputs))
+            code = call.code()
         except _replay.CannotReplay as exc:
-            raise TraceError(f"cannot write a reproducer for {e['op']} (event {event}): {exc}") \
-                from None
+            raise TraceError(f"cannot write a reproducer for {printable(e['op'], 80)} "
+                             f"(event {event}): {printable(exc)}") from None
         rows = t.value_rows(event, schema.ROLE_OUT)
         rows = rows[np.argsort(rows["slot"], kind="stable")]
         outputs = [reader.read(r) for r in rows]
         manifest = t.manifest
-    os.makedirs(out_dir, exist_ok=True)
+    fw = call.framework            # "torch" or "jax": build_call knows no other
     arrays = {f"in{i}": _raw(x) for i, x in enumerate(inputs)}
     for i, x in enumerate(outputs):
         if x is not None:
             arrays[f"recorded{i}"] = _raw(x)
-    npz = os.path.join(out_dir, "inputs.npz")
-    np.savez(npz, **arrays)
-    fw = e["framework"]
-    fw_info = (manifest.get("frameworks") or {}).get(fw) or {}
-    text = HEADER.format(version=__version__, op=e["op"], framework=fw, event=event,
-                         trace=os.path.basename(str(trace_path)), source=e["source"] or "-",
-                         step=e["step"],
-                         name_stack=f", {e['name_stack']}" if e["name_stack"] else "",
-                         host=manifest.get("hostname") or "?",
-                         fw_version=f"{fw} {fw_info.get('version', '?')}")
+    fw_info = (manifest.get("frameworks") or {}).get(fw)
+    fw_version = fw_info.get("version", "?") if isinstance(fw_info, dict) else "?"
+    ns = e["name_stack"]
+    text = HEADER.format(version=__version__, framework=fw, event=event, step=e["step"],
+                         op=printable(e["op"]), trace=printable(os.path.basename(str(trace_path))),
+                         source=printable(e["source"] or "-"),
+                         name_stack=f", name stack {printable(ns)}" if ns else "",
+                         host=printable(manifest.get("hostname") or "?"),
+                         fw_version=printable(f"{fw} {fw_version}"))
     text += BODY.format(in_dtypes=[np.asarray(x).dtype.name for x in inputs],
                         out_dtypes=[np.asarray(x).dtype.name if x is not None else None
                                     for x in outputs])
-    text += (TORCH if fw == "torch" else JAX).format(call=call.code())
-    text += TAIL.format(op=e["op"])
-    script = os.path.join(out_dir, "repro.py")
-    with open(script, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    return {"script": script, "npz": npz, "op": e["op"], "framework": fw,
-            "n_inputs": len(inputs), "call": call.code()}
+    text += (TORCH if fw == "torch" else JAX).format(call=code)
+    text += TAIL.format(op=py_str(e["op"]))
+    paths = _targets(out_dir, force)
+    done = []
+    try:
+        _write_new(paths["inputs.npz"], lambda fh: np.savez(fh, **arrays), force)
+        done.append(paths["inputs.npz"])
+        _write_new(paths["repro.py"], lambda fh: fh.write(text.encode("utf-8")), force)
+    except TraceError:
+        if not force:
+            for path in done:   # created by this call: do not leave half a reproducer
+                _unlink(path)
+        raise
+    return {"script": paths["repro.py"], "npz": paths["inputs.npz"], "op": e["op"],
+            "framework": fw, "n_inputs": len(inputs), "call": code}
+
+
+def _targets(out_dir, force):
+    """{name: path} of the files to write in `out_dir` (created if needed); refuses when
+    one exists (a link too, even a dangling one) unless `force`."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise TraceError(f"{out_dir} exists and is not a folder (give -o a folder)")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as exc:
+        raise TraceError(f"cannot create folder {out_dir}: {exc.strerror or exc}") from None
+    paths = {name: os.path.join(out_dir, name) for name in FILES}
+    for path in paths.values():
+        if not force and os.path.lexists(path):
+            raise _exists(path)
+    return paths
+
+
+def _exists(path):
+    return TraceError(f"{path} already exists; give --force to replace it (or another -o DIR)")
+
+
+def _write_new(path, write, force):
+    """Create `path` with `write(binary file)`, never through a link: O_CREAT|O_EXCL (which
+    refuses an existing path, a link included) and O_NOFOLLOW. With `force` the file is
+    written next to `path` under a temporary name and renamed over it (a rename replaces
+    a link, it never writes where the link points). Write, flush and close errors are one
+    TraceError; the partial file is removed."""
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, f".{name}.{secrets.token_hex(6)}.tmp") if force else path
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | \
+        getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(tmp, flags, 0o644)
+    except FileExistsError:
+        raise _exists(path) from None
+    except OSError as exc:
+        raise TraceError(f"cannot write {path}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+        if force:
+            os.replace(tmp, path)
+    except OSError as exc:
+        _unlink(tmp)
+        raise TraceError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _unlink(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

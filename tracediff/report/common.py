@@ -11,7 +11,6 @@ replay verdict, "chain": origin to outputs) appear when the fields are present.
 import math
 import os
 import re
-import shlex
 
 from ..untrusted import md_code, md_text
 
@@ -225,30 +224,30 @@ def _trace_context(path):
 
 
 def reproduction(data, ctx):
-    """Shell commands that reproduce the comparison (record both runs, locate)."""
+    """Shell commands that reproduce the comparison (record both runs, locate); lines made
+    by `tracediff.shell`, so no string from the traces can add a command."""
+    from .. import shell
+
     cmds = []
     names = {}
-    for side in ("a", "b"):
+    env_a, env_b = ctx["traces"]["a"].get("env"), ctx["traces"]["b"].get("env")
+    for side, mine, other in (("a", env_a, env_b), ("b", env_b, env_a)):
         c = ctx["traces"][side]
         name = os.path.basename(data["traces"][side]["path"])
         if side == "b" and name == names.get("a"):
             name = "b_" + name
         names[side] = name
-        argv = c.get("argv")
+        argv = shell.script_argv({"script": {"argv": c.get("argv")}})
         if not argv:
-            cmds.append(f"# {side}: recorded with {c.get('tool') or 'tracediff'} (no script command line)")
+            cmds.append(shell.comment(f"{side}: recorded with {c.get('tool') or 'tracediff'} "
+                                      f"(no script command line)"))
             continue
-        script = os.path.basename(argv[0])
-        env_a, env_b = ctx["traces"]["a"]["env"], ctx["traces"]["b"]["env"]
-        env = c["env"]
-        differing = {k: v for k, v in env.items() if (env_a.get(k) != env_b.get(k))}
-        prefix = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in sorted(differing.items()))
-        cmds.append(f"{prefix + ' ' if prefix else ''}tracediff record -o {name} "
-                    f"{shlex.join([script, *argv[1:]])}")
-    cmds.append(f"tracediff locate {names['a']} {names['b']}")
+        cmds += shell.record_command([os.path.basename(argv[0]), *argv[1:]], name,
+                                     shell.env_differences(mine, other))
+    cmds.append(shell.command("tracediff", "locate", names["a"], names["b"]))
     f, _ = culprit(data)
     if f is not None:
-        cmds.append(f"tracediff show {names['a']} {f['a']['index']}")
+        cmds.append(shell.command("tracediff", "show", names["a"], f["a"]["index"]))
     return cmds
 
 

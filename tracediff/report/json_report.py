@@ -75,22 +75,27 @@ def finding_json(f):
 
 
 def next_steps(r):
+    from ..shell import command, comment, with_comment
+
     out = []
     f = r.first_beyond_tolerance or r.first_difference
     if f is not None:
-        out.append(f"tracediff show {r.path_a} {f.a['index']}")
-        out.append(f"tracediff show {r.path_b} {f.b['index']}")
+        out.append(command("tracediff", "show", r.path_a, f.a["index"]))
+        out.append(command("tracediff", "show", r.path_b, f.b["index"]))
         if f.call:
-            out.append(f"tracediff show {r.path_a} {f.call['a']}   # the enclosing compiled call")
+            out.append(with_comment(command("tracediff", "show", r.path_a, f.call["a"]),
+                                    "the enclosing compiled call"))
     if r.first_beyond_tolerance is None and r.first_difference is not None:
-        out.append("differences stay within tolerance; tighten with --rtol/--atol to localise them")
+        out.append(comment("differences stay within tolerance; tighten with --rtol/--atol to "
+                           "localise them"))
     if f is not None:
-        out.append(f"tracediff explain {r.path_a} {r.path_b}   # origin, chain, replay verdict, "
-                   f"causes")
+        out.append(with_comment(command("tracediff", "explain", r.path_a, r.path_b),
+                                "origin, chain, replay verdict, causes"))
         ex = getattr(r, "explain", None) or {}
         if ex.get("event_index") is not None and ex.get("replayable"):
-            out.append(f"tracediff repro {r.path_b} {ex['event_index_b']} -o repro/   # a "
-                       f"standalone script for the bug report")
+            out.append(with_comment(command("tracediff", "repro", r.path_b, ex["event_index_b"],
+                                            "-o", "repro/"),
+                                    "a standalone script for the bug report"))
     from ..diff.levels import zoom_lines
 
     out += zoom_lines(r)  # two-level search: record the divergent step at full level
