@@ -122,7 +122,7 @@ def test_locate_api_has_the_json_content(api_run):
     result = tracediff.locate(a, b, rtol=1e-3, atol=1e-6)
     proc = run_cli("locate", a, b, "--json", "--rtol", "1e-3", "--atol", "1e-6")
     cli = json.loads(proc.stdout)
-    api = result.to_json()
+    api = tracediff.to_json(result)
     assert proc.returncode == result.exit_code
     for key in ("verdict", "first_difference", "first_beyond_tolerance", "alignment", "env_diff",
                 "optimizer_steps", "tolerance"):

@@ -17,7 +17,7 @@ import pytest
 
 import tracediff
 from tracediff.diff import compare, levels
-from tracediff.diff.locate import BITWISE, Differ
+from tracediff.diff.differ import BITWISE, Differ
 from tracediff.errors import TraceError
 from tracediff.trace import schema
 

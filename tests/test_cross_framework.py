@@ -69,7 +69,7 @@ def test_dense_vs_tf32_linear_inputs_match_matmul_differs(traces):
 
 def test_dense_vs_linear_same_machine(traces):
     r = tracediff.locate(str(traces["flax"]), str(traces["torch"]))
-    d = r.to_json()
+    d = tracediff.to_json(r)
     assert _by(d) == ["structure", "value", "value", "value"]
     # whatever the BLAS does here, a difference can only be introduced at the linear unit
     for f in (d["first_difference"], d["first_beyond_tolerance"]):

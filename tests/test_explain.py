@@ -96,7 +96,7 @@ def test_noise_floor_and_chain(tmp_path):
     r = tracediff.locate(a, b, noise=(a, a2))
     assert r.noise["nondeterministic_events"] >= 1 and r.noise["skipped"][0]["op"] == "aten::tanh"
     assert r.first_difference.a["op"] == "aten::exp" and r.first_difference.inputs_match is False
-    d = r.to_json()
+    d = tracediff.to_json(r)
     assert d["noise"]["skipped_total"] >= 1 and "explain" in d
     # the replay rebuilds tanh from its recorded input and the mul from its params
     assert "this machine reproduces" in r.explain["verdict"]
@@ -124,7 +124,7 @@ def test_dot_verdict_convicts_the_machine_that_returned_zero(dot):
     assert rv["a"]["from_oracle"]["max_ulp"] == 0 and rv["b"]["from_oracle"]["max_ulp"] > 1e8
     assert [lk["a"]["op"] for lk in an["chain"]][:2] == ["aten::dot", "aten::mul.Tensor"]
     assert an["steps"][0]["loss"]["a"] == 28.0 and an["steps"][0]["loss"]["b"] == 0.0
-    d = tracediff.locate(str(a), str(b)).to_json()    # the same as locate --json
+    d = tracediff.to_json(tracediff.locate(str(a), str(b)))    # the same as locate --json
     assert d["explain"]["reproduced_here"] == "a" and d["chain"][0]["a"]["op"] == "aten::dot"
     assert "b returned 0" in d["explain"]["verdict"]
     proc = run_cli("explain", a, b, env={"NO_COLOR": "1"})

@@ -309,7 +309,7 @@ def _exercise(path, intact):
                 detail, _ = event_detail(t, eid)
                 print_event(detail, console=console)
     result = tracediff.locate(intact, path)
-    json.dumps(result.to_json())
+    json.dumps(tracediff.to_json(result))
     from tracediff.report.terminal import print_locate
 
     print_locate(result, console=console)

@@ -134,7 +134,7 @@ def test_inserted_event_is_aligned_and_first_difference_found(tmp_path):
     r2 = tracediff.locate(a, b, rtol=0.0, atol=0.0)
     assert r2.verdict == "diverged" and r2.first_beyond_tolerance.a["op"] == "aten::mm"
     # downstream ops differ too but are inherited
-    d = r.to_json()
+    d = tracediff.to_json(r)
     json.dumps(d, allow_nan=False)
     assert d["first_difference"]["a"]["index"] == f.a["index"]
 
@@ -152,7 +152,7 @@ def test_inherited_and_unknown_inputs(tmp_path):
     b = synth.write(tmp_path / "b.h5", ev_b)
     r = tracediff.locate(a, b)
     assert r.first_difference.a["op"] == "input"
-    from tracediff.diff.locate import Differ, TOLERANCE
+    from tracediff.diff.differ import TOLERANCE, Differ
     from tracediff.trace.reader import Trace
 
     with Trace(a) as ta, Trace(b) as tb:
@@ -341,7 +341,7 @@ def test_real_broken_dot_is_located(dot_traces):
         assert f["a"]["source"].endswith("torch_dot.py:6")
     # the Python API gives the same object as the CLI, and reports its progress
     seen = []
-    assert tracediff.locate(str(a), str(b), progress=lambda *p: seen.append(p)).to_json() == d
+    assert tracediff.to_json(tracediff.locate(str(a), str(b), progress=lambda *p: seen.append(p))) == d
     phases = [p[0] for p in seen]
     assert phases.index("aligning the event sequences") < \
         phases.index("comparing differing events (bitwise)") < phases.index(
@@ -409,7 +409,7 @@ def test_real_jax_tanh_ulp_descends_into_compiled_call(jax_traces):
 def test_real_foreach_vs_per_parameter_adam_aligns(tmp_path):
     """Different optimizer implementations: only optimizer-phase ops are left unmatched,
     every forward/backward op and every optimizer snapshot is paired."""
-    from tracediff.diff.locate import Differ
+    from tracediff.diff.differ import Differ
     from tracediff.trace.reader import Trace
 
     a, b = tmp_path / "a.h5", tmp_path / "b.h5"
@@ -429,7 +429,7 @@ def test_real_foreach_vs_per_parameter_adam_aligns(tmp_path):
 
 
 def test_vectorised_tolerance_scan_agrees_with_exact_path(tmp_path, monkeypatch):
-    from tracediff.diff.locate import Differ
+    from tracediff.diff.differ import Differ
 
     rng = np.random.default_rng(3)
     base = [rng.standard_normal(rng.integers(1, 40)).astype(rng.choice([np.float32, np.float64]))
@@ -441,9 +441,9 @@ def test_vectorised_tolerance_scan_agrees_with_exact_path(tmp_path, monkeypatch)
     noisy[120][0] = np.nan
     ev_b = [dict(op=f"aten::op{i % 4}", outs=[v]) for i, v in enumerate(noisy)]
     a, b = synth.write(tmp_path / "a.h5", ev_a), synth.write(tmp_path / "b.h5", ev_b)
-    fast = tracediff.locate(a, b).to_json()
+    fast = tracediff.to_json(tracediff.locate(a, b))
     monkeypatch.setattr(Differ, "_fast_within_tolerance", lambda self, ia, ib: np.zeros(len(ia), bool))
-    slow = tracediff.locate(a, b).to_json()
+    slow = tracediff.to_json(tracediff.locate(a, b))
     assert fast == slow
     assert fast["first_beyond_tolerance"]["a"]["index"] == 120
     assert fast["first_difference"]["a"]["index"] == 21

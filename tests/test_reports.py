@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tracediff
-from tracediff.diff.locate import Differ
+from tracediff.diff.differ import Differ
 from tracediff.diff.profile import event_profile, locate_with_profile
 from tracediff.report import html as html_report
 from tracediff.report import markdown

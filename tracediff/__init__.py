@@ -27,7 +27,7 @@ def locate(a, b, rtol=None, atol=None, map_file=None, ulp=None, noise=None, expl
     `result.verdict` ("match" / "diverged"), `result.exit_code` (0 / 1, as the CLI),
     `result.first_difference` and `result.first_beyond_tolerance` (`Finding` or None:
     `.a`/`.b` event dicts with op, name_stack, source, step; `.metrics`; `.inputs_match`),
-    `result.env_diff`, `result.optimizer_steps`; `result.to_json()` is exactly what
+    `result.env_diff`, `result.optimizer_steps`; `tracediff.to_json(result)` is exactly what
     `tracediff locate --json` prints. `rtol`/`atol` override the per-dtype tolerances;
     `ulp=N` accepts elements N ULP apart; `noise=(a1, a2)` (two traces from a's machine)
     never blames events that differ between them; `explain` adds `result.explain` (the
@@ -37,6 +37,14 @@ def locate(a, b, rtol=None, atol=None, map_file=None, ulp=None, noise=None, expl
 
     return _locate(a, b, rtol=rtol, atol=atol, map_file=map_file, ulp=ulp, noise=noise,
                    explain=explain, progress=progress)
+
+
+def to_json(result):
+    """The JSON form (plain dicts and lists) of a `LocateResult`: exactly what
+    `tracediff locate --json` prints."""
+    from .report.json_report import build
+
+    return build(result)
 
 
 def __getattr__(name):

@@ -10,7 +10,7 @@
         train(steps=3)
 
     result = tracediff.locate("a.h5", "b.h5")
-    print(result.verdict, result.to_json()["first_beyond_tolerance"])
+    print(result.verdict, tracediff.to_json(result)["first_beyond_tolerance"])
 
 The block is recorded with the same captures and trace writer as `tracediff record`
 (`runner.Recording`): frameworks already imported are captured at once, frameworks

@@ -13,6 +13,7 @@ import click
 
 from ._version import __version__
 from .errors import TraceError
+from .report.json_report import build as build_json
 from .shell import command
 from .untrusted import printable
 
@@ -159,7 +160,7 @@ def _print_result(result, as_json=False, verbose=False, quiet=False):
     for w in result.warnings:
         click.echo(f"tracediff: warning: {printable(w)}", err=True)
     if as_json:
-        click.echo(json.dumps(result.to_json(), indent=2))
+        click.echo(json.dumps(build_json(result), indent=2))
     else:
         from .report.terminal import print_locate
 

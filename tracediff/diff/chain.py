@@ -19,7 +19,7 @@ import collections
 import numpy as np
 
 from ..trace import schema
-from . import locate as _loc
+from .differ import BITWISE
 
 MAX_LINKS = 200        # hops kept in the JSON
 SHOWN = 10             # hops shown by the renderers after collapsing
@@ -63,7 +63,7 @@ class _Differs:
             return True
         hit = self.memo.get(ea)
         if hit is None:
-            hit = self.memo[ea] = not self.d.equal_at(ea, int(self.d.al.a2b[ea]), _loc.BITWISE)
+            hit = self.memo[ea] = not self.d.equal_at(ea, int(self.d.al.a2b[ea]), BITWISE)
         return hit
 
     def __setitem__(self, ea, value):
@@ -173,7 +173,7 @@ def _link(d, ea, i, origin, target, last, prev_rel):
     in_rel = None
     if eb >= 0:
         try:
-            _, _, bad = d.inputs_match(ea, eb, _loc.BITWISE)
+            _, _, bad = d.inputs_match(ea, eb, BITWISE)
         except Exception:  # an odd input row: the hop is still shown
             bad = []
         rels = [_num((b.get("metrics") or {}).get("max_rel")) for b in bad]

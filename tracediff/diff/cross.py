@@ -32,7 +32,8 @@ from ..errors import TraceError
 from ..trace import schema
 from ..trace.values import digest, parse_shape
 from . import align as _align
-from .locate import BITWISE, Differ, comparable
+from ..trace.blob import ValueReader
+from .differ import BITWISE, Differ, comparable
 
 PASSTHROUGH = {
     "stage", "reshape", "broadcast_in_dim", "convert_element_type", "transpose", "squeeze",
@@ -206,7 +207,6 @@ class CrossDiffer(Differ):
         return h
 
     def _pair_leaves(self, pairs):
-        from .locate import ValueReader
 
         ta, tb = self.ta, self.tb
         self._rb_tmp = ValueReader(tb)

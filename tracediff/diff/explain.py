@@ -31,7 +31,7 @@ from . import chain as _chain
 from . import compare
 from . import levels as _levels
 from . import replay as _replay
-from .locate import comparable, input_value_row
+from .differ import comparable, input_value_row
 
 MAX_REPLAY_BYTES = 64 << 20
 

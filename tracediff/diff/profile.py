@@ -16,7 +16,8 @@ import numpy as np
 
 from ..trace import schema
 from . import compare
-from .locate import Differ
+from ..trace.reader import Trace
+from .locate import locate, open_differ
 
 CHUNK_BYTES = 32 << 20
 MAX_VALUE_BYTES = 4 << 20
@@ -131,25 +132,10 @@ def _fast(d, ia, ib, todo, max_rel, beyond, done):
             start = stop
 
 
-def open_differ(ta, tb, rtol=None, atol=None, map_file=None):
-    """The differ `locate` would use for two open traces: (Differ, mapping or None)."""
-    from .locate import _frameworks
-
-    fw_a, fw_b = _frameworks(ta), _frameworks(tb)
-    if map_file is not None or (fw_a and fw_b and fw_a != fw_b):
-        from .cross import cross_differ
-
-        return cross_differ(ta, tb, rtol, atol, map_file)
-    return Differ(ta, tb, rtol, atol), None
-
-
 def locate_with_profile(a, b, rtol=None, atol=None, map_file=None):
     """(LocateResult, event profile) of two trace paths. The result is exactly what
     `locate()` returns (with whatever it attaches); the profile comes from a differ of
     its own (aligning again costs a fraction of locating)."""
-    from ..trace.reader import Trace
-    from .locate import locate
-
     result = locate(a, b, rtol=rtol, atol=atol, map_file=map_file)
     with Trace(a) as ta, Trace(b) as tb:
         d, _ = open_differ(ta, tb, rtol, atol, map_file)

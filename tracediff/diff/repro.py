@@ -153,7 +153,7 @@ def write_repro(trace_path, event, out_dir, force=False):
     when either file exists already, unless `force` (see `_write_new`)."""
     from ..trace.reader import Trace
     from .explain import trace_inputs
-    from .locate import ValueReader
+    from ..trace.blob import ValueReader
 
     with Trace(trace_path) as t:
         if not 0 <= event < len(t):

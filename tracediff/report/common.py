@@ -1,6 +1,6 @@
 """What the Markdown and HTML reports share: the locate JSON plus a little context.
 
-`report_data(result)` is `result.to_json()` (the same data as `tracediff locate --json`)
+`report_data(result)` is `json_report.build(result)` (the same data as `tracediff locate --json`)
 with one extra key, "report", holding what only the trace files and this machine know:
 file sizes, each run's command line and numeric environment variables, and the user's
 source lines around the culprit (read from the script's folder when it exists here).
@@ -13,6 +13,7 @@ import os
 import re
 
 from ..untrusted import md_code, md_text
+from .json_report import build
 
 GITHUB_ATTACH_LIMIT = 25 << 20
 CONTEXT_LINES = 2
@@ -252,8 +253,8 @@ def reproduction(data, ctx):
 
 
 def report_data(result):
-    """`result.to_json()` plus the "report" context (see the module docstring)."""
-    data = result.to_json()
+    """`build(result)` plus the "report" context (see the module docstring)."""
+    data = build(result)
     ctx = {"traces": {s: _trace_context(data["traces"][s]["path"]) for s in ("a", "b")}}
     f, _ = culprit(data)
     ctx["source"] = None

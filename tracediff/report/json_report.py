@@ -21,6 +21,8 @@ numbers are the strings "inf" / "nan" so the output is strict JSON.
 import math
 
 from .._version import __version__
+from ..diff.levels import zoom_lines
+from ..shell import command, comment, with_comment
 
 EVENT_FIELDS = ("index", "op", "name_stack", "source", "step", "kind", "framework", "phase",
                 "origin", "node", "call", "shapes", "dtypes")
@@ -75,8 +77,6 @@ def finding_json(f):
 
 
 def next_steps(r):
-    from ..shell import command, comment, with_comment
-
     out = []
     f = r.first_beyond_tolerance or r.first_difference
     if f is not None:
@@ -96,7 +96,6 @@ def next_steps(r):
             out.append(with_comment(command("tracediff", "repro", r.path_b, ex["event_index_b"],
                                             "-o", "repro/"),
                                     "a standalone script for the bug report"))
-    from ..diff.levels import zoom_lines
 
     out += zoom_lines(r)  # two-level search: record the divergent step at full level
     return out

@@ -1,0 +1,566 @@
+"""The comparison engine: two aligned traces, their values compared event by event.
+
+`Differ` holds both traces, their alignment (`align.py`) and cached comparisons; it
+answers "are these outputs equal (bitwise / within tolerance)?", "do this event's
+inputs match?" and searches the first divergence in the order of trace a (the rules are
+in `locate.py`'s docstring). `cross.CrossDiffer` is the same engine for traces of two
+frameworks. Everything that builds on comparisons (locate, explain, chain, profile)
+imports from here; this module imports none of them.
+"""
+
+import numpy as np
+
+from ..trace import schema
+from ..trace.blob import ValueReader
+from ..trace.values import parse_shape
+from . import align as _align
+from . import compare
+from . import levels as _levels
+from .result import Finding
+
+BITWISE, TOLERANCE = "bitwise", "tolerance"
+
+
+def comparable(row):
+    return row is not None and row["offset"] >= 0 and not (
+        row["flags"] & (schema.VFLAG_UNINIT | schema.VFLAG_NOT_STORED))
+
+
+def input_value_row(side, trace, ev, prod, pslot):
+    """The value row an input slot read: producer output, or the call's role-IN value
+    when an equation reads its enclosing call's argument."""
+    if prod < 0 or prod >= len(trace.events):
+        return None
+    if side.kind[prod] == schema.KIND_CALL and side.call[ev] == prod:
+        row = side.value_row(prod, pslot, schema.ROLE_IN)
+        if row is not None:
+            return row
+    return side.value_row(prod, pslot, schema.ROLE_OUT)
+
+
+class Differ:
+    """The state of one comparison: both traces, their alignment, cached comparisons."""
+
+    def __init__(self, ta, tb, rtol=None, atol=None, alignment=None, sides=None):
+        self.ta, self.tb = ta, tb
+        self.rtol, self.atol = rtol, atol
+        if sides is None:
+            strings = _align.StringIds()
+            sides = _align.prepare(ta, strings), _align.prepare(tb, strings)
+        self.sa, self.sb = sides
+        self.al = alignment or _align.align(self.sa, self.sb)
+        self.ra, self.rb = ValueReader(ta), ValueReader(tb)
+        self._cmp = {}
+        self._cmp_val = {}
+        self.pair_by = {}   # a event -> how it was paired (cross-framework)
+
+    ulp = None        # --ulp N: an element within N ULP is within tolerance
+    progress = None   # progress(phase, done, total), set by locate() for the CLI's bar
+    noisy = None      # bool per a event: nondeterministic on a's machine (--noise)
+    noise_skipped = ()
+
+    def _tell(self, phase, done=None, total=None):
+        if self.progress is not None:
+            self.progress(phase, done, total)
+
+    # -- values ----------------------------------------------------------------------------
+    def compare_rows(self, row_a, row_b, tol_dtype=None):
+        """Metrics of two value rows; None when either cannot be compared. `tol_dtype`:
+        judge by the tolerance of this (less precise) dtype instead of the value's own."""
+        if not comparable(row_a) or not comparable(row_b):
+            # --level stats/calls: hash first, then statistics (levels.py)
+            if _levels.hashed(row_a) and _levels.hashed(row_b):
+                return _levels.compare_hashed(self, row_a, row_b, tol_dtype)
+            return None
+        key = (int(row_a["offset"]), int(row_b["offset"]), int(row_a["nbytes"]), tol_dtype)
+        hit = self._cmp_val.get(key)
+        if hit is not None:
+            return hit
+        sa, sb = self.ta.string, self.tb.string
+        da, db = sa(row_a["dtype"]), sb(row_b["dtype"])
+        shape_a, shape_b = sa(row_a["shape"]), sb(row_b["shape"])
+        if row_a["hash"] == row_b["hash"] and da == db and shape_a == shape_b:
+            r, t = compare.tolerance(tol_dtype or da, self.rtol, self.atol)
+            m = {"bitwise_equal": True, "within_tolerance": True, "max_abs": 0.0, "max_rel": 0.0,
+                 "max_ulp": 0.0, "mismatch_fraction": 0.0, "beyond_tolerance_fraction": 0.0,
+                 "rtol": r, "atol": t}
+        else:
+            xa, xb = self.ra.read(row_a), self.rb.read(row_b)
+            xb_cmp = self.transform_b(row_a, row_b, xa, xb)
+            m = compare.compare_arrays(xa, xb_cmp, da, self.rtol, self.atol, tol_dtype=tol_dtype,
+                                       ulp=self.ulp)
+            if da != db:
+                m["dtype_mismatch"] = [da, db]
+                m["within_tolerance"] = False if not compare.is_floating(da) else m["within_tolerance"]
+            m["bitwise_equal"] = bool(da == db and xa.shape == np.asarray(xb_cmp).shape and
+                                      np.asarray(xa).tobytes() == np.asarray(xb_cmp).tobytes())
+            if m["bitwise_equal"]:
+                m["within_tolerance"] = True
+        self._cmp_val[key] = m
+        return m
+
+    def transform_b(self, row_a, row_b, xa, xb):
+        """Hook for cross-framework comparison (e.g. a transposed weight); identity here."""
+        return xb
+
+    def _out_pairs(self, ea, eb):
+        """[(key, row_a, row_b)] of the output values of two paired events."""
+        ra = self.ta.value_rows(ea, schema.ROLE_OUT)
+        rb = self.tb.value_rows(eb, schema.ROLE_OUT)
+        return _pair_rows(self.ta, self.tb, ra, rb, by_name=self.sa.kind[ea] == schema.KIND_OPTIM)
+
+    def compare_event(self, ea, eb):
+        """Outputs of a paired event: {'bitwise_equal', 'within_tolerance', 'values',
+        'metrics', 'compared', 'not_compared'}."""
+        key = (ea, eb)
+        hit = self._cmp.get(key)
+        if hit is not None:
+            return hit
+        vals, ms, not_compared = [], [], 0
+        weak = self._weakest_input_dtype(ea)
+        for k, row_a, row_b in self._out_pairs(ea, eb):
+            tol_dtype = None
+            if weak is not None and row_a is not None:
+                own = self.ta.string(row_a["dtype"])
+                if compare.is_floating(own) and \
+                        compare.tolerance(weak)[0] > compare.tolerance(own)[0]:
+                    tol_dtype = weak
+            m = self.compare_rows(row_a, row_b, tol_dtype) \
+                if row_a is not None and row_b is not None else None
+            entry = {"key": k,
+                     "a": _vdesc(self.ta, row_a), "b": _vdesc(self.tb, row_b)}
+            if m is None:
+                not_compared += 1
+                entry["compared"] = False
+            else:
+                entry["compared"] = True
+                entry["metrics"] = m
+                ms.append(m)
+            vals.append(entry)
+        bit = all(m["bitwise_equal"] for m in ms)
+        tol = all(m["within_tolerance"] for m in ms)
+        diff_ms = [m for m in ms if not m["bitwise_equal"]]
+        res = {"bitwise_equal": bit, "within_tolerance": tol, "values": vals,
+               "metrics": compare.worst(diff_ms or ms) if ms else None,
+               "compared": len(ms), "not_compared": not_compared}
+        self._cmp[key] = res
+        return res
+
+    def _weakest_input_dtype(self, ea):
+        """The least precise floating dtype among the values event `ea` of a reads: an
+        output cannot be held to a tighter tolerance than its inputs (a float32 value
+        converted to float64 keeps its float32 error)."""
+        names = set()
+        for row in self.ta.value_rows(ea, schema.ROLE_IN):
+            names.add(self.ta.string(row["dtype"]))
+        for r in self.ta.input_rows(ea):
+            p = int(r["producer"])
+            if 0 <= p < len(self.ta.events):
+                row = input_value_row(self.sa, self.ta, ea, p, int(r["producer_slot"]))
+                if row is not None:
+                    names.add(self.ta.string(row["dtype"]))
+        names = [n for n in names if compare.is_floating(n)]
+        if not names:
+            return None
+        return max(names, key=lambda n: compare.tolerance(n)[0])
+
+    def equal_at(self, ea, eb, level):
+        r = self.compare_event(ea, eb)
+        return r["bitwise_equal"] if level == BITWISE else r["within_tolerance"]
+
+    # -- inputs ----------------------------------------------------------------------------
+    def inputs_match(self, ea, eb, level):
+        """(True/False/None, reason, [mismatching input descriptions])."""
+        bad, unknown = [], []
+        checked = 0
+        # role-IN values stored on the event itself (a call's arguments, an equation's
+        # literals); a slot that also has a dataflow edge is judged by the edge, with the
+        # role-IN values as the fallback when the producer's value was not stored
+        ina = self.ta.value_rows(ea, schema.ROLE_IN)
+        inb = self.tb.value_rows(eb, schema.ROLE_IN)
+        own = {k: (row_a, row_b) for k, row_a, row_b in
+               _pair_rows(self.ta, self.tb, ina, inb, by_name=False)}
+        edges = {int(r["slot"]) for r in self.ta.input_rows(ea) if int(r["producer"]) >= 0}
+
+        def judge(key, m, extra):
+            nonlocal checked
+            checked += 1
+            if not (m["bitwise_equal"] if level == BITWISE else m["within_tolerance"]):
+                bad.append(dict(extra, input=key, metrics=m))
+
+        def own_value(k):
+            """Judge slot k by the values stored on the event; False when it cannot."""
+            row_a, row_b = own.get(k, (None, None))
+            m = self.compare_rows(row_a, row_b) if row_a is not None and row_b is not None \
+                else None
+            if m is not None:
+                judge(str(k), m, {})
+            return m is not None
+
+        for k, (row_a, row_b) in own.items():
+            if k in edges:
+                continue
+            if row_a is None or row_b is None:
+                unknown.append(f"input {k} is recorded on one side only")
+            elif not own_value(k):
+                unknown.append(f"input {k} was not stored")
+        # dataflow edges
+        rows_a = self.ta.input_rows(ea)
+        rows_b = {int(r["slot"]): r for r in self.tb.input_rows(eb)}
+        for r in rows_a:
+            slot, p, ps = int(r["slot"]), int(r["producer"]), int(r["producer_slot"])
+            if p in (schema.PRODUCER_LITERAL, schema.PRODUCER_CONST):
+                continue
+            if p == schema.PRODUCER_UNKNOWN:
+                if slot not in own:
+                    unknown.append(f"input {slot} has an unknown producer")
+                continue
+            rb = rows_b.get(slot)
+            q, qs = (int(rb["producer"]), int(rb["producer_slot"])) if rb is not None else (-1, 0)
+            va = input_value_row(self.sa, self.ta, ea, p, ps)
+            vb = input_value_row(self.sb, self.tb, eb, q, qs) if q >= 0 else None
+            m = self.compare_rows(va, vb) if va is not None and vb is not None else None
+            if m is None:
+                if own_value(slot):
+                    continue
+                unknown.append(f"input {slot} has no counterpart in b" if rb is None else
+                               f"input {slot} comes from event {p} in a but has no producer "
+                               f"in b" if q < 0 else f"input {slot} (from event {p}) was not stored")
+                continue
+            judge(slot, m, {"producer_a": p, "producer_b": q,
+                            "producer_op": self.ta.string(self.ta.events[p]["op"])})
+        if bad:
+            return False, (f"{len(bad)} of its inputs differ "
+                           f"{'bitwise' if level == BITWISE else 'beyond tolerance'}"), bad
+        if unknown:
+            return None, "; ".join(unknown[:3]) + (" ..." if len(unknown) > 3 else ""), []
+        if checked == 0:
+            return True, "it reads no recorded inputs", []
+        return True, (f"its input matches ({_level_word(level)})" if checked == 1 else
+                      f"all {checked} inputs match ({_level_word(level)})"), []
+
+    # -- search ----------------------------------------------------------------------------
+    def pairs(self):
+        ia = np.flatnonzero(self.al.a2b >= 0)
+        return ia, self.al.a2b[ia]
+
+    def candidate_pairs(self):
+        """Paired events whose output content hashes differ, in the order of trace a."""
+        ia, ib = self.pairs()
+        diff = self.sa.content[ia] != self.sb.content[ib]
+        return ia[diff], ib[diff]
+
+    def _origin_among(self, events_a, level, depth=0):
+        """First origin (inputs match, outputs differ) among these a-events; prefers the
+        inner equations of a nested jit origin. Returns (ea, eb, first_diff)."""
+        first_diff = None
+        for ea in events_a:
+            eb = int(self.al.a2b[ea])
+            if eb < 0 or self.sa.content[ea] == self.sb.content[eb]:
+                continue
+            if self.equal_at(ea, eb, level):
+                continue
+            if self._is_noise(ea):
+                continue
+            if first_diff is None:
+                first_diff = (ea, eb)
+            ok, _, _ = self.inputs_match(ea, eb, level)
+            if ok:
+                kids = np.flatnonzero((self.sa.parent == ea) & (self.sa.kind == schema.KIND_EQN))
+                if len(kids) and depth < 16:
+                    inner, _, _ = self._origin_among(kids, level, depth + 1)
+                    if inner is not None:
+                        return inner, first_diff, True
+                return (ea, eb), first_diff, True
+        return None, first_diff, False
+
+    FAST_CHUNK_BYTES = 8 << 20   # per side; the float64 temporaries of a chunk whose every
+                                 # element differs take ~17x this (kept well under 1 GB)
+    FAST_MAX_BYTES = 1 << 20
+
+    def _fast_within_tolerance(self, ia, ib):
+        """Vectorised pre-check of many candidate pairs: True where the pair is certainly
+        within tolerance (one float output value on each side, same dtype and shape, every
+        element within tolerance). Everything else is left to the exact per-event path."""
+        ok = np.zeros(len(ia), bool)
+        if not len(ia) or self.ulp is not None:
+            return ok
+        sa, sb = self.sa, self.sb
+        simple = (sa.n_out[ia] == 1) & (sb.n_out[ib] == 1) & (sa.kind[ia] != schema.KIND_OPTIM)
+        if not simple.any():
+            return ok
+        sel = np.flatnonzero(simple)
+
+        def rows(side, ev):
+            keys = side.key(ev, schema.ROLE_OUT, 0)
+            pos = np.minimum(np.searchsorted(side.vkey, keys), max(len(side.vkey) - 1, 0))
+            found = side.vkey[pos] == keys
+            return side.trace.values[side.vrow[pos]], found
+
+        va, fa = rows(sa, ia[sel])
+        vb, fb = rows(sb, ib[sel])
+        bad_flags = schema.VFLAG_UNINIT | schema.VFLAG_NOT_STORED
+        good = fa & fb & (va["offset"] >= 0) & (vb["offset"] >= 0) & \
+            ((va["flags"] & bad_flags) == 0) & ((vb["flags"] & bad_flags) == 0) & \
+            (sa.gid[va["dtype"]] == sb.gid[vb["dtype"]]) & (sa.gid[va["shape"]] == sb.gid[vb["shape"]]) & \
+            (va["nbytes"] == vb["nbytes"]) & (va["nbytes"] > 0) & (va["nbytes"] <= self.FAST_MAX_BYTES)
+        dnames = _resolve(self.ta, va["dtype"])
+        snames = _resolve(self.ta, va["storage"])
+        todo, done = int(va["nbytes"][good].sum()), 0
+        for dt in ("float32", "float64", "float16"):
+            m = good & (dnames == dt) & (snames == dt)
+            idx = np.flatnonzero(m)
+            if not len(idx):
+                continue
+            r, t = compare.tolerance(dt, self.rtol, self.atol)
+            item = np.dtype(dt).itemsize
+            start = 0
+            while start < len(idx):
+                nb = va["nbytes"][idx[start:]]
+                stop = start + max(1, int(np.searchsorted(np.cumsum(nb), self.FAST_CHUNK_BYTES)))
+                part = idx[start:stop]
+                xa = self.ra.gather(va["offset"][part], va["nbytes"][part]).view(dt)
+                xb = self.rb.gather(vb["offset"][part], vb["nbytes"][part]).view(dt)
+                seg = np.concatenate([[0], np.cumsum(va["nbytes"][part] // item)[:-1]])
+                # only elements whose bits differ need the tolerance test (one cheap pass)
+                ut = {2: np.uint16, 4: np.uint32, 8: np.uint64}[item]
+                nz = np.flatnonzero(xa.view(ut) != xb.view(ut))
+                with np.errstate(invalid="ignore", over="ignore"):
+                    fa64, fb64 = xa[nz].astype(np.float64), xb[nz].astype(np.float64)
+                    diff = np.abs(fa64 - fb64)
+                    within = (fa64 == fb64) | (np.isnan(fa64) & np.isnan(fb64)) | \
+                        (np.isfinite(diff) & (diff <= t + r * np.maximum(np.abs(fa64), np.abs(fb64))))
+                all_ok = np.ones(len(part), bool)
+                all_ok[np.searchsorted(seg, nz[~within], side="right") - 1] = False
+                ok[sel[part[all_ok]]] = True
+                start = stop
+                done += int(va["nbytes"][part].sum())
+                self._tell("comparing values within tolerance (bytes)", done, todo)
+        return ok
+
+    def search(self, level):
+        """(Finding or None, replay-only Finding or None) for one level."""
+        ia, ib = self.candidate_pairs()
+        if level == TOLERANCE:
+            keep = ~self._fast_within_tolerance(ia, ib)
+            ia, ib = ia[keep], ib[keep]
+        replay_only = None
+        probe = self.ta.events["origin"] == schema.ORIGIN_PROBE
+        phase = f"comparing differing events ({level})"
+        self._tell(phase, 0, len(ia))
+        for i, (ea, eb) in enumerate(zip(ia.tolist(), ib.tolist())):
+            if not i & 1023:
+                self._tell(phase, i, len(ia))
+            if probe[ea]:
+                continue  # tracediff's own extra program: searched only through its call
+            if self.noisy is not None and self._is_noise(ea):
+                continue
+            kind = int(self.sa.kind[ea])
+            c = int(self.sa.call[ea]) if kind == schema.KIND_EQN else -1
+            cb = int(self.al.a2b[c]) if c >= 0 else -1
+            if kind == schema.KIND_EQN and cb < 0 and not self.equal_at(ea, eb, level):
+                # no compiled counterpart to judge by (the calls are structured differently
+                # in the two runs): the replayed values are the best evidence there is; a
+                # nested jit whose inputs match is searched for its inner origin
+                inner, _, _ = self._origin_among(np.array([ea]), level)
+                ea, eb = inner if inner is not None else (ea, eb)
+                return self.finding(ea, eb, level, note=(
+                    "replayed equation; its enclosing compiled call has no counterpart in b, "
+                    "so the replayed values are compared")), replay_only
+            if kind == schema.KIND_EQN and cb >= 0:
+                if not self.equal_at(c, cb, level):
+                    continue  # resolved through its call (cannot happen: the call comes first)
+                if self.equal_at(ea, eb, level):
+                    continue
+                note = (f"replay-only: the compiled outputs of the enclosing call (event {c}) "
+                        f"match{' bitwise' if level == BITWISE else ' within tolerance'}; "
+                        f"the script did not see this difference")
+                f = self.finding(ea, eb, level, note=note)
+                if level == BITWISE:
+                    return f, None
+                if replay_only is None:
+                    replay_only = f
+                continue
+            if self.equal_at(ea, eb, level):
+                continue
+            if kind == schema.KIND_CALL:
+                eqns = np.flatnonzero((self.sa.call == ea) & (self.sa.kind == schema.KIND_EQN))
+                # direct equations of the call (parent = the call, or unset); nested ones
+                # are searched through their enclosing jit/cond/scan equation
+                eqns = eqns[(self.sa.parent[eqns] == ea) | (self.sa.parent[eqns] < 0)]
+                origin, first_diff, _ = self._origin_among(eqns, level)
+                call = {"a": ea, "b": eb, "op": self.ta.string(self.ta.events[ea]["op"])}
+                if origin is not None:
+                    f = self.finding(*origin, level, note=(
+                        f"first replayed equation of compiled call {call['op']!r} (event {ea}) "
+                        f"whose inputs match and whose outputs differ"))
+                    f.call = call
+                    return f, replay_only
+                if first_diff is not None:
+                    f = self.finding(*first_diff, level, note=(
+                        f"first differing replayed equation of compiled call {call['op']!r} "
+                        f"(event {ea}); no equation inside it was found to introduce the "
+                        f"difference on its own"))
+                    f.call = call
+                    return f, replay_only
+                if len(eqns):
+                    f = self._probe_finding(ea, eb, call, level, probe)
+                    if f is not None:
+                        return f, replay_only
+                note = ("the compiled outputs differ but every replayed equation of this call "
+                        "matches: the divergence is inside the compiled program (fusion, "
+                        "compiler rewrites), not at any single equation"
+                        if len(eqns) else "the compiled outputs differ (no replayed equations "
+                        "recorded for this call)")
+                f = self.finding(ea, eb, level, note=note)
+                f.compiled = "replay matches" if len(eqns) else ""
+                return f, replay_only
+            return self.finding(ea, eb, level), replay_only
+        return None, replay_only
+
+    def _probe_finding(self, ea, eb, call, level, probe):
+        """A compiled call whose replayed equations all match: search its compiled probe
+        (`record --probe`, capture/jax_probe.py), the same equations compiled with every
+        intermediate as an output, for the first one whose compiled value differs while
+        its inputs match. None when the call was not probed on both sides."""
+        mine = np.flatnonzero(probe & (self.sa.kind == schema.KIND_CALL) & (self.sa.parent == ea))
+        if not len(mine):
+            return None
+        pa = int(mine[0])
+        pb = int(self.al.a2b[pa])
+        if pb < 0:
+            return None
+        eqns = np.flatnonzero((self.sa.call == pa) & (self.sa.parent == pa) &
+                              (self.sa.kind == schema.KIND_EQN))
+        origin, first_diff, _ = self._origin_among(eqns, level)
+        where = f"compiled call {call['op']!r} (event {ea})"
+        if origin is None and first_diff is None:
+            note = ("the compiled outputs differ but every replayed equation matches, and the "
+                    "compiled probe of the call (event {}) does not reproduce the difference: "
+                    "it lies in how the whole program was fused".format(pa))
+            if not self.equal_at(pa, pb, level):
+                return None
+            f = self.finding(ea, eb, level, note=note)
+            f.compiled = "probe does not reproduce"
+            return f
+        if origin is not None:
+            pick, how = origin, "whose inputs match and whose compiled value differs"
+        else:
+            pick, how = first_diff, "whose compiled value differs (none introduced it on its own)"
+        f = self.finding(*pick, level, note=(
+            f"every replayed equation of {where} matches; its compiled probe (event {pa}: the "
+            f"call's equations compiled with each intermediate as an output) narrows the "
+            f"difference to the first equation {how}"))
+        f.call = dict(call, probe_a=pa, probe_b=pb)
+        name = call["op"][len("jit:"):]
+        unfaithful = [side for side, t in (("a", self.ta), ("b", self.tb))
+                      if name in ((((t.manifest.get("frameworks") or {}).get("jax") or {})
+                                   .get("probe") or {}).get("differing_calls") or ())]
+        if unfaithful:
+            f.note += (f"; caveat: on {' and '.join(unfaithful)} the probe's final outputs are not "
+                       f"bitwise those of the real program (the extra outputs changed fusion), so "
+                       f"the real program may round elsewhere too")
+        return f
+
+    def _is_noise(self, ea):
+        """True (and remembered) when event `ea` differs between two runs on a's machine."""
+        if self.noisy is None or not self.noisy[ea]:
+            return False
+        if not isinstance(self.noise_skipped, set):
+            self.noise_skipped = set()
+        self.noise_skipped.add(int(ea))
+        return True
+
+    def finding(self, ea, eb, level, note=""):
+        r = self.compare_event(ea, eb)
+        ok, reason, bad = self.inputs_match(ea, eb, level)
+        if ok is False and bad:
+            reason += ": " + ", ".join(
+                f"input {d['input']}" + (f" from {d['producer_op']} (event {d['producer_a']})"
+                                         if "producer_op" in d else "") for d in bad[:3])
+        return Finding(level=level, a=_event(self.ta, ea, self.sa), b=_event(self.tb, eb, self.sb),
+                       metrics=r["metrics"] or {}, values=r["values"], inputs_match=ok,
+                       inputs_reason=reason,
+                       origin=schema.ORIGIN_NAMES.get(int(self.ta.events[ea]["origin"]), ""),
+                       note=note, pair_by=self.pair_by.get(ea, "structure"))
+
+    # -- optimizer steps -------------------------------------------------------------------
+    def optimizer_steps(self):
+        ia, ib = self.pairs()
+        sel = self.sa.kind[ia] == schema.KIND_OPTIM
+        rows = []
+        for ea, eb in zip(ia[sel].tolist(), ib[sel].tolist()):
+            pairs = self._out_pairs(ea, eb)
+            names = [p for p in pairs if str(p[0]).startswith("params/")] or pairs
+            worst_rel, worst_abs, worst_name, bit = 0.0, 0.0, None, True
+            for k, row_a, row_b in names:
+                if row_a is None or row_b is None:
+                    continue
+                m = self.compare_rows(row_a, row_b)
+                if m is None:
+                    continue
+                bit &= m["bitwise_equal"]
+                rel = _num(m.get("max_rel"))
+                if rel > worst_rel or (worst_name is None and not m["bitwise_equal"]):
+                    worst_rel, worst_abs, worst_name = rel, _num(m.get("max_abs")), str(k)
+            rows.append({"step": int(self.ta.events[ea]["step"]), "a": ea, "b": eb,
+                         "bitwise_equal": bool(bit), "max_rel": worst_rel, "max_abs": worst_abs,
+                         "worst": worst_name})
+        return rows
+
+
+def _resolve(trace, idx):
+    """Strings of many string-table indices (object array), one lookup per distinct index."""
+    uniq, inv = np.unique(np.asarray(idx), return_inverse=True)
+    return np.array([trace.string(u) for u in uniq.tolist()] or [""], dtype=object)[inv] \
+        if len(uniq) else np.zeros(0, dtype=object)
+
+
+def _num(x):
+    if x is None:
+        return 0.0
+    if isinstance(x, str):
+        return float("inf")
+    return float(x)
+
+
+def _level_word(level):
+    return "bitwise" if level == BITWISE else "within tolerance"
+
+
+def _pair_rows(ta, tb, ra, rb, by_name):
+    """Pair two lists of value rows by slot (or by name)."""
+    if by_name:
+        ka = [ta.string(r["name"]) if r["name"] >= 0 else f"#{int(r['slot'])}" for r in ra]
+        kb = [tb.string(r["name"]) if r["name"] >= 0 else f"#{int(r['slot'])}" for r in rb]
+    else:
+        ka = [int(r["slot"]) for r in ra]
+        kb = [int(r["slot"]) for r in rb]
+    db = dict(zip(kb, rb))
+    out = []
+    seen = set()
+    for k, r in zip(ka, ra):
+        out.append((k, r, db.get(k)))
+        seen.add(k)
+    for k, r in zip(kb, rb):
+        if k not in seen:
+            out.append((k, None, r))
+    return out
+
+
+def _vdesc(t, row):
+    if row is None:
+        return None
+    return {"slot": int(row["slot"]), "name": t.string(row["name"]) if row["name"] >= 0 else None,
+            "dtype": t.string(row["dtype"]), "shape": list(parse_shape(t.string(row["shape"]))),
+            "stored": bool(comparable(row)),
+            "uninitialized": bool(row["flags"] & schema.VFLAG_UNINIT)}
+
+
+def _event(t, eid, side):
+    d = t.event(eid)
+    outs = t.value_rows(eid, schema.ROLE_OUT)
+    d["shapes"] = [list(parse_shape(t.string(r["shape"]))) for r in outs]
+    d["dtypes"] = [t.string(r["dtype"]) for r in outs]
+    return d
+
