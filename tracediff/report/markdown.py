@@ -11,8 +11,10 @@ reproduction commands; the trace files to attach with their sizes.
 import os
 import re
 
-from .common import (GITHUB_ATTACH_LIMIT, chain_items, culprit, event_label, explain_parts,
-                     finding_rows, fmt, fmt_bytes, fmt_pct, summary)
+from ..untrusted import md_code, printable
+from .common import (GITHUB_ATTACH_LIMIT, MATCHES, NO_LINES, RECORDED, chain_items, culprit,
+                     event_label, explain_parts, finding_rows, fmt, fmt_bytes, fmt_pct,
+                     summary)
 
 MAX_STEP_ROWS = 30
 MAX_ENV_ROWS = 60
@@ -57,21 +59,7 @@ def _finding(lines, f, title, ctx_source=None):
     lines += _table(["", ""], [(k, v) for k, v in rows])
     lines.append("")
     if ctx_source:
-        if ctx_source.get("found"):
-            width = len(str(ctx_source["lines"][-1][0]))
-            lines.append(f"Source (`{ctx_source['file']}`):")
-            lines.append("")
-            runs = [len(r) for _, t in ctx_source["lines"] for r in re.findall("`+", t)]
-            fence = "`" * max(3, max(runs, default=0) + 1)
-            lines.append(f"{fence}python")
-            for no, text in ctx_source["lines"]:
-                mark = ">" if no == ctx_source["line"] else " "
-                lines.append(f"{mark}{no:>{width}}  {text}")
-            lines.append(fence)
-            lines.append("")
-        else:
-            lines += [f"Source: `{ctx_source['file']}:{ctx_source['line']}` (the file is not "
-                      f"on this machine)", ""]
+        _source(lines, ctx_source)
     m = f.get("metrics") or {}
     lines += _table(["metric", "value"], _metrics_rows(m))
     lines.append("")
@@ -89,6 +77,27 @@ def _finding(lines, f, title, ctx_source=None):
             lines.append(f"\n... {f['values_total'] - len(f['values'])} more outputs "
                          f"(`tracediff locate --json`)")
         lines.append("")
+
+
+def _source(lines, src):
+    """The culprit's code context (`common.source_context`): the trace's lines in a fenced
+    block (each line printable, the fence longer than any backtick run in them)."""
+    note = src.get("note")
+    if not src.get("found"):
+        where = md_code(f"{src['file']}:{src['line']}", limit=300)
+        lines += [f"Source: {where} ({NO_LINES}{'; ' + note if note else ''})", ""]
+        return
+    origin = MATCHES if src.get("origin") == "local" else RECORDED
+    if note and note != origin:
+        origin += f"; {note}"
+    width = len(str(src["lines"][-1][0]))
+    body = [printable(t, limit=300) for _, t in src["lines"]]
+    runs = [len(r) for t in body for r in re.findall("`+", t)]
+    fence = "`" * max(3, max(runs, default=0) + 1)
+    lines += [f"Source ({md_code(src['file'], limit=300)}, {origin}):", "", f"{fence}python"]
+    for (no, _), text in zip(src["lines"], body):
+        lines.append(f"{'>' if no == src['line'] else ' '}{no:>{width}}  {text}")
+    lines += [fence, ""]
 
 
 def _explain(lines, explain):

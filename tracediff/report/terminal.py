@@ -12,6 +12,7 @@ import re
 from rich.console import Console
 from rich.markup import escape
 
+from ..untrusted import markup
 from .json_report import next_steps
 
 MAX_ENV = 15
@@ -47,7 +48,7 @@ def _shapes(e):
     return ", ".join(f"{d}{s}" for d, s in zip(e.get("dtypes", []), e.get("shapes", []))) or "-"
 
 
-def _finding(console, title, f, a_name, b_name, verbose=False, manifest=None):
+def _finding(console, title, f, a_name, b_name, verbose=False, context=None):
     console.print(f"[bold]{title}[/]: {_where(f.a)}  (a #{f.a['index']}, b #{f.b['index']}"
                   f"{', ' + f.origin if f.origin else ''})")
     if f.a.get("name_stack") or f.b.get("name_stack"):
@@ -60,13 +61,8 @@ def _finding(console, title, f, a_name, b_name, verbose=False, manifest=None):
         if f.b.get("source") and f.b["source"] != f.a.get("source"):
             src += f"  |  b: {escape(f.b['source'])}"
         console.print(f"  source: {src}")
-        if verbose and f.a.get("source"):
-            from .common import source_context
-
-            ctx = source_context(manifest, f.a["source"])
-            for no, text in (ctx or {}).get("lines", []):
-                mark = "[bold red]>[/]" if no == ctx["line"] else " "
-                console.print(f"    {mark}{no:>5}  {escape(text)}")
+        if verbose and f.a.get("source") and context is not None:
+            _code(console, context(f.a["source"]))
     if f.b["op"] != f.a["op"] or f.b["framework"] != f.a["framework"]:
         console.print(f"  paired with b: {_where(f.b)} (by {f.pair_by})")
     console.print(f"  outputs: a {_shapes(f.a)}   b {_shapes(f.b)}")
@@ -97,9 +93,26 @@ def _finding(console, title, f, a_name, b_name, verbose=False, manifest=None):
         console.print(f"  note: {escape(f.note)}")
 
 
-def print_locate(r, console=None, verbose=False):
+def _code(console, ctx):
+    """The lines trace a recorded around the source (`common.source_context`)."""
+    if ctx is None:
+        return
+    from .common import NO_LINES
+
+    for no, text in ctx["lines"]:
+        mark = "[bold red]>[/]" if no == ctx["line"] else " "
+        console.print(f"    {mark}{no:>5}  {markup(text, 300)}")
+    if not ctx["found"]:
+        console.print(f"    ({NO_LINES})")
+    if ctx.get("note"):
+        console.print(f"    ({markup(ctx['note'])})")
+
+
+def print_locate(r, console=None, verbose=False, source_dir=None):
+    """Print `r` (a locate result). With `verbose`, the culprit's code as trace a recorded
+    it; `source_dir` (`--source-dir`): from that folder when the file's sha256 matches."""
     console = console or Console(highlight=False, soft_wrap=True)
-    manifest_a = _manifest(r.path_a) if verbose else None
+    context_a = (lambda src: _source_context(r.path_a, src, source_dir)) if verbose else None
     a, b = r.traces["a"], r.traces["b"]
     if r.verdict == "match":
         head = "[bold green]MATCH[/]: no divergence beyond tolerance"
@@ -114,7 +127,7 @@ def print_locate(r, console=None, verbose=False):
                f"atol {tol.get('atol') if tol.get('atol') is not None else 'default'}")
     if r.first_beyond_tolerance is not None:
         _finding(console, f"first divergence beyond tolerance ({tol_txt})",
-                 r.first_beyond_tolerance, a, b, verbose, manifest_a)
+                 r.first_beyond_tolerance, a, b, verbose, context_a)
     fd = r.first_difference
     if fd is not None:
         same = (r.first_beyond_tolerance is not None and
@@ -131,7 +144,7 @@ def print_locate(r, console=None, verbose=False):
                           f"{'  ' + escape(fd.a['source']) if fd.a.get('source') else ''}; "
                           f"max ulp {_fmt(m.get('max_ulp'))}, {word}  [dim](-v for details)[/]")
         else:
-            _finding(console, "first bitwise difference", fd, a, b, verbose, manifest_a)
+            _finding(console, "first bitwise difference", fd, a, b, verbose, context_a)
     elif r.first_beyond_tolerance is None:
         console.print("every compared value is bitwise identical")
     if r.replay_only is not None and r.first_beyond_tolerance is None:
@@ -197,14 +210,16 @@ def _fmt_env(v):
     return s if len(s) <= 80 else s[:77] + "..."
 
 
-def _manifest(path):
+def _source_context(path, source, source_dir=None):
     from ..trace.reader import Trace
+    from .common import source_context
 
     try:
         with Trace(path) as t:
-            return t.manifest
+            recorded, manifest = t.source_lines(source), t.manifest
     except Exception:  # context only: never fail the report over it
-        return None
+        recorded = manifest = None
+    return source_context(source, recorded, source_dir, manifest)
 
 
 def _extras(console, r, verbose=False):
