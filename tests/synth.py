@@ -15,11 +15,16 @@ def manifest(**over):
     return m
 
 
-def write(path, events, man=None, complete=True):
+def write(path, events, man=None, complete=True, source_dir=None):
     """events: list of dicts with keys kind, op, outs (list of arrays or (array, name)),
     ins ([(slot, producer, producer_slot)]), in_values ([array or (array, name)]),
-    name_stack, source, call, parent, step, origin, framework, phase, node, uninit (slots)."""
+    name_stack, source, call, parent, step, origin, framework, phase, node, uninit (slots).
+    `source_dir`: record the lines of the sources (relative to it) as a recording does."""
     w = TraceWriter(path, man or manifest())
+    if source_dir is not None:
+        from tracediff.capture.sources import SourceRecorder
+
+        w.source_lines = SourceRecorder(lambda: str(source_dir))
     for e in events:
         kind = e.get("kind", schema.KIND_OP)
         fw = e.get("framework", schema.FW_TORCH if kind == schema.KIND_OP else schema.FW_JAX)

@@ -44,8 +44,8 @@ def synthetic(tmp_path_factory):
     man_a = synth.manifest(script=script_meta)
     man_b = synth.manifest(script=script_meta)
     man_b["env"] = {**man_b["env"], "OMP_NUM_THREADS": "1"}
-    a = synth.write(str(folder / "a.h5"), ev_a, man_a)
-    b = synth.write(str(folder / "b.h5"), ev_b, man_b)
+    a = synth.write(str(folder / "a.h5"), ev_a, man_a, source_dir=folder)
+    b = synth.write(str(folder / "b.h5"), ev_b, man_b, source_dir=folder)
     return a, b, folder
 
 
@@ -179,13 +179,15 @@ def test_markdown_and_html_render_explain_and_chain_when_present(synthetic):
     assert "<li><code>aten::sum</code> (event #9" in page and "<b>last differing event</b>" in page
 
 
-def test_source_context_when_the_file_is_elsewhere(tmp_path):
-    assert source_context({"script": {"path": str(tmp_path / "x.py")}}, "x.py:3") == {
-        "file": "x.py", "path": str(tmp_path / "x.py"), "line": 3, "lines": [], "found": False}
+def test_source_context_is_the_recorded_lines(tmp_path):
+    """A local file, even the script's, is never read without a source folder."""
     (tmp_path / "x.py").write_text("a\nb\nc\n")
-    ctx = source_context({"script": {"path": str(tmp_path / "x.py")}}, "x.py:1")
-    assert ctx["lines"] == [(1, "a"), (2, "b"), (3, "c")] and ctx["found"]
-    assert source_context({}, "no line number") is None
+    manifest = {"script": {"path": str(tmp_path / "x.py"), "name": "x.py"}}
+    assert source_context("x.py:3", None, None, manifest) == {
+        "file": "x.py", "line": 3, "lines": [], "found": False, "origin": None, "note": None}
+    ctx = source_context("x.py:1", {"lines": [(1, "a"), (2, "b")], "sha256": None})
+    assert ctx["lines"] == [(1, "a"), (2, "b")] and ctx["found"] and ctx["origin"] == "trace"
+    assert source_context("no line number") is None
 
 
 def test_match_report_says_identical(synthetic):
@@ -241,9 +243,8 @@ def test_trace_strings_cannot_inject_markup(synthetic, tmp_path):
     assert not p.errors
     assert "img" not in p.tags and p.tags.count("script") == 1      # only our own
     assert "&lt;img src=x" in page
-    src = tmp_path / "s.py"
-    src.write_text("x = 1\ny = '```'\nz = 3\n")
-    data["report"]["source"] = source_context({"script": {"path": str(src)}}, "s.py:2")
+    data["report"]["source"] = source_context(
+        "s.py:2", {"lines": [(1, "x = 1"), (2, "y = '```'"), (3, "z = 3")]})
     text = markdown.render(data)
     assert "````python\n 1  x = 1\n>2  y = '```'\n 3  z = 3\n````" in text
     assert _md_tables_ok(text)

@@ -154,7 +154,18 @@ def _sizes(*paths):
     return f"{total / 1e9:.1f} GB" if total >= 1e9 else f"{total / 1e6:.0f} MB"
 
 
-def _print_result(result, as_json=False, verbose=False, quiet=False):
+def _source_dir_option(fn):
+    """--source-dir: the only way a local source file is read (the trace's recorded lines
+    are shown otherwise); see report/common.py `source_context`."""
+    return click.option(
+        "--source-dir", type=click.Path(exists=True, file_okay=False), default=None,
+        metavar="DIR",
+        help="Show the culprit's code from this folder (your checkout of the script's "
+             "folder) instead of the lines the trace recorded, when the file there is the "
+             "recorded one (same sha256). Only regular files inside DIR are read.")(fn)
+
+
+def _print_result(result, as_json=False, verbose=False, quiet=False, source_dir=None):
     if quiet:
         return
     for w in result.warnings:
@@ -164,7 +175,7 @@ def _print_result(result, as_json=False, verbose=False, quiet=False):
     else:
         from .report.terminal import print_locate
 
-        print_locate(result, verbose=verbose)
+        print_locate(result, verbose=verbose, source_dir=source_dir)
 
 
 @click.group(cls=_Ordered, context_settings=CONTEXT)
@@ -343,9 +354,10 @@ def show(trace, event, as_json, npy):
 @_explain_options
 @click.option("--no-explain", is_flag=True,
               help="Skip the replay verdict and the chain (no op is re-executed).")
+@_source_dir_option
 @_guard
 def locate(trace_a, trace_b, rtol, atol, map_file, as_json, verbose, quiet, ulp, noise,
-           no_explain):
+           no_explain, source_dir):
     """Name the first operation where TRACE_A and TRACE_B disagree.
 
     Prints the first difference beyond tolerance (op, name stack, source line, step,
@@ -375,7 +387,7 @@ def locate(trace_a, trace_b, rtol, atol, map_file, as_json, verbose, quiet, ulp,
         result = _locate(trace_a, trace_b, rtol=rtol, atol=atol, map_file=map_file, ulp=ulp,
                          noise=noise or None, explain=not no_explain and not quiet,
                          progress=progress)
-    _print_result(result, as_json, verbose, quiet)
+    _print_result(result, as_json, verbose, quiet, source_dir)
     sys.exit(result.exit_code)
 
 
@@ -474,8 +486,10 @@ def _report_format(output, fmt):
                      f"(use report.md or report.html, or give --format md|html)")
 
 
-def write_report(trace_a, trace_b, output, fmt=None, rtol=None, atol=None, map_file=None):
-    """Locate and write a Markdown/HTML report to `output` ('-' = stdout); returns the result."""
+def write_report(trace_a, trace_b, output, fmt=None, rtol=None, atol=None, map_file=None,
+                 source_dir=None):
+    """Locate and write a Markdown/HTML report to `output` ('-' = stdout); returns the result.
+    Code context is what trace a recorded (or read from `source_dir`, see --source-dir)."""
     from .report.common import report_data
 
     fmt = _report_format(output, fmt)
@@ -488,13 +502,13 @@ def write_report(trace_a, trace_b, output, fmt=None, rtol=None, atol=None, map_f
         from .report.html import render
 
         result, profile = locate_with_profile(trace_a, trace_b, rtol, atol, map_file)
-        text = render(report_data(result), profile)
+        text = render(report_data(result, source_dir), profile)
     else:
         from .diff.locate import locate as _locate
         from .report.markdown import render
 
         result = _locate(trace_a, trace_b, rtol=rtol, atol=atol, map_file=map_file)
-        text = render(report_data(result))
+        text = render(report_data(result, source_dir))
     if output == "-":
         click.echo(text, nl=False)
     else:
@@ -517,15 +531,16 @@ def write_report(trace_a, trace_b, output, fmt=None, rtol=None, atol=None, map_f
 @_tolerance_options
 @click.option("--map", "map_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Name map for traces of different frameworks (as for locate).")
+@_source_dir_option
 @_guard
-def report(trace_a, trace_b, output, fmt, rtol, atol, map_file):
+def report(trace_a, trace_b, output, fmt, rtol, atol, map_file, source_dir):
     """Write a bug report comparing TRACE_A and TRACE_B.
 
     \b
     Markdown (-o report.md), made to paste into a GitHub issue: a summary paragraph,
-    the culprit op with the user's source lines, metrics, the optimizer steps, the
-    environment differences as a table, reproduction commands and the trace sizes to
-    attach.
+    the culprit op with the user's source lines (as trace a recorded them; a local
+    file only with --source-dir), metrics, the optimizer steps, the environment
+    differences as a table, reproduction commands and the trace sizes to attach.
     HTML (-o report.html): the same in one page that needs no network, with plots
     of the difference per event along the run and per optimizer step (log scale),
     the culprit marked, and tables you can filter.
@@ -541,7 +556,7 @@ def report(trace_a, trace_b, output, fmt, rtol, atol, map_file):
     """
     _need_trace(trace_a)
     _need_trace(trace_b)
-    result = write_report(trace_a, trace_b, output, fmt, rtol, atol, map_file)
+    result = write_report(trace_a, trace_b, output, fmt, rtol, atol, map_file, source_dir)
     if output != "-":
         click.echo(f"tracediff: {_report_format(output, fmt)} report written to {output} "
                    f"(verdict: {result.verdict})", err=True)

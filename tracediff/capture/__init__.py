@@ -168,6 +168,10 @@ class Session:
         self.tool_dirs = tuple(tool_dirs)
         self.captures = []
         self._user_files = {}
+        # the lines around each new events.source, stored in the trace (capture/sources.py)
+        from .sources import SourceRecorder
+
+        writer.source_lines = SourceRecorder(lambda: self.script_dir)
 
     @property
     def active(self):

@@ -3,7 +3,8 @@
 `report_data(result)` is `json_report.build(result)` (the same data as `tracediff locate --json`)
 with one extra key, "report", holding what only the trace files and this machine know:
 file sizes, each run's command line and numeric environment variables, and the user's
-source lines around the culprit (read from the script's folder when it exists here).
+source lines around the culprit as the trace recorded them (a local file only with
+`--source-dir`, see `source_context`).
 Renderers take that dict; sections for fields a future `locate` adds ("explain": the
 replay verdict, "chain": origin to outputs) appear when the fields are present.
 """
@@ -16,7 +17,6 @@ from ..untrusted import md_code, md_text
 from .json_report import build
 
 GITHUB_ATTACH_LIMIT = 25 << 20
-CONTEXT_LINES = 2
 
 
 def fmt(x, digits=3):
@@ -176,37 +176,86 @@ def summary(data, code=md_code, text=md_text):
     return " ".join(out)
 
 
-def source_context(manifest, source, context=CONTEXT_LINES):
-    """The user's lines around `source` ("file.py:25", relative to the script's folder
-    or absolute) when the file exists on this machine: {"file", "line", "lines":
-    [(number, text)], "found"}; None when `source` has no line number."""
-    if not source or ":" not in source:
+# What a report says about the code context (report/markdown.py, html.py, terminal.py).
+RECORDED = "recorded in the trace"
+MATCHES = "local file matches the recorded sha256"
+DIFFERS = "local file differs from the recorded one"
+NO_LINES = "the trace holds no source lines for it"
+
+
+def source_context(source, recorded=None, source_dir=None, manifest=None):
+    """The user's lines around `source` ("file.py:25"), from the trace: {"file", "line",
+    "lines": [(number, text)], "found", "origin", "note"}; None when `source` has no line
+    number. Nothing on this machine is read unless `source_dir` is given.
+
+    `recorded` is `Trace.source_lines(source)` (None for an older trace). With
+    `source_dir`, the file is read from there only when it is a regular file inside the
+    folder whose sha256 is the recorded one (the manifest's script sha256 for the script
+    itself in an older trace); `note` says what happened, `origin` is "trace" or "local".
+    Texts are the trace's (or the file's): renderers escape them."""
+    from ..capture.sources import parse_source
+
+    parsed = parse_source(source)
+    if parsed is None:
         return None
-    fname, _, line = source.rpartition(":")
-    try:
-        line = int(line)
-    except ValueError:
-        return None
-    script = (manifest or {}).get("script") or {}
-    folder = os.path.dirname(script.get("path") or "")
-    path = fname if os.path.isabs(fname) else os.path.join(folder, fname) if folder else fname
-    out = {"file": fname, "path": path, "line": line, "lines": [], "found": False}
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            text = fh.read(4 << 20).splitlines()
-    except OSError:
+    fname, line = parsed
+    out = {"file": fname, "line": line, "lines": [], "found": False, "origin": None,
+           "note": None}
+    if recorded and recorded.get("lines"):
+        out.update(lines=list(recorded["lines"]), found=True, origin="trace")
+    if source_dir is None:
         return out
-    if 1 <= line <= len(text):
-        lo, hi = max(1, line - context), min(len(text), line + context)
-        out["lines"] = [(i, text[i - 1].rstrip()) for i in range(lo, hi + 1)]
-        out["found"] = True
+    sha = (recorded or {}).get("sha256")
+    if not sha:  # an older trace: the script itself has its sha256 in the manifest
+        script = (manifest or {}).get("script") or {}
+        if script.get("name") == fname and isinstance(script.get("sha256"), str):
+            sha = script["sha256"].lower()
+    lines, out["note"] = _local_lines(source_dir, fname, line, sha)
+    if lines is not None:
+        out.update(lines=lines, found=True, origin="local")
     return out
 
 
-def _trace_context(path):
+def _local_lines(source_dir, fname, line, sha):
+    """([(number, text)] or None, note) for `fname` read from `source_dir` (see
+    `source_context`): a relative path that stays inside the folder once symlinks are
+    resolved, a regular file, at most MAX_FILE_BYTES, with the expected sha256."""
+    import hashlib
+
+    from ..capture import sources
+
+    if os.path.isabs(fname) or fname.startswith("~"):
+        return None, "not read: an absolute path"
+    try:
+        root = os.path.realpath(source_dir)
+        path = os.path.realpath(os.path.join(root, fname))
+    except (ValueError, OSError):  # a NUL byte, a symlink loop
+        return None, "not read: not a valid path"
+    if os.path.commonpath([root, path]) != root or path == root:
+        return None, "not read: outside --source-dir"
+    if not sha:
+        return None, "not read: the trace records no sha256 for this file"
+    try:
+        data = sources.read_regular(path, follow=False)
+    except sources.NotRegular:
+        return None, "not read: not a regular file in --source-dir"
+    except OSError:
+        return None, "not read: no such file in --source-dir"
+    if data is None or hashlib.sha256(data).hexdigest() != sha:
+        return None, DIFFERS
+    got = sources.window(sources.split_lines(data), line)
+    if got is None:
+        return None, DIFFERS
+    return [(got[0] + k, t) for k, t in enumerate(got[1])], MATCHES
+
+
+def _trace_context(path, source=None):
+    """File size, command line, environment and manifest of one trace, and the lines it
+    recorded around `source` ("recorded": `Trace.source_lines`, None if none)."""
     from ..trace.reader import Trace
 
-    info = {"path": path, "size": None, "argv": None, "env": {}, "tool": None, "manifest": {}}
+    info = {"path": path, "size": None, "argv": None, "env": {}, "tool": None, "manifest": {},
+            "recorded": None}
     try:
         info["size"] = os.path.getsize(path)
     except OSError:
@@ -214,6 +263,8 @@ def _trace_context(path):
     try:
         with Trace(path) as t:
             m = t.manifest
+            if source:
+                info["recorded"] = t.source_lines(source)
     except Exception:  # a report never fails over context it cannot read
         return info
     info["manifest"] = m
@@ -252,19 +303,24 @@ def reproduction(data, ctx):
     return cmds
 
 
-def report_data(result):
-    """`build(result)` plus the "report" context (see the module docstring)."""
+def report_data(result, source_dir=None):
+    """`build(result)` plus the "report" context (see the module docstring); code
+    context from trace a's recorded lines, or from `source_dir` (`--source-dir`)."""
     data = build(result)
-    ctx = {"traces": {s: _trace_context(data["traces"][s]["path"]) for s in ("a", "b")}}
     f, _ = culprit(data)
+    src = f["a"].get("source") if f is not None else None
+    ctx = {"traces": {s: _trace_context(data["traces"][s]["path"], src if s == "a" else None)
+                      for s in ("a", "b")}}
     ctx["source"] = None
-    if f is not None and f["a"].get("source"):
-        ctx["source"] = source_context(ctx["traces"]["a"]["manifest"], f["a"]["source"])
+    if src:
+        a = ctx["traces"]["a"]
+        ctx["source"] = source_context(src, a["recorded"], source_dir, a["manifest"])
     ctx["commands"] = reproduction(data, ctx)
     sizes = [ctx["traces"][s]["size"] or 0 for s in ("a", "b")]
     ctx["attach_ok"] = all(s <= GITHUB_ATTACH_LIMIT for s in sizes)
     for s in ("a", "b"):
         ctx["traces"][s].pop("manifest", None)
+        ctx["traces"][s].pop("recorded", None)
     data["report"] = ctx
     return data
 

@@ -17,8 +17,9 @@ import os
 import numpy as np
 
 from ..untrusted import printable
-from .common import (GITHUB_ATTACH_LIMIT, chain_items, culprit, event_label, explain_parts,
-                     finding_rows, fmt, fmt_bytes, fmt_pct, summary)
+from .common import (GITHUB_ATTACH_LIMIT, MATCHES, NO_LINES, RECORDED, chain_items, culprit,
+                     event_label, explain_parts, finding_rows, fmt, fmt_bytes, fmt_pct,
+                     summary)
 
 MAX_POINTS = 2500          # wider runs are binned (max per bin) to keep the page small
 MAX_EVENT_ROWS = 500
@@ -296,17 +297,26 @@ def _finding(f, title, src=None):
              ("tolerance (rtol, atol)", f"{e(fmt(m.get('rtol')))}, {e(fmt(m.get('atol')))}")]
     out = [f'<div class="card"><h3>{e(title)}: {event_label(a, code, e)}</h3>', _kv(rows)]
     if src:
-        if src.get("found"):
-            lines = []
-            for no, text in src["lines"]:
-                line = f"{no:>5}  {e(text.expandtabs())}"
-                lines.append(f'<span class="hl">{line}</span>' if no == src["line"] else line)
-            out.append(f'<p class="muted">{e(src["file"])}</p><pre>' + "\n".join(lines) + "</pre>")
-        else:
-            out.append(f'<p class="muted">source {e(src["file"])}:{src["line"]} (the file is '
-                       f'not on this machine)</p>')
+        out.append(_source(src))
     out.append("</div>")
     return "".join(out)
+
+
+def _source(src):
+    """The culprit's code context (`common.source_context`), from the trace's lines."""
+    note = src.get("note")
+    if not src.get("found"):
+        return (f'<p class="muted">source {e(printable(src["file"], 300))}:{src["line"]} '
+                f'({e(NO_LINES)}{"; " + e(note) if note else ""})</p>')
+    origin = MATCHES if src.get("origin") == "local" else RECORDED
+    if note and note != origin:
+        origin += f"; {note}"
+    lines = []
+    for no, text in src["lines"]:
+        line = f"{no:>5}  {e(printable(text, 300))}"
+        lines.append(f'<span class="hl">{line}</span>' if no == src["line"] else line)
+    return (f'<p class="muted">{e(printable(src["file"], 300))} ({e(origin)})</p><pre>' +
+            "\n".join(lines) + "</pre>")
 
 
 def _events_rows(profile, data, limit=MAX_EVENT_ROWS):

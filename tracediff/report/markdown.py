@@ -17,8 +17,9 @@ import os
 import re
 
 from ..untrusted import md_code, md_text, printable
-from .common import (GITHUB_ATTACH_LIMIT, chain_items, culprit, event_label, explain_parts,
-                     finding_rows, fmt, fmt_bytes, fmt_pct, summary)
+from .common import (GITHUB_ATTACH_LIMIT, MATCHES, NO_LINES, RECORDED, chain_items, culprit,
+                     event_label, explain_parts, finding_rows, fmt, fmt_bytes, fmt_pct,
+                     summary)
 
 MAX_STEP_ROWS = 30
 MAX_ENV_ROWS = 60
@@ -76,21 +77,7 @@ def _finding(lines, f, title, ctx_source=None):
     lines += _table(["", ""], [(k, v) for k, v in rows])
     lines.append("")
     if ctx_source:
-        if ctx_source.get("found"):
-            width = len(str(ctx_source["lines"][-1][0]))
-            lines.append(f"Source ({md_code(ctx_source['file'])}):")
-            lines.append("")
-            code = [printable(t.expandtabs()) for _, t in ctx_source["lines"]]
-            fence = _fence(code)
-            lines.append(f"{fence}python")
-            for (no, _), text in zip(ctx_source["lines"], code):
-                mark = ">" if no == ctx_source["line"] else " "
-                lines.append(f"{mark}{no:>{width}}  {text}")
-            lines.append(fence)
-            lines.append("")
-        else:
-            src = f"{ctx_source['file']}:{ctx_source['line']}"
-            lines += [f"Source: {md_code(src)} (the file is not on this machine)", ""]
+        _source(lines, ctx_source)
     m = f.get("metrics") or {}
     lines += _table(["metric", "value"], _metrics_rows(m))
     lines.append("")
@@ -108,6 +95,26 @@ def _finding(lines, f, title, ctx_source=None):
             lines.append(f"\n... {f['values_total'] - len(f['values'])} more outputs "
                          f"(`tracediff locate --json`)")
         lines.append("")
+
+
+def _source(lines, src):
+    """The culprit's code context (`common.source_context`): the trace's lines in a fenced
+    block (each line printable, the fence longer than any backtick run in them)."""
+    note = src.get("note")
+    if not src.get("found"):
+        where = md_code(f"{src['file']}:{src['line']}", limit=300)
+        lines += [f"Source: {where} ({NO_LINES}{'; ' + note if note else ''})", ""]
+        return
+    origin = MATCHES if src.get("origin") == "local" else RECORDED
+    if note and note != origin:
+        origin += f"; {note}"
+    width = len(str(src["lines"][-1][0]))
+    body = [printable(t, limit=300) for _, t in src["lines"]]
+    fence = _fence(body)
+    lines += [f"Source ({md_code(src['file'], limit=300)}, {origin}):", "", f"{fence}python"]
+    for (no, _), text in zip(src["lines"], body):
+        lines.append(f"{'>' if no == src['line'] else ' '}{no:>{width}}  {text}")
+    lines += [fence, ""]
 
 
 def _explain(lines, explain):

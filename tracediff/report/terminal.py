@@ -14,6 +14,7 @@ no terminal escape, hyperlink or markup from a trace reaches the terminal.
 import re
 
 from rich.console import Console
+
 from ..untrusted import markup
 from .json_report import next_steps
 
@@ -51,7 +52,7 @@ def _shapes(e):
                   or "-")
 
 
-def _finding(console, title, f, a_name, b_name, verbose=False, manifest=None):
+def _finding(console, title, f, a_name, b_name, verbose=False, context=None):
     console.print(f"[bold]{title}[/]: {_where(f.a)}  (a #{f.a['index']}, b #{f.b['index']}"
                   f"{', ' + markup(f.origin) if f.origin else ''})")
     if f.a.get("name_stack") or f.b.get("name_stack"):
@@ -64,13 +65,8 @@ def _finding(console, title, f, a_name, b_name, verbose=False, manifest=None):
         if f.b.get("source") and f.b["source"] != f.a.get("source"):
             src += f"  |  b: {markup(f.b['source'])}"
         console.print(f"  source: {src}")
-        if verbose and f.a.get("source"):
-            from .common import source_context
-
-            ctx = source_context(manifest, f.a["source"])
-            for no, text in (ctx or {}).get("lines", []):
-                mark = "[bold red]>[/]" if no == ctx["line"] else " "
-                console.print(f"    {mark}{no:>5}  {markup(text.expandtabs())}")
+        if verbose and f.a.get("source") and context is not None:
+            _code(console, context(f.a["source"]))
     if f.b["op"] != f.a["op"] or f.b["framework"] != f.a["framework"]:
         console.print(f"  paired with b: {_where(f.b)} (by {markup(f.pair_by)})")
     console.print(f"  outputs: a {_shapes(f.a)}   b {_shapes(f.b)}")
@@ -101,9 +97,26 @@ def _finding(console, title, f, a_name, b_name, verbose=False, manifest=None):
         console.print(f"  note: {markup(f.note)}")
 
 
-def print_locate(r, console=None, verbose=False):
+def _code(console, ctx):
+    """The lines trace a recorded around the source (`common.source_context`)."""
+    if ctx is None:
+        return
+    from .common import NO_LINES
+
+    for no, text in ctx["lines"]:
+        mark = "[bold red]>[/]" if no == ctx["line"] else " "
+        console.print(f"    {mark}{no:>5}  {markup(text, 300)}")
+    if not ctx["found"]:
+        console.print(f"    ({NO_LINES})")
+    if ctx.get("note"):
+        console.print(f"    ({markup(ctx['note'])})")
+
+
+def print_locate(r, console=None, verbose=False, source_dir=None):
+    """Print `r` (a locate result). With `verbose`, the culprit's code as trace a recorded
+    it; `source_dir` (`--source-dir`): from that folder when the file's sha256 matches."""
     console = console or Console(highlight=False, soft_wrap=True, emoji=False)
-    manifest_a = _manifest(r.path_a) if verbose else None
+    context_a = (lambda src: _source_context(r.path_a, src, source_dir)) if verbose else None
     a, b = r.traces["a"], r.traces["b"]
     if r.verdict == "match":
         head = "[bold green]MATCH[/]: no divergence beyond tolerance"
@@ -118,7 +131,7 @@ def print_locate(r, console=None, verbose=False):
                f"atol {tol.get('atol') if tol.get('atol') is not None else 'default'}")
     if r.first_beyond_tolerance is not None:
         _finding(console, f"first divergence beyond tolerance ({tol_txt})",
-                 r.first_beyond_tolerance, a, b, verbose, manifest_a)
+                 r.first_beyond_tolerance, a, b, verbose, context_a)
     fd = r.first_difference
     if fd is not None:
         same = (r.first_beyond_tolerance is not None and
@@ -135,7 +148,7 @@ def print_locate(r, console=None, verbose=False):
                           f"{'  ' + markup(fd.a['source']) if fd.a.get('source') else ''}; "
                           f"max ulp {_fmt(m.get('max_ulp'))}, {word}  [dim](-v for details)[/]")
         else:
-            _finding(console, "first bitwise difference", fd, a, b, verbose, manifest_a)
+            _finding(console, "first bitwise difference", fd, a, b, verbose, context_a)
     elif r.first_beyond_tolerance is None:
         console.print("every compared value is bitwise identical")
     if r.replay_only is not None and r.first_beyond_tolerance is None:
@@ -202,14 +215,16 @@ def _fmt_env(v):
     return markup("(unset)" if v is None else v, limit=80)
 
 
-def _manifest(path):
+def _source_context(path, source, source_dir=None):
     from ..trace.reader import Trace
+    from .common import source_context
 
     try:
         with Trace(path) as t:
-            return t.manifest
+            recorded, manifest = t.source_lines(source), t.manifest
     except Exception:  # context only: never fail the report over it
-        return None
+        recorded = manifest = None
+    return source_context(source, recorded, source_dir, manifest)
 
 
 def _extras(console, r, verbose=False):

@@ -277,6 +277,7 @@ class Trace:
         self.events, self.values, self.inputs = tables["events"], tables["values"], tables["inputs"]
         self.stats_rows = tables["stats"]  # statistics of values stored as stats + hash only
         self._stats_index = None
+        self.source_rows = tables["sources"]  # recorded source lines (empty in older traces)
         self.strings = self._load_strings(_dataset(f, "strings"), _int_attr(f, "committed_strings", 0))
         blob = _dataset(f, "blob")
         if blob.dtype != np.uint8 or blob.ndim != 1:
@@ -375,6 +376,10 @@ class Trace:
         for col in ("dtype", "storage", "shape", "name"):
             if len(v) and ((v[col] < -1) | (v[col] >= n_str)).any():
                 raise bad(f"values.{col} refers to a string that does not exist")
+        src = self.source_rows
+        for col in ("source", "lines", "sha256"):
+            if len(src) and ((src[col] < -1) | (src[col] >= n_str)).any():
+                raise bad(f"sources.{col} refers to a string that does not exist")
         i = self.inputs
         if len(i) and ((i["producer"] < schema.PRODUCER_CONST) | (i["producer"] >= n_ev)).any():
             raise bad("inputs.producer refers to an event that does not exist")
@@ -480,6 +485,38 @@ class Trace:
             "step": e["step"].astype(np.int64), "iter": e["iter"].astype(np.int64),
             "n_outputs": n_out.astype(np.int64), "out_dtype": out_dtype, "out_shape": out_shape,
         }
+
+    # -- recorded source lines ---------------------------------------------------------------
+    MAX_SOURCE_LINES = 11   # lines returned per source (the recorder stores up to 5)
+    MAX_SOURCE_LINE = 240   # characters per line (as the recorder cuts them)
+
+    def source_lines(self, source):
+        """The lines recorded around `source` ("file.py:LINE", an events.source string):
+        {"file", "line", "first", "lines": [(number, text)], "sha256" (hex or None)}, or
+        None when the trace holds none (older traces, files the recorder could not read).
+
+        Bounded (at most MAX_SOURCE_LINES lines of MAX_SOURCE_LINE characters) but not
+        sanitised: the text is the trace's, renderers escape it for their output."""
+        from ..capture.sources import parse_source
+
+        parsed = parse_source(source)
+        if parsed is None or not len(self.source_rows):
+            return None
+        ids = [i for i, s in enumerate(self.strings) if s == source]   # vectorised below:
+        rows = self.source_rows[np.isin(self.source_rows["source"], ids)]  # no per-row loop
+        if not len(rows) or rows[0]["lines"] < 0:   # the first row of a source wins
+            return None
+        row = rows[0]
+        first = int(row["first"])
+        if first < 1:
+            return None
+        text = self.string(row["lines"]).split("\n")[:self.MAX_SOURCE_LINES]
+        lines = [(first + k, t if len(t) <= self.MAX_SOURCE_LINE else
+                  t[:self.MAX_SOURCE_LINE - 1] + "…") for k, t in enumerate(text)]
+        sha = self.string(row["sha256"]).lower() if row["sha256"] >= 0 else ""
+        ok = len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)
+        return {"file": parsed[0], "line": parsed[1], "first": first, "lines": lines,
+                "sha256": sha if ok else None}
 
     def outputs(self, eid):
         """The output values of event `eid` as numpy arrays, by slot (None where a value

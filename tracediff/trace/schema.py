@@ -95,7 +95,17 @@ STATS_DTYPE = np.dtype([
     ("nan", "<i8"), ("inf", "<i8"),    # counts (complex: real and imaginary parts counted)
 ])
 
+# The user's source lines around each distinct events.source ("file.py:LINE"), recorded
+# once per source string so that reports show code from the trace, never from the disk
+# of whoever opens it (capture/sources.py writes them, Trace.source_lines reads them).
+SOURCE_DTYPE = np.dtype([
+    ("source", "<i4"),    # strings index: the events.source string these lines belong to
+    ("first", "<i4"),     # line number of the first stored line
+    ("lines", "<i4"),     # strings index: the stored lines joined with "\n"
+    ("sha256", "<i4"),    # strings index: hex sha256 of the whole file as read, -1 if unknown
+])
+
 TABLES = {"events": EVENT_DTYPE, "values": VALUE_DTYPE, "inputs": INPUT_DTYPE,
-          "stats": STATS_DTYPE}
+          "stats": STATS_DTYPE, "sources": SOURCE_DTYPE}
 # Tables a trace may lack (written by an older tracediff): read as empty.
-OPTIONAL_TABLES = {"stats"}
+OPTIONAL_TABLES = {"stats", "sources"}

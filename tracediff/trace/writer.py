@@ -81,6 +81,10 @@ class TraceWriter:
         self._last_flush = time.monotonic()
         self._flush_bytes = FIRST_FLUSH_BYTES
         self.before_event = None   # callable run before each event is appended, or None
+        # callable(source) -> (first line, lines text, file sha256) or None, run once per
+        # new events.source string: the `sources` table (capture/sources.py)
+        self.source_lines = None
+        self._source_ids = {None: -1}
         self.bytes_recorded = 0
         self.closed = False
         self.error = None
@@ -132,12 +136,28 @@ class TraceWriter:
             self.before_event()
         eid = self.n_events
         s = self.intern
+        src = self._source_ids.get(source)
+        if src is None:
+            src = self._new_source(source)
         self._rows["events"].append((framework, kind, phase, origin, s(op), s(params),
-                                     s(name_stack), s(source), s(node), call, parent, step, iter))
+                                     s(name_stack), src, s(node), call, parent, step, iter))
         if len(self._rows["events"]) >= FLUSH_ROWS or \
                 time.monotonic() - self._last_flush >= FLUSH_SECONDS:
             self.flush()
         return eid
+
+    def _new_source(self, source):
+        """Intern a source string seen for the first time and store its lines."""
+        idx = self._source_ids[source] = self.intern(source)
+        if self.source_lines is not None:
+            try:
+                got = self.source_lines(source)
+            except Exception:  # context only: never fail a recording over it
+                got = None
+            if got is not None:
+                first, text, sha = got
+                self._rows["sources"].append((idx, first, self.intern(text), self.intern(sha)))
+        return idx
 
     def add_value(self, event, slot, array, *, role=schema.ROLE_OUT, name=None, flags=0,
                   logical_dtype=None, store=True):
