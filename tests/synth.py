@@ -22,7 +22,7 @@ def write(path, events, man=None, complete=True, source_dir=None):
     `source_dir`: record the lines of the sources (relative to it) as a recording does."""
     w = TraceWriter(path, man or manifest())
     if source_dir is not None:
-        from tracediff.capture.sources import SourceRecorder
+        from tracediff.trace.sources import SourceRecorder
 
         w.source_lines = SourceRecorder(lambda: str(source_dir))
     for e in events:

@@ -168,8 +168,8 @@ class Session:
         self.tool_dirs = tuple(tool_dirs)
         self.captures = []
         self._user_files = {}
-        # the lines around each new events.source, stored in the trace (capture/sources.py)
-        from .sources import SourceRecorder
+        # the lines around each new events.source, stored in the trace (trace/sources.py)
+        from ..trace.sources import SourceRecorder
 
         writer.source_lines = SourceRecorder(lambda: self.script_dir)
 

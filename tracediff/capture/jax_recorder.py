@@ -29,12 +29,12 @@ import weakref
 import numpy as np
 
 from ..trace import schema
-from . import Capture, ImportWatcher, jax_internals, jax_probe
+from . import Capture, ImportWatcher, jax_internals, jax_probe, optax_tags
+from .optax_tags import OPTAX_TAG
 
 _CALL_PRIMS = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
                "custom_vjp_call_jaxpr", "remat2", "checkpoint"}
 _LOOP_PRIMS = {"while", "scan"}
-OPTAX_TAG = "tracediff:optax/"
 
 
 class _Local(threading.local):
@@ -659,8 +659,6 @@ class JaxCapture(Capture):
         self.step += 1
 
     def _patch_optax(self):
-        from . import optax_tags
-
         self._optax_patch = optax_tags.install(self)
 
     def _unpatch_optax(self):

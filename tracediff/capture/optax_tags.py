@@ -10,7 +10,7 @@ e.g. `grads/GRUCell_0/ir/kernel`, `state/mu/Dense_0/bias`, `state/count`.
 import jax
 from jax.ad_checkpoint import checkpoint_name
 
-from .jax_recorder import OPTAX_TAG
+OPTAX_TAG = "tracediff:optax/"   # checkpoint_name prefix of tagged values
 
 
 def key_path(path, drop_indices=False):

@@ -13,6 +13,8 @@ import math
 import os
 import re
 
+from ..trace import sources
+from ..trace.sources import parse_source
 from ..untrusted import md_code, md_text
 from .json_report import build
 
@@ -193,7 +195,6 @@ def source_context(source, recorded=None, source_dir=None, manifest=None):
     folder whose sha256 is the recorded one (the manifest's script sha256 for the script
     itself in an older trace); `note` says what happened, `origin` is "trace" or "local".
     Texts are the trace's (or the file's): renderers escape them."""
-    from ..capture.sources import parse_source
 
     parsed = parse_source(source)
     if parsed is None:
@@ -222,7 +223,6 @@ def _local_lines(source_dir, fname, line, sha):
     resolved, a regular file, at most MAX_FILE_BYTES, with the expected sha256."""
     import hashlib
 
-    from ..capture import sources
 
     if os.path.isabs(fname) or fname.startswith("~"):
         return None, "not read: an absolute path"

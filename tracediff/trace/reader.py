@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import TraceError
 from . import schema, values
+from .sources import parse_source
 
 MAX_MANIFEST_BYTES = 16 << 20
 MAX_ATTR_BYTES = 4096          # root attributes are short strings and numbers
@@ -497,7 +498,6 @@ class Trace:
 
         Bounded (at most MAX_SOURCE_LINES lines of MAX_SOURCE_LINE characters) but not
         sanitised: the text is the trace's, renderers escape it for their output."""
-        from ..capture.sources import parse_source
 
         parsed = parse_source(source)
         if parsed is None or not len(self.source_rows):

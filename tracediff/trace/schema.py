@@ -97,7 +97,7 @@ STATS_DTYPE = np.dtype([
 
 # The user's source lines around each distinct events.source ("file.py:LINE"), recorded
 # once per source string so that reports show code from the trace, never from the disk
-# of whoever opens it (capture/sources.py writes them, Trace.source_lines reads them).
+# of whoever opens it (trace/sources.py writes them, Trace.source_lines reads them).
 SOURCE_DTYPE = np.dtype([
     ("source", "<i4"),    # strings index: the events.source string these lines belong to
     ("first", "<i4"),     # line number of the first stored line

@@ -82,7 +82,7 @@ class TraceWriter:
         self._flush_bytes = FIRST_FLUSH_BYTES
         self.before_event = None   # callable run before each event is appended, or None
         # callable(source) -> (first line, lines text, file sha256) or None, run once per
-        # new events.source string: the `sources` table (capture/sources.py)
+        # new events.source string: the `sources` table (trace/sources.py)
         self.source_lines = None
         self._source_ids = {None: -1}
         self.bytes_recorded = 0
