@@ -8,6 +8,8 @@ import pytest
 
 import tracediff
 from tracediff.diff.cross import op_family
+from tracediff.diff.differ import BITWISE
+from tracediff.diff.locate import open_differ
 
 from .helpers import ROOT, record, run_cli
 
@@ -71,6 +73,14 @@ def test_dense_vs_linear_same_machine(traces):
     r = tracediff.locate(str(traces["flax"]), str(traces["torch"]))
     d = tracediff.to_json(r)
     assert _by(d) == ["structure", "value", "value", "value"]
+    # the Dense unit reads x, kernel (= weight.T) and bias: each paired with the Linear's
+    # and bitwise equal, whatever the matmul then does
+    lin = next(m for m in d["mapping"] if m["by"] == "structure")
+    with tracediff.load(str(traces["flax"])) as ta, tracediff.load(str(traces["torch"])) as tb:
+        differ, _ = open_differ(ta, tb)
+        match, reason, bad = differ.inputs_match(lin["a"], lin["b"], BITWISE)
+    assert match is True and reason.startswith("all 3 inputs and parameters match (bitwise)"), reason
+    assert "via aten::t" in reason      # the kernel is paired with weight.t()
     # whatever the BLAS does here, a difference can only be introduced at the linear unit
     for f in (d["first_difference"], d["first_beyond_tolerance"]):
         if f is not None:

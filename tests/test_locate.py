@@ -424,8 +424,17 @@ def test_real_foreach_vs_per_parameter_adam_aligns(tmp_path):
             assert (t.events["kind"][m < 0] != schema.KIND_OPTIM).all()
         r = tracediff.locate(ta, tb)
     assert len(r.optimizer_steps) == 3 and r.alignment["anchors_matched"] == 3
-    if r.first_difference is not None:   # the two update formulas may round differently
-        assert r.first_difference.a["phase"] == "optimizer" or r.first_difference.a["step"] >= 1
+    # step 0's forward and backward read the same initial parameters: all bitwise equal;
+    # only the two update formulas may round differently
+    assert r.first_difference is None or r.first_difference.a["phase"] == "optimizer" or \
+        r.first_difference.a["step"] >= 1
+    with Trace(a) as ta, Trace(b) as tb:
+        d = Differ(ta, tb)
+        ia, ib = d.pairs()
+        step0 = [(x, y) for x, y in zip(ia.tolist(), ib.tolist())
+                 if ta.events["step"][x] == 0 and ta.events["phase"][x] != schema.PHASE_OPTIM]
+        assert len(step0) > 20
+        assert all(d.compare_event(x, y)["bitwise_equal"] for x, y in step0)
 
 
 def test_vectorised_tolerance_scan_agrees_with_exact_path(tmp_path, monkeypatch):
