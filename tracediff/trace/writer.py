@@ -507,7 +507,8 @@ class TraceFile:
     """
 
     def __init__(self, path):
-        self.path = os.path.abspath(path)   # the script may chdir
+        # absolute (the script may chdir) and resolved (reopening follows no symlink)
+        self.path = os.path.realpath(path)
         self.shown = os.fspath(path)
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
         st = os.fstat(self.fd)
