@@ -510,7 +510,7 @@ class TraceFile:
         # absolute (the script may chdir) and resolved (reopening follows no symlink)
         self.path = os.path.realpath(path)
         self.shown = os.fspath(path)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | _O_FLAGS, 0o666)
         st = os.fstat(self.fd)
         self.ident = (st.st_dev, st.st_ino)
         self.stamp = _stamp(st)
@@ -551,7 +551,7 @@ class TraceFile:
             st = os.stat(self.path, follow_symlinks=False)
             if not self._is_trace(st) or not stat.S_ISREG(st.st_mode):
                 raise FileNotFoundError
-            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+            fd = os.open(self.path, os.O_RDWR | _O_FLAGS | getattr(os, "O_NOFOLLOW", 0))
         except OSError:
             return self._lose(f"{why} and {self.shown} {self._path_state()}")
         if not self._ours(fd):
@@ -649,7 +649,7 @@ class TraceFile:
         if fd is not None:
             n = 0
             while n < len(view):
-                n += os.pwrite(fd, view[n:], self.pos + n)
+                n += _pwrite(fd, view[n:], self.pos + n)
             self._restamp(fd)
         self.pos += len(view)
         self.end = max(self.end, self.pos)
@@ -672,12 +672,27 @@ def _stamp(st):
     return st.st_size
 
 
+# not inherited by programs the script starts; binary on Windows
+_O_FLAGS = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+
+
 def _pread_into(fd, view, offset):
     if hasattr(os, "preadv"):
         return os.preadv(fd, [view], offset)
-    data = os.pread(fd, len(view), offset)
+    if hasattr(os, "pread"):
+        data = os.pread(fd, len(view), offset)
+    else:  # Windows
+        os.lseek(fd, offset, os.SEEK_SET)
+        data = os.read(fd, len(view))
     view[:len(data)] = data
     return len(data)
+
+
+def _pwrite(fd, view, offset):
+    if hasattr(os, "pwrite"):
+        return os.pwrite(fd, view, offset)
+    os.lseek(fd, offset, os.SEEK_SET)   # Windows
+    return os.write(fd, view)
 
 
 # Writers and files of this process. A forked child (a DataLoader worker, a fork Pool, a
