@@ -73,8 +73,9 @@ class record:
         if exc_type is None:
             end = {"status": "completed", "exit_code": 0}
         elif issubclass(exc_type, SystemExit):
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            end = {"status": "sys.exit", "exit_code": code}
+            from .runner import exit_status
+
+            end = {"status": "sys.exit", "exit_code": exit_status(exc.code)}
         elif issubclass(exc_type, KeyboardInterrupt):
             end = {"status": "interrupted (SIGINT)", "exit_code": 130}
         else:

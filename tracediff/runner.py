@@ -2,7 +2,9 @@
 
 The script gets its own argv, its folder first on sys.path and its exit status; an
 exception, sys.exit, Ctrl-C or SIGTERM still leaves a complete, readable trace whose
-manifest says how the run ended.
+manifest says how the run ended. A child the script forks leaves through the same code
+and must not close (or claim) the parent's trace; a trace the script deleted, replaced
+or lost the descriptor of is reported as lost, never as written.
 """
 
 import gc
@@ -10,6 +12,7 @@ import os
 import runpy
 import shutil
 import signal
+import struct
 import sys
 import tempfile
 import traceback
@@ -88,12 +91,64 @@ def check_output_path(output):
                          f"(need {MIN_FREE_BYTES >> 20} MiB; set TRACEDIFF_MIN_FREE_MB to change)")
 
 
+def exit_status(code, stderr=None):
+    """The process exit status Python gives `sys.exit(code)` (CPython's
+    `_Py_HandleSystemExit`): None -> 0; an int (True and False included) -> C
+    `exit((int)PyLong_AsLong(code))`, i.e. `code & 0xFF` on POSIX (-1 -> 255, 256 -> 0), and
+    an int too large for a C long -> -1 -> 255; anything else is printed to `stderr`
+    (when given) and -> 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        half = 1 << (8 * struct.calcsize("l") - 1)
+        code = int(code) if -half <= code < half else -1
+        if os.name == "nt":   # the 32-bit int itself is the exit code
+            return (code + (1 << 31)) % (1 << 32) - (1 << 31)
+        return code & 0xFF
+    if stderr is not None:
+        try:
+            print(code, file=stderr)
+        except Exception:
+            pass
+    return 1
+
+
+def _exit_message(code):
+    """What `sys.exit(code)` printed, for the manifest (None for an int or None)."""
+    if code is None or isinstance(code, int):
+        return None
+    try:
+        return str(code)[:2000]
+    except Exception:
+        return type(code).__name__
+
+
 class _Terminated(BaseException):
     pass
 
 
 def _on_sigterm(signum, frame):
     raise _Terminated()
+
+
+# SIGTERM's handler before `record_script` installed `_on_sigterm`: a child the script
+# forks gets it back (the plain script's child has no tracediff handler; a fork Pool's
+# workers, terminated by SIGTERM, would print a traceback each).
+_term_before = []
+
+
+def _after_fork_in_child():
+    if not _term_before:
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            signal.signal(signal.SIGTERM, _term_before[-1])
+    except (ValueError, OSError, TypeError):
+        pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Recording:
@@ -117,8 +172,16 @@ class Recording:
         self.writer = self.session = self.watcher = None
         self._old_gc = None
         self._stopped = False
+        self.pid = os.getpid()
+
+    @property
+    def lost(self):
+        """Why the trace is not at its path (deleted, replaced, its descriptor closed by
+        the script and the path gone), or None."""
+        return self.writer.lost if self.writer is not None else None
 
     def start(self):
+        self.pid = os.getpid()
         self.output = output_path_for(self.output)
         check_output_path(self.output)
         manifest = base_manifest(self.script, self.argv,
@@ -143,11 +206,17 @@ class Recording:
             raise
         return self
 
-    def stop(self, end=None):
+    def stop(self, end=None, report_lost=True):
+        """`report_lost=False`: the caller reports a lost trace itself (`lost`)."""
         if self.writer is None or self._stopped:
             return
+        if os.getpid() != self.pid or self.writer.forked:
+            return   # a forked child: the trace, captures and gc settings are the parent's
         self._stopped = True
         end = end or {"status": "completed", "exit_code": 0}
+        # A descriptor the script closed is found (and the trace reopened) on the next
+        # write: do one now, so that the manifest below can say so.
+        self.writer.flush()
         if self.watcher is not None:
             self.watcher.uninstall()
         frameworks_manifest = {}
@@ -169,6 +238,13 @@ class Recording:
             if self._old_gc is not None:
                 gc.set_threshold(*self._old_gc)
                 self._old_gc = None
+        if self.writer.lost:
+            if report_lost:
+                print(f"tracediff: error: recording lost: {self.writer.lost}", file=sys.stderr)
+            return
+        if self.writer.reopened:
+            print(f"tracediff: warning: the script closed the trace's file descriptor; "
+                  f"{self.output} was opened again and the trace is complete", file=sys.stderr)
         if self.writer.error:
             # The script ran to its end; only the trace is short. Say so, keep its exit code.
             print(f"tracediff: warning: recording stopped early, the trace {self.output} is "
@@ -182,6 +258,8 @@ class Recording:
         w = self.writer
         rec = dict(w._manifest.get("recording") or {})
         rec["stats_values"] = w.stats_values
+        if w.reopened:
+            rec["reopened"] = w.reopened
         if w.max_bytes is not None:
             rec["max_bytes_reached"] = w.capped_at_event is not None
             if w.capped_at_event is not None:
@@ -192,7 +270,12 @@ class Recording:
 
 
 def record_script(script, args, output, options=None, frameworks=("jax", "torch")):
-    """Record `script args...` into `output`; returns the script's exit code."""
+    """Record `script args...` into `output`; returns the script's exit status.
+
+    Raises TraceError when the trace was lost (the script deleted or replaced it, or
+    closed its descriptor and the path no longer holds it). In a child the script
+    forked (os.fork, a fork Pool) that comes back here, exits as the plain script's
+    child would (SystemExit with its status), without touching the parent's trace."""
     if not os.path.isfile(script):
         raise TraceError(f"{script}: no such script")
     script = os.path.abspath(script)
@@ -204,17 +287,16 @@ def record_script(script, args, output, options=None, frameworks=("jax", "torch"
     sys.argv = [script, *args]
     sys.path.insert(0, rec.script_dir)
     old_term = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
+    if old_term is not None:
+        _term_before.append(old_term)
     try:
         with _LostInterrupts(rec.writer):
             runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
-        code = exc.code
-        if code is None:
-            code = 0
-        elif not isinstance(code, int):
-            print(code, file=sys.stderr)
-            code = 1
-        end = {"status": "sys.exit", "exit_code": code}
+        end = {"status": "sys.exit", "exit_code": exit_status(exc.code, sys.stderr)}
+        message = _exit_message(exc.code)
+        if message is not None:
+            end["message"] = message
     except KeyboardInterrupt as exc:
         tb = _script_traceback(exc)
         end = {"status": "interrupted (SIGINT)", "exit_code": 130, "exception": "KeyboardInterrupt",
@@ -234,11 +316,18 @@ def record_script(script, args, output, options=None, frameworks=("jax", "torch"
                "message": str(exc)[:2000], "traceback": tb[-20000:]}
     finally:
         try:
-            rec.stop(end)
+            rec.stop(end, report_lost=False)
         finally:
             sys.argv, sys.path[:] = saved_argv, saved_path
             if old_term is not None:
                 signal.signal(signal.SIGTERM, old_term)
+                if _term_before:
+                    _term_before.pop()
+    if os.getpid() != rec.pid:
+        raise SystemExit(end["exit_code"])
+    if rec.lost:
+        raise TraceError(f"recording lost: {rec.lost} (the script exited with status "
+                         f"{end['exit_code']})")
     if rec.writer is not None and rec.writer.unclosed:
         # A write failed mid-flush: HDF5 can crash closing that file (at exit too), which
         # would replace the script's exit code. The trace keeps its last commit.
@@ -276,7 +365,7 @@ class _LostInterrupts:
     def _hook(self, unraisable):
         kind = unraisable.exc_type
         if kind is not None and issubclass(kind, (KeyboardInterrupt, _Terminated)) and \
-                self.writer is not None:
+                self.writer is not None and not self.writer.closed:
             self.lost = kind
             self.writer.before_event = self._raise
             return

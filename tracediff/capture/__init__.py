@@ -175,7 +175,8 @@ class Session:
 
     @property
     def active(self):
-        """False in forked children (DataLoader workers): they never write the parent's file."""
+        """False in forked children (DataLoader workers, fork Pools, os.fork): they never
+        write the parent's file (the writer also stops them, trace/writer.py)."""
         return os.getpid() == self.pid and not self.writer.closed
 
     _LIBRARY_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep,
@@ -282,6 +283,10 @@ def start_captures(session, frameworks=("jax", "torch")):
         trigger, module, cls_name = RECORDERS[framework]
 
         def _install(module=module, cls_name=cls_name):
+            if not session.active:
+                # A forked child (a fork Pool worker) importing the framework for the
+                # first time: it records nothing, so it gets no capture either.
+                return
             cap = getattr(importlib.import_module(module), cls_name)()
             cap.install(session)
             session.captures.append(cap)

@@ -22,12 +22,25 @@ power loss, full disk), so the file on disk must be consistent at every instant:
 - a write error (disk full, file size limit, I/O error) stops recording instead of
   reaching the script: the writer closes, `error` says why, the file keeps its last
   commit, and `close` adds the reason to the manifest when the disk lets it.
+
+The recorded script owns the process, and may fork, close every file descriptor or
+delete the trace (docs/multiprocess.md, docs/format.md "Recording an unfriendly
+script"): HDF5 writes through `TraceFile`, which checks before every write that its
+descriptor is still the trace's, never writes from a forked child, and says when the
+trace was lost.
 """
 
+import atexit
+import functools
 import json
 import os
 import shutil
+import signal
+import stat
+import sys
+import threading
 import time
+import weakref
 
 try:
     import resource
@@ -49,15 +62,64 @@ RESERVE_BYTES = 3 * CHUNK_BYTES + (1 << 20)  # chunk allocations and metadata of
 FSYNC = os.environ.get("TRACEDIFF_FSYNC", "1") != "0"
 
 
+def _signals_deferred(method):
+    """Run `method` with the process's Python signal handlers held back, then call them.
+
+    HDF5 writes through `TraceFile`, Python code, and Python runs a signal handler
+    between any two bytecodes: a Ctrl-C or SIGTERM (or a script's own handler that
+    raises) would otherwise raise inside one of HDF5's writes, failing it in the middle
+    of an HDF5 operation, which HDF5 cannot recover from. While the writer is in HDF5,
+    every handler installed from Python is replaced by one that notes the signal; the
+    originals are put back and called (raising KeyboardInterrupt, ...) once HDF5 has
+    returned. Handlers only ever run in the main thread, so other threads skip this."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            return method(self, *args, **kwargs)
+        caught, saved = [], {}
+
+        def note(signum, frame):
+            caught.append(signum)
+
+        try:
+            for sig in _CATCHABLE:
+                handler = signal.getsignal(sig)
+                if callable(handler):
+                    try:
+                        signal.signal(sig, note)
+                    except (ValueError, OSError, RuntimeError):
+                        continue
+                    saved[sig] = handler
+            return method(self, *args, **kwargs)
+        finally:
+            for sig, handler in saved.items():
+                signal.signal(sig, handler)
+            for signum in caught:
+                saved[signum](signum, sys._getframe())
+
+    return wrapper
+
+
+_CATCHABLE = tuple(s for s in getattr(signal, "valid_signals", lambda: ())()
+                   if s not in (getattr(signal, "SIGKILL", None), getattr(signal, "SIGSTOP", None)))
+
+
 class TraceWriter:
     """Writes one trace file. Not thread-safe: capture code serialises calls.
 
     `closed` turns True when the trace is closed or recording stopped on a write error
     (`error` then says why); captures stop recording when it does."""
 
+    @_signals_deferred
     def __init__(self, path, manifest):
         self.path = os.fspath(path)
-        self._f = h5py.File(self.path, "w", libver="earliest")
+        self._file = TraceFile(self.path)
+        try:
+            self._f = h5py.File(self._file, "w", libver="earliest")
+        except BaseException:
+            self._file.close()
+            raise
         f = self._f
         _no_metadata_evictions(f)
         f.attrs["format"] = schema.FORMAT_NAME
@@ -89,6 +151,8 @@ class TraceWriter:
         self.closed = False
         self.error = None
         self.unclosed = False
+        self.lost = None           # why the trace is gone (deleted, replaced), or None
+        self.forked = False        # True in a forked child: it never writes (_after_fork)
         self.flushes = 0
         # --level stats / --max-bytes (docs/format.md, "Levels"): "full" stores every
         # value's bytes; "stats" stores its hash and a stats row instead. Past `max_bytes`
@@ -106,6 +170,7 @@ class TraceWriter:
         f.attrs["committed_strings"] = 0
         f.attrs["last_flush_unix"] = time.time()
         f.flush()
+        _live_writers.add(self)
 
     # -- strings ---------------------------------------------------------------------------
     def intern(self, text):
@@ -244,19 +309,21 @@ class TraceWriter:
         self._rows["inputs"].append((event, slot, producer, producer_slot))
 
     # -- manifest --------------------------------------------------------------------------
+    @_signals_deferred
     def update_manifest(self, **fields):
         self._manifest.update(fields)
-        if not self.closed:
+        if not self.closed and not self._check_file():
             self._f["manifest"][()] = self._manifest_text()
 
     def _manifest_text(self):
         return json.dumps(self._manifest, sort_keys=True, default=str)
 
     # -- flushing --------------------------------------------------------------------------
+    @_signals_deferred
     def flush(self):
         """Write buffered rows and bytes, then advance the committed counts (see the module
         docstring). A write error stops recording; it is never raised to the caller."""
-        if self.closed:
+        if self.closed or self._check_file():
             return
         short = self._no_room()
         if short:
@@ -267,6 +334,8 @@ class TraceWriter:
             self._commit()
         except Exception as exc:  # disk full, file size limit, I/O error
             self._fail(exc)
+        if self._file.lost:       # the flush went nowhere: stop now, not at the next one
+            self._check_file()
         self._last_flush = time.monotonic()
         self._flush_bytes = min(2 * self._flush_bytes, FLUSH_BYTES)
 
@@ -284,7 +353,7 @@ class TraceWriter:
                 return f"disk full: {free >> 20} MiB free, the next flush needs {need >> 20} MiB"
             limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0] if resource else -1
             if limit not in (-1, resource.RLIM_INFINITY):
-                size = os.path.getsize(self.path)
+                size = self._file.size()
                 if size + need > limit:
                     return f"file size limit: {limit >> 20} MiB (ulimit -f)"
         except OSError:
@@ -333,7 +402,7 @@ class TraceWriter:
             self._counts[name], self._rows[name] = n + k, []
         f.flush()
         if FSYNC:
-            os.fsync(f.id.get_vfd_handle())
+            self._file.sync()
 
     def _commit(self):
         # Phase 2: the counts a reader trusts, written only once phase 1 is on disk.
@@ -358,18 +427,23 @@ class TraceWriter:
         self._new_strings = []
         self._pstats, self._pstats_bytes = {}, 0
 
+    @_signals_deferred
     def close(self, **manifest_fields):
         """Flush, store the final manifest fields (how the run ended) and mark complete.
 
         After a write error the trace stays incomplete (`complete` False, its last commit
         readable); the final fields and the error are added to its manifest if the disk
-        lets us, which it may not."""
+        lets us, which it may not. A lost trace (`lost`) and a forked child's writer are
+        not touched."""
+        if self.forked or self.lost:
+            self.closed = True
+            return
         if self.closed:
             if self.error and not getattr(self, "_error_noted", False):
                 self._error_noted = True
                 self._manifest.update(manifest_fields)
                 self._manifest["recording_error"] = self.error
-                if not self.unclosed:
+                if not self.unclosed and self._file.at_path():
                     try:
                         with h5py.File(self.path, "r+", libver="earliest") as f:
                             f["manifest"][()] = self._manifest_text()
@@ -382,6 +456,8 @@ class TraceWriter:
         try:
             if manifest_fields:
                 self.update_manifest(**manifest_fields)
+            if self._check_file():
+                return
             self._f.flush()
             self._f.attrs["complete"] = True
             self._f.close()
@@ -389,6 +465,291 @@ class TraceWriter:
             self._fail(exc)
             return self.close(**manifest_fields)
         self.closed = True
+        # deleted or replaced after the last write: the complete trace is not at the path
+        self.lost = self._file.lost or self._file.check_path()
+        self._file.close()
+
+    @property
+    def reopened(self):
+        """How many times the script closed the trace's descriptor and it was reopened."""
+        return self._file.reopened
+
+    def _check_file(self):
+        """True (and recording stopped, `lost` set) once the trace is gone: the script
+        deleted or replaced it, or closed its descriptor and the path no longer holds it."""
+        if self.lost is None:
+            self.lost = self._file.lost or self._file.check_path()
+            if self.lost is None:
+                return False
+        self._drop_buffers()
+        if not self.closed:
+            self.closed = True
+            self._file.discard()    # HDF5 may write while closing: into nothing
+            try:
+                self._f.close()
+            except Exception:
+                pass
+            self._file.close()
+        return True
+
+    def _drop_buffers(self):
+        self._rows = {name: [] for name in schema.TABLES}
+        self._blob = bytearray()
+        self._new_strings = []
+        self._pstats, self._pstats_bytes = {}, 0
+
+    def _after_fork_in_child(self):
+        """In a forked child: never write, flush or close the parent's trace. HDF5's own
+        clean-up (h5py finalizers, the library's exit handler) still runs in the child;
+        `TraceFile.discard` makes whatever it writes go nowhere."""
+        self.forked = True
+        self.closed = True
+        self.before_event = None
+        self._file.discard()
+        self._drop_buffers()
+
+
+class TraceFile:
+    """The trace file as HDF5 sees it (h5py's `fileobj` driver): positioned reads and
+    writes on a descriptor of our own, checked before every call.
+
+    - A script may close the descriptor (`os.closerange(3, 4096)`) and get its number
+      back for a file of its own. Before each read or write the descriptor's device,
+      inode and size are compared with the trace's as of our last write (device and
+      inode alone are not enough: once the script closed the descriptor of a trace it
+      deleted, the next file it creates can get the same inode number; the mtime is not
+      used, network file systems update it after the write returns). If they
+      differ, that number is never used again (nor closed): the trace is opened again
+      by its path when the path still holds it (`reopened` counts it), otherwise `lost`
+      says why and writes go nowhere.
+    - `discard()` (a forked child, a lost trace): writes and truncations are dropped.
+    - `check_path()`: has the path been deleted or replaced since the file was opened?
+    """
+
+    def __init__(self, path):
+        # absolute (the script may chdir) and resolved (reopening follows no symlink)
+        self.path = os.path.realpath(path)
+        self.shown = os.fspath(path)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | _O_FLAGS, 0o666)
+        st = os.fstat(self.fd)
+        self.ident = (st.st_dev, st.st_ino)
+        self.stamp = _stamp(st)
+        self.pos = 0
+        self.end = 0               # file size as far as we know (for seeks from the end)
+        self.reopened = 0
+        self.lost = None
+        self.discarding = False
+        self.pid = os.getpid()
+        _live_files.add(self)
+
+    # -- the descriptor --------------------------------------------------------------------
+    def _is_trace(self, st):
+        return (st.st_dev, st.st_ino) == self.ident and _stamp(st) == self.stamp
+
+    def _ours(self, fd):
+        try:
+            return self._is_trace(os.fstat(fd))
+        except OSError:
+            return False
+
+    def _restamp(self, fd):
+        self.stamp = _stamp(os.fstat(fd))
+
+    def _fd(self):
+        """Our descriptor for I/O, reopened by path if the script closed it; None when
+        writes must go nowhere."""
+        if self.discarding or self.fd is None:
+            return None
+        if os.getpid() != self.pid:     # a forked child the fork hook did not reach
+            self.discard()
+            return None
+        if self._ours(self.fd):
+            return self.fd
+        self.fd = None                  # never touch that number again: it is the script's
+        why = "the script closed the trace's file descriptor"
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+            if not self._is_trace(st) or not stat.S_ISREG(st.st_mode):
+                raise FileNotFoundError
+            fd = os.open(self.path, os.O_RDWR | _O_FLAGS | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            return self._lose(f"{why} and {self.shown} {self._path_state()}")
+        if not self._ours(fd):
+            os.close(fd)
+            return self._lose(f"{why} and {self.shown} {self._path_state()}")
+        self.fd = fd
+        self.reopened += 1
+        return fd
+
+    def _path_state(self):
+        try:
+            os.stat(self.path, follow_symlinks=False)
+        except OSError:
+            return "was deleted"
+        return "was replaced"
+
+    def _lose(self, why):
+        if self.lost is None:
+            self.lost = why
+        self.discard()
+        return None
+
+    def discard(self):
+        """From now on, writes and truncations go nowhere (reads still see the file)."""
+        self.discarding = True
+
+    def check_path(self):
+        """Why the path no longer holds this file (deleted, replaced), or None."""
+        if self.lost:
+            return self.lost
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return f"{self.shown} was deleted during recording"
+        if (st.st_dev, st.st_ino) != self.ident:
+            return f"{self.shown} was replaced during recording"
+        return None
+
+    def at_path(self):
+        return self.check_path() is None
+
+    def size(self):
+        fd = self._fd()
+        return os.fstat(fd).st_size if fd is not None else self.end
+
+    def sync(self):
+        fd = self._fd()
+        if fd is not None:
+            os.fsync(fd)
+
+    def close(self):
+        """Close our descriptor, only if it still is ours."""
+        fd, self.fd = self.fd, None
+        if fd is not None and os.getpid() == self.pid and self._ours(fd):
+            os.close(fd)
+
+    # -- the file object h5py's fileobj driver calls ----------------------------------------
+    def seek(self, pos, whence=0):
+        if whence == 0:
+            self.pos = pos
+        elif whence == 1:
+            self.pos += pos
+        else:
+            self.pos = self.size() + pos
+        return self.pos
+
+    def tell(self):
+        return self.pos
+
+    def readinto(self, buf):
+        view = memoryview(buf).cast("B")
+        fd = self._fd() if not self.discarding else (self.fd if self.fd is not None and
+                                                     self._ours(self.fd) else None)
+        n = 0
+        if fd is not None:
+            while n < len(view):
+                chunk = _pread_into(fd, view[n:], self.pos + n)
+                if chunk <= 0:
+                    break
+                n += chunk
+        view[n:] = bytes(len(view) - n)   # past the end (or nothing to read): zeros
+        self.pos += len(view)
+        return len(view)
+
+    def read(self, size=-1):
+        if size is None or size < 0:
+            size = max(self.size() - self.pos, 0)
+        buf = bytearray(size)
+        self.readinto(buf)
+        return bytes(buf)
+
+    def write(self, data):
+        view = memoryview(data).cast("B")
+        fd = self._fd()
+        if fd is not None:
+            n = 0
+            while n < len(view):
+                n += _pwrite(fd, view[n:], self.pos + n)
+            self._restamp(fd)
+        self.pos += len(view)
+        self.end = max(self.end, self.pos)
+        return len(view)
+
+    def truncate(self, size=None):
+        size = self.pos if size is None else size
+        fd = self._fd()
+        if fd is not None:
+            os.ftruncate(fd, size)
+            self._restamp(fd)
+        self.end = size
+        return size
+
+    def flush(self):
+        pass
+
+
+def _stamp(st):
+    return st.st_size
+
+
+# not inherited by programs the script starts; binary on Windows
+_O_FLAGS = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+
+
+def _pread_into(fd, view, offset):
+    if hasattr(os, "preadv"):
+        return os.preadv(fd, [view], offset)
+    if hasattr(os, "pread"):
+        data = os.pread(fd, len(view), offset)
+    else:  # Windows
+        os.lseek(fd, offset, os.SEEK_SET)
+        data = os.read(fd, len(view))
+    view[:len(data)] = data
+    return len(data)
+
+
+def _pwrite(fd, view, offset):
+    if hasattr(os, "pwrite"):
+        return os.pwrite(fd, view, offset)
+    os.lseek(fd, offset, os.SEEK_SET)   # Windows
+    return os.write(fd, view)
+
+
+# Writers and files of this process. A forked child (a DataLoader worker, a fork Pool, a
+# script's own os.fork) inherits them; the hook below stops the child from writing the
+# parent's trace, flushing it or closing it (os.register_at_fork hooks cannot be removed:
+# one hook for the process, whatever number of recordings it makes).
+_live_writers = weakref.WeakSet()
+_live_files = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    for tf in list(_live_files):
+        tf.discard()
+    for w in list(_live_writers):
+        w._after_fork_in_child()
+
+
+def _close_at_exit():
+    """Close, writing nothing, every trace file HDF5 still has open when Python exits
+    (a forked child's copy of the parent's, a recording that never stopped): HDF5 would
+    close them after Python has finalized, through h5py's file-object driver, which
+    crashes the process (measured: SIGSEGV, exit status 139 instead of the script's).
+    A trace closed this way keeps its last commit (`complete` False, like a killed run)."""
+    for w in list(_live_writers):
+        f = getattr(w, "_f", None)
+        try:
+            if f is None or not f.id.valid:
+                continue
+            w._file.discard()
+            f.close()
+        except Exception:
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_close_at_exit)
 
 
 def _no_metadata_evictions(f):
