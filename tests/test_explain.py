@@ -1,6 +1,6 @@
 """Root cause (`tracediff explain`, locate's `explain`/`chain`): params parsing and the
 allow-list, --ulp and --noise on synthetic traces, and real divergences: the broken dot
-kernel, MKL's SSE4.2 kernels, XLA limited to SSE4.2, a one-ULP tanh, Dense vs a TF32 Linear."""
+kernel, MKL's reproducible (CBWR) code path, XLA limited to SSE4.2, a one-ULP tanh, Dense vs a TF32 Linear."""
 
 import json
 import os
@@ -132,16 +132,16 @@ def test_dot_verdict_convicts_the_machine_that_returned_zero(dot):
     assert "this machine reproduces a bitwise, not b" in proc.stdout and "chain" in proc.stdout
 
 
-def test_mkl_sse42_origin_is_a_blas_call_and_the_cause_is_named(tmp_path):
+def test_mkl_cbwr_origin_is_a_blas_call_and_the_cause_is_named(tmp_path):
     a, b = tmp_path / "a.h5", tmp_path / "b.h5"
     record("torch_gru_adam.py", a, "--steps", "1")
-    record("torch_gru_adam.py", b, "--steps", "1", env={"MKL_ENABLE_INSTRUCTIONS": "SSE4_2"})
+    record("torch_gru_adam.py", b, "--steps", "1", env={"MKL_CBWR": "COMPATIBLE"})
     an = explain_json(a, b)
     o = an["origin"]
     assert o["a"]["op"] in ("aten::addmm", "aten::mm") and o["inputs_match"] is True
     assert an["replay"]["reproduces"] == "a"
     assert an["environment"]["op_class"] == "matmul"
-    assert an["environment"]["causes"][0]["key"] == "env.MKL_ENABLE_INSTRUCTIONS"
+    assert an["environment"]["causes"][0]["key"] == "env.MKL_CBWR"
     assert an["chain"][0]["a"]["index"] == o["a"]["index"] and len(an["chain"]) > 2
     assert an["steps"] and an["steps"][0]["max_rel"] > 0
 
