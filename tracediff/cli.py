@@ -12,7 +12,7 @@ import sys
 import click
 
 from ._version import __version__
-from .errors import TraceError
+from .errors import TraceError, one_line
 from .report.json_report import build as build_json
 from .shell import command
 from .untrusted import printable
@@ -29,7 +29,7 @@ def _guard(fn):
         try:
             return fn(*args, **kwargs)
         except TraceError as exc:
-            click.echo(f"tracediff: error: {_one_line(exc)}", err=True)
+            click.echo(f"tracediff: error: {one_line(exc)}", err=True)
             sys.exit(2)
         except BrokenPipeError:
             sys.exit(0)
@@ -42,7 +42,7 @@ def _guard(fn):
         except Exception as exc:
             if os.environ.get("TRACEDIFF_DEBUG"):
                 raise
-            click.echo(f"tracediff: error: unexpected {type(exc).__name__}: {_one_line(exc)} "
+            click.echo(f"tracediff: error: unexpected {type(exc).__name__}: {one_line(exc)} "
                        f"(a damaged input? TRACEDIFF_DEBUG=1 shows the traceback)", err=True)
             sys.exit(2)
 
@@ -64,13 +64,6 @@ def _stdout():
         except (OSError, ValueError, AttributeError):
             pass
         raise TraceError(f"cannot write to standard output: {exc.strerror or exc}") from None
-
-
-def _one_line(exc):
-    """The message of `exc` as one printable line (it may quote strings from a trace)."""
-    lines = str(exc).strip().splitlines()
-    return printable(" ".join(line.strip() for line in lines), 500) if lines else \
-        type(exc).__name__
 
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}

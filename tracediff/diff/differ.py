@@ -12,7 +12,7 @@ import numpy as np
 
 from ..trace import schema
 from ..trace.blob import ValueReader
-from ..trace.values import parse_shape
+from ..trace.values import has_bytes, parse_shape
 from . import align as _align
 from . import compare
 from . import levels as _levels
@@ -21,9 +21,7 @@ from .result import Finding
 BITWISE, TOLERANCE = "bitwise", "tolerance"
 
 
-def comparable(row):
-    return row is not None and row["offset"] >= 0 and not (
-        row["flags"] & (schema.VFLAG_UNINIT | schema.VFLAG_NOT_STORED))
+comparable = has_bytes   # a value whose numbers can be compared
 
 
 def input_value_row(side, trace, ev, prod, pslot):

@@ -27,15 +27,8 @@ import re
 from .. import shell
 from ..trace import schema
 from ..untrusted import printable
-from ..trace.values import STAT_FIELDS
+from ..trace.values import STAT_FIELDS, has_bytes
 from . import compare
-
-_NOT = schema.VFLAG_UNINIT | schema.VFLAG_NOT_STORED
-
-
-def has_bytes(row):
-    return row is not None and row["offset"] >= 0 and not (row["flags"] & _NOT)
-
 
 def hashed(row):
     """True when the row's hash describes its exact bytes (bytes or stats stored)."""

@@ -8,6 +8,8 @@ dtype, so nothing is lost and nothing needs pickle to read back.
 import numpy as np
 import xxhash
 
+from .schema import VFLAG_NOT_STORED, VFLAG_UNINIT
+
 # Name of the value hash, written to every trace's manifest (recording.hash). One hash
 # function only: a fallback would make traces from two installs incomparable hash to hash.
 HASH_NAME = "xxh3_64"
@@ -234,3 +236,10 @@ def as_float64(array):
         except (TypeError, ValueError):
             return None
     return None
+
+
+def has_bytes(row):
+    """True when a values-table row has its bytes stored (not a shape-only, uninitialised
+    or unstored value): only then can its numbers be read and compared."""
+    return row is not None and row["offset"] >= 0 and not (
+        row["flags"] & (VFLAG_UNINIT | VFLAG_NOT_STORED))

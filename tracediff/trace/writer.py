@@ -50,6 +50,7 @@ except ImportError:  # Windows
 import h5py
 import numpy as np
 
+from ..errors import one_line
 from . import schema, values
 
 FLUSH_ROWS = 20_000
@@ -419,7 +420,7 @@ class TraceWriter:
         """A write failed although `_no_room` found room (another process filled the disk,
         an I/O error). The HDF5 file is left unclosed: closing it now can crash the
         process (HDF5 2.0); `tracediff record` then exits without closing it."""
-        self.error = f"{type(exc).__name__}: {_one_line(exc)}"
+        self.error = one_line(exc, 200, with_type=True)
         self.closed = True
         self.unclosed = True
         self._rows = {name: [] for name in schema.TABLES}
@@ -765,6 +766,3 @@ def _no_metadata_evictions(f):
         pass
 
 
-def _one_line(exc):
-    text = str(exc).strip().splitlines()
-    return text[0][:200] if text else type(exc).__name__
