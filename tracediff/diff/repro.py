@@ -149,7 +149,9 @@ def write_repro(trace_path, event, out_dir):
         reader = ValueReader(t)
         try:
             inputs = trace_inputs(t, side, reader, event)
-            call = _replay.build_call(e["framework"], e["op"], e["params"], len(inputs))
+            call = _replay.build_call(e["framework"], e["op"], e["params"], len(inputs),
+                                      _replay.recorded_output_size(t, event))
+            call.check_size(inputs)   # the script would allocate what a replay would
         except _replay.CannotReplay as exc:
             raise TraceError(f"cannot write a reproducer for {e['op']} (event {event}): {exc}") \
                 from None
