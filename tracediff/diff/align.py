@@ -17,6 +17,18 @@ Algorithm (near-linear for near-identical traces):
    O(D^2) Python steps for D edits. When a region needs more than `MAX_EDITS` edits the
    region falls back to pairing equal signatures position by position after the common
    prefix and suffix (reported as `fallback_regions` in the stats).
+
+Bounded work (a trace is untrusted input): the O(D^2) Python steps are the only
+super-linear part, so one alignment gets a `Budget` of them: each region may spend
+`FREE_STEPS_PER_EVENT` steps per event it holds, plus what is left of a shared pool of
+`POOL_STEPS` (about two regions at the full `MAX_EDITS`). A region that would need more
+falls back as above. A region whose signatures differ by more than `MAX_EDITS` in their
+counts alone cannot be aligned within the cap: it falls back without running the diff.
+Regions repeat (every training step is the same sequence of ops), so the result of each
+diff is remembered by the contents of the two regions and a repeated region costs nothing.
+Real traces (a few to a few hundred edits per distinct region) stay far inside the budget,
+so their alignment is exactly Myers'; a hostile pair of many maximally different regions
+costs at most the pool plus a linear term (seconds), not minutes.
 """
 
 import dataclasses
@@ -26,6 +38,8 @@ import numpy as np
 from ..trace import schema
 
 MAX_EDITS = 2000
+POOL_STEPS = 4_000_000        # Myers steps shared by all regions of one alignment (~2 full regions)
+FREE_STEPS_PER_EVENT = 16     # Myers steps each region may spend per event it holds
 
 _M1 = np.uint64(0x9E3779B97F4A7C15)
 _M2 = np.uint64(0xBF58476D1CE4E5B9)
@@ -137,6 +151,19 @@ def prepare(trace, strings):
 
 # -- Myers diff --------------------------------------------------------------------------
 
+class Budget:
+    """Myers steps (one per diagonal per edit round) that one alignment may still spend
+    beyond each region's own linear allowance (see the module docstring)."""
+
+    def __init__(self, pool=POOL_STEPS):
+        self.pool = pool
+        self.exhausted = 0     # regions refused for lack of budget
+        self.memo = {}         # (region a, region b, max_edits) -> myers() result
+
+    def allowance(self, n, m):
+        return FREE_STEPS_PER_EVENT * (n + m)
+
+
 def _snake(a, b, x, y):
     """Advance (x, y) along equal elements; returns the new x."""
     n, m = len(a), len(b)
@@ -153,29 +180,52 @@ def _snake(a, b, x, y):
     return x
 
 
-def myers(a, b, max_edits=MAX_EDITS):
+def myers(a, b, max_edits=MAX_EDITS, budget=None):
     """Matched runs [(ia, ib, length)] of two equality-comparable numpy arrays, or None
-    when more than `max_edits` insertions/deletions are needed."""
+    when more than `max_edits` insertions/deletions are needed (or when the `Budget`
+    runs out first)."""
     n, m = len(a), len(b)
     if n == 0 or m == 0:
         return []
+    budget = budget if budget is not None else Budget()
+    free = budget.allowance(n, m)
+    al, bl = a.tolist(), b.tolist()
     off = max_edits + 1
     v = [0] * (2 * off + 1)
     history = []
     for d in range(0, max_edits + 1):
+        cost = d + 1
+        if free >= cost:
+            free -= cost
+        elif budget.pool >= cost - free:
+            budget.pool -= cost - free
+            free = 0
+        else:
+            budget.exhausted += 1
+            return None
         for k in range(-d, d + 1, 2):
             if k == -d or (k != d and v[off + k - 1] < v[off + k + 1]):
                 x = v[off + k + 1]
             else:
                 x = v[off + k - 1] + 1
             y = x - k
-            x = _snake(a, b, x, y)
+            if x < n and y < m and al[x] == bl[y]:   # a snake: follow it (numpy chunks)
+                x = _snake(a, b, x + 1, y + 1)
             v[off + k] = x
             if x >= n and x - k >= m:
                 history.append(v[off - d: off + d + 1])
                 return _backtrack(history, n, m)
         history.append(v[off - d: off + d + 1])
     return None
+
+
+def _edits_at_least(a, b):
+    """A lower bound of the edits between a and b: the difference of their value counts
+    (each surplus occurrence of a value must be inserted or deleted)."""
+    vals, inv = np.unique(np.concatenate([a, b]), return_inverse=True)
+    ca = np.bincount(inv[:len(a)], minlength=len(vals))
+    cb = np.bincount(inv[len(a):], minlength=len(vals))
+    return int(np.abs(ca - cb).sum())
 
 
 def _backtrack(history, n, m):
@@ -202,8 +252,9 @@ def _backtrack(history, n, m):
     return runs
 
 
-def align_arrays(a, b, max_edits=MAX_EDITS):
-    """(pairs_a, pairs_b, fallback) for two signature arrays."""
+def align_arrays(a, b, max_edits=MAX_EDITS, budget=None):
+    """(pairs_a, pairs_b, fallback) for two signature arrays; `budget`: a `Budget` shared
+    by the regions of one alignment (a fresh one when None)."""
     n, m = len(a), len(b)
     if n == m and np.array_equal(a, b):
         r = np.arange(n, dtype=np.int64)
@@ -215,7 +266,15 @@ def align_arrays(a, b, max_edits=MAX_EDITS):
     neq = np.flatnonzero(a[n - k + pre:][::-1] != b[m - k + pre:][::-1]) if k > pre else []
     suf = int(neq[0]) if len(neq) else k - pre
     ma, mb = a[pre:n - suf], b[pre:m - suf]
-    runs = myers(ma, mb, max_edits)
+    if len(ma) and len(mb) and len(ma) + len(mb) > max_edits and \
+            _edits_at_least(ma, mb) > max_edits:
+        runs = None   # Myers would give up after max_edits rounds: skip them
+    else:
+        budget = budget if budget is not None else Budget()
+        key = (ma.tobytes(), mb.tobytes(), max_edits)
+        runs = budget.memo.get(key, False)
+        if runs is False:
+            runs = budget.memo[key] = myers(ma, mb, max_edits, budget)
     fallback = runs is None
     if fallback:
         kk = min(len(ma), len(mb))
@@ -264,8 +323,9 @@ class Alignment:
 ANCHOR_KINDS = (schema.KIND_CALL, schema.KIND_OPTIM)
 
 
-def align(sa, sb, max_edits=MAX_EDITS):
-    """Align two prepared sides; returns an `Alignment`."""
+def align(sa, sb, max_edits=MAX_EDITS, budget=None):
+    """Align two prepared sides; returns an `Alignment`. The diff work of all its regions
+    comes out of one `Budget`."""
     na, nb = len(sa.sig), len(sb.sig)
     a2b = np.full(na, -1, np.int64)
     b2a = np.full(nb, -1, np.int64)
@@ -276,8 +336,9 @@ def align(sa, sb, max_edits=MAX_EDITS):
     anc_a = np.flatnonzero(np.isin(sa.kind, ANCHOR_KINDS))
     anc_b = np.flatnonzero(np.isin(sb.kind, ANCHOR_KINDS))
     fallbacks = 0
+    budget = budget if budget is not None else Budget()
     if len(anc_a) and len(anc_b):
-        pa, pb, fb = align_arrays(sa.sig[anc_a], sb.sig[anc_b], max_edits)
+        pa, pb, fb = align_arrays(sa.sig[anc_a], sb.sig[anc_b], max_edits, budget)
         fallbacks += fb
         ma, mb = anc_a[pa], anc_b[pb]
     else:
@@ -293,7 +354,7 @@ def align(sa, sb, max_edits=MAX_EDITS):
             b2a[lo_b - 1] = lo_a - 1
         if hi_a <= lo_a or hi_b <= lo_b:
             continue
-        pa, pb, fb = align_arrays(sa.sig[lo_a:hi_a], sb.sig[lo_b:hi_b], max_edits)
+        pa, pb, fb = align_arrays(sa.sig[lo_a:hi_a], sb.sig[lo_b:hi_b], max_edits, budget)
         fallbacks += fb
         a2b[pa + lo_a] = pb + lo_b
         b2a[pb + lo_b] = pa + lo_a

@@ -20,8 +20,13 @@ A unit's inputs are the values its ops read from outside the unit; they are pair
 the other unit's inputs by bytes (equal, transposed, or reshaped) and then compared, so
 "introduced here" works across frameworks although argument orders differ (`addmm(bias,
 x, w.t())` vs `add(dot_general(x, kernel), bias)`).
+
+Bounded work: every "first candidate of b with this property" lookup (equal hash,
+transposed hash, equal size) goes through a `_Picker` (a queue of candidates per key, in
+order), so pairing N inputs costs O(N), not O(N^2), with the same pairs as a scan in order.
 """
 
+import collections
 import dataclasses
 import fnmatch
 import json
@@ -124,9 +129,48 @@ def _units(t, side):
     return merged
 
 
-def _leaves(t, side):
-    return [int(e) for e in np.flatnonzero(side.kind == schema.KIND_INPUT)
-            if len(t.value_rows(int(e), schema.ROLE_OUT))]
+class _Picker:
+    """Candidates 0..n-1 in order, taken at most once: `take(key)` gives the first
+    candidate not yet taken with that key, like a scan of the remaining list, in O(1)
+    amortised per call (one queue per key; taken candidates are dropped as met)."""
+
+    def __init__(self, n):
+        self.taken = [False] * n
+        self.maps = {}
+
+    def add(self, name, keys):
+        """Index candidates by `keys` (one per candidate, None: no key) under `name`."""
+        m = collections.defaultdict(collections.deque)
+        for i, k in enumerate(keys):
+            if k is not None:
+                m[k].append(i)
+        self.maps[name] = m
+
+    def take(self, name, key):
+        q = self.maps[name].get(key)
+        while q and self.taken[q[0]]:
+            q.popleft()
+        if not q:
+            return None
+        i = q.popleft()
+        self.taken[i] = True
+        return i
+
+
+def _first_out(t):
+    """Per event of `t`: its first output row of the values table (table order, as
+    `t.value_rows(e, ROLE_OUT)[0]`), or -1. Vectorised: one pass, not one lookup per event."""
+    v = t.values
+    idx = np.flatnonzero(v["role"] == schema.ROLE_OUT)
+    events, first = np.unique(v["event"][idx], return_index=True)
+    out = np.full(len(t), -1, np.int64)
+    out[events] = idx[first]
+    return out
+
+
+def _comparable_rows(v):
+    """`comparable(row)` for every row of a values table."""
+    return (v["offset"] >= 0) & ((v["flags"] & (schema.VFLAG_UNINIT | schema.VFLAG_NOT_STORED)) == 0)
 
 
 def _load_map(map_file):
@@ -210,46 +254,50 @@ class CrossDiffer(Differ):
 
         ta, tb = self.ta, self.tb
         self._rb_tmp = ValueReader(tb)
-        la, lb = _leaves(ta, self.sa), _leaves(tb, self.sb)
+        fa, fb = _first_out(ta), _first_out(tb)
+        la = np.flatnonzero((self.sa.kind == schema.KIND_INPUT) & (fa >= 0))
+        lb = np.flatnonzero((self.sb.kind == schema.KIND_INPUT) & (fb >= 0))
         # every stored b output (leaves first) by hash and by transposed hash
-        by_hash, by_thash = {}, {}
-        leaf_set = set(lb)
-        candidates = lb + [e for e in range(len(tb)) if e not in leaf_set
-                           and op_family(tb.string(tb.events[e]["op"])) is None
-                           and self.sb.kind[e] != schema.KIND_OPTIM]
-        for e in candidates:
-            for row in tb.value_rows(e, schema.ROLE_OUT)[:1]:
-                if not comparable(row):
-                    continue
-                by_hash.setdefault(int(row["hash"]), e)
+        ops = tb.events["op"]
+        moves = [i for i in np.unique(ops).tolist() if op_family(tb.string(i)) is None]
+        other = np.isin(ops, moves) & (self.sb.kind != schema.KIND_OPTIM) & (fb >= 0)
+        other[lb] = False
+        candidates = np.concatenate([lb, np.flatnonzero(other)])
+        vb = tb.values
+        rows = fb[candidates]
+        ok = _comparable_rows(vb[rows])
+        by_hash, by_thash, thash_built = {}, {}, False
+        for h, e in zip(vb["hash"][rows[ok]].tolist(), candidates[ok].tolist()):
+            by_hash.setdefault(h, e)
         used_b = {eb for eb, _ in pairs.values()}
         left_a = []
-        for ea in la:
-            row = ta.value_rows(ea, schema.ROLE_OUT)[0]
+        va = ta.values
+        for ea in la.tolist():
+            row = va[fa[ea]]
             if not comparable(row):
                 continue
             eb = by_hash.get(int(row["hash"]))
             if eb is None and len(parse_shape(ta.string(row["shape"]))) == 2:
-                if not by_thash:
-                    for e in candidates:
-                        for r in tb.value_rows(e, schema.ROLE_OUT)[:1]:
-                            th = self._thash(tb, self._rb_tmp, r)
-                            if th is not None:
-                                by_thash.setdefault(th, e)
+                if not thash_built:   # once (each value read once), only when needed
+                    thash_built = True
+                    for e, r in zip(candidates.tolist(), rows.tolist()):
+                        th = self._thash(tb, self._rb_tmp, vb[r])
+                        if th is not None:
+                            by_thash.setdefault(th, e)
                 eb = by_thash.get(int(row["hash"]))
             if eb is not None and eb not in used_b:
                 pairs[ea] = (eb, "value")
                 used_b.add(eb)
             else:
                 left_a.append((ea, int(row["nbytes"])))
-        left_b = [(e, int(tb.value_rows(e, schema.ROLE_OUT)[0]["nbytes"])) for e in lb
+        left_b = [(e, int(n)) for e, n in zip(lb.tolist(), vb["nbytes"][fb[lb]].tolist())
                   if e not in used_b]
+        pick = _Picker(len(left_b))    # the first remaining b input of the same size
+        pick.add("nbytes", [nb for _, nb in left_b])
         for ea, na in left_a:
-            for k, (eb, nb) in enumerate(left_b):
-                if na == nb:
-                    pairs[ea] = (eb, "structure")
-                    del left_b[k]
-                    break
+            k = pick.take("nbytes", na)
+            if k is not None:
+                pairs[ea] = (left_b[k][0], "structure")
 
     # -- comparison ------------------------------------------------------------------------
     def transform_b(self, row_a, row_b, xa, xb):
@@ -302,30 +350,27 @@ class CrossDiffer(Differ):
         ins_a = self._unit_inputs(self.ta, self.sa, ua)
         ins_b = self._unit_inputs(self.tb, self.sb, ub)
         free_b = [x for x in ins_b if x[1] is not None and comparable(x[1])]
+        pick = _Picker(len(free_b))    # the first remaining input of b by bytes, then size
+        pick.add("hash", [int(r["hash"]) for _, r, _ in free_b])
+        pick.add("nbytes", [int(r["nbytes"]) for _, r, _ in free_b])
         bad, unknown, matched = [], [], []
         for label, row, why in ins_a:
             if row is None or not comparable(row):
                 unknown.append(f"{label}: {why or 'not stored'}")
                 continue
-            pick = None
-            for k, (lb_, rb_, _) in enumerate(free_b):        # identical bytes
-                if int(rb_["hash"]) == int(row["hash"]):
-                    pick = k
-                    break
-            if pick is None:
-                for k, (lb_, rb_, _) in enumerate(free_b):    # transposed bytes
-                    if self._thash(self.tb, self.rb, rb_) == int(row["hash"]):
-                        pick = k
-                        break
-            if pick is None:
-                for k, (lb_, rb_, _) in enumerate(free_b):    # same size: compare numbers
-                    if int(rb_["nbytes"]) == int(row["nbytes"]):
-                        pick = k
-                        break
-            if pick is None:
+            k = pick.take("hash", int(row["hash"]))                  # identical bytes
+            if k is None:                                            # transposed bytes
+                if "thash" not in pick.maps:
+                    pick.add("thash", [None if pick.taken[i] else
+                                       self._thash(self.tb, self.rb, r)
+                                       for i, (_, r, _) in enumerate(free_b)])
+                k = pick.take("thash", int(row["hash"]))
+            if k is None:                                            # same size: compare numbers
+                k = pick.take("nbytes", int(row["nbytes"]))
+            if k is None:
                 unknown.append(f"{label}: no counterpart among the inputs of b")
                 continue
-            lb_, rb_, _ = free_b.pop(pick)
+            lb_, rb_, _ = free_b[k]
             m = self.compare_rows(row, rb_)
             shape_a = parse_shape(self.ta.string(row["shape"]))
             shape_b = parse_shape(self.tb.string(rb_["shape"]))

@@ -177,7 +177,8 @@ def replay_verdict(d, ea, eb):
             if e["kind"] not in ("eqn", "eager", "op"):
                 raise _replay.CannotReplay(f"a {e['kind']} event is not an op")
             inputs = event_inputs(d, side, idx)
-            call = _replay.build_call(e["framework"], e["op"], e["params"], len(inputs))
+            call = _replay.build_call(e["framework"], e["op"], e["params"], len(inputs),
+                                      _replay.recorded_output_size(_side(d, side)[0], idx))
             recorded = event_outputs(d, side, idx)
             info.update(call=call, inputs=inputs, recorded=recorded, n_inputs=len(inputs))
             try:

@@ -22,6 +22,20 @@ runs it with floating inputs (and dtype parameters) promoted to float64 / comple
 the oracle for float16/bfloat16/float32 ops. For ops that are already float64 the
 oracle is numpy in `np.longdouble` (x87 80-bit on x86-64) for the ops in
 `_NUMPY_ORACLE` only; otherwise there is no oracle and the verdict says so.
+
+Bounded by what the trace holds (its parameters are untrusted: `expand` with a recorded
+`size=[250000000, 4]` asks for 4 GB from a scalar): before an op runs, `OpCall.run` (and
+`check_size`, for the reproducer) computes the shapes and dtypes of its outputs without
+running it (torch: the op on `meta` tensors; JAX: `jax.eval_shape`), and refuses
+(`ReplayRefused`, a `CannotReplay` whose message starts with "replay refused: ") when they
+would hold more elements than the op's recorded outputs (`OpCall.recorded`: the shapes of
+its output rows in the values table, stored or not, `recorded_output_size`) or take more
+than `MAX_OUTPUT_BYTES` (256 MiB). Elements, not bytes, are compared with the recording so
+that a replay in a wider dtype than recorded is still run (and found not to reproduce);
+the cap is in bytes and holds for the float64 oracle run (`upcast=True`) too. When the
+sizes cannot be computed without running the op, it is not run either. (The long-double
+numpy oracle of float64 ops produces the same shape as the checked op, at twice its
+bytes; inputs are capped by the caller, 64 MB in `explain`.)
 """
 
 import ast
@@ -31,6 +45,9 @@ import re
 import numpy as np
 
 from ..trace import schema
+from ..trace import values as _values
+
+MAX_OUTPUT_BYTES = 256 << 20   # what one replay run may produce, whatever was recorded
 
 
 class CannotReplay(Exception):
@@ -45,6 +62,39 @@ class Named(tuple):
 
     def __new__(cls, kind, name):
         return super().__new__(cls, (kind, name))
+
+
+class ReplayRefused(CannotReplay):
+    """The op would produce more than the trace recorded for it (or than the cap)."""
+
+
+def _human(n):
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def recorded_output_size(trace, event):
+    """(elements, bytes) of the recorded outputs of `event`: the shapes x storage dtypes
+    of its output rows, stored or not; None when it has no output rows."""
+    rows = trace.value_rows(int(event), schema.ROLE_OUT)
+    if not len(rows):
+        return None
+    elements = nbytes = 0
+    for r in rows:
+        storage = trace.string(r["storage"])
+        itemsize = np.dtype(storage).itemsize if storage in _values._NATIVE else 0
+        try:
+            dims = _values.parse_shape(trace.string(r["shape"]), 64)
+        except ValueError:
+            return (0, 0)
+        count = 1
+        for d in dims:
+            count *= d
+        elements += count
+        nbytes += count * itemsize
+    return (elements, nbytes)
 
 
 # -- allow-lists --------------------------------------------------------------------------
@@ -202,12 +252,43 @@ class OpCall:
     """A rebuilt call of one recorded op: `run(inputs, upcast)` -> list of numpy outputs."""
 
     framework = ""
+    recorded = None   # (elements, bytes) of the recorded outputs; None: unknown, only the cap
 
     def __init__(self, op, params):
         self.op, self.params = op, params
 
-    def run(self, inputs, upcast=False):  # pragma: no cover - interface
+    def run(self, inputs, upcast=False):
+        self.check_size(inputs, upcast)
+        return self._run(inputs, upcast)
+
+    def _run(self, inputs, upcast):  # pragma: no cover - interface
         raise NotImplementedError
+
+    def output_sizes(self, inputs, upcast=False):  # pragma: no cover - interface
+        """[(elements, bytes)] of the outputs, computed without running the op."""
+        raise NotImplementedError
+
+    def check_size(self, inputs, upcast=False):
+        """Raise `ReplayRefused` unless the outputs fit the budget (module docstring)."""
+        try:
+            sizes = self.output_sizes(inputs, upcast)
+        except CannotReplay:
+            raise
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else ""
+            raise ReplayRefused(f"replay refused: the size of its output cannot be computed "
+                                f"without running it ({type(exc).__name__}: {first})") from None
+        elements = sum(e for e, _ in sizes)
+        total = sum(b for _, b in sizes)
+        if self.recorded is not None and elements > self.recorded[0]:
+            rec_e, rec_b = self.recorded
+            raise ReplayRefused(f"replay refused: the op would output {elements:,} elements "
+                                f"({_human(total)}), more than its recorded outputs "
+                                f"({rec_e:,} element{'' if rec_e == 1 else 's'}, {_human(rec_b)})")
+        if total > MAX_OUTPUT_BYTES:
+            raise ReplayRefused(f"replay refused: the op would output {elements:,} elements "
+                                f"({_human(total)}{', in float64' if upcast else ''}), more "
+                                f"than the {MAX_OUTPUT_BYTES >> 20} MiB a replay may produce")
 
     def describe(self):
         return self.op
@@ -289,7 +370,7 @@ class TorchCall(OpCall):
             plan[k] = ("value", v)
         return plan
 
-    def _value(self, torch, v, upcast):
+    def _value(self, torch, v, upcast, meta=False):
         if isinstance(v, Named):
             kind, name = v
             if kind == "torch_dtype":
@@ -297,18 +378,15 @@ class TorchCall(OpCall):
             if kind == "torch_memfmt":
                 return getattr(torch, name)
             if kind == "device":
-                return torch.device("cpu")
+                return torch.device("meta" if meta else "cpu")
             if kind == "np_dtype":
                 return getattr(torch, upcast_dtype(name) if upcast else name)
             raise CannotReplay(f"{kind} parameters do not apply to torch ops")
         if isinstance(v, (list, tuple)):
-            return type(v)(self._value(torch, x, upcast) for x in v)
+            return type(v)(self._value(torch, x, upcast, meta) for x in v)
         return v
 
-    def run(self, inputs, upcast=False):
-        import torch
-
-        ts = [_to_torch(torch, _np_upcast(x) if upcast else x) for x in inputs]
+    def _kwargs(self, torch, ts, upcast, meta=False):
         kwargs = {}
         for name, how in self.plan.items():
             if how[0] == "tensor":
@@ -316,7 +394,30 @@ class TorchCall(OpCall):
             elif how[0] == "tensors":
                 kwargs[name] = ts[how[1]:how[2]]
             else:
-                kwargs[name] = self._value(torch, how[1], upcast)
+                kwargs[name] = self._value(torch, how[1], upcast, meta)
+        return kwargs
+
+    def output_sizes(self, inputs, upcast=False):
+        """The op on `meta` tensors (shapes and dtypes only, no data, nothing allocated)."""
+        import torch
+
+        ts = []
+        for x in inputs:
+            x = np.asarray(x)
+            dt = np.dtype(_UPCAST[x.dtype.name]) if upcast and x.dtype.name in _UPCAST else x.dtype
+            tdt = torch.bfloat16 if dt.name == "bfloat16" else torch.from_numpy(np.empty(0, dt)).dtype
+            ts.append(torch.empty(x.shape, dtype=tdt, device="meta"))
+        with torch.no_grad():
+            out = self.fn(**self._kwargs(torch, ts, upcast, meta=True))
+        outs = out if isinstance(out, (list, tuple)) else [out]
+        return [(o.numel(), o.numel() * o.element_size()) if isinstance(o, torch.Tensor)
+                else (1, 16) for o in outs]
+
+    def _run(self, inputs, upcast):
+        import torch
+
+        ts = [_to_torch(torch, _np_upcast(x) if upcast else x) for x in inputs]
+        kwargs = self._kwargs(torch, ts, upcast)
         with torch.no_grad():
             out = self.fn(**kwargs)
         if isinstance(out, torch.Tensor):
@@ -374,7 +475,28 @@ class JaxCall(OpCall):
             return tuple(self._value(x, upcast) for x in v)
         return v
 
-    def run(self, inputs, upcast=False):
+    def output_sizes(self, inputs, upcast=False):
+        """`jax.eval_shape` of the primitive: shapes and dtypes only, nothing computed."""
+        import jax
+
+        params = {k: self._value(v, upcast) for k, v in self.params.items()}
+        specs = []
+        for x in inputs:
+            x = np.asarray(x)
+            dt = np.dtype(_UPCAST[x.dtype.name]) if upcast and x.dtype.name in _UPCAST else x.dtype
+            specs.append(jax.ShapeDtypeStruct(x.shape, dt))
+        with jax.enable_x64(True):
+            out = jax.eval_shape(lambda *xs: self.prim.bind(*xs, **params), *specs)
+        outs = out if self.prim.multiple_results else [out]
+        sizes = []
+        for o in outs:
+            n = 1
+            for d in o.shape:
+                n *= int(d)
+            sizes.append((n, n * np.dtype(o.dtype).itemsize))
+        return sizes
+
+    def _run(self, inputs, upcast):
         import jax
 
         params = {k: self._value(v, upcast) for k, v in self.params.items()}
@@ -422,8 +544,16 @@ def _py(v, fw):
     raise CannotReplay(f"a {type(v).__name__} parameter cannot be written as code")
 
 
-def build_call(framework, op, params_text, n_inputs):
-    """An `OpCall` for a recorded op, or raises CannotReplay with the reason."""
+def build_call(framework, op, params_text, n_inputs, recorded=None):
+    """An `OpCall` for a recorded op, or raises CannotReplay with the reason.
+    `recorded`: (elements, bytes) of its recorded outputs (`recorded_output_size`), the
+    most its replay may produce (besides `MAX_OUTPUT_BYTES`)."""
+    call = _build_call(framework, op, params_text, n_inputs)
+    call.recorded = recorded
+    return call
+
+
+def _build_call(framework, op, params_text, n_inputs):
     if framework == "jax" and op not in JAX_PRIMITIVES:
         JaxCall(op, {}, n_inputs)   # raises CannotReplay with the reason
     if framework == "torch" and op.split("::", 1)[-1].split(".", 1)[0] not in TORCH_OPS:

@@ -168,7 +168,9 @@ def write_repro(trace_path, event, out_dir, force=False):
         reader = ValueReader(t)
         try:
             inputs = trace_inputs(t, side, reader, event)
-            call = _replay.build_call(e["framework"], e["op"], e["params"], len(inputs))
+            call = _replay.build_call(e["framework"], e["op"], e["params"], len(inputs),
+                                      _replay.recorded_output_size(t, event))
+            call.check_size(inputs)   # the script would allocate what a replay would
             code = call.code()
         except _replay.CannotReplay as exc:
             raise TraceError(f"cannot write a reproducer for {printable(e['op'], 80)} "

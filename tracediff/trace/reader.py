@@ -2,10 +2,19 @@
 
 Tables are loaded whole (a few dozen bytes per row); values are read lazily from the
 byte arena, one slice each, after checking that the slice lies inside it.
+
+Sizes are checked before anything is read (a hostile file must not make the reader
+allocate or work in proportion to what it claims): tables by rows x row size against the
+file's size; the manifest by the length in its heap reference (`MAX_MANIFEST_BYTES`);
+every variable-length string object in the file against `MAX_HEAP_OBJECT_BYTES`; the
+strings table by its count (`MAX_STRINGS`), and only the strings that the events and
+values tables refer to are read (a string nobody refers to is never shown), in ranges
+whose lengths are checked first (`MAX_ONE_STRING_BYTES` each, `MAX_STRING_BYTES` in all).
 """
 
 import json
 import os
+import struct
 
 import h5py
 import numpy as np
@@ -15,6 +24,9 @@ from . import schema, values
 from .sources import parse_source
 
 MAX_MANIFEST_BYTES = 16 << 20
+MAX_HEAP_OBJECT_BYTES = 16 << 20   # one variable-length string (the manifest is the largest)
+MAX_ONE_STRING_BYTES = 1 << 20     # one entry of the strings table (names, params: short)
+MAX_STRINGS = 1 << 24              # entries of the strings table
 MAX_ATTR_BYTES = 4096          # root attributes are short strings and numbers
 MAX_STRING_BYTES = 256 << 20   # the strings table, all strings together
 MAX_CHUNK_BYTES = 64 << 20     # one chunk of a table (the writer uses 1 MiB)
@@ -129,51 +141,91 @@ def _dataset(f, name):
     return ds
 
 
-def _vlen_ids(ds, fh, file_size, n):
-    """The raw (length, heap collection address, object index) of the first `n` elements
-    of a variable-length string dataset, read from the file itself, not through HDF5."""
-    ids = []
+def _vlen_spans(ds):
+    """[(first element, byte offset, bytes)] of a variable-length dataset's storage."""
     if ds.chunks is None:
         off = ds.id.get_offset()
-        spans = [] if off is None else [(0, off, ds.size * 16)]
-    else:
-        spans = []
-        for i in range(ds.id.get_num_chunks()):
-            info = ds.id.get_chunk_info(i)
-            spans.append((info.chunk_offset[0], info.byte_offset, info.size))
+        return [] if off is None else [(0, off, ds.size * 16)]
+    spans = []
+    for i in range(ds.id.get_num_chunks()):
+        info = ds.id.get_chunk_info(i)
+        spans.append((info.chunk_offset[0], info.byte_offset, info.size))
+    return spans
+
+
+def _vlen_ids(fh, spans, file_size, lo, hi):
+    """The raw (length, heap collection address, object index) of elements [lo, hi) of a
+    variable-length string dataset, read from the file itself, not through HDF5
+    (zeros where no storage is allocated: HDF5 reads those as empty strings)."""
+    ids = np.zeros(max(0, hi - lo), _HEAP_ID)
     for start, off, size in spans:
-        if start >= n:
-            continue  # past the last commit: not read, not checked
+        s_lo, s_hi = max(lo, start), min(hi, start + size // 16)
+        if s_lo >= s_hi:
+            continue  # outside the range (or past the last commit): not read, not checked
         if off is None or off < 0 or size < 0 or size % 16 or off + size > file_size:
             raise TraceError("a variable-length table lies outside the file")
-        fh.seek(off)
-        raw = fh.read(size)
-        if len(raw) != size:
+        fh.seek(off + (s_lo - start) * 16)
+        raw = fh.read((s_hi - s_lo) * 16)
+        if len(raw) != (s_hi - s_lo) * 16:
             raise TraceError("a variable-length table lies outside the file")
-        ids.append(np.frombuffer(raw, dtype=_HEAP_ID)[:n - start])
-    return np.concatenate(ids) if ids else np.zeros(0, _HEAP_ID)
+        ids[s_lo - lo:s_hi - lo] = np.frombuffer(raw, dtype=_HEAP_ID)
+    return ids
 
 
 _HEAP_ID = np.dtype([("length", "<u4"), ("addr", "<u8"), ("index", "<u4")])
 
 
-def _check_heap(ds, path, file_size, n=1):
-    """Check the global heap objects a string dataset points to before HDF5 reads them.
+class _Heaps:
+    """Checks the global heap objects a string dataset points to before HDF5 reads them.
 
     HDF5 trusts these structures: a zeroed or garbled heap collection was measured to
     make it loop forever. Each referenced collection must have the GCOL signature, a
     size inside the file, and a well-formed list of objects covering the referenced
-    ones with at least the referenced length."""
+    ones with at least the referenced length. Collections are parsed once."""
+
+    def __init__(self, path, file_size):
+        self.path, self.file_size, self.objects = path, file_size, {}
+
+    def lengths(self, ds, lo, hi, spans=None):
+        """Checked string lengths (bytes) of elements [lo, hi) of `ds`."""
+        spans = _vlen_spans(ds) if spans is None else spans
+        with open(self.path, "rb") as fh:
+            ids = _vlen_ids(fh, spans, self.file_size, lo, hi)
+            live = (ids["addr"] != 0) | (ids["length"] != 0)
+            for addr in np.unique(ids["addr"][live]).tolist():
+                if addr not in self.objects:
+                    self.objects[addr] = _heap_collection(fh, addr, self.file_size)
+        for length, addr, index in zip(ids["length"][live].tolist(), ids["addr"][live].tolist(),
+                                       ids["index"][live].tolist()):
+            size = self.objects[addr].get(index)
+            if size is None or length > size:
+                raise TraceError("a string refers to a missing or shorter heap object")
+        return np.where(live, ids["length"], 0).astype(np.int64)
+
+
+def _check_heap(ds, path, file_size, n=1):
+    """Check the heap objects of the first `n` elements of a string dataset (see `_Heaps`);
+    returns their lengths in bytes."""
+    return _Heaps(path, file_size).lengths(ds, 0, n)
+
+
+def _manifest_size(f, path, file_size):
+    """Bytes of the manifest string, from its dataset's type or its heap reference (read
+    from the file, not through HDF5), or None when it cannot be told that way."""
+    link = f.get("manifest", getlink=True)
+    if not isinstance(link, h5py.HardLink):
+        return None
+    ds = f["manifest"]
+    if not isinstance(ds, h5py.Dataset) or ds.shape != ():
+        return None
+    info = h5py.check_string_dtype(ds.dtype)
+    if info is None:
+        return None
+    if info.length is not None:
+        return ds.dtype.itemsize
     with open(path, "rb") as fh:
-        ids = _vlen_ids(ds, fh, file_size, n)
-        ids = ids[(ids["addr"] != 0) | (ids["length"] != 0)]
-        objects = {}
-        for addr in np.unique(ids["addr"]).tolist():
-            objects[addr] = _heap_collection(fh, addr, file_size)
-    for length, addr, index in ids.tolist():
-        size = objects[addr].get(index)
-        if size is None or length > size:
-            raise TraceError("a string refers to a missing or shorter heap object")
+        ids = _vlen_ids(fh, _vlen_spans(ds), file_size, 0, 1)
+    return int(ids["length"][0])
 
 
 def _scan_heaps(path, file_size, block=16 << 20):
@@ -194,7 +246,14 @@ def _scan_heaps(path, file_size, block=16 << 20):
             tail = data[-4:]
 
 
-def _heap_collection(fh, addr, file_size):
+_OBJ_HEADER = struct.Struct("<H6xQ")   # heap object: index, reference count, reserved, size
+
+
+def _heap_collection(fh, addr, file_size, whole=1 << 20):
+    """{object index: size} of the global heap collection at `addr`, checked. Only the
+    16-byte object headers are read (the collection whole when it is small), so a large
+    collection costs no memory; HDF5 numbers objects with 16 bits, so there are at most
+    65535 of them."""
     if addr < 8 or addr + 16 > file_size:
         raise TraceError("a string heap lies outside the file (is it still being written?)")
     fh.seek(addr)
@@ -203,19 +262,35 @@ def _heap_collection(fh, addr, file_size):
     if head[:4] != b"GCOL" or head[4] != 1 or not 32 <= size <= MAX_HEAP_BYTES or \
             addr + size > file_size:
         raise TraceError("a string heap is damaged")
-    data = fh.read(size - 16)
-    if len(data) != size - 16:
-        raise TraceError("a string heap lies outside the file (is it still being written?)")
-    objects, p, end = {}, 0, size - 16
+    end = size - 16
+    if end <= whole:
+        data = fh.read(end)
+        if len(data) != end:
+            raise TraceError("a string heap lies outside the file (is it still being written?)")
+
+        def header(p):
+            return _OBJ_HEADER.unpack_from(data, p)
+    else:
+        def header(p):
+            fh.seek(addr + 16 + p)
+            h = fh.read(16)
+            if len(h) != 16:
+                raise TraceError("a string heap lies outside the file (is it still being "
+                                 "written?)")
+            return _OBJ_HEADER.unpack(h)
+    objects, p = {}, 0
     while p + 16 <= end:
-        index = int.from_bytes(data[p:p + 2], "little")
-        osize = int.from_bytes(data[p + 8:p + 16], "little")
+        index, osize = header(p)
         if index == 0:  # free space: exactly the rest of the collection (a wrong size
             if osize != end - p:  # makes HDF5 loop forever)
                 raise TraceError("a string heap is damaged")
             break
         if index in objects or osize > end - p - 16:
             raise TraceError("a string heap is damaged")
+        if osize > MAX_HEAP_OBJECT_BYTES:
+            raise TraceError(f"the file holds a variable-length string of {osize:,} bytes, more "
+                             f"than the {MAX_HEAP_OBJECT_BYTES >> 20} MiB any string of a trace "
+                             f"may hold")
         objects[index] = osize
         p += 16 + ((osize + 7) & ~7)
     return objects
@@ -246,6 +321,15 @@ class Trace:
     def _load(self):
         f = self._f
         self.file_size = os.path.getsize(self.path)
+        try:  # before any heap is parsed or read: its size is in its reference
+            msize = _manifest_size(f, self.path, self.file_size)
+        except TraceError:
+            raise
+        except Exception:
+            msize = None  # damaged: the full checks below say how
+        if msize is not None and msize > MAX_MANIFEST_BYTES:
+            raise TraceError(f"the manifest is {msize:,} bytes, more than the "
+                             f"{MAX_MANIFEST_BYTES >> 20} MiB a manifest may hold")
         _scan_heaps(self.path, self.file_size)
         fmt = _attr(f, "format")
         if fmt != schema.FORMAT_NAME:
@@ -296,26 +380,61 @@ class Trace:
         self._i_order = np.argsort(self.inputs["event"], kind="stable")
         self._i_sorted = self.inputs["event"][self._i_order]
 
+    def _referenced_strings(self, n):
+        """Sorted indices of the strings that the events and values tables refer to."""
+        cols = [self.events[c] for c in ("op", "params", "name_stack", "source", "node")] + \
+            [self.values[c] for c in ("dtype", "storage", "shape", "name")]
+        ref = np.unique(np.concatenate([np.asarray(c, np.int64) for c in cols])) if cols else \
+            np.zeros(0, np.int64)
+        return ref[(ref >= 0) & (ref < n)]
+
     def _load_strings(self, ds, committed):
+        """The strings table as a list; entries no table refers to are "" (never read)."""
         info = h5py.check_string_dtype(ds.dtype)
         if ds.ndim != 1 or info is None:
             raise TraceError(f"{self.path}: the strings table has an unexpected layout")
         n = max(0, min(committed, ds.shape[0]))
-        if info.length is None and n:
-            _check_heap(ds, self.path, self.file_size, n)
+        if n > MAX_STRINGS:
+            raise TraceError(f"{self.path}: the strings table holds {n:,} strings, more than "
+                             f"the {MAX_STRINGS:,} a trace may hold")
         # every stored string takes >= 16 bytes (variable length) or its fixed length
         if n * max(16, ds.dtype.itemsize) > self.file_size + SLACK_BYTES:
             raise TraceError(f"{self.path}: the strings table claims {n} strings, more than "
                              f"the file can hold")
-        out, total, step = [], 0, 1 << 16
-        for lo in range(0, n, step):  # in slices, to stop early on absurd lengths
-            for s in ds[lo:min(n, lo + step)]:
+        if info.length is not None and ds.dtype.itemsize > MAX_ONE_STRING_BYTES:
+            raise TraceError(f"{self.path}: the strings table has {ds.dtype.itemsize:,}-byte "
+                             f"strings, more than the {MAX_ONE_STRING_BYTES >> 20} MiB a string "
+                             f"may hold")
+        ref = self._referenced_strings(n)
+        out = [""] * n
+        heaps = _Heaps(self.path, self.file_size) if info.length is None else None
+        spans = _vlen_spans(ds) if heaps is not None and len(ref) else None
+        limit = min(MAX_STRING_BYTES, self.file_size + SLACK_BYTES)
+        total, step = 0, 1 << 16
+        for lo in range(0, n, step):  # in slices, only where a string is referred to
+            a, b = np.searchsorted(ref, [lo, lo + step])
+            if a == b:
+                continue
+            sel = ref[a:b]
+            lo_, hi_ = int(sel[0]), int(sel[-1]) + 1
+            if heaps is not None:   # lengths first: HDF5 reads every string of the range
+                lengths = heaps.lengths(ds, lo_, hi_, spans)
+                longest = int(lengths.max())
+                if longest > MAX_ONE_STRING_BYTES:
+                    raise TraceError(f"{self.path}: the strings table holds a string of "
+                                     f"{longest:,} bytes, more than the "
+                                     f"{MAX_ONE_STRING_BYTES >> 20} MiB a string may hold")
+                if total + int(lengths.sum()) > limit:
+                    raise TraceError(f"{self.path}: the strings table is implausibly large")
+            chunk = ds[lo_:hi_]
+            for i in sel.tolist():
+                s = chunk[i - lo_]
                 s = s.decode("utf-8", "replace") if isinstance(s, bytes) else str(s)
                 total += len(s)
                 if len(s) > MAX_STRING_LEN:  # names, sources, params are short; a report
                     s = s[:MAX_STRING_LEN] + "…"  # must not spend minutes laying out one
-                out.append(s)
-            if total > MAX_STRING_BYTES or total > self.file_size + SLACK_BYTES:
+                out[i] = s
+            if total > limit:
                 raise TraceError(f"{self.path}: the strings table is implausibly large")
         return out
 
@@ -326,7 +445,10 @@ class Trace:
                 mds.dtype.itemsize > MAX_MANIFEST_BYTES:
             raise TraceError(f"{self.path}: manifest is implausibly large")
         if h5py.check_string_dtype(mds.dtype).length is None:
-            _check_heap(mds, self.path, self.file_size)
+            size = int(_check_heap(mds, self.path, self.file_size)[0])
+            if size > MAX_MANIFEST_BYTES:
+                raise TraceError(f"{self.path}: the manifest is {size:,} bytes, more than the "
+                                 f"{MAX_MANIFEST_BYTES >> 20} MiB a manifest may hold")
         text = mds[()]
         if isinstance(text, bytes):
             text = text.decode("utf-8", "replace")
