@@ -381,9 +381,10 @@ class Trace:
         self._i_sorted = self.inputs["event"][self._i_order]
 
     def _referenced_strings(self, n):
-        """Sorted indices of the strings that the events and values tables refer to."""
+        """Sorted indices of the strings that the events, values and sources tables refer to."""
         cols = [self.events[c] for c in ("op", "params", "name_stack", "source", "node")] + \
-            [self.values[c] for c in ("dtype", "storage", "shape", "name")]
+            [self.values[c] for c in ("dtype", "storage", "shape", "name")] + \
+            [self.source_rows[c] for c in ("source", "lines", "sha256")]
         ref = np.unique(np.concatenate([np.asarray(c, np.int64) for c in cols])) if cols else \
             np.zeros(0, np.int64)
         return ref[(ref >= 0) & (ref < n)]
