@@ -182,7 +182,7 @@ def test_events_table_columns(tmp_path):
 
 
 def test_events_table_makes_a_dataframe(tmp_path):
-    pd = pytest.importorskip("pandas")
+    import pandas as pd   # in the test extras: this test never skips
     path, _, _ = _small_trace(tmp_path)
     with tracediff.load(path) as t:
         table, n = t.events_table(), len(t)
