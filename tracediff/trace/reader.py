@@ -19,7 +19,7 @@ import struct
 import h5py
 import numpy as np
 
-from ..errors import TraceError
+from ..errors import TraceError, one_line
 from . import schema, values
 from .sources import parse_source
 
@@ -46,11 +46,6 @@ _SECTION_STRINGS = {"script": ("path", "name", "sha256"), "end": ("status", "exc
                     "cpu": ("machine", "processor", "model")}
 
 
-def _one_line(exc):
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:160]}" if text else type(exc).__name__
-
-
 def _open(path):
     path = os.fspath(path)
     if not os.path.exists(path):
@@ -69,13 +64,13 @@ def _open(path):
     try:
         return h5py.File(path, "r", locking=False)
     except Exception as exc:
-        first = _one_line(exc)
+        first = one_line(exc, 160, with_type=True)
     if "already open for write" in first:
         # a file left by a writer in SWMR mode (a newer writer, or another tool) that died
         try:
             return h5py.File(path, "r", locking=False, swmr=True)
         except Exception as exc:
-            first = _one_line(exc)
+            first = one_line(exc, 160, with_type=True)
     if head != HDF5_MAGIC:
         raise TraceError(f"{path}: not an HDF5 file (is this a tracediff trace?)")
     raise TraceError(f"{path}: HDF5 file cannot be opened, it may be truncated or corrupt "
@@ -99,7 +94,7 @@ def _attr(f, name, default=None):
         tclass, space = aid.get_type().get_class(), aid.get_space()
         npoints = space.get_simple_extent_npoints()
     except Exception as exc:
-        raise TraceError(f"attribute {name!r} is damaged ({_one_line(exc)})") from None
+        raise TraceError(f"attribute {name!r} is damaged ({one_line(exc, 160, with_type=True)})") from None
     if tclass not in (h5py.h5t.INTEGER, h5py.h5t.FLOAT, h5py.h5t.STRING, h5py.h5t.ENUM) or \
             npoints != 1:
         raise TraceError(f"attribute {name!r} is not a single number or string")
@@ -316,7 +311,7 @@ class Trace:
             raise TraceError(msg if msg.startswith(self.path) else f"{self.path}: {msg}") from None
         except Exception as exc:  # h5py / numpy on a damaged file: one line, never a traceback
             self._f.close()
-            raise TraceError(f"{self.path}: damaged trace ({_one_line(exc)})") from None
+            raise TraceError(f"{self.path}: damaged trace ({one_line(exc, 160, with_type=True)})") from None
 
     def _load(self):
         f = self._f
@@ -728,7 +723,7 @@ class Trace:
             raw = self._f["blob"][off:off + n].tobytes()
             return values.decode(raw, self.string(row["dtype"]), storage, shape)
         except Exception as exc:
-            raise TraceError(f"{self.path}: damaged trace ({_one_line(exc)})") from None
+            raise TraceError(f"{self.path}: damaged trace ({one_line(exc, 160, with_type=True)})") from None
 
     def close(self):
         self._f.close()
