@@ -1,28 +1,62 @@
 """Session-wide recordings shared by several test modules (each is recorded once)."""
 
 import os
+import subprocess
 
 import pytest
 
-from .helpers import ROOT, record_many
+from .helpers import FIXTURES, ROOT, Recordings
 
 PERTURB = os.path.join(ROOT, "tests", "perturb")
 GRU_STEPS = "3"
+TORCH_GRU_STEPS = "2"
+# the real perturbations the tests record with (environment for `tracediff record`)
+BROKEN_DOT = {"PYTHONPATH": os.path.join(PERTURB, "broken_dot")}
+TANH_ULP = {"PYTHONPATH": os.path.join(PERTURB, "tanh_ulp")}
+TF32_ADDMM = {"PYTHONPATH": os.path.join(PERTURB, "tf32_addmm")}
+XLA_SSE4 = {"XLA_FLAGS": "--xla_cpu_max_isa=SSE4_2"}
+MKL_SSE = {"MKL_CBWR": "COMPATIBLE"}
 
 
 @pytest.fixture(scope="session")
-def jax_gru(tmp_path_factory):
+def jax_gru(recorded):
     """The GRU+expm+Adam example recorded four ways: twice plainly, with XLA limited to
-    SSE4.2 code generation, and with `tanh` made one ULP larger."""
-    folder = tmp_path_factory.mktemp("jax_gru")
+    SSE4.2 code generation, and with `tanh` made one ULP larger: {key: (path, proc)}."""
     args = ("--steps", GRU_STEPS)
     jobs = {
-        "a": ("jax_gru_expm_adam.py", folder / "a.h5", args, None),
-        "a2": ("jax_gru_expm_adam.py", folder / "a2.h5", args, None),
-        "isa": ("jax_gru_expm_adam.py", folder / "isa.h5", args,
-                {"XLA_FLAGS": "--xla_cpu_max_isa=SSE4_2"}),
-        "tanh": ("jax_gru_expm_adam.py", folder / "tanh.h5", args,
-                 {"PYTHONPATH": os.path.join(PERTURB, "tanh_ulp")}),
+        "a": ("jax_gru_expm_adam.py", args, None),
+        "a2": ("jax_gru_expm_adam.py", args, None, (), "again"),
+        "isa": ("jax_gru_expm_adam.py", args, XLA_SSE4),
+        "tanh": ("jax_gru_expm_adam.py", args, TANH_ULP),
     }
-    procs = record_many(jobs)
-    return {key: (job[1], procs[key]) for key, job in jobs.items()}
+    return {key: (path, recorded.proc(path)) for key, path in recorded.many(jobs).items()}
+
+
+@pytest.fixture(scope="session")
+def recorded(tmp_path_factory):
+    """Recordings shared by every module (tests/helpers.Recordings): ask for
+    `recorded("torch_dot.py")` or `recorded.many({...})` instead of recording again."""
+    return Recordings(tmp_path_factory.mktemp("recordings"))
+
+
+OTHER_JAX = os.environ.get("TRACEDIFF_OTHER_JAX_PYTHON")
+# the GRU example, one step, recorded under the oldest supported JAX (0.7.2) with
+# `tests/record_other_jax.sh`; re-recorded fresh when TRACEDIFF_OTHER_JAX_PYTHON names
+# that JAX's Python (CI does), so the README's test command runs the cross-version tests too
+OLD_JAX_TRACE = os.path.join(FIXTURES, "traces", "jax_gru_expm_adam.jax-0.7.2.h5")
+
+
+@pytest.fixture(scope="session")
+def two_jax_versions(recorded, tmp_path_factory):
+    """(old, new): jax_gru_expm_adam.py --steps 1 under the oldest supported JAX and this one."""
+    new = recorded("jax_gru_expm_adam.py", "--steps", "1")
+    if not OTHER_JAX:
+        return OLD_JAX_TRACE, new
+    old = tmp_path_factory.mktemp("other_jax") / "old.h5"
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop("XLA_FLAGS", None)
+    proc = subprocess.run([OTHER_JAX, "-m", "tracediff", "record", "-o", str(old),
+                           os.path.join(FIXTURES, "jax_gru_expm_adam.py"), "--steps", "1"],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return old, new

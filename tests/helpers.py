@@ -3,23 +3,62 @@
 import os
 import subprocess
 import sys
+import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "fixtures")
 
 
-def run_cli(*args, env=None, cwd=None, check=False, timeout=600):
-    """Run `python -m tracediff ARGS...`; returns CompletedProcess (text)."""
-    full_env = dict(os.environ)
-    full_env.pop("XLA_FLAGS", None)
-    full_env.update(env or {})
-    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, full_env.get("PYTHONPATH")) if p)
-    proc = subprocess.run([sys.executable, "-m", "tracediff", *map(str, args)], env=full_env,
-                          cwd=cwd or ROOT, capture_output=True, text=True, timeout=timeout)
+# Commands that run a user's script (or a recorder) need a process of their own; every
+# other command only reads traces, so it runs in this process through click's CliRunner:
+# the same code path as `python -m tracediff`, without paying ~3-5 s of interpreter, jax and
+# torch start-up per call.
+OWN_PROCESS = {"record", "check", "demo"}
+
+
+def run_cli(*args, env=None, cwd=None, check=False, timeout=600, own_process=None):
+    """Run `tracediff ARGS...` as a user would; returns a CompletedProcess (text).
+
+    Read-only commands run in-process (click's CliRunner, stdout and stderr apart, env
+    applied for the call); `record`, `check` and `demo` run `python -m tracediff` in a
+    subprocess. An exception escaping the CLI in-process is appended to stderr as the
+    traceback a subprocess would have printed, so "no traceback" assertions still hold.
+    """
+    args = tuple(map(str, args))
+    if own_process is None:
+        own_process = not args or args[0] in OWN_PROCESS
+    if own_process:
+        full_env = dict(os.environ)
+        full_env.pop("XLA_FLAGS", None)
+        full_env.update(env or {})
+        full_env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, full_env.get("PYTHONPATH")) if p)
+        proc = subprocess.run([sys.executable, "-m", "tracediff", *args], env=full_env,
+                              cwd=cwd or ROOT, capture_output=True, text=True, timeout=timeout)
+    else:
+        proc = _run_in_process(args, env, cwd)
     if check and proc.returncode != 0:
-        raise AssertionError(f"tracediff {' '.join(map(str, args))} exited {proc.returncode}\n"
+        raise AssertionError(f"tracediff {' '.join(args)} exited {proc.returncode}\n"
                              f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}")
     return proc
+
+
+def _run_in_process(args, env, cwd):
+    from click.testing import CliRunner
+
+    from tracediff.cli import main
+
+    here = os.getcwd()
+    os.chdir(cwd or ROOT)
+    try:
+        result = CliRunner().invoke(main, list(args), env=dict(env or {}), prog_name="tracediff")
+    finally:
+        os.chdir(here)
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        stderr += "Traceback (most recent call last):\n" + "".join(
+            traceback.format_exception(*result.exc_info))
+    return subprocess.CompletedProcess(["tracediff", *args], result.exit_code,
+                                       result.stdout, stderr)
 
 
 def record(script, out, *script_args, env=None, extra=(), check=True):
@@ -64,3 +103,48 @@ def record_many(jobs, max_parallel=2):
             raise AssertionError(f"recording {key} exited {proc.returncode}:\n{stderr[-5000:]}")
         done[key] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     return done
+
+
+class Recordings:
+    """Recordings shared by the whole test session: each distinct (script, args, env,
+    options, tag) is recorded once, whichever module asks first, and handed to every
+    module that asks again. The files are made read-only so that no test edits a shared
+    trace in place (copy it first). `tag` tells apart two recordings of the same run
+    (two identical runs must match)."""
+
+    def __init__(self, folder):
+        self.folder = folder
+        self.paths = {}
+        self.procs = {}
+
+    @staticmethod
+    def _key(script, args=(), env=None, options=(), tag=""):
+        return (script, tuple(map(str, args)), tuple(sorted((env or {}).items())),
+                tuple(map(str, options)), tag)
+
+    def __call__(self, script, *args, env=None, options=(), tag=""):
+        """The path of SCRIPT ARGS recorded with ENV and `tracediff record` OPTIONS."""
+        return self.many({"one": (script, args, env, options, tag)})["one"]
+
+    def many(self, jobs):
+        """{key: (script, args, env[, options[, tag]])} -> {key: path}; what is not
+        recorded yet is recorded two at a time."""
+        keys = {k: self._key(*job) for k, job in jobs.items()}
+        todo = {}
+        for k, key in keys.items():
+            if key not in self.paths and key not in todo.values():
+                todo[k] = key
+        if todo:
+            start = len(self.paths)
+            outs = {k: self.folder / f"r{start + i}_{os.path.basename(key[0])[:-3]}.h5"
+                    for i, (k, key) in enumerate(todo.items())}
+            procs = record_many({k: (key[0], outs[k], key[1], dict(key[2]), list(key[3]))
+                                 for k, key in todo.items()})
+            for k, key in todo.items():
+                os.chmod(outs[k], 0o444)
+                self.paths[key], self.procs[outs[k]] = outs[k], procs[k]
+        return {k: self.paths[key] for k, key in keys.items()}
+
+    def proc(self, path):
+        """The CompletedProcess of the recording at PATH (its stdout is the script's)."""
+        return self.procs[path]

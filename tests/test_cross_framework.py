@@ -2,7 +2,6 @@
 (fixtures/flax_dense.py, fixtures/torch_linear.py: same seeded weights, weight = kernel.T)."""
 
 import json
-import os
 
 import pytest
 
@@ -11,9 +10,8 @@ from tracediff.diff.cross import op_family
 from tracediff.diff.differ import BITWISE
 from tracediff.diff.locate import open_differ
 
-from .helpers import ROOT, record, run_cli
-
-TF32 = os.path.join(ROOT, "tests", "perturb", "tf32_addmm")
+from .conftest import TF32_ADDMM
+from .helpers import run_cli
 
 
 def test_op_families():
@@ -27,18 +25,12 @@ def test_op_families():
 
 
 @pytest.fixture(scope="module")
-def traces(tmp_path_factory):
-    d = tmp_path_factory.mktemp("cross")
-    out = {}
-    for name, script, args, env in (
-            ("flax", "flax_dense.py", (), None),
-            ("torch", "torch_linear.py", (), None),
-            ("torch_tf32", "torch_linear.py", (), {"PYTHONPATH": TF32}),
-            ("flax_mlp", "flax_dense.py", ("--mlp", "--jit"), None),
-            ("torch_mlp", "torch_linear.py", ("--mlp",), None)):
-        out[name] = d / f"{name}.h5"
-        record(script, out[name], *args, env=env)
-    return out
+def traces(recorded):
+    return recorded.many({"flax": ("flax_dense.py", (), None),
+                          "torch": ("torch_linear.py", (), None),
+                          "torch_tf32": ("torch_linear.py", (), TF32_ADDMM),
+                          "flax_mlp": ("flax_dense.py", ("--mlp", "--jit"), None),
+                          "torch_mlp": ("torch_linear.py", ("--mlp",), None)})
 
 
 def _by(d):

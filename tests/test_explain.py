@@ -3,7 +3,6 @@ allow-list, --ulp and --noise on synthetic traces, and real divergences: the bro
 kernel, MKL's reproducible (CBWR) code path, XLA limited to SSE4.2, a one-ULP tanh, Dense vs a TF32 Linear."""
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -13,9 +12,9 @@ from tracediff.diff import compare, replay
 from tracediff.trace import schema
 
 from . import synth
-from .helpers import ROOT, record, record_many, run_cli
+from .conftest import BROKEN_DOT, GRU_STEPS, MKL_SSE, TANH_ULP, TF32_ADDMM, TORCH_GRU_STEPS
+from .helpers import run_cli
 
-PERTURB = os.path.join(ROOT, "tests", "perturb")
 F32 = np.float32
 
 
@@ -105,12 +104,8 @@ def test_noise_floor_and_chain(tmp_path):
 # -- real divergences -------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def dot(tmp_path_factory):
-    d = tmp_path_factory.mktemp("dot")
-    a, b = d / "a.h5", d / "b.h5"
-    record("torch_dot.py", a)
-    record("torch_dot.py", b, env={"PYTHONPATH": os.path.join(PERTURB, "broken_dot")})
-    return a, b
+def dot(recorded):
+    return recorded("torch_dot.py"), recorded("torch_dot.py", env=BROKEN_DOT)
 
 
 def test_dot_verdict_convicts_the_machine_that_returned_zero(dot):
@@ -132,10 +127,9 @@ def test_dot_verdict_convicts_the_machine_that_returned_zero(dot):
     assert "this machine reproduces a bitwise, not b" in proc.stdout and "chain" in proc.stdout
 
 
-def test_mkl_cbwr_origin_is_a_blas_call_and_the_cause_is_named(tmp_path):
-    a, b = tmp_path / "a.h5", tmp_path / "b.h5"
-    record("torch_gru_adam.py", a, "--steps", "1")
-    record("torch_gru_adam.py", b, "--steps", "1", env={"MKL_CBWR": "COMPATIBLE"})
+def test_mkl_cbwr_origin_is_a_blas_call_and_the_cause_is_named(recorded):
+    args = ("--steps", TORCH_GRU_STEPS)
+    a, b = recorded("torch_gru_adam.py", *args), recorded("torch_gru_adam.py", *args, env=MKL_SSE)
     an = explain_json(a, b)
     o = an["origin"]
     assert o["a"]["op"] in ("aten::addmm", "aten::mm") and o["inputs_match"] is True
@@ -147,19 +141,13 @@ def test_mkl_cbwr_origin_is_a_blas_call_and_the_cause_is_named(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def gru(tmp_path_factory):
-    """The GRU+expm+Adam example (x64), one step, plain and with XLA limited to SSE4.2;
-    the Flax MLP under jit, plain and with tanh one ULP larger."""
-    d = tmp_path_factory.mktemp("gru1")
-    args = ("--steps", "1")
-    jobs = {"a": ("jax_gru_expm_adam.py", d / "a.h5", args, None),
-            "isa": ("jax_gru_expm_adam.py", d / "isa.h5", args,
-                    {"XLA_FLAGS": "--xla_cpu_max_isa=SSE4_2"}),
-            "mlp": ("flax_dense.py", d / "mlp.h5", ("--mlp", "--jit"), None),
-            "tanh": ("flax_dense.py", d / "tanh.h5", ("--mlp", "--jit"),
-                     {"PYTHONPATH": os.path.join(PERTURB, "tanh_ulp")})}
-    record_many(jobs)
-    return {k: job[1] for k, job in jobs.items()}
+def gru(jax_gru, recorded):
+    """The GRU+expm+Adam example (x64), plain and with XLA limited to SSE4.2 (the session's
+    recordings); the Flax MLP under jit, plain and with tanh one ULP larger."""
+    mlp = ("--mlp", "--jit")
+    return {"a": jax_gru["a"][0], "isa": jax_gru["isa"][0],
+            **recorded.many({"mlp": ("flax_dense.py", mlp, None),
+                             "tanh": ("flax_dense.py", mlp, TANH_ULP)})}
 
 
 def test_xla_isa_switch(gru):
@@ -179,7 +167,7 @@ def test_xla_isa_switch(gru):
     if info["reaches_target"]:
         assert any("first_beyond_tolerance" in r for r in roles)
     # divergence over time: one row per optimizer step, loss of both runs
-    assert len([s for s in an["steps"] if "max_rel" in s]) == 1
+    assert len([s for s in an["steps"] if "max_rel" in s]) == int(GRU_STEPS)
     assert all(s["loss"]["rel"] > 0 for s in an["steps"] if "loss" in s)
 
 
@@ -214,10 +202,8 @@ def test_float64_op_is_judged_against_long_double(tmp_path):
     assert "a is closer" in r.explain["verdict"]
 
 
-def test_dense_vs_tf32_linear_says_which_framework_is_closer_to_exact(tmp_path):
-    a, b = tmp_path / "flax.h5", tmp_path / "torch_tf32.h5"
-    record("flax_dense.py", a)
-    record("torch_linear.py", b, env={"PYTHONPATH": os.path.join(PERTURB, "tf32_addmm")})
+def test_dense_vs_tf32_linear_says_which_framework_is_closer_to_exact(recorded):
+    a, b = recorded("flax_dense.py"), recorded("torch_linear.py", env=TF32_ADDMM)
     an = explain_json(a, b)
     rv = an["replay"]
     assert rv["oracle"]["op"].startswith("aten::addmm") and rv["oracle"]["from"] == "b"
@@ -227,19 +213,8 @@ def test_dense_vs_tf32_linear_says_which_framework_is_closer_to_exact(tmp_path):
     assert an["environment"]["op_class"] == "matmul"
 
 
-@pytest.mark.skipif(not os.environ.get("TRACEDIFF_OTHER_JAX_PYTHON"),
-                    reason="TRACEDIFF_OTHER_JAX_PYTHON not set (.ci/run sets it)")
-def test_version_difference_is_related_to_the_origin(tmp_path):
-    import subprocess
-
-    old, new = tmp_path / "old.h5", tmp_path / "new.h5"
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    env.pop("XLA_FLAGS", None)
-    proc = subprocess.run([os.environ["TRACEDIFF_OTHER_JAX_PYTHON"], "-m", "tracediff", "record",
-                           "-o", str(old), os.path.join(ROOT, "fixtures", "jax_gru_expm_adam.py"),
-                           "--steps", "1"], env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    record("jax_gru_expm_adam.py", new, "--steps", "1")
+def test_version_difference_is_related_to_the_origin(two_jax_versions):
+    old, new = two_jax_versions
     an = explain_json(old, new)
     o = an["origin"]
     assert o["inputs_match"] is True and o["a"]["step"] == 0

@@ -29,7 +29,7 @@ from tracediff.errors import TraceError
 from tracediff.report.summary import event_detail, print_event, print_summary, trace_summary
 from tracediff.trace import schema
 
-from .helpers import ROOT, record_many
+from .helpers import ROOT
 
 N_CASES = int(os.environ.get("TRACEDIFF_FUZZ_CASES", "520"))
 SEED = int(os.environ.get("TRACEDIFF_FUZZ_SEED", "20261130"))
@@ -38,16 +38,11 @@ HUGE = [2**62, 2**63 - 1, -(2**63), -1, -2, 2**31, 2**32 + 7, 10**15]
 
 
 @pytest.fixture(scope="module")
-def seeds(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("fuzz_seeds")
-    jobs = {"torch": ("torch_dot.py", folder / "torch.h5", (), None),
-            "jax": ("jax_control_flow.py", folder / "jax.h5", (), None)}
-    record_many(jobs)
-    out = {}
-    for key, job in jobs.items():
-        path = str(job[1])
-        out[key] = (path, None)  # the child computes the live byte positions
-    return out
+def seeds(recorded):
+    paths = recorded.many({"torch": ("torch_dot.py", (), None),
+                           "jax": ("jax_control_flow.py", (), None)})
+    # the child computes the live byte positions
+    return {key: (str(path), None) for key, path in paths.items()}
 
 
 # -- mutations: each takes (rng, path, live byte positions) and edits the file in place --

@@ -1,7 +1,6 @@
 """JAX capture on real jax/flax/optax: what a trace holds, and that recording changes nothing."""
 
 import json
-import os
 
 import h5py
 import numpy as np
@@ -23,10 +22,9 @@ def gru(jax_gru):
 
 
 @pytest.fixture(scope="module")
-def flow(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("flow")
-    opaque, stepped = folder / "opaque.h5", folder / "stepped.h5"
-    return record(FLOW, opaque), opaque, record(FLOW, stepped, extra=("--loops", "stepped")), stepped
+def flow(recorded):
+    opaque, stepped = recorded(FLOW), recorded(FLOW, options=("--loops", "stepped"))
+    return recorded.proc(opaque), opaque, recorded.proc(stepped), stepped
 
 
 def events(trace):

@@ -4,6 +4,7 @@ import json
 
 import tracediff
 
+from .conftest import XLA_SSE4
 from .helpers import run_cli
 
 
@@ -56,19 +57,16 @@ def test_one_ulp_tanh_is_located_at_tanh_and_its_source_line(jax_gru):
     assert "tanh" in proc.stdout and "jax_gru_expm_adam.py:25" in proc.stdout
 
 
-def test_compiled_call_divergence_is_narrowed_by_its_probe(tmp_path):
+def test_compiled_call_divergence_is_narrowed_by_its_probe(recorded):
     """XLA contracts `t * rate + offset` into one FMA where the ISA has it (not under
     SSE4.2): the compiled outputs differ, every replayed equation matches. locate says so
     and prints the `record --probe` commands; on the probed traces it names the `add`."""
-    from .helpers import record_many
-
-    sse = {"XLA_FLAGS": "--xla_cpu_max_isa=SSE4_2"}
     probe = ("--probe", "^schedule$")
-    t = {k: tmp_path / f"{k}.h5" for k in ("a", "b", "ap", "bp")}
-    runs = record_many({"a": ("jax_fused_fma.py", t["a"], (), None),
-                        "b": ("jax_fused_fma.py", t["b"], (), sse),
-                        "ap": ("jax_fused_fma.py", t["ap"], (), None, probe),
-                        "bp": ("jax_fused_fma.py", t["bp"], (), sse, probe)})
+    t = recorded.many({"a": ("jax_fused_fma.py", (), None),
+                       "b": ("jax_fused_fma.py", (), XLA_SSE4),
+                       "ap": ("jax_fused_fma.py", (), None, probe),
+                       "bp": ("jax_fused_fma.py", (), XLA_SSE4, probe)})
+    runs = {k: recorded.proc(p) for k, p in t.items()}
     assert runs["a"].stdout != runs["b"].stdout, "SSE4.2 no longer changes the fused program here"
     assert runs["ap"].stdout == runs["a"].stdout, "the probe changed the script's result"
     r = locate_json(t["a"], t["b"])

@@ -14,12 +14,10 @@ import pytest
 import tracediff
 from tracediff.trace import schema, values
 
-from .conftest import GRU_STEPS
-from .helpers import FIXTURES, ROOT, run_cli, run_plain
+from .conftest import GRU_STEPS, MKL_SSE as SSE, TANH_ULP, TORCH_GRU_STEPS as TORCH_STEPS
+from .helpers import ROOT, run_cli, run_plain
 
 TORCH_GRU = "torch_gru_adam.py"
-TORCH_STEPS = "3"
-SSE = {"MKL_CBWR": "COMPATIBLE"}
 
 
 def _env(extra=None):
@@ -30,59 +28,39 @@ def _env(extra=None):
     return env
 
 
-def record_jobs(jobs, max_parallel=2):
-    """jobs: {key: (script, out, options list, script args, env)} -> {key: CompletedProcess}."""
-    pending, running, done = list(jobs.items()), [], {}
-    while pending or running:
-        while pending and len(running) < max_parallel:
-            key, (script, out, opts, args, env) = pending.pop(0)
-            path = os.path.join(FIXTURES, script)
-            proc = subprocess.Popen([sys.executable, "-m", "tracediff", "record", "-o", str(out),
-                                     *opts, path, *args], env=_env(env), cwd=ROOT, text=True,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            running.append((key, proc))
-        key, proc = running.pop(0)
-        stdout, stderr = proc.communicate(timeout=900)
-        assert proc.returncode == 0, f"recording {key} exited {proc.returncode}:\n{stderr[-4000:]}"
-        done[key] = subprocess.CompletedProcess(proc.args, 0, stdout, stderr)
-    return done
-
-
 @pytest.fixture(scope="module")
-def torch_runs(tmp_path_factory):
-    d = tmp_path_factory.mktemp("torch_levels")
+def torch_runs(recorded, tmp_path_factory):
     args = ("--steps", TORCH_STEPS)
     jobs = {
-        "full": (TORCH_GRU, d / "full.h5", [], args, None),
-        "stats": (TORCH_GRU, d / "stats.h5", ["--level", "stats"], args, None),
-        "calls": (TORCH_GRU, d / "calls.h5", ["--level", "calls"], args, None),
-        "sse_full": (TORCH_GRU, d / "sse_full.h5", [], args, SSE),
-        "sse_stats": (TORCH_GRU, d / "sse_stats.h5", ["--level", "stats"], args, SSE),
-        "sse_calls": (TORCH_GRU, d / "sse_calls.h5", ["--level", "calls"], args, SSE),
-        "steps": (TORCH_GRU, d / "steps.h5", ["--steps", "1:2"], args, None),
-        "ops": (TORCH_GRU, d / "ops.h5", ["--ops", "^aten::addmm"], args, None),
-        "modules": (TORCH_GRU, d / "modules.h5", ["--modules", "head*"], args, None),
-        "cap": (TORCH_GRU, d / "cap.h5", ["--max-bytes", "200KB"], args, None),
+        "full": (TORCH_GRU, args, None),
+        "stats": (TORCH_GRU, args, None, ["--level", "stats"]),
+        "calls": (TORCH_GRU, args, None, ["--level", "calls"]),
+        "sse_full": (TORCH_GRU, args, SSE),
+        "sse_stats": (TORCH_GRU, args, SSE, ["--level", "stats"]),
+        "sse_calls": (TORCH_GRU, args, SSE, ["--level", "calls"]),
+        "steps": (TORCH_GRU, args, None, ["--steps", "1:2"]),
+        "ops": (TORCH_GRU, args, None, ["--ops", "^aten::addmm"]),
+        "modules": (TORCH_GRU, args, None, ["--modules", "head*"]),
+        "cap": (TORCH_GRU, args, None, ["--max-bytes", "200KB"]),
     }
-    procs = record_jobs(jobs)
+    paths = recorded.many(jobs)
     plain = run_plain(TORCH_GRU, *args).stdout
-    return {k: (str(j[1]), procs[k]) for k, j in jobs.items()}, plain, d
+    runs = {k: (str(p), recorded.proc(p)) for k, p in paths.items()}
+    return runs, plain, tmp_path_factory.mktemp("torch_levels")
 
 
 @pytest.fixture(scope="module")
-def jax_runs(jax_gru, tmp_path_factory):
+def jax_runs(jax_gru, recorded, tmp_path_factory):
     d = tmp_path_factory.mktemp("jax_levels")
     args = ("--steps", GRU_STEPS)
-    tanh = {"PYTHONPATH": os.path.join(ROOT, "tests", "perturb", "tanh_ulp")}
     script = "jax_gru_expm_adam.py"
     jobs = {
-        "stats": (script, d / "stats.h5", ["--level", "stats"], args, None),
-        "tanh_stats": (script, d / "tanh_stats.h5", ["--level", "stats"], args, tanh),
-        "calls": (script, d / "calls.h5", ["--level", "calls"], args, None),
-        "tanh_calls": (script, d / "tanh_calls.h5", ["--level", "calls"], args, tanh),
+        "stats": (script, args, None, ["--level", "stats"]),
+        "tanh_stats": (script, args, TANH_ULP, ["--level", "stats"]),
+        "calls": (script, args, None, ["--level", "calls"]),
+        "tanh_calls": (script, args, TANH_ULP, ["--level", "calls"]),
     }
-    procs = record_jobs(jobs)
-    runs = {k: (str(j[1]), procs[k]) for k, j in jobs.items()}
+    runs = {k: (str(p), recorded.proc(p)) for k, p in recorded.many(jobs).items()}
     runs["full"] = (str(jax_gru["a"][0]), jax_gru["a"][1])
     runs["tanh_full"] = (str(jax_gru["tanh"][0]), jax_gru["tanh"][1])
     return runs, d

@@ -2,7 +2,6 @@
 end-to-end tests on traces recorded with the real CLI."""
 
 import json
-import os
 import random
 
 import h5py
@@ -15,7 +14,8 @@ from tracediff.diff.env import env_diff
 from tracediff.trace import schema
 
 from . import synth
-from .helpers import ROOT, record, record_many, run_cli
+from .conftest import BROKEN_DOT, TANH_ULP
+from .helpers import record, run_cli
 
 F32 = np.float32
 
@@ -302,16 +302,13 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
 
 # -- real recorded traces (torch) ------------------------------------------------------------
 
-BROKEN_DOT = os.path.join(ROOT, "tests", "perturb", "broken_dot")
 
 
 @pytest.fixture(scope="module")
-def dot_traces(tmp_path_factory):
-    d = tmp_path_factory.mktemp("dot")
-    a, a2, b = d / "a.h5", d / "a2.h5", d / "b.h5"
-    record_many({"a": ("torch_dot.py", a, (), None), "a2": ("torch_dot.py", a2, (), None),
-                 "b": ("torch_dot.py", b, (), {"PYTHONPATH": BROKEN_DOT})})
-    return a, a2, b
+def dot_traces(recorded):
+    r = recorded.many({"a": ("torch_dot.py", (), None), "a2": ("torch_dot.py", (), None, (), "again"),
+                       "b": ("torch_dot.py", (), BROKEN_DOT)})
+    return r["a"], r["a2"], r["b"]
 
 
 def test_real_identical_runs_match(dot_traces):
@@ -367,17 +364,15 @@ def test_equation_of_a_call_without_counterpart_still_decides(tmp_path):
 
 # -- real recorded traces (JAX) --------------------------------------------------------------
 
-TANH_ULP = os.path.join(ROOT, "tests", "perturb", "tanh_ulp")
 
 
 @pytest.fixture(scope="module")
-def jax_traces(tmp_path_factory):
-    d = tmp_path_factory.mktemp("jaxmlp")
-    a, a2, b = d / "a.h5", d / "a2.h5", d / "b.h5"
+def jax_traces(recorded):
     args = ("--mlp", "--jit")
-    record_many({"a": ("flax_dense.py", a, args, None), "a2": ("flax_dense.py", a2, args, None),
-                 "b": ("flax_dense.py", b, args, {"PYTHONPATH": TANH_ULP})})
-    return a, a2, b
+    r = recorded.many({"a": ("flax_dense.py", args, None),
+                       "a2": ("flax_dense.py", args, None, (), "again"),
+                       "b": ("flax_dense.py", args, TANH_ULP)})
+    return r["a"], r["a2"], r["b"]
 
 
 def test_real_jax_identical_runs_match(jax_traces):

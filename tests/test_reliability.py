@@ -212,12 +212,11 @@ def test_sigkill_of_a_real_recording(tmp_path):
 # -- bad input ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def good(tmp_path_factory):
+def good(recorded):
     """Two small real traces of different scripts."""
-    d = tmp_path_factory.mktemp("good")
-    record("torch_dot.py", d / "dot.h5")
-    record("torch_mlp.py", d / "mlp.h5")
-    return d / "dot.h5", d / "mlp.h5"
+    r = recorded.many({"dot": ("torch_dot.py", (), None),
+                       "mlp": ("torch_mlp.py", FIXTURE_RUNS["torch"][1], None)})
+    return r["dot"], r["mlp"]
 
 
 def _bad_files(folder, good_path):
@@ -358,37 +357,23 @@ def _combos():
             if fw == "jax" or loops == "opaque"]  # --loops only changes JAX recording
 
 
+# `tracediff record` options of each (level, loops); the defaults need none, so those runs
+# are the session's shared recordings of the fixtures
+OPTIONS = {("full", "opaque"): (), ("full", "stepped"): ("--loops", "stepped"),
+           ("stats", "opaque"): ("--level", "stats"), ("calls", "opaque"): ("--level", "calls")}
+
+
 @pytest.fixture(scope="module")
-def perturb_runs(tmp_path_factory):
+def perturb_runs(recorded):
     """Every (framework, level, loops) recorded once, two at a time, and each fixture run
     plainly: {key: stdout}."""
-    d = tmp_path_factory.mktemp("perturb")
     jobs = {}
     for fw, level, loops in _combos():
         script, args = FIXTURE_RUNS[fw]
-        jobs[(fw, level, loops)] = (script, d / f"{fw}-{level}-{loops}.h5",
-                                    ("--level", level, "--loops", loops), args)
+        jobs[(fw, level, loops)] = (script, args, None, OPTIONS[(level, loops)])
     out = {fw: run_plain(script, *args).stdout for fw, (script, args) in FIXTURE_RUNS.items()}
-    out.update(_record_with_options(jobs))
+    out.update({key: recorded.proc(path).stdout for key, path in recorded.many(jobs).items()})
     return out
-
-
-def _record_with_options(jobs, max_parallel=2):
-    """jobs: {key: (script, out, tracediff options, script args)} -> {key: stdout}."""
-    pending, running, done = list(jobs.items()), [], {}
-    while pending or running:
-        while pending and len(running) < max_parallel:
-            key, (script, out, opts, args) = pending.pop(0)
-            proc = subprocess.Popen([sys.executable, "-m", "tracediff", "record", "-o", str(out),
-                                     *opts, os.path.join(FIXTURES, script), *args], env=_env(),
-                                    cwd=ROOT, text=True, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE)
-            running.append((key, proc))
-        key, proc = running.pop(0)
-        stdout, stderr = proc.communicate(timeout=600)
-        assert proc.returncode == 0, f"recording {key} exited {proc.returncode}:\n{stderr[-3000:]}"
-        done[key] = stdout
-    return done
 
 
 @pytest.mark.parametrize("framework, level, loops", _combos(),

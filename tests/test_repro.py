@@ -9,9 +9,9 @@ import pytest
 
 from tracediff.trace.reader import Trace
 
-from .helpers import ROOT, record, run_cli
+from .conftest import BROKEN_DOT
+from .helpers import run_cli
 
-BROKEN_DOT = os.path.join(ROOT, "tests", "perturb", "broken_dot")
 
 
 def _run_script(folder):
@@ -26,12 +26,8 @@ def _index(trace, op):
 
 
 @pytest.fixture(scope="module")
-def dots(tmp_path_factory):
-    d = tmp_path_factory.mktemp("repro_dot")
-    a, b = d / "a.h5", d / "b.h5"
-    record("torch_dot.py", a)
-    record("torch_dot.py", b, env={"PYTHONPATH": BROKEN_DOT})
-    return a, b
+def dots(recorded):
+    return recorded("torch_dot.py"), recorded("torch_dot.py", env=BROKEN_DOT)
 
 
 def test_torch_dot_reproducer(dots, tmp_path):
@@ -50,9 +46,8 @@ def test_torch_dot_reproducer(dots, tmp_path):
         assert "tracediff" not in open(folder / "repro.py").read().split('"""', 2)[2]
 
 
-def test_jax_primitive_reproducer(tmp_path):
-    t = tmp_path / "j.h5"
-    record("flax_dense.py", t, "--mlp", "--jit")
+def test_jax_primitive_reproducer(recorded, tmp_path):
+    t = recorded("flax_dense.py", "--mlp", "--jit")
     ev = _index(t, "tanh")
     proc = run_cli("repro", t, ev, "-o", tmp_path / "r")
     assert proc.returncode == 0, proc.stderr

@@ -8,18 +8,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests.helpers import FIXTURES, ROOT, record, run_plain  # noqa: E402
+from tests.conftest import BROKEN_DOT, MKL_SSE, TORCH_GRU_STEPS as GRU_STEPS  # noqa: E402
+from tests.helpers import FIXTURES, run_plain  # noqa: E402
 from tracediff.trace import schema  # noqa: E402
 from tracediff.trace.reader import Trace  # noqa: E402
 
-BROKEN_DOT = os.path.join(ROOT, "tests", "perturb", "broken_dot")
-GRU_STEPS = "2"
 
 
-def _record(tmp_path_factory, name, script, *args, env=None):
-    out = tmp_path_factory.mktemp("torch") / f"{name}.h5"
-    proc = record(script, out, *args, env=env)
-    return out, proc
+def _record(recorded, script, *args, env=None):
+    """A session-shared recording (tests/helpers.Recordings): (path, CompletedProcess)."""
+    out = recorded(script, *args, env=env)
+    return out, recorded.proc(out)
 
 
 def _ops(trace, op=None, kind=schema.KIND_OP):
@@ -43,23 +42,22 @@ def _inputs(trace, eid):
 
 
 @pytest.fixture(scope="module")
-def dot(tmp_path_factory):
-    out, proc = _record(tmp_path_factory, "dot", "torch_dot.py")
+def dot(recorded):
+    out, proc = _record(recorded, "torch_dot.py")
     with Trace(out) as t:
         yield t, proc
 
 
 @pytest.fixture(scope="module")
-def broken_dot(tmp_path_factory):
-    out, proc = _record(tmp_path_factory, "dot_broken", "torch_dot.py",
-                        env={"PYTHONPATH": BROKEN_DOT})
+def broken_dot(recorded):
+    out, proc = _record(recorded, "torch_dot.py", env=BROKEN_DOT)
     with Trace(out) as t:
         yield t, proc
 
 
 @pytest.fixture(scope="module")
-def gru(tmp_path_factory):
-    out, proc = _record(tmp_path_factory, "gru", "torch_gru_adam.py", "--steps", GRU_STEPS)
+def gru(recorded):
+    out, proc = _record(recorded, "torch_gru_adam.py", "--steps", GRU_STEPS)
     with Trace(out) as t:
         yield t, proc
 
@@ -210,9 +208,8 @@ def test_gru_every_input_has_a_producer_with_a_value(gru):
 
 # -- MKL instruction set ------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def gru_sse(tmp_path_factory):
-    out, proc = _record(tmp_path_factory, "gru_sse", "torch_gru_adam.py", "--steps", GRU_STEPS,
-                        env={"MKL_CBWR": "COMPATIBLE"})
+def gru_sse(recorded):
+    out, proc = _record(recorded, "torch_gru_adam.py", "--steps", GRU_STEPS, env=MKL_SSE)
     with Trace(out) as t:
         yield t, proc
 
@@ -243,8 +240,8 @@ def test_mkl_compatible_path_changes_a_blas_output_bitwise(gru, gru_sse):
 
 # -- dtypes, empty, DataLoader ------------------------------------------------------------
 @pytest.fixture(scope="module")
-def dtypes(tmp_path_factory):
-    out, proc = _record(tmp_path_factory, "dtypes", "torch_dtypes.py")
+def dtypes(recorded):
+    out, proc = _record(recorded, "torch_dtypes.py")
     with Trace(out) as t:
         yield t, proc
 
@@ -280,8 +277,8 @@ def test_empty_outputs_are_flagged_uninitialised(dtypes):
     assert (_out(t, fill["index"])[1] == 1.5).all()
 
 
-def test_forked_dataloader_workers_do_not_write(tmp_path_factory):
-    out, proc = _record(tmp_path_factory, "dl", "torch_dataloader.py")
+def test_forked_dataloader_workers_do_not_write(recorded):
+    out, proc = _record(recorded, "torch_dataloader.py")
     assert proc.stdout == run_plain("torch_dataloader.py").stdout
     with Trace(out) as t:
         assert t.complete and t.manifest["end"]["status"] == "completed"

@@ -21,7 +21,7 @@ import pytest
 from tracediff.trace import schema
 from tracediff.trace.values import digest
 
-from .helpers import ROOT, record
+from .helpers import ROOT
 
 AS_LIMIT = 3 << 30          # address space of a checked command (torch alone maps ~1.2 GB)
 TIMEOUT = 120               # seconds; the hostile inputs took minutes before the fix
@@ -188,10 +188,8 @@ def run_bounded(*args, tmp, limit=AS_LIMIT, timeout=TIMEOUT):
 
 
 @pytest.fixture(scope="module")
-def dot(tmp_path_factory):
-    path = tmp_path_factory.mktemp("bounds") / "dot.h5"
-    record("torch_dot.py", path)
-    return path
+def dot(recorded):
+    return recorded("torch_dot.py")
 
 
 # -- the attacks ---------------------------------------------------------------------------------

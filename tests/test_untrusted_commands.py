@@ -27,7 +27,8 @@ from tracediff.diff import levels, replay
 from tracediff.report.common import report_data
 from tracediff.report.json_report import next_steps
 
-from .helpers import ROOT, record_many
+from .conftest import BROKEN_DOT
+from .helpers import ROOT
 
 DOT = 1            # event 1 of torch_dot.py is aten::dot
 MUL = 2            # event 2 is aten::mul.Tensor (other=2)
@@ -39,12 +40,9 @@ def _markers(folder):
 
 
 @pytest.fixture(scope="module")
-def traces(tmp_path_factory):
-    d = tmp_path_factory.mktemp("untrusted_cmds")
-    broken = {"PYTHONPATH": os.path.join(ROOT, "tests", "perturb", "broken_dot")}
-    record_many({"full": ("torch_dot.py", d / "full.h5", (), None),
-                 "stats": ("torch_dot.py", d / "stats.h5", (), broken, ["--level", "stats"])})
-    return d / "full.h5", d / "stats.h5"
+def traces(recorded):
+    return recorded("torch_dot.py"), recorded("torch_dot.py", env=BROKEN_DOT,
+                                              options=["--level", "stats"])
 
 
 def _add_string(f, s):

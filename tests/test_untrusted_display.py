@@ -12,7 +12,6 @@ rich forced to a terminal) and the Markdown and HTML reports must show them as t
 import html
 import html.parser
 import json
-import os
 import re
 import shutil
 
@@ -23,9 +22,7 @@ from click.testing import CliRunner
 
 from tracediff.cli import main as cli_main
 
-from .helpers import ROOT, record_many
-
-BROKEN_DOT = os.path.join(ROOT, "tests", "perturb", "broken_dot")
+from .conftest import BROKEN_DOT
 
 TERM = ("\x1b[2J\x1b]0;pwned\x07\x1b]8;;https://evil.example/\x1b\\osc8-click\x1b]8;;\x1b\\"
         "\x9b31m\u202eRTL")
@@ -43,12 +40,10 @@ BAD_BYTES = ("\x1b", "\x07", "\x9b", "\u202e")
 
 
 @pytest.fixture(scope="module")
-def hostile(tmp_path_factory):
+def hostile(recorded, tmp_path_factory):
     """(a, b): the diverging dot pair with the payload in every displayed string."""
     d = tmp_path_factory.mktemp("untrusted_display")
-    a, b = d / "a.h5", d / "b.h5"
-    record_many({"a": ("torch_dot.py", a, (), None),
-                 "b": ("torch_dot.py", b, (), {"PYTHONPATH": BROKEN_DOT})})
+    a, b = recorded("torch_dot.py"), recorded("torch_dot.py", env=BROKEN_DOT)
     out = []
     for side, src in (("a", a), ("b", b)):
         dst = d / f"hostile_{side}.h5"

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from tracediff.cli import main as cli_main
 from tracediff.trace.reader import Trace
 
-from .helpers import ROOT, run_cli
+from .helpers import run_cli
 
 TIMEOUT = 300
 

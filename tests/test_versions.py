@@ -1,35 +1,19 @@
-"""Across JAX versions: the same fixture recorded under an older JAX and this one.
-
-CI creates a second virtual environment with the oldest supported JAX and names its
-Python in TRACEDIFF_OTHER_JAX_PYTHON (see .ci/run); without it these tests are skipped.
-"""
+"""Across JAX versions: the same fixture recorded under the oldest supported JAX (0.7.2)
+and this one (conftest.two_jax_versions: a bundled trace, or a fresh recording when CI names
+the other JAX's Python in TRACEDIFF_OTHER_JAX_PYTHON)."""
 
 import json
-import os
-import subprocess
 
 import pytest
 
 import tracediff
 
-from .helpers import FIXTURES, ROOT, record, run_cli
-
-OTHER = os.environ.get("TRACEDIFF_OTHER_JAX_PYTHON")
-pytestmark = pytest.mark.skipif(not OTHER, reason="TRACEDIFF_OTHER_JAX_PYTHON not set (.ci/run sets it)")
+from .helpers import run_cli
 
 
 @pytest.fixture(scope="module")
-def two_versions(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("versions")
-    old, new = folder / "old.h5", folder / "new.h5"
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    env.pop("XLA_FLAGS", None)
-    proc = subprocess.run([OTHER, "-m", "tracediff", "record", "-o", str(old),
-                           os.path.join(FIXTURES, "jax_gru_expm_adam.py")],
-                          env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    record("jax_gru_expm_adam.py", new)
-    return old, new
+def two_versions(two_jax_versions):
+    return two_jax_versions
 
 
 def test_traces_of_two_versions_share_one_schema(two_versions):
