@@ -148,3 +148,18 @@ class Recordings:
     def proc(self, path):
         """The CompletedProcess of the recording at PATH (its stdout is the script's)."""
         return self.procs[path]
+
+
+def check_values(t):
+    """Every stored value of an open trace reads back and matches its recorded hash;
+    returns how many were checked."""
+    from tracediff.trace import values
+
+    n = 0
+    for row in t.values:
+        if t.read_value(row) is None:
+            continue
+        raw = t._f["blob"][int(row["offset"]):int(row["offset"]) + int(row["nbytes"])].tobytes()
+        assert values.digest(raw) == int(row["hash"])
+        n += 1
+    return n

@@ -23,9 +23,8 @@ import tracediff
 from tracediff.cli import main as cli_main
 from tracediff.errors import TraceError
 from tracediff.runner import distributed_rank, output_path_for
-from tracediff.trace import values as tvalues
 
-from .helpers import FIXTURES, ROOT, record, run_cli, run_plain
+from .helpers import FIXTURES, ROOT, check_values as _check_values, record, run_cli, run_plain
 
 KILL_SEED = int(os.environ.get("TRACEDIFF_KILL_SEED", "6"))
 
@@ -42,19 +41,6 @@ def _script(tmp_path, name, body):
     path = tmp_path / name
     path.write_text(textwrap.dedent(body))
     return path
-
-
-def _check_values(t):
-    """Every stored value of a trace reads back and matches its recorded hash."""
-    n = 0
-    for row in t.values:
-        arr = t.read_value(row)
-        if arr is None:
-            continue
-        raw = t._f["blob"][int(row["offset"]):int(row["offset"]) + int(row["nbytes"])].tobytes()
-        assert tvalues.digest(raw) == int(row["hash"])
-        n += 1
-    return n
 
 
 # -- signals ---------------------------------------------------------------------------------
