@@ -16,6 +16,7 @@ TANH_ULP = {"PYTHONPATH": os.path.join(PERTURB, "tanh_ulp")}
 TF32_ADDMM = {"PYTHONPATH": os.path.join(PERTURB, "tf32_addmm")}
 XLA_SSE4 = {"XLA_FLAGS": "--xla_cpu_max_isa=SSE4_2"}
 MKL_SSE = {"MKL_CBWR": "COMPATIBLE"}
+MAX_DIM_INDICES = {"PYTHONPATH": os.path.join(PERTURB, "max_dim_indices")}
 
 
 @pytest.fixture(scope="session")

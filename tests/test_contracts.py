@@ -7,6 +7,7 @@ starts past the first 64 bytes), other min/max/mean-preserving values (one more 
 larger L2) and OMP_NUM_THREADS set.
 """
 
+import json
 import math
 import shutil
 
@@ -21,7 +22,8 @@ from tracediff.diff.differ import BITWISE, Differ
 from tracediff.errors import TraceError
 from tracediff.trace import schema
 
-from .helpers import record_many
+from .conftest import MAX_DIM_INDICES
+from .helpers import record_many, run_cli
 
 SCRIPT = "torch_tail_difference.py"
 
@@ -126,3 +128,20 @@ def test_worst_metric_ranks_nan_above_inf_above_numbers():
     assert math.isnan(float(compare.worst(ms)["max_abs"]))
     assert compare.worst(ms[:2] + ms[3:])["max_abs"] == "inf"
     assert compare.worst([ms[0], ms[3]])["max_abs"] == 3.0
+
+
+def test_reproduced_here_is_judged_on_every_output(recorded):
+    """aten::max.dim of b returns the right values and wrong indices (tests/perturb/
+    max_dim_indices): the replay reproduces a's two outputs and only b's first, so it
+    reproduces a, not b (judging output 0 alone would say both)."""
+    a = recorded("torch_max_dim.py")
+    b = recorded("torch_max_dim.py", env=MAX_DIM_INDICES)
+    result = tracediff.to_json(tracediff.locate(str(a), str(b)))
+    first = result["first_difference"]
+    assert first["a"]["op"] == "aten::max.dim" and first["inputs_match"] is True
+    # the values are equal, the indices (output 1) are not
+    assert [v["a"]["slot"] for v in first["values"] if not v["metrics"]["bitwise_equal"]] == [1]
+    assert result["explain"]["reproduced_here"] == "a"
+    proc = run_cli("explain", a, b, "--json")
+    replay = json.loads(proc.stdout)["replay"]
+    assert replay["a"]["reproduced_here"] is True and replay["b"]["reproduced_here"] is False
