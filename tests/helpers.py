@@ -1,5 +1,6 @@
 """Shared test helpers: run the real CLI in a subprocess, as a user would."""
 
+import json
 import os
 import subprocess
 import sys
@@ -28,11 +29,7 @@ def run_cli(*args, env=None, cwd=None, check=False, timeout=600, own_process=Non
     if own_process is None:
         own_process = not args or args[0] in OWN_PROCESS
     if own_process:
-        full_env = dict(os.environ)
-        full_env.pop("XLA_FLAGS", None)
-        full_env.update(env or {})
-        full_env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, full_env.get("PYTHONPATH")) if p)
-        proc = subprocess.run([sys.executable, "-m", "tracediff", *args], env=full_env,
+        proc = subprocess.run([sys.executable, "-m", "tracediff", *args], env=script_env(env),
                               cwd=cwd or ROOT, capture_output=True, text=True, timeout=timeout)
     else:
         proc = _run_in_process(args, env, cwd)
@@ -61,6 +58,33 @@ def _run_in_process(args, env, cwd):
                                        result.stdout, stderr)
 
 
+def script_env(extra=None):
+    """The environment of a subprocess that runs tracediff or a fixture: this one, without
+    XLA_FLAGS (so a developer's flags never leak in), with EXTRA, and this checkout on
+    PYTHONPATH after any PYTHONPATH in EXTRA (a perturbation's sitecustomize first)."""
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    env.update(extra or {})
+    env["PYTHONPATH"] = os.pathsep.join(p for p in ((extra or {}).get("PYTHONPATH"), ROOT) if p)
+    return env
+
+
+def locate_json(a, b, *extra):
+    """`tracediff locate A B --json EXTRA...` -> the report (exit code checked against it)."""
+    proc = run_cli("locate", a, b, "--json", *extra)
+    assert proc.returncode in (0, 1), proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["exit_code"] == proc.returncode
+    return report
+
+
+def explain_json(a, b, *extra):
+    """`tracediff explain A B --json EXTRA...` -> the analysis."""
+    proc = run_cli("explain", a, b, "--json", *extra)
+    assert proc.returncode in (0, 1), proc.stderr
+    return json.loads(proc.stdout)
+
+
 def record(script, out, *script_args, env=None, extra=(), check=True):
     """Record fixtures/SCRIPT into OUT in a fresh subprocess; returns CompletedProcess."""
     path = script if os.path.isabs(script) else os.path.join(FIXTURES, script)
@@ -70,10 +94,7 @@ def record(script, out, *script_args, env=None, extra=(), check=True):
 def run_plain(script, *script_args, env=None):
     """Run a fixture without tracediff; returns CompletedProcess (text)."""
     path = script if os.path.isabs(script) else os.path.join(FIXTURES, script)
-    full_env = dict(os.environ)
-    full_env.pop("XLA_FLAGS", None)
-    full_env.update(env or {})
-    return subprocess.run([sys.executable, path, *script_args], env=full_env, capture_output=True,
+    return subprocess.run([sys.executable, path, *script_args], env=script_env(env), capture_output=True,
                           text=True, timeout=600, check=True)
 
 
@@ -88,11 +109,7 @@ def record_many(jobs, max_parallel=2):
         while pending and len(running) < max_parallel:
             key, (script, out, args, env, *options) = pending.pop(0)
             path = script if os.path.isabs(script) else os.path.join(FIXTURES, script)
-            full_env = dict(os.environ)
-            full_env.pop("XLA_FLAGS", None)
-            full_env.update(env or {})
-            full_env["PYTHONPATH"] = os.pathsep.join(
-                p for p in ((env or {}).get("PYTHONPATH"), ROOT) if p)
+            full_env = script_env(env)
             proc = subprocess.Popen([sys.executable, "-m", "tracediff", "record", "-o", str(out),
                                      *(options[0] if options else ()), path, *args], env=full_env, cwd=ROOT, text=True,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -2,7 +2,6 @@
 allow-list, --ulp and --noise on synthetic traces, and real divergences: the broken dot
 kernel, MKL's reproducible (CBWR) code path, XLA limited to SSE4.2, a one-ULP tanh, Dense vs a TF32 Linear."""
 
-import json
 
 import numpy as np
 import pytest
@@ -13,15 +12,9 @@ from tracediff.trace import schema
 
 from . import synth
 from .conftest import BROKEN_DOT, GRU_STEPS, MKL_SSE, TANH_ULP, TF32_ADDMM, TORCH_GRU_STEPS
-from .helpers import run_cli
+from .helpers import explain_json, run_cli
 
 F32 = np.float32
-
-
-def explain_json(a, b, *extra):
-    proc = run_cli("explain", a, b, "--json", *extra)
-    assert proc.returncode in (0, 1), proc.stderr
-    return json.loads(proc.stdout)
 
 
 # -- parsing and safety -------------------------------------------------------------------------

@@ -5,15 +5,7 @@ import json
 import tracediff
 
 from .conftest import XLA_SSE4
-from .helpers import run_cli
-
-
-def locate_json(a, b, *extra):
-    proc = run_cli("locate", a, b, "--json", *extra)
-    assert proc.returncode in (0, 1), proc.stderr
-    report = json.loads(proc.stdout)
-    assert report["exit_code"] == proc.returncode
-    return report
+from .helpers import locate_json, run_cli
 
 
 def test_identical_runs_match(jax_gru):

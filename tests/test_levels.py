@@ -2,7 +2,6 @@
 --max-bytes) on real recordings, locate across levels, and the two-level search end to
 end (cheap traces -> locate prints zoom commands -> run them -> locate names the op)."""
 
-import json
 import os
 import shlex
 import subprocess
@@ -15,17 +14,9 @@ import tracediff
 from tracediff.trace import schema, values
 
 from .conftest import GRU_STEPS, MKL_SSE as SSE, TANH_ULP, TORCH_GRU_STEPS as TORCH_STEPS
-from .helpers import ROOT, run_cli, run_plain
+from .helpers import ROOT, locate_json, run_cli, run_plain, script_env as _env
 
 TORCH_GRU = "torch_gru_adam.py"
-
-
-def _env(extra=None):
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
-    env.update(extra or {})
-    env["PYTHONPATH"] = os.pathsep.join(p for p in ((extra or {}).get("PYTHONPATH"), ROOT) if p)
-    return env
 
 
 @pytest.fixture(scope="module")
@@ -64,12 +55,6 @@ def jax_runs(jax_gru, recorded, tmp_path_factory):
     runs["full"] = (str(jax_gru["a"][0]), jax_gru["a"][1])
     runs["tanh_full"] = (str(jax_gru["tanh"][0]), jax_gru["tanh"][1])
     return runs, d
-
-
-def locate_json(a, b):
-    proc = run_cli("locate", a, b, "--json")
-    assert proc.returncode in (0, 1), proc.stderr
-    return json.loads(proc.stdout)
 
 
 def _same_run_stats(full_path, cheap_path):

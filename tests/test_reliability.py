@@ -24,17 +24,10 @@ from tracediff.cli import main as cli_main
 from tracediff.errors import TraceError
 from tracediff.runner import distributed_rank, output_path_for
 
-from .helpers import FIXTURES, ROOT, check_values as _check_values, record, run_cli, run_plain
+from .helpers import (FIXTURES, ROOT, check_values as _check_values, record, run_cli, run_plain,
+                      script_env as _env)
 
 KILL_SEED = int(os.environ.get("TRACEDIFF_KILL_SEED", "6"))
-
-
-def _env(extra=None):
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
-    env.update(extra or {})
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
-    return env
 
 
 def _script(tmp_path, name, body):
