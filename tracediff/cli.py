@@ -13,6 +13,7 @@ import click
 
 from ._version import __version__
 from .errors import TraceError, one_line
+from .report.common import fmt_bytes
 from .report.json_report import build as build_json
 from .shell import command
 from .untrusted import printable
@@ -143,8 +144,7 @@ class _Progress:
 
 
 def _sizes(*paths):
-    total = sum(os.path.getsize(p) for p in paths if os.path.isfile(p))
-    return f"{total / 1e9:.1f} GB" if total >= 1e9 else f"{total / 1e6:.0f} MB"
+    return fmt_bytes(sum(os.path.getsize(p) for p in paths if os.path.isfile(p)))
 
 
 def _source_dir_option(fn):
@@ -467,6 +467,37 @@ def repro(trace, event, out_dir, force):
                f"{command('python', info['script'])}", err=True)
 
 
+@main.command("slice", context_settings=CONTEXT)
+@click.argument("trace", type=click.Path(dir_okay=False))
+@click.option("--around", "event", type=int, required=True, metavar="EVENT",
+              help="The event to keep (e.g. the first difference locate names).")
+@click.option("--hops", type=int, default=2, show_default=True,
+              help="Keep the events within this many dataflow hops of EVENT, either way.")
+@click.option("-o", "--output", required=True, metavar="FILE", help="The small trace to write.")
+@click.option("--force", is_flag=True, help="Replace FILE when it exists.")
+@_guard
+def slice_command(trace, event, hops, output, force):
+    """Write a small trace holding EVENT of TRACE, the events within --hops dataflow hops
+    of it (its inputs' producers, its consumers), their enclosing calls, their values and
+    source lines, and the manifest: small enough to attach to a bug report, and read by
+    locate, explain, repro, show and report like any trace.
+
+    \b
+    Examples:
+      tracediff slice a.h5 --around 375 -o a.small.h5
+      tracediff slice b.h5 --around 375 -o b.small.h5
+      tracediff locate a.small.h5 b.small.h5
+    """
+    from .trace.slice import write_slice
+
+    _need_trace(trace)
+    info = write_slice(trace, event, output, hops=hops, force=force)
+    click.echo(f"tracediff: {printable(output)}: event {event} ({printable(info['op'])}) is "
+               f"event {info['around']} of this slice; {info['events']} of {info['of_events']} "
+               f"events, {fmt_bytes(info['size'])} (the trace: {fmt_bytes(info['of_size'])})",
+               err=True)
+
+
 def _report_format(output, fmt):
     if fmt:
         return fmt
@@ -679,6 +710,7 @@ for _cmd, _text in ((record, "Run a script unmodified and record every operation
                     (locate, "Name the first operation where two traces disagree."),
                     (explain, "Explain a divergence: origin, chain, replay verdict, causes."),
                     (repro, "Write a standalone script reproducing one recorded op."),
+                    (slice_command, "Cut a trace down to one event and its neighbours (to attach)."),
                     (report, "Write a Markdown or HTML bug report comparing two traces."),
                     (check, "Record a script and compare it with a golden trace (CI)."),
                     (demo, "Record a bundled example twice and locate the divergence.")):

@@ -91,6 +91,13 @@ def print_summary(s, console=None):
                   f"{markup((m.get('cpu') or {}).get('model', '?'))}")
     console.print("packages: " + ", ".join(markup(f"{k} {v}") for k, v in sorted(pk.items())))
     console.print(f"recording: {markup(m.get('recording') or {})}")
+    cut = m.get("slice")
+    if isinstance(cut, dict):
+        console.print(f"[yellow]a slice[/] ({markup(cut.get('events', '?'))} of "
+                      f"{markup(cut.get('of_events', '?'))} events): event "
+                      f"{markup(cut.get('around', '?'))} of the original "
+                      f"({markup(cut.get('op', '?'))}, now {markup(cut.get('around_new', '?'))}) "
+                      f"and the events within {markup(cut.get('hops', '?'))} dataflow hops of it")
     console.print(f"events: {s['events']}  values: {s['values']}  bytes: {s['bytes']:,}  "
                   f"optimizer steps: {s['optimizer_steps']}  kinds: {markup(s['kinds'])}")
     table = Table(title="operations (most frequent first)")

@@ -61,6 +61,10 @@ CHUNK_ROWS = 8192
 CHUNK_BYTES = 1 << 20
 RESERVE_BYTES = 3 * CHUNK_BYTES + (1 << 20)  # chunk allocations and metadata of one flush
 FSYNC = os.environ.get("TRACEDIFF_FSYNC", "1") != "0"
+# A finished trace at most this big is rewritten without the unused tails of its chunks
+# (a 3-op script: ~2.2 MB of empty chunk space -> tens of KB); above it the tails are a
+# small part of the file and the rewrite would cost more than it saves.
+COMPACT_BELOW = 32 << 20
 
 
 def _signals_deferred(method):
@@ -155,6 +159,7 @@ class TraceWriter:
         self.lost = None           # why the trace is gone (deleted, replaced), or None
         self.forked = False        # True in a forked child: it never writes (_after_fork)
         self.flushes = 0
+        self.compacted = False     # rewritten without chunk tails at close (_compact)
         # --level stats / --max-bytes (docs/format.md, "Levels"): "full" stores every
         # value's bytes; "stats" stores its hash and a stats row instead. Past `max_bytes`
         # of stored bytes, values fall back to stats (`capped_at_event` says where).
@@ -468,7 +473,28 @@ class TraceWriter:
         self.closed = True
         # deleted or replaced after the last write: the complete trace is not at the path
         self.lost = self._file.lost or self._file.check_path()
+        if not self.lost and self._file.size() <= COMPACT_BELOW:
+            self._compact()
         self._file.close()
+
+    def _compact(self):
+        """Rewrite the finished trace without the empty tails of its chunks
+        (`write_finished`, replacing it atomically). Any failure keeps the chunked
+        original, which is just as valid, so a problem here never costs the trace."""
+        try:
+            with h5py.File(self.path, "r", locking=False) as src:
+                tables = {}
+                for name in list(schema.TABLES) + ["blob", "strings"]:
+                    ds = src[name]
+                    tables[name] = ds[:int(src.attrs.get(f"committed_{name}", ds.shape[0]))]
+                manifest = src["manifest"][()]
+                attrs = dict(src.attrs)
+            if self._file.check_path():   # the path changed hands meanwhile: leave it
+                return
+            write_finished(self.path, tables, manifest, attrs, replace=True)
+            self.compacted = True
+        except Exception:
+            pass
 
     @property
     def reopened(self):
@@ -508,6 +534,48 @@ class TraceWriter:
         self.before_event = None
         self._file.discard()
         self._drop_buffers()
+
+
+def write_finished(path, tables, manifest, attrs, replace=False):
+    """Write a finished trace in one go: `tables` maps each table (schema.TABLES) and
+    "blob" / "strings" to its rows, `manifest` is the JSON text, `attrs` the root
+    attributes (the committed_* counts are set from the rows). Each dataset is one chunk of
+    about its size (appendable like a recorded trace, no empty tails).
+
+    Written to a temporary file beside `path`, fsynced, then moved there atomically: with
+    `replace`, over whatever is there; without, only if nothing is (FileExistsError)."""
+    path = os.fspath(path)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with h5py.File(tmp, "w-", libver="earliest") as f:
+            for key, value in attrs.items():
+                f.attrs[key] = value
+            dtypes = {**schema.TABLES, "blob": np.dtype("u1"),
+                      "strings": h5py.string_dtype("utf-8")}
+            for name, dt in dtypes.items():
+                rows = tables.get(name)
+                rows = np.zeros(0, dt) if rows is None else (
+                    np.asarray(rows, dtype=object) if name == "strings" else np.asarray(rows, dt))
+                chunk = max(len(rows), 4096 // max(np.dtype(dt).itemsize, 1), 1)
+                f.create_dataset(name, data=rows, dtype=dt, maxshape=(None,), chunks=(chunk,))
+                f.attrs[f"committed_{name}"] = len(rows)
+            f.create_dataset("manifest", data=manifest, dtype=h5py.string_dtype("utf-8"))
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)      # fails if `path` exists: never overwrites
+            os.unlink(tmp)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 class TraceFile:

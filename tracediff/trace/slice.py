@@ -1,0 +1,152 @@
+"""A trace cut down to what explains one event, small enough to attach to a bug report.
+
+Issue trackers take 10-25 MB; a few training steps of a small transformer record ~90 MB.
+`tracediff slice` keeps the event, the events within N dataflow hops of it (its inputs'
+producers and their producers, its consumers and theirs), the enclosing calls of those,
+their values and the recorded source lines, and the manifest (with a "slice" entry saying
+what was cut). The result is an ordinary trace: `locate`, `explain`, `repro`, `info`,
+`show` and `report` take it as they take the original.
+"""
+
+import json
+import os
+
+import numpy as np
+
+from ..errors import TraceError
+from . import schema
+from .blob import ValueReader
+from .reader import Trace
+from .writer import write_finished
+
+_EVENT_STRINGS = ("op", "params", "name_stack", "source", "node")
+_VALUE_STRINGS = ("dtype", "storage", "shape", "name")
+_SOURCE_STRINGS = ("source", "lines", "sha256")
+
+
+def neighbourhood(t, around, hops):
+    """Sorted event ids: `around`, every event within `hops` dataflow hops of it either
+    way, and the enclosing calls / parents of all of those."""
+    ev, pr = t.inputs["event"].astype(np.int64), t.inputs["producer"].astype(np.int64)
+    keep = {int(around)}
+    back = fwd = np.array([around], np.int64)
+    for _ in range(hops):
+        back = np.unique(pr[np.isin(ev, back) & (pr >= 0)])
+        fwd = np.unique(ev[np.isin(pr, fwd)])
+        keep.update(back.tolist())
+        keep.update(fwd.tolist())
+    todo = list(keep)
+    while todo:                            # the calls and parents they sit in
+        e = t.events[todo.pop()]
+        for up in (int(e["call"]), int(e["parent"])):
+            if 0 <= up < len(t) and up not in keep:
+                keep.add(up)
+                todo.append(up)
+    return np.array(sorted(keep), np.int64)
+
+
+def slice_trace(t, around, out, hops=2, replace=False):
+    """Write the slice of open trace `t` around event `around` to `out`; returns
+    {"events", "values", "bytes", "kept": [original event ids]}."""
+    keep = neighbourhood(t, around, hops)
+    new_id = np.full(len(t), -1, np.int64)
+    new_id[keep] = np.arange(len(keep))
+
+    def remap(ids):
+        ids = ids.astype(np.int64)
+        inside = (ids >= 0) & (ids < len(t))
+        return np.where(inside, new_id[np.clip(ids, 0, max(len(t) - 1, 0))], ids)
+
+    events = t.events[keep].copy()
+    events["call"] = np.where(events["call"] >= 0, remap(events["call"]), events["call"])
+    events["parent"] = np.where(events["parent"] >= 0, remap(events["parent"]), events["parent"])
+
+    rows = np.flatnonzero(np.isin(t.values["event"], keep))
+    vals = t.values[rows].copy()
+    vals["event"] = new_id[vals["event"].astype(np.int64)]
+    stored = vals["offset"] >= 0
+    offsets, lengths = vals["offset"][stored], vals["nbytes"][stored]
+    blob = ValueReader(t).gather(offsets.astype(np.int64), lengths.astype(np.int64)) \
+        if stored.any() else np.zeros(0, "u1")
+    new_off = np.full(len(vals), -1, np.int64)
+    new_off[stored] = np.concatenate([[0], np.cumsum(lengths.astype(np.int64))[:-1]]) \
+        if stored.any() else []
+    vals["offset"] = new_off
+
+    inputs = t.inputs[np.isin(t.inputs["event"], keep)].copy()
+    inputs["event"] = new_id[inputs["event"].astype(np.int64)]
+    prod = inputs["producer"].astype(np.int64)
+    kept_prod = remap(prod)
+    # a producer outside the slice becomes "produced outside what was recorded"
+    inputs["producer"] = np.where(prod >= 0, np.where(kept_prod >= 0, kept_prod,
+                                                     schema.PRODUCER_UNKNOWN), prod)
+
+    row_id = np.full(len(t.values), -1, np.int64)
+    row_id[rows] = np.arange(len(rows))
+    stats = t.stats_rows[(t.stats_rows["value"] >= 0) & (t.stats_rows["value"] < len(t.values))]
+    stats = stats[row_id[stats["value"].astype(np.int64)] >= 0].copy()
+    stats["value"] = row_id[stats["value"].astype(np.int64)]
+
+    sources = t.source_rows[np.isin(t.source_rows["source"], events["source"])].copy()
+
+    # strings: only those the slice refers to, renumbered
+    refs = [events[c] for c in _EVENT_STRINGS] + [vals[c] for c in _VALUE_STRINGS] + \
+        [sources[c] for c in _SOURCE_STRINGS]
+    used = np.unique(np.concatenate([r.astype(np.int64) for r in refs])) if refs else []
+    used = used[used >= 0]
+    strings = [t.string(i) for i in used.tolist()]
+
+    def restring(col):
+        col = col.astype(np.int64)
+        return np.where(col >= 0, np.searchsorted(used, col), -1)
+
+    for table, cols in ((events, _EVENT_STRINGS), (vals, _VALUE_STRINGS),
+                        (sources, _SOURCE_STRINGS)):
+        for c in cols:
+            table[c] = restring(table[c])
+
+    manifest = dict(t.manifest)
+    original = t.event(around)
+    manifest["slice"] = {
+        "around": int(around), "around_new": int(new_id[around]), "hops": int(hops),
+        "op": original["op"], "source": original["source"], "step": original["step"],
+        "events": int(len(keep)), "of_events": int(len(t)),
+        "kept": keep.tolist() if len(keep) <= 10_000 else None,
+        "note": (f"a slice of {len(t)} events: event {around} ({original['op']}) and the "
+                 f"events within {hops} dataflow hops of it; other events are not in it"),
+    }
+    attrs = {"format": schema.FORMAT_NAME, "schema_version": schema.SCHEMA_VERSION,
+             "complete": bool(t.complete)}
+    write_finished(out, {"events": events, "values": vals, "inputs": inputs, "stats": stats,
+                         "sources": sources, "blob": blob, "strings": strings},
+                   json.dumps(manifest, sort_keys=True, default=str), attrs, replace=replace)
+    return {"events": int(len(keep)), "values": int(len(vals)), "bytes": int(len(blob)),
+            "kept": keep.tolist(), "around": int(new_id[around])}
+
+
+def write_slice(path, around, out, hops=2, force=False):
+    """`tracediff slice`: open PATH, check EVENT and OUT, write the slice; returns the
+    summary of `slice_trace` plus the sizes before and after."""
+    if hops < 0:
+        raise TraceError(f"--hops {hops}: give a number of dataflow hops, 0 or more")
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):
+        raise TraceError(f"cannot write {out}: folder {folder} does not exist")
+    if os.path.lexists(out) and not force:
+        raise TraceError(f"{out} exists; give another -o or --force to replace it")
+    if os.path.abspath(out) == os.path.abspath(path):
+        raise TraceError(f"{out} is the trace being sliced; give another -o")
+    with Trace(path) as t:
+        if not 0 <= around < len(t):
+            raise TraceError(f"{path}: no event {around} (the trace has {len(t)} events: "
+                             f"0..{len(t) - 1})")
+        try:
+            info = slice_trace(t, around, out, hops=hops, replace=force)
+        except FileExistsError:
+            raise TraceError(f"{out} exists; give another -o or --force to replace it") from None
+        except OSError as exc:
+            raise TraceError(f"cannot write {out}: {exc.strerror or exc}") from None
+        info["op"] = t.event(around)["op"]
+        info["of_events"] = len(t)
+    info["size"], info["of_size"] = os.path.getsize(out), os.path.getsize(path)
+    return info
