@@ -430,9 +430,9 @@ def explain(trace_a, trace_b, event, rtol, atol, ulp, noise, map_file, as_json):
         click.echo(f"tracediff: warning: {printable(w)}", err=True)
     analysis = holder.get("analysis") or {}
     if as_json:
-        from .report.json_report import _clean
+        from .report.json_report import strict
 
-        click.echo(json.dumps(_clean(analysis), indent=2))
+        click.echo(json.dumps(strict(analysis), indent=2))
     else:
         print_analysis(analysis)
     sys.exit(result.exit_code)

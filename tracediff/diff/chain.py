@@ -26,14 +26,6 @@ SHOWN = 10             # hops shown by the renderers after collapsing
 MAX_VISIT = 500_000
 
 
-def _num(x):
-    if x is None:
-        return None
-    if isinstance(x, str):
-        return float("inf") if x in ("inf", "-inf") else float("nan")
-    return float(x)
-
-
 def hashes_comparable(d):
     """True when both traces hash values the same way (then equal content hashes mean
     equal values; traces of different tracediff versions may use different hashes)."""
@@ -176,12 +168,12 @@ def _link(d, ea, i, origin, target, last, prev_rel):
             _, _, bad = d.inputs_match(ea, eb, BITWISE)
         except Exception:  # an odd input row: the hop is still shown
             bad = []
-        rels = [_num((b.get("metrics") or {}).get("max_rel")) for b in bad]
+        rels = [(b.get("metrics") or {}).get("max_rel") for b in bad]
         rels = [x for x in rels if x is not None]
         in_rel = max(rels) if rels else (0.0 if i == 0 else None)
     if in_rel is None and prev_rel is not None and i > 0:
-        in_rel = _num(prev_rel)   # the parent link (a call's outputs from its equations)
-    out_rel = _num(metrics.get("max_rel"))
+        in_rel = prev_rel   # the parent link (a call's outputs from its equations)
+    out_rel = metrics.get("max_rel")
     amp = None
     if in_rel and out_rel is not None and np.isfinite(in_rel) and in_rel > 0:
         amp = out_rel / in_rel

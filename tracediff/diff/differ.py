@@ -8,6 +8,8 @@ frameworks. Everything that builds on comparisons (locate, explain, chain, profi
 imports from here; this module imports none of them.
 """
 
+import math
+
 import numpy as np
 
 from ..trace import schema
@@ -498,9 +500,9 @@ class Differ:
                 if m is None:
                     continue
                 bit &= m["bitwise_equal"]
-                rel = _num(m.get("max_rel"))
+                rel = _worst_first(m.get("max_rel"))
                 if rel > worst_rel or (worst_name is None and not m["bitwise_equal"]):
-                    worst_rel, worst_abs, worst_name = rel, _num(m.get("max_abs")), str(k)
+                    worst_rel, worst_abs, worst_name = rel, _worst_first(m.get("max_abs")), str(k)
             rows.append({"step": int(self.ta.events[ea]["step"]), "a": ea, "b": eb,
                          "bitwise_equal": bool(bit), "max_rel": worst_rel, "max_abs": worst_abs,
                          "worst": worst_name})
@@ -514,12 +516,11 @@ def _resolve(trace, idx):
         if len(uniq) else np.zeros(0, dtype=object)
 
 
-def _num(x):
+def _worst_first(x):
+    """A metric for ranking parameters: not computed counts as 0, NaN as the worst (inf)."""
     if x is None:
         return 0.0
-    if isinstance(x, str):
-        return float("inf")
-    return float(x)
+    return math.inf if math.isnan(x) else float(x)
 
 
 def _level_word(level):

@@ -31,12 +31,13 @@ METRIC_FIELDS = ("max_abs", "max_rel", "max_ulp", "mismatch_fraction", "beyond_t
 MAX_VALUES = 8
 
 
-def _clean(x):
-    """Make a value strict-JSON (non-finite floats as strings, numpy scalars as Python)."""
+def strict(x):
+    """Make a value strict JSON: non-finite floats as the strings "inf" / "-inf" / "nan"
+    (the results hold real floats), numpy scalars as Python numbers, keys as strings."""
     if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
+        return {str(k): strict(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
+        return [strict(v) for v in x]
     if hasattr(x, "item") and not isinstance(x, (str, bytes)):
         try:
             x = x.item()
@@ -126,4 +127,4 @@ def build(r):
     for key in ("explain", "chain", "noise"):
         if getattr(r, key, None) is not None:
             out[key] = getattr(r, key)
-    return _clean(out)
+    return strict(out)
