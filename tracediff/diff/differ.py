@@ -8,6 +8,7 @@ frameworks. Everything that builds on comparisons (locate, explain, chain, profi
 imports from here; this module imports none of them.
 """
 
+import dataclasses
 import math
 
 import numpy as np
@@ -18,7 +19,8 @@ from ..trace.values import has_bytes, parse_shape
 from . import align as _align
 from . import compare
 from . import levels as _levels
-from .result import Finding
+from .result import (CallRef, EventRef, Finding, Metrics, OptimizerStep, ValueComparison,
+                     ValueDesc)
 
 BITWISE, TOLERANCE = "bitwise", "tolerance"
 
@@ -414,16 +416,16 @@ class Differ:
         # are searched through their enclosing jit/cond/scan equation
         eqns = eqns[(self.sa.parent[eqns] == ea) | (self.sa.parent[eqns] < 0)]
         origin, first_diff, _ = self._origin_among(eqns, level)
-        call = {"a": ea, "b": eb, "op": self.ta.string(self.ta.events[ea]["op"])}
+        call = CallRef(a=ea, b=eb, op=self.ta.string(self.ta.events[ea]["op"]))
         if origin is not None:
             f = self.finding(*origin, level, note=(
-                f"first replayed equation of compiled call {call['op']!r} (event {ea}) "
+                f"first replayed equation of compiled call {call.op!r} (event {ea}) "
                 f"whose inputs match and whose outputs differ"))
             f.call = call
             return f
         if first_diff is not None:
             f = self.finding(*first_diff, level, note=(
-                f"first differing replayed equation of compiled call {call['op']!r} "
+                f"first differing replayed equation of compiled call {call.op!r} "
                 f"(event {ea}); no equation inside it was found to introduce the "
                 f"difference on its own"))
             f.call = call
@@ -459,7 +461,7 @@ class Differ:
         eqns = np.flatnonzero((self.sa.call == pa) & (self.sa.parent == pa) &
                               (self.sa.kind == schema.KIND_EQN))
         origin, first_diff, _ = self._origin_among(eqns, level)
-        where = f"compiled call {call['op']!r} (event {ea})"
+        where = f"compiled call {call.op!r} (event {ea})"
         if origin is None and first_diff is None:
             note = ("the compiled outputs differ but every replayed equation matches, and the "
                     "compiled probe of the call (event {}) does not reproduce the difference: "
@@ -477,8 +479,8 @@ class Differ:
             f"every replayed equation of {where} matches; its compiled probe (event {pa}: the "
             f"call's equations compiled with each intermediate as an output) narrows the "
             f"difference to the first equation {how}"))
-        f.call = dict(call, probe_a=pa, probe_b=pb)
-        name = call["op"][len("jit:"):]
+        f.call = dataclasses.replace(call, probe_a=pa, probe_b=pb)
+        name = call.op[len("jit:"):]
         unfaithful = [side for side, t in (("a", self.ta), ("b", self.tb))
                       if name in ((((t.manifest.get("frameworks") or {}).get("jax") or {})
                                    .get("probe") or {}).get("differing_calls") or ())]
@@ -498,6 +500,7 @@ class Differ:
         return True
 
     def finding(self, ea, eb, level, note=""):
+        """The typed `Finding` of a paired event at one level."""
         r = self.compare_event(ea, eb)
         ok, reason, bad = self.inputs_match(ea, eb, level)
         if ok is False and bad:
@@ -505,7 +508,8 @@ class Differ:
                 f"input {d['input']}" + (f" from {d['producer_op']} (event {d['producer_a']})"
                                          if "producer_op" in d else "") for d in bad[:3])
         return Finding(level=level, a=_event(self.ta, ea, self.sa), b=_event(self.tb, eb, self.sb),
-                       metrics=r["metrics"] or {}, values=r["values"], inputs_match=ok,
+                       metrics=Metrics.from_dict(r["metrics"]),
+                       values=[_value_comparison(v) for v in r["values"]], inputs_match=ok,
                        inputs_reason=reason,
                        origin=schema.ORIGIN_NAMES.get(int(self.ta.events[ea]["origin"]), ""),
                        note=note, pair_by=self.pair_by.get(ea, "structure"))
@@ -529,9 +533,9 @@ class Differ:
                 rel = _worst_first(m.get("max_rel"))
                 if rel > worst_rel or (worst_name is None and not m["bitwise_equal"]):
                     worst_rel, worst_abs, worst_name = rel, _worst_first(m.get("max_abs")), str(k)
-            rows.append({"step": int(self.ta.events[ea]["step"]), "a": ea, "b": eb,
-                         "bitwise_equal": bool(bit), "max_rel": worst_rel, "max_abs": worst_abs,
-                         "worst": worst_name})
+            rows.append(OptimizerStep(step=int(self.ta.events[ea]["step"]), a=ea, b=eb,
+                                      bitwise_equal=bool(bit), max_rel=worst_rel,
+                                      max_abs=worst_abs, worst=worst_name))
         return rows
 
 
@@ -591,9 +595,15 @@ def _vdesc(t, row):
 
 
 def _event(t, eid, side):
-    d = t.event(eid)
     outs = t.value_rows(eid, schema.ROLE_OUT)
-    d["shapes"] = [list(parse_shape(t.string(r["shape"]))) for r in outs]
-    d["dtypes"] = [t.string(r["dtype"]) for r in outs]
-    return d
+    return EventRef.from_event(t.event(eid),
+                               shapes=[list(parse_shape(t.string(r["shape"]))) for r in outs],
+                               dtypes=[t.string(r["dtype"]) for r in outs])
+
+
+def _value_comparison(v):
+    """The typed form of one entry of `compare_event`'s "values"."""
+    return ValueComparison(key=v["key"], a=None if v["a"] is None else ValueDesc(**v["a"]),
+                           b=None if v["b"] is None else ValueDesc(**v["b"]),
+                           compared=v["compared"], metrics=Metrics.from_dict(v.get("metrics")))
 
