@@ -481,7 +481,7 @@ def write_report(trace_a, trace_b, output, fmt=None, rtol=None, atol=None, map_f
                  source_dir=None):
     """Locate and write a Markdown/HTML report to `output` ('-' = stdout); returns the result.
     Code context is what trace a recorded (or read from `source_dir`, see --source-dir)."""
-    from .report.common import report_data
+    from .report.common import report_context
 
     fmt = _report_format(output, fmt)
     if output != "-":
@@ -493,13 +493,13 @@ def write_report(trace_a, trace_b, output, fmt=None, rtol=None, atol=None, map_f
         from .report.html import render
 
         result, profile = locate_with_profile(trace_a, trace_b, rtol, atol, map_file)
-        text = render(report_data(result, source_dir), profile)
+        text = render(result, report_context(result, source_dir), profile)
     else:
         from .diff.locate import locate as _locate
         from .report.markdown import render
 
         result = _locate(trace_a, trace_b, rtol=rtol, atol=atol, map_file=map_file)
-        text = render(report_data(result, source_dir))
+        text = render(result, report_context(result, source_dir))
     if output == "-":
         click.echo(text, nl=False)
     else:
