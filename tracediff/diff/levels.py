@@ -15,9 +15,10 @@ values can be compared whenever both have a hash:
   differs bitwise and whether it is within tolerance *cannot be decided* without the
   bytes. Integers, bools and keys are exact: a different hash is decided.
 
-`annotate` returns, for a locate result, what each side was recorded with, what could and could
-not be decided, and, when a side is not a full recording, the exact `tracediff record`
-commands that zoom in on the divergent step at full level (the two-level search).
+`annotate` returns (as a `Levels`, which locate puts into its result) what each side was
+recorded with, what could and could not be decided, and, when a side is not a full
+recording, the exact `tracediff record` commands that zoom in on the divergent step at
+full level (the two-level search).
 """
 
 import math

@@ -1,21 +1,28 @@
-"""The JSON form of a `locate` result (the contract of `tracediff locate --json`).
+"""The JSON edge: the only place results become JSON (`tracediff locate --json`,
+`tracediff explain --json`, `tracediff.to_json`).
 
-Top-level fields: verdict ("match" | "diverged"), exit_code, traces {a, b},
-warnings, tolerance, first_difference, first_beyond_tolerance, replay_only,
-alignment {events_a, events_b, matched, only_in_a, only_in_b, anchors_matched,
-fallback_regions, gaps}, optimizer_steps (per compared step: step, a, b, bitwise_equal,
-max_rel, max_abs, worst; long runs keep the first 20, each new worst, the last),
-optimizer_steps_total, env_diff, mapping, next_steps; when computed: explain (the
-replay verdict of the origin: verdict, event, summary, a_ulp_from_exact, b_ulp_from_exact,
-exact_by, reproduced_here, likely_cause), chain (links {a, b, metrics, input_rel,
-amplification, role} from the origin to the outputs, collapsed to ~10 with "... N more
-hops" strings), noise (the --noise floor: nondeterministic_events, skipped).
+`build(result)` of a `LocateResult`. Top-level fields: verdict ("match" | "diverged"),
+exit_code, traces {a, b}, warnings, tolerance, first_difference, first_beyond_tolerance,
+replay_only, alignment {events_a, events_b, matched, only_in_a, only_in_b,
+anchors_matched, fallback_regions, gaps}, optimizer_steps (per compared step: step, a, b,
+bitwise_equal, max_rel, max_abs, worst; long runs keep the first 20, each new worst, the
+last), optimizer_steps_total, env_diff, mapping, next_steps, levels; when computed:
+explain (the replay verdict of the origin: verdict, event, summary, a_ulp_from_exact,
+b_ulp_from_exact, exact_by, reproduced_here, likely_cause; mechanisms when there are
+any), chain (links {a, b, metrics, input_rel, amplification, role} from the origin to the
+outputs, collapsed to ~10, a `Gap` written as the string "... N more hops"), noise (the
+--noise floor: nondeterministic_events, skipped).
 
 A finding is null or {level, a, b, metrics, inputs_match, inputs_reason, origin, note,
 call, paired_by, values}; a and b hold index, op, name_stack, source, step, kind,
 framework, phase, origin, node, call, shapes, dtypes; metrics hold max_abs, max_rel,
-max_ulp, mismatch_fraction, beyond_tolerance_fraction, within_tolerance. Non-finite
-numbers are the strings "inf" / "nan" so the output is strict JSON.
+max_ulp, mismatch_fraction, beyond_tolerance_fraction, within_tolerance. The results hold
+real floats; non-finite ones are written as the strings "inf" / "nan" (`strict`) so the
+output is strict JSON.
+
+`analysis_json(analysis)` of an `Analysis`: verdict, traces, tolerance, origin, chain
+(every hop), chain_info, replay, compiled_call, inner, environment, tolerance_origin,
+steps, noise, summary.
 """
 
 from __future__ import annotations
