@@ -43,6 +43,17 @@ class _ByKey:
     def __contains__(self, key):
         return self._has(key) and getattr(self, key) is not None
 
+    def __repr__(self):
+        """Only the fields that are set (differ from their default): short in a notebook."""
+        shown = []
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING \
+                else f.default
+            if default is dataclasses.MISSING or v != default:
+                shown.append(f"{f.name}={v!r}")
+        return f"{type(self).__name__}({', '.join(shown)})"
+
 
 _NAMES: dict = {}
 
@@ -56,7 +67,7 @@ def _field_names(cls):
 
 # -- one located divergence --------------------------------------------------------------------
 
-@dataclass
+@dataclass(repr=False)
 class EventRef(_ByKey):
     """One event of a trace, its strings resolved (what `Trace.event` reads), and the
     dtypes and shapes of its outputs (findings only)."""
@@ -88,7 +99,7 @@ class EventRef(_ByKey):
                    iter=d["iter"], shapes=list(shapes), dtypes=list(dtypes))
 
 
-@dataclass
+@dataclass(repr=False)
 class Metrics(_ByKey):
     """How far apart two values (or the worst of an event's values) are (`compare.py`).
     Real floats: `math.inf` where a NaN meets a number or an infinity differs; None where
@@ -126,7 +137,7 @@ class Metrics(_ByKey):
         return cls(**{k: v for k, v in m.items() if k in names})
 
 
-@dataclass
+@dataclass(repr=False)
 class ValueDesc(_ByKey):
     """One recorded value of an event: slot, name, dtype, shape, whether its bytes are
     stored, whether it is uninitialised memory."""
@@ -139,7 +150,7 @@ class ValueDesc(_ByKey):
     uninitialized: bool
 
 
-@dataclass
+@dataclass(repr=False)
 class ValueComparison(_ByKey):
     """One output value of a finding on both sides (key: slot, or name for optimizer
     snapshots) and its metrics when it could be compared."""
@@ -151,7 +162,7 @@ class ValueComparison(_ByKey):
     metrics: Optional[Metrics] = None
 
 
-@dataclass
+@dataclass(repr=False)
 class CallRef(_ByKey):
     """The compiled call a finding was found inside (and its probe, `record --probe`)."""
 
@@ -162,7 +173,7 @@ class CallRef(_ByKey):
     probe_b: Optional[int] = None
 
 
-@dataclass
+@dataclass(repr=False)
 class Finding(_ByKey):
     """One located divergence: the paired events, how their outputs differ, and whether
     the event introduced the difference (its inputs match) or inherited it."""
@@ -185,7 +196,7 @@ class Finding(_ByKey):
 
 # -- the chain from the origin to the outputs (chain.py) -----------------------------------------
 
-@dataclass
+@dataclass(repr=False)
 class Hop(_ByKey):
     """One event on the dataflow path from the origin: its outputs' worst relative
     difference, its inputs', and their ratio (amplification: >1 magnified)."""
@@ -198,7 +209,7 @@ class Hop(_ByKey):
     role: str = ""       # "origin", "first_beyond_tolerance", "last", comma-separated
 
 
-@dataclass
+@dataclass(repr=False)
 class Gap(_ByKey):
     """Hops left out of a collapsed chain (`chain.collapse`), counted."""
 
@@ -208,7 +219,7 @@ class Gap(_ByKey):
         return f"... {self.hops} more hops"
 
 
-@dataclass
+@dataclass(repr=False)
 class Strongest(_ByKey):
     """The hop that amplified the difference most."""
 
@@ -219,7 +230,7 @@ class Strongest(_ByKey):
     output_rel: Optional[float]
 
 
-@dataclass
+@dataclass(repr=False)
 class Chain(_ByKey):
     """The path origin -> first beyond tolerance -> last differing event (`chain.build`):
     every hop (up to chain.MAX_LINKS, then the last) and what it shows."""
@@ -243,7 +254,7 @@ class Mechanism:
     note: str
 
 
-@dataclass
+@dataclass(repr=False)
 class Replay(_ByKey):
     """locate's short replay verdict of the origin (`analysis.short`): the op re-executed
     here from each side's recorded inputs; which side is closer to the exact result;
@@ -264,7 +275,7 @@ class Replay(_ByKey):
     mechanisms: list = field(default_factory=list)   # [Mechanism]
 
 
-@dataclass
+@dataclass(repr=False)
 class FromOracle(_ByKey):
     """How far one side's recorded output is from the high-precision result."""
 
@@ -275,7 +286,7 @@ class FromOracle(_ByKey):
     sum_abs: float
 
 
-@dataclass
+@dataclass(repr=False)
 class SideReplay(_ByKey):
     """The origin op of one side, replayed here."""
 
@@ -287,7 +298,7 @@ class SideReplay(_ByKey):
     from_oracle: Optional[FromOracle] = None
 
 
-@dataclass
+@dataclass(repr=False)
 class Oracle(_ByKey):
     """The high-precision reference: how it was computed, from which side's inputs."""
 
@@ -296,7 +307,7 @@ class Oracle(_ByKey):
     op: str
 
 
-@dataclass
+@dataclass(repr=False)
 class ReplayRun(_ByKey):
     """The full replay of the origin (`verdict.replay_verdict`, explain's "replay")."""
 
@@ -318,7 +329,7 @@ class ReplayRun(_ByKey):
 
 # -- the rest of `tracediff explain` -----------------------------------------------------------
 
-@dataclass
+@dataclass(repr=False)
 class Cause(_ByKey):
     """A recorded environment difference that can change the origin's kind of op."""
 
@@ -330,7 +341,7 @@ class Cause(_ByKey):
     note: Optional[str] = None
 
 
-@dataclass
+@dataclass(repr=False)
 class Causes(_ByKey):
     """The ranked likely causes (`causes.environment`), drawn only from the manifests."""
 
@@ -339,7 +350,7 @@ class Causes(_ByKey):
     none_found: Optional[str] = None
 
 
-@dataclass
+@dataclass(repr=False)
 class Inner(_ByKey):
     """How the equations inside a (nested) jit origin pair up between the runs."""
 
@@ -351,7 +362,7 @@ class Inner(_ByKey):
     text: str
 
 
-@dataclass
+@dataclass(repr=False)
 class CompiledCall(_ByKey):
     """A divergence inside a compiled call that no single replayed equation explains."""
 
@@ -364,7 +375,7 @@ class CompiledCall(_ByKey):
     narrowed_event: Optional[int] = None
 
 
-@dataclass
+@dataclass(repr=False)
 class OptimizerStep(_ByKey):
     """One compared optimizer step: the worst relative difference of the parameters."""
 
@@ -377,7 +388,7 @@ class OptimizerStep(_ByKey):
     worst: Optional[str]
 
 
-@dataclass
+@dataclass(repr=False)
 class Loss(_ByKey):
     """The loss of a step on both sides (the last scalar float output of its forward)."""
 
@@ -389,7 +400,7 @@ class Loss(_ByKey):
     source: str
 
 
-@dataclass
+@dataclass(repr=False)
 class StepRow(_ByKey):
     """One row of explain's divergence over time: parameters and loss of a step."""
 
@@ -398,7 +409,7 @@ class StepRow(_ByKey):
     loss: Optional[Loss] = None
 
 
-@dataclass
+@dataclass(repr=False)
 class Noise(_ByKey):
     """The noise floor (`--noise`): events nondeterministic on a's machine."""
 
@@ -408,7 +419,7 @@ class Noise(_ByKey):
     note: str
 
 
-@dataclass
+@dataclass(repr=False)
 class TraceInfo(_ByKey):
     """One compared trace file."""
 
@@ -444,7 +455,7 @@ class Analysis:
 
 # -- recording levels (levels.py) ------------------------------------------------------------
 
-@dataclass
+@dataclass(repr=False)
 class LevelSide(_ByKey):
     """How one side was recorded (manifest "recording")."""
 
@@ -456,7 +467,7 @@ class LevelSide(_ByKey):
     values_capped_at_event: Any = None
 
 
-@dataclass
+@dataclass(repr=False)
 class ZoomSide(_ByKey):
     """The `record` command that zooms in on one machine."""
 
@@ -466,7 +477,7 @@ class ZoomSide(_ByKey):
     on: Any                                       # the machine's hostname
 
 
-@dataclass
+@dataclass(repr=False)
 class Zoom(_ByKey):
     """The two `record` commands (one per machine) and the `locate` that follows."""
 
@@ -477,7 +488,7 @@ class Zoom(_ByKey):
     title: str
 
 
-@dataclass
+@dataclass(repr=False)
 class Levels(_ByKey):
     """What each side was recorded with, what was decided without the bytes, and the
     commands that zoom in at full level (the two-level search)."""

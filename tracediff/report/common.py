@@ -25,6 +25,15 @@ from ..untrusted import md_code, md_text
 GITHUB_ATTACH_LIMIT = 25 << 20
 
 
+def typed(obj, cls, optional=False):
+    """`obj` when it is a `cls` (or None with `optional`); TypeError otherwise: renderers
+    take the typed result, never its JSON (`json_report.build`) or another dict."""
+    if isinstance(obj, cls) or (optional and obj is None):
+        return obj
+    raise TypeError(f"expected a {cls.__name__}{' or None' if optional else ''} (as "
+                    f"tracediff.locate() returns), got {type(obj).__name__}")
+
+
 def fmt(x, digits=3):
     """A number as a short human string ('-' for None)."""
     if x is None:

@@ -17,10 +17,12 @@ from ..diff.chain import collapse
 from ..diff.result import Analysis, Gap
 from ..diff.verdict import fmt, ulp_text
 from ..untrusted import markup
+from .common import typed
 
 
 def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) -> None:
     """Print the analysis (None: none could be made, nothing to explain)."""
+    typed(an, Analysis, optional=True)
     c = console or Console(highlight=False, soft_wrap=True, emoji=False)
     diverged = an is not None and an.verdict == "diverged"
     head = "[bold red]DIVERGED[/]" if diverged else "[bold green]MATCH[/]"

@@ -24,7 +24,7 @@ from ..diff.result import Finding, LocateResult
 from ..untrusted import printable
 from .common import (GITHUB_ATTACH_LIMIT, MATCHES, NO_LINES, RECORDED, ReportContext,
                      chain_items, culprit, event_label, explain_parts, finding_rows, fmt,
-                     fmt_bytes, fmt_pct, summary)
+                     fmt_bytes, fmt_pct, summary, typed)
 
 MAX_POINTS = 2500          # wider runs are binned (max per bin) to keep the page small
 MAX_EVENT_ROWS = 500
@@ -343,6 +343,8 @@ def render(result: LocateResult, ctx: Optional[ReportContext] = None, profile=No
     """HTML text of a `LocateResult`, its `common.report_context` and the event profile
     (`profile.event_profile`) of its traces; without a context or a profile, the page has
     no code lines, reproduction commands or trace files, or no plot of the run."""
+    typed(result, LocateResult)
+    typed(ctx, ReportContext, optional=True)
     a, b = result.traces["a"], result.traces["b"]
     verdict = result.verdict
     title = f"tracediff: {os.path.basename(a.path)} vs {os.path.basename(b.path)}"

@@ -35,6 +35,7 @@ from .._version import __version__
 from ..diff.levels import zoom_lines
 from ..diff.result import Analysis, Gap, LocateResult
 from ..shell import command, comment, with_comment
+from .common import typed
 
 EVENT_FIELDS = ("index", "op", "name_stack", "source", "step", "kind", "framework", "phase",
                 "origin", "node", "call", "shapes", "dtypes")
@@ -177,6 +178,7 @@ def next_steps(r):
 
 def build(r: LocateResult) -> dict:
     """Plain dict (strict JSON) of a `LocateResult`: what `tracediff locate --json` prints."""
+    typed(r, LocateResult)
     out = {
         "tracediff_version": __version__,
         "verdict": r.verdict,
@@ -278,6 +280,7 @@ def _step(s):
 def analysis_json(an: Optional[Analysis]) -> dict:
     """Plain dict (strict JSON) of an `Analysis`: what `tracediff explain --json` prints
     ({} when no analysis could be made)."""
+    typed(an, Analysis, optional=True)
     if an is None:
         return {}
     out = {"verdict": an.verdict, "traces": {k: _plain(t) for k, t in an.traces.items()},

@@ -24,7 +24,7 @@ from ..diff.result import Finding, LocateResult
 from ..untrusted import md_code, md_text, printable
 from .common import (GITHUB_ATTACH_LIMIT, MATCHES, NO_LINES, RECORDED, ReportContext,
                      chain_items, culprit, event_label, explain_parts, finding_rows, fmt,
-                     fmt_bytes, fmt_pct, summary)
+                     fmt_bytes, fmt_pct, summary, typed)
 from .json_report import MAX_VALUES
 
 MAX_STEP_ROWS = 30
@@ -151,6 +151,8 @@ def _chain(lines, chain):
 def render(result: LocateResult, ctx: Optional[ReportContext] = None) -> str:
     """Markdown text of a `LocateResult` and its `common.report_context` (without one, no
     code lines, reproduction commands or trace files)."""
+    typed(result, LocateResult)
+    typed(ctx, ReportContext, optional=True)
     lines = ["# tracediff report", "", summary(result), ""]
     verdict = {"diverged": "**Verdict: DIVERGED** (exit code 1)",
                "match": "**Verdict: MATCH** (exit code 0)"}.get(result.verdict, result.verdict)

@@ -19,6 +19,7 @@ from rich.console import Console
 
 from ..diff.result import Finding, Gap, LocateResult
 from ..untrusted import markup
+from .common import typed
 from .json_report import next_steps
 
 MAX_ENV = 15
@@ -124,6 +125,7 @@ def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bo
                  source_dir: Optional[str] = None) -> None:
     """Print `r` (a locate result). With `verbose`, the culprit's code as trace a recorded
     it; `source_dir` (`--source-dir`): from that folder when the file's sha256 matches."""
+    typed(r, LocateResult)
     console = console or Console(highlight=False, soft_wrap=True, emoji=False)
     context_a = (lambda src: _source_context(r.path_a, src, source_dir)) if verbose else None
     a, b = r.traces["a"], r.traces["b"]
