@@ -10,6 +10,7 @@ import pytest
 
 import tracediff
 from tracediff.diff import align, compare
+from tracediff.report.json_report import strict
 from tracediff.diff.env import env_diff
 from tracediff.trace import schema
 
@@ -33,10 +34,11 @@ def test_nan_inf_rules():
     m = compare.compare_arrays(np.array([1, nan, inf], F32), np.array([1, nan, inf], F32), "float32")
     assert m["within_tolerance"] and m["mismatch_fraction"] == 0 and m["max_abs"] == 0
     m = compare.compare_arrays(np.array([1, nan], F32), np.array([1, 2], F32), "float32")
-    assert not m["within_tolerance"] and m["mismatch_fraction"] == 0.5 and m["max_abs"] == "inf"
+    assert not m["within_tolerance"] and m["mismatch_fraction"] == 0.5 and m["max_abs"] == inf
     m = compare.compare_arrays(np.array([inf], F32), np.array([-inf], F32), "float32")
-    assert not m["within_tolerance"]
-    json.dumps(m, allow_nan=False)
+    assert not m["within_tolerance"] and m["max_rel"] == inf
+    # real floats in the result, strict JSON at the edge
+    assert json.loads(json.dumps(strict(m), allow_nan=False))["max_rel"] == "inf"
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "bfloat16"])

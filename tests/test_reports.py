@@ -1,7 +1,8 @@
-"""Reports: Markdown and HTML from the locate JSON, the per-event profile, the terminal
+"""Reports: Markdown and HTML of the typed locate result, the per-event profile, the terminal
 report's --verbose/--quiet/NO_COLOR. Synthetic traces for the details, the session JAX
 recordings (XLA SSE4.2, one-ULP tanh) end to end."""
 
+import dataclasses
 import html.parser
 import json
 import os
@@ -13,9 +14,10 @@ import pytest
 import tracediff
 from tracediff.diff.differ import Differ
 from tracediff.diff.profile import event_profile, locate_with_profile
+from tracediff.diff.result import EventRef, Finding, Gap, Hop, LocateResult, Metrics, Replay
 from tracediff.report import html as html_report
 from tracediff.report import markdown
-from tracediff.report.common import fmt_bytes, report_data, source_context
+from tracediff.report.common import fmt_bytes, report_context, source_context
 from tracediff.trace.reader import Trace
 
 from . import synth
@@ -126,8 +128,8 @@ def test_profile_agrees_with_the_exact_comparison(synthetic):
 
 def test_markdown_has_every_section(synthetic):
     a, b, folder = synthetic
-    data = report_data(tracediff.locate(a, b))
-    text = markdown.render(data)
+    result = tracediff.locate(a, b)
+    text = markdown.render(result, report_context(result))
     assert text.startswith("# tracediff report\n")
     summary = text.split("\n\n")[1]
     assert "diverge" in summary and "`aten::tanh`" in summary and "step 1" in summary
@@ -144,27 +146,27 @@ def test_markdown_has_every_section(synthetic):
     assert "introduced here" in text
     assert _md_tables_ok(text)
     # the replay verdict and the chain appear exactly when the result carries them
-    assert ("## Replay verdict" in text) == bool(data.get("explain"))
-    assert ("## From origin to outputs" in text) == bool(data.get("chain"))
-    data.pop("explain", None)
-    data.pop("chain", None)
-    text = markdown.render(data)
+    assert ("## Replay verdict" in text) == (result.explain is not None)
+    assert ("## From origin to outputs" in text) == bool(result.chain)
+    text = markdown.render(dataclasses.replace(result, explain=None, chain=None))
     assert "Replay verdict" not in text and "From origin to outputs" not in text
 
 
 def test_markdown_and_html_render_explain_and_chain_when_present(synthetic):
     a, b, _ = synthetic
-    data = report_data(tracediff.locate(a, b))
-    origin = dict(data["first_beyond_tolerance"]["a"])
-    data["explain"] = {"verdict": "this machine reproduces b", "event": "aten::tanh (a #7)",
-                       "summary": "the float64 replay is 1 ULP from a", "a_ulp_from_exact": 1.0}
-    data["chain"] = [{"a": origin, "b": {"index": 7}, "metrics": {"max_rel": 1e-3},
-                      "input_rel": 0.0, "amplification": None, "role": "origin,first_beyond_tolerance"},
-                     "... 3 more hops",
-                     {"a": {"op": "aten::sum", "index": 9, "step": 1, "source": "train.py:12"},
-                      "b": {"index": 9}, "metrics": {"max_rel": 2e-3}, "input_rel": 1e-3,
-                      "amplification": 2.0, "role": "last"}]
-    text = markdown.render(data)
+    result = tracediff.locate(a, b)
+    origin = result.first_beyond_tolerance.a
+    result = dataclasses.replace(
+        result,
+        explain=Replay(verdict="this machine reproduces b", event="aten::tanh (a #7)",
+                       summary="the float64 replay is 1 ULP from a", a_ulp_from_exact=1.0),
+        chain=[Hop(a=origin, b=7, metrics=Metrics(max_rel=1e-3), input_rel=0.0,
+                   amplification=None, role="origin,first_beyond_tolerance"),
+               Gap(3),
+               Hop(a=EventRef(index=9, op="aten::sum", step=1, source="train.py:12"), b=9,
+                   metrics=Metrics(max_rel=2e-3), input_rel=1e-3, amplification=2.0,
+                   role="last")])
+    text = markdown.render(result, report_context(result))
     assert "## Replay verdict\n\n**this machine reproduces b**\n\nthe float64 replay is 1 ULP" in text
     assert "| a ulp from exact | 1 |" in text
     assert "## From origin to outputs" in text
@@ -173,7 +175,7 @@ def test_markdown_and_html_render_explain_and_chain_when_present(synthetic):
     assert "2. ... 3 more hops" in text
     assert "3. `aten::sum` (event #9, step 1, `train.py:12`) max rel 0.002, amplified x2 — " \
            "**last differing event**" in text
-    page = html_report.render(data)
+    page = html_report.render(result, report_context(result))
     assert not _parse(page).errors
     assert "<p><b>this machine reproduces b</b></p>" in page
     assert "<li><code>aten::sum</code> (event #9" in page and "<b>last differing event</b>" in page
@@ -192,11 +194,12 @@ def test_source_context_is_the_recorded_lines(tmp_path):
 
 def test_match_report_says_identical(synthetic):
     a, _, _ = synthetic
-    text = markdown.render(report_data(tracediff.locate(a, a)))
+    same = tracediff.locate(a, a)
+    text = markdown.render(same, report_context(same))
     assert "bitwise identical in every compared value" in text and "**Verdict: MATCH**" in text
     assert "The recorded environments are identical." in text
     result, profile = locate_with_profile(a, a)
-    page = html_report.render(report_data(result), profile)
+    page = html_report.render(result, report_context(result), profile)
     assert not _parse(page).errors and "MATCH" in page
     assert "Every aligned event is bitwise equal." in page and "culprit:" not in page
 
@@ -206,7 +209,7 @@ def test_match_report_says_identical(synthetic):
 def test_html_is_self_contained_and_well_formed(synthetic):
     a, b, _ = synthetic
     result, profile = locate_with_profile(a, b)
-    page = html_report.render(report_data(result), profile)
+    page = html_report.render(result, report_context(result), profile)
     p = _parse(page)
     assert not p.errors and p.stack == [], (p.errors, p.stack)
     assert page.startswith("<!DOCTYPE html>")
@@ -232,20 +235,20 @@ def test_html_is_self_contained_and_well_formed(synthetic):
 def test_trace_strings_cannot_inject_markup(synthetic, tmp_path):
     a, b, _ = synthetic
     result, profile = locate_with_profile(a, b)
-    data = report_data(result)
+    ctx = report_context(result)
     evil = '<img src=x onerror="alert(1)">`|'
-    data["first_beyond_tolerance"]["a"]["op"] = evil
-    data["first_beyond_tolerance"]["a"]["name_stack"] = "</table><script>alert(2)</script>"
-    data["env_diff"].append({"key": "env.X", "category": "env", "a": None, "b": "<b>x</b>"})
+    result.first_beyond_tolerance.a.op = evil
+    result.first_beyond_tolerance.a.name_stack = "</table><script>alert(2)</script>"
+    result.env_diff.append({"key": "env.X", "category": "env", "a": None, "b": "<b>x</b>"})
     profile = dict(profile, op=np.array([evil] * len(profile["op"]), dtype=object))
-    page = html_report.render(data, profile)
+    page = html_report.render(result, ctx, profile)
     p = _parse(page)
     assert not p.errors
     assert "img" not in p.tags and p.tags.count("script") == 1      # only our own
     assert "&lt;img src=x" in page
-    data["report"]["source"] = source_context(
+    ctx.source = source_context(
         "s.py:2", {"lines": [(1, "x = 1"), (2, "y = '```'"), (3, "z = 3")]})
-    text = markdown.render(data)
+    text = markdown.render(result, ctx)
     assert "````python\n 1  x = 1\n>2  y = '```'\n 3  z = 3\n````" in text
     assert _md_tables_ok(text)
 
@@ -256,9 +259,10 @@ def test_html_plot_bins_long_runs():
     rel[5000] = 1e-3
     profile = {"a": np.arange(n), "b": np.arange(n), "step": np.repeat(np.arange(10), n // 10),
                "max_rel": rel, "beyond": rel > 0, "bitwise_equal": rel == 0}
-    data = {"verdict": "diverged", "first_difference": None,
-            "first_beyond_tolerance": {"a": {"index": 5000, "op": "mul"}}}
-    svg = html_report.event_plot(profile, data)
+    mul = EventRef(index=5000, op="mul")
+    result = LocateResult(path_a="a.h5", path_b="b.h5", verdict="diverged",
+                          first_beyond_tolerance=Finding(level="tolerance", a=mul, b=mul))
+    svg = html_report.event_plot(profile, result)
     assert "binned" in svg and "culprit: mul #5000" in svg
     assert len(svg) < 150_000
     assert svg.count("step ") >= 10
@@ -294,7 +298,7 @@ def test_report_html_on_one_ulp_tanh_marks_the_first_bitwise_difference(jax_gru,
     a, bad = jax_gru["a"][0], jax_gru["tanh"][0]
     result, profile = locate_with_profile(a, bad)
     assert result.verdict == "match"
-    doc = html_report.render(report_data(result), profile)
+    doc = html_report.render(result, report_context(result), profile)
     idx = result.first_difference.a["index"]
     assert f"first bitwise difference: tanh #{idx}" in doc
     k = int(np.flatnonzero(profile["a"] == idx)[0])

@@ -24,7 +24,7 @@ from click.testing import CliRunner
 import tracediff
 from tracediff.cli import main
 from tracediff.diff import levels, replay
-from tracediff.report.common import report_data
+from tracediff.report.common import report_context
 from tracediff.report.json_report import next_steps
 
 from .conftest import BROKEN_DOT
@@ -234,7 +234,7 @@ def test_zoom_commands_quote_every_word(hostile_pair):
 
 def test_report_reproduce_block(hostile_pair):
     a, b, result = hostile_pair
-    cmds = report_data(result)["report"]["commands"]
+    cmds = report_context(result).commands
     name_b = os.path.basename(b)
     assert [shlex.split(c) for c in cmds if not c.startswith("#")] == [
         ["OMP_NUM_THREADS=4", "tracediff", "record", "-o", "a.h5", "train.py"],
@@ -257,7 +257,7 @@ def test_report_reproduce_block_damaged_manifest(traces, tmp_path):
 
     a = _edit(full, tmp_path / "a.h5", manifest=damaged)
     b = _edit(stats, tmp_path / "b.h5", manifest=lambda m: m["script"].update(argv=[3, None]))
-    cmds = report_data(tracediff.locate(str(a), str(b), explain=False))["report"]["commands"]
+    cmds = report_context(tracediff.locate(str(a), str(b), explain=False)).commands
     assert cmds[:2] == ["# a: recorded with x\\x0atouch pwned_t (no script command line)",
                         "# b: recorded with tracediff record (no script command line)"]
     _check_lines(cmds)

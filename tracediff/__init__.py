@@ -1,13 +1,25 @@
 """tracediff: find the first operation where two runs of a numerical ML program disagree.
 
 Pipeline: capture (per framework) -> trace (one versioned HDF5 file) -> diff (align,
-compare, locate) -> report (terminal, JSON).
+compare, locate) -> report (terminal, JSON, Markdown, HTML). `locate` returns a typed
+`LocateResult` (`tracediff.diff.result`); every renderer takes that one object.
 """
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 from ._version import __version__
 
+if TYPE_CHECKING:  # the types only: `import tracediff` stays cheap
+    from .diff.result import LocateResult
+    from .trace.reader import Trace
 
-def load(path):
+_PathOrTrace = Union[str, "os.PathLike[str]", "Trace"]
+
+
+def load(path: Union[str, "os.PathLike[str]"]) -> "Trace":
     """Open a trace file read-only (no code in it is ever executed); returns a `Trace`.
 
     `t.manifest` (dict), `len(t)` events, `t.events_table()` (dict of numpy columns with
@@ -20,13 +32,16 @@ def load(path):
     return Trace(path)
 
 
-def locate(a, b, rtol=None, atol=None, map_file=None, ulp=None, noise=None, explain=True,
-           progress=None):
+def locate(a: _PathOrTrace, b: _PathOrTrace, rtol: Optional[float] = None,
+           atol: Optional[float] = None, map_file: Optional[str] = None,
+           ulp: Optional[float] = None, noise: Optional[Sequence[_PathOrTrace]] = None,
+           explain: bool = True, progress: Optional[Callable] = None) -> "LocateResult":
     """Compare two traces (paths or open traces); returns a `LocateResult`.
 
     `result.verdict` ("match" / "diverged"), `result.exit_code` (0 / 1, as the CLI),
     `result.first_difference` and `result.first_beyond_tolerance` (`Finding` or None:
-    `.a`/`.b` event dicts with op, name_stack, source, step; `.metrics`; `.inputs_match`),
+    `.a`/`.b` the events (`EventRef`: op, name_stack, source, step; also readable as
+    `.a["op"]`); `.metrics` (`Metrics`, real floats); `.inputs_match`),
     `result.env_diff`, `result.optimizer_steps`; `tracediff.to_json(result)` is exactly what
     `tracediff locate --json` prints. `rtol`/`atol` override the per-dtype tolerances;
     `ulp=N` accepts elements N ULP apart; `noise=(a1, a2)` (two traces from a's machine)
@@ -39,7 +54,7 @@ def locate(a, b, rtol=None, atol=None, map_file=None, ulp=None, noise=None, expl
                    explain=explain, progress=progress)
 
 
-def to_json(result):
+def to_json(result: "LocateResult") -> dict:
     """The JSON form (plain dicts and lists) of a `LocateResult`: exactly what
     `tracediff locate --json` prints."""
     from .report.json_report import build

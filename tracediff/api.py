@@ -20,11 +20,16 @@ the block ends, so successive blocks work. The manifest says
 run's end ({"status": "exception", ...}) and propagates unchanged.
 """
 
+from __future__ import annotations
+
 import functools
 import os
 import sys
+from typing import Callable, Iterable, Optional, TypeVar, Union
 
 from .capture import RecordOptions
+
+F = TypeVar("F", bound=Callable)
 
 
 class record:
@@ -38,8 +43,11 @@ class record:
     that opens the block.
     """
 
-    def __init__(self, path, *, level="full", loops="opaque", steps=None, ops=None,
-                 modules=None, max_bytes=None, probe=None, frameworks=("jax", "torch")):
+    def __init__(self, path: Union[str, "os.PathLike[str]"], *, level: str = "full",
+                 loops: str = "opaque", steps: Optional[str] = None, ops: Optional[str] = None,
+                 modules: Optional[Union[str, Iterable[str]]] = None,
+                 max_bytes: Optional[Union[str, int]] = None, probe: Optional[str] = None,
+                 frameworks: Iterable[str] = ("jax", "torch")) -> None:
         self.path = os.fspath(path)
         self.options = RecordOptions(level=level, loops=loops, steps=steps, ops=ops,
                                      modules=modules, max_bytes=max_bytes, probe=probe)
@@ -83,14 +91,14 @@ class record:
                    "message": str(exc)[:2000]}
         rec.stop(end)
 
-    def __enter__(self):
+    def __enter__(self) -> "record":
         return self._start(sys._getframe(1).f_code.co_filename)
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type, exc, tb) -> bool:
         self._stop(exc_type, exc)
         return False
 
-    def __call__(self, fn):
+    def __call__(self, fn: F) -> F:
         """Use as a decorator: every call of `fn` is recorded (each call rewrites the file)."""
 
         @functools.wraps(fn)

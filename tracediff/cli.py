@@ -416,23 +416,21 @@ def explain(trace_a, trace_b, event, rtol, atol, ulp, noise, map_file, as_json):
       tracediff explain a.h5 b.h5 375 --json
       tracediff explain a.h5 b.h5 --noise a.h5 a_again.h5
     """
-    from .diff.explain import print_analysis
-    from .diff.locate import locate as _locate
+    from .diff.locate import locate_with_analysis
+    from .report.explain_terminal import print_analysis
 
     _need_trace(trace_a)
     _need_trace(trace_b)
     for n in noise or ():
         _need_trace(n, "noise trace")
-    holder = {"event": event}
-    result = _locate(trace_a, trace_b, rtol=rtol, atol=atol, map_file=map_file, ulp=ulp,
-                     noise=noise or None, analysis=holder)
+    result, analysis = locate_with_analysis(trace_a, trace_b, event, rtol=rtol, atol=atol,
+                                            map_file=map_file, ulp=ulp, noise=noise or None)
     for w in result.warnings:
         click.echo(f"tracediff: warning: {printable(w)}", err=True)
-    analysis = holder.get("analysis") or {}
     if as_json:
-        from .report.json_report import _clean
+        from .report.json_report import analysis_json
 
-        click.echo(json.dumps(_clean(analysis), indent=2))
+        click.echo(json.dumps(analysis_json(analysis), indent=2))
     else:
         print_analysis(analysis)
     sys.exit(result.exit_code)
@@ -514,7 +512,7 @@ def write_report(trace_a, trace_b, output, fmt=None, rtol=None, atol=None, map_f
                  source_dir=None):
     """Locate and write a Markdown/HTML report to `output` ('-' = stdout); returns the result.
     Code context is what trace a recorded (or read from `source_dir`, see --source-dir)."""
-    from .report.common import report_data
+    from .report.common import report_context
 
     fmt = _report_format(output, fmt)
     if output != "-":
@@ -526,13 +524,13 @@ def write_report(trace_a, trace_b, output, fmt=None, rtol=None, atol=None, map_f
         from .report.html import render
 
         result, profile = locate_with_profile(trace_a, trace_b, rtol, atol, map_file)
-        text = render(report_data(result, source_dir), profile)
+        text = render(result, report_context(result, source_dir), profile)
     else:
         from .diff.locate import locate as _locate
         from .report.markdown import render
 
         result = _locate(trace_a, trace_b, rtol=rtol, atol=atol, map_file=map_file)
-        text = render(report_data(result, source_dir))
+        text = render(result, report_context(result, source_dir))
     if output == "-":
         click.echo(text, nl=False)
     else:

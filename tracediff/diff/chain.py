@@ -15,23 +15,17 @@ difference, <1 it damped it.
 """
 
 import collections
+from typing import Optional
 
 import numpy as np
 
 from ..trace import schema
 from .differ import BITWISE
+from .result import Chain, EventRef, Gap, Hop, Metrics, Strongest
 
-MAX_LINKS = 200        # hops kept in the JSON
+MAX_LINKS = 200        # hops kept
 SHOWN = 10             # hops shown by the renderers after collapsing
 MAX_VISIT = 500_000
-
-
-def _num(x):
-    if x is None:
-        return None
-    if isinstance(x, str):
-        return float("inf") if x in ("inf", "-inf") else float("nan")
-    return float(x)
 
 
 def hashes_comparable(d):
@@ -120,68 +114,68 @@ def _path(prev, end):
     return out[::-1]
 
 
-def build(d, origin, target=None):
-    """(links, info). links: [{a, b, metrics, input_rel, amplification, role}], info:
-    {reaches_target, last, hops_total, strongest}."""
+def build(d, origin: int, target: Optional[int] = None) -> Chain:
+    """The `Chain` from `origin` (an a-event) through `target` (the first beyond
+    tolerance, if any) to the last differing event it reaches."""
     allowed = differing_mask(d)
     allowed[origin] = True
     starts, targets = consumers(d)
     prev = _bfs(starts, targets, origin, allowed)
-    info = {"reaches_target": None, "hops_total": 0}
+    chain = Chain()
     path = [origin]
     if target is not None and target != origin:
         if target in prev:
             path = _path(prev, target)
-            info["reaches_target"] = True
+            chain.reaches_target = True
         else:
-            info["reaches_target"] = False
+            chain.reaches_target = False
     start = path[-1]
     prev2 = prev if start == origin else _bfs(starts, targets, start, allowed)
     last = max(prev2)
     if last != start:
         path += _path(prev2, last)[1:]
-    info["last"] = int(last)
-    info["hops_total"] = len(path)
-    links = []
+    chain.last = int(last)
+    chain.hops_total = len(path)
+    hops = chain.hops
     prev_rel = None
     for i, ea in enumerate(path[:MAX_LINKS]):
-        links.append(_link(d, ea, i, origin, target, last, prev_rel))
-        prev_rel = links[-1]["metrics"].get("max_rel")
+        hops.append(_hop(d, ea, i, origin, target, last, prev_rel))
+        prev_rel = hops[-1].metrics.max_rel
     if len(path) > MAX_LINKS:
-        links.append(_link(d, path[-1], len(path) - 1, origin, target, last, None))
-    amps = [(lk["amplification"], j) for j, lk in enumerate(links)
-            if isinstance(lk.get("amplification"), float) and np.isfinite(lk["amplification"])
-            and j > 0]
+        hops.append(_hop(d, path[-1], len(path) - 1, origin, target, last, None))
+    amps = [(h.amplification, j) for j, h in enumerate(hops)
+            if isinstance(h.amplification, float) and np.isfinite(h.amplification) and j > 0]
     if amps:
         a, j = max(amps)
         if a > 1:
-            lk = links[j]
-            info["strongest"] = {"index": lk["a"]["index"], "op": lk["a"]["op"],
-                                 "amplification": a, "input_rel": lk["input_rel"],
-                                 "output_rel": lk["metrics"].get("max_rel")}
-    return links, info
+            h = hops[j]
+            chain.strongest = Strongest(index=h.a.index, op=h.a.op, amplification=a,
+                                        input_rel=h.input_rel, output_rel=h.metrics.max_rel)
+    return chain
 
 
-def _link(d, ea, i, origin, target, last, prev_rel):
+def _hop(d, ea, i, origin, target, last, prev_rel):
     eb = int(d.al.a2b[ea])
     e = d.ta.event(ea)
-    ev = {k: e[k] for k in ("index", "op", "name_stack", "source", "step", "kind", "framework",
-                            "origin", "phase")}
+    ev = EventRef(index=e["index"], op=e["op"], name_stack=e["name_stack"], source=e["source"],
+                  step=e["step"], kind=e["kind"], framework=e["framework"], origin=e["origin"],
+                  phase=e["phase"])
     r = d.compare_event(ea, eb) if eb >= 0 else {"metrics": None}
     m = r.get("metrics") or {}
-    metrics = {k: m.get(k) for k in ("max_rel", "max_abs", "max_ulp", "within_tolerance")}
+    metrics = Metrics(max_rel=m.get("max_rel"), max_abs=m.get("max_abs"),
+                      max_ulp=m.get("max_ulp"), within_tolerance=m.get("within_tolerance"))
     in_rel = None
     if eb >= 0:
         try:
             _, _, bad = d.inputs_match(ea, eb, BITWISE)
         except Exception:  # an odd input row: the hop is still shown
             bad = []
-        rels = [_num((b.get("metrics") or {}).get("max_rel")) for b in bad]
+        rels = [(b.get("metrics") or {}).get("max_rel") for b in bad]
         rels = [x for x in rels if x is not None]
         in_rel = max(rels) if rels else (0.0 if i == 0 else None)
     if in_rel is None and prev_rel is not None and i > 0:
-        in_rel = _num(prev_rel)   # the parent link (a call's outputs from its equations)
-    out_rel = _num(metrics.get("max_rel"))
+        in_rel = prev_rel   # the parent link (a call's outputs from its equations)
+    out_rel = metrics.max_rel
     amp = None
     if in_rel and out_rel is not None and np.isfinite(in_rel) and in_rel > 0:
         amp = out_rel / in_rel
@@ -192,31 +186,31 @@ def _link(d, ea, i, origin, target, last, prev_rel):
         roles.append("first_beyond_tolerance")
     if ea == last:
         roles.append("last")
-    return {"a": ev, "b": {"index": eb}, "metrics": metrics, "input_rel": in_rel,
-            "amplification": amp, "role": ",".join(roles)}
+    return Hop(a=ev, b=eb, metrics=metrics, input_rel=in_rel, amplification=amp,
+               role=",".join(roles))
 
 
-def collapse(links, shown=SHOWN):
-    """At most `shown` links for display: the origin, the target, the last, and the hops
-    that amplified most; the rest are counted in a placeholder link."""
-    if len(links) <= shown:
-        return list(links)
-    keep = {0, len(links) - 1}
-    keep |= {j for j, lk in enumerate(links) if lk.get("role")}
-    ranked = sorted(range(1, len(links) - 1),
-                    key=lambda j: -(links[j]["amplification"] or 0.0)
-                    if isinstance(links[j].get("amplification"), float) else 0.0)
+def collapse(hops: list, shown: int = SHOWN) -> list:
+    """At most `shown` entries for display: the origin, the target, the last, and the hops
+    that amplified most; the rest are counted in `Gap`s. [Hop | Gap]."""
+    if len(hops) <= shown:
+        return list(hops)
+    keep = {0, len(hops) - 1}
+    keep |= {j for j, h in enumerate(hops) if h.role}
+    ranked = sorted(range(1, len(hops) - 1),
+                    key=lambda j: -(hops[j].amplification or 0.0)
+                    if isinstance(hops[j].amplification, float) else 0.0)
     for j in ranked:
         if len(keep) >= shown - 1:
             break
         keep.add(j)
     out, skipped = [], 0
-    for j, lk in enumerate(links):
+    for j, h in enumerate(hops):
         if j in keep:
             if skipped:
-                out.append(f"... {skipped} more hops")
+                out.append(Gap(skipped))
                 skipped = 0
-            out.append(lk)
+            out.append(h)
         else:
             skipped += 1
     return out

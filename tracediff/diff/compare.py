@@ -104,17 +104,6 @@ def _f64(x):
         return None
 
 
-def _finite_or_str(x):
-    if x is None:
-        return None
-    x = float(x)
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return x
-
-
 def ulp_threshold(n_ulp, dtype_name, tol_dtype=None):
     """`n_ulp` ULP of `tol_dtype` counted in ULP of `dtype_name` (a float32 value
     upcast to float64 may be N float32-ULP off: N * 2**29 float64-ULP)."""
@@ -133,7 +122,8 @@ def compare_arrays(xa, xb, dtype_name, rtol=None, atol=None, tol_dtype=None, ulp
 
     max_abs, max_rel, max_ulp, mismatch_fraction (elements that differ at all),
     beyond_tolerance_fraction, within_tolerance (bool), rtol, atol, n, worst_index.
-    Non-finite metrics are given as the strings "inf"/"nan" so the dict stays JSON.
+    Metrics are real floats (`math.inf` for NaN against a number); the JSON edge
+    (`report/json_report.py`) writes non-finite ones as the strings "inf"/"nan".
     `tol_dtype` names a less precise dtype whose tolerance applies instead (an output
     computed from lower-precision inputs). `ulp`: an element at most this many ULP (of
     `tol_dtype` when given) from the other is within tolerance; with `ulp` alone the
@@ -178,11 +168,11 @@ def compare_arrays(xa, xb, dtype_name, rtol=None, atol=None, tol_dtype=None, ulp
     out["mismatch_fraction"] = float(mism.mean()) if n else 0.0
     out["beyond_tolerance_fraction"] = float(beyond.mean()) if n else 0.0
     out["within_tolerance"] = not bool(beyond.any())
-    out["max_abs"] = _finite_or_str(diff.max()) if n else 0.0
-    out["max_rel"] = _finite_or_str(rel.max()) if n else 0.0
+    out["max_abs"] = float(diff.max()) if n else 0.0
+    out["max_rel"] = float(rel.max()) if n else 0.0
     out["worst_index"] = int(np.argmax(diff)) if mism.any() else None
     if xa.dtype.kind in "iub":
-        out["max_ulp"] = _finite_or_str(diff.max())
+        out["max_ulp"] = float(diff.max())
     else:
         u = None
         try:
@@ -192,7 +182,7 @@ def compare_arrays(xa, xb, dtype_name, rtol=None, atol=None, tol_dtype=None, ulp
         if u is not None:
             u = np.where(both_nan, 0.0, u)
             u = np.where(one_nan, np.inf, u)
-            out["max_ulp"] = _finite_or_str(u.max()) if n else 0.0
+            out["max_ulp"] = float(u.max()) if n else 0.0
         else:
             out["max_ulp"] = None
         if ulp is not None and u is not None and is_floating(dtype_name):
@@ -215,7 +205,7 @@ def worst(metrics_list):
     def key(v):   # None < finite < inf < nan: a NaN difference is the worst of all
         if v is None:
             return (0, 0.0)
-        v = float(v)   # metrics may still carry "inf"/"nan" as strings
+        v = float(v)
         if math.isnan(v):
             return (3, 0.0)
         return (2, 0.0) if math.isinf(v) else (1, v)

@@ -8,6 +8,9 @@ frameworks. Everything that builds on comparisons (locate, explain, chain, profi
 imports from here; this module imports none of them.
 """
 
+import dataclasses
+import math
+
 import numpy as np
 
 from ..trace import schema
@@ -16,7 +19,8 @@ from ..trace.values import has_bytes, parse_shape
 from . import align as _align
 from . import compare
 from . import levels as _levels
-from .result import Finding
+from .result import (CallRef, EventRef, Finding, Metrics, OptimizerStep, ValueComparison,
+                     ValueDesc)
 
 BITWISE, TOLERANCE = "bitwise", "tolerance"
 
@@ -337,84 +341,110 @@ class Differ:
         return ok
 
     def search(self, level):
-        """(Finding or None, replay-only Finding or None) for one level."""
+        """(Finding or None, replay-only Finding or None) for one level.
+
+        The candidates (paired events whose content differs) are visited in the order of
+        trace a; each goes to the handler of its kind (`SEARCH_BY_KIND`, the rules of
+        `locate.py`), which returns the finding, or None to go on."""
         ia, ib = self.candidate_pairs()
         if level == TOLERANCE:
             keep = ~self._fast_within_tolerance(ia, ib)
             ia, ib = ia[keep], ib[keep]
-        replay_only = None
-        probe = self.ta.events["origin"] == schema.ORIGIN_PROBE
+        state = _Search(level, self.ta.events["origin"] == schema.ORIGIN_PROBE)
         phase = f"comparing differing events ({level})"
         self._tell(phase, 0, len(ia))
         for i, (ea, eb) in enumerate(zip(ia.tolist(), ib.tolist())):
             if not i & 1023:
                 self._tell(phase, i, len(ia))
-            if probe[ea]:
+            if state.probe[ea]:
                 continue  # tracediff's own extra program: searched only through its call
             if self.noisy is not None and self._is_noise(ea):
                 continue
-            kind = int(self.sa.kind[ea])
-            c = int(self.sa.call[ea]) if kind == schema.KIND_EQN else -1
-            cb = int(self.al.a2b[c]) if c >= 0 else -1
-            if kind == schema.KIND_EQN and cb < 0 and not self.equal_at(ea, eb, level):
-                # no compiled counterpart to judge by (the calls are structured differently
-                # in the two runs): the replayed values are the best evidence there is; a
-                # nested jit whose inputs match is searched for its inner origin
-                inner, _, _ = self._origin_among(np.array([ea]), level)
-                ea, eb = inner if inner is not None else (ea, eb)
-                return self.finding(ea, eb, level, note=(
-                    "replayed equation; its enclosing compiled call has no counterpart in b, "
-                    "so the replayed values are compared")), replay_only
-            if kind == schema.KIND_EQN and cb >= 0:
-                if not self.equal_at(c, cb, level):
-                    continue  # resolved through its call (cannot happen: the call comes first)
-                if self.equal_at(ea, eb, level):
-                    continue
-                note = (f"replay-only: the compiled outputs of the enclosing call (event {c}) "
-                        f"match{' bitwise' if level == BITWISE else ' within tolerance'}; "
-                        f"the script did not see this difference")
-                f = self.finding(ea, eb, level, note=note)
-                if level == BITWISE:
-                    return f, None
-                if replay_only is None:
-                    replay_only = f
-                continue
+            handler = self.SEARCH_BY_KIND.get(int(self.sa.kind[ea]), Differ._search_event)
+            found = handler(self, ea, eb, state)
+            if found is not None:
+                return found, state.replay_only
+        return None, state.replay_only
+
+    def _search_event(self, ea, eb, s):
+        """What the script saw (eager primitive, torch op, optimizer snapshot, input):
+        reported as is when it differs."""
+        if self.equal_at(ea, eb, s.level):
+            return None
+        return self.finding(ea, eb, s.level)
+
+    def _search_eqn(self, ea, eb, s):
+        """A replayed equation: judged through its compiled call. Its call differing, it
+        was resolved there (the call comes first); the call matching, it is replay-only
+        (kept for information at the tolerance level, never the verdict)."""
+        level = s.level
+        c = int(self.sa.call[ea])
+        cb = int(self.al.a2b[c]) if c >= 0 else -1
+        if cb < 0:
             if self.equal_at(ea, eb, level):
-                continue
-            if kind == schema.KIND_CALL:
-                eqns = np.flatnonzero((self.sa.call == ea) & (self.sa.kind == schema.KIND_EQN))
-                # direct equations of the call (parent = the call, or unset); nested ones
-                # are searched through their enclosing jit/cond/scan equation
-                eqns = eqns[(self.sa.parent[eqns] == ea) | (self.sa.parent[eqns] < 0)]
-                origin, first_diff, _ = self._origin_among(eqns, level)
-                call = {"a": ea, "b": eb, "op": self.ta.string(self.ta.events[ea]["op"])}
-                if origin is not None:
-                    f = self.finding(*origin, level, note=(
-                        f"first replayed equation of compiled call {call['op']!r} (event {ea}) "
-                        f"whose inputs match and whose outputs differ"))
-                    f.call = call
-                    return f, replay_only
-                if first_diff is not None:
-                    f = self.finding(*first_diff, level, note=(
-                        f"first differing replayed equation of compiled call {call['op']!r} "
-                        f"(event {ea}); no equation inside it was found to introduce the "
-                        f"difference on its own"))
-                    f.call = call
-                    return f, replay_only
-                if len(eqns):
-                    f = self._probe_finding(ea, eb, call, level, probe)
-                    if f is not None:
-                        return f, replay_only
-                note = ("the compiled outputs differ but every replayed equation of this call "
-                        "matches: the divergence is inside the compiled program (fusion, "
-                        "compiler rewrites), not at any single equation"
-                        if len(eqns) else "the compiled outputs differ (no replayed equations "
-                        "recorded for this call)")
-                f = self.finding(ea, eb, level, note=note)
-                f.compiled = "replay matches" if len(eqns) else ""
-                return f, replay_only
-            return self.finding(ea, eb, level), replay_only
-        return None, replay_only
+                return None
+            # no compiled counterpart to judge by (the calls are structured differently
+            # in the two runs): the replayed values are the best evidence there is; a
+            # nested jit whose inputs match is searched for its inner origin
+            inner, _, _ = self._origin_among(np.array([ea]), level)
+            ea, eb = inner if inner is not None else (ea, eb)
+            return self.finding(ea, eb, level, note=(
+                "replayed equation; its enclosing compiled call has no counterpart in b, "
+                "so the replayed values are compared"))
+        if not self.equal_at(c, cb, level):
+            return None  # resolved through its call (cannot happen: the call comes first)
+        if self.equal_at(ea, eb, level):
+            return None
+        note = (f"replay-only: the compiled outputs of the enclosing call (event {c}) "
+                f"match{' bitwise' if level == BITWISE else ' within tolerance'}; "
+                f"the script did not see this difference")
+        f = self.finding(ea, eb, level, note=note)
+        if level == BITWISE:
+            return f
+        if s.replay_only is None:
+            s.replay_only = f
+        return None
+
+    def _search_call(self, ea, eb, s):
+        """A compiled call whose outputs differ: the first of its replayed equations that
+        introduces the difference, else its compiled probe, else the call itself."""
+        level = s.level
+        if self.equal_at(ea, eb, level):
+            return None
+        eqns = np.flatnonzero((self.sa.call == ea) & (self.sa.kind == schema.KIND_EQN))
+        # direct equations of the call (parent = the call, or unset); nested ones
+        # are searched through their enclosing jit/cond/scan equation
+        eqns = eqns[(self.sa.parent[eqns] == ea) | (self.sa.parent[eqns] < 0)]
+        origin, first_diff, _ = self._origin_among(eqns, level)
+        call = CallRef(a=ea, b=eb, op=self.ta.string(self.ta.events[ea]["op"]))
+        if origin is not None:
+            f = self.finding(*origin, level, note=(
+                f"first replayed equation of compiled call {call.op!r} (event {ea}) "
+                f"whose inputs match and whose outputs differ"))
+            f.call = call
+            return f
+        if first_diff is not None:
+            f = self.finding(*first_diff, level, note=(
+                f"first differing replayed equation of compiled call {call.op!r} "
+                f"(event {ea}); no equation inside it was found to introduce the "
+                f"difference on its own"))
+            f.call = call
+            return f
+        if len(eqns):
+            f = self._probe_finding(ea, eb, call, level, s.probe)
+            if f is not None:
+                return f
+        note = ("the compiled outputs differ but every replayed equation of this call "
+                "matches: the divergence is inside the compiled program (fusion, "
+                "compiler rewrites), not at any single equation"
+                if len(eqns) else "the compiled outputs differ (no replayed equations "
+                "recorded for this call)")
+        f = self.finding(ea, eb, level, note=note)
+        f.compiled = "replay matches" if len(eqns) else ""
+        return f
+
+    # the search's handler per event kind (every other kind: `_search_event`)
+    SEARCH_BY_KIND = {schema.KIND_EQN: _search_eqn, schema.KIND_CALL: _search_call}
 
     def _probe_finding(self, ea, eb, call, level, probe):
         """A compiled call whose replayed equations all match: search its compiled probe
@@ -431,7 +461,7 @@ class Differ:
         eqns = np.flatnonzero((self.sa.call == pa) & (self.sa.parent == pa) &
                               (self.sa.kind == schema.KIND_EQN))
         origin, first_diff, _ = self._origin_among(eqns, level)
-        where = f"compiled call {call['op']!r} (event {ea})"
+        where = f"compiled call {call.op!r} (event {ea})"
         if origin is None and first_diff is None:
             note = ("the compiled outputs differ but every replayed equation matches, and the "
                     "compiled probe of the call (event {}) does not reproduce the difference: "
@@ -449,8 +479,8 @@ class Differ:
             f"every replayed equation of {where} matches; its compiled probe (event {pa}: the "
             f"call's equations compiled with each intermediate as an output) narrows the "
             f"difference to the first equation {how}"))
-        f.call = dict(call, probe_a=pa, probe_b=pb)
-        name = call["op"][len("jit:"):]
+        f.call = dataclasses.replace(call, probe_a=pa, probe_b=pb)
+        name = call.op[len("jit:"):]
         unfaithful = [side for side, t in (("a", self.ta), ("b", self.tb))
                       if name in ((((t.manifest.get("frameworks") or {}).get("jax") or {})
                                    .get("probe") or {}).get("differing_calls") or ())]
@@ -470,6 +500,7 @@ class Differ:
         return True
 
     def finding(self, ea, eb, level, note=""):
+        """The typed `Finding` of a paired event at one level."""
         r = self.compare_event(ea, eb)
         ok, reason, bad = self.inputs_match(ea, eb, level)
         if ok is False and bad:
@@ -477,7 +508,8 @@ class Differ:
                 f"input {d['input']}" + (f" from {d['producer_op']} (event {d['producer_a']})"
                                          if "producer_op" in d else "") for d in bad[:3])
         return Finding(level=level, a=_event(self.ta, ea, self.sa), b=_event(self.tb, eb, self.sb),
-                       metrics=r["metrics"] or {}, values=r["values"], inputs_match=ok,
+                       metrics=Metrics.from_dict(r["metrics"]),
+                       values=[_value_comparison(v) for v in r["values"]], inputs_match=ok,
                        inputs_reason=reason,
                        origin=schema.ORIGIN_NAMES.get(int(self.ta.events[ea]["origin"]), ""),
                        note=note, pair_by=self.pair_by.get(ea, "structure"))
@@ -498,13 +530,21 @@ class Differ:
                 if m is None:
                     continue
                 bit &= m["bitwise_equal"]
-                rel = _num(m.get("max_rel"))
+                rel = _worst_first(m.get("max_rel"))
                 if rel > worst_rel or (worst_name is None and not m["bitwise_equal"]):
-                    worst_rel, worst_abs, worst_name = rel, _num(m.get("max_abs")), str(k)
-            rows.append({"step": int(self.ta.events[ea]["step"]), "a": ea, "b": eb,
-                         "bitwise_equal": bool(bit), "max_rel": worst_rel, "max_abs": worst_abs,
-                         "worst": worst_name})
+                    worst_rel, worst_abs, worst_name = rel, _worst_first(m.get("max_abs")), str(k)
+            rows.append(OptimizerStep(step=int(self.ta.events[ea]["step"]), a=ea, b=eb,
+                                      bitwise_equal=bool(bit), max_rel=worst_rel,
+                                      max_abs=worst_abs, worst=worst_name))
         return rows
+
+
+class _Search:
+    """The state of one `Differ.search`: its level, the probe events it skips, and the
+    first replay-only difference met (the tolerance level keeps it for information)."""
+
+    def __init__(self, level, probe):
+        self.level, self.probe, self.replay_only = level, probe, None
 
 
 def _resolve(trace, idx):
@@ -514,12 +554,11 @@ def _resolve(trace, idx):
         if len(uniq) else np.zeros(0, dtype=object)
 
 
-def _num(x):
+def _worst_first(x):
+    """A metric for ranking parameters: not computed counts as 0, NaN as the worst (inf)."""
     if x is None:
         return 0.0
-    if isinstance(x, str):
-        return float("inf")
-    return float(x)
+    return math.inf if math.isnan(x) else float(x)
 
 
 def _level_word(level):
@@ -556,9 +595,15 @@ def _vdesc(t, row):
 
 
 def _event(t, eid, side):
-    d = t.event(eid)
     outs = t.value_rows(eid, schema.ROLE_OUT)
-    d["shapes"] = [list(parse_shape(t.string(r["shape"]))) for r in outs]
-    d["dtypes"] = [t.string(r["dtype"]) for r in outs]
-    return d
+    return EventRef.from_event(t.event(eid),
+                               shapes=[list(parse_shape(t.string(r["shape"]))) for r in outs],
+                               dtypes=[t.string(r["dtype"]) for r in outs])
+
+
+def _value_comparison(v):
+    """The typed form of one entry of `compare_event`'s "values"."""
+    return ValueComparison(key=v["key"], a=None if v["a"] is None else ValueDesc(**v["a"]),
+                           b=None if v["b"] is None else ValueDesc(**v["b"]),
+                           compared=v["compared"], metrics=Metrics.from_dict(v.get("metrics")))
 

@@ -15,9 +15,10 @@ values can be compared whenever both have a hash:
   differs bitwise and whether it is within tolerance *cannot be decided* without the
   bytes. Integers, bools and keys are exact: a different hash is decided.
 
-`annotate` adds to a locate result what each side was recorded with, what could and could
-not be decided, and, when a side is not a full recording, the exact `tracediff record`
-commands that zoom in on the divergent step at full level (the two-level search).
+`annotate` returns (as a `Levels`, which locate puts into its result) what each side was
+recorded with, what could and could not be decided, and, when a side is not a full
+recording, the exact `tracediff record` commands that zoom in on the divergent step at
+full level (the two-level search).
 """
 
 import math
@@ -29,6 +30,7 @@ from ..trace import schema
 from ..untrusted import printable
 from ..trace.values import STAT_FIELDS, has_bytes
 from . import compare
+from .result import Levels, LevelSide, Zoom, ZoomSide
 
 def hashed(row):
     """True when the row's hash describes its exact bytes (bytes or stats stored)."""
@@ -137,60 +139,60 @@ def _zoom_cmd(t, rec, step_lo, step_hi, out, env, extra=()):
     return notes, cmd
 
 
-def annotate(result, ta, tb, differ):
-    """Add `levels` (how each side was recorded, what was and was not decided, zoom
-    commands) to a locate result, and a warning when something could not be decided."""
+def annotate(first_difference, first_beyond_tolerance, ta, tb, differ):
+    """(`Levels`, [warnings]) of a comparison: how each side was recorded, what was and
+    was not decided, the zoom commands; a warning when something could not be decided."""
     la, ra = _level(ta)
     lb, rb = _level(tb)
     counts = dict(getattr(differ, "level_counts", None) or
                   {"hash_equal": 0, "stats_beyond_tolerance": 0, "stats_undecided": 0})
-    info = {"a": {"level": la, "steps": ra.get("steps"), "ops": ra.get("ops"),
-                  "modules": ra.get("modules"), "max_bytes": ra.get("max_bytes"),
-                  "values_capped_at_event": ra.get("values_capped_at_event")},
-            "b": {"level": lb, "steps": rb.get("steps"), "ops": rb.get("ops"),
-                  "modules": rb.get("modules"), "max_bytes": rb.get("max_bytes"),
-                  "values_capped_at_event": rb.get("values_capped_at_event")},
-            "compared_without_bytes": counts, "decided": [], "not_decided": [], "zoom": []}
+    info = Levels(a=_side(la, ra), b=_side(lb, rb), compared_without_bytes=counts)
+    warnings = []
     if ra.get("hash") and rb.get("hash") and ra.get("hash") != rb.get("hash"):
-        result.warnings.append(f"the traces hash values differently ({ra.get('hash')} vs "
-                               f"{rb.get('hash')}): stats-only values cannot be compared")
+        warnings.append(f"the traces hash values differently ({ra.get('hash')} vs "
+                        f"{rb.get('hash')}): stats-only values cannot be compared")
     cheap = la != "full" or lb != "full"
-    fd, ft = result.first_difference, result.first_beyond_tolerance
+    fd, ft = first_difference, first_beyond_tolerance
     if fd is not None:
-        info["decided"].append(f"first bitwise difference: event {fd.a['index']} "
-                               f"({fd.a['op']}, step {fd.a['step']}) - hashes are exact")
+        info.decided.append(f"first bitwise difference: event {fd.a.index} "
+                            f"({fd.a.op}, step {fd.a.step}) - hashes are exact")
     if ft is not None:
-        how = ft.metrics.get("compared_by") == "stats"
-        info["decided"].append(f"first difference beyond tolerance: event {ft.a['index']} "
-                               f"({ft.a['op']}, step {ft.a['step']})" +
-                               (" - proven by its statistics" if how else ""))
+        how = ft.metrics is not None and ft.metrics.compared_by == "stats"
+        info.decided.append(f"first difference beyond tolerance: event {ft.a.index} "
+                            f"({ft.a.op}, step {ft.a.step})" +
+                            (" - proven by its statistics" if how else ""))
     if counts["stats_undecided"]:
-        info["not_decided"].append(
+        info.not_decided.append(
             f"{counts['stats_undecided']} value pair(s) differ bitwise but only statistics were "
             f"recorded and they agree within tolerance: whether they are beyond tolerance is "
             f"unknown (the verdict treats them as within tolerance)")
-        result.warnings.append(info["not_decided"][-1] + "; zoom in at --level full to decide")
+        warnings.append(info.not_decided[-1] + "; zoom in at --level full to decide")
     if la == "calls" or lb == "calls":   # calls implies cheap
-        info["not_decided"].append("calls level: operations inside compiled calls and eager "
-                                   "ops were not recorded; the op cannot be named")
+        info.not_decided.append("calls level: operations inside compiled calls and eager "
+                                "ops were not recorded; the op cannot be named")
     if cheap and fd is not None:
         steps = []
         for f in (fd, ft):
-            if f is not None and int(f.a["step"]) not in steps:
-                steps.append(int(f.a["step"]))
+            if f is not None and int(f.a.step) not in steps:
+                steps.append(int(f.a.step))
         for s in steps:
-            info["zoom"].append(_recipe(ta, tb, ra, rb, s, f"step{s}",
-                                        f"zoom in on step {s} at full level"))
+            info.zoom.append(_recipe(ta, tb, ra, rb, s, f"step{s}",
+                                     f"zoom in on step {s} at full level"))
     for f in (ft, fd):   # a compiled-call divergence no replayed equation explains
-        if f is not None and f.compiled == "replay matches" and f.a["op"].startswith("jit:"):
-            s = int(f.a["step"])
-            info["zoom"].append(_recipe(
+        if f is not None and f.compiled == "replay matches" and f.a.op.startswith("jit:"):
+            s = int(f.a.step)
+            info.zoom.append(_recipe(
                 ta, tb, ra, rb, s, f"probe{s}",
-                f"narrow compiled call {f.a['op']} (step {s}) below the call with its compiled "
-                f"probe", extra=("--probe", probe_pattern(f.a["op"]))))
+                f"narrow compiled call {f.a.op} (step {s}) below the call with its compiled "
+                f"probe", extra=("--probe", probe_pattern(f.a.op))))
             break
-    result.levels = info
-    return result
+    return info, warnings
+
+
+def _side(level, rec):
+    return LevelSide(level=level, steps=rec.get("steps"), ops=rec.get("ops"),
+                     modules=rec.get("modules"), max_bytes=rec.get("max_bytes"),
+                     values_capped_at_event=rec.get("values_capped_at_event"))
 
 
 def probe_pattern(op):
@@ -202,34 +204,33 @@ def probe_pattern(op):
 
 def _recipe(ta, tb, ra, rb, s, suffix, title, extra=()):
     """The pair of `record` commands (one per machine, with the environment variables that
-    differ between the runs) and the `locate` that follows them."""
-    cmds = {}
+    differ between the runs) and the `locate` that follows them, as a `Zoom`."""
+    sides = {}
     ea, eb = ta.manifest.get("env"), tb.manifest.get("env")
     for side, t, rec, env in (("a", ta, ra, shell.env_differences(ea, eb)),
                               ("b", tb, rb, shell.env_differences(eb, ea))):
         root, ext = os.path.splitext(t.path)
         out = f"{root}.{suffix}{ext or '.h5'}"
         notes, cmd = _zoom_cmd(t, rec, s, s + 1, out, env, extra)
-        cmds[side] = {"trace": out, "command": cmd, "notes": notes,
-                      "on": t.manifest.get("hostname")}
-    cmds["then"] = shell.command("tracediff", "locate", cmds["a"]["trace"], cmds["b"]["trace"])
-    cmds["step"] = s
-    cmds["title"] = title
-    return cmds
+        sides[side] = ZoomSide(trace=out, command=cmd, notes=notes,
+                               on=t.manifest.get("hostname"))
+    return Zoom(a=sides["a"], b=sides["b"],
+                then=shell.command("tracediff", "locate", sides["a"].trace, sides["b"].trace),
+                step=s, title=title)
 
 
 def zoom_lines(result):
     """next_steps lines for the two-level search (empty for full recordings)."""
-    info = getattr(result, "levels", None) or {}
+    info = result.levels
     out = []
-    for z in info.get("zoom") or ():
+    for z in (info.zoom if info is not None else ()):
         out.append(shell.comment(
-            f"{z.get('title') or 'zoom in on step ' + str(z['step'])}: on machine a "
-            f"({z['a'].get('on') or '?'}), then on machine b ({z['b'].get('on') or '?'}):"))
-        for side in ("a", "b"):
-            out += z[side].get("notes") or []
-            out.append(z[side]["command"])
-        out.append(z["then"])
+            f"{z.title or 'zoom in on step ' + str(z.step)}: on machine a "
+            f"({z.a.on or '?'}), then on machine b ({z.b.on or '?'}):"))
+        for side in (z.a, z.b):
+            out += side.notes or []
+            out.append(side.command)
+        out.append(z.then)
     return out
 
 

@@ -39,20 +39,24 @@ whose value was not stored, or an input b does not have gives `inputs_match: nul
 with the reason.
 """
 
+from __future__ import annotations
+
+import dataclasses
 import os
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from ..errors import TraceError
 from ..trace.reader import Trace
 from . import align as _align
+from . import analysis as _analysis
 from . import compare
 from . import cross as _cross
-from . import explain as _explain
 from . import levels as _levels
 from .differ import BITWISE, TOLERANCE, Differ
 from .env import env_diff
-from .result import LocateResult
+from .result import LocateResult, Noise, Replay, TraceInfo
 
 MAX_OPTIM_ROWS = 200
 
@@ -87,13 +91,13 @@ def _frameworks(t):
 
 def _trace_info(t):
     m = t.manifest
-    return {"path": t.path, "complete": bool(t.complete), "events": int(len(t)),
-            "script": (m.get("script") or {}).get("name"),
-            "hostname": m.get("hostname"), "created": m.get("created")}
+    return TraceInfo(path=t.path, complete=bool(t.complete), events=int(len(t)),
+                     script=(m.get("script") or {}).get("name"),
+                     hostname=m.get("hostname"), created=m.get("created"))
 
 
-def run(ta, tb, rtol=None, atol=None, differ=None, mapping=None):
-    """Compare two open traces; returns a `LocateResult`."""
+def run(ta, tb, rtol=None, atol=None, differ=None, mapping=None) -> LocateResult:
+    """Compare two open traces; returns a `LocateResult` (without the explanation)."""
     d = differ or Differ(ta, tb, rtol, atol)
     d.noise_skipped = set()
     first_bit, _ = d.search(BITWISE)
@@ -105,9 +109,9 @@ def run(ta, tb, rtol=None, atol=None, differ=None, mapping=None):
         # and the last one
         kept, best = [], -1.0
         for i, r in enumerate(steps):
-            if i < 20 or r["max_rel"] > best:
+            if i < 20 or r.max_rel > best:
                 kept.append(r)
-            best = max(best, r["max_rel"])
+            best = max(best, r.max_rel)
         steps = kept[:MAX_OPTIM_ROWS - 1] + ([steps[-1]] if kept[-1] is not steps[-1] else [])
     warnings = _script_warnings(ta, tb)
     stats = d.al.stats()
@@ -120,31 +124,32 @@ def run(ta, tb, rtol=None, atol=None, differ=None, mapping=None):
             f"{stats['only_in_b']} only in b (first: {gap['length']} events of {gap['side']} from "
             f"#{gap['start']}: {', '.join(ops[:5])}{' ...' if len(ops) > 5 else ''}); "
             f"only paired events are compared")
-    result = LocateResult(
+    levels, level_warnings = _levels.annotate(first_bit, first_tol, ta, tb, d)
+    return LocateResult(
         path_a=ta.path, path_b=tb.path,
         verdict="diverged" if first_tol is not None else "match",
         first_difference=first_bit, first_beyond_tolerance=first_tol, replay_only=replay_only,
         alignment=d.al.stats(), gaps=d.al.gaps(), env_diff=env_diff(ta.manifest, tb.manifest),
-        optimizer_steps=steps, warnings=warnings,
+        optimizer_steps=steps, warnings=warnings + level_warnings,
         traces={"a": _trace_info(ta), "b": _trace_info(tb)},
         tolerance={"rtol": rtol, "atol": atol, "defaults": {k: list(v) for k, v in
                                                               compare.DEFAULT_TOLERANCES.items()},
                    **({"ulp": d.ulp} if d.ulp is not None else {})},
         mapping=mapping or [], optimizer_steps_total=n_steps,
-        noise=_noise_info(d))
-    return _levels.annotate(result, ta, tb, d)
+        noise=_noise_info(d), levels=levels)
 
 
 def _noise_info(d):
     if d.noisy is None:
         return None
     skipped = sorted(d.noise_skipped)
-    return {"nondeterministic_events": int(np.count_nonzero(d.noisy)),
-            "skipped": [{"index": e, "op": d.ta.string(d.ta.events[e]["op"])} for e in skipped[:20]],
-            "skipped_total": len(skipped),
-            "note": "ops whose outputs differ between the two --noise runs (recorded on one "
-                    "machine) while their inputs are equal are nondeterministic there: they are "
-                    "never blamed as the origin (what they cause downstream is inherited)"}
+    return Noise(nondeterministic_events=int(np.count_nonzero(d.noisy)),
+                 skipped=[{"index": e, "op": d.ta.string(d.ta.events[e]["op"])}
+                          for e in skipped[:20]],
+                 skipped_total=len(skipped),
+                 note="ops whose outputs differ between the two --noise runs (recorded on one "
+                      "machine) while their inputs are equal are nondeterministic there: they "
+                      "are never blamed as the origin (what they cause downstream is inherited)")
 
 
 MAX_NOISE_CHECKS = 20000
@@ -172,8 +177,10 @@ def noise_mask(ta, n1, n2):
     return mask
 
 
-def locate(a, b, rtol=None, atol=None, map_file=None, ulp=None, noise=None, explain=True,
-           analysis=None, progress=None):
+def locate(a, b, rtol: Optional[float] = None, atol: Optional[float] = None,
+           map_file: Optional[str] = None, ulp: Optional[float] = None,
+           noise: Optional[Sequence] = None, explain: bool = True,
+           progress: Optional[Callable] = None) -> LocateResult:
     """Python API: compare two trace files (paths or open `Trace` objects).
 
     Traces of different frameworks (or a `map_file`) go through the cross-framework
@@ -181,10 +188,25 @@ def locate(a, b, rtol=None, atol=None, map_file=None, ulp=None, noise=None, expl
     (alone, or in addition to rtol/atol when those are given). `noise`: two traces
     recorded on a's machine; events that differ between them are never blamed.
     `explain`: replay the origin and add the short verdict and the chain (`explain`,
-    `chain`). `analysis`: a dict that receives the full `explain.analyse` output
-    under "analysis" (for `tracediff explain`; the event to explain under "event").
-    `progress(phase, done=None, total=None)`: called as the work goes (the CLI's bar)."""
+    `chain`). `progress(phase, done=None, total=None)`: called as the work goes (the
+    CLI's bar)."""
+    result, _ = _locate(a, b, rtol, atol, map_file, ulp, noise, progress,
+                        explain=explain, full=False)
+    return result
 
+
+def locate_with_analysis(a, b, event: Optional[int] = None, rtol: Optional[float] = None,
+                         atol: Optional[float] = None, map_file: Optional[str] = None,
+                         ulp: Optional[float] = None, noise: Optional[Sequence] = None,
+                         progress: Optional[Callable] = None) -> tuple:
+    """(LocateResult, Analysis or None) for `tracediff explain`: `locate` with the
+    explanation, and the full `Analysis` it was made from (of `event`, an event of trace
+    a, when given). The analysis is None when it failed (the result's `explain` says why)."""
+    return _locate(a, b, rtol, atol, map_file, ulp, noise, progress, explain=True,
+                   full=True, event=event)
+
+
+def _locate(a, b, rtol, atol, map_file, ulp, noise, progress, explain, full, event=None):
     progress = progress or _no_progress
 
     if rtol is not None and (rtol < 0 or rtol != rtol):
@@ -211,10 +233,11 @@ def locate(a, b, rtol=None, atol=None, map_file=None, ulp=None, noise=None, expl
                 own += [x for x, y in zip((n1, n2), noise) if x is not y]
                 d.noisy = noise_mask(ta, n1, n2)
             result = run(ta, tb, rtol, atol, differ=d, mapping=mapping)
-            if explain or analysis is not None:
+            analysis = None
+            if explain or full:
                 progress("explaining: replaying the origin op")
-                _attach_explain(result, d, analysis)
-            return result
+                result, analysis = _explained(result, d, full, event)
+            return result, analysis
         except (ValueError, IndexError, KeyError, OSError) as exc:
             # damaged tables (bad shapes, dangling references) that the reader let through
             msg = str(exc).splitlines()[0][:160] if str(exc) else ""
@@ -238,21 +261,18 @@ def _no_progress(phase, done=None, total=None):
     pass
 
 
-def _attach_explain(result, d, analysis=None):
-    """Add the short replay verdict and the chain to a result (never fails locate)."""
-
-    if result.first_difference is None and (analysis is None or analysis.get("event") is None):
-        if analysis is not None:
-            analysis["analysis"] = _explain.analyse(result, d)
-        return
+def _explained(result, d, full=False, event=None):
+    """(the result with the short replay verdict and the chain, the full `Analysis` when
+    `full`); an explanation that fails never fails locate."""
+    if result.first_difference is None and event is None:
+        return result, (_analysis.analyse(result, d) if full else None)
     try:
-        full = _explain.analyse(result, d, (analysis or {}).get("event"))
+        analysis = _analysis.analyse(result, d, event)
     except TraceError:
         raise
     except Exception as exc:  # an explanation must never break locate
-        result.explain = {"verdict": f"no explanation: {type(exc).__name__}: {str(exc)[:160]}"}
-        return
-    if analysis is not None:
-        analysis["analysis"] = full
-    result.explain, result.chain = _explain.short(full)
-
+        replay = Replay(verdict=f"no explanation: {type(exc).__name__}: {str(exc)[:160]}")
+        return dataclasses.replace(result, explain=replay), None
+    explain, chain = _analysis.short(analysis)
+    return (dataclasses.replace(result, explain=explain, chain=chain),
+            analysis if full else None)

@@ -30,14 +30,6 @@ def _take(blob, offsets, lengths):
     return blob[starts + np.arange(int(lengths.sum()), dtype=np.int64)]
 
 
-def _num(x):
-    if x is None:
-        return math.nan
-    if isinstance(x, str):
-        return math.inf if x in ("inf", "-inf") else math.nan
-    return float(x)
-
-
 def event_profile(d, max_exact=5000):
     """Dict of numpy arrays, one entry per aligned pair (order of trace a): a, b (event
     indices), step, kind, origin, op, name_stack, source (strings of trace a), max_rel (float64; 0 for bitwise equal,
@@ -59,7 +51,8 @@ def event_profile(d, max_exact=5000):
             break
         r = d.compare_event(int(ia[k]), int(ib[k]))
         m = r["metrics"] or {}
-        max_rel[k] = 0.0 if r["bitwise_equal"] else _num(m.get("max_rel"))
+        rel = m.get("max_rel")
+        max_rel[k] = 0.0 if r["bitwise_equal"] else math.nan if rel is None else rel
         beyond[k] = not r["within_tolerance"]
         bitwise[k] = r["bitwise_equal"]
     ev = d.ta.events

@@ -152,7 +152,7 @@ def write_repro(trace_path, event, out_dir, force=False):
     {script, npz, op, framework, n_inputs, call}. Raises TraceError when it cannot, and
     when either file exists already, unless `force` (see `_write_new`)."""
     from ..trace.reader import Trace
-    from .explain import trace_inputs
+    from .verdict import trace_inputs
     from ..trace.blob import ValueReader
 
     with Trace(trace_path) as t:

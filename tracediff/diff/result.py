@@ -1,56 +1,532 @@
 """The result of comparing two traces: typed objects that every renderer takes.
 
 `LocateResult` is what `tracediff.locate()` returns and what the terminal, Markdown, HTML
-and JSON renderers (in `report/`) render; `Finding` is one located divergence in it.
-JSON is made only at the edge (`report.json_report.build`, `tracediff.to_json`).
+and JSON renderers (in `report/`) render; `Finding` is one located divergence in it, with
+its two events (`EventRef`), its `Metrics` (real floats: `math.inf` for a NaN against a
+number), and `ValueComparison`s per output. `Replay` is locate's short replay verdict of
+the origin, `Hop` and `Gap` its chain from the origin to the outputs; `Analysis` is the
+whole of what `tracediff explain` computes (replay run, causes, per-step table). `Levels`
+says what each side was recorded with and how to zoom in.
+
+JSON is made only at the edge (`report.json_report`: `build`, `analysis_json`,
+`tracediff.to_json`), which also decides which keys appear; nothing here is a dict of
+dicts. For code written against the dicts of earlier versions, the types that replaced a
+dict also read by key (`finding.a["op"]` is `finding.a.op`).
 """
 
+from __future__ import annotations
+
 import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
 
 
-@dataclasses.dataclass
-class Finding:
-    """One located divergence (a plain container; reports render it)."""
+class _ByKey:
+    """Read access by key next to attribute access (`x["op"]` is `x.op`): the result
+    types replaced dicts, and code written against those keeps working. `"k" in x` and
+    `x.get("k")` treat a field set to None as absent, like the JSON."""
 
-    level: str                 # "bitwise" or "tolerance"
-    a: dict                    # event of trace a (index, op, name_stack, source, step, ...)
-    b: dict
-    metrics: dict              # worst over the event's differing values
-    values: list               # per compared output value
-    inputs_match: object       # True / False / None
-    inputs_reason: str
-    origin: str                # compiled / replay / eager / snapshot / ...
+    __slots__ = ()
+
+    def _has(self, key):
+        return isinstance(key, str) and key in _field_names(type(self))
+
+    def __getitem__(self, key):
+        if not self._has(key):
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def get(self, key, default=None):
+        value = getattr(self, key) if self._has(key) else None
+        return default if value is None else value
+
+    def __contains__(self, key):
+        return self._has(key) and getattr(self, key) is not None
+
+    def __repr__(self):
+        """Only the fields that are set (differ from their default): short in a notebook."""
+        shown = []
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING \
+                else f.default
+            if default is dataclasses.MISSING or v != default:
+                shown.append(f"{f.name}={v!r}")
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+
+_NAMES: dict = {}
+
+
+def _field_names(cls):
+    names = _NAMES.get(cls)
+    if names is None:
+        names = _NAMES[cls] = frozenset(f.name for f in dataclasses.fields(cls))
+    return names
+
+
+# -- one located divergence --------------------------------------------------------------------
+
+@dataclass(repr=False)
+class EventRef(_ByKey):
+    """One event of a trace, its strings resolved (what `Trace.event` reads), and the
+    dtypes and shapes of its outputs (findings only)."""
+
+    index: int
+    op: str = ""
+    name_stack: str = ""
+    source: str = ""
+    step: int = 0
+    kind: str = ""
+    framework: str = ""
+    phase: str = ""
+    origin: str = ""
+    node: str = ""
+    call: int = -1
+    params: str = ""
+    parent: int = -1
+    iter: int = -1
+    shapes: list = field(default_factory=list)   # [[int]] per output
+    dtypes: list = field(default_factory=list)   # [str] per output
+
+    @classmethod
+    def from_event(cls, d: dict, shapes=(), dtypes=()) -> "EventRef":
+        """From `Trace.event(i)`."""
+        return cls(index=d["index"], op=d["op"], name_stack=d["name_stack"],
+                   source=d["source"], step=d["step"], kind=d["kind"],
+                   framework=d["framework"], phase=d["phase"], origin=d["origin"],
+                   node=d["node"], call=d["call"], params=d["params"], parent=d["parent"],
+                   iter=d["iter"], shapes=list(shapes), dtypes=list(dtypes))
+
+
+@dataclass(repr=False)
+class Metrics(_ByKey):
+    """How far apart two values (or the worst of an event's values) are (`compare.py`).
+    Real floats: `math.inf` where a NaN meets a number or an infinity differs; None where
+    not computed (values known only by statistics, `levels.py`)."""
+
+    max_abs: Optional[float] = None
+    max_rel: Optional[float] = None
+    max_ulp: Optional[float] = None
+    mismatch_fraction: Optional[float] = None
+    beyond_tolerance_fraction: Optional[float] = None
+    within_tolerance: Optional[bool] = None
+    rtol: Optional[float] = None
+    atol: Optional[float] = None
+    bitwise_equal: Optional[bool] = None
+    dtype_mismatch: Optional[list] = None        # [dtype a, dtype b]
+    shape_mismatch: Optional[bool] = None
+    compared_by: Optional[str] = None            # "hash" / "stats" (levels.py); None: bytes
+    decided: Optional[bool] = None               # stats: beyond tolerance proven
+    max_abs_is_lower_bound: Optional[bool] = None
+    note: Optional[str] = None                   # stats: why (not) decided
+    tolerance_of: Optional[str] = None           # judged by a less precise input dtype
+    ulp: Optional[float] = None                  # --ulp
+    n: Optional[int] = None                      # elements
+    worst_index: Optional[int] = None            # flat index of the largest difference
+    stats_a: Optional[dict] = None               # the statistics compared (levels.py)
+    stats_b: Optional[dict] = None
+
+    @classmethod
+    def from_dict(cls, m: Optional[dict]) -> Optional["Metrics"]:
+        """From the engine's metrics dict (`compare.compare_arrays`, `Differ`); None for
+        None or an empty dict."""
+        if not m:
+            return None
+        names = _field_names(cls)
+        return cls(**{k: v for k, v in m.items() if k in names})
+
+
+@dataclass(repr=False)
+class ValueDesc(_ByKey):
+    """One recorded value of an event: slot, name, dtype, shape, whether its bytes are
+    stored, whether it is uninitialised memory."""
+
+    slot: int
+    name: Optional[str]
+    dtype: str
+    shape: list
+    stored: bool
+    uninitialized: bool
+
+
+@dataclass(repr=False)
+class ValueComparison(_ByKey):
+    """One output value of a finding on both sides (key: slot, or name for optimizer
+    snapshots) and its metrics when it could be compared."""
+
+    key: Union[int, str]
+    a: Optional[ValueDesc]
+    b: Optional[ValueDesc]
+    compared: bool
+    metrics: Optional[Metrics] = None
+
+
+@dataclass(repr=False)
+class CallRef(_ByKey):
+    """The compiled call a finding was found inside (and its probe, `record --probe`)."""
+
+    a: int
+    b: int
+    op: str
+    probe_a: Optional[int] = None
+    probe_b: Optional[int] = None
+
+
+@dataclass(repr=False)
+class Finding(_ByKey):
+    """One located divergence: the paired events, how their outputs differ, and whether
+    the event introduced the difference (its inputs match) or inherited it."""
+
+    level: str                                   # "bitwise" or "tolerance"
+    a: EventRef
+    b: EventRef
+    metrics: Optional[Metrics] = None            # worst over the event's differing values
+    values: list = field(default_factory=list)   # [ValueComparison] per output value
+    inputs_match: Optional[bool] = None          # True / False / None (unknown)
+    inputs_reason: str = ""
+    origin: str = ""                             # compiled / replay / eager / snapshot / ...
     note: str = ""
-    call: dict = None          # enclosing compiled call {a, b, op} when descended into
+    call: Optional[CallRef] = None               # enclosing compiled call when descended into
     pair_by: str = "structure"
     # a compiled call found at the call itself: "replay matches" (every replayed equation
     # matches, no probe recorded), "probe does not reproduce" (its probe matches too)
     compiled: str = ""
 
 
-@dataclasses.dataclass
+# -- the chain from the origin to the outputs (chain.py) -----------------------------------------
+
+@dataclass(repr=False)
+class Hop(_ByKey):
+    """One event on the dataflow path from the origin: its outputs' worst relative
+    difference, its inputs', and their ratio (amplification: >1 magnified)."""
+
+    a: EventRef          # index, op, name_stack, source, step, kind, framework, origin, phase
+    b: int               # the paired event of b
+    metrics: Metrics     # max_rel, max_abs, max_ulp, within_tolerance
+    input_rel: Optional[float] = None
+    amplification: Optional[float] = None
+    role: str = ""       # "origin", "first_beyond_tolerance", "last", comma-separated
+
+
+@dataclass(repr=False)
+class Gap(_ByKey):
+    """Hops left out of a collapsed chain (`chain.collapse`), counted."""
+
+    hops: int
+
+    def __str__(self):
+        return f"... {self.hops} more hops"
+
+
+@dataclass(repr=False)
+class Strongest(_ByKey):
+    """The hop that amplified the difference most."""
+
+    index: int
+    op: str
+    amplification: float
+    input_rel: Optional[float]
+    output_rel: Optional[float]
+
+
+@dataclass(repr=False)
+class Chain(_ByKey):
+    """The path origin -> first beyond tolerance -> last differing event (`chain.build`):
+    every hop (up to chain.MAX_LINKS, then the last) and what it shows."""
+
+    hops: list = field(default_factory=list)     # [Hop]
+    reaches_target: Optional[bool] = None        # None: no target (nothing beyond tolerance)
+    hops_total: int = 0
+    last: Optional[int] = None
+    strongest: Optional[Strongest] = None
+    error: Optional[str] = None                  # the chain could not be built
+
+
+# -- the replay verdict -----------------------------------------------------------------------
+
+@dataclass
+class Mechanism:
+    side: str
+    name: str
+    bitwise: bool
+    max_ulp: float
+    note: str
+
+
+@dataclass(repr=False)
+class Replay(_ByKey):
+    """locate's short replay verdict of the origin (`analysis.short`): the op re-executed
+    here from each side's recorded inputs; which side is closer to the exact result;
+    what this machine reproduces. Only `verdict` is set when no explanation could be made."""
+
+    verdict: str
+    event: Optional[str] = None                  # "op (a #i)"
+    event_index: Optional[int] = None
+    event_index_b: Optional[int] = None
+    replayable: Optional[bool] = None
+    summary: Optional[str] = None
+    a_ulp_from_exact: Optional[float] = None
+    b_ulp_from_exact: Optional[float] = None
+    exact_by: Optional[str] = None               # "float64", "numpy long double"
+    reproduced_here: Optional[str] = None        # "a", "b", "both", "neither"
+    likely_cause: Optional[str] = None
+    compiled_call: Optional[str] = None
+    mechanisms: list = field(default_factory=list)   # [Mechanism]
+
+
+@dataclass(repr=False)
+class FromOracle(_ByKey):
+    """How far one side's recorded output is from the high-precision result."""
+
+    max_ulp: float
+    max_ulp_exact: Optional[float]
+    mean_ulp_exact: Optional[float]
+    max_rel: float
+    sum_abs: float
+
+
+@dataclass(repr=False)
+class SideReplay(_ByKey):
+    """The origin op of one side, replayed here."""
+
+    op: str
+    replayed: bool
+    reproduced_here: Optional[bool] = None
+    reason: Optional[str] = None
+    returned_zero: Optional[bool] = None         # the side returned 0 where exact is not
+    from_oracle: Optional[FromOracle] = None
+
+
+@dataclass(repr=False)
+class Oracle(_ByKey):
+    """The high-precision reference: how it was computed, from which side's inputs."""
+
+    computed_by: str
+    side: str
+    op: str
+
+
+@dataclass(repr=False)
+class ReplayRun(_ByKey):
+    """The full replay of the origin (`verdict.replay_verdict`, explain's "replay")."""
+
+    a_index: int
+    b_index: int
+    op: str
+    op_b: str
+    verdict: str
+    replayed: bool = False
+    reason: Optional[str] = None                 # why it was not replayed
+    a: Optional[SideReplay] = None
+    b: Optional[SideReplay] = None
+    oracle: Optional[Oracle] = None
+    oracle_note: Optional[str] = None
+    closer: Optional[str] = None                 # "a", "b", "equal"
+    reproduces: Optional[str] = None             # "a", "b", "both", "neither"
+    machine: Optional[dict] = None               # what this machine replays with
+
+
+# -- the rest of `tracediff explain` -----------------------------------------------------------
+
+@dataclass(repr=False)
+class Cause(_ByKey):
+    """A recorded environment difference that can change the origin's kind of op."""
+
+    key: str
+    a: Any
+    b: Any
+    reason: str
+    rank: int
+    note: Optional[str] = None
+
+
+@dataclass(repr=False)
+class Causes(_ByKey):
+    """The ranked likely causes (`causes.environment`), drawn only from the manifests."""
+
+    op_class: str
+    causes: list = field(default_factory=list)   # [Cause], most likely first
+    none_found: Optional[str] = None
+
+
+@dataclass(repr=False)
+class Inner(_ByKey):
+    """How the equations inside a (nested) jit origin pair up between the runs."""
+
+    equations_a: int
+    equations_b: int
+    only_in_a: int
+    only_in_b: int
+    differing: int
+    text: str
+
+
+@dataclass(repr=False)
+class CompiledCall(_ByKey):
+    """A divergence inside a compiled call that no single replayed equation explains."""
+
+    call: str
+    event: int
+    explanation: str
+    narrow: str
+    probe: Optional[int] = None                  # the probe that narrowed it
+    narrowed_op: Optional[str] = None
+    narrowed_event: Optional[int] = None
+
+
+@dataclass(repr=False)
+class OptimizerStep(_ByKey):
+    """One compared optimizer step: the worst relative difference of the parameters."""
+
+    step: int
+    a: int
+    b: int
+    bitwise_equal: bool
+    max_rel: float
+    max_abs: float
+    worst: Optional[str]
+
+
+@dataclass(repr=False)
+class Loss(_ByKey):
+    """The loss of a step on both sides (the last scalar float output of its forward)."""
+
+    a: float
+    b: float
+    rel: float
+    event: int
+    op: str
+    source: str
+
+
+@dataclass(repr=False)
+class StepRow(_ByKey):
+    """One row of explain's divergence over time: parameters and loss of a step."""
+
+    step: int
+    optimizer: Optional[OptimizerStep] = None
+    loss: Optional[Loss] = None
+
+
+@dataclass(repr=False)
+class Noise(_ByKey):
+    """The noise floor (`--noise`): events nondeterministic on a's machine."""
+
+    nondeterministic_events: int
+    skipped: list                                 # [{"index", "op"}], the first 20
+    skipped_total: int
+    note: str
+
+
+@dataclass(repr=False)
+class TraceInfo(_ByKey):
+    """One compared trace file."""
+
+    path: str
+    complete: bool
+    events: int
+    script: Optional[str]
+    hostname: Any
+    created: Any
+
+
+@dataclass
+class Analysis:
+    """What `tracediff explain` computes (`analysis.analyse`): the origin and the chain
+    from it, its replay, the compiled-call and inner-structure notes, the likely causes,
+    the divergence over time, and a one-paragraph summary. `origin` is None when the
+    traces match bitwise."""
+
+    verdict: str
+    traces: dict                                  # {"a": TraceInfo, "b": TraceInfo}
+    tolerance: dict
+    origin: Optional[Finding] = None
+    summary: str = ""
+    steps: list = field(default_factory=list)     # [StepRow]
+    chain: Optional[Chain] = None
+    replay: Optional[ReplayRun] = None
+    compiled_call: Optional[CompiledCall] = None
+    inner: Optional[Inner] = None
+    environment: Optional[Causes] = None
+    tolerance_origin: Optional[Finding] = None    # first beyond tolerance, introduced there
+    noise: Optional[Noise] = None
+
+
+# -- recording levels (levels.py) ------------------------------------------------------------
+
+@dataclass(repr=False)
+class LevelSide(_ByKey):
+    """How one side was recorded (manifest "recording")."""
+
+    level: str
+    steps: Any = None
+    ops: Any = None
+    modules: Any = None
+    max_bytes: Any = None
+    values_capped_at_event: Any = None
+
+
+@dataclass(repr=False)
+class ZoomSide(_ByKey):
+    """The `record` command that zooms in on one machine."""
+
+    trace: str
+    command: str
+    notes: list                                   # comment lines before the command
+    on: Any                                       # the machine's hostname
+
+
+@dataclass(repr=False)
+class Zoom(_ByKey):
+    """The two `record` commands (one per machine) and the `locate` that follows."""
+
+    a: ZoomSide
+    b: ZoomSide
+    then: str
+    step: int
+    title: str
+
+
+@dataclass(repr=False)
+class Levels(_ByKey):
+    """What each side was recorded with, what was decided without the bytes, and the
+    commands that zoom in at full level (the two-level search)."""
+
+    a: LevelSide
+    b: LevelSide
+    compared_without_bytes: dict                  # hash_equal, stats_beyond/undecided counts
+    decided: list = field(default_factory=list)
+    not_decided: list = field(default_factory=list)
+    zoom: list = field(default_factory=list)      # [Zoom]
+
+
+# -- the result of locate --------------------------------------------------------------------
+
+@dataclass
 class LocateResult:
+    """Two traces compared: the verdict, the findings, and what explains them."""
+
     path_a: str
     path_b: str
-    verdict: str
-    first_difference: Finding
-    first_beyond_tolerance: Finding
-    replay_only: Finding
-    alignment: dict
-    gaps: list
-    env_diff: list
-    optimizer_steps: list
-    warnings: list
-    traces: dict
-    tolerance: dict
-    mapping: list = dataclasses.field(default_factory=list)
+    verdict: str                                  # "match" or "diverged"
+    first_difference: Optional[Finding] = None
+    first_beyond_tolerance: Optional[Finding] = None
+    replay_only: Optional[Finding] = None
+    alignment: dict = field(default_factory=dict)  # align.Alignment.stats()
+    gaps: list = field(default_factory=list)
+    env_diff: list = field(default_factory=list)   # [{key, category, a, b, ...}] (env.py)
+    optimizer_steps: list = field(default_factory=list)   # [OptimizerStep]
+    warnings: list = field(default_factory=list)
+    traces: dict = field(default_factory=dict)     # {"a": TraceInfo, "b": TraceInfo}
+    tolerance: dict = field(default_factory=dict)
+    mapping: list = field(default_factory=list)
     optimizer_steps_total: int = 0
-    explain: dict = None       # short replay verdict of the origin (explain.py), or None
-    chain: list = None         # origin -> first beyond tolerance -> outputs (chain.py)
-    noise: dict = None         # noise floor (--noise): nondeterministic events skipped
-    levels: dict = None        # how each side was recorded, what was decided, zoom (levels.py)
+    explain: Optional[Replay] = None               # short replay verdict of the origin
+    chain: Optional[list] = None                   # [Hop | Gap]: origin -> outputs, collapsed
+    noise: Optional[Noise] = None
+    levels: Optional[Levels] = None
 
     @property
-    def exit_code(self):
+    def exit_code(self) -> int:
         return 1 if self.verdict == "diverged" else 0
-

@@ -1,24 +1,37 @@
-"""What the Markdown and HTML reports share: the locate JSON plus a little context.
+"""What the Markdown and HTML reports share: the typed result, a report context, and
+the helpers both render it with.
 
-`report_data(result)` is `json_report.build(result)` (the same data as `tracediff locate --json`)
-with one extra key, "report", holding what only the trace files and this machine know:
-file sizes, each run's command line and numeric environment variables, and the user's
-source lines around the culprit as the trace recorded them (a local file only with
-`--source-dir`, see `source_context`).
-Renderers take that dict; sections for fields a future `locate` adds ("explain": the
-replay verdict, "chain": origin to outputs) appear when the fields are present.
+Both take the `LocateResult` of `locate()` itself (the same object the terminal and the
+JSON render) and a `ReportContext` (`report_context(result)`): what only the trace files
+and this machine know: file sizes, the commands that reproduce the comparison (each run's
+command line and the environment variables that differ), and the user's source lines
+around the culprit as the trace recorded them (a local file only with `--source-dir`, see
+`source_context`). Sections for what a result may carry (`explain`: the replay verdict,
+`chain`: origin to outputs) appear when it carries them.
 """
 
+from __future__ import annotations
+
+import dataclasses
 import math
 import os
-import re
+from typing import Optional
 
+from ..diff.result import EventRef, Finding, Gap, LocateResult, Replay
 from ..trace import sources
 from ..trace.sources import parse_source
 from ..untrusted import md_code, md_text
-from .json_report import build
 
 GITHUB_ATTACH_LIMIT = 25 << 20
+
+
+def typed(obj, cls, optional=False):
+    """`obj` when it is a `cls` (or None with `optional`); TypeError otherwise: renderers
+    take the typed result, never its JSON (`json_report.build`) or another dict."""
+    if isinstance(obj, cls) or (optional and obj is None):
+        return obj
+    raise TypeError(f"expected a {cls.__name__}{' or None' if optional else ''} (as "
+                    f"tracediff.locate() returns), got {type(obj).__name__}")
 
 
 def fmt(x, digits=3):
@@ -58,117 +71,119 @@ def fmt_bytes(n):
     return f"{n:.1f} GB"
 
 
-def culprit(data):
-    """(finding dict, title) of what the report is about, or (None, None)."""
-    if data.get("first_beyond_tolerance"):
-        return data["first_beyond_tolerance"], "First divergence beyond tolerance"
-    if data.get("first_difference"):
-        return data["first_difference"], "First bitwise difference (within tolerance)"
+def culprit(result: LocateResult) -> tuple:
+    """(Finding, title) of what the report is about, or (None, None)."""
+    if result.first_beyond_tolerance is not None:
+        return result.first_beyond_tolerance, "First divergence beyond tolerance"
+    if result.first_difference is not None:
+        return result.first_difference, "First bitwise difference (within tolerance)"
     return None, None
 
 
-def event_label(e, code=md_code, text=md_text):
-    """'jax eqn `tanh`' style label of an event dict; `code` and `text` render trace
-    strings for the output format (Markdown by default)."""
-    origin = f" ({text(e['origin'])})" if e.get("origin") and e.get("origin") != e.get("kind") else ""
-    return (f"{text(e.get('framework', ''))} {text(e.get('kind', ''))}{origin} "
-            f"{code(e.get('op', '?'))}").strip()
+def event_label(e: EventRef, code=md_code, text=md_text) -> str:
+    """'jax eqn `tanh`' style label of an event; `code` and `text` render trace strings
+    for the output format (Markdown by default)."""
+    origin = f" ({text(e.origin)})" if e.origin and e.origin != e.kind else ""
+    return f"{text(e.framework)} {text(e.kind)}{origin} {code(e.op)}".strip()
 
 
-def where(e, code=md_code):
+def where(e: EventRef, code=md_code) -> str:
     """'step 0, event #375, `Controller/GRUCell_0`, `jax_gru.py:25`'."""
-    parts = [f"step {e.get('step')}", f"event #{e.get('index')}"]
-    if e.get("name_stack"):
-        parts.append(code(e["name_stack"]))
-    if e.get("source"):
-        parts.append(code(e["source"]))
+    parts = [f"step {e.step}", f"event #{e.index}"]
+    if e.name_stack:
+        parts.append(code(e.name_stack))
+    if e.source:
+        parts.append(code(e.source))
     return ", ".join(parts)
 
 
-def finding_rows(f, code, text, strong):
+def finding_rows(f: Finding, code, text, strong) -> list:
     """The (label, cell) rows describing a finding, rendered with the caller's markup:
     `code` and `text` turn trace strings into safe cells of the output format, `strong`
     emphasises text that is already rendered."""
-    a, b = f["a"], f["b"]
+    a, b = f.a, f.b
     rows = []
-    if a.get("name_stack") or b.get("name_stack"):
-        ns = code(a.get("name_stack") or "-")
-        if b.get("name_stack") and b["name_stack"] != a.get("name_stack"):
-            ns += f" (b: {code(b['name_stack'])})"
+    if a.name_stack or b.name_stack:
+        ns = code(a.name_stack or "-")
+        if b.name_stack and b.name_stack != a.name_stack:
+            ns += f" (b: {code(b.name_stack)})"
         rows.append(("name stack", ns))
-    if a.get("source"):
-        src = code(a["source"])
-        if b.get("source") and b["source"] != a["source"]:
-            src += f" (b: {code(b['source'])})"
+    if a.source:
+        src = code(a.source)
+        if b.source and b.source != a.source:
+            src += f" (b: {code(b.source)})"
         rows.append(("source", src))
-    if b.get("op") != a.get("op") or b.get("framework") != a.get("framework"):
+    if b.op != a.op or b.framework != a.framework:
         rows.append(("paired with", f"{event_label(b, code, text)} in b "
-                                    f"(by {text(f.get('paired_by'))})"))
-    shapes = ", ".join(f"{d}{list(s)}" for d, s in zip(a.get("dtypes") or [], a.get("shapes") or []))
+                                    f"(by {text(f.pair_by)})"))
+    shapes = ", ".join(f"{d}{list(s)}" for d, s in zip(a.dtypes, a.shapes))
     rows.append(("outputs", code(shapes or "-")))
-    word = {True: strong("introduced here"), False: "inherited", None: "unknown"}[f.get("inputs_match")]
-    rows.append(("inputs", f"{word}: {text(f.get('inputs_reason') or '')}"))
-    if f.get("call"):
-        c = f["call"]
-        rows.append(("inside compiled call", f"{code(c['op'])} (a #{text(c['a'])}, b #{text(c['b'])})"))
-    if f.get("note"):
-        rows.append(("note", text(f["note"])))
+    word = {True: strong("introduced here"), False: "inherited", None: "unknown"}[f.inputs_match]
+    rows.append(("inputs", f"{word}: {text(f.inputs_reason or '')}"))
+    if f.call is not None:
+        c = f.call
+        rows.append(("inside compiled call", f"{code(c.op)} (a #{text(c.a)}, b #{text(c.b)})"))
+    if f.note:
+        rows.append(("note", text(f.note)))
     return rows
 
 
-def summary(data, code=md_code, text=md_text):
+def _metric(f, name):
+    return getattr(f.metrics, name) if f.metrics is not None else None
+
+
+def summary(result: LocateResult, code=md_code, text=md_text) -> str:
     """One paragraph; trace strings rendered by `code` and `text` (Markdown inline
     syntax by default)."""
-    a, b = data["traces"]["a"], data["traces"]["b"]
-    script = code(a.get("script")) if a.get("script") else "the script"
-    script_b = b.get("script")
-    runs = (f"Two runs of {script}" if not script_b or script_b == a.get("script") else
+    a, b = result.traces["a"], result.traces["b"]
+    script = code(a.script) if a.script else "the script"
+    script_b = b.script
+    runs = (f"Two runs of {script}" if not script_b or script_b == a.script else
             f"A run of {script} and a run of {code(script_b)}")
     hosts = ""
-    if a.get("hostname") and b.get("hostname") and a["hostname"] != b["hostname"]:
-        hosts = f" (on {code(a['hostname'])} and {code(b['hostname'])})"
-    f, _ = culprit(data)
-    tol = data.get("tolerance") or {}
-    tol_txt = ("the per-dtype default tolerances" if tol.get("rtol") is None and tol.get("atol") is None
-               else f"rtol {fmt(tol.get('rtol'))}, atol {fmt(tol.get('atol'))}")
+    if a.hostname and b.hostname and a.hostname != b.hostname:
+        hosts = f" (on {code(a.hostname)} and {code(b.hostname)})"
+    f, _ = culprit(result)
+    tol_txt = ("the per-dtype default tolerances" if _default_tolerance(result) else
+               f"rtol {fmt(result.tolerance.get('rtol'))}, atol {fmt(result.tolerance.get('atol'))}")
     out = []
-    if data["verdict"] == "diverged":
-        e, m = f["a"], f.get("metrics") or {}
+    if result.verdict == "diverged":
+        e = f.a
         out.append(f"{runs}{hosts} diverge beyond {tol_txt}. The first operation whose outputs "
                    f"differ beyond tolerance is the {event_label(e, code, text)} at "
                    f"{where(e, code)}: max relative "
-                   f"difference {fmt(m.get('max_rel'))}, max ULP {fmt(m.get('max_ulp'))}, "
-                   f"{fmt_pct(m.get('beyond_tolerance_fraction'))} of its elements beyond tolerance.")
-        if f.get("inputs_match") is True:
+                   f"difference {fmt(_metric(f, 'max_rel'))}, max ULP {fmt(_metric(f, 'max_ulp'))}, "
+                   f"{fmt_pct(_metric(f, 'beyond_tolerance_fraction'))} of its elements beyond "
+                   f"tolerance.")
+        if f.inputs_match is True:
             out.append("Its inputs match, so the difference is introduced by this operation.")
-        elif f.get("inputs_match") is False:
+        elif f.inputs_match is False:
             out.append("Its inputs already differ, so the difference is inherited from an "
                        "earlier operation.")
-        fd = data.get("first_difference")
-        if fd and fd["a"].get("index") != e.get("index"):
+        fd = result.first_difference
+        if fd is not None and fd.a.index != e.index:
             out.append(f"The first bitwise difference comes earlier, at the "
-                       f"{event_label(fd['a'], code, text)} ({where(fd['a'], code)}), within "
+                       f"{event_label(fd.a, code, text)} ({where(fd.a, code)}), within "
                        f"tolerance.")
-    elif data.get("first_difference"):
-        fd = data["first_difference"]
-        m = fd.get("metrics") or {}
+    elif result.first_difference is not None:
+        fd = result.first_difference
         out.append(f"{runs}{hosts} agree within {tol_txt}, but not bitwise: the first bitwise "
-                   f"difference is at the {event_label(fd['a'], code, text)} "
-                   f"({where(fd['a'], code)}), max relative "
-                   f"difference {fmt(m.get('max_rel'))}, max ULP {fmt(m.get('max_ulp'))}.")
+                   f"difference is at the {event_label(fd.a, code, text)} "
+                   f"({where(fd.a, code)}), max relative "
+                   f"difference {fmt(_metric(fd, 'max_rel'))}, max ULP {fmt(_metric(fd, 'max_ulp'))}.")
     else:
         out.append(f"{runs}{hosts} are bitwise identical in every compared value.")
-    ex = data.get("explain")
-    if isinstance(ex, dict) and ex.get("event"):
-        verdict = f" ({text(str(ex['verdict']).split(';')[0])})" if ex.get("verdict") else ""
-        out.append(f"The replay analysis names {code(ex['event'])} as the origin{verdict}.")
-    steps = [s for s in data.get("optimizer_steps") or [] if not s.get("bitwise_equal")]
+    ex = result.explain
+    if ex is not None and ex.event:
+        verdict = f" ({text(str(ex.verdict).split(';')[0])})" if ex.verdict else ""
+        out.append(f"The replay analysis names {code(ex.event)} as the origin{verdict}.")
+    steps = [s for s in result.optimizer_steps if not s.bitwise_equal]
     if steps:
-        last = data["optimizer_steps"][-1]
+        last = result.optimizer_steps[-1]
         out.append(f"The parameters first differ in the optimizer snapshot of step "
-                   f"{steps[0]['step']}; at the last compared step ({last['step']}) the max "
-                   f"relative difference is {fmt(last.get('max_rel'))}.")
-    env = data.get("env_diff") or []
+                   f"{steps[0].step}; at the last compared step ({last.step}) the max "
+                   f"relative difference is {fmt(last.max_rel)}.")
+    env = result.env_diff or []
     if env:
         keys = ", ".join(code(d["key"]) for d in env[:4]) + (" ..." if len(env) > 4 else "")
         out.append(f"The environments differ in {len(env)} "
@@ -249,126 +264,144 @@ def _local_lines(source_dir, fname, line, sha):
     return [(got[0] + k, t) for k, t in enumerate(got[1])], MATCHES
 
 
+def _default_tolerance(result):
+    tol = result.tolerance or {}
+    return tol.get("rtol") is None and tol.get("atol") is None
+
+
+@dataclasses.dataclass
+class TraceFile:
+    """What a report says about one trace file beyond the result: its size, and how the
+    run was started (for the reproduction commands)."""
+
+    path: str
+    size: Optional[int] = None
+    argv: object = None          # the script's command line as recorded (untrusted)
+    env: dict = dataclasses.field(default_factory=dict)
+    tool: Optional[str] = None
+    end: object = None
+
+
+@dataclasses.dataclass
+class ReportContext:
+    """What only the trace files and this machine know (`report_context`)."""
+
+    traces: dict                 # {"a": TraceFile, "b": TraceFile}
+    source: Optional[dict] = None    # `source_context` of the culprit's line
+    commands: list = dataclasses.field(default_factory=list)   # reproduce the comparison
+    attach_ok: bool = True       # both files fit a GitHub attachment
+
+
 def _trace_context(path, source=None):
-    """File size, command line, environment and manifest of one trace, and the lines it
-    recorded around `source` ("recorded": `Trace.source_lines`, None if none)."""
+    """(TraceFile, manifest, recorded lines around `source` or None) of one trace."""
     from ..trace.reader import Trace
 
-    info = {"path": path, "size": None, "argv": None, "env": {}, "tool": None, "manifest": {},
-            "recorded": None}
+    info = TraceFile(path=path)
     try:
-        info["size"] = os.path.getsize(path)
+        info.size = os.path.getsize(path)
     except OSError:
         pass
+    recorded = None
     try:
         with Trace(path) as t:
             m = t.manifest
             if source:
-                info["recorded"] = t.source_lines(source)
+                recorded = t.source_lines(source)
     except Exception:  # a report never fails over context it cannot read
-        return info
-    info["manifest"] = m
-    info["argv"] = (m.get("script") or {}).get("argv")
-    info["env"] = m.get("env") or {}
-    info["tool"] = (m.get("recording") or {}).get("tool")
-    info["end"] = m.get("end")
-    return info
+        return info, {}, None
+    info.argv = (m.get("script") or {}).get("argv")
+    info.env = m.get("env") or {}
+    info.tool = (m.get("recording") or {}).get("tool")
+    info.end = m.get("end")
+    return info, m, recorded
 
 
-def reproduction(data, ctx):
+def reproduction(result: LocateResult, traces: dict) -> list:
     """Shell commands that reproduce the comparison (record both runs, locate); lines made
     by `tracediff.shell`, so no string from the traces can add a command."""
     from .. import shell
 
     cmds = []
     names = {}
-    env_a, env_b = ctx["traces"]["a"].get("env"), ctx["traces"]["b"].get("env")
+    env_a, env_b = traces["a"].env, traces["b"].env
     for side, mine, other in (("a", env_a, env_b), ("b", env_b, env_a)):
-        c = ctx["traces"][side]
-        name = os.path.basename(data["traces"][side]["path"])
+        c = traces[side]
+        name = os.path.basename(result.traces[side].path)
         if side == "b" and name == names.get("a"):
             name = "b_" + name
         names[side] = name
-        argv = shell.script_argv({"script": {"argv": c.get("argv")}})
+        argv = shell.script_argv({"script": {"argv": c.argv}})
         if not argv:
-            cmds.append(shell.comment(f"{side}: recorded with {c.get('tool') or 'tracediff'} "
+            cmds.append(shell.comment(f"{side}: recorded with {c.tool or 'tracediff'} "
                                       f"(no script command line)"))
             continue
         cmds += shell.record_command([os.path.basename(argv[0]), *argv[1:]], name,
                                      shell.env_differences(mine, other))
     cmds.append(shell.command("tracediff", "locate", names["a"], names["b"]))
-    f, _ = culprit(data)
+    f, _ = culprit(result)
     if f is not None:
-        cmds.append(shell.command("tracediff", "show", names["a"], f["a"]["index"]))
+        cmds.append(shell.command("tracediff", "show", names["a"], f.a.index))
     return cmds
 
 
-def report_data(result, source_dir=None):
-    """`build(result)` plus the "report" context (see the module docstring); code
-    context from trace a's recorded lines, or from `source_dir` (`--source-dir`)."""
-    data = build(result)
-    f, _ = culprit(data)
-    src = f["a"].get("source") if f is not None else None
-    ctx = {"traces": {s: _trace_context(data["traces"][s]["path"], src if s == "a" else None)
-                      for s in ("a", "b")}}
-    ctx["source"] = None
-    if src:
-        a = ctx["traces"]["a"]
-        ctx["source"] = source_context(src, a["recorded"], source_dir, a["manifest"])
-    ctx["commands"] = reproduction(data, ctx)
-    sizes = [ctx["traces"][s]["size"] or 0 for s in ("a", "b")]
-    ctx["attach_ok"] = all(s <= GITHUB_ATTACH_LIMIT for s in sizes)
+def report_context(result: LocateResult, source_dir: Optional[str] = None) -> ReportContext:
+    """The `ReportContext` of a result (see the module docstring); code context from trace
+    a's recorded lines, or from `source_dir` (`--source-dir`)."""
+    f, _ = culprit(result)
+    src = f.a.source if f is not None and f.a.source else None
+    files = {}
     for s in ("a", "b"):
-        ctx["traces"][s].pop("manifest", None)
-        ctx["traces"][s].pop("recorded", None)
-    data["report"] = ctx
-    return data
+        files[s] = _trace_context(result.traces[s].path, src if s == "a" else None)
+    ctx = ReportContext(traces={s: files[s][0] for s in ("a", "b")})
+    if src:
+        _, manifest, recorded = files["a"]
+        ctx.source = source_context(src, recorded, source_dir, manifest)
+    ctx.commands = reproduction(result, ctx.traces)
+    ctx.attach_ok = all((ctx.traces[s].size or 0) <= GITHUB_ATTACH_LIMIT for s in ("a", "b"))
+    return ctx
 
 
 ROLE_WORDS = {"origin": "origin", "first_beyond_tolerance": "first beyond tolerance",
               "last": "last differing event"}
 
 
-_MORE_HOPS = re.compile(r"\.\.\. \d+ more hops")
-
-
-def chain_items(chain, code=md_code, text=md_text, strong=lambda s: f"**{s}**"):
-    """Lines for the chain from origin to outputs, trace strings rendered by `code` and
-    `text` (Markdown inline syntax by default): one per hop (`op` (event #i, step s,
-    source) max rel R, x amplification, role), or a placeholder such as "... 12 more hops"."""
+def chain_items(chain: list, code=md_code, text=md_text, strong=lambda s: f"**{s}**") -> list:
+    """Lines for the chain from origin to outputs ([Hop | Gap]), trace strings rendered by
+    `code` and `text` (Markdown inline syntax by default): one per hop (`op` (event #i,
+    step s, source) max rel R, x amplification, role), or the gap ("... 12 more hops")."""
     out = []
-    for link in chain if isinstance(chain, list) else []:
-        if not isinstance(link, dict):
-            s = str(link)
-            out.append(s if _MORE_HOPS.fullmatch(s) else text(s))
+    for hop in chain or []:
+        if isinstance(hop, Gap):
+            out.append(str(hop))
             continue
-        e = link.get("a") if isinstance(link.get("a"), dict) else link
-        m = link.get("metrics") or {}
-        line = (f"{code(e.get('op', '?'))} (event #{text(e.get('index'))}, step "
-                f"{text(e.get('step'))}{', ' + code(e['source']) if e.get('source') else ''})")
-        if m.get("max_rel") is not None:
-            line += f" max rel {fmt(m.get('max_rel'))}"
-        amp = link.get("amplification")
+        e, m = hop.a, hop.metrics
+        line = (f"{code(e.op)} (event #{text(e.index)}, step "
+                f"{text(e.step)}{', ' + code(e.source) if e.source else ''})")
+        if m.max_rel is not None:
+            line += f" max rel {fmt(m.max_rel)}"
+        amp = hop.amplification
         if isinstance(amp, (int, float)) and not isinstance(amp, bool) and math.isfinite(amp):
             line += f", amplified x{fmt(float(amp))}"
-        roles = [ROLE_WORDS.get(r, r) for r in str(link.get("role") or "").split(",") if r]
+        roles = [ROLE_WORDS.get(r, r) for r in str(hop.role or "").split(",") if r]
         if roles:
             line += f" — {strong(text(', '.join(roles)))}"
         out.append(line)
     return out
 
 
-def explain_parts(explain):
+def explain_parts(explain: Replay) -> tuple:
     """(headline, summary or None, [(key, value text)]) of the replay verdict, as plain
     strings: they quote trace strings, so the renderer escapes them."""
-    if not isinstance(explain, dict):
-        return str(explain), None, []
-    head = explain.get("verdict") or explain.get("summary") or ""
-    summ = explain.get("summary") if explain.get("summary") not in (None, head) else None
+    head = explain.verdict or explain.summary or ""
+    summ = explain.summary if explain.summary not in (None, head) else None
     rows = []
-    for k, v in explain.items():
-        if k in ("verdict", "summary") or v is None:
+    for f in dataclasses.fields(explain):
+        k, v = f.name, getattr(explain, f.name)
+        if k in ("verdict", "summary") or v is None or (k == "mechanisms" and not v):
             continue
+        if k == "mechanisms":
+            v = "; ".join(f"{m.side}: {m.name} ({'bitwise' if m.bitwise else f'{fmt(m.max_ulp)} ULP'})"
+                          f"{' - ' + m.note if m.note else ''}" for m in v)
         rows.append((k.replace("_", " "), v if isinstance(v, str) else
                      fmt(v) if isinstance(v, (int, float)) else str(v)))
     return str(head), summ, rows

@@ -10,16 +10,21 @@ Every string from a trace goes through `e` (HTML-escaped, control characters sho
 text) or `code`; the shared helpers of `common` get these as their renderers.
 """
 
+from __future__ import annotations
+
 import html
 import math
 import os
+from typing import Optional
 
 import numpy as np
 
+from .._version import __version__
+from ..diff.result import Finding, LocateResult
 from ..untrusted import printable
-from .common import (GITHUB_ATTACH_LIMIT, MATCHES, NO_LINES, RECORDED, chain_items, culprit,
-                     event_label, explain_parts, finding_rows, fmt, fmt_bytes, fmt_pct,
-                     summary)
+from .common import (GITHUB_ATTACH_LIMIT, MATCHES, NO_LINES, RECORDED, ReportContext,
+                     chain_items, culprit, event_label, explain_parts, finding_rows, fmt,
+                     fmt_bytes, fmt_pct, summary, typed)
 
 MAX_POINTS = 2500          # wider runs are binned (max per bin) to keep the page small
 MAX_EVENT_ROWS = 500
@@ -84,14 +89,6 @@ def bold(rendered):
     return f"<b>{rendered}</b>"
 
 
-def _num(x):
-    if x is None:
-        return math.nan
-    if isinstance(x, str):
-        return math.inf if x == "inf" else math.nan
-    return float(x)
-
-
 # -- plots -----------------------------------------------------------------------------------
 def _log_range(vals):
     pos = vals[np.isfinite(vals) & (vals > 0)]
@@ -130,8 +127,9 @@ def _squares(xs, ys, size=3.0):
     return "".join(f"M{x - r:.1f} {y - r:.1f}h{size}v{size}h-{size}z" for x, y in zip(xs, ys))
 
 
-def event_plot(profile, data, width=1120, height=300):
-    """SVG: max relative difference per aligned event along the run (log scale)."""
+def event_plot(profile, result: LocateResult, width=1120, height=300):
+    """SVG: max relative difference per aligned event along the run (log scale), the
+    result's culprit and first bitwise difference marked."""
     a_idx = np.asarray(profile["a"], np.int64)
     if not len(a_idx):
         return '<p class="muted">No aligned events.</p>'
@@ -191,16 +189,16 @@ def event_plot(profile, data, width=1120, height=300):
     # markers: the first bitwise difference and the culprit
     where = {int(a): i for i, a in enumerate(a_idx.tolist())}
     marks = []
-    fd = data.get("first_difference")
-    f, _ = culprit(data)
-    if fd is not None and (f is None or fd["a"]["index"] != f["a"]["index"]):
+    fd = result.first_difference
+    f, _ = culprit(result)
+    if fd is not None and (f is None or fd.a.index != f.a.index):
         marks.append((fd, COLORS["first"], "first bitwise difference"))
     if f is not None:
-        diverged = data["verdict"] == "diverged"
+        diverged = result.verdict == "diverged"
         marks.append((f, COLORS["culprit"] if diverged else COLORS["first"],
                       "culprit" if diverged else "first bitwise difference"))
     for k, (finding, color, label) in enumerate(marks):
-        p = where.get(int(finding["a"]["index"]))
+        p = where.get(int(finding.a.index))
         if p is None:
             continue
         x = xmap(p)
@@ -209,10 +207,10 @@ def event_plot(profile, data, width=1120, height=300):
         ty = y0 + 24 + 14 * k
         parts.append(f'<g class="marker"><line x1="{x:.1f}" x2="{x:.1f}" y1="{y0}" y2="{band}" '
                      f'stroke="{color}" stroke-width="1.5"/>'
-                     f'<title>{e(label)}: {e(finding["a"]["op"])} (event #{finding["a"]["index"]})</title>'
+                     f'<title>{e(label)}: {e(finding.a.op)} (event #{finding.a.index})</title>'
                      f'<text x="{x + dx:.1f}" y="{ty}" text-anchor="{anchor}" style="fill:{color};'
-                     f'font-weight:600;paint-order:stroke;stroke:#fff;stroke-width:4px">{e(label)}: {e(finding["a"]["op"])} '
-                     f'#{finding["a"]["index"]}</text></g>')
+                     f'font-weight:600;paint-order:stroke;stroke:#fff;stroke-width:4px">{e(label)}: {e(finding.a.op)} '
+                     f'#{finding.a.index}</text></g>')
     parts.append(f'<text x="{x0 + pw / 2}" y="{height - 8}" text-anchor="middle">aligned events '
                  f'in the order of run a ({fmt(n)}{", binned" if n > MAX_POINTS else ""}); '
                  f'dashed lines: optimizer steps</text>')
@@ -224,8 +222,8 @@ def step_plot(steps, width=1120, height=220):
     """SVG: worst parameter max relative difference per optimizer step (log scale)."""
     if not steps:
         return ""
-    xs_step = [int(s["step"]) for s in steps]
-    rel = np.array([_num(s.get("max_rel")) for s in steps], np.float64)
+    xs_step = [int(s.step) for s in steps]
+    rel = np.array([math.nan if s.max_rel is None else s.max_rel for s in steps], np.float64)
     lo, hi = _log_range(rel)
     x0, y0, pw, ph = 64, 14, width - 84, height - 64
     band = y0 + ph + 14
@@ -283,18 +281,21 @@ def _kv(rows):
         f"<tr><td>{e(k)}</td><td>{v}</td></tr>" for k, v in rows) + "</tbody></table>"
 
 
-def _finding(f, title, src=None):
-    a, b = f["a"], f["b"]
-    rows = [("event", f"#{a['index']} in a, #{b['index']} in b; step {e(a.get('step'))}, "
-                      f"{e(a.get('phase', ''))}")]
+def _finding(f: Finding, title, src=None):
+    a, b = f.a, f.b
+    rows = [("event", f"#{a.index} in a, #{b.index} in b; step {e(a.step)}, "
+                      f"{e(a.phase)}")]
     rows += finding_rows(f, code=code, text=e, strong=lambda x: bold(e(x)))
-    m = f.get("metrics") or {}
-    rows += [("max abs difference", e(fmt(m.get("max_abs")))),
-             ("max relative difference", e(fmt(m.get("max_rel")))),
-             ("max ULP distance", e(fmt(m.get("max_ulp")))),
+
+    def m(name):
+        return getattr(f.metrics, name) if f.metrics is not None else None
+
+    rows += [("max abs difference", e(fmt(m("max_abs")))),
+             ("max relative difference", e(fmt(m("max_rel")))),
+             ("max ULP distance", e(fmt(m("max_ulp")))),
              ("elements that differ / beyond tolerance",
-              f"{e(fmt_pct(m.get('mismatch_fraction')))} / {e(fmt_pct(m.get('beyond_tolerance_fraction')))}"),
-             ("tolerance (rtol, atol)", f"{e(fmt(m.get('rtol')))}, {e(fmt(m.get('atol')))}")]
+              f"{e(fmt_pct(m('mismatch_fraction')))} / {e(fmt_pct(m('beyond_tolerance_fraction')))}"),
+             ("tolerance (rtol, atol)", f"{e(fmt(m('rtol')))}, {e(fmt(m('atol')))}")]
     out = [f'<div class="card"><h3>{e(title)}: {event_label(a, code, e)}</h3>', _kv(rows)]
     if src:
         out.append(_source(src))
@@ -319,12 +320,12 @@ def _source(src):
             "\n".join(lines) + "</pre>")
 
 
-def _events_rows(profile, data, limit=MAX_EVENT_ROWS):
+def _events_rows(profile, result, limit=MAX_EVENT_ROWS):
     """Rows of the differing-events table: every differing aligned event up to `limit`."""
     rel = np.asarray(profile["max_rel"], np.float64)
     diff = np.flatnonzero(~np.asarray(profile["bitwise_equal"], bool))
-    f, _ = culprit(data)
-    cidx = f["a"]["index"] if f else None
+    f, _ = culprit(result)
+    cidx = f.a.index if f else None
     rows, classes = [], []
     for k in diff[:limit].tolist():
         a = int(profile["a"][k])
@@ -338,18 +339,21 @@ def _events_rows(profile, data, limit=MAX_EVENT_ROWS):
     return rows, classes, len(diff)
 
 
-def render(data, profile=None):
-    """HTML text from `common.report_data(result)` and `profile.event_profile(...)`."""
-    ctx = data.get("report") or {}
-    a, b = data["traces"]["a"], data["traces"]["b"]
-    verdict = data["verdict"]
-    title = f"tracediff: {os.path.basename(a['path'])} vs {os.path.basename(b['path'])}"
+def render(result: LocateResult, ctx: Optional[ReportContext] = None, profile=None) -> str:
+    """HTML text of a `LocateResult`, its `common.report_context` and the event profile
+    (`profile.event_profile`) of its traces; without a context or a profile, the page has
+    no code lines, reproduction commands or trace files, or no plot of the run."""
+    typed(result, LocateResult)
+    typed(ctx, ReportContext, optional=True)
+    a, b = result.traces["a"], result.traces["b"]
+    verdict = result.verdict
+    title = f"tracediff: {os.path.basename(a.path)} vs {os.path.basename(b.path)}"
     body = [f'<h1>{e(title)}<span class="badge {e(verdict)}">{e(verdict.upper())}</span></h1>',
-            f'<p class="muted">exit code {data["exit_code"]} · tracediff '
-            f'{e(data.get("tracediff_version", ""))} · a: <code>{e(a["path"])}</code> · '
-            f'b: <code>{e(b["path"])}</code></p>',
-            f'<div class="card"><p>{summary(data, code, e)}</p></div>']
-    for w in data.get("warnings") or []:
+            f'<p class="muted">exit code {result.exit_code} · tracediff '
+            f'{e(__version__)} · a: <code>{e(a.path)}</code> · '
+            f'b: <code>{e(b.path)}</code></p>',
+            f'<div class="card"><p>{summary(result, code, e)}</p></div>']
+    for w in result.warnings:
         body.append(f'<p class="warn"><b>Warning:</b> {e(w)}</p>')
     if profile is not None:
         body.append('<h2>Difference along the run</h2><div class="card">')
@@ -357,18 +361,18 @@ def render(data, profile=None):
             f'<span><i class="sw" style="background:{c}"></i>{e(t)}</span>' for c, t in (
                 (COLORS["beyond"], "beyond tolerance"), (COLORS["within"], "differs, within tolerance"),
                 (COLORS["equal"], "bitwise equal"))) + "</div>")
-        body.append(event_plot(profile, data))
+        body.append(event_plot(profile, result))
         body.append("</div>")
-    steps = data.get("optimizer_steps") or []
+    steps = result.optimizer_steps
     if steps:
-        body.append(f'<h2>Per optimizer step ({fmt(data.get("optimizer_steps_total") or len(steps))} '
+        body.append(f'<h2>Per optimizer step ({fmt(result.optimizer_steps_total or len(steps))} '
                     f'compared)</h2><div class="card">{step_plot(steps)}</div>')
-    f, ftitle = culprit(data)
+    f, ftitle = culprit(result)
     if f is not None:
         body.append("<h2>Culprit</h2>")
-        body.append(_finding(f, ftitle, ctx.get("source")))
-    if data.get("explain"):
-        head, summ, rows = explain_parts(data["explain"])
+        body.append(_finding(f, ftitle, ctx.source if ctx is not None else None))
+    if result.explain is not None:
+        head, summ, rows = explain_parts(result.explain)
         body.append('<h2>Replay verdict</h2><div class="card">')
         if head:
             body.append(f"<p><b>{e(head)}</b></p>")
@@ -377,15 +381,15 @@ def render(data, profile=None):
         if rows:
             body.append(_kv([(k, e(v)) for k, v in rows]))
         body.append("</div>")
-    if data.get("chain"):
+    if result.chain:
         body.append('<h2>From origin to outputs</h2><div class="card"><ol>' +
-                    "".join(f"<li>{t}</li>" for t in chain_items(data["chain"], code, e, bold)) +
+                    "".join(f"<li>{t}</li>" for t in chain_items(result.chain, code, e, bold)) +
                     "</ol></div>")
-    fd = data.get("first_difference")
-    if fd and f is not None and fd["a"].get("index") != f["a"].get("index"):
+    fd = result.first_difference
+    if fd is not None and f is not None and fd.a.index != f.a.index:
         body.append(_finding(fd, "First bitwise difference (earlier, within tolerance)"))
     if profile is not None:
-        rows, classes, total = _events_rows(profile, data)
+        rows, classes, total = _events_rows(profile, result)
         note = (f' <span class="muted">(the first {len(rows)} of {fmt(total)} differing '
                 f'events)</span>' if total > len(rows) else "")
         body.append(f"<h2>Differing events ({fmt(total)} of {fmt(len(profile['a']))} aligned)</h2>")
@@ -396,13 +400,13 @@ def render(data, profile=None):
         else:
             body.append('<p class="muted">Every aligned event is bitwise equal.</p>')
     if steps:
-        rows = [(str(s["step"]), "yes" if s["bitwise_equal"] else "no", e(fmt(s.get("max_rel"))),
-                 e(fmt(s.get("max_abs"))), f"<code>{e(s.get('worst') or '-')}</code>") for s in steps]
+        rows = [(str(s.step), "yes" if s.bitwise_equal else "no", e(fmt(s.max_rel)),
+                 e(fmt(s.max_abs)), f"<code>{e(s.worst or '-')}</code>") for s in steps]
         body.append("<h2>Optimizer steps</h2>")
         body.append(_table("steps", ["step", "bitwise equal", "max rel", "max abs",
                                      "worst parameter"], rows, num_cols=(0, 2, 3),
-                           row_classes=["" if s["bitwise_equal"] else "bad" for s in steps]))
-    env = data.get("env_diff") or []
+                           row_classes=["" if s.bitwise_equal else "bad" for s in steps]))
+    env = result.env_diff or []
     body.append("<h2>Environment differences (a → b)</h2>")
     if env:
         rows = [(e(d.get("category")), f"<code>{e(d.get('key'))}</code>",
@@ -412,23 +416,23 @@ def render(data, profile=None):
     else:
         body.append('<p class="muted">None: the manifests record the same machine, packages '
                     'and variables.</p>')
-    al = data.get("alignment") or {}
+    al = result.alignment or {}
     if al:
         body.append(f'<h2>Alignment</h2><p>{fmt(al.get("matched"))} events matched; a has '
                     f'{fmt(al.get("events_a"))} ({fmt(al.get("only_in_a"))} only in a), b has '
                     f'{fmt(al.get("events_b"))} ({fmt(al.get("only_in_b"))} only in b).</p>')
-    if ctx.get("commands"):
-        body.append("<h2>Reproduce</h2><pre>" + "\n".join(e(c) for c in ctx["commands"]) + "</pre>")
-    if ctx.get("traces"):
+    if ctx is not None and ctx.commands:
+        body.append("<h2>Reproduce</h2><pre>" + "\n".join(e(c) for c in ctx.commands) + "</pre>")
+    if ctx is not None and ctx.traces:
         items = []
         for side in ("a", "b"):
-            t, c = data["traces"][side], ctx["traces"][side]
-            items.append(f"<li>{side}: <code>{e(os.path.basename(t['path']))}</code> — "
-                         f"{e(fmt_bytes(c.get('size')))}, {e(fmt(t.get('events')))} events, recorded "
-                         f"{e(t.get('created') or '?')} on <code>{e(t.get('hostname') or '?')}</code>"
-                         f"{'' if t.get('complete') else ' — <b>truncated</b>'}</li>")
+            t, c = result.traces[side], ctx.traces[side]
+            items.append(f"<li>{side}: <code>{e(os.path.basename(t.path))}</code> — "
+                         f"{e(fmt_bytes(c.size))}, {e(fmt(t.events))} events, recorded "
+                         f"{e(t.created or '?')} on <code>{e(t.hostname or '?')}</code>"
+                         f"{'' if t.complete else ' — <b>truncated</b>'}</li>")
         body.append("<h2>Traces to attach</h2><ul>" + "".join(items) + "</ul>")
-        if not ctx.get("attach_ok", True):
+        if not ctx.attach_ok:
             body.append(f'<p class="warn">A trace is larger than GitHub\'s '
                         f'{e(fmt_bytes(GITHUB_ATTACH_LIMIT))} attachment limit: compress it '
                         f'(<code>gzip -9</code>) or share it from elsewhere.</p>')

@@ -1,42 +1,59 @@
-"""The JSON form of a `locate` result (the contract of `tracediff locate --json`).
+"""The JSON edge: the only place results become JSON (`tracediff locate --json`,
+`tracediff explain --json`, `tracediff.to_json`).
 
-Top-level fields: verdict ("match" | "diverged"), exit_code, traces {a, b},
-warnings, tolerance, first_difference, first_beyond_tolerance, replay_only,
-alignment {events_a, events_b, matched, only_in_a, only_in_b, anchors_matched,
-fallback_regions, gaps}, optimizer_steps (per compared step: step, a, b, bitwise_equal,
-max_rel, max_abs, worst; long runs keep the first 20, each new worst, the last),
-optimizer_steps_total, env_diff, mapping, next_steps; when computed: explain (the
-replay verdict of the origin: verdict, event, summary, a_ulp_from_exact, b_ulp_from_exact,
-exact_by, reproduced_here, likely_cause), chain (links {a, b, metrics, input_rel,
-amplification, role} from the origin to the outputs, collapsed to ~10 with "... N more
-hops" strings), noise (the --noise floor: nondeterministic_events, skipped).
+`build(result)` of a `LocateResult`. Top-level fields: verdict ("match" | "diverged"),
+exit_code, traces {a, b}, warnings, tolerance, first_difference, first_beyond_tolerance,
+replay_only, alignment {events_a, events_b, matched, only_in_a, only_in_b,
+anchors_matched, fallback_regions, gaps}, optimizer_steps (per compared step: step, a, b,
+bitwise_equal, max_rel, max_abs, worst; long runs keep the first 20, each new worst, the
+last), optimizer_steps_total, env_diff, mapping, next_steps, levels; when computed:
+explain (the replay verdict of the origin: verdict, event, summary, a_ulp_from_exact,
+b_ulp_from_exact, exact_by, reproduced_here, likely_cause; mechanisms when there are
+any), chain (links {a, b, metrics, input_rel, amplification, role} from the origin to the
+outputs, collapsed to ~10, a `Gap` written as the string "... N more hops"), noise (the
+--noise floor: nondeterministic_events, skipped).
 
 A finding is null or {level, a, b, metrics, inputs_match, inputs_reason, origin, note,
 call, paired_by, values}; a and b hold index, op, name_stack, source, step, kind,
 framework, phase, origin, node, call, shapes, dtypes; metrics hold max_abs, max_rel,
-max_ulp, mismatch_fraction, beyond_tolerance_fraction, within_tolerance. Non-finite
-numbers are the strings "inf" / "nan" so the output is strict JSON.
+max_ulp, mismatch_fraction, beyond_tolerance_fraction, within_tolerance. The results hold
+real floats; non-finite ones are written as the strings "inf" / "nan" (`strict`) so the
+output is strict JSON.
+
+`analysis_json(analysis)` of an `Analysis`: verdict, traces, tolerance, origin, chain
+(every hop), chain_info, replay, compiled_call, inner, environment, tolerance_origin,
+steps, noise, summary.
 """
 
+from __future__ import annotations
+
+import dataclasses
 import math
+from typing import Optional
 
 from .._version import __version__
 from ..diff.levels import zoom_lines
+from ..diff.result import Analysis, Gap, LocateResult
 from ..shell import command, comment, with_comment
+from .common import typed
 
 EVENT_FIELDS = ("index", "op", "name_stack", "source", "step", "kind", "framework", "phase",
                 "origin", "node", "call", "shapes", "dtypes")
 METRIC_FIELDS = ("max_abs", "max_rel", "max_ulp", "mismatch_fraction", "beyond_tolerance_fraction",
                  "within_tolerance", "rtol", "atol")
+HOP_EVENT_FIELDS = ("index", "op", "name_stack", "source", "step", "kind", "framework", "origin",
+                    "phase")
+HOP_METRIC_FIELDS = ("max_rel", "max_abs", "max_ulp", "within_tolerance")
 MAX_VALUES = 8
 
 
-def _clean(x):
-    """Make a value strict-JSON (non-finite floats as strings, numpy scalars as Python)."""
+def strict(x):
+    """Make a value strict JSON: non-finite floats as the strings "inf" / "-inf" / "nan"
+    (the results hold real floats), numpy scalars as Python numbers, keys as strings."""
     if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
+        return {str(k): strict(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
+        return [strict(v) for v in x]
     if hasattr(x, "item") and not isinstance(x, (str, bytes)):
         try:
             x = x.item()
@@ -47,43 +64,101 @@ def _clean(x):
     return x
 
 
+def _plain(obj):
+    """The fields of a flat result type, in their order, as a dict."""
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+
+def event_json(e, fields=EVENT_FIELDS):
+    return {k: getattr(e, k) for k in fields}
+
+
+def metrics_json(m, fields=METRIC_FIELDS):
+    return {k: getattr(m, k) if m is not None else None for k in fields}
+
+
+def call_json(c):
+    if c is None:
+        return None
+    out = {"a": c.a, "b": c.b, "op": c.op}
+    if c.probe_a is not None or c.probe_b is not None:
+        out.update(probe_a=c.probe_a, probe_b=c.probe_b)
+    return out
+
+
+def value_json(v):
+    e = {"key": v.key, "a": None if v.a is None else _plain(v.a),
+         "b": None if v.b is None else _plain(v.b), "compared": v.compared}
+    if v.metrics is not None:
+        m = metrics_json(v.metrics, ("bitwise_equal", *METRIC_FIELDS))
+        for k in ("dtype_mismatch", "shape_mismatch"):
+            if getattr(v.metrics, k) is not None:
+                m[k] = getattr(v.metrics, k)
+        e["metrics"] = m
+    return e
+
+
 def finding_json(f):
     if f is None:
         return None
-    metrics = {k: f.metrics.get(k) for k in METRIC_FIELDS} if f.metrics else \
-        {k: None for k in METRIC_FIELDS}
-    values = []
-    for v in f.values[:MAX_VALUES]:
-        e = {"key": v["key"], "a": v["a"], "b": v["b"], "compared": v["compared"]}
-        if v.get("metrics"):
-            e["metrics"] = {k: v["metrics"].get(k) for k in
-                            ("bitwise_equal", *METRIC_FIELDS, "dtype_mismatch", "shape_mismatch")
-                            if k in v["metrics"]}
-        values.append(e)
     return {
         "level": f.level,
-        "a": {k: f.a.get(k) for k in EVENT_FIELDS},
-        "b": {k: f.b.get(k) for k in EVENT_FIELDS},
-        "metrics": metrics,
+        "a": event_json(f.a),
+        "b": event_json(f.b),
+        "metrics": metrics_json(f.metrics),
         "inputs_match": f.inputs_match,
         "inputs_reason": f.inputs_reason,
         "origin": f.origin,
         "note": f.note,
-        "call": f.call,
+        "call": call_json(f.call),
         "paired_by": f.pair_by,
-        "values": values,
+        "values": [value_json(v) for v in f.values[:MAX_VALUES]],
         "values_total": len(f.values),
     }
+
+
+def hop_json(h):
+    """One hop of the chain; a `Gap` is the string "... N more hops"."""
+    if isinstance(h, Gap):
+        return str(h)
+    return {"a": event_json(h.a, HOP_EVENT_FIELDS), "b": {"index": h.b},
+            "metrics": metrics_json(h.metrics, HOP_METRIC_FIELDS), "input_rel": h.input_rel,
+            "amplification": h.amplification, "role": h.role}
+
+
+def replay_json(r):
+    """locate's "explain": the short replay verdict (only "verdict" when none was made)."""
+    out = {"verdict": r.verdict}
+    if r.event is not None:
+        out.update(event=r.event, event_index=r.event_index, event_index_b=r.event_index_b,
+                   replayable=r.replayable, summary=r.summary)
+    for k in ("a_ulp_from_exact", "b_ulp_from_exact", "exact_by", "reproduced_here",
+              "likely_cause", "compiled_call"):
+        if getattr(r, k) is not None:
+            out[k] = getattr(r, k)
+    if r.mechanisms:
+        out["mechanisms"] = [_plain(m) for m in r.mechanisms]
+    return out
+
+
+def levels_json(lv):
+    if lv is None:
+        return None
+    return {"a": _plain(lv.a), "b": _plain(lv.b),
+            "compared_without_bytes": lv.compared_without_bytes, "decided": lv.decided,
+            "not_decided": lv.not_decided,
+            "zoom": [{"a": _plain(z.a), "b": _plain(z.b), "then": z.then, "step": z.step,
+                      "title": z.title} for z in lv.zoom]}
 
 
 def next_steps(r):
     out = []
     f = r.first_beyond_tolerance or r.first_difference
     if f is not None:
-        out.append(command("tracediff", "show", r.path_a, f.a["index"]))
-        out.append(command("tracediff", "show", r.path_b, f.b["index"]))
-        if f.call:
-            out.append(with_comment(command("tracediff", "show", r.path_a, f.call["a"]),
+        out.append(command("tracediff", "show", r.path_a, f.a.index))
+        out.append(command("tracediff", "show", r.path_b, f.b.index))
+        if f.call is not None:
+            out.append(with_comment(command("tracediff", "show", r.path_a, f.call.a),
                                     "the enclosing compiled call"))
     if r.first_beyond_tolerance is None and r.first_difference is not None:
         out.append(comment("differences stay within tolerance; tighten with --rtol/--atol to "
@@ -91,9 +166,9 @@ def next_steps(r):
     if f is not None:
         out.append(with_comment(command("tracediff", "explain", r.path_a, r.path_b),
                                 "origin, chain, replay verdict, causes"))
-        ex = getattr(r, "explain", None) or {}
-        if ex.get("event_index") is not None and ex.get("replayable"):
-            out.append(with_comment(command("tracediff", "repro", r.path_b, ex["event_index_b"],
+        ex = r.explain
+        if ex is not None and ex.event_index is not None and ex.replayable:
+            out.append(with_comment(command("tracediff", "repro", r.path_b, ex.event_index_b,
                                             "-o", "repro/"),
                                     "a standalone script for the bug report"))
 
@@ -101,29 +176,140 @@ def next_steps(r):
     return out
 
 
-def build(r):
-    """Plain dict (JSON-ready) of a `LocateResult`."""
+def build(r: LocateResult) -> dict:
+    """Plain dict (strict JSON) of a `LocateResult`: what `tracediff locate --json` prints."""
+    typed(r, LocateResult)
     out = {
         "tracediff_version": __version__,
         "verdict": r.verdict,
         "exit_code": r.exit_code,
-        "traces": r.traces,
+        "traces": {k: _plain(t) for k, t in r.traces.items()},
         "warnings": list(r.warnings),
         "tolerance": r.tolerance,
         "first_difference": finding_json(r.first_difference),
         "first_beyond_tolerance": finding_json(r.first_beyond_tolerance),
         "replay_only": finding_json(r.replay_only),
         "alignment": {**r.alignment, "gaps": r.gaps},
-        "optimizer_steps": r.optimizer_steps,
+        "optimizer_steps": [_plain(s) for s in r.optimizer_steps],
         "optimizer_steps_total": r.optimizer_steps_total,
         "env_diff": r.env_diff,
         "mapping": r.mapping,
         "next_steps": next_steps(r),
-        "levels": getattr(r, "levels", None),
+        "levels": levels_json(r.levels),
     }
-    # root cause (diff/explain.py): short replay verdict of the origin, the chain from the
+    # root cause (diff/analysis.py): short replay verdict of the origin, the chain from the
     # origin to the outputs, the noise floor; present only when computed
-    for key in ("explain", "chain", "noise"):
-        if getattr(r, key, None) is not None:
-            out[key] = getattr(r, key)
-    return _clean(out)
+    if r.explain is not None:
+        out["explain"] = replay_json(r.explain)
+    if r.chain is not None:
+        out["chain"] = [hop_json(h) for h in r.chain]
+    if r.noise is not None:
+        out["noise"] = _plain(r.noise)
+    return strict(out)
+
+
+# -- tracediff explain --json ---------------------------------------------------------------
+
+ORIGIN_A_FIELDS = ("index", "op", "kind", "origin", "name_stack", "source", "step", "framework",
+                   "phase")
+ORIGIN_B_FIELDS = ("index", "op", "kind", "framework")
+
+
+def _chain_info(c):
+    if c.error is not None:
+        return {"error": c.error}
+    out = {"reaches_target": c.reaches_target, "hops_total": c.hops_total, "last": c.last}
+    if c.strongest is not None:
+        out["strongest"] = _plain(c.strongest)
+    return out
+
+
+def _side_replay(s):
+    out = {"op": s.op, "replayed": s.replayed, "reproduced_here": s.reproduced_here,
+           "reason": s.reason}
+    if s.returned_zero is not None:
+        out["returned_zero"] = s.returned_zero
+    if s.from_oracle is not None:
+        out["from_oracle"] = _plain(s.from_oracle)
+    return out
+
+
+def replay_run_json(r):
+    """explain's "replay": the full replay of the origin."""
+    out = {"event": {"a": r.a_index, "b": r.b_index, "op": r.op, "op_b": r.op_b},
+           "replayed": r.replayed}
+    if r.a is not None:
+        out["a"], out["b"] = _side_replay(r.a), _side_replay(r.b)
+    if not r.replayed:
+        out["reason"] = r.reason
+    else:
+        if r.oracle_note is not None:
+            out["oracle_note"] = r.oracle_note
+        out["oracle"] = None if r.oracle is None else {
+            "computed_by": r.oracle.computed_by, "from": r.oracle.side, "op": r.oracle.op}
+        if r.closer is not None:
+            out["closer"] = r.closer
+        out["reproduces"] = r.reproduces
+        out["machine"] = r.machine
+    out["verdict"] = r.verdict
+    return out
+
+
+def _compiled_call(cc):
+    out = {"call": cc.call, "event": cc.event}
+    if cc.probe is not None:
+        out.update(probe=cc.probe, narrowed_to={"op": cc.narrowed_op, "event": cc.narrowed_event})
+    out.update(explanation=cc.explanation, narrow=cc.narrow)
+    return out
+
+
+def _cause(c):
+    out = {"key": c.key, "a": c.a, "b": c.b, "reason": c.reason, "rank": c.rank}
+    if c.note is not None:
+        out["note"] = c.note
+    return out
+
+
+def _step(s):
+    out = _plain(s.optimizer) if s.optimizer is not None else {"step": s.step}
+    if s.loss is not None:
+        out["loss"] = _plain(s.loss)
+    return out
+
+
+def analysis_json(an: Optional[Analysis]) -> dict:
+    """Plain dict (strict JSON) of an `Analysis`: what `tracediff explain --json` prints
+    ({} when no analysis could be made)."""
+    typed(an, Analysis, optional=True)
+    if an is None:
+        return {}
+    out = {"verdict": an.verdict, "traces": {k: _plain(t) for k, t in an.traces.items()},
+           "tolerance": an.tolerance}
+    f = an.origin
+    if f is None:
+        out.update(origin=None, summary=an.summary, steps=[_step(s) for s in an.steps])
+        return strict(out)
+    out["origin"] = {"a": event_json(f.a, ORIGIN_A_FIELDS), "b": event_json(f.b, ORIGIN_B_FIELDS),
+                     "level": f.level, "inputs_match": f.inputs_match,
+                     "inputs_reason": f.inputs_reason, "note": f.note, "call": call_json(f.call),
+                     "metrics": metrics_json(f.metrics, HOP_METRIC_FIELDS)}
+    out["chain"] = [hop_json(h) for h in an.chain.hops]
+    out["chain_info"] = _chain_info(an.chain)
+    out["replay"] = replay_run_json(an.replay)
+    if an.compiled_call is not None:
+        out["compiled_call"] = _compiled_call(an.compiled_call)
+    if an.inner is not None:
+        out["inner"] = _plain(an.inner)
+    env = an.environment
+    out["environment"] = {"op_class": env.op_class, "causes": [_cause(c) for c in env.causes],
+                          "none_found": env.none_found}
+    to = an.tolerance_origin
+    if to is not None:
+        out["tolerance_origin"] = {
+            "index": to.a.index, "op": to.a.op, "step": to.a.step, "source": to.a.source,
+            "inputs_reason": to.inputs_reason,
+            "max_rel": to.metrics.max_rel if to.metrics is not None else None}
+    out["steps"] = [_step(s) for s in an.steps]
+    out["noise"] = _plain(an.noise) if an.noise is not None else None
+    out["summary"] = an.summary
+    return strict(out)

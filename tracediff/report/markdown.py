@@ -13,13 +13,19 @@ Every string from a trace is untrusted: it goes into the Markdown only through
 HTML, link or table cell that the trace wrote, and no control character.
 """
 
+from __future__ import annotations
+
 import os
 import re
+from typing import Optional
 
+from .._version import __version__
+from ..diff.result import Finding, LocateResult
 from ..untrusted import md_code, md_text, printable
-from .common import (GITHUB_ATTACH_LIMIT, MATCHES, NO_LINES, RECORDED, chain_items, culprit,
-                     event_label, explain_parts, finding_rows, fmt, fmt_bytes, fmt_pct,
-                     summary)
+from .common import (GITHUB_ATTACH_LIMIT, MATCHES, NO_LINES, RECORDED, ReportContext,
+                     chain_items, culprit, event_label, explain_parts, finding_rows, fmt,
+                     fmt_bytes, fmt_pct, summary, typed)
+from .json_report import MAX_VALUES
 
 MAX_STEP_ROWS = 30
 MAX_ENV_ROWS = 60
@@ -57,42 +63,47 @@ def _table(header, rows):
 
 
 def _metrics_rows(m):
+    def g(name):
+        return getattr(m, name) if m is not None else None
+
     return [
-        ("max abs difference", fmt(m.get("max_abs"))),
-        ("max relative difference", fmt(m.get("max_rel"))),
-        ("max ULP distance", fmt(m.get("max_ulp"))),
-        ("elements that differ", fmt_pct(m.get("mismatch_fraction"))),
-        ("elements beyond tolerance", fmt_pct(m.get("beyond_tolerance_fraction"))),
-        ("tolerance (rtol, atol)", f"{fmt(m.get('rtol'))}, {fmt(m.get('atol'))}"),
+        ("max abs difference", fmt(g("max_abs"))),
+        ("max relative difference", fmt(g("max_rel"))),
+        ("max ULP distance", fmt(g("max_ulp"))),
+        ("elements that differ", fmt_pct(g("mismatch_fraction"))),
+        ("elements beyond tolerance", fmt_pct(g("beyond_tolerance_fraction"))),
+        ("tolerance (rtol, atol)", f"{fmt(g('rtol'))}, {fmt(g('atol'))}"),
     ]
 
 
-def _finding(lines, f, title, ctx_source=None):
-    a, b = f["a"], f["b"]
+def _finding(lines, f: Finding, title, ctx_source=None):
+    a, b = f.a, f.b
     lines += [f"## {title}", ""]
-    lines.append(f"**{event_label(a)}** — event #{a['index']} in a, #{b['index']} in b, step "
-                 f"{md_text(a.get('step'))}, {md_text(a.get('phase', ''))}")
+    lines.append(f"**{event_label(a)}** — event #{a.index} in a, #{b.index} in b, step "
+                 f"{md_text(a.step)}, {md_text(a.phase)}")
     lines.append("")
     rows = finding_rows(f, code=_code, text=_cell, strong=lambda x: f"**{x}**")
     lines += _table(["", ""], [(k, v) for k, v in rows])
     lines.append("")
     if ctx_source:
         _source(lines, ctx_source)
-    m = f.get("metrics") or {}
-    lines += _table(["metric", "value"], _metrics_rows(m))
+    lines += _table(["metric", "value"], _metrics_rows(f.metrics))
     lines.append("")
-    if len(f.get("values") or []) > 1:
+    values = f.values[:MAX_VALUES]
+    if len(values) > 1:
         rows = []
-        for v in f["values"]:
-            vm = v.get("metrics") or {}
-            desc = v.get("a") or v.get("b") or {}
-            rows.append((_code(v["key"]), _code(f"{desc.get('dtype')}{desc.get('shape')}"),
-                         "yes" if vm.get("bitwise_equal") else ("-" if not v.get("compared") else "no"),
-                         fmt(vm.get("max_rel")), fmt(vm.get("max_ulp")),
-                         fmt_pct(vm.get("beyond_tolerance_fraction"))))
+        for v in values:
+            vm = v.metrics
+            desc = v.a or v.b
+            dtype, shape = (desc.dtype, desc.shape) if desc is not None else (None, None)
+            rows.append((_code(v.key), _code(f"{dtype}{shape}"),
+                         "yes" if vm is not None and vm.bitwise_equal else
+                         ("-" if not v.compared else "no"),
+                         fmt(vm.max_rel if vm else None), fmt(vm.max_ulp if vm else None),
+                         fmt_pct(vm.beyond_tolerance_fraction if vm else None)))
         lines += _table(["output", "value", "bitwise equal", "max rel", "max ULP", "beyond tol"], rows)
-        if f.get("values_total", 0) > len(f["values"]):
-            lines.append(f"\n... {f['values_total'] - len(f['values'])} more outputs "
+        if len(f.values) > len(values):
+            lines.append(f"\n... {len(f.values) - len(values)} more outputs "
                          f"(`tracediff locate --json`)")
         lines.append("")
 
@@ -118,7 +129,7 @@ def _source(lines, src):
 
 
 def _explain(lines, explain):
-    """The replay verdict (`locate`'s "explain" field)."""
+    """The replay verdict (the result's `explain`)."""
     head, summ, rows = explain_parts(explain)
     lines += ["## Replay verdict", ""]
     if head.strip():
@@ -131,53 +142,55 @@ def _explain(lines, explain):
 
 
 def _chain(lines, chain):
-    """The chain from origin to outputs (`locate`'s "chain" field)."""
+    """The chain from origin to outputs (the result's `chain`)."""
     lines += ["## From origin to outputs", ""]
     lines += [f"{i + 1}. {text}" for i, text in enumerate(chain_items(chain))]
     lines.append("")
 
 
-def render(data):
-    """Markdown text from `common.report_data(result)`."""
-    ctx = data.get("report") or {}
-    lines = ["# tracediff report", "", summary(data), ""]
+def render(result: LocateResult, ctx: Optional[ReportContext] = None) -> str:
+    """Markdown text of a `LocateResult` and its `common.report_context` (without one, no
+    code lines, reproduction commands or trace files)."""
+    typed(result, LocateResult)
+    typed(ctx, ReportContext, optional=True)
+    lines = ["# tracediff report", "", summary(result), ""]
     verdict = {"diverged": "**Verdict: DIVERGED** (exit code 1)",
-               "match": "**Verdict: MATCH** (exit code 0)"}.get(data["verdict"], data["verdict"])
-    tol = data.get("tolerance") or {}
+               "match": "**Verdict: MATCH** (exit code 0)"}.get(result.verdict, result.verdict)
+    tol = result.tolerance or {}
     tol_txt = ("per-dtype default tolerances" if tol.get("rtol") is None and tol.get("atol") is None
                else f"rtol {fmt(tol.get('rtol'))}, atol {fmt(tol.get('atol'))}")
-    lines += [f"{verdict} — {tol_txt}; tracediff {data.get('tracediff_version', '')}", ""]
-    for w in data.get("warnings") or []:
+    lines += [f"{verdict} — {tol_txt}; tracediff {__version__}", ""]
+    for w in result.warnings:
         lines.append(f"> **Warning:** {md_text(w)}")
-    if data.get("warnings"):
+    if result.warnings:
         lines.append("")
-    f, title = culprit(data)
+    f, title = culprit(result)
     if f is not None:
-        _finding(lines, f, title, ctx.get("source"))
-    if data.get("explain"):
-        _explain(lines, data["explain"])
-    if data.get("chain"):
-        _chain(lines, data["chain"])
-    fd = data.get("first_difference")
-    if fd and f is not None and fd is not f and fd["a"].get("index") != f["a"].get("index"):
+        _finding(lines, f, title, ctx.source if ctx is not None else None)
+    if result.explain is not None:
+        _explain(lines, result.explain)
+    if result.chain:
+        _chain(lines, result.chain)
+    fd = result.first_difference
+    if fd is not None and f is not None and fd is not f and fd.a.index != f.a.index:
         _finding(lines, fd, "First bitwise difference (earlier, within tolerance)")
-    ro = data.get("replay_only")
-    if ro and data["verdict"] == "match":
+    ro = result.replay_only
+    if ro is not None and result.verdict == "match":
         lines += ["## Replay-only difference", "",
-                  f"{event_label(ro['a'])} (event #{ro['a']['index']}) differs beyond tolerance "
+                  f"{event_label(ro.a)} (event #{ro.a.index}) differs beyond tolerance "
                   f"in the op-by-op replay only; the compiled outputs the script saw match.", ""]
-    al = data.get("alignment") or {}
+    al = result.alignment or {}
     if al:
         lines += ["## Alignment", "",
                   f"{fmt(al.get('matched'))} events matched; a has {fmt(al.get('events_a'))} "
                   f"({fmt(al.get('only_in_a'))} only in a), b has {fmt(al.get('events_b'))} "
                   f"({fmt(al.get('only_in_b'))} only in b).", ""]
-    steps = data.get("optimizer_steps") or []
+    steps = result.optimizer_steps
     if steps:
-        total = data.get("optimizer_steps_total") or len(steps)
+        total = result.optimizer_steps_total or len(steps)
         lines += [f"## Optimizer steps ({total} compared)", ""]
-        rows = [(str(s["step"]), "yes" if s["bitwise_equal"] else "no", fmt(s.get("max_rel")),
-                 fmt(s.get("max_abs")), _code(s.get("worst") or "-")) for s in steps]
+        rows = [(str(s.step), "yes" if s.bitwise_equal else "no", fmt(s.max_rel),
+                 fmt(s.max_abs), _code(s.worst or "-")) for s in steps]
         table = _table(["step", "bitwise equal", "max rel", "max abs", "worst parameter"],
                        rows[:MAX_STEP_ROWS])
         if len(rows) > 8:
@@ -186,7 +199,7 @@ def render(data):
                         if len(rows) > MAX_STEP_ROWS else []) + ["</details>", ""]
         else:
             lines += table + [""]
-    env = data.get("env_diff") or []
+    env = result.env_diff or []
     lines += ["## Environment differences (a → b)", ""]
     if env:
         rows = [(_cell(e.get("category")), _code(e.get("key")),
@@ -203,22 +216,22 @@ def render(data):
     else:
         lines.append("None: the manifests record the same machine, packages and variables.")
     lines.append("")
-    cmds = ctx.get("commands")
+    cmds = ctx.commands if ctx is not None else None
     if cmds:
         cmds = [printable(c) for c in cmds]
         fence = _fence(cmds)
         lines += ["## Reproduce", "", f"{fence}sh"] + cmds + [fence, ""]
-    if ctx.get("traces"):
+    if ctx is not None and ctx.traces:
         lines += ["## Traces to attach", ""]
         for side in ("a", "b"):
-            t = data["traces"][side]
-            c = ctx["traces"][side]
-            state = "" if t.get("complete") else " — **truncated** (the recording did not finish)"
-            lines.append(f"- {side}: {md_code(os.path.basename(t['path']))} — "
-                         f"{fmt_bytes(c.get('size'))}, {md_text(fmt(t.get('events')))} events, "
-                         f"recorded {md_code(t.get('created') or '?')} on "
-                         f"{md_code(t.get('hostname') or '?')}{state}")
-        if not ctx.get("attach_ok", True):
+            t = result.traces[side]
+            c = ctx.traces[side]
+            state = "" if t.complete else " — **truncated** (the recording did not finish)"
+            lines.append(f"- {side}: {md_code(os.path.basename(t.path))} — "
+                         f"{fmt_bytes(c.size)}, {md_text(fmt(t.events))} events, "
+                         f"recorded {md_code(t.created or '?')} on "
+                         f"{md_code(t.hostname or '?')}{state}")
+        if not ctx.attach_ok:
             lines.append(f"\nA trace is larger than GitHub's {fmt_bytes(GITHUB_ATTACH_LIMIT)} "
                          f"attachment limit: compress it (`gzip -9`, HDF5 compresses well) or "
                          f"share it from elsewhere.")

@@ -11,11 +11,15 @@ through `untrusted.markup`, so it is shown as typed, with control characters as 
 no terminal escape, hyperlink or markup from a trace reaches the terminal.
 """
 
-import re
+from __future__ import annotations
+
+from typing import Optional
 
 from rich.console import Console
 
+from ..diff.result import Finding, Gap, LocateResult
 from ..untrusted import markup
+from .common import typed
 from .json_report import next_steps
 
 MAX_ENV = 15
@@ -40,59 +44,60 @@ def _fmt(x):
 
 
 def _where(e):
-    parts = [f"{markup(e['framework'])} {markup(e['kind'])} [bold]{markup(e['op'])}[/]"]
-    if e.get("phase") and e["kind"] == "op":
-        parts.append(f"({markup(e['phase'])}{', ' + markup(e['node']) if e.get('node') else ''})")
-    parts.append(f"step {markup(e['step'])}")
+    parts = [f"{markup(e.framework)} {markup(e.kind)} [bold]{markup(e.op)}[/]"]
+    if e.phase and e.kind == "op":
+        parts.append(f"({markup(e.phase)}{', ' + markup(e.node) if e.node else ''})")
+    parts.append(f"step {markup(e.step)}")
     return " ".join(parts)
 
 
 def _shapes(e):
-    return markup(", ".join(f"{d}{s}" for d, s in zip(e.get("dtypes", []), e.get("shapes", [])))
-                  or "-")
+    return markup(", ".join(f"{d}{s}" for d, s in zip(e.dtypes, e.shapes)) or "-")
 
 
-def _finding(console, title, f, a_name, b_name, verbose=False, context=None):
-    console.print(f"[bold]{title}[/]: {_where(f.a)}  (a #{f.a['index']}, b #{f.b['index']}"
+def _finding(console, title, f: Finding, verbose=False, context=None):
+    console.print(f"[bold]{title}[/]: {_where(f.a)}  (a #{f.a.index}, b #{f.b.index}"
                   f"{', ' + markup(f.origin) if f.origin else ''})")
-    if f.a.get("name_stack") or f.b.get("name_stack"):
-        ns = markup(f.a.get("name_stack") or "-")
-        if f.b.get("name_stack") and f.b["name_stack"] != f.a.get("name_stack"):
-            ns += f"  |  b: {markup(f.b['name_stack'])}"
+    if f.a.name_stack or f.b.name_stack:
+        ns = markup(f.a.name_stack or "-")
+        if f.b.name_stack and f.b.name_stack != f.a.name_stack:
+            ns += f"  |  b: {markup(f.b.name_stack)}"
         console.print(f"  name stack: {ns}")
-    if f.a.get("source") or f.b.get("source"):
-        src = markup(f.a.get("source") or "-")
-        if f.b.get("source") and f.b["source"] != f.a.get("source"):
-            src += f"  |  b: {markup(f.b['source'])}"
+    if f.a.source or f.b.source:
+        src = markup(f.a.source or "-")
+        if f.b.source and f.b.source != f.a.source:
+            src += f"  |  b: {markup(f.b.source)}"
         console.print(f"  source: {src}")
-        if verbose and f.a.get("source") and context is not None:
-            _code(console, context(f.a["source"]))
-    if f.b["op"] != f.a["op"] or f.b["framework"] != f.a["framework"]:
+        if verbose and f.a.source and context is not None:
+            _code(console, context(f.a.source))
+    if f.b.op != f.a.op or f.b.framework != f.a.framework:
         console.print(f"  paired with b: {_where(f.b)} (by {markup(f.pair_by)})")
     console.print(f"  outputs: a {_shapes(f.a)}   b {_shapes(f.b)}")
-    m = f.metrics or {}
-    if m:
-        console.print(f"  max abs {_fmt(m.get('max_abs'))}  max rel {_fmt(m.get('max_rel'))}  "
-                      f"max ulp {_fmt(m.get('max_ulp'))}  mismatched "
-                      f"{_fmt(100 * m['mismatch_fraction']) if isinstance(m.get('mismatch_fraction'), float) else '-'}% "
-                      f"of elements (beyond tolerance "
-                      f"{_fmt(100 * m['beyond_tolerance_fraction']) if isinstance(m.get('beyond_tolerance_fraction'), float) else '-'}%)")
+    m = f.metrics
+    if m is not None:
+        console.print(f"  max abs {_fmt(m.max_abs)}  max rel {_fmt(m.max_rel)}  "
+                      f"max ulp {_fmt(m.max_ulp)}  mismatched "
+                      f"{_pct(m.mismatch_fraction)}% of elements (beyond tolerance "
+                      f"{_pct(m.beyond_tolerance_fraction)}%)")
     if verbose and len(f.values) > 1:
         for v in f.values[:16]:
-            vm = v.get("metrics") or {}
-            desc = v.get("a") or v.get("b") or {}
-            state = ("not compared" if not v.get("compared") else "equal" if vm.get("bitwise_equal")
-                     else f"max rel {_fmt(vm.get('max_rel'))}, max ulp {_fmt(vm.get('max_ulp'))}")
-            console.print(f"    output {markup(v['key'])} "
-                          f"{markup(str(desc.get('dtype')) + str(desc.get('shape')))}: {markup(state)}")
+            vm = v.metrics
+            desc = v.a or v.b
+            state = ("not compared" if not v.compared else
+                     "equal" if vm is not None and vm.bitwise_equal else
+                     f"max rel {_fmt(vm.max_rel if vm else None)}, "
+                     f"max ulp {_fmt(vm.max_ulp if vm else None)}")
+            dtype, shape = (desc.dtype, desc.shape) if desc is not None else (None, None)
+            console.print(f"    output {markup(v.key)} "
+                          f"{markup(str(dtype) + str(shape))}: {markup(state)}")
     if f.inputs_match is True:
         console.print(f"  [bold]introduced here[/]: {markup(f.inputs_reason)}")
     elif f.inputs_match is False:
         console.print(f"  inherited: {markup(f.inputs_reason)}")
     else:
         console.print(f"  inputs unknown: {markup(f.inputs_reason)}")
-    if f.call:
-        console.print(f"  inside compiled call {markup(f.call['op'])} (a #{f.call['a']}, b #{f.call['b']})")
+    if f.call is not None:
+        console.print(f"  inside compiled call {markup(f.call.op)} (a #{f.call.a}, b #{f.call.b})")
     if f.note:
         console.print(f"  note: {markup(f.note)}")
 
@@ -112,9 +117,15 @@ def _code(console, ctx):
         console.print(f"    ({markup(ctx['note'])})")
 
 
-def print_locate(r, console=None, verbose=False, source_dir=None):
+def _pct(x):
+    return _fmt(100 * x) if isinstance(x, float) else "-"
+
+
+def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bool = False,
+                 source_dir: Optional[str] = None) -> None:
     """Print `r` (a locate result). With `verbose`, the culprit's code as trace a recorded
     it; `source_dir` (`--source-dir`): from that folder when the file's sha256 matches."""
+    typed(r, LocateResult)
     console = console or Console(highlight=False, soft_wrap=True, emoji=False)
     context_a = (lambda src: _source_context(r.path_a, src, source_dir)) if verbose else None
     a, b = r.traces["a"], r.traces["b"]
@@ -124,37 +135,37 @@ def print_locate(r, console=None, verbose=False, source_dir=None):
             head += " (but bitwise differences exist)"
     else:
         head = "[bold red]DIVERGED[/]"
-    console.print(f"{head}   a={markup(a['path'])}  b={markup(b['path'])}")
+    console.print(f"{head}   a={markup(a.path)}  b={markup(b.path)}")
     tol = r.tolerance
     tol_txt = ("per-dtype defaults" if tol.get("rtol") is None and tol.get("atol") is None else
                f"rtol {tol.get('rtol') if tol.get('rtol') is not None else 'default'}, "
                f"atol {tol.get('atol') if tol.get('atol') is not None else 'default'}")
     if r.first_beyond_tolerance is not None:
         _finding(console, f"first divergence beyond tolerance ({tol_txt})",
-                 r.first_beyond_tolerance, a, b, verbose, context_a)
+                 r.first_beyond_tolerance, verbose, context_a)
     fd = r.first_difference
     if fd is not None:
         same = (r.first_beyond_tolerance is not None and
-                fd.a["index"] == r.first_beyond_tolerance.a["index"])
+                fd.a.index == r.first_beyond_tolerance.a.index)
         if same:
             console.print("first bitwise difference: the same event")
         elif r.first_beyond_tolerance is not None and not verbose:
             # short form: the beyond-tolerance finding above is the main one
-            m = fd.metrics or {}
+            max_ulp = fd.metrics.max_ulp if fd.metrics is not None else None
             word = {True: "introduced here", False: "inherited"}.get(fd.inputs_match, "inputs unknown")
             console.print(f"[bold]first bitwise difference[/] (earlier, within tolerance): "
-                          f"{_where(fd.a)}  (a #{fd.a['index']}, b #{fd.b['index']}"
+                          f"{_where(fd.a)}  (a #{fd.a.index}, b #{fd.b.index}"
                           f"{', ' + markup(fd.origin) if fd.origin else ''})"
-                          f"{'  ' + markup(fd.a['source']) if fd.a.get('source') else ''}; "
-                          f"max ulp {_fmt(m.get('max_ulp'))}, {word}  [dim](-v for details)[/]")
+                          f"{'  ' + markup(fd.a.source) if fd.a.source else ''}; "
+                          f"max ulp {_fmt(max_ulp)}, {word}  [dim](-v for details)[/]")
         else:
-            _finding(console, "first bitwise difference", fd, a, b, verbose, context_a)
+            _finding(console, "first bitwise difference", fd, verbose, context_a)
     elif r.first_beyond_tolerance is None:
         console.print("every compared value is bitwise identical")
     if r.replay_only is not None and r.first_beyond_tolerance is None:
         f = r.replay_only
         console.print(f"replay-only difference beyond tolerance (not seen by the script): "
-                      f"{_where(f.a)} (a #{f.a['index']})")
+                      f"{_where(f.a)} (a #{f.a.index})")
     _extras(console, r, verbose)
     al = r.alignment
     console.print(f"alignment: {al['matched']} events matched; a {al['events_a']} "
@@ -176,23 +187,23 @@ def print_locate(r, console=None, verbose=False, source_dir=None):
         if len(r.mapping) > MAX_PAIRS:
             console.print(f"  ... {len(r.mapping) - MAX_PAIRS} more pairs (--json for all)")
     if r.optimizer_steps:
-        diff = [s for s in r.optimizer_steps if not s["bitwise_equal"]]
+        diff = [s for s in r.optimizer_steps if not s.bitwise_equal]
         if diff:
             s0 = diff[0]
             last = r.optimizer_steps[-1]
             console.print(f"optimizer steps: {r.optimizer_steps_total} compared; parameters first "
                           f"differ in the "
-                          f"snapshot of step {s0['step']} (max rel {_fmt(s0['max_rel'])} in "
-                          f"{markup(str(s0['worst']))}); last step {last['step']}: max rel "
-                          f"{_fmt(last['max_rel'])}")
+                          f"snapshot of step {s0.step} (max rel {_fmt(s0.max_rel)} in "
+                          f"{markup(str(s0.worst))}); last step {last.step}: max rel "
+                          f"{_fmt(last.max_rel)}")
         else:
             console.print(f"optimizer steps: {r.optimizer_steps_total} compared, parameters "
                           f"bitwise identical")
         if verbose and diff:
             for s in r.optimizer_steps:
-                console.print(f"  step {s['step']:>5}  "
-                              f"{'equal' if s['bitwise_equal'] else 'max rel ' + _fmt(s['max_rel'])}"
-                              f"{'' if s['bitwise_equal'] else '  in ' + markup(str(s['worst']))}")
+                console.print(f"  step {s.step:>5}  "
+                              f"{'equal' if s.bitwise_equal else 'max rel ' + _fmt(s.max_rel)}"
+                              f"{'' if s.bitwise_equal else '  in ' + markup(str(s.worst))}")
     if r.env_diff:
         console.print("environment differences (a -> b):")
         limit = len(r.env_diff) if verbose else MAX_ENV_SHORT
@@ -228,32 +239,28 @@ def _source_context(path, source, source_dir=None):
 
 
 def _extras(console, r, verbose=False):
-    """Fields a later `locate` adds: the replay verdict and the chain origin -> outputs."""
-    explain = getattr(r, "explain", None)
-    if explain:
-        head = explain.get("verdict") or explain.get("summary") if isinstance(explain, dict) else explain
+    """The replay verdict and the chain origin -> outputs, when the result has them."""
+    if r.explain is not None:
+        head = r.explain.verdict or r.explain.summary
         console.print(f"[bold]replay verdict[/]: {markup(str(head))}")
-    chain = getattr(r, "chain", None)
-    if chain:
+    if r.chain:
         # short: the hops with a role (origin, first beyond tolerance, last), the others
         # counted; verbose: every hop the result holds
         shown, skipped = [], 0
-        for link in chain:
-            e = link.get("a") if isinstance(link, dict) and isinstance(link.get("a"), dict) else link
-            if not isinstance(e, dict):
-                m = re.match(r"\.\.\. (\d+) more hops", str(e))
-                if m and not verbose:
-                    skipped += int(m.group(1))
+        for hop in r.chain:
+            if isinstance(hop, Gap):
+                if verbose:
+                    shown.append(str(hop))
                 else:
-                    shown.append(str(e))
+                    skipped += hop.hops
                 continue
-            if not verbose and not (isinstance(link, dict) and link.get("role")):
+            if not verbose and not hop.role:
                 skipped += 1
                 continue
             if skipped:
                 shown.append(f"({skipped} hops)")
                 skipped = 0
-            shown.append(f"{e.get('op')} #{e.get('index')}")  # escaped below
+            shown.append(f"{hop.a.op} #{hop.a.index}")  # escaped below
         if skipped:
             shown.append(f"({skipped} hops)")
         console.print("chain: " + " [dim]->[/] ".join(markup(n) for n in shown))

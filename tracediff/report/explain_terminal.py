@@ -1,0 +1,135 @@
+"""Terminal rendering of `tracediff explain`: the whole `Analysis` of a divergence.
+
+The origin, the chain from it (collapsed to the hops that matter), the replay verdict with
+what this machine replays with, the compiled-call note, the likely causes, the divergence
+over time and the summary. Rich markup: every string from the traces goes through
+`untrusted.markup` (shown as typed, no escape sequence).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from rich.console import Console
+
+from ..diff.analysis import short_value
+from ..diff.chain import collapse
+from ..diff.result import Analysis, Gap
+from ..diff.verdict import fmt, ulp_text
+from ..untrusted import markup
+from .common import typed
+
+
+def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) -> None:
+    """Print the analysis (None: none could be made, nothing to explain)."""
+    typed(an, Analysis, optional=True)
+    c = console or Console(highlight=False, soft_wrap=True, emoji=False)
+    diverged = an is not None and an.verdict == "diverged"
+    head = "[bold red]DIVERGED[/]" if diverged else "[bold green]MATCH[/]"
+    c.print(f"{head} (beyond tolerance: {'yes' if diverged else 'no'})")
+    o = an.origin if an is not None else None
+    if o is None:
+        c.print(markup((an.summary if an is not None else "") or "nothing to explain"))
+        _print_steps(c, an.steps if an is not None else [])
+        return
+    a = o.a
+    c.print(f"[bold]origin[/]: {markup(a.framework)} {markup(a.kind)} [bold]{markup(a.op)}[/] "
+            f"(a #{a.index}, b #{o.b.index}"
+            f"{', ' + markup(a.origin) if a.origin else ''}), step {a.step}"
+            f"{'  ' + markup(a.name_stack) if a.name_stack else ''}"
+            f"{'  ' + markup(a.source) if a.source else ''}")
+    m = o.metrics
+    word = {True: "[bold]introduced here[/]", False: "inherited", None: "inputs unknown"}[
+        o.inputs_match]
+    c.print(f"  {word}: {markup(o.inputs_reason or '')}; outputs differ by max "
+            f"{fmt(m.max_ulp if m else None)} ULP (max rel {fmt(m.max_rel if m else None)})")
+    if o.call is not None:
+        c.print(f"  inside compiled call {markup(o.call.op)} (a #{o.call.a})")
+    if an.inner is not None:
+        c.print(f"  inside {markup(a.op)}: {markup(an.inner.text)}")
+    if an.tolerance_origin is not None:
+        t = an.tolerance_origin
+        c.print(f"  first beyond tolerance: {markup(t.a.op)} (a #{t.a.index}, step {t.a.step}),"
+                f" its inputs within tolerance: {markup(t.inputs_reason or '')}")
+    chain = an.chain
+    if chain.hops:
+        c.print(f"[bold]chain[/] (dataflow from the origin; {chain.hops_total} "
+                f"hops; amplification = output rel / input rel):")
+        c.print("  [dim]   a #  step  op                          out rel    in rel     ampl.   "
+                "role[/]")
+        for hop in collapse(chain.hops):
+            if isinstance(hop, Gap):
+                c.print(f"  [dim]{markup(str(hop))}[/]")
+                continue
+            e = hop.a
+            c.print(f"  {e.index:>6}  {e.step:>4}  {markup(e.op, limit=26):<26}  "
+                    f"{fmt(hop.metrics.max_rel):>9}  {fmt(hop.input_rel):>9}  "
+                    f"{fmt(hop.amplification):>7}   {markup(hop.role or '')}")
+        st = chain.strongest
+        if st:
+            c.print(f"  strongest: {markup(st.op)} (a #{st.index}) amplified a "
+                    f"{fmt(st.input_rel)} difference to {fmt(st.output_rel)}")
+        if chain.reaches_target is False:
+            c.print("  the first difference beyond tolerance is not reached through the "
+                    "recorded dataflow")
+    rv = an.replay
+    c.print(f"[bold]replay verdict[/]: {markup(rv.verdict or '-')}")
+    if rv.replayed:
+        orc = rv.oracle
+        mach = rv.machine or {}
+        if mach:
+            c.print("  this machine: " + ", ".join(
+                markup(f"{k} {v if v is not None else '(unset)'}") for k, v in mach.items()))
+        if orc:
+            c.print(f"  exact reference: {markup(orc.op)} computed by {markup(orc.computed_by)} "
+                    f"from {markup(orc.side)}'s recorded inputs")
+        for side in ("a", "b"):
+            s = getattr(rv, side)
+            fo = s.from_oracle
+            rep = {True: "reproduced here bitwise", False: "NOT reproduced here",
+                   None: "not replayed"}[s.reproduced_here]
+            dist = f"; from exact: {ulp_text(fo)}, max rel {fmt(fo.max_rel)}" if fo else ""
+            c.print(f"  {side}: {markup(s.op or '')} {rep}{dist}"
+                    f"{' (' + markup(s.reason) + ')' if s.reason else ''}")
+    if an.compiled_call is not None:
+        cc = an.compiled_call
+        c.print(f"[bold]compiled-call divergence[/] in {markup(cc.call)}: "
+                f"{markup(cc.explanation)}" +
+                (f". To narrow it: {markup(cc.narrow)}" if cc.probe is None else ""))
+    env = an.environment
+    if env.causes:
+        c.print(f"[bold]likely causes[/] ({markup(env.op_class)} op; from the recorded environment "
+                f"differences, ranked):")
+        for i, cause in enumerate(env.causes[:8], 1):
+            c.print(f"  {i}. {markup(cause.key)}: {markup(short_value(cause.a))} -> "
+                    f"{markup(short_value(cause.b))}  ({markup(cause.reason)})"
+                    f"{'  ' + markup(cause.note) if cause.note else ''}")
+    elif env.none_found:
+        c.print(f"[bold]likely causes[/]: {markup(env.none_found)}")
+    _print_steps(c, an.steps)
+    noise = an.noise
+    if noise:
+        c.print(f"noise floor: {noise.nondeterministic_events} events nondeterministic on a's "
+                f"machine; {noise.skipped_total} skipped as origin")
+    c.print(f"[bold]summary[/]: {markup(an.summary or '')}")
+
+
+def _print_steps(c, steps):
+    if not steps:
+        return
+    c.print("[bold]divergence over time[/] (per optimizer step):")
+    c.print("  [dim]step  params max rel  worst                          loss a            "
+            "loss b            loss rel[/]")
+    shown = steps if len(steps) <= 30 else steps[:10] + steps[-10:]
+    for i, s in enumerate(shown):
+        if len(steps) > 30 and i == 10:
+            c.print(f"  ... {len(steps) - 20} steps")
+        opt, loss = s.optimizer, s.loss
+        c.print(f"  {s.step:>4}  {fmt(opt.max_rel if opt else None):>14}  "
+                f"{markup((opt.worst if opt else None) or '-', limit=30):<30} "
+                f"{_fmt17(loss.a if loss else None):>17} {_fmt17(loss.b if loss else None):>17} "
+                f"{fmt(loss.rel if loss else None):>9}")
+
+
+def _fmt17(x):
+    return "-" if x is None else f"{x:.12g}"
