@@ -20,9 +20,10 @@ def load(path):
     return Trace(path)
 
 
-def locate(a, b, rtol=None, atol=None, map_file=None, ulp=None, noise=None, explain=True,
+def locate(a, b=None, rtol=None, atol=None, map_file=None, ulp=None, noise=None, explain=True,
            progress=None):
-    """Compare two traces (paths or open traces); returns a `LocateResult`.
+    """Compare two traces (paths or open traces); returns a `LocateResult`. With `b`
+    None, `a` is one trace that recorded both JAX (side a) and PyTorch (side b).
 
     `result.verdict` ("match" / "diverged"), `result.exit_code` (0 / 1, as the CLI),
     `result.first_difference` and `result.first_beyond_tolerance` (`Finding` or None:

@@ -26,6 +26,9 @@ class Finding:
     # a compiled call found at the call itself: "replay matches" (every replayed equation
     # matches, no probe recorded), "probe does not reproduce" (its probe matches too)
     compiled: str = ""
+    # cross-framework: the layer on both sides ({a, b, text, family, a_module, b_module,
+    # a_source, b_source}: "Dense MLP/fc1 (dot_general + add) <-> Linear fc1 (addmm)")
+    layer: dict = None
 
 
 @dataclasses.dataclass
