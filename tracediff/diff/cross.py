@@ -382,11 +382,22 @@ class CrossDiffer(Differ):
     def layer(self, pr):
         """The layer a pair computes, named on both sides, with module paths and sources."""
         ua, ub = self.ga.units[pr.a], self.gb.units[pr.b]
-        a, b = _pairing.layer_text(ua, self.fw_a), _pairing.layer_text(ub, self.fw_b)
-        return {"a": a, "b": b, "text": f"{a} <-> {b}", "family": ua.family,
+        fam = next((f for f in (ua.family, ub.family) if f in _pairing.LAYER_KIND), ua.family)
+        a = _pairing.layer_text(ua, self.fw_a, fam, self._region_label(0, pr.a))
+        b = _pairing.layer_text(ub, self.fw_b, fam, self._region_label(1, pr.b))
+        return {"a": a, "b": b, "text": f"{a} <-> {b}", "family": fam,
                 "a_module": ua.module, "b_module": ub.module,
                 "a_source": self.ta.string(self.ta.events[ua.rep]["source"]),
                 "b_source": self.tb.string(self.tb.events[ub.rep]["source"])}
+
+    def _region_label(self, s, k, limit=6):
+        """The ops of a unit and of the composite it ends: 'sub + mul + rsqrt + add'."""
+        g = self.ga if s == 0 else self.gb
+        region = self.p.region(s, k)
+        labels = [g.units[v].label for v in region]
+        if len(labels) > limit:
+            labels = labels[:2] + [f"{len(labels) - 3} more"] + labels[-1:]
+        return " + ".join(labels)
 
     def mapping(self, limit=MAX_MAPPING):
         """Every pair and how it was made: the units, the values paired by value (inputs
@@ -398,8 +409,9 @@ class CrossDiffer(Differ):
             pr = self.p.pairs[k]
             ua, ub = self.ga.units[pr.a], self.gb.units[pr.b]
             lay = self.layer(pr)
-            out.append({"a": ea, "b": ub.rep, "by": pr.by, "how": pr.how, "a_op": ua.label,
-                        "b_op": ub.label, "family": ua.family,
+            out.append({"a": ea, "b": ub.rep, "by": pr.by, "how": pr.how,
+                        "a_op": self._region_label(0, pr.a), "b_op": self._region_label(1, pr.b),
+                        "family": lay["family"],
                         "phase": "backward" if ua.phase == _pairing.PHASE_BWD else "forward",
                         "a_name_stack": ta.string(ta.events[ea]["name_stack"]),
                         "b_name_stack": tb.string(tb.events[ub.rep]["name_stack"]),

@@ -71,6 +71,8 @@ FAMILY = {
     "mkldnn_convolution": "conv", "native_layer_norm": "layer_norm", "layer_norm": "layer_norm",
     "embedding": "gather", "gather": "gather", "take": "gather", "index_select": "gather",
     "silu": "silu", "baddbmm": "linear", "addbmm": "linear",
+    "native_batch_norm": "batch_norm", "_native_batch_norm_legit_no_training": "batch_norm",
+    "_native_batch_norm_legit": "batch_norm", "batch_norm": "batch_norm",
 }
 # jitted library functions that are one op in torch: kept as one unit
 COMPOSITE = {"gelu": "gelu", "softmax": "softmax", "_softmax": "softmax",
@@ -80,7 +82,9 @@ COMPOSITE = {"gelu": "gelu", "softmax": "softmax", "_softmax": "softmax",
              "elu": "elu", "leaky_relu": "leaky_relu", "softplus": "softplus"}
 # how each side calls a layer of this family (for findings: "Dense MLP/fc1 <-> Linear fc1")
 LAYER_KIND = {"linear": ("Dense", "Linear"), "conv": ("Conv", "Conv"),
-              "layer_norm": ("LayerNorm", "LayerNorm"), "gather": ("Embed", "Embedding")}
+              "layer_norm": ("LayerNorm", "LayerNorm"), "gather": ("Embed", "Embedding"),
+              "batch_norm": ("BatchNorm", "BatchNorm"), "gelu": ("gelu", "GELU"),
+              "softmax": ("softmax", "softmax")}
 
 PHASE_FWD, PHASE_BWD = 0, 1
 MAX_DEPTH = 200             # passthrough hops followed back from one value
@@ -630,7 +634,7 @@ class Pairing:
                     continue
                 classes.setdefault(sup, ([], []))[s].append(k)
         bwd = phase == PHASE_BWD
-        for sup, (la, lb) in classes.items():
+        for sup, (la, lb) in sorted(classes.items(), key=lambda c: c[1][0][0] if c[1][0] else 1 << 62):
             if not la or not lb:
                 continue
             n_atoms = sum(1 for x in sup if x[0] == "a")
@@ -640,11 +644,14 @@ class Pairing:
             for s, lst, g in ((0, la, ga), (1, lb, gb)):
                 for k in lst:
                     by_sym[self._symbol(g, s, k, bwd)][s].append(k)
-            for xs, ys in by_sym.values():
-                for ka, kb in zip(reversed(xs), reversed(ys)):
+            for xs, ys in sorted(by_sym.values(), key=lambda v: v[0][0] if v[0] else 1 << 62):
+                for ka, kb, score in self._assign(xs, ys):
                     self._add(ka, kb, "dataflow",
                               f"same op family and size, computed from the same {n_atoms} "
-                              f"paired input(s) and parameter(s)")
+                              f"paired input(s) and parameter(s)" +
+                              ("" if score is None else
+                               f"; {score} of its direct inputs are the same values or made "
+                               f"by paired ops"))
             # what is left: a composite on one side or both (LayerNorm's equations vs
             # aten::native_layer_norm), paired by its last unit
             left = collections.defaultdict(lambda: ([], []))
@@ -659,6 +666,50 @@ class Pairing:
                     self._add(xs[-1], ys[-1], "dataflow (composite)",
                               f"the last of {len(xs)} op(s) of a and {len(ys)} of b computed "
                               f"from the same {n_atoms} paired input(s) and parameter(s)")
+
+    MAX_SCORED = 10000
+
+    def _assign(self, xs, ys):
+        """[(a unit, b unit, score)] of one symbol in one class. Several candidates: the
+        pairs whose direct inputs agree best (the same atoms, values made by paired units:
+        a residual add, not the LayerNorm bias add beside it), ties going to the latest
+        (an init-time forward precedes the apply-time one). One each: paired outright."""
+        if len(xs) == 1 and len(ys) == 1:
+            return [(xs[0], ys[0], None)]
+        if len(xs) * len(ys) > self.MAX_SCORED:
+            return [(x, y, None) for x, y in zip(reversed(xs), reversed(ys))]
+        ka = [self._input_keys(0, x) for x in xs]
+        kb = [self._input_keys(1, y) for y in ys]
+        cands = []
+        for i, x in enumerate(xs):
+            for j, y in enumerate(ys):
+                common = len(ka[i] & kb[j])
+                score = common - len(ka[i] - kb[j]) - len(kb[j] - ka[i])
+                cands.append((-score, -(i + j), -i, x, y, common))
+        cands.sort()
+        out, used_a, used_b = [], set(), set()
+        for _, _, _, x, y, common in cands:
+            if x not in used_a and y not in used_b:
+                used_a.add(x)
+                used_b.add(y)
+                out.append((x, y, common))
+        return sorted(out)
+
+    def _input_keys(self, s, k):
+        """What unit k reads directly: ('a', atom) for a value paired by value, ('p', pair)
+        for a value made by a paired unit; unpaired producers and constants add nothing."""
+        g = self.ga if s == 0 else self.gb
+        keys = set()
+        for _, _, nd in g.input_nodes(g.units[k]):
+            a = self.atom(s, g.nodes[nd][0])
+            if a is not None:
+                keys.add(("a", a))
+                continue
+            for v in self._producers(g, s, nd):
+                pr = self.pair_of[s].get(v)
+                if pr is not None:
+                    keys.add(("p", pr))
+        return keys
 
     def _add(self, ka, kb, by, how):
         ga_ = self.groups[0][ka]
@@ -739,9 +790,7 @@ class Pairing:
         ('atom', id), ('pair', index) for a value made by a paired unit, or None."""
         g = self.ga if s == 0 else self.gb
         units = self.region(s, k)
-        inside = set()
-        for v in units:
-            inside.update(g.units[v].events)
+        inside = set(units)
         out = []
         for v in units:
             for e, slot, nd in g.input_nodes(g.units[v]):
@@ -771,13 +820,15 @@ def _union(parts):
     return frozenset().union(*parts)
 
 
-def layer_text(unit, framework):
-    """'Dense MLP/fc1 (dot_general + add)' for a unit of this framework."""
-    kinds = LAYER_KIND.get(unit.family)
+def layer_text(unit, framework, family=None, label=None):
+    """'Dense MLP/fc1 (dot_general + add)' for a unit of this framework; `family`: the
+    pair's (a composite takes its kind from the single op on the other side)."""
+    family = family or unit.family
+    kinds = LAYER_KIND.get(family)
     kind = ""
     if kinds:
         kind = kinds[0] if framework == schema.FW_JAX else kinds[1]
-        if unit.family == "conv" and framework != schema.FW_JAX and len(unit.shape) >= 3:
+        if family == "conv" and framework != schema.FW_JAX and len(unit.shape) >= 3:
             kind = f"Conv{len(unit.shape) - 2}d"
     where = unit.module or "(top level)"
-    return " ".join(x for x in (kind, where, f"({unit.label})") if x)
+    return " ".join(x for x in (kind, where, f"({label or unit.label})") if x)

@@ -91,6 +91,8 @@ def finding_rows(f, code, text, strong):
     emphasises text that is already rendered."""
     a, b = f["a"], f["b"]
     rows = []
+    if (f.get("layer") or {}).get("text"):   # two frameworks: the layer on both sides
+        rows.append(("layer", code(f["layer"]["text"])))
     if a.get("name_stack") or b.get("name_stack"):
         ns = code(a.get("name_stack") or "-")
         if b.get("name_stack") and b["name_stack"] != a.get("name_stack"):
@@ -122,7 +124,9 @@ def summary(data, code=md_code, text=md_text):
     a, b = data["traces"]["a"], data["traces"]["b"]
     script = code(a.get("script")) if a.get("script") else "the script"
     script_b = b.get("script")
-    runs = (f"Two runs of {script}" if not script_b or script_b == a.get("script") else
+    one = a.get("framework") and b.get("framework") and a.get("path") == b.get("path")
+    runs = (f"The {text(a['framework'])} and {text(b['framework'])} sides of {script}" if one else
+            f"Two runs of {script}" if not script_b or script_b == a.get("script") else
             f"A run of {script} and a run of {code(script_b)}")
     hosts = ""
     if a.get("hostname") and b.get("hostname") and a["hostname"] != b["hostname"]:

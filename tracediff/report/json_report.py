@@ -71,6 +71,7 @@ def finding_json(f):
         "note": f.note,
         "call": f.call,
         "paired_by": f.pair_by,
+        "layer": getattr(f, "layer", None),
         "values": values,
         "values_total": len(f.values),
     }
@@ -89,7 +90,8 @@ def next_steps(r):
         out.append(comment("differences stay within tolerance; tighten with --rtol/--atol to "
                            "localise them"))
     if f is not None:
-        out.append(with_comment(command("tracediff", "explain", r.path_a, r.path_b),
+        pair = (r.path_a,) if r.path_a == r.path_b else (r.path_a, r.path_b)  # one trace
+        out.append(with_comment(command("tracediff", "explain", *pair),
                                 "origin, chain, replay verdict, causes"))
         ex = getattr(r, "explain", None) or {}
         if ex.get("event_index") is not None and ex.get("replayable"):

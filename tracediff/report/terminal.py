@@ -52,8 +52,16 @@ def _shapes(e):
                   or "-")
 
 
+def _what(f):
+    """The op, or for two frameworks the layer on both sides (Finding.layer)."""
+    layer = getattr(f, "layer", None)
+    if layer and layer.get("text"):
+        return f"[bold]{markup(layer['text'])}[/] step {markup(f.a['step'])}"
+    return _where(f.a)
+
+
 def _finding(console, title, f, a_name, b_name, verbose=False, context=None):
-    console.print(f"[bold]{title}[/]: {_where(f.a)}  (a #{f.a['index']}, b #{f.b['index']}"
+    console.print(f"[bold]{title}[/]: {_what(f)}  (a #{f.a['index']}, b #{f.b['index']}"
                   f"{', ' + markup(f.origin) if f.origin else ''})")
     if f.a.get("name_stack") or f.b.get("name_stack"):
         ns = markup(f.a.get("name_stack") or "-")
@@ -124,7 +132,8 @@ def print_locate(r, console=None, verbose=False, source_dir=None):
             head += " (but bitwise differences exist)"
     else:
         head = "[bold red]DIVERGED[/]"
-    console.print(f"{head}   a={markup(a['path'])}  b={markup(b['path'])}")
+    side = lambda t: f" ({markup(t['framework'])})" if t.get("framework") else ""  # noqa: E731
+    console.print(f"{head}   a={markup(a['path'])}{side(a)}  b={markup(b['path'])}{side(b)}")
     tol = r.tolerance
     tol_txt = ("per-dtype defaults" if tol.get("rtol") is None and tol.get("atol") is None else
                f"rtol {tol.get('rtol') if tol.get('rtol') is not None else 'default'}, "
@@ -143,7 +152,7 @@ def print_locate(r, console=None, verbose=False, source_dir=None):
             m = fd.metrics or {}
             word = {True: "introduced here", False: "inherited"}.get(fd.inputs_match, "inputs unknown")
             console.print(f"[bold]first bitwise difference[/] (earlier, within tolerance): "
-                          f"{_where(fd.a)}  (a #{fd.a['index']}, b #{fd.b['index']}"
+                          f"{_what(fd)}  (a #{fd.a['index']}, b #{fd.b['index']}"
                           f"{', ' + markup(fd.origin) if fd.origin else ''})"
                           f"{'  ' + markup(fd.a['source']) if fd.a.get('source') else ''}; "
                           f"max ulp {_fmt(m.get('max_ulp'))}, {word}  [dim](-v for details)[/]")
