@@ -43,7 +43,7 @@ import numpy as np
 from ..trace import schema
 from ..trace.values import digest, parse_shape
 from . import align as _align
-from .differ import comparable, input_value_row
+from .differ import comparable
 
 PASSTHROUGH = {
     "stage", "reshape", "broadcast_in_dim", "convert_element_type", "transpose", "squeeze",
@@ -200,6 +200,8 @@ class SideGraph:
         self.optimizer = self._optimizer_mask()
         self.units, self.unit_of = self._units()
         self._kid_by_hash = {}
+        self._inputs = {}       # unit rep -> input_nodes()
+        self._by_parent = None
         self.nodes = {}         # value node -> (row, preds, term)
         self.support = [None] * len(self.units)
 
@@ -328,6 +330,9 @@ class SideGraph:
     # -- dataflow back from a value -------------------------------------------------------
     def input_nodes(self, unit):
         """[(consumer event, slot, node)] of the values a unit reads from outside it."""
+        hit = self._inputs.get(unit.rep)
+        if hit is not None:
+            return hit
         inside = set(unit.events)
         out = []
         for e in unit.events:
@@ -336,6 +341,7 @@ class SideGraph:
                 if p in inside or p in (schema.PRODUCER_LITERAL, schema.PRODUCER_CONST):
                     continue
                 out.append((e, int(r["slot"]), self.node(e, p, ps)))
+        self._inputs[unit.rep] = out
         return out
 
     def node(self, consumer, p, ps):
@@ -390,20 +396,30 @@ class SideGraph:
         table = self._kid_by_hash.get(container)
         if table is None:
             table = {}
-            sel = self.parent if self.kind[container] == schema.KIND_EQN else self.call
-            kids = np.flatnonzero((sel == container) & (self.kind == schema.KIND_EQN))
-            if self.kind[container] == schema.KIND_CALL:
-                kids = kids[self.parent[kids] == container]
+            kids = self._kids(container)
             for k in kids.tolist():
                 for r in self.t.value_rows(k, schema.ROLE_OUT):
                     table[(int(r["hash"]), int(r["dtype"]), int(r["shape"]))] = (k, int(r["slot"]))
             self._kid_by_hash[container] = table
         return table.get((int(row["hash"]), int(row["dtype"]), int(row["shape"])))
 
-    def walk_rows(self, node, limit=8):
+    def _kids(self, container):
+        """The equations whose parent is `container` (a call or a nested jit), from an
+        index built once (not a scan of the trace per container)."""
+        if self._by_parent is None:
+            eqn = np.flatnonzero(self.kind == schema.KIND_EQN)
+            par = self.parent[eqn]
+            order = np.argsort(par, kind="stable")
+            self._by_parent = (par[order], eqn[order])
+        keys, vals = self._by_parent
+        lo, hi = np.searchsorted(keys, [container, container + 1])
+        return vals[lo:hi]
+
+    def walk_rows(self, node, limit=8, seen=None):
         """[(row, made by a unit)] of a value node and of the values it was moved from (a
-        few hops)."""
-        out, stack, seen = [], [(node, 0)], set()
+        few hops); nodes in `seen` (updated) are skipped."""
+        out, stack = [], [(node, 0)]
+        seen = set() if seen is None else seen
         while stack:
             nd, d = stack.pop()
             if nd in seen:
@@ -480,9 +496,10 @@ class Pairing:
         rows_of = [[], []]
         computed = [set(), set()]
         for g, s in ((self.ga, 0), (self.gb, 1)):
+            visited = set()
             for u in g.units:
                 for _, _, nd in g.input_nodes(u):
-                    for row, by_unit in g.walk_rows(nd):
+                    for row, by_unit in g.walk_rows(nd, seen=visited):
                         rows_of[s].append(row)
                         k = g.key(row)
                         if k is not None and k not in seen[s]:
