@@ -37,6 +37,7 @@ JOBS = [
     ("mlp_torch", "port_mlp_adam.py", "torch", ("--side", "torch")),
     ("conv", "port_conv.py", "jax,torch", ()),
     ("nnx", "port_nnx.py", "jax,torch", ()),
+    ("shared", "port_shared.py", "jax,torch", ()),
 ]
 BATCH = r"""
 import sys
@@ -278,6 +279,25 @@ def test_mlp_map_restricts_modules(traces, tmp_path):
     for x in _units(r):             # never across op families (no random_wrap/sqrt/div <-> addmm)
         if x["b_op"] == "addmm":
             assert x["a_op"] == "dot_general + add"
+
+
+def test_repeated_applies_shared_weights_layers_of_one_shape(traces):
+    r = _locate(traces["shared"], rtol=0, atol=0)
+    units = sorted(_units(r), key=lambda m: m["a"])
+    one_apply = [("Net/shared", "shared", "linear"), ("Net", "", "tanh"),
+                 ("Net/shared", "shared", "linear"), ("Net/a", "a", "linear"),
+                 ("Net", "", "tanh"), ("Net/b", "b", "linear")]
+    # three applies (twice on the same batch, once on another), each with its torch forward,
+    # in order; the init-time forward on ones pairs with nothing
+    assert [(m["a_module"], m["b_module"], m["family"]) for m in units] == one_apply * 3
+    assert [m["b"] for m in units] == sorted(m["b"] for m in units)
+    with tracediff.load(traces["shared"]) as t:
+        dots = [e for e in range(len(t)) if t.string(t.events["op"][e]) == "dot_general"]
+        assert np.all(_input(t, dots[0], 0) == 1)       # model.init(key, jnp.ones(...))
+    assert len(dots) == 4 + 3 * 4 and units[0]["a"] > dots[3]   # after the 4 init-time dots
+    f = r.first_difference
+    if f is not None:
+        assert f.inputs_match is True and f.layer["family"] in ("linear", "tanh")
 
 
 # -- layouts: NHWC/HWIO vs NCHW/OIHW

@@ -166,7 +166,8 @@ def print_locate(r, console=None, verbose=False, source_dir=None):
                       f"{_where(f.a)} (a #{f.a['index']})")
     _extras(console, r, verbose)
     al = r.alignment
-    console.print(f"alignment: {al['matched']} events matched; a {al['events_a']} "
+    console.print(f"alignment: {al['matched']} {markup(al.get('counted') or 'events')} matched; "
+                  f"a {al['events_a']} "
                   f"({al['only_in_a']} only in a), b {al['events_b']} ({al['only_in_b']} only in b)"
                   f"{'; ' + str(al['fallback_regions']) + ' regions aligned by fallback' if al.get('fallback_regions') else ''}")
     if verbose and r.gaps:
