@@ -268,6 +268,40 @@ def test_mlp_adam_no_verdict_from_equal_values_and_optimizer_by_role(traces):
         assert s["max_rel"] < 1e-2     # the same training, to float32 rounding
 
 
+def test_optimizer_roles_sgd_momentum_and_adamw():
+    """The names the recorders write for optax.sgd(momentum) / optax.adamw and torch's SGD /
+    AdamW (as recorded from those optimizers) pair by role."""
+    from tracediff.diff import optroles
+
+    jax_names = ["grads/params/fc1/bias", "grads/params/fc1/kernel", "params/params/fc1/bias",
+                 "params/params/fc1/kernel", "updates/params/fc1/bias", "updates/params/fc1/kernel"]
+    torch_names = ["params/fc1.weight", "grads/fc1.weight", "params/fc1.bias", "grads/fc1.bias"]
+    sizes = {n: 2 if n.endswith("bias") else 6 for n in jax_names + torch_names}
+    sgd = optroles.role_pairs(
+        jax_names + ["state/trace/params/fc1/bias", "state/trace/params/fc1/kernel"], "jax",
+        torch_names + ["state/fc1.weight/momentum_buffer", "state/fc1.bias/momentum_buffer"],
+        "torch", {**sizes, "state/trace/params/fc1/kernel": 6}, sizes)
+    got = {(role, optroles.after_step_name(a), b) for role, a, b, _ in sgd}
+    assert ("state:momentum_buffer", "state/trace/params/fc1/kernel",
+            "state/fc1.weight/momentum_buffer") in got
+    assert ("params", "params/params/fc1/kernel + updates", "params/fc1.weight") in got
+    assert ("grads", "grads/params/fc1/bias", "grads/fc1.bias") in got
+    adamw = optroles.role_pairs(
+        jax_names + ["state/count", "state/mu/params/fc1/kernel", "state/nu/params/fc1/kernel"],
+        "jax", torch_names + ["state/fc1.weight/step", "state/fc1.weight/exp_avg",
+                              "state/fc1.weight/exp_avg_sq"], "torch", sizes, sizes)
+    got = {(role, optroles.after_step_name(a), b) for role, a, b, _ in adamw}
+    assert {("state:exp_avg", "state/mu/params/fc1/kernel", "state/fc1.weight/exp_avg"),
+            ("state:exp_avg_sq", "state/nu/params/fc1/kernel", "state/fc1.weight/exp_avg_sq"),
+            ("count", "state/count", "state/fc1.weight/step")} <= got
+    # torch's root module has no prefix ("weight"): paired by leaf and size
+    root = optroles.role_pairs(jax_names, "jax", ["params/weight", "params/bias"], "torch",
+                               sizes, {"params/weight": 6, "params/bias": 2})
+    assert {(optroles.after_step_name(a), b) for _, a, b, _ in root} == {
+        ("params/params/fc1/kernel + updates", "params/weight"),
+        ("params/params/fc1/bias + updates", "params/bias")}
+
+
 def test_mlp_map_restricts_modules(traces, tmp_path):
     m = tmp_path / "map.json"
     m.write_text(json.dumps({"MLP/fc1": "fc1"}))

@@ -91,6 +91,7 @@ MAX_DEPTH = 200             # passthrough hops followed back from one value
 MAX_FINGERPRINT_BYTES = 256 << 20   # values read to fingerprint permuted arrays
 MAX_PERM_DIMS = 5
 GRADS_TAG = "tracediff:optax/grads/"
+MAX_SUPPORT_ELEMENTS = 20_000_000   # atoms held by the distinct supports of one side
 
 
 def op_family(op):
@@ -606,9 +607,17 @@ class Pairing:
             memo[nd] = res
             return res
 
+        budget = MAX_SUPPORT_ELEMENTS   # bounded work on a hostile trace: new sets only
         for k, u in enumerate(g.units):
+            if budget <= 0:                # what is left stays unpaired (never wrong)
+                g.support[k] = frozenset([("l", s, ("budget", k))])
+                continue
             parts = [origins(nd) for _, _, nd in g.input_nodes(u)]
-            g.support[k] = intern.setdefault(_union(parts), _union(parts))
+            sup = _union(parts)
+            if sup not in intern:
+                intern[sup] = sup
+                budget -= len(sup)
+            g.support[k] = intern[sup]
 
     # -- pairing ----------------------------------------------------------------------------
     def _groups(self, g, s):
