@@ -591,6 +591,12 @@ class Pairing:
             a = self.atom(s, row)
             if a is not None and g.key(row) not in self.computed:
                 res = frozenset([("a", a)])
+            elif a is not None:
+                # computed on both sides: what computed it, unless that was constants
+                # alone (an arange, an iota): then the value itself
+                res = (g.support[term[1]] if term is not None and term[0] == "unit"
+                       and g.support[term[1]] is not None else
+                       _union([origins(q, depth + 1) for q in preds])) or frozenset([("a", a)])
             elif term is not None and term[0] == "unit":
                 res = g.support[term[1]]
                 if res is None:
