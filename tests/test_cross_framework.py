@@ -49,25 +49,25 @@ def test_dense_vs_tf32_linear_inputs_match_matmul_differs(traces):
     assert f["inputs_match"] is True and "inputs and parameters match" in f["inputs_reason"]
     assert "dot_general + add" in f["note"] and "linear" in f["note"]
     assert 1e-4 < f["metrics"]["max_abs"] < 1e-1 and f["metrics"]["mismatch_fraction"] > 0.5
-    # input, kernel (= weight.T) and bias are paired by value; the matmul by structure
-    assert _by(d) == ["structure", "value", "value", "value"]
-    lin = next(m for m in d["mapping"] if m["by"] == "structure")
+    # input, kernel (= weight.T) and bias are paired by value; the layer by dataflow
+    assert _by(d) == ["dataflow", "value", "value", "value"]
+    lin = next(m for m in d["mapping"] if m["by"] == "dataflow")
     assert lin["family"] == "linear" and lin["b_op"] == "addmm"
     # different scripts are expected across frameworks: no warning
     assert "different scripts" not in proc.stderr
     assert d["env_diff"][0]["category"] in ("jax-config", "torch-config", "package")
     proc = run_cli("locate", traces["flax"], traces["torch_tf32"], env={"NO_COLOR": "1"})
     assert "introduced here" in proc.stdout and "aten::addmm" in proc.stdout
-    assert "pairs matched by: structure 1, value 3" in proc.stdout
+    assert "pairs matched by: dataflow 1, value 3" in proc.stdout
 
 
 def test_dense_vs_linear_same_machine(traces):
     r = tracediff.locate(str(traces["flax"]), str(traces["torch"]))
     d = tracediff.to_json(r)
-    assert _by(d) == ["structure", "value", "value", "value"]
+    assert _by(d) == ["dataflow", "value", "value", "value"]
     # the Dense unit reads x, kernel (= weight.T) and bias: each paired with the Linear's
     # and bitwise equal, whatever the matmul then does
-    lin = next(m for m in d["mapping"] if m["by"] == "structure")
+    lin = next(m for m in d["mapping"] if m["by"] == "dataflow")
     with tracediff.load(str(traces["flax"])) as ta, tracediff.load(str(traces["torch"])) as tb:
         differ, _ = open_differ(ta, tb)
         match, reason, bad = differ.inputs_match(lin["a"], lin["b"], BITWISE)
@@ -81,7 +81,7 @@ def test_dense_vs_linear_same_machine(traces):
 
 def test_mlp_pairs_every_layer_and_activation(traces, tmp_path):
     r = tracediff.locate(str(traces["flax_mlp"]), str(traces["torch_mlp"]))
-    fams = sorted(m["family"] for m in r.mapping if m["by"] == "structure")
+    fams = sorted(m["family"] for m in r.mapping if m["by"] == "dataflow")
     assert fams == ["linear", "linear", "linear", "max", "tanh"]
     f = r.first_difference
     if f is not None:  # on this CPU: tanh differs by a few ulp, with identical inputs

@@ -196,7 +196,8 @@ def dot(recorded):
 
 def test_many_unpaired_inputs_across_frameworks(dot, tmp_path):
     """Cross-framework pairing of external inputs by size was a scan of all of b's left
-    inputs for each of a's (O(N^2): 100k inputs, 225 s); now a queue per size."""
+    inputs for each of a's (O(N^2): 100k inputs, 225 s); pairing now starts from what
+    computing ops read, so inputs nothing reads cost nothing."""
     a, b = tmp_path / "a.h5", tmp_path / "b.h5"
     n = 60_000
     many_inputs(dot, a, b, n)
@@ -205,10 +206,10 @@ def test_many_unpaired_inputs_across_frameworks(dot, tmp_path):
     d = json.loads(proc.stdout)
     assert d["verdict"] == "match"
     pairs = {(m["a"], m["b"]): m["by"] for m in d["mapping"]}
-    # the real ops pair by structure as before; a's first input pairs with b's only
-    # float32 input (the first of b of the same size), no other input pairs
-    assert pairs[(1, 1)] == "structure" and pairs[(10, 10 + n - 1)] == "structure"
-    assert [k for k in pairs if k[0] >= 10] == [(10, 10 + n - 1)]
+    # the real ops pair by dataflow from the value both sides read; the extra inputs are
+    # read by nothing and pair with nothing (pairing follows what computing ops read)
+    assert pairs[(1, 1)] == "dataflow"
+    assert not [k for k in pairs if k[0] >= 10 or k[1] >= 10]
 
 
 def test_many_differing_alignment_regions(dot, tmp_path):

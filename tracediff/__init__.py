@@ -32,11 +32,12 @@ def load(path: Union[str, "os.PathLike[str]"]) -> "Trace":
     return Trace(path)
 
 
-def locate(a: _PathOrTrace, b: _PathOrTrace, rtol: Optional[float] = None,
+def locate(a: _PathOrTrace, b: Optional[_PathOrTrace] = None, rtol: Optional[float] = None,
            atol: Optional[float] = None, map_file: Optional[str] = None,
            ulp: Optional[float] = None, noise: Optional[Sequence[_PathOrTrace]] = None,
            explain: bool = True, progress: Optional[Callable] = None) -> "LocateResult":
-    """Compare two traces (paths or open traces); returns a `LocateResult`.
+    """Compare two traces (paths or open traces); returns a `LocateResult`. With `b`
+    None, `a` is one trace that recorded both JAX (side a) and PyTorch (side b).
 
     `result.verdict` ("match" / "diverged"), `result.exit_code` (0 / 1, as the CLI),
     `result.first_difference` and `result.first_beyond_tolerance` (`Finding` or None:

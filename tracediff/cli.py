@@ -334,11 +334,12 @@ def show(trace, event, as_json, npy):
 
 @main.command(context_settings=CONTEXT)
 @click.argument("trace_a", type=click.Path(dir_okay=False))
-@click.argument("trace_b", type=click.Path(dir_okay=False))
+@click.argument("trace_b", type=click.Path(dir_okay=False), required=False)
 @_tolerance_options
 @click.option("--map", "map_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help="JSON file {\"a name stack or op pattern\": \"b name stack or op pattern\"} "
-                   "for traces of different frameworks.")
+              help="JSON file {\"a module, name stack or op pattern\": \"b module, name stack or "
+                   "op pattern\"} for traces of different frameworks: the modules it names pair "
+                   "only with each other (e.g. {\"MLP/fc1\": \"fc1\"}).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (see docs/reports.md).")
 @click.option("-v", "--verbose", is_flag=True,
               help="Also print source lines, per-output metrics, every optimizer step and every "
@@ -357,6 +358,9 @@ def locate(trace_a, trace_b, rtol, atol, map_file, as_json, verbose, quiet, ulp,
     metrics, whether it is introduced there or inherited from its inputs), the first
     bitwise difference, the optimizer steps and the environment differences.
 
+    With one trace that recorded both JAX and PyTorch (a script that runs a Flax model
+    and its torch port), its JAX side is a and its torch side b.
+
     \b
     Exit code: 0 match (within tolerance), 1 diverged, 2 error.
 
@@ -365,6 +369,7 @@ def locate(trace_a, trace_b, rtol, atol, map_file, as_json, verbose, quiet, ulp,
       tracediff locate a.h5 b.h5
       tracediff locate a.h5 b.h5 --rtol 1e-4 --atol 1e-6
       tracediff locate a.h5 b.h5 --ulp 4 --noise a.h5 a_again.h5
+      tracediff locate flax_and_torch.h5              # one script, both frameworks
       tracediff locate -q a.h5 b.h5 || echo "runs differ"
       NO_COLOR=1 tracediff locate a.h5 b.h5 > locate.txt
     """
@@ -373,10 +378,11 @@ def locate(trace_a, trace_b, rtol, atol, map_file, as_json, verbose, quiet, ulp,
     if verbose and quiet:
         raise click.UsageError("--verbose and --quiet contradict each other; pick one")
     _need_trace(trace_a)
-    _need_trace(trace_b)
+    if trace_b is not None:
+        _need_trace(trace_b)
     for n in noise or ():
         _need_trace(n, "noise trace")
-    with _Progress((trace_a, trace_b), quiet) as progress:
+    with _Progress((trace_a,) + ((trace_b,) if trace_b else ()), quiet) as progress:
         result = _locate(trace_a, trace_b, rtol=rtol, atol=atol, map_file=map_file, ulp=ulp,
                          noise=noise or None, explain=not no_explain and not quiet,
                          progress=progress)
@@ -386,7 +392,7 @@ def locate(trace_a, trace_b, rtol, atol, map_file, as_json, verbose, quiet, ulp,
 
 @main.command(context_settings=CONTEXT)
 @click.argument("trace_a", type=click.Path(dir_okay=False))
-@click.argument("trace_b", type=click.Path(dir_okay=False))
+@click.argument("trace_b", type=click.Path(dir_okay=False), required=False)
 @click.argument("event", type=int, required=False)
 @_tolerance_options
 @_explain_options
@@ -415,12 +421,15 @@ def explain(trace_a, trace_b, event, rtol, atol, ulp, noise, map_file, as_json):
       tracediff explain a.h5 b.h5
       tracediff explain a.h5 b.h5 375 --json
       tracediff explain a.h5 b.h5 --noise a.h5 a_again.h5
+      tracediff explain flax_and_torch.h5 [EVENT]      # one trace, both frameworks
     """
     from .diff.locate import locate_with_analysis
     from .report.explain_terminal import print_analysis
 
+    trace_b, event = _one_trace_event(trace_b, event)
     _need_trace(trace_a)
-    _need_trace(trace_b)
+    if trace_b is not None:
+        _need_trace(trace_b)
     for n in noise or ():
         _need_trace(n, "noise trace")
     result, analysis = locate_with_analysis(trace_a, trace_b, event, rtol=rtol, atol=atol,
@@ -496,6 +505,15 @@ def slice_command(trace, event, hops, output, force):
                err=True)
 
 
+def _one_trace_event(trace_b, event):
+    """`explain TRACE EVENT` (one trace with both frameworks): the second argument is
+    the event when it is a number and no such file exists."""
+    if trace_b is not None and event is None and trace_b.isdigit() and \
+            not os.path.exists(trace_b):
+        return None, int(trace_b)
+    return trace_b, event
+
+
 def _report_format(output, fmt):
     if fmt:
         return fmt
@@ -544,7 +562,7 @@ def write_report(trace_a, trace_b, output, fmt=None, rtol=None, atol=None, map_f
 
 @main.command(context_settings=CONTEXT)
 @click.argument("trace_a", type=click.Path(dir_okay=False))
-@click.argument("trace_b", type=click.Path(dir_okay=False))
+@click.argument("trace_b", type=click.Path(dir_okay=False), required=False)
 @click.option("-o", "--output", default="-", show_default=True, metavar="FILE",
               help="report.md (Markdown), report.html (one self-contained page), "
                    "or - for Markdown on stdout.")
@@ -556,7 +574,8 @@ def write_report(trace_a, trace_b, output, fmt=None, rtol=None, atol=None, map_f
 @_source_dir_option
 @_guard
 def report(trace_a, trace_b, output, fmt, rtol, atol, map_file, source_dir):
-    """Write a bug report comparing TRACE_A and TRACE_B.
+    """Write a bug report comparing TRACE_A and TRACE_B (or the JAX and the torch side
+    of one TRACE_A that recorded both).
 
     \b
     Markdown (-o report.md), made to paste into a GitHub issue: a summary paragraph,
@@ -577,7 +596,8 @@ def report(trace_a, trace_b, output, fmt, rtol, atol, map_file, source_dir):
       tracediff report a.h5 b.h5 | gh issue create --title "run diverges" --body-file -
     """
     _need_trace(trace_a)
-    _need_trace(trace_b)
+    if trace_b is not None:
+        _need_trace(trace_b)
     result = write_report(trace_a, trace_b, output, fmt, rtol, atol, map_file, source_dir)
     if output != "-":
         click.echo(f"tracediff: {_report_format(output, fmt)} report written to {output} "

@@ -29,7 +29,7 @@ import weakref
 import numpy as np
 
 from ..trace import schema
-from . import Capture, ImportWatcher, jax_internals, jax_probe, optax_tags
+from . import Capture, ImportWatcher, jax_internals, jax_probe, nnx_paths, optax_tags
 from .optax_tags import OPTAX_TAG
 
 _CALL_PRIMS = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
@@ -171,7 +171,7 @@ class JaxCapture(Capture):
         pjit._get_fastpath_data = self._fast_hook
         core.EvalTrace.process_primitive = self._make_pp_hook()
         jax.clear_caches()
-        self._optax = ImportWatcher({"optax": self._patch_optax})
+        self._optax = ImportWatcher({"optax": self._patch_optax, "flax.nnx": self._patch_nnx})
         self._optax.install()
 
     def uninstall(self):
@@ -179,6 +179,7 @@ class JaxCapture(Capture):
             return
         self._optax.uninstall()
         self._unpatch_optax()
+        self._unpatch_nnx()
         self._pjit._pjit_call_impl_python = self._orig["impl"]
         self._pjit._get_fastpath_data = self._orig["fast"]
         self._core.EvalTrace.process_primitive = self._orig["pp"]
@@ -660,6 +661,21 @@ class JaxCapture(Capture):
 
     def _patch_optax(self):
         self._optax_patch = optax_tags.install(self)
+
+    def _patch_nnx(self):
+        """NNX modules push no name scope of their own: give them their graph paths."""
+        self._nnx_paths = nnx_paths.NnxPaths()
+        try:
+            self._nnx_paths.install()
+        except Exception as exc:   # another Flax: record without NNX paths, never fail
+            self._nnx_paths = None
+            self.replay_errors.append(f"NNX module paths not recorded: {type(exc).__name__}")
+
+    def _unpatch_nnx(self):
+        paths = getattr(self, "_nnx_paths", None)
+        if paths is not None:
+            paths.uninstall()
+            self._nnx_paths = None
 
     def _unpatch_optax(self):
         patch = getattr(self, "_optax_patch", None)

@@ -1,179 +1,59 @@
-"""Pair the events of two traces of different frameworks (a Flax run and a PyTorch run of
-the same model) and locate where they part.
+"""Compare a run of one framework with a run of another (a Flax model and its PyTorch
+port), in two traces or in one trace that recorded both.
 
-Pairing, in order of precedence; every pair records how it was made (`by`):
+The pairs come from `pairing.py` (dataflow, dtype and role; see its docstring); this
+module turns them into the `Differ` the rest of `diff/` uses:
 
-* `user map`: `--map FILE`, a JSON object {"a pattern": "b pattern"}. A pattern is a
-  glob matched against an event's name stack, its op, or "name_stack:op"; the k-th unit
-  of a that matches is paired with the k-th unit of b that matches.
-* `value`: external inputs and parameters (input snapshots) are paired by their bytes:
-  equal hash, or equal to the transpose of a 2-D value of b (a Flax kernel is the
-  transpose of a torch Linear weight). Leftover inputs are paired in order by element
-  count (`structure`), so inputs that differ are still compared.
-* `structure`: the computing ops of each side are grouped into units with an op family
-  (`dot_general` ~ `aten::mm`; `dot_general` + bias `add` ~ `aten::addmm` / `linear`;
-  `tanh`; `max` ~ `relu`; ...); ops that only move bytes (reshape, stage, aten::t,
-  copy_, detach, ...) are skipped. The (family, output shape) sequences are aligned with
-  the same Myers diff as same-framework traces.
+* values of two dtypes are compared by value: int32 tokens equal int64 tokens, optax's
+  int32 `count` equals torch's float32 `step`; a pair whose values are equal is never a
+  difference, at either level;
+* b's arrays are laid out like a's before comparing (a reshape, a transpose, an axis
+  permutation such as NCHW -> NHWC), choosing the layout under which they agree best;
+* "introduced here" compares what the two units (or composites) read, input by input,
+  matched through the pairing (same atom, or made by paired units);
+* optimizer snapshots are compared by role (optroles.py) in the per-step table;
+* a finding names the layer on both sides ("Dense MLP/fc1 (dot_general + add) <-> Linear
+  fc1 (addmm)", `Finding.layer`).
 
-A unit's inputs are the values its ops read from outside the unit; they are paired with
-the other unit's inputs by bytes (equal, transposed, or reshaped) and then compared, so
-"introduced here" works across frameworks although argument orders differ (`addmm(bias,
-x, w.t())` vs `add(dot_general(x, kernel), bias)`).
-
-Bounded work: every "first candidate of b with this property" lookup (equal hash,
-transposed hash, equal size) goes through a `_Picker` (a queue of candidates per key, in
-order), so pairing N inputs costs O(N), not O(N^2), with the same pairs as a scan in order.
+One trace, two frameworks: `CrossDiffer(t, t)` compares the JAX events (a) with the
+torch events (b) of the same file; event numbers stay those of the file.
 """
 
-import collections
-import dataclasses
-import fnmatch
 import json
 
 import numpy as np
 
 from ..errors import TraceError
 from ..trace import schema
-from ..trace.values import digest, parse_shape
+from ..trace.values import parse_shape
 from . import align as _align
-from ..trace.blob import ValueReader
+from . import compare
+from . import optroles
+from . import pairing as _pairing
 from .differ import BITWISE, Differ, comparable
+from .pairing import op_family  # noqa: F401  (the op families, for callers and tests)
 
-PASSTHROUGH = {
-    "stage", "reshape", "broadcast_in_dim", "convert_element_type", "transpose", "squeeze",
-    "expand_dims", "copy", "copy_p", "device_put", "pjit", "jit", "closed_call", "core_call",
-    "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "remat", "checkpoint", "name",
-    "t", "view", "_unsafe_view", "detach", "lift_fresh", "copy_", "empty", "empty_strided",
-    "uniform_", "normal_", "zeros", "zero_", "fill_", "ones", "_to_copy", "to", "expand", "alias",
-    "clone", "contiguous", "unsqueeze", "permute", "as_strided", "input", "<input>", "select",
-    "slice", "lift", "kaiming_uniform_", "resize_", "set_", "numpy_T", "_reshape_alias",
-}
-FAMILY = {
-    "dot_general": "matmul", "mm": "matmul", "matmul": "matmul", "bmm": "matmul", "dot": "matmul",
-    "mv": "matmul", "addmm": "linear", "linear": "linear", "add": "add", "add_any": "add",
-    "max": "max", "maximum": "max", "relu": "max", "clamp_min": "max", "logistic": "sigmoid",
-    "sigmoid": "sigmoid", "reduce_sum": "sum", "sum": "sum", "reduce_max": "amax", "amax": "amax",
-    "integer_pow": "pow", "pow": "pow", "square": "pow", "rsqrt": "rsqrt", "neg": "neg",
-    "exp": "exp", "log": "log", "tanh": "tanh", "mul": "mul", "sub": "sub", "div": "div",
-    "sqrt": "sqrt", "erf": "erf", "gelu": "gelu", "mean": "mean", "softmax": "softmax",
-    "_softmax": "softmax", "log_softmax": "log_softmax", "_log_softmax": "log_softmax",
-}
+MAX_MAPPING = 200
+SAMPLE = 2048          # elements compared to choose a layout
 
 
-def op_family(op):
-    """Op family of an op name across frameworks; None for ops that only move bytes."""
-    name = op[6:] if op.startswith("aten::") else op
-    name = name.split(".", 1)[0]
-    if name.startswith("jit:"):
-        return None
-    if name in PASSTHROUGH:
-        return None
-    if name.endswith("_") and not name.endswith("__") and name[:-1] in FAMILY:
-        name = name[:-1]
-    return FAMILY.get(name, name)
+def sides(ta, tb):
+    """(framework of a, framework of b) for a cross-framework comparison; None when the
+    traces are not one (a single framework on both sides)."""
+    fa = set(np.unique(ta.events["framework"]).tolist()) - {0}
+    fb = set(np.unique(tb.events["framework"]).tolist()) - {0}
+    if ta is tb or (fa == fb and len(fa) == 2 and ta.path == tb.path):
+        return (schema.FW_JAX, schema.FW_TORCH) if fa == {schema.FW_JAX, schema.FW_TORCH} else None
+    if len(fa) == 1 and len(fb) == 1 and fa != fb:
+        return next(iter(fa)), next(iter(fb))
+    if len(fa) == 2 and len(fb) == 1:
+        return next(iter(fa - fb)), next(iter(fb))
+    if len(fa) == 1 and len(fb) == 2:
+        return next(iter(fa)), next(iter(fb - fa))
+    return None
 
 
-@dataclasses.dataclass
-class Unit:
-    events: list      # event ids, in order
-    rep: int          # event whose outputs are the unit's outputs
-    family: str
-    shape: str
-    label: str        # ops, for reports: "dot_general + add"
-
-
-def _units(t, side):
-    """Computing units of one trace in order."""
-    ev = t.events
-    n = len(ev)
-    has_kids = np.zeros(n, bool)
-    par = side.parent
-    kid_of = par[(side.kind == schema.KIND_EQN) & (par >= 0) & (par < n)]
-    has_kids[kid_of] = True
-    call_kids = np.zeros(n, bool)
-    c = side.call[(side.call >= 0) & (side.call < n)]
-    call_kids[c] = True
-    out = []
-    for e in range(n):
-        kind = int(side.kind[e])
-        if kind in (schema.KIND_INPUT, schema.KIND_OPTIM):
-            continue
-        if kind == schema.KIND_CALL and call_kids[e]:
-            continue  # its replayed equations stand for it
-        if has_kids[e] and kind == schema.KIND_EQN:
-            continue
-        op = t.string(ev[e]["op"])
-        fam = op_family(op)
-        if fam is None:
-            continue
-        rows = t.value_rows(e, schema.ROLE_OUT)
-        if not len(rows):
-            continue
-        shape = t.string(rows[0]["shape"])
-        out.append(Unit([e], e, fam, shape, op[6:] if op.startswith("aten::") else op))
-    # matmul followed by a bias add that reads it: one "linear" unit
-    merged, i = [], 0
-    while i < len(out):
-        u = out[i]
-        if u.family == "matmul" and i + 1 < len(out) and out[i + 1].family == "add":
-            nxt = out[i + 1]
-            prods = {int(r["producer"]) for r in t.input_rows(nxt.rep)}
-            if u.rep in prods:
-                merged.append(Unit(u.events + nxt.events, nxt.rep, "linear", nxt.shape,
-                                   f"{u.label} + {nxt.label}"))
-                i += 2
-                continue
-        merged.append(u)
-        i += 1
-    return merged
-
-
-class _Picker:
-    """Candidates 0..n-1 in order, taken at most once: `take(key)` gives the first
-    candidate not yet taken with that key, like a scan of the remaining list, in O(1)
-    amortised per call (one queue per key; taken candidates are dropped as met)."""
-
-    def __init__(self, n):
-        self.taken = [False] * n
-        self.maps = {}
-
-    def add(self, name, keys):
-        """Index candidates by `keys` (one per candidate, None: no key) under `name`."""
-        m = collections.defaultdict(collections.deque)
-        for i, k in enumerate(keys):
-            if k is not None:
-                m[k].append(i)
-        self.maps[name] = m
-
-    def take(self, name, key):
-        q = self.maps[name].get(key)
-        while q and self.taken[q[0]]:
-            q.popleft()
-        if not q:
-            return None
-        i = q.popleft()
-        self.taken[i] = True
-        return i
-
-
-def _first_out(t):
-    """Per event of `t`: its first output row of the values table (table order, as
-    `t.value_rows(e, ROLE_OUT)[0]`), or -1. Vectorised: one pass, not one lookup per event."""
-    v = t.values
-    idx = np.flatnonzero(v["role"] == schema.ROLE_OUT)
-    events, first = np.unique(v["event"][idx], return_index=True)
-    out = np.full(len(t), -1, np.int64)
-    out[events] = idx[first]
-    return out
-
-
-def _comparable_rows(v):
-    """`comparable(row)` for every row of a values table."""
-    return (v["offset"] >= 0) & ((v["flags"] & (schema.VFLAG_UNINIT | schema.VFLAG_NOT_STORED)) == 0)
-
-
-def _load_map(map_file):
+def load_map(map_file):
     if map_file is None:
         return {}
     try:
@@ -189,196 +69,288 @@ def _load_map(map_file):
     return m
 
 
-def _matches(t, unit, pattern):
-    e = t.events[unit.rep]
-    ns, op = t.string(e["name_stack"]), t.string(e["op"])
-    return any(fnmatch.fnmatchcase(s, pattern) for s in (ns, op, f"{ns}:{op}", unit.label))
+class CrossAlignment(_align.Alignment):
+    """An alignment of computing units (not of every event): `stats` counts units."""
+
+    def __init__(self, a2b, b2a, units_a, units_b, paired_values):
+        super().__init__(a2b, b2a, 0, 0)
+        self.units_a, self.units_b, self.paired_values = units_a, units_b, paired_values
+
+    def stats(self):
+        matched = int((self.a2b >= 0).sum())
+        return {"events_a": len(self.units_a), "events_b": len(self.units_b), "matched": matched,
+                "only_in_a": len(self.units_a) - matched, "only_in_b": len(self.units_b) - matched,
+                "anchors_matched": 0, "fallback_regions": 0, "counted": "computing units",
+                "values_paired": self.paired_values}
+
+    def gaps(self, limit=5):
+        out = []
+        for side, reps, arr in (("a", self.units_a, self.a2b), ("b", self.units_b, self.b2a)):
+            run = None
+            for e in reps:
+                if arr[e] < 0:
+                    if run is None:
+                        run = {"side": side, "start": int(e), "length": 0}
+                        out.append(run)
+                    run["length"] += 1
+                else:
+                    run = None
+            out = out[:limit * (1 if side == "a" else 2)]
+        return out
 
 
 class CrossDiffer(Differ):
-    """A `Differ` whose pairs come from cross-framework pairing, not sequence identity."""
+    """A `Differ` whose pairs come from `pairing.py`, for two frameworks."""
 
-    def __init__(self, ta, tb, rtol=None, atol=None, map_file=None):
+    def __init__(self, ta, tb, rtol=None, atol=None, map_file=None, frameworks=None):
+        fws = frameworks or sides(ta, tb)
+        if fws is None:
+            raise TraceError(f"{ta.path}: both sides hold the same single framework; "
+                             f"nothing to compare across frameworks")
+        self.fw_a, self.fw_b = fws
+        self.one_trace = ta is tb
         strings = _align.StringIds()
         sa, sb = _align.prepare(ta, strings), _align.prepare(tb, strings)
-        self.ta, self.tb, self.sa, self.sb = ta, tb, sa, sb
-        user = _load_map(map_file)
-        ua, ub = _units(ta, sa), _units(tb, sb)
-        pairs = {}      # a rep -> (b rep, by)
-        unit_a = {u.rep: u for u in ua}
-        unit_b = {u.rep: u for u in ub}
-        used_a, used_b = set(), set()
-        for pa_, pb_ in user.items():
-            la = [u for u in ua if _matches(ta, u, pa_)]
-            lb = [u for u in ub if _matches(tb, u, pb_)]
-            for x, y in zip(la, lb):
-                if x.rep in used_a or y.rep in used_b:
-                    continue
-                pairs[x.rep] = (y.rep, "user map")
-                used_a.add(x.rep)
-                used_b.add(y.rep)
-        ids = {}
-        sig_a = np.array([ids.setdefault((u.family, u.shape), len(ids)) for u in ua], np.uint64)
-        sig_b = np.array([ids.setdefault((u.family, u.shape), len(ids)) for u in ub], np.uint64)
-        ra = [i for i, u in enumerate(ua) if u.rep not in used_a]
-        rb = [i for i, u in enumerate(ub) if u.rep not in used_b]
-        ia, ib, _ = _align.align_arrays(sig_a[ra], sig_b[rb])
-        for i, j in zip(ia.tolist(), ib.tolist()):
-            pairs[ua[ra[i]].rep] = (ub[rb[j]].rep, "structure")
-        self.units_a, self.units_b = unit_a, unit_b
-        self._transposed_hash = {}
-        self._pair_leaves(pairs)
+        none = np.zeros(0, np.int64)
+        super().__init__(ta, tb, rtol, atol, alignment=_align.Alignment(none, none, 0, 0),
+                         sides=(sa, sb))
+        if ta is tb:
+            self.rb = self.ra      # one byte arena for both sides
+        ga = _pairing.SideGraph(ta, sa, self.fw_a, "a", self.ra)
+        gb = _pairing.SideGraph(tb, sb, self.fw_b, "b", self.rb)
+        self.optim = self._optim_pairs(ta, tb, sa, sb)
+        self.p = _pairing.Pairing(ga, gb, load_map(map_file), self._role_rows(None))
+        self.ga, self.gb = ga, gb
         a2b = np.full(len(ta), -1, np.int64)
         b2a = np.full(len(tb), -1, np.int64)
-        for ea, (eb, _) in pairs.items():
+        for pr in self.p.pairs:
+            ea, eb = ga.units[pr.a].rep, gb.units[pr.b].rep
             a2b[ea], b2a[eb] = eb, ea
-        al = _align.Alignment(a2b, b2a, 0, 0)
-        super().__init__(ta, tb, rtol, atol, alignment=al, sides=(sa, sb))
-        self.pair_by = {ea: by for ea, (eb, by) in pairs.items()}
-        self.pairs_list = sorted(pairs.items())
+        self.al = CrossAlignment(a2b, b2a, [u.rep for u in ga.units],
+                                 [u.rep for u in gb.units], len(self.p.atom_rows))
+        self._layout = {}
+        self.pair_by = {ga.units[pr.a].rep: pr.by for pr in self.p.pairs}
+        self.pairs_list = sorted((ga.units[pr.a].rep, k) for k, pr in enumerate(self.p.pairs))
+        self._sync_content()
 
-    # -- value pairing ---------------------------------------------------------------------
-    def _thash(self, t, reader, row):
-        """Hash of the transpose of a stored 2-D value (cached), or None."""
-        key = (id(t), int(row["offset"]))
-        if key in self._transposed_hash:
-            return self._transposed_hash[key]
-        h = None
-        if comparable(row) and len(parse_shape(t.string(row["shape"]))) == 2:
-            x = reader.read(row)
-            h = digest(np.ascontiguousarray(x.T).tobytes()) if x is not None else None
-        self._transposed_hash[key] = h
-        return h
+    # -- the optimizer snapshots ------------------------------------------------------------
+    def _optim_pairs(self, ta, tb, sa, sb):
+        ea = np.flatnonzero((sa.kind == schema.KIND_OPTIM) & (ta.events["framework"] == self.fw_a))
+        eb = np.flatnonzero((sb.kind == schema.KIND_OPTIM) & (tb.events["framework"] == self.fw_b))
+        return list(zip(ea.tolist(), eb.tolist()))
 
-    def _pair_leaves(self, pairs):
+    @staticmethod
+    def _named(t, e):
+        return {t.string(r["name"]): r for r in t.value_rows(e, schema.ROLE_OUT) if r["name"] >= 0}
 
+    def _fw_name(self, fw):
+        return schema.FW_NAMES.get(fw, "")
+
+    def _roles(self, ea, eb, module_map):
+        na, nb = self._named(self.ta, ea), self._named(self.tb, eb)
+        sizes_a = {k: int(np.prod(parse_shape(self.ta.string(r["shape"])) or (1,))) for k, r in na.items()}
+        sizes_b = {k: int(np.prod(parse_shape(self.tb.string(r["shape"])) or (1,))) for k, r in nb.items()}
+        return na, nb, optroles.role_pairs(list(na), self._fw_name(self.fw_a), list(nb),
+                                           self._fw_name(self.fw_b), sizes_a, sizes_b, module_map)
+
+    def _role_rows(self, module_map):
+        """Value rows of the same parameter after each optimizer step on both sides: optax
+        snapshots the params before its step (the next snapshot holds them after), torch
+        after."""
         ta, tb = self.ta, self.tb
-        self._rb_tmp = ValueReader(tb)
-        fa, fb = _first_out(ta), _first_out(tb)
-        la = np.flatnonzero((self.sa.kind == schema.KIND_INPUT) & (fa >= 0))
-        lb = np.flatnonzero((self.sb.kind == schema.KIND_INPUT) & (fb >= 0))
-        # every stored b output (leaves first) by hash and by transposed hash
-        ops = tb.events["op"]
-        moves = [i for i in np.unique(ops).tolist() if op_family(tb.string(i)) is None]
-        other = np.isin(ops, moves) & (self.sb.kind != schema.KIND_OPTIM) & (fb >= 0)
-        other[lb] = False
-        candidates = np.concatenate([lb, np.flatnonzero(other)])
-        vb = tb.values
-        rows = fb[candidates]
-        ok = _comparable_rows(vb[rows])
-        by_hash, by_thash, thash_built = {}, {}, False
-        for h, e in zip(vb["hash"][rows[ok]].tolist(), candidates[ok].tolist()):
-            by_hash.setdefault(h, e)
-        used_b = {eb for eb, _ in pairs.values()}
-        left_a = []
-        va = ta.values
-        for ea in la.tolist():
-            row = va[fa[ea]]
-            if not comparable(row):
-                continue
-            eb = by_hash.get(int(row["hash"]))
-            if eb is None and len(parse_shape(ta.string(row["shape"]))) == 2:
-                if not thash_built:   # once (each value read once), only when needed
-                    thash_built = True
-                    for e, r in zip(candidates.tolist(), rows.tolist()):
-                        th = self._thash(tb, self._rb_tmp, vb[r])
-                        if th is not None:
-                            by_thash.setdefault(th, e)
-                eb = by_thash.get(int(row["hash"]))
-            if eb is not None and eb not in used_b:
-                pairs[ea] = (eb, "value")
-                used_b.add(eb)
-            else:
-                left_a.append((ea, int(row["nbytes"])))
-        left_b = [(e, int(n)) for e, n in zip(lb.tolist(), vb["nbytes"][fb[lb]].tolist())
-                  if e not in used_b]
-        pick = _Picker(len(left_b))    # the first remaining b input of the same size
-        pick.add("nbytes", [nb for _, nb in left_b])
-        for ea, na in left_a:
-            k = pick.take("nbytes", na)
-            if k is not None:
-                pairs[ea] = (left_b[k][0], "structure")
+        out = []
+        for k, (ea, eb) in enumerate(self.optim):
+            na, nb, pairs = self._roles(ea, eb, module_map)
+            nxt = self.optim[k + 1] if k + 1 < len(self.optim) else None
+            for role, xa, xb, _ in pairs:
+                if role != "params" or nxt is None:
+                    continue
+                if isinstance(xa, tuple):
+                    ra = self._named(ta, nxt[0]).get(xa[0])
+                    rb = nb.get(xb)
+                elif isinstance(xb, tuple):
+                    ra = na.get(xa)
+                    rb = self._named(tb, nxt[1]).get(xb[0])
+                else:
+                    ra, rb = na.get(xa), nb.get(xb)
+                if ra is not None and rb is not None:
+                    out.append((ra, rb))
+        return out
+
+    def _snapshot_value(self, t, reader, named, name):
+        """A snapshot value by name; for optax (params, updates): params + updates, the
+        parameters after the step (what optax.apply_updates computes)."""
+        if isinstance(name, tuple):
+            p, u = (named.get(n) for n in name)
+            if p is None or u is None or not comparable(p) or not comparable(u):
+                return None, None
+            xp, xu = reader.read(p), reader.read(u)
+            return np.asarray(xp + xu).astype(xp.dtype), t.string(p["dtype"])
+        r = named.get(name)
+        if r is None or not comparable(r):
+            return None, None
+        return reader.read(r), t.string(r["dtype"])
+
+    def optimizer_steps(self):
+        """Per optimizer step: the parameters, grads and optimizer state paired by role."""
+        rows = []
+        for ea, eb in self.optim:
+            na, nb, pairs = self._roles(ea, eb, self.p.module_map)
+            worst_rel, worst_abs, worst_name, bit, n = 0.0, 0.0, None, True, 0
+            for role, xa_name, xb_name, _ in pairs:
+                xa, da = self._snapshot_value(self.ta, self.ra, na, xa_name)
+                xb, db = self._snapshot_value(self.tb, self.rb, nb, xb_name)
+                if xa is None or xb is None:
+                    continue
+                m = self.compare_values(xa, xb, da, db)
+                n += 1
+                bit &= m["bitwise_equal"]
+                rel = _num(m.get("max_rel"))
+                if role == "params" and (rel > worst_rel or (worst_name is None and
+                                                            not m["bitwise_equal"])):
+                    worst_rel, worst_abs = rel, _num(m.get("max_abs"))
+                    worst_name = (f"{optroles.after_step_name(xa_name)} <-> "
+                                  f"{optroles.after_step_name(xb_name)}")
+            rows.append({"step": int(self.ta.events["step"][ea]), "a": ea, "b": eb,
+                         "bitwise_equal": bool(bit), "max_rel": worst_rel, "max_abs": worst_abs,
+                         "worst": worst_name, "compared": n, "by": "role"})
+        return rows
 
     # -- comparison ------------------------------------------------------------------------
+    def _sync_content(self):
+        """Make the content hashes of paired events agree exactly when their values do
+        (chain.py and others use them as a fast "differs" test)."""
+        sa, sb = self.sa, self.sb
+        sb.content = sb.content.copy()
+        for ea, k in self.pairs_list:
+            eb = int(self.al.a2b[ea])
+            equal = self.equal_at(ea, eb, BITWISE)
+            if equal:
+                sb.content[eb] = sa.content[ea]
+            elif sb.content[eb] == sa.content[ea]:
+                sb.content[eb] = sa.content[ea] ^ np.uint64(1)
+
     def transform_b(self, row_a, row_b, xa, xb):
         xa, xb = np.asarray(xa), np.asarray(xb)
         if xa.shape == xb.shape:
             return xb
-        if xb.ndim == 2 and xa.shape == xb.T.shape:
-            return xb.T
-        if xa.size == xb.size:
-            return xb.reshape(xa.shape)
-        return xb
+        key = (int(row_a["offset"]), int(row_b["offset"])) if row_a is not None else None
+        p = self._layout.get(key) if key else None
+        if p is None:
+            p = best_layout(xa, xb)
+            if key:
+                self._layout[key] = p
+        return xb if p is None else _pairing.apply_perm(xb, xa.shape, p)
 
-    def _unit_inputs(self, t, side, unit):
-        """[(label, value row or None, reason)] of the values a unit reads from outside."""
-        inside = set(unit.events)
-        out = []
-        for e in unit.events:
-            for r in t.input_rows(e):
-                p, ps = int(r["producer"]), int(r["producer_slot"])
-                if p in inside or p in (schema.PRODUCER_LITERAL, schema.PRODUCER_CONST):
-                    continue
-                if p < 0:
-                    out.append((f"input {int(r['slot'])} of {t.string(t.events[e]['op'])}", None,
-                                "unknown producer"))
-                    continue
-                row = side.value_row(p, ps)
-                out.append((self._describe(t, side, p, row), row, ""))
-        return out
+    def compare_rows(self, row_a, row_b, tol_dtype=None):
+        if row_a is None or row_b is None:
+            return None
+        da, db = self.ta.string(row_a["dtype"]), self.tb.string(row_b["dtype"])
+        if da == db:
+            return super().compare_rows(row_a, row_b, tol_dtype)
+        if not comparable(row_a) or not comparable(row_b):
+            return None
+        key = (int(row_a["offset"]), int(row_b["offset"]), int(row_a["nbytes"]), tol_dtype, "x")
+        hit = self._cmp_val.get(key)
+        if hit is None:
+            hit = self._cmp_val[key] = self.compare_values(
+                self.ra.read(row_a), self.rb.read(row_b), da, db, row_a, row_b, tol_dtype)
+        return hit
 
-    @staticmethod
-    def _describe(t, side, p, row):
-        """'input [4, 64] (event 4 via stage 5)': follow byte-moving ops back to the source."""
-        src, hops = p, 0
-        while hops < 6 and side.kind[src] != schema.KIND_INPUT and \
+    def compare_values(self, xa, xb, da, db, row_a=None, row_b=None, tol_dtype=None):
+        """Metrics of two arrays, possibly of two dtypes, b laid out like a. Values of two
+        dtypes are compared as numbers; equal numbers are equal at every level."""
+        xa = np.asarray(xa)
+        xb = self.transform_b(row_a, row_b, xa, np.asarray(xb))
+        if da == db:
+            m = compare.compare_arrays(xa, xb, da, self.rtol, self.atol, tol_dtype=tol_dtype,
+                                       ulp=self.ulp)
+            m["bitwise_equal"] = bool(xa.shape == np.asarray(xb).shape and
+                                      xa.tobytes() == np.ascontiguousarray(xb).tobytes())
+            if m["bitwise_equal"]:
+                m["within_tolerance"] = True
+            return m
+        fa, fb = _as_f64(xa), _as_f64(xb)
+        floats = compare.is_floating(da) and compare.is_floating(db)
+        if fa is None or fb is None or fa.shape != fb.shape:
+            m = compare.compare_arrays(xa, xb, da)
+            m.update(bitwise_equal=False, within_tolerance=False, dtype_mismatch=[da, db])
+            return m
+        if floats:
+            weak = min((da, db), key=lambda n: -compare.tolerance(n)[0])
+            m = compare.compare_arrays(fa.astype(weak) if weak != "float64" else fa,
+                                       fb.astype(weak) if weak != "float64" else fb, weak,
+                                       self.rtol, self.atol, ulp=self.ulp)
+        else:   # integers, or an integer against a float (a counter): exact, by value
+            m = compare.compare_arrays(fa, fb, "float64", 0.0, 0.0)
+        equal = bool(np.array_equal(fa, fb, equal_nan=fa.dtype.kind == "f"))
+        m["dtype_mismatch"] = [da, db]
+        m["bitwise_equal"] = equal
+        m["equal_values"] = equal
+        if equal:
+            m["within_tolerance"] = True
+        elif not floats:
+            m["within_tolerance"] = False
+        return m
+
+    # -- inputs ----------------------------------------------------------------------------
+    def _label(self, t, side, row):
+        """'<input> [8, 12] (event 147)': a value and the op it was moved from."""
+        if row is None:
+            return "?"
+        e = int(row["event"])
+        src, hops = e, 0
+        while hops < 6 and side.kind[src] not in (schema.KIND_INPUT,) and \
                 op_family(t.string(t.events[src]["op"])) is None:
             prods = [int(r["producer"]) for r in t.input_rows(src) if int(r["producer"]) >= 0]
             if len(prods) != 1:
                 break
-            src, hops = prods[-1], hops + 1
-        shape = t.string(row["shape"]) if row is not None else "?"
-        name = t.string(t.events[src]["op"])
-        text = f"{name} [{shape}] (event {src}"
-        return text + (f" via {t.string(t.events[p]['op'])} {p})" if src != p else ")")
+            src, hops = prods[0], hops + 1
+        shape = t.string(row["shape"])
+        text = f"{t.string(t.events[src]['op'])} [{shape}] (event {src}"
+        return text + (f" via {t.string(t.events[e]['op'])} {e})" if src != e else ")")
 
     def inputs_match(self, ea, eb, level):
-        ua, ub = self.units_a.get(ea), self.units_b.get(eb)
-        if ua is None or ub is None:
-            return True, "an external input or parameter (paired by " + \
-                self.pair_by.get(ea, "structure") + ")", []
-        ins_a = self._unit_inputs(self.ta, self.sa, ua)
-        ins_b = self._unit_inputs(self.tb, self.sb, ub)
-        free_b = [x for x in ins_b if x[1] is not None and comparable(x[1])]
-        pick = _Picker(len(free_b))    # the first remaining input of b by bytes, then size
-        pick.add("hash", [int(r["hash"]) for _, r, _ in free_b])
-        pick.add("nbytes", [int(r["nbytes"]) for _, r, _ in free_b])
+        ka, kb = int(self.ga.unit_of[ea]), int(self.gb.unit_of[eb])
+        if ka < 0 or kb < 0:
+            return super().inputs_match(ea, eb, level)
+        ins_a = _dedupe(self.p.region_inputs(0, ka))
+        ins_b = _dedupe(self.p.region_inputs(1, kb))
+        used = set()
         bad, unknown, matched = [], [], []
-        for label, row, why in ins_a:
-            if row is None or not comparable(row):
-                unknown.append(f"{label}: {why or 'not stored'}")
-                continue
-            k = pick.take("hash", int(row["hash"]))                  # identical bytes
-            if k is None:                                            # transposed bytes
-                if "thash" not in pick.maps:
-                    pick.add("thash", [None if pick.taken[i] else
-                                       self._thash(self.tb, self.rb, r)
-                                       for i, (_, r, _) in enumerate(free_b)])
-                k = pick.take("thash", int(row["hash"]))
-            if k is None:                                            # same size: compare numbers
-                k = pick.take("nbytes", int(row["nbytes"]))
-            if k is None:
+        for _, _, row, key in ins_a:
+            j = None
+            if key is not None:
+                j = next((i for i, x in enumerate(ins_b) if i not in used and x[3] == key), None)
+            if j is None and row is not None:   # same bytes, then same size
+                j = next((i for i, x in enumerate(ins_b) if i not in used and x[2] is not None
+                          and x[3] is None and int(x[2]["hash"]) == int(row["hash"])), None)
+                if j is None:
+                    j = next((i for i, x in enumerate(ins_b) if i not in used and x[2] is not None
+                              and x[3] is None and int(x[2]["nbytes"]) == int(row["nbytes"])), None)
+            label = self._label(self.ta, self.sa, row)
+            if j is None:
                 unknown.append(f"{label}: no counterpart among the inputs of b")
                 continue
-            lb_, rb_, _ = free_b[k]
-            m = self.compare_rows(row, rb_)
+            used.add(j)
+            rb = ins_b[j][2]
+            m = self.compare_rows(row, rb) if row is not None and rb is not None else None
+            if m is None:
+                unknown.append(f"{label}: not stored")
+                continue
             shape_a = parse_shape(self.ta.string(row["shape"]))
-            shape_b = parse_shape(self.tb.string(rb_["shape"]))
-            how = "" if shape_a == shape_b else (
-                " (transposed)" if shape_a == tuple(reversed(shape_b)) and len(shape_a) == 2
-                else " (reshaped)")
-            ok = m is not None and (m["bitwise_equal"] if level == BITWISE else m["within_tolerance"])
-            entry = {"input": label, "b": lb_ + how, "metrics": m}
+            shape_b = parse_shape(self.tb.string(rb["shape"]))
+            how = ""
+            if m.get("dtype_mismatch"):
+                how = f" ({m['dtype_mismatch'][0]} vs {m['dtype_mismatch'][1]})"
+            elif shape_a != shape_b:
+                how = " (transposed)" if tuple(shape_a) == tuple(reversed(shape_b)) and \
+                    len(shape_a) == 2 else " (reshaped)" if len(shape_a) != len(shape_b) or \
+                    sorted(shape_a) != sorted(shape_b) else " (axes permuted)"
+            ok = m["bitwise_equal"] if level == BITWISE else m["within_tolerance"]
+            entry = {"input": label, "b": self._label(self.tb, self.sb, rb) + how, "metrics": m,
+                     "paired": "by value" if key and key[0] == "atom" else
+                     "through the dataflow" if key else "by size"}
             (matched if ok else bad).append(entry)
         if bad:
             return False, f"{len(bad)} of its inputs differ: " + ", ".join(
@@ -389,33 +361,146 @@ class CrossDiffer(Differ):
         return True, (f"all {len(matched)} inputs and parameters match ({word}): " +
                       ", ".join(f"{d['input']} = b {d['b']}" for d in matched[:4])), []
 
+    # -- search ----------------------------------------------------------------------------
     def search(self, level):
-        for ea, (eb, by) in self.pairs_list:
+        for ea, k in self.pairs_list:
+            pr = self.p.pairs[k]
+            eb = self.gb.units[pr.b].rep
             if self.equal_at(ea, eb, level):
                 continue
-            ua, ub = self.units_a.get(ea), self.units_b.get(eb)
-            note = ""
-            if ua is not None and ub is not None:
-                note = (f"a: {ua.label} (events {', '.join(map(str, ua.events))}) paired with "
-                        f"b: {ub.label} (events {', '.join(map(str, ub.events))}) by {by}, "
-                        f"op family {ua.family}")
-            return self.finding(ea, eb, level, note=note), None
+            f = self.finding(ea, eb, level, note=self._note(pr))
+            f.layer = self.layer(pr)
+            return f, None
         return None, None
 
-    def mapping(self, limit=200):
+    def _note(self, pr):
+        ua, ub = self.ga.units[pr.a], self.gb.units[pr.b]
+        return (f"a: {ua.label} (events {', '.join(map(str, ua.events))}) paired with "
+                f"b: {ub.label} (events {', '.join(map(str, ub.events))}) by {pr.by}, "
+                f"op family {ua.family}: {pr.how}")
+
+    def layer(self, pr):
+        """The layer a pair computes, named on both sides, with module paths and sources."""
+        ua, ub = self.ga.units[pr.a], self.gb.units[pr.b]
+        fam = next((f for f in (ua.family, ub.family) if f in _pairing.LAYER_KIND), ua.family)
+        a = _pairing.layer_text(ua, self.fw_a, fam, self._region_label(0, pr.a))
+        b = _pairing.layer_text(ub, self.fw_b, fam, self._region_label(1, pr.b))
+        return {"a": a, "b": b, "text": f"{a} <-> {b}", "family": fam,
+                "a_module": ua.module, "b_module": ub.module,
+                "a_source": self.ta.string(self.ta.events[ua.rep]["source"]),
+                "b_source": self.tb.string(self.tb.events[ub.rep]["source"])}
+
+    def _region_label(self, s, k, limit=6):
+        """The ops of a unit and of the composite it ends: 'sub + mul + rsqrt + add'."""
+        g = self.ga if s == 0 else self.gb
+        region = self.p.region(s, k)
+        labels = [g.units[v].label for v in region]
+        if len(labels) > limit:
+            labels = labels[:2] + [f"{len(labels) - 3} more"] + labels[-1:]
+        return " + ".join(labels)
+
+    def mapping(self, limit=MAX_MAPPING):
+        """Every pair and how it was made: the units, the values paired by value (inputs
+        and parameters read by paired units), the optimizer state by role."""
         out = []
-        for ea, (eb, by) in self.pairs_list[:limit]:
-            ua, ub = self.units_a.get(ea), self.units_b.get(eb)
-            out.append({"a": ea, "b": eb, "by": by,
-                        "a_op": ua.label if ua else self.ta.string(self.ta.events[ea]["op"]),
-                        "b_op": ub.label if ub else self.tb.string(self.tb.events[eb]["op"]),
-                        "family": ua.family if ua else "input",
-                        "a_name_stack": self.ta.string(self.ta.events[ea]["name_stack"]),
-                        "b_name_stack": self.tb.string(self.tb.events[eb]["name_stack"])})
-        return out
+        ta, tb = self.ta, self.tb
+        used_atoms = set()
+        for ea, k in self.pairs_list:
+            pr = self.p.pairs[k]
+            ua, ub = self.ga.units[pr.a], self.gb.units[pr.b]
+            lay = self.layer(pr)
+            out.append({"a": ea, "b": ub.rep, "by": pr.by, "how": pr.how,
+                        "a_op": self._region_label(0, pr.a), "b_op": self._region_label(1, pr.b),
+                        "family": lay["family"],
+                        "phase": "backward" if ua.phase == _pairing.PHASE_BWD else "forward",
+                        "a_name_stack": ta.string(ta.events[ea]["name_stack"]),
+                        "b_name_stack": tb.string(tb.events[ub.rep]["name_stack"]),
+                        "a_module": ua.module, "b_module": ub.module, "layer": lay["text"]})
+            for _, _, _, key in self.p.region_inputs(0, pr.a):
+                if key and key[0] == "atom":
+                    used_atoms.add(key[1])
+        for aid in sorted(used_atoms):
+            ra, rb, how = self.p.atom_rows[aid]
+            ea, eb = int(ra["event"]), int(rb["event"])
+            out.append({"a": ea, "b": eb, "by": "value", "how": how,
+                        "a_op": f"{ta.string(ta.events[ea]['op'])} [{ta.string(ra['shape'])}]",
+                        "b_op": f"{tb.string(tb.events[eb]['op'])} [{tb.string(rb['shape'])}]",
+                        "family": "input", "phase": "forward",
+                        "a_name_stack": ta.string(ta.events[ea]["name_stack"]),
+                        "b_name_stack": tb.string(tb.events[eb]["name_stack"]),
+                        "a_module": "", "b_module": "", "layer": ""})
+        if self.optim:
+            ea, eb = self.optim[0]
+            for role, xa, xb, how in self._roles(ea, eb, self.p.module_map)[2]:
+                out.append({"a": ea, "b": eb, "by": "role", "how": f"{role}, parameter {how}",
+                            "a_op": optroles.after_step_name(xa),
+                            "b_op": optroles.after_step_name(xb), "family": "optimizer",
+                            "phase": "optimizer", "a_name_stack": "", "b_name_stack": "",
+                            "a_module": "", "b_module": "", "layer": ""})
+        return out[:limit]
+
+
+def _dedupe(ins):
+    seen, out = set(), []
+    for x in ins:
+        row = x[2]
+        k = (int(row["event"]), int(row["slot"]), int(row["role"])) if row is not None else id(x)
+        if k not in seen:
+            seen.add(k)
+            out.append(x)
+    return out
+
+
+def _as_f64(x):
+    x = np.asarray(x)
+    try:
+        return x.astype(np.float64) if x.dtype.kind in "fiub" else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _num(x):
+    if x is None:
+        return 0.0
+    if isinstance(x, str):
+        return float("inf")
+    return float(x)
+
+
+def best_layout(xa, xb):
+    """The axis order under which b's array agrees best with a's (see
+    `pairing.permutations_to`), judged on a sample of elements; None if none fits."""
+    xa, xb = np.asarray(xa), np.asarray(xb)
+    perms = _pairing.permutations_to(xa.shape, xb.shape)
+    if not perms:
+        return None
+    if len(perms) == 1:
+        return perms[0]
+    n = xa.size
+    rng = np.random.default_rng(0)
+    idx = rng.choice(n, SAMPLE, replace=False) if n > SAMPLE else np.arange(n)
+    coords = np.unravel_index(idx, xa.shape)
+    fa = _as_f64(xa.reshape(-1)[idx])
+    fb_all = xb.reshape(-1)
+    best, best_score = None, -1.0
+    for p in perms:
+        shape_t = [xa.shape[i] for i in p]
+        flat = np.ravel_multi_index([coords[i] for i in p], shape_t)
+        fb = _as_f64(fb_all[flat])
+        if fa is None or fb is None:
+            return perms[0]
+        with np.errstate(invalid="ignore", over="ignore"):
+            close = np.isclose(fa, fb, rtol=1e-2, atol=1e-6, equal_nan=True)
+        score = float(close.mean()) if len(close) else 1.0
+        if score > best_score:
+            best, best_score = p, score
+        if score == 1.0:
+            break
+    return best
 
 
 def cross_differ(ta, tb, rtol=None, atol=None, map_file=None):
-    """(CrossDiffer, mapping list) for two traces of different frameworks."""
+    """(CrossDiffer, mapping list) for two traces of different frameworks, or one trace
+    (passed twice) that recorded both."""
     d = CrossDiffer(ta, tb, rtol, atol, map_file)
     return d, d.mapping()

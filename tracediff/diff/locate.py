@@ -48,6 +48,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from ..errors import TraceError
+from ..trace import schema
 from ..trace.reader import Trace
 from . import align as _align
 from . import analysis as _analysis
@@ -96,6 +97,15 @@ def _trace_info(t):
                      hostname=m.get("hostname"), created=m.get("created"))
 
 
+def _traces(ta, tb, d):
+    out = {"a": _trace_info(ta), "b": _trace_info(tb)}
+    for side in ("a", "b"):   # cross-framework: which framework each side is
+        fw = getattr(d, "fw_" + side, None)
+        if fw is not None:
+            out[side].framework = schema.FW_NAMES.get(fw, "")
+    return out
+
+
 def run(ta, tb, rtol=None, atol=None, differ=None, mapping=None) -> LocateResult:
     """Compare two open traces; returns a `LocateResult` (without the explanation)."""
     d = differ or Differ(ta, tb, rtol, atol)
@@ -131,7 +141,7 @@ def run(ta, tb, rtol=None, atol=None, differ=None, mapping=None) -> LocateResult
         first_difference=first_bit, first_beyond_tolerance=first_tol, replay_only=replay_only,
         alignment=d.al.stats(), gaps=d.al.gaps(), env_diff=env_diff(ta.manifest, tb.manifest),
         optimizer_steps=steps, warnings=warnings + level_warnings,
-        traces={"a": _trace_info(ta), "b": _trace_info(tb)},
+        traces=_traces(ta, tb, d),
         tolerance={"rtol": rtol, "atol": atol, "defaults": {k: list(v) for k, v in
                                                               compare.DEFAULT_TOLERANCES.items()},
                    **({"ulp": d.ulp} if d.ulp is not None else {})},
@@ -177,14 +187,15 @@ def noise_mask(ta, n1, n2):
     return mask
 
 
-def locate(a, b, rtol: Optional[float] = None, atol: Optional[float] = None,
+def locate(a, b=None, rtol: Optional[float] = None, atol: Optional[float] = None,
            map_file: Optional[str] = None, ulp: Optional[float] = None,
            noise: Optional[Sequence] = None, explain: bool = True,
            progress: Optional[Callable] = None) -> LocateResult:
     """Python API: compare two trace files (paths or open `Trace` objects).
 
     Traces of different frameworks (or a `map_file`) go through the cross-framework
-    pairing of `cross.py`. `ulp`: elements within this many ULP are within tolerance
+    pairing of `cross.py`; so does one trace that recorded both (`b` None: its JAX
+    events are a, its torch events b). `ulp`: elements within this many ULP are within tolerance
     (alone, or in addition to rtol/atol when those are given). `noise`: two traces
     recorded on a's machine; events that differ between them are never blamed.
     `explain`: replay the origin and add the short verdict and the chain (`explain`,
@@ -220,9 +231,16 @@ def _locate(a, b, rtol, atol, map_file, ulp, noise, progress, explain, full, eve
         ta = a if isinstance(a, Trace) else Trace(a)
         if ta is not a:
             own.append(ta)
-        tb = b if isinstance(b, Trace) else Trace(b)
-        if tb is not b:
-            own.append(tb)
+        if b is None:
+            tb = ta
+            if _cross.sides(ta, ta) is None:
+                raise TraceError(f"{ta.path}: locate needs two traces, or one trace that "
+                                 f"recorded both JAX and PyTorch (this one holds "
+                                 f"{' and '.join(sorted(_names(ta))) or 'no events'})")
+        else:
+            tb = b if isinstance(b, Trace) else Trace(b)
+            if tb is not b:
+                own.append(tb)
         progress("aligning the event sequences")
         try:
             d, mapping = open_differ(ta, tb, rtol, atol, map_file)
@@ -251,10 +269,18 @@ def _locate(a, b, rtol, atol, map_file, ulp, noise, progress, explain, full, eve
 def open_differ(ta, tb, rtol=None, atol=None, map_file=None):
     """The one differ factory: (Differ, None) for traces of one framework, the
     cross-framework differ and its mapping for two frameworks or a user map."""
-    fw_a, fw_b = _frameworks(ta), _frameworks(tb)
-    if map_file is not None or (fw_a and fw_b and fw_a != fw_b):
+    if _cross.sides(ta, tb) is not None:
         return _cross.cross_differ(ta, tb, rtol, atol, map_file)
+    if map_file is not None and ta is not tb:
+        fw_a, fw_b = _frameworks(ta), _frameworks(tb)
+        if len(fw_a) == 1 and fw_a == fw_b:
+            d = _cross.CrossDiffer(ta, tb, rtol, atol, map_file, frameworks=(*fw_a, *fw_b))
+            return d, d.mapping()
     return Differ(ta, tb, rtol, atol), None
+
+
+def _names(t):
+    return {schema.FW_NAMES.get(f, "?") for f in _frameworks(t)}
 
 
 def _no_progress(phase, done=None, total=None):

@@ -192,6 +192,9 @@ class Finding(_ByKey):
     # a compiled call found at the call itself: "replay matches" (every replayed equation
     # matches, no probe recorded), "probe does not reproduce" (its probe matches too)
     compiled: str = ""
+    # cross-framework: the layer on both sides ({a, b, text, family, a_module, b_module,
+    # a_source, b_source}: "Dense MLP/fc1 (dot_general + add) <-> Linear fc1 (addmm)")
+    layer: dict = None
 
 
 # -- the chain from the origin to the outputs (chain.py) -----------------------------------------
@@ -429,6 +432,7 @@ class TraceInfo(_ByKey):
     script: Optional[str]
     hostname: Any
     created: Any
+    framework: Optional[str] = None    # a side of a cross-framework comparison: jax / torch
 
 
 @dataclass

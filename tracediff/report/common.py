@@ -103,6 +103,8 @@ def finding_rows(f: Finding, code, text, strong) -> list:
     emphasises text that is already rendered."""
     a, b = f.a, f.b
     rows = []
+    if f.layer and f.layer.get("text"):   # two frameworks: the layer on both sides
+        rows.append(("layer", code(f.layer["text"])))
     if a.name_stack or b.name_stack:
         ns = code(a.name_stack or "-")
         if b.name_stack and b.name_stack != a.name_stack:
@@ -138,7 +140,9 @@ def summary(result: LocateResult, code=md_code, text=md_text) -> str:
     a, b = result.traces["a"], result.traces["b"]
     script = code(a.script) if a.script else "the script"
     script_b = b.script
-    runs = (f"Two runs of {script}" if not script_b or script_b == a.script else
+    one = a.framework and b.framework and a.path == b.path
+    runs = (f"The {text(a.framework)} and {text(b.framework)} sides of {script}" if one else
+            f"Two runs of {script}" if not script_b or script_b == a.script else
             f"A run of {script} and a run of {code(script_b)}")
     hosts = ""
     if a.hostname and b.hostname and a.hostname != b.hostname:

@@ -69,6 +69,14 @@ def _plain(obj):
     return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
 
 
+def _trace_json(t):
+    """A compared trace; `framework` only for a side of a cross-framework comparison."""
+    out = _plain(t)
+    if out.get("framework") is None:
+        out.pop("framework", None)
+    return out
+
+
 def event_json(e, fields=EVENT_FIELDS):
     return {k: getattr(e, k) for k in fields}
 
@@ -112,6 +120,7 @@ def finding_json(f):
         "note": f.note,
         "call": call_json(f.call),
         "paired_by": f.pair_by,
+        "layer": f.layer,
         "values": [value_json(v) for v in f.values[:MAX_VALUES]],
         "values_total": len(f.values),
     }
@@ -164,7 +173,8 @@ def next_steps(r):
         out.append(comment("differences stay within tolerance; tighten with --rtol/--atol to "
                            "localise them"))
     if f is not None:
-        out.append(with_comment(command("tracediff", "explain", r.path_a, r.path_b),
+        pair = (r.path_a,) if r.path_a == r.path_b else (r.path_a, r.path_b)  # one trace
+        out.append(with_comment(command("tracediff", "explain", *pair),
                                 "origin, chain, replay verdict, causes"))
         ex = r.explain
         if ex is not None and ex.event_index is not None and ex.replayable:
@@ -183,7 +193,7 @@ def build(r: LocateResult) -> dict:
         "tracediff_version": __version__,
         "verdict": r.verdict,
         "exit_code": r.exit_code,
-        "traces": {k: _plain(t) for k, t in r.traces.items()},
+        "traces": {k: _trace_json(t) for k, t in r.traces.items()},
         "warnings": list(r.warnings),
         "tolerance": r.tolerance,
         "first_difference": finding_json(r.first_difference),
@@ -283,7 +293,7 @@ def analysis_json(an: Optional[Analysis]) -> dict:
     typed(an, Analysis, optional=True)
     if an is None:
         return {}
-    out = {"verdict": an.verdict, "traces": {k: _plain(t) for k, t in an.traces.items()},
+    out = {"verdict": an.verdict, "traces": {k: _trace_json(t) for k, t in an.traces.items()},
            "tolerance": an.tolerance}
     f = an.origin
     if f is None:

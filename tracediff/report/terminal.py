@@ -55,8 +55,15 @@ def _shapes(e):
     return markup(", ".join(f"{d}{s}" for d, s in zip(e.dtypes, e.shapes)) or "-")
 
 
+def _what(f):
+    """The op, or for two frameworks the layer on both sides (Finding.layer)."""
+    if f.layer and f.layer.get("text"):
+        return f"[bold]{markup(f.layer['text'])}[/] step {markup(f.a.step)}"
+    return _where(f.a)
+
+
 def _finding(console, title, f: Finding, verbose=False, context=None):
-    console.print(f"[bold]{title}[/]: {_where(f.a)}  (a #{f.a.index}, b #{f.b.index}"
+    console.print(f"[bold]{title}[/]: {_what(f)}  (a #{f.a.index}, b #{f.b.index}"
                   f"{', ' + markup(f.origin) if f.origin else ''})")
     if f.a.name_stack or f.b.name_stack:
         ns = markup(f.a.name_stack or "-")
@@ -135,7 +142,8 @@ def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bo
             head += " (but bitwise differences exist)"
     else:
         head = "[bold red]DIVERGED[/]"
-    console.print(f"{head}   a={markup(a.path)}  b={markup(b.path)}")
+    side = lambda t: f" ({markup(t.framework)})" if t.framework else ""  # noqa: E731
+    console.print(f"{head}   a={markup(a.path)}{side(a)}  b={markup(b.path)}{side(b)}")
     tol = r.tolerance
     tol_txt = ("per-dtype defaults" if tol.get("rtol") is None and tol.get("atol") is None else
                f"rtol {tol.get('rtol') if tol.get('rtol') is not None else 'default'}, "
@@ -154,7 +162,7 @@ def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bo
             max_ulp = fd.metrics.max_ulp if fd.metrics is not None else None
             word = {True: "introduced here", False: "inherited"}.get(fd.inputs_match, "inputs unknown")
             console.print(f"[bold]first bitwise difference[/] (earlier, within tolerance): "
-                          f"{_where(fd.a)}  (a #{fd.a.index}, b #{fd.b.index}"
+                          f"{_what(fd)}  (a #{fd.a.index}, b #{fd.b.index}"
                           f"{', ' + markup(fd.origin) if fd.origin else ''})"
                           f"{'  ' + markup(fd.a.source) if fd.a.source else ''}; "
                           f"max ulp {_fmt(max_ulp)}, {word}  [dim](-v for details)[/]")
@@ -168,7 +176,8 @@ def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bo
                       f"{_where(f.a)} (a #{f.a.index})")
     _extras(console, r, verbose)
     al = r.alignment
-    console.print(f"alignment: {al['matched']} events matched; a {al['events_a']} "
+    console.print(f"alignment: {al['matched']} {markup(al.get('counted') or 'events')} matched; "
+                  f"a {al['events_a']} "
                   f"({al['only_in_a']} only in a), b {al['events_b']} ({al['only_in_b']} only in b)"
                   f"{'; ' + str(al['fallback_regions']) + ' regions aligned by fallback' if al.get('fallback_regions') else ''}")
     if verbose and r.gaps:

@@ -1,0 +1,436 @@
+"""Flax <-> PyTorch ports as users write them (fixtures/port_*.py: `init` + `apply`, weights
+copied into the torch module, optax.adam vs torch.optim.Adam), recorded once per module,
+located in one trace (both frameworks in one process) and in two (one script per side).
+
+What a user relies on: the pair the tool makes (the apply-time layer, not the init-time
+forward; every layer of a transformer), the finding (layer on both sides, module paths,
+source lines, inputs_match, the values, checked against numpy), never a verdict from a
+pair whose values are equal, and the optimizer state compared by role.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import tracediff
+from tracediff.cli import main as cli
+from tracediff.diff.locate import open_differ
+from tracediff.trace import schema
+
+from .helpers import FIXTURES, ROOT
+
+TF32 = os.path.join(ROOT, "tests", "perturb", "tf32_addmm")
+
+# Recorded in one process with a shared XLA compilation cache (the one-process and the
+# two-script recordings of a fixture compile the same initialisers): name, script,
+# frameworks captured, script arguments.
+JOBS = [
+    ("rep", "port_dense_linear.py", "jax,torch", ()),
+    ("rep_flax", "port_dense_linear.py", "jax", ("--side", "flax")),
+    ("rep_torch", "port_dense_linear.py", "torch", ("--side", "torch")),
+    ("mlp_flax", "port_mlp_adam.py", "jax", ("--side", "flax")),
+    ("mlp_torch", "port_mlp_adam.py", "torch", ("--side", "torch")),
+    ("conv", "port_conv.py", "jax,torch", ()),
+    ("nnx", "port_nnx.py", "jax,torch", ()),
+    ("shared", "port_shared.py", "jax,torch", ()),
+]
+BATCH = r"""
+import sys
+from tracediff.runner import record_script
+for spec in sys.argv[2:]:
+    name, script, frameworks, *args = spec.split("|")
+    rc = record_script(script, args, sys.argv[1] + "/" + name + ".h5",
+                       frameworks=tuple(frameworks.split(",")))
+    if rc:
+        sys.exit(name + ": the script exited " + str(rc))
+"""
+
+
+def _env(cache, *paths):
+    """The recordings' environment: this checkout, and XLA's persistent compilation
+    cache in `cache` (the same programs are compiled once, not once per recording; the
+    compiled code, and so every recorded value, is the same)."""
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    env["PYTHONPATH"] = os.pathsep.join((*paths, ROOT))
+    env.update(JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
+    return env
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory, request):
+    d = tmp_path_factory.mktemp("ports")
+    cache = request.config.cache.mkdir("tracediff-ports-xla") if request.config.cache \
+        else d / "xla-cache"
+    specs = ["|".join((name, os.path.join(FIXTURES, script), fws, *args))
+             for name, script, fws, args in JOBS]
+    # the transformer with torch's addmm multiplying in TF32 precision, alongside
+    tf32 = subprocess.Popen([sys.executable, "-m", "tracediff", "record", "-o",
+                             str(d / "tr32.h5"), os.path.join(FIXTURES, "port_transformer.py")],
+                            env=_env(cache, TF32), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    batch = subprocess.run([sys.executable, "-c", BATCH, str(d), *specs], env=_env(cache),
+                           cwd=ROOT, capture_output=True, text=True, timeout=900)
+    out, err = tf32.communicate(timeout=900)
+    assert batch.returncode == 0, batch.stderr[-4000:]
+    assert tf32.returncode == 0, err[-4000:]
+    paths = {name: str(d / f"{name}.h5") for name, *_ in JOBS}
+    paths["tr32"] = str(d / "tr32.h5")
+    paths["stdout"] = batch.stdout
+    return paths
+
+
+_RESULTS = {}
+
+
+def _locate(a, b=None, **kw):
+    """tracediff.locate, once per argument set (results are shared by the tests)."""
+    key = (a, b, tuple(sorted(kw.items())))
+    if key not in _RESULTS:
+        _RESULTS[key] = tracediff.locate(a, b, **kw)
+    return _RESULTS[key]
+
+
+def _line(script, text):
+    """'script.py:N' of the first line of a fixture holding `text`."""
+    with open(os.path.join(FIXTURES, script), encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if text in line:
+                return f"{script}:{n}"
+    raise AssertionError(f"{text!r} not in {script}")
+
+
+def _units(result):
+    return [m for m in result.mapping if m["by"] not in ("value", "role")]
+
+
+def _module_pairs(result):
+    return {(m["a_module"], m["b_module"]) for m in _units(result)}
+
+
+def _first_in(t, framework, op, after=-1):
+    ev = t.events
+    for e in range(after + 1, len(t)):
+        if ev["framework"][e] == framework and t.string(ev["op"][e]) == op:
+            return e
+    return None
+
+
+def _input(t, e, slot):
+    r = next(r for r in t.input_rows(e) if int(r["slot"]) == slot)
+    return t.outputs(int(r["producer"]))[int(r["producer_slot"])]
+
+
+# -- the reporter's pattern: dense.init on ones, dense.apply on x, torch Linear with the weights
+
+def test_reporter_one_process_names_the_apply_time_matmul(traces):
+    r = _locate(traces["rep"], rtol=0, atol=0)
+    with tracediff.load(traces["rep"]) as t:
+        # the init-time forward reads jnp.ones; the apply-time one reads x (the numpy truth)
+        dots = [e for e in range(len(t)) if t.events["framework"][e] == schema.FW_JAX and
+                t.string(t.events["op"][e]) == "dot_general"]
+        init, apply = sorted(dots, key=lambda e: not np.all(_input(t, e, 0) == 1))
+        assert np.all(_input(t, init, 0) == 1) and not np.all(_input(t, apply, 0) == 1)
+        x, kernel = _input(t, apply, 0), _input(t, apply, 1)
+        add = _first_in(t, schema.FW_JAX, "add", apply)
+        addmm = _first_in(t, schema.FW_TORCH, "aten::addmm")
+        bias, x_b, w_t = (_input(t, addmm, i) for i in range(3))
+        jax_out, torch_out = t.outputs(add)[0], t.outputs(addmm)[0]
+    # inputs and weights are bitwise equal (torch reads weight.t(), the Flax kernel)
+    assert x.tobytes() == x_b.tobytes() and kernel.tobytes() == w_t.tobytes()
+    exact = x.astype(np.float64) @ kernel.astype(np.float64) + bias.astype(np.float64)
+    # exactly one layer pair: the apply-time Dense with the Linear; the init-time one unpaired
+    units = _units(r)
+    assert [(m["a"], m["b"], m["family"]) for m in units] == [(add, addmm, "linear")]
+    assert all(m["a"] != init for m in r.mapping)
+    if np.array_equal(jax_out, torch_out):    # a CPU on which both BLAS agree bitwise
+        assert r.first_difference is None and r.verdict == "match"
+        return
+    f = r.first_beyond_tolerance
+    assert f is r.first_difference or f.a["index"] == r.first_difference.a["index"]
+    assert (f.a["index"], f.b["index"]) == (add, addmm)
+    assert f.layer["text"] == "Dense dense (dot_general + add) <-> Linear (top level) (addmm)"
+    assert f.layer["a_module"] == "dense" and f.layer["b_module"] == ""
+    assert f.a["source"] == f.layer["a_source"] == _line("port_dense_linear.py", "dense.apply(params, x)")
+    assert f.b["source"] == _line("port_dense_linear.py", "torch_dense(torch_x)")
+    assert f.inputs_match is True and f.inputs_reason.startswith("all 3 inputs and parameters match")
+    assert f.metrics["max_abs"] == pytest.approx(float(np.abs(jax_out - torch_out).max()))
+    assert 0 < f.metrics["max_abs"] < 1e-4           # ULPs, not the 4.18 of a wrong pairing
+    err = {s: float(np.abs(o.astype(np.float64) - exact).sum()) for s, o in (("a", jax_out), ("b", torch_out))}
+    closer = min(err, key=err.get)
+    assert r.explain["verdict"].split(": ", 1)[1].startswith(f"{closer} is closer to the float64")
+
+
+def test_reporter_two_scripts_give_the_same_finding(traces):
+    one = _locate(traces["rep"], rtol=0, atol=0)
+    two = _locate(traces["rep_flax"], traces["rep_torch"], rtol=0, atol=0)
+    assert [(m["a_module"], m["b_module"], m["family"]) for m in _units(two)] == \
+        [("dense", "", "linear")]
+    if one.first_difference is None:
+        assert two.first_difference is None
+        return
+    f1, f2 = one.first_beyond_tolerance, two.first_beyond_tolerance
+    assert f2.layer["text"] == f1.layer["text"] and f2.inputs_match is True
+    assert f2.a["source"] == f1.a["source"] and f2.b["source"] == f1.b["source"]
+    # the same values in either form
+    assert f2.metrics["max_abs"] == f1.metrics["max_abs"] and f2.metrics["max_ulp"] == f1.metrics["max_ulp"]
+    j1, j2 = tracediff.to_json(one), tracediff.to_json(two)
+    assert set(j1) == set(j2) and set(j1["first_beyond_tolerance"]) == set(j2["first_beyond_tolerance"])
+    assert j1["traces"]["a"]["framework"] == "jax" and j1["traces"]["b"]["framework"] == "torch"
+
+
+def test_one_trace_in_the_cli(traces, tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(cli, ["locate", traces["rep"], "--rtol", "0", "--atol", "0"],
+                        env={"NO_COLOR": "1", "COLUMNS": "300"})
+    api = _locate(traces["rep"], rtol=0, atol=0)
+    assert res.exit_code == api.exit_code, res.output
+    lines = res.output.splitlines()
+    assert lines[0].startswith(("DIVERGED", "MATCH")) and "(jax)" in lines[0] and "(torch)" in lines[0]
+    if api.first_beyond_tolerance is not None:
+        assert "Dense dense (dot_general + add) <-> Linear (top level) (addmm)" in lines[1]
+        assert f"tracediff explain {traces['rep']} " in res.output   # one trace, one argument
+    res = runner.invoke(cli, ["locate", traces["rep"], "--rtol", "0", "--atol", "0", "--json"])
+    d = json.loads(res.output)
+    assert d["exit_code"] == api.exit_code == res.exit_code
+    assert d["alignment"]["counted"] == "computing units" and d["alignment"]["matched"] == 1
+    if d["first_beyond_tolerance"]:
+        assert d["first_beyond_tolerance"]["layer"]["family"] == "linear"
+    res = runner.invoke(cli, ["explain", traces["rep"]])
+    assert res.exit_code == _locate(traces["rep"]).exit_code and "origin:" in res.output
+    report = tmp_path / "r.md"
+    res = runner.invoke(cli, ["report", traces["rep"], "-o", str(report)])
+    assert res.exit_code == 0 and "The jax and torch sides of `port_dense_linear.py`" in report.read_text()
+    # one trace of one framework: nothing to compare, one line, exit 2
+    res = runner.invoke(cli, ["locate", traces["rep_flax"]])
+    assert res.exit_code == 2 and "JAX and PyTorch" in res.output
+    assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
+
+
+# -- an MLP trained with optax.adam and its torch port with torch.optim.Adam, two scripts
+
+def test_mlp_adam_first_difference_is_the_first_layer(traces):
+    r = _locate(traces["mlp_flax"], traces["mlp_torch"], rtol=0, atol=0)
+    pairs = [(m["a_module"], m["b_module"], m["family"], m["phase"]) for m in _units(r)]
+    # both steps: fc1, relu, fc2 forward; the backward of both layers
+    for step_pair in (("MLP/fc1", "fc1", "linear", "forward"), ("MLP/fc2", "fc2", "linear", "forward"),
+                      ("MLP", "", "max", "forward"), ("MLP/fc1", "fc1", "matmul", "backward"),
+                      ("MLP/fc2", "fc2", "sum", "backward")):
+        assert pairs.count(step_pair) == 2, (step_pair, pairs)
+    f = r.first_difference
+    with tracediff.load(traces["mlp_flax"]) as ta, tracediff.load(traces["mlp_torch"]) as tb:
+        fc1 = next(m for m in _units(r) if m["a_module"] == "MLP/fc1" and m["family"] == "linear")
+        differs = not np.array_equal(ta.outputs(fc1["a"])[0], tb.outputs(fc1["b"])[0])
+    if differs:     # this CPU: XLA's dot and MKL's sgemm round differently at batch 2
+        assert (f.a["index"], f.b["index"]) == (fc1["a"], fc1["b"])
+        assert f.layer["text"] == "Dense MLP/fc1 (dot_general + add) <-> Linear fc1 (addmm)"
+        assert f.a["step"] == 0 and f.inputs_match is True and f.metrics["max_abs"] > 0
+        assert f.a["source"] == _line("port_mlp_adam.py", 'nn.Dense(16, name="fc1")')
+        assert f.b["source"] == _line("port_mlp_adam.py", "return self.fc2(torch.relu(self.fc1(x)))")
+        assert r.explain["verdict"].split(": ", 1)[1].startswith(("a is closer", "b is closer"))
+    else:
+        assert f is None or f.a["index"] > fc1["a"]
+
+
+def test_mlp_adam_no_verdict_from_equal_values_and_optimizer_by_role(traces):
+    r = _locate(traces["mlp_flax"], traces["mlp_torch"])
+    for f in (r.first_difference, r.first_beyond_tolerance):
+        if f is not None:
+            assert f.metrics["max_abs"] > 0 and not f.metrics.get("bitwise_equal")
+    # values paired by value: never an integer with a float
+    with tracediff.load(traces["mlp_flax"]) as ta, tracediff.load(traces["mlp_torch"]) as tb:
+        d, _ = open_differ(ta, tb)
+        for ra, rb, _how in d.p.atom_rows.values():
+            kinds = {ta.string(ra["dtype"])[:3] == "int", tb.string(rb["dtype"])[:3] == "int"}
+            assert len(kinds) == 1
+        # optax's int32 count and torch's float32 step compare by value: equal, not a difference
+        m = d.compare_values(np.array(1, np.int32), np.array(1.0, np.float32), "int32", "float32")
+        assert m["bitwise_equal"] and m["within_tolerance"] and m["dtype_mismatch"] == ["int32", "float32"]
+        m = d.compare_values(np.array(0, np.int32), np.array(1.0, np.float32), "int32", "float32")
+        assert not m["bitwise_equal"] and not m["within_tolerance"]
+    roles = {(m["a_op"], m["b_op"]) for m in r.mapping if m["by"] == "role"}
+    for pair in (("state/mu/params/fc1/kernel", "state/fc1.weight/exp_avg"),
+                 ("state/nu/params/fc2/bias", "state/fc2.bias/exp_avg_sq"),
+                 ("state/count", "state/fc1.weight/step"),
+                 ("grads/params/fc1/kernel", "grads/fc1.weight"),
+                 ("params/params/fc1/kernel + updates", "params/fc1.weight")):
+        assert pair in roles, sorted(roles)
+    assert [s["step"] for s in r.optimizer_steps] == [0, 1]
+    for s in r.optimizer_steps:
+        assert s["by"] == "role" and s["compared"] == 17     # 4 x (params, grads, mu, nu) + count
+        assert s["bitwise_equal"] or " <-> params/" in s["worst"]
+        assert s["max_rel"] < 1e-2     # the same training, to float32 rounding
+
+
+def test_optimizer_roles_sgd_momentum_and_adamw():
+    """The names the recorders write for optax.sgd(momentum) / optax.adamw and torch's SGD /
+    AdamW (as recorded from those optimizers) pair by role."""
+    from tracediff.diff import optroles
+
+    jax_names = ["grads/params/fc1/bias", "grads/params/fc1/kernel", "params/params/fc1/bias",
+                 "params/params/fc1/kernel", "updates/params/fc1/bias", "updates/params/fc1/kernel"]
+    torch_names = ["params/fc1.weight", "grads/fc1.weight", "params/fc1.bias", "grads/fc1.bias"]
+    sizes = {n: 2 if n.endswith("bias") else 6 for n in jax_names + torch_names}
+    sgd = optroles.role_pairs(
+        jax_names + ["state/trace/params/fc1/bias", "state/trace/params/fc1/kernel"], "jax",
+        torch_names + ["state/fc1.weight/momentum_buffer", "state/fc1.bias/momentum_buffer"],
+        "torch", {**sizes, "state/trace/params/fc1/kernel": 6}, sizes)
+    got = {(role, optroles.after_step_name(a), b) for role, a, b, _ in sgd}
+    assert ("state:momentum_buffer", "state/trace/params/fc1/kernel",
+            "state/fc1.weight/momentum_buffer") in got
+    assert ("params", "params/params/fc1/kernel + updates", "params/fc1.weight") in got
+    assert ("grads", "grads/params/fc1/bias", "grads/fc1.bias") in got
+    adamw = optroles.role_pairs(
+        jax_names + ["state/count", "state/mu/params/fc1/kernel", "state/nu/params/fc1/kernel"],
+        "jax", torch_names + ["state/fc1.weight/step", "state/fc1.weight/exp_avg",
+                              "state/fc1.weight/exp_avg_sq"], "torch", sizes, sizes)
+    got = {(role, optroles.after_step_name(a), b) for role, a, b, _ in adamw}
+    assert {("state:exp_avg", "state/mu/params/fc1/kernel", "state/fc1.weight/exp_avg"),
+            ("state:exp_avg_sq", "state/nu/params/fc1/kernel", "state/fc1.weight/exp_avg_sq"),
+            ("count", "state/count", "state/fc1.weight/step")} <= got
+    # torch's root module has no prefix ("weight"): paired by leaf and size
+    root = optroles.role_pairs(jax_names, "jax", ["params/weight", "params/bias"], "torch",
+                               sizes, {"params/weight": 6, "params/bias": 2})
+    assert {(optroles.after_step_name(a), b) for _, a, b, _ in root} == {
+        ("params/params/fc1/kernel + updates", "params/weight"),
+        ("params/params/fc1/bias + updates", "params/bias")}
+
+
+def test_mlp_map_restricts_modules(traces, tmp_path):
+    m = tmp_path / "map.json"
+    m.write_text(json.dumps({"MLP/fc1": "fc1"}))
+    r = _locate(traces["mlp_flax"], traces["mlp_torch"], map_file=str(m))
+    mapped = [x for x in _units(r) if x["a_module"] == "MLP/fc1" or x["b_module"] == "fc1"]
+    assert len(mapped) == 6        # forward linear and the backward matmul + sum, both steps
+    for x in mapped:
+        assert (x["a_module"], x["b_module"]) == ("MLP/fc1", "fc1") and x["by"] == "user map"
+    for x in _units(r):             # never across op families (no random_wrap/sqrt/div <-> addmm)
+        if x["b_op"] == "addmm":
+            assert x["a_op"] == "dot_general + add"
+
+
+def test_repeated_applies_shared_weights_layers_of_one_shape(traces):
+    r = _locate(traces["shared"], rtol=0, atol=0)
+    units = sorted(_units(r), key=lambda m: m["a"])
+    one_apply = [("Net/shared", "shared", "linear"), ("Net", "", "tanh"),
+                 ("Net/shared", "shared", "linear"), ("Net/a", "a", "linear"),
+                 ("Net", "", "tanh"), ("Net/b", "b", "linear")]
+    # three applies (twice on the same batch, once on another), each with its torch forward,
+    # in order; the init-time forward on ones pairs with nothing
+    assert [(m["a_module"], m["b_module"], m["family"]) for m in units] == one_apply * 3
+    assert [m["b"] for m in units] == sorted(m["b"] for m in units)
+    with tracediff.load(traces["shared"]) as t:
+        dots = [e for e in range(len(t)) if t.string(t.events["op"][e]) == "dot_general"]
+        assert np.all(_input(t, dots[0], 0) == 1)       # model.init(key, jnp.ones(...))
+    assert len(dots) == 4 + 3 * 4 and units[0]["a"] > dots[3]   # after the 4 init-time dots
+    f = r.first_difference
+    if f is not None:
+        assert f.inputs_match is True and f.layer["family"] in ("linear", "tanh")
+
+
+# -- layouts: NHWC/HWIO vs NCHW/OIHW
+
+def test_conv_pairs_across_layouts(traces):
+    r = _locate(traces["conv"], rtol=0, atol=0)
+    got = {(m["a_module"], m["b_module"], m["family"]) for m in _units(r)}
+    assert {("CNN/conv1", "conv1", "conv"), ("CNN/head", "head", "linear")} <= got
+    values = [m for m in r.mapping if m["by"] == "value"]
+    assert any("permuting axes" in m["how"] for m in values)     # the HWIO kernel = OIHW weight
+    f = r.first_difference
+    if f is not None:
+        assert f.layer["text"] == ("Conv CNN/conv1 (conv_general_dilated + add) <-> "
+                                   "Conv2d conv1 (convolution)")
+        assert f.inputs_match is True and f.inputs_reason.count("(axes permuted)") == 2
+        # compared in the right layout: rounding, not the O(1) of mixed-up axes
+        assert 0 < f.metrics["max_abs"] < 1e-4
+
+
+# -- a transformer block, torch's addmm in TF32 precision
+
+TRANSFORMER_LAYERS = {
+    ("Model/embed", "embed", "gather"), ("Model/block/ln1", "block/ln1", "layer_norm"),
+    ("Model/block/attn/query", "block/attn/query", "linear"),
+    ("Model/block/attn/key", "block/attn/key", "linear"),
+    ("Model/block/attn/value", "block/attn/value", "linear"),
+    ("Model/block/attn", "block/attn", "softmax"),
+    ("Model/block/attn/out", "block/attn/out", "linear"),
+    ("Model/block", "block", "add"),
+    ("Model/block/ln2", "block/ln2", "layer_norm"),
+    ("Model/block/fc1", "block/fc1", "linear"), ("Model/block", "block", "gelu"),
+    ("Model/block/fc2", "block/fc2", "linear"), ("Model/ln_f", "ln_f", "layer_norm"),
+    ("Model/head", "head", "linear"),
+}
+
+
+def test_transformer_every_layer_paired_tf32_names_the_query_projection(traces):
+    r = _locate(traces["tr32"])
+    units = _units(r)
+    got = {(m["a_module"], m["b_module"], m["family"]) for m in units}
+    assert TRANSFORMER_LAYERS <= got, sorted(TRANSFORMER_LAYERS - got)
+    assert sum(1 for m in units if (m["a_module"], m["family"]) == ("Model/block", "add")) == 2
+    assert all(m["how"] for m in r.mapping)          # every pair says how it was made
+    f = r.first_beyond_tolerance
+    assert f.layer["text"] == ("Dense Model/block/attn/query (dot_general + add) <-> "
+                               "Linear block/attn/query (addmm)")
+    assert f.inputs_match is True and 1e-4 < f.metrics["max_rel"]
+    assert f.b["source"] == _line("port_transformer.py", "q = split(self.query(x))")
+    # exact comparison: the first bitwise difference comes earlier, introduced there
+    r0 = _locate(traces["tr32"], rtol=0, atol=0)
+    f0 = r0.first_difference
+    assert f0.inputs_match is True and f0.a["index"] <= f.a["index"]
+    assert (f0.layer["a_module"], f0.layer["b_module"], f0.layer["family"]) in TRANSFORMER_LAYERS
+
+
+# -- Flax NNX: module paths from the NNX graph
+
+def test_nnx_model_pairs_by_path(traces):
+    with tracediff.load(traces["nnx"]) as t:
+        stacks = {t.string(t.events["name_stack"][e]) for e in range(len(t))
+                  if t.events["framework"][e] == schema.FW_JAX}
+    assert {"linear1", "bn", "linear2"} <= stacks
+    r = _locate(traces["nnx"])
+    got = {(m["a_module"], m["b_module"], m["family"]) for m in _units(r)}
+    assert {("linear1", "linear1", "linear"), ("bn", "bn", "batch_norm"),
+            ("linear2", "linear2", "linear")} <= got
+    # the recorded script printed what it prints unrecorded: paths are metadata
+    flax_sum = [ln for ln in traces["stdout"].splitlines() if ln.startswith("flax output")]
+    assert len(flax_sum) >= 1
+
+
+def test_nnx_paths_leave_the_computation_unchanged():
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from tracediff.capture.nnx_paths import NnxPaths
+
+    class Model(nnx.Module):
+        def __init__(self, rngs):
+            self.linear1 = nnx.Linear(3, 4, rngs=rngs)
+            self.blocks = nnx.List([nnx.Linear(4, 4, rngs=rngs)])
+
+        def __call__(self, x):
+            return self.blocks[0](jax.nn.relu(self.linear1(x)))
+
+    model = Model(nnx.Rngs(0))
+    x = jnp.arange(6.0).reshape(2, 3)
+
+    def stacks():
+        jaxpr = jax.make_jaxpr(lambda v: model(v))(x)
+        return {str(e.source_info.name_stack) for e in jaxpr.eqns}
+
+    plain, before = np.asarray(model(x)), stacks()
+    paths = NnxPaths()
+    paths.install()
+    try:
+        assert {"linear1", "blocks/0"} <= stacks()
+        assert np.asarray(model(x)).tobytes() == plain.tobytes()
+    finally:
+        paths.uninstall()
+    assert stacks() == before and "linear1" not in before
