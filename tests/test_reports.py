@@ -21,6 +21,7 @@ from tracediff.report.common import fmt_bytes, report_context, source_context
 from tracediff.trace.reader import Trace
 
 from . import synth
+from .conftest import GRU_STEPS
 from .helpers import run_cli
 
 TRAIN_PY = "\n".join(f"line_{i} = {i}" for i in range(1, 20)) + "\n"
@@ -282,8 +283,8 @@ def test_report_cli_on_the_xla_isa_divergence(jax_gru, tmp_path):
     text = md.read_text()
     assert f"`{culprit['a']['op']}`" in text.split("\n\n")[1]
     assert "| env | `env.XLA_FLAGS` | `(unset)` | `--xla_cpu_max_isa=SSE4_2` |" in text
-    assert "XLA_FLAGS=--xla_cpu_max_isa=SSE4_2 tracediff record -o isa.h5 jax_gru_expm_adam.py " \
-           "--steps 3" in text
+    assert f"XLA_FLAGS=--xla_cpu_max_isa=SSE4_2 tracediff record -o {isa.name} " \
+           f"jax_gru_expm_adam.py --steps {GRU_STEPS}" in text
     assert "nn.GRUCell(features=self.hidden)(h, x)" in text      # the user's line, read back
     assert _md_tables_ok(text)
     doc = page.read_text()
