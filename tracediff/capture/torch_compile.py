@@ -236,7 +236,10 @@ class _Program:
                 node.orig = op_name(orig) if orig is not None else None
                 node.info = region.rec.cap.op_info(node.target) \
                     if getattr(node.target, "_schema", None) is not None else None
-                node.seq = n.meta.get("seq_nr")
+                try:
+                    node.seq = int(n.meta["seq_nr"])
+                except (KeyError, TypeError, ValueError):
+                    node.seq = None
                 node.module, node.source = self._site(n, kind, seq_map)
                 if node.info is not None:
                     for pos, _ in node.info.write_pos:
@@ -566,19 +569,21 @@ class CompileRecorder:
         return best
 
     def manifest(self):
-        m = {"mode": "shadow: compiled graphs run for real (their outputs are what the script "
-                     "gets); their aten graphs are replayed op by op from the real inputs",
-             "hooked": self.hooked, "torch_compile_calls": self.compiles,
-             "dynamo_graphs": self.regions, "graphs": self.graph_notes,
-             "compiled_calls": self.calls, "replayed_ops": self.replayed,
-             "replay_vs_compiled": self.fidelity, "settings": self.settings or {},
-             "errors": self.errors}
+        """`torch_compile_calls` and `settings` describe the environment (they are compared
+        by locate); `stats` describes the recording."""
+        stats = {"hooked": self.hooked, "dynamo_graphs": self.regions, "graphs": self.graph_notes,
+                 "compiled_calls": self.calls, "replayed_ops": self.replayed,
+                 "replay_vs_compiled": self.fidelity, "errors": self.errors}
         if self.probe is not None:
-            m["probe"] = dict(self.probe_stats, pattern=self.probe.pattern,
-                              note="probe values come from the graph compiled again by inductor "
-                                   "with every op's output as a graph output; fusion may differ "
-                                   "from the real program")
-        return m
+            stats["probe"] = dict(self.probe_stats, pattern=self.probe.pattern,
+                                  note="probe values come from the graph compiled again by "
+                                       "inductor with every op's output as a graph output; "
+                                       "fusion may differ from the real program")
+        return {"recorded_as": "shadow: compiled graphs run for real (their outputs are what the "
+                               "script gets); their aten graphs are replayed op by op from the "
+                               "real inputs",
+                "torch_compile_calls": self.compiles, "settings": self.settings or {},
+                "stats": stats}
 
     # -- runtime ---------------------------------------------------------------------------
     def runtime(self, prog, compiled):
@@ -741,17 +746,13 @@ class CompileRecorder:
                 outs, multi = list(out), True
             else:
                 continue
-            params = f"node={nd.name}"
-            if nd.info is not None:
-                p = cap.params(nd.info, args, kwargs)
-                if p:
-                    params = f"{params}, {p}"
+            params = cap.params(nd.info, args, kwargs) if nd.info is not None else None
             mod = nd.module if nd.module is not None else ns
             with cap.lock:
                 oid = w.add_event(framework=schema.FW_TORCH, kind=schema.KIND_EQN, op=nd.op,
-                                  phase=phase, origin=origin, params=params[:160], name_stack=mod,
+                                  phase=phase, origin=origin, params=params, name_stack=mod,
                                   source=nd.source or src, node=nd.orig, call=eid, parent=eid,
-                                  step=cap.step)
+                                  step=cap.step, iter=-1 if nd.seq is None else nd.seq)
                 slot = 0
                 for j in nd.ins:
                     x = env[j]
@@ -770,7 +771,10 @@ class CompileRecorder:
                 keep = cap.keeps(nd.op, mod)
                 for k, o in enumerate(outs):
                     if isinstance(o, Tensor):
-                        cap.store(oid, k, o, keep=keep)
+                        # named like the FX node (`add_1`, `var_mean[1]`), as the call's
+                        # outputs are: locate finds the op behind a compiled output by name
+                        cap.store(oid, k, o, name=f"{nd.name}[{k}]" if multi else nd.name,
+                                  keep=keep)
             if values is None:
                 self.replayed += 1
             erefs[nd.i] = (oid, -1) if multi else (oid, 0)
@@ -785,17 +789,20 @@ class CompileRecorder:
         stats = self.probe_stats
         if prog.probe_failed:
             return
+        from torch.utils._python_dispatch import _disable_current_modes
+
         self._tl.probing = True
         cap.compiled_depth += 1
         rng = torch.get_rng_state()
         try:
-            if prog.probe_fn is None:
-                prog.probe_fn = _build_probe(prog, ins)
-            fn, order, n_final = prog.probe_fn
-            torch.set_rng_state(rng)
-            with torch.no_grad():
-                res = fn(*ins)
-            res = list(res)
+            # compiled as Dynamo compiles: with no dispatch mode active (ours included)
+            with _disable_current_modes():
+                if prog.probe_fn is None:
+                    prog.probe_fn = _build_probe(prog, ins)
+                fn, order, n_final = prog.probe_fn
+                torch.set_rng_state(rng)
+                with torch.no_grad():
+                    res = list(fn(*ins))
         except Exception as exc:
             prog.probe_failed = f"{type(exc).__name__}: {str(exc)[:200]}"
             if len(stats["errors"]) < 20:

@@ -47,6 +47,7 @@ from ..errors import TraceError
 from ..trace.reader import Trace
 from . import align as _align
 from . import compare
+from . import compiled as _compiled
 from . import cross as _cross
 from . import explain as _explain
 from . import levels as _levels
@@ -227,10 +228,13 @@ def locate(a, b, rtol=None, atol=None, map_file=None, ulp=None, noise=None, expl
 
 def open_differ(ta, tb, rtol=None, atol=None, map_file=None):
     """The one differ factory: (Differ, None) for traces of one framework, the
-    cross-framework differ and its mapping for two frameworks or a user map."""
+    cross-framework differ and its mapping for two frameworks or a user map, the
+    eager-vs-compiled differ for a PyTorch run against a torch.compile run."""
     fw_a, fw_b = _frameworks(ta), _frameworks(tb)
     if map_file is not None or (fw_a and fw_b and fw_a != fw_b):
         return _cross.cross_differ(ta, tb, rtol, atol, map_file)
+    if _compiled.is_eager_vs_compiled(ta, tb):
+        return _compiled.EagerCompiledDiffer(ta, tb, rtol, atol), None
     return Differ(ta, tb, rtol, atol), None
 
 
