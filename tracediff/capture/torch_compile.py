@@ -397,11 +397,27 @@ class CompileRecorder:
         orig = torch.compile
         rec = self
 
+        cap = self.cap
+
         @functools.wraps(orig)
         def compile(model=None, *args, **kwargs):
-            if model is not None:
-                rec._note_compile(kwargs)
-            return orig(model, *args, **kwargs)
+            if model is None:
+                return orig(model, *args, **kwargs)
+            rec._note_compile(kwargs)
+            res = orig(model, *args, **kwargs)
+            if not kwargs.get("fullgraph") or isinstance(model, torch.nn.Module) or not callable(res):
+                return res
+
+            @functools.wraps(res)
+            def fullgraph_call(*a, **k):
+                # the optimizer hooks must not break this graph (see hook_optimizer)
+                cap.fullgraph_depth += 1
+                try:
+                    return res(*a, **k)
+                finally:
+                    cap.fullgraph_depth -= 1
+
+            return fullgraph_call
 
         torch.compile = compile
         self._undo.append(lambda: setattr(torch, "compile", orig))
@@ -657,8 +673,12 @@ class CompileRecorder:
                     name = prog.out_names[slot] if slot < len(prog.out_names) else None
                     if isinstance(o, Tensor) or isinstance(o, (bool, int, float)):
                         cap.store(eid, slot, o, name=name, keep=cap.keeps(prog.op, ns))
-                    if isinstance(o, Tensor):
-                        cap.register(eid, slot, o)
+                # the program's own outputs come first (saved activations after them): of
+                # several outputs sharing a storage, the first is its writer
+                for slot in range(len(outs) - 1, -1, -1):
+                    if isinstance(outs[slot], Tensor):
+                        cap.register(eid, slot, outs[slot])
+                cap.hold = outs
             if replayed is not None:
                 self._measure(prog, replayed, outs)
             if want_probe:
@@ -744,6 +764,10 @@ class CompileRecorder:
                 outs, multi = [out], False
             elif isinstance(out, (list, tuple)):
                 outs, multi = list(out), True
+            elif out is None and nd.info is not None and nd.info.write_pos:
+                # an in-place op returning nothing (`_foreach_add_`): its written arguments
+                outs = [a for i, _ in nd.info.write_pos if i < len(args) for a in _flat1(args[i])]
+                multi = True
             else:
                 continue
             params = cap.params(nd.info, args, kwargs) if nd.info is not None else None
@@ -774,7 +798,7 @@ class CompileRecorder:
                         # named like the FX node (`add_1`, `var_mean[1]`), as the call's
                         # outputs are: locate finds the op behind a compiled output by name
                         cap.store(oid, k, o, name=f"{nd.name}[{k}]" if multi else nd.name,
-                                  keep=keep)
+                                  keep=keep, uninit=nd.info is not None and nd.info.uninit)
             if values is None:
                 self.replayed += 1
             erefs[nd.i] = (oid, -1) if multi else (oid, 0)
@@ -835,6 +859,10 @@ class CompileRecorder:
             stats["final_outputs_equal_compiled"] += 1
         else:
             stats["final_outputs_differ_from_compiled"] += 1
+
+
+def _flat1(x):
+    return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
 def _flatten_out(x):

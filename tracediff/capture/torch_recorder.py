@@ -241,10 +241,15 @@ class TorchCapture(Capture):
                                f"has no always_call module hooks") from None
         self._handles += [register_module_forward_pre_hook(self._mod_pre)]
         self._optim_hooks = []
-        self.hook_optimizer(None)
         self.compiled_depth = 0  # >0 inside a compiled call: its ops pass through unrecorded
+        self.fullgraph_depth = 0  # >0 inside a torch.compile(fullgraph=True) function
+        # the raw outputs of the last compiled call, kept until the next op has looked up
+        # its inputs: AOT autograd hands the program aliases of them (same storage and
+        # geometry), found through `last_writer` only while the originals live
+        self.hold = None
         self._is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or \
             (lambda: False)
+        self.hook_optimizer(None)
         self.mode = _make_mode(self)
         self.thread = threading.get_ident()
         # Levels and windows (RecordOptions): at `calls` level no op is recorded (only
@@ -274,7 +279,21 @@ class TorchCapture(Capture):
             h.remove()
         pre, post = self._optim_pre, self._optim_post
         if wrap is not None:
-            pre, post = wrap(pre), wrap(post)
+            pre_d, post_d = wrap(pre), wrap(post)
+            cap, compiling = self, self._is_compiling
+
+            # inside a `fullgraph=True` compile a graph break is an error: there the hooks
+            # are traced as no-ops (that compiled step is not snapshotted)
+            def pre(opt, args, kwargs):
+                if cap.fullgraph_depth and compiling():
+                    return None
+                return pre_d(opt, args, kwargs)
+
+            def post(opt, args, kwargs):
+                if cap.fullgraph_depth and compiling():
+                    return None
+                return post_d(opt, args, kwargs)
+
         self._optim_hooks = [register_optimizer_step_pre_hook(pre),
                              register_optimizer_step_post_hook(post)]
 
@@ -570,6 +589,7 @@ class TorchCapture(Capture):
             if self.pending:
                 self._fix_pending()
             refs = [self._ref(t) for t in ins]
+            self.hold = None
         return info, tid, node, seq_now, src, mod, refs
 
     def _after(self, pre, args, kwargs, out):
@@ -675,16 +695,16 @@ class TorchCapture(Capture):
         if ptr:
             self.last_writer[ptr] = (eid, slot, wr, False)
 
-    def store(self, eid, slot, t, name=None, keep=True):
+    def store(self, eid, slot, t, name=None, keep=True, uninit=False):
         """Write tensor t (or a Python scalar) as output `slot` of event eid; metadata only
-        when `keep` is false (outside an --ops/--modules window)."""
+        when `keep` is false (outside an --ops/--modules window) or `uninit` (empty*)."""
         if not isinstance(t, _torch.Tensor):
             if isinstance(t, _SCALAR_TYPES):
                 self.writer.add_value(eid, slot, np.asarray(t), name=name, flags=schema.VFLAG_SCALAR,
                                       store=keep)
             return
         if keep:
-            self._store(eid, slot, t, name=name)
+            self._store(eid, slot, t, uninit=uninit, name=name)
         else:
             self.writer.add_meta_value(eid, slot, self._dtype_info(t.dtype)[0], tuple(t.shape),
                                        name=name)

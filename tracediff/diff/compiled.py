@@ -71,13 +71,18 @@ class _Units:
             ev["source"].astype(np.int64)
         it, call, phase = ev["iter"].astype(np.int64), side.call, ev["phase"].astype(np.int64)
         replay = (kind == schema.KIND_EQN) & (origin == schema.ORIGIN_REPLAY) & (fw == schema.FW_TORCH)
-        skip = (origin == schema.ORIGIN_PROBE) | \
+        self.skip = (origin == schema.ORIGIN_PROBE) | \
             ((kind == schema.KIND_CALL) & (origin == schema.ORIGIN_COMPILED) & (fw == schema.FW_TORCH))
-        reps, members = [], []
-        self.unit_of = np.full(n, -1, np.int64)
+        n_str = len(t.strings)
+
+        def gid(col):   # string ids shared by both traces (align.StringIds)
+            return side.gid[np.where((col >= 0) & (col < n_str), col, -1)]
+
+        self.key = np.stack([phase, gid(ns), gid(src)], axis=1) if n else np.zeros((0, 3), np.int64)
+        members = []
         i = 0
         while i < n:
-            if skip[i]:
+            if self.skip[i]:
                 i += 1
                 continue
             j = i
@@ -86,21 +91,47 @@ class _Units:
                 while j + 1 < n and replay[j + 1] and \
                         (call[j + 1], node[j + 1], ns[j + 1], src[j + 1], it[j + 1], phase[j + 1]) == key:
                     j += 1
-            self.unit_of[i:j + 1] = len(reps)
-            reps.append(j)
             members.append((i, j + 1))
             i = j + 1
-        self.reps = np.asarray(reps, np.int64)
-        self.members = members
         self.replay = replay
-        self.kind = kind[self.reps] if len(self.reps) else np.zeros(0, np.int64)
-        self.sig = np.zeros(len(self.reps), np.uint64)
-        self.outputs = self._outputs(side, replay, call)
+        self.sig = None
+        self._build(members)
+
+    def _build(self, members):
+        side = self.side
+        n = len(side.trace.events)
+        self.members = members
+        self.reps = np.asarray([hi - 1 for _, hi in members], np.int64)
+        self.unit_of = np.full(n, -1, np.int64)
+        for k, (lo, hi) in enumerate(members):
+            self.unit_of[lo:hi] = k
+        self.kind = side.kind[self.reps] if len(self.reps) else np.zeros(0, np.int64)
+        self.multi = np.array([hi - lo > 1 for lo, hi in members], bool)
+        self.outputs = self._outputs(side, self.replay, side.call)
+
+    def merge(self, runs):
+        """Merge runs of consecutive units ([(first unit, last unit)]) into one unit each;
+        returns old unit index -> new unit index."""
+        starts = {a: b for a, b in runs}
+        members, remap, k = [], np.full(len(self.members), -1, np.int64), 0
+        while k < len(self.members):
+            last = starts.get(k, k)
+            members.append((self.members[k][0], self.members[last][1]))
+            remap[k:last + 1] = len(members) - 1
+            k = last + 1
+        sig = self.sig
+        self._build(members)
+        if sig is not None:
+            first = np.asarray([np.flatnonzero(remap == j)[-1] for j in range(len(members))],
+                               np.int64)
+            self.sig = sig[first]
+        return remap
 
     def _outputs(self, side, replay, call):
         """Per unit, the (event, slot) values it hands on, in order: every output of a
-        single event; for a decomposition, the values of its ops read outside it (by a
-        later op, or returned by the compiled call: saved activations, results)."""
+        single event; for several ops (a decomposition, or eager ops paired with one
+        compiled op), the values read outside them (by a later op, or returned by the
+        compiled call: saved activations, results)."""
         t = side.trace
         n = len(t.events)
         unit_of = self.unit_of
@@ -110,7 +141,7 @@ class _Units:
             p, c = inp["producer"].astype(np.int64), inp["event"].astype(np.int64)
             ok = (p >= 0) & (p < n) & (c >= 0) & (c < n)
             p, c, ps = p[ok], c[ok], inp["producer_slot"][ok].astype(np.int64)
-            m = replay[p] & (unit_of[p] != unit_of[c])
+            m = (unit_of[p] >= 0) & (unit_of[p] != unit_of[c])
             leaving.update(zip(p[m].tolist(), ps[m].tolist()))
         vals = t.values
         out_rows = vals[(vals["role"] == schema.ROLE_OUT)]
@@ -129,7 +160,7 @@ class _Units:
         for e, sl in zip(ev.tolist(), out_rows["slot"].astype(np.int64).tolist()):
             slots.setdefault(e, []).append(sl)
         outs = []
-        for k, (lo, hi) in enumerate(self.members):
+        for lo, hi in self.members:
             if hi - lo == 1 and not replay[lo]:
                 outs.append([(lo, sl) for sl in sorted(slots.get(lo, ()))])
                 continue
@@ -137,6 +168,18 @@ class _Units:
                           if (e, sl) in leaving)
             outs.append(mine or [(hi - 1, 0)])
         return outs
+
+    def runs(self, units):
+        """Split consecutive unit indices into runs of equal (phase, module, line) whose
+        events are contiguous (no skipped call between them)."""
+        out = []
+        for k in units:
+            lo = self.members[k][0]
+            if out and tuple(self.key[lo]) == out[-1][2] and self.members[out[-1][1]][1] == lo:
+                out[-1][1] = k
+            else:
+                out.append([k, k, tuple(self.key[lo])])
+        return out
 
     def signatures(self, side):
         """Unit signatures: ops by (phase, op or the op it was decomposed from, module,
@@ -210,6 +253,7 @@ class EagerCompiledDiffer(Differ):
         self.ua.signatures(sa)
         self.ub.signatures(sb)
         ual = _align.align(self.ua, self.ub)
+        ual = self._pair_gaps(ual)
         self.ual = ual
         a2b = np.full(len(ta), -1, np.int64)
         b2a = np.full(len(tb), -1, np.int64)
@@ -227,12 +271,54 @@ class EagerCompiledDiffer(Differ):
         for e in ea.tolist():
             self.pair_by[e] = CROSS if self._is_cross(e, int(a2b[e])) else "structure"
 
+    def _pair_gaps(self, ual):
+        """Between two paired units, eager ops left over on one side and replayed ops left
+        over on the other, at the same module path and source line, are one op written two
+        ways (eager `dropout` = empty_like, bernoulli_, div_, mul; compiled
+        `native_dropout`): merge each such run into one unit and pair them."""
+        ua, ub = self.ua, self.ub
+        pa = np.flatnonzero(ual.a2b >= 0)
+        bounds = list(zip(pa.tolist(), ual.a2b[pa].tolist())) + [(len(ua.reps), len(ub.reps))]
+        runs_a, runs_b, pairs = [], [], []
+        prev_i = prev_j = -1
+        for i, j in bounds:
+            if i - prev_i > 1 and j - prev_j > 1:
+                ra = ua.runs(range(prev_i + 1, i))
+                rb = ub.runs(range(prev_j + 1, j))
+                used = 0
+                for a0, a1, key in ra:
+                    for x in range(used, len(rb)):
+                        b0, b1, kb = rb[x]
+                        rep_a = any(ua.replay[ua.reps[k]] for k in range(a0, a1 + 1))
+                        rep_b = any(ub.replay[ub.reps[k]] for k in range(b0, b1 + 1))
+                        if kb == key and rep_a != rep_b:
+                            runs_a.append((a0, a1))
+                            runs_b.append((b0, b1))
+                            pairs.append((a0, b0))
+                            used = x + 1
+                            break
+            prev_i, prev_j = i, j
+        if not pairs:
+            return ual
+        old_a2b = ual.a2b
+        ma, mb = ua.merge(runs_a), ub.merge(runs_b)
+        a2b = np.full(len(ua.reps), -1, np.int64)
+        b2a = np.full(len(ub.reps), -1, np.int64)
+        for i in np.flatnonzero(old_a2b >= 0).tolist():
+            a2b[ma[i]], b2a[mb[old_a2b[i]]] = mb[old_a2b[i]], ma[i]
+        for i, j in pairs:
+            a2b[ma[i]], b2a[mb[j]] = mb[j], ma[i]
+        return _align.Alignment(a2b, b2a, ual.fallback_regions, ual.anchors_matched)
+
     # -- which value stands for an event -------------------------------------------------------
     def _units(self, which):
         return self.ua if which == "a" else self.ub
 
     def _is_cross(self, ea, eb):
-        return bool(self.ua.replay[ea] or self.ub.replay[eb])
+        """Does this pair stand for one op written two ways (a decomposition, or several
+        eager ops against one compiled op)?"""
+        return bool(self.ua.replay[ea] or self.ub.replay[eb] or
+                    self.ua.multi[self.ua.unit_of[ea]] or self.ub.multi[self.ub.unit_of[eb]])
 
     def best_row(self, which, e, slot=0):
         """(value row, origin name) that stands for output `slot` of event e: for a replayed
@@ -345,22 +431,58 @@ class EagerCompiledDiffer(Differ):
         return out
 
     def output_map(self, ka, kb):
-        """[(i, j)]: output i of unit ka of a is output j of unit kb of b (paired by dtype
-        and shape, in order)."""
+        """[(i, j)]: output i of unit ka of a is output j of unit kb of b. Values of one
+        dtype and shape pair directly when each side has one; several (a layer norm's
+        mean and rstd, a dropout's mask and scaled mask) pair by closeness of value."""
         key = (ka, kb)
         hit = self._out_map.get(key)
-        if hit is None:
-            ra, rb = self._unit_rows("a", ka), self._unit_rows("b", kb)
-            used = [False] * len(rb)
-            hit = []
-            for i, (da, sa_, _) in enumerate(ra):
-                for j, (db, sb_, _) in enumerate(rb):
-                    if not used[j] and da is not None and (da, sa_) == (db, sb_):
-                        used[j] = True
-                        hit.append((i, j))
-                        break
-            self._out_map[key] = hit
+        if hit is not None:
+            return hit
+        ra, rb = self._unit_rows("a", ka), self._unit_rows("b", kb)
+        groups = {}
+        for i, (d_, s_, _) in enumerate(ra):
+            if d_ is not None:
+                groups.setdefault((d_, s_), ([], []))[0].append(i)
+        for j, (d_, s_, _) in enumerate(rb):
+            if (d_, s_) in groups:
+                groups[(d_, s_)][1].append(j)
+        hit = []
+        for ia, ib in groups.values():
+            if len(ia) == 1 and len(ib) == 1:
+                hit.append((ia[0], ib[0]))
+                continue
+            cand = sorted((self._distance(ra[i][2], rb[j][2]), x, y, i, j)
+                          for x, i in enumerate(ia) for y, j in enumerate(ib))
+            used_i, used_j = set(), set()
+            for _, _, _, i, j in cand:
+                if i not in used_i and j not in used_j:
+                    used_i.add(i)
+                    used_j.add(j)
+                    hit.append((i, j))
+        hit.sort()
+        self._out_map[key] = hit
         return hit
+
+    def _distance(self, row_a, row_b):
+        """Relative mean distance of two values (0 when their hashes agree; inf when either
+        was not stored), to pair values of one dtype and shape."""
+        if row_a is None or row_b is None or not comparable(row_a) or not comparable(row_b):
+            return float("inf")
+        if int(row_a["hash"]) == int(row_b["hash"]):
+            return 0.0
+        try:
+            xa = np.asarray(self.ra.read(row_a)).astype(np.float64)
+            xb = np.asarray(self.rb.read(row_b)).astype(np.float64)
+        except (TypeError, ValueError):
+            return float("inf")
+        if xa.size != xb.size:
+            return float("inf")
+        xb = xb.reshape(xa.shape)   # a value taken through a same-order view
+        with np.errstate(all="ignore"):
+            num = float(np.nanmean(np.abs(xa - xb))) if xa.size else 0.0
+            den = float(np.nanmean(np.abs(xa)) + np.nanmean(np.abs(xb))) if xa.size else 0.0
+        d = num / den if den > 0 else num
+        return d if d == d else float("inf")
 
     def _out_pairs(self, ea, eb):
         if not self._is_cross(ea, eb):
