@@ -56,8 +56,12 @@ Design (see the design notes, torch-capture-notes.md, for the measurements behin
   ops that rebuild them from shared memory (`empty` + `set_`), whose outputs are stored.
 - Robustness: an exception inside the recorder stops recording (one line on stderr,
   `recording_error` in the manifest); the script's op still runs and returns normally.
-- torch.compile falls back to eager while a dispatch mode is active: the trace shows
-  eager numerics (`mode: eager dispatch` in the manifest).
+- torch.compile: recorded faithfully by `torch_compile.py` (shadow mode: the compiled
+  graphs run for real, their aten graphs are replayed op by op). The dispatch mode says
+  `ignore_compile_internals`, so Dynamo compiles under it instead of falling back to
+  eager; ops run inside a compiled call pass through unrecorded (`compiled_depth`), and
+  the module hooks do nothing while Dynamo traces them (`torch.compiler.is_compiling()`),
+  so the compiled graphs are those of an unrecorded run.
 - Cost: no pytree in the hot path (hand-written flatten), values go straight into the
   writer's buffered byte arena; the runner raises the GC threshold.
 """
@@ -189,8 +193,6 @@ class TorchCapture(Capture):
                                f"lacks {', '.join(missing)}")
         from torch.nn.modules.module import (register_module_forward_hook,
                                              register_module_forward_pre_hook)
-        from torch.optim.optimizer import (register_optimizer_step_post_hook,
-                                           register_optimizer_step_pre_hook)
 
         self.session = session
         self.writer = session.writer
@@ -237,11 +239,17 @@ class TorchCapture(Capture):
         except TypeError:
             raise RuntimeError(f"tracediff torch capture needs {SUPPORTED}; torch {torch.__version__} "
                                f"has no always_call module hooks") from None
-        self._handles += [
-            register_module_forward_pre_hook(self._mod_pre),
-            register_optimizer_step_pre_hook(self._optim_pre),
-            register_optimizer_step_post_hook(self._optim_post),
-        ]
+        self._handles += [register_module_forward_pre_hook(self._mod_pre)]
+        self._optim_hooks = []
+        self.compiled_depth = 0  # >0 inside a compiled call: its ops pass through unrecorded
+        self.fullgraph_depth = 0  # >0 inside a torch.compile(fullgraph=True) function
+        # the raw outputs of the last compiled call, kept until the next op has looked up
+        # its inputs: AOT autograd hands the program aliases of them (same storage and
+        # geometry), found through `last_writer` only while the originals live
+        self.hold = None
+        self._is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or \
+            (lambda: False)
+        self.hook_optimizer(None)
         self.mode = _make_mode(self)
         self.thread = threading.get_ident()
         # Levels and windows (RecordOptions): at `calls` level no op is recorded (only
@@ -254,6 +262,40 @@ class TorchCapture(Capture):
         self.mode_on = False
         self._update_window()
         self.installed = True
+        from .torch_compile import CompileRecorder
+
+        self.compile = CompileRecorder(self)
+        self.compile.install()
+
+    def hook_optimizer(self, wrap):
+        """(Re-)register the global optimizer step hooks, each passed through `wrap` when
+        given: torch_compile wraps them in `torch._dynamo.disable`, so that a compiled
+        `opt.step()` calls them eagerly (a graph break at the step's edges) instead of
+        tracing them into its graph."""
+        from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                           register_optimizer_step_pre_hook)
+
+        for h in self._optim_hooks:
+            h.remove()
+        pre, post = self._optim_pre, self._optim_post
+        if wrap is not None:
+            pre_d, post_d = wrap(pre), wrap(post)
+            cap, compiling = self, self._is_compiling
+
+            # inside a `fullgraph=True` compile a graph break is an error: there the hooks
+            # are traced as no-ops (that compiled step is not snapshotted)
+            def pre(opt, args, kwargs):
+                if cap.fullgraph_depth and compiling():
+                    return None
+                return pre_d(opt, args, kwargs)
+
+            def post(opt, args, kwargs):
+                if cap.fullgraph_depth and compiling():
+                    return None
+                return post_d(opt, args, kwargs)
+
+        self._optim_hooks = [register_optimizer_step_pre_hook(pre),
+                             register_optimizer_step_post_hook(post)]
 
     def _in_window(self):
         o = self.opts
@@ -275,9 +317,12 @@ class TorchCapture(Capture):
             return
         self.installed = False
         _live_captures.discard(self)
-        for h in self._handles:
+        for h in self._handles + self._optim_hooks:
             h.remove()
-        self._handles = []
+        self._handles, self._optim_hooks = [], []
+        compile_rec = getattr(self, "compile", None)
+        if compile_rec is not None:
+            compile_rec.uninstall()
         try:
             if self.mode_on:
                 self.mode_on = False
@@ -291,9 +336,10 @@ class TorchCapture(Capture):
         torch = _torch
         if torch is None:
             return {}
+        compile_rec = getattr(self, "compile", None)
         m = {"version": torch.__version__, "mode": "eager dispatch",
              "supported": SUPPORTED,
-             "compile": "torch.compile falls back to eager while recording (dispatch mode active)",
+             "compile": compile_rec.manifest() if compile_rec is not None else {},
              "threads_captured": False,
              "threads_note": "aten ops run in Python threads other than the recording thread are "
                              "not recorded (the dispatch mode stack is thread-local)",
@@ -331,17 +377,23 @@ class TorchCapture(Capture):
                 self.roots.append(weakref.ref(m))
                 for sub_name, sub in m.named_modules(remove_duplicate=False):
                     if sub not in self.mod_names:
-                        self.mod_names[sub] = sub_name
+                        self.mod_names[sub] = _strip_compiled(sub_name)
                 n = self.mod_names[m]
             else:
                 n = self.mod_names[m] = f"{self.mod_stack[-1]}.<{type(m).__name__}>".lstrip(".")
         return n
 
     def _mod_pre(self, module, args):
+        # Dynamo traces global hooks into compiled graphs: they must add nothing there
+        # (a compiled call names its ops from the graph's nn_module_stack instead).
+        if self._is_compiling():
+            return
         if threading.get_ident() == self.thread:
             self.mod_stack.append(self._mod_name(module))
 
     def _mod_post(self, module, args, output):
+        if self._is_compiling():
+            return
         if threading.get_ident() == self.thread and self.mod_stack:
             self.mod_stack.pop()
 
@@ -355,7 +407,7 @@ class TorchCapture(Capture):
             root = r()
             if root is not None:
                 for n, p in root.named_parameters(remove_duplicate=False):
-                    names.setdefault(id(p), n)
+                    names.setdefault(id(p), _strip_compiled(n))
         self._names, self._names_key = names, key
         return names
 
@@ -490,7 +542,7 @@ class TorchCapture(Capture):
 
         A failure inside the recorder never reaches the script: recording stops, the
         op runs as usual and the manifest names the error."""
-        if self.forked or self.failed or self.writer.closed:
+        if self.compiled_depth or self.forked or self.failed or self.writer.closed:
             return func(*args, **kwargs)
         try:
             pre = self._before(func, args, kwargs)
@@ -525,6 +577,8 @@ class TorchCapture(Capture):
             seq_now = self._get_seq()
             src = self._source()
             mod = self.mod_stack[-1] if self.mod_stack else None
+        elif type(node).__name__ == "CompiledFunctionBackward":
+            return None  # AOT autograd's own backward plumbing: the compiled call records it
         else:
             seq_now = src = mod = None
         self._cur_source = src
@@ -535,6 +589,7 @@ class TorchCapture(Capture):
             if self.pending:
                 self._fix_pending()
             refs = [self._ref(t) for t in ins]
+            self.hold = None
         return info, tid, node, seq_now, src, mod, refs
 
     def _after(self, pre, args, kwargs, out):
@@ -615,6 +670,67 @@ class TorchCapture(Capture):
         s = ", ".join(parts)
         return s if len(s) <= _MAX_PARAMS else s[:_MAX_PARAMS - 3] + "..."
 
+    # -- emitter API (used by torch_compile for compiled calls and their replay) ------------
+    def recording(self):
+        """Is this thread recording now (not forked, not failed, inside the --steps window)?"""
+        return (self.installed and not self.forked and not self.failed and not self.writer.closed
+                and threading.get_ident() == self.thread and self._in_window())
+
+    def ref(self, t):
+        """(event, slot) that produced tensor t's current value (an `<input>` snapshot
+        when unknown); the caller holds `lock`."""
+        if self.pending:
+            self._fix_pending()
+        return self._ref(t)
+
+    def register(self, eid, slot, t):
+        """Make tensor t (a live program tensor) known as output `slot` of event eid."""
+        wr = weakref.ref(t)
+        self.producer[id(t)] = (wr, eid, slot, None)
+        self.pending.append((id(t), wr))
+        try:
+            ptr = t.untyped_storage().data_ptr()
+        except Exception:
+            ptr = 0
+        if ptr:
+            self.last_writer[ptr] = (eid, slot, wr, False)
+
+    def store(self, eid, slot, t, name=None, keep=True, uninit=False):
+        """Write tensor t (or a Python scalar) as output `slot` of event eid; metadata only
+        when `keep` is false (outside an --ops/--modules window) or `uninit` (empty*)."""
+        if not isinstance(t, _torch.Tensor):
+            if isinstance(t, _SCALAR_TYPES):
+                self.writer.add_value(eid, slot, np.asarray(t), name=name, flags=schema.VFLAG_SCALAR,
+                                      store=keep)
+            return
+        if keep:
+            self._store(eid, slot, t, uninit=uninit, name=name)
+        else:
+            self.writer.add_meta_value(eid, slot, self._dtype_info(t.dtype)[0], tuple(t.shape),
+                                       name=name)
+
+    def keeps(self, op, module):
+        """Do the --ops/--modules windows keep the values of this op?"""
+        return not self.filtered or self.opts.selected(op, module)
+
+    def user_source(self):
+        """The user's `file:line` calling into torch right now."""
+        return self._source()
+
+    def module_path(self):
+        return self.mod_stack[-1] if self.mod_stack else None
+
+    @staticmethod
+    def op_info(func):
+        """Name, argument names and written arguments of an aten overload (uncached)."""
+        return _OpInfo(func)
+
+    def params(self, info, args, kwargs):
+        return self._params(info, args, kwargs)
+
+    def fail(self, exc):
+        self._fail(exc)
+
     # -- optimizer ------------------------------------------------------------------------
     def _optim_pre(self, opt, args, kwargs):
         if not self.forked and threading.get_ident() == self.thread:
@@ -678,11 +794,26 @@ class TorchCapture(Capture):
                         slot += 1
 
 
+def _strip_compiled(name):
+    """`_orig_mod.fc1` -> `fc1`: a module wrapped by `torch.compile(module)` is named as in
+    an eager run, so eager and compiled traces share module paths and parameter names."""
+    if name == "_orig_mod":
+        return ""
+    return name.replace("_orig_mod.", "")
+
+
 def _make_mode(capture):
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class _TraceMode(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return capture.on_op(func, args, kwargs or {})
+
+        @classmethod
+        def ignore_compile_internals(cls):
+            # Dynamo compiles under this mode (instead of falling back to eager) and runs
+            # the compiled artifacts with it active; their ops pass through `on_op`
+            # unrecorded (compiled_depth) and torch_compile records the calls.
+            return True
 
     return _TraceMode()

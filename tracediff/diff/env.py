@@ -4,9 +4,10 @@ import re
 
 # Manifest keys that are not differences worth listing (they always differ).
 IGNORED = {"created", "pid", "python.executable", "script.path", "script.argv.0",
-           "recording.tool", "end.duration_s", "end.wall_s", "end.elapsed_s", "duration_s"}
+           "recording.tool", "end.duration_s", "end.wall_s", "end.elapsed_s", "duration_s",
+           "env.TORCHINDUCTOR_CACHE_DIR", "env.TRITON_CACHE_DIR"}
 IGNORED_PREFIX = ("end.", "counts.", "stats.", "frameworks.jax.replay_vs_compiled.",
-                  "frameworks.jax.probe.")
+                  "frameworks.jax.probe.", "frameworks.torch.compile.stats.")
 # leaf names that are recording statistics or notes, not environment
 IGNORED_LEAF = {"calls", "calls_not_replayed", "eager_primitives", "equations", "optimizer_steps",
                 "replay_errors", "ops", "input_snapshots", "mode", "supported", "threads_note",
@@ -39,6 +40,14 @@ def _flatten(obj, prefix="", out=None):
     else:
         out[prefix.rstrip(".")] = obj
     return out
+
+
+def _compile_summary(c):
+    calls = c.get("torch_compile_calls") or []
+    if not isinstance(calls, list) or not calls:
+        return "not used"
+    return "; ".join(f"{x.get('backend')} (mode {x.get('mode')}, dynamic {x.get('dynamic')})"
+                     if isinstance(x, dict) else str(x) for x in calls[:4])
 
 
 def _category(key):
@@ -85,6 +94,14 @@ def env_diff(ma, mb):
                         "b": f"{fw} {ver}".strip() if fw in fwb else None})
             fwa.pop(fw, None)
             fwb.pop(fw, None)
+    # torch.compile used on one side only: one line, not one per compiler setting
+    ca, cb = ((fwa.get("torch") or {}).get("compile")), ((fwb.get("torch") or {}).get("compile"))
+    if isinstance(ca, dict) and isinstance(cb, dict) and \
+            bool(ca.get("torch_compile_calls")) != bool(cb.get("torch_compile_calls")):
+        out.append({"key": "frameworks.torch.compile", "category": "torch-config",
+                    "a": _compile_summary(ca), "b": _compile_summary(cb)})
+        for fw in (fwa, fwb):
+            fw["torch"] = {k: v for k, v in fw["torch"].items() if k != "compile"}
     if "frameworks" in ma:
         ma["frameworks"] = fwa
     if "frameworks" in mb:

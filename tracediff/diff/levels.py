@@ -179,7 +179,7 @@ def annotate(first_difference, first_beyond_tolerance, ta, tb, differ):
             info.zoom.append(_recipe(ta, tb, ra, rb, s, f"step{s}",
                                      f"zoom in on step {s} at full level"))
     for f in (ft, fd):   # a compiled-call divergence no replayed equation explains
-        if f is not None and f.compiled == "replay matches" and f.a.op.startswith("jit:"):
+        if f is not None and f.compiled == "replay matches" and f.a.op.startswith(("jit:", "compiled:")):
             s = int(f.a.step)
             info.zoom.append(_recipe(
                 ta, tb, ra, rb, s, f"probe{s}",
@@ -196,9 +196,13 @@ def _side(level, rec):
 
 
 def probe_pattern(op):
-    """The `record --probe` regex that selects exactly the jit call named `jit:NAME`; one
-    printable line (a control character is the regex escape `\\xNN` / `\\uNNNN`)."""
+    """The `record --probe` regex that selects exactly the jit call named `jit:NAME` (or
+    the torch.compile graphs of frame NAME, `compiled:NAME[:backward]`); one printable
+    line (a control character is the regex escape `\\xNN` / `\\uNNNN`)."""
     name = op[len('jit:'):] if op.startswith('jit:') else op
+    if op.startswith("compiled:"):
+        name = op[len("compiled:"):]
+        name = name[:-len(":backward")] if name.endswith(":backward") else name
     return "^" + "".join(re.escape(c) if printable(c) == c else printable(c) for c in name) + "$"
 
 

@@ -53,6 +53,7 @@ from ..trace.reader import Trace
 from . import align as _align
 from . import analysis as _analysis
 from . import compare
+from . import compiled as _compiled
 from . import cross as _cross
 from . import levels as _levels
 from .differ import BITWISE, TOLERANCE, Differ
@@ -268,7 +269,8 @@ def _locate(a, b, rtol, atol, map_file, ulp, noise, progress, explain, full, eve
 
 def open_differ(ta, tb, rtol=None, atol=None, map_file=None):
     """The one differ factory: (Differ, None) for traces of one framework, the
-    cross-framework differ and its mapping for two frameworks or a user map."""
+    cross-framework differ and its mapping for two frameworks or a user map, the
+    eager-vs-compiled differ for a PyTorch run against a torch.compile run."""
     if _cross.sides(ta, tb) is not None:
         return _cross.cross_differ(ta, tb, rtol, atol, map_file)
     if map_file is not None and ta is not tb:
@@ -276,6 +278,8 @@ def open_differ(ta, tb, rtol=None, atol=None, map_file=None):
         if len(fw_a) == 1 and fw_a == fw_b:
             d = _cross.CrossDiffer(ta, tb, rtol, atol, map_file, frameworks=(*fw_a, *fw_b))
             return d, d.mapping()
+    if _compiled.is_eager_vs_compiled(ta, tb):
+        return _compiled.EagerCompiledDiffer(ta, tb, rtol, atol), None
     return Differ(ta, tb, rtol, atol), None
 
 

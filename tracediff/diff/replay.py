@@ -112,6 +112,7 @@ sigmoid_backward threshold_backward gelu_backward silu_backward mse_loss_backwar
 t transpose permute reshape view _unsafe_view expand clone contiguous _to_copy squeeze
 unsqueeze cat stack select slice index_select gather sqrt mul_ add_ sub_ div_ lerp_
 addcmul_ addcdiv_ mean sum linalg_matrix_exp matrix_exp linalg_solve linalg_inv
+native_layer_norm layer_norm var_mean
 """.split())
 
 JAX_PRIMITIVES = frozenset("""
@@ -323,9 +324,13 @@ class TorchCall(OpCall):
             ty = str(a.type)
             if a.name in params:
                 continue
-            if ty.startswith("Tensor") and "[]" in ty:
+            # schema types read `Tensor?` / `Tensor[]` or `Optional[Tensor]` / `List[Tensor]`
+            # depending on the torch version
+            if (ty.startswith("Tensor") and "[]" in ty) or ty.startswith("List[Tensor") or \
+                    ty.startswith("List[Optional[Tensor"):
                 tensor_args.append((a.name, "list"))
-            elif ty.startswith("Tensor") and ty.rstrip("!)").endswith("?"):
+            elif (ty.startswith("Tensor") and ty.rstrip("!)").endswith("?")) or \
+                    ty.startswith("Optional[Tensor"):
                 tensor_args.append((a.name, "optional"))
             elif ty.startswith("Tensor"):
                 tensor_args.append((a.name, "required"))

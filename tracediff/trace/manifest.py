@@ -20,7 +20,7 @@ PACKAGES = ["jax", "jaxlib", "jax-cuda12-plugin", "flax", "optax", "chex", "ml_d
 # Environment variables that can change numerics or threading.
 ENV_PREFIXES = ("XLA_", "JAX_", "TF_", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOTO", "BLIS_",
                 "VECLIB_", "CUDA_", "CUBLAS_", "NVIDIA_", "TORCH_", "PYTORCH_", "ONEDNN_", "DNNL_",
-                "ATEN_", "TPU_", "NPROC", "PYTHONHASHSEED")
+                "ATEN_", "TPU_", "NPROC", "PYTHONHASHSEED", "TORCHINDUCTOR_", "TORCHDYNAMO_")
 
 
 def cpu_info():

@@ -1,0 +1,664 @@
+"""Eager against compiled: align a PyTorch run with a torch.compile run of the same script.
+
+The eager trace holds one event per aten op as the program ran it. The compiled trace
+holds, for each compiled graph call, a `call` event and the call's aten graph replayed op
+by op (`eqn`, origin `replay`), after AOT autograd's decompositions: one eager
+`aten::native_layer_norm` is seven replayed ops there (`var_mean`, `add`, `rsqrt`, ...),
+each naming the op it was decomposed from (the `node` column) and that op's autograd
+sequence number (`iter`). So the compiled side is read as *units*:
+
+* replayed ops of one call with the same (original op, sequence number, module path,
+  source line), consecutive: one unit standing for that original op; its value is the
+  output of its last op (the decomposition's result);
+* compiled call events are dropped (their ops stand for them), probe events too;
+* everything else (eager ops outside compiled regions, optimizer snapshots, inputs) is
+  one unit each, as on the eager side.
+
+Ops are paired by the same anchored Myers diff as two runs of one framework, over
+signatures of (phase, op or original op, module path, first output dtype and shape);
+optimizer snapshots anchor the regions.
+
+The value compared for a unit of the compiled side is the best one recorded, in order:
+the probe's value of its last op (`record --probe`: inductor's own compiled
+intermediate), the compiled call's real output of that op when the graph returns it
+(saved activations, results), else the replayed value. A finding says which (`origin`).
+Its inputs are the values the unit reads from outside itself, paired in order with the
+eager op's inputs (by dtype and shape when the counts differ).
+"""
+
+import numpy as np
+
+from ..trace import schema
+from . import align as _align
+from .differ import BITWISE, Differ, comparable
+
+CROSS = "decomposition"
+# ops that hand on their input's elements in the same order: a compiled output taken
+# through one of them is the value of the op before it (inductor fuses such views away)
+SAME_ORDER = {"view", "_unsafe_view", "reshape", "_reshape_alias", "alias", "clone", "contiguous",
+              "squeeze", "unsqueeze", "flatten"}
+
+
+def compiled_calls(trace):
+    """Number of torch.compile call events (origin compiled) in a trace."""
+    ev = trace.events
+    return int(np.count_nonzero((ev["framework"] == schema.FW_TORCH) &
+                                (ev["kind"] == schema.KIND_CALL) &
+                                (ev["origin"] == schema.ORIGIN_COMPILED)))
+
+
+def is_eager_vs_compiled(ta, tb):
+    """True when both traces are torch-only and exactly one holds compiled calls."""
+    for t in (ta, tb):
+        fws = set(np.unique(t.events["framework"]).tolist()) - {0}
+        if fws and fws != {schema.FW_TORCH}:
+            return False
+    return (compiled_calls(ta) > 0) != (compiled_calls(tb) > 0)
+
+
+class _Units:
+    """One side read as units (see the module docstring)."""
+
+    def __init__(self, side):
+        t = side.trace
+        ev = t.events
+        n = len(ev)
+        self.side = side
+        kind = side.kind
+        origin = ev["origin"].astype(np.int64)
+        fw = ev["framework"].astype(np.int64)
+        node, ns, src = ev["node"].astype(np.int64), ev["name_stack"].astype(np.int64), \
+            ev["source"].astype(np.int64)
+        it, call, phase = ev["iter"].astype(np.int64), side.call, ev["phase"].astype(np.int64)
+        replay = (kind == schema.KIND_EQN) & (origin == schema.ORIGIN_REPLAY) & (fw == schema.FW_TORCH)
+        self.skip = (origin == schema.ORIGIN_PROBE) | \
+            ((kind == schema.KIND_CALL) & (origin == schema.ORIGIN_COMPILED) & (fw == schema.FW_TORCH))
+        n_str = len(t.strings)
+
+        def gid(col):   # string ids shared by both traces (align.StringIds)
+            return side.gid[np.where((col >= 0) & (col < n_str), col, -1)]
+
+        self.key = np.stack([phase, gid(ns), gid(src)], axis=1) if n else np.zeros((0, 3), np.int64)
+        members = []
+        i = 0
+        while i < n:
+            if self.skip[i]:
+                i += 1
+                continue
+            j = i
+            if replay[i]:
+                key = (call[i], node[i], ns[i], src[i], it[i], phase[i])
+                while j + 1 < n and replay[j + 1] and \
+                        (call[j + 1], node[j + 1], ns[j + 1], src[j + 1], it[j + 1], phase[j + 1]) == key:
+                    j += 1
+            members.append((i, j + 1))
+            i = j + 1
+        self.replay = replay
+        self.sig = None
+        self._build(members)
+
+    def _build(self, members):
+        side = self.side
+        n = len(side.trace.events)
+        self.members = members
+        self.reps = np.asarray([hi - 1 for _, hi in members], np.int64)
+        self.unit_of = np.full(n, -1, np.int64)
+        for k, (lo, hi) in enumerate(members):
+            self.unit_of[lo:hi] = k
+        self.kind = side.kind[self.reps] if len(self.reps) else np.zeros(0, np.int64)
+        self.multi = np.array([hi - lo > 1 for lo, hi in members], bool)
+        self.outputs = self._outputs(side, self.replay, side.call)
+
+    def merge(self, runs):
+        """Merge runs of consecutive units ([(first unit, last unit)]) into one unit each;
+        returns old unit index -> new unit index."""
+        starts = {a: b for a, b in runs}
+        members, remap, k = [], np.full(len(self.members), -1, np.int64), 0
+        while k < len(self.members):
+            last = starts.get(k, k)
+            members.append((self.members[k][0], self.members[last][1]))
+            remap[k:last + 1] = len(members) - 1
+            k = last + 1
+        sig = self.sig
+        self._build(members)
+        if sig is not None:
+            first = np.asarray([np.flatnonzero(remap == j)[-1] for j in range(len(members))],
+                               np.int64)
+            self.sig = sig[first]
+        return remap
+
+    def _outputs(self, side, replay, call):
+        """Per unit, the (event, slot) values it hands on, in order: every output of a
+        single event; for several ops (a decomposition, or eager ops paired with one
+        compiled op), the values read outside them (by a later op, or returned by the
+        compiled call: saved activations, results)."""
+        t = side.trace
+        n = len(t.events)
+        unit_of = self.unit_of
+        leaving = set()
+        inp = t.inputs
+        if len(inp):
+            p, c = inp["producer"].astype(np.int64), inp["event"].astype(np.int64)
+            ok = (p >= 0) & (p < n) & (c >= 0) & (c < n)
+            p, c, ps = p[ok], c[ok], inp["producer_slot"][ok].astype(np.int64)
+            m = (unit_of[p] >= 0) & (unit_of[p] != unit_of[c])
+            leaving.update(zip(p[m].tolist(), ps[m].tolist()))
+        vals = t.values
+        out_rows = vals[(vals["role"] == schema.ROLE_OUT)]
+        ev = out_rows["event"].astype(np.int64)
+        okv = (ev >= 0) & (ev < n)
+        out_rows, ev = out_rows[okv], ev[okv]
+        returned = {}
+        for c in np.unique(call[ev[replay[ev]]]).tolist() if len(ev) else []:
+            if 0 <= c < n:
+                returned[c] = {t.string(r["name"]) for r in t.value_rows(c, schema.ROLE_OUT)
+                               if r["name"] >= 0}
+        for r, e in zip(out_rows[replay[ev]], ev[replay[ev]].tolist()):
+            if r["name"] >= 0 and t.string(r["name"]) in returned.get(int(call[e]), ()):
+                leaving.add((e, int(r["slot"])))
+        slots = {}
+        for e, sl in zip(ev.tolist(), out_rows["slot"].astype(np.int64).tolist()):
+            slots.setdefault(e, []).append(sl)
+        outs = []
+        for lo, hi in self.members:
+            if hi - lo == 1 and not replay[lo]:
+                outs.append([(lo, sl) for sl in sorted(slots.get(lo, ()))])
+                continue
+            mine = sorted((e, sl) for e in range(lo, hi) for sl in slots.get(e, ())
+                          if (e, sl) in leaving)
+            outs.append(mine or [(hi - 1, 0)])
+        return outs
+
+    def runs(self, units):
+        """Split consecutive unit indices into runs of equal (phase, module, line) whose
+        events are contiguous (no skipped call between them)."""
+        out = []
+        for k in units:
+            lo = self.members[k][0]
+            if out and tuple(self.key[lo]) == out[-1][2] and self.members[out[-1][1]][1] == lo:
+                out[-1][1] = k
+            else:
+                out.append([k, k, tuple(self.key[lo])])
+        return out
+
+    def signatures(self, side):
+        """Unit signatures: ops by (phase, op or the op it was decomposed from, module,
+        first output dtype/shape); other units keep their event signature."""
+        t = side.trace
+        ev = t.events
+        gid = side.gid
+        n_str = len(t.strings)
+
+        def g(col):
+            col = np.asarray(col, np.int64)
+            return gid[np.where((col >= 0) & (col < n_str), col, -1)]
+
+        reps = self.reps
+        if not len(reps):
+            return
+        kinds = side.kind[reps]
+        is_op = (kinds == schema.KIND_OP) | self.replay[reps]
+        op_col = np.where(self.replay[reps], ev["node"][reps], ev["op"][reps])
+        keys = side.key(reps, schema.ROLE_OUT, 0)
+        pos = np.minimum(np.searchsorted(side.vkey, keys), max(len(side.vkey) - 1, 0))
+        found = (side.vkey[pos] == keys) if len(side.vkey) else np.zeros(len(reps), bool)
+        rows = t.values[side.vrow[pos]] if len(side.vkey) else None
+        dt = np.where(found, g(rows["dtype"]), -2) if rows is not None else np.full(len(reps), -2)
+        sh = np.where(found, g(rows["shape"]), -2) if rows is not None else np.full(len(reps), -2)
+        op_sig = _align.mix(np.full(len(reps), schema.FW_TORCH), np.full(len(reps), schema.KIND_OP),
+                            g(op_col), g(ev["name_stack"][reps]), ev["phase"][reps].astype(np.int64),
+                            dt, sh)
+        self.sig = np.where(is_op, op_sig, side.sig[reps])
+        self.is_op = is_op
+
+
+class _UnitAlignment(_align.Alignment):
+    """Event-level pairs of unit representatives; counts and gaps are of units (a
+    decomposition's inner ops and the compiled call events are not 'missing')."""
+
+    units = None
+
+    def stats(self):
+        out = super().stats()
+        ua, ub, ual = self.units
+        matched = int((ual.a2b >= 0).sum())
+        out.update(matched=matched, only_in_a=len(ua.reps) - matched,
+                   only_in_b=len(ub.reps) - matched, units_a=len(ua.reps), units_b=len(ub.reps),
+                   paired_as="eager vs torch.compile: compiled calls read as their replayed ops, "
+                             "a decomposition as the one eager op it stands for")
+        return out
+
+    def gaps(self, limit=5):
+        ua, ub, ual = self.units
+        out = []
+        for side, u, arr in (("a", ua, ual.a2b), ("b", ub, ual.b2a)):
+            um = np.flatnonzero(arr < 0)
+            if not len(um):
+                continue
+            starts = np.concatenate([[0], np.flatnonzero(np.diff(um) > 1) + 1])
+            ends = np.concatenate([starts[1:], [len(um)]])
+            for st, en in list(zip(starts, ends))[:limit]:
+                first = u.members[int(um[st])][0]
+                out.append({"side": side, "start": int(first), "length": int(en - st)})
+        return out
+
+
+class EagerCompiledDiffer(Differ):
+    """A `Differ` for an eager trace against a torch.compile trace of the same script."""
+
+    def __init__(self, ta, tb, rtol=None, atol=None):
+        strings = _align.StringIds()
+        sa, sb = _align.prepare(ta, strings), _align.prepare(tb, strings)
+        self.ua, self.ub = _Units(sa), _Units(sb)
+        self.ua.signatures(sa)
+        self.ub.signatures(sb)
+        ual = _align.align(self.ua, self.ub)
+        ual = self._pair_gaps(ual)
+        self.ual = ual
+        a2b = np.full(len(ta), -1, np.int64)
+        b2a = np.full(len(tb), -1, np.int64)
+        ia = np.flatnonzero(ual.a2b >= 0)
+        ea, eb = self.ua.reps[ia], self.ub.reps[ual.a2b[ia]]
+        a2b[ea], b2a[eb] = eb, ea
+        al = _UnitAlignment(a2b, b2a, ual.fallback_regions, ual.anchors_matched)
+        al.units = (self.ua, self.ub, ual)
+        super().__init__(ta, tb, rtol, atol, alignment=al, sides=(sa, sb))
+        self._call_rows = {}
+        self._probe_of = {}
+        self._out_map = {}
+        self._views = {}
+        self.compiled_side = "b" if compiled_calls(tb) else "a"
+        for e in ea.tolist():
+            self.pair_by[e] = CROSS if self._is_cross(e, int(a2b[e])) else "structure"
+
+    def _pair_gaps(self, ual):
+        """Between two paired units, eager ops left over on one side and replayed ops left
+        over on the other, at the same module path and source line, are one op written two
+        ways (eager `dropout` = empty_like, bernoulli_, div_, mul; compiled
+        `native_dropout`): merge each such run into one unit and pair them."""
+        ua, ub = self.ua, self.ub
+        pa = np.flatnonzero(ual.a2b >= 0)
+        bounds = list(zip(pa.tolist(), ual.a2b[pa].tolist())) + [(len(ua.reps), len(ub.reps))]
+        runs_a, runs_b, pairs = [], [], []
+        prev_i = prev_j = -1
+        for i, j in bounds:
+            if i - prev_i > 1 and j - prev_j > 1:
+                ra = ua.runs(range(prev_i + 1, i))
+                rb = ub.runs(range(prev_j + 1, j))
+                used = 0
+                for a0, a1, key in ra:
+                    for x in range(used, len(rb)):
+                        b0, b1, kb = rb[x]
+                        rep_a = any(ua.replay[ua.reps[k]] for k in range(a0, a1 + 1))
+                        rep_b = any(ub.replay[ub.reps[k]] for k in range(b0, b1 + 1))
+                        if kb == key and rep_a != rep_b:
+                            runs_a.append((a0, a1))
+                            runs_b.append((b0, b1))
+                            pairs.append((a0, b0))
+                            used = x + 1
+                            break
+            prev_i, prev_j = i, j
+        if not pairs:
+            return ual
+        old_a2b = ual.a2b
+        ma, mb = ua.merge(runs_a), ub.merge(runs_b)
+        a2b = np.full(len(ua.reps), -1, np.int64)
+        b2a = np.full(len(ub.reps), -1, np.int64)
+        for i in np.flatnonzero(old_a2b >= 0).tolist():
+            a2b[ma[i]], b2a[mb[old_a2b[i]]] = mb[old_a2b[i]], ma[i]
+        for i, j in pairs:
+            a2b[ma[i]], b2a[mb[j]] = mb[j], ma[i]
+        return _align.Alignment(a2b, b2a, ual.fallback_regions, ual.anchors_matched)
+
+    # -- which value stands for an event -------------------------------------------------------
+    def _units(self, which):
+        return self.ua if which == "a" else self.ub
+
+    def _is_cross(self, ea, eb):
+        """Does this pair stand for one op written two ways (a decomposition, or several
+        eager ops against one compiled op)?"""
+        return bool(self.ua.replay[ea] or self.ub.replay[eb] or
+                    self.ua.multi[self.ua.unit_of[ea]] or self.ub.multi[self.ub.unit_of[eb]])
+
+    def best_row(self, which, e, slot=0):
+        """(value row, origin name) that stands for output `slot` of event e: for a replayed
+        op, the probe's value, else the compiled call's real output of that op, else the
+        replayed value."""
+        u = self._units(which)
+        side = u.side
+        row = side.value_row(e, slot)
+        if not u.replay[e] or row is None or row["name"] < 0:
+            return row, schema.ORIGIN_NAMES.get(int(side.trace.events[e]["origin"]), "")
+        t = side.trace
+        call = int(side.call[e])
+        probe = self._probe_rows(which, call)
+        out = self._call_outputs(which, call)
+        # the op's own compiled value, else one handed on through a same-order view
+        for m, r in [(e, row)] + self._view_chain(which, e, slot):
+            name = t.string(r["name"]) if r["name"] >= 0 else None
+            if name in probe:
+                return probe[name], "probe"
+            if name in out:
+                return out[name], "compiled"
+        return row, "replay"
+
+    def _view_chain(self, which, e, slot):
+        """[(event, row)] of the same-order views that read output `slot` of replayed op e,
+        one after the other, in the same compiled call."""
+        u = self._units(which)
+        side = u.side
+        t = side.trace
+        views = self._views.get(which)
+        if views is None:
+            views = {}
+            inp = t.inputs
+            n = len(t.events)
+            if len(inp):
+                c, p = inp["event"].astype(np.int64), inp["producer"].astype(np.int64)
+                ok = (c >= 0) & (c < n) & (p >= 0) & (p < n) & (inp["slot"] == 0)
+                c, p, ps = c[ok], p[ok], inp["producer_slot"][ok].astype(np.int64)
+                sel = u.replay[c] & u.replay[p]
+                for ce, pe, pse in zip(c[sel].tolist(), p[sel].tolist(), ps[sel].tolist()):
+                    op = t.string(t.events[ce]["op"])
+                    base = op[6:].split(".", 1)[0] if op.startswith("aten::") else ""
+                    if base in SAME_ORDER and side.call[ce] == side.call[pe]:
+                        views.setdefault((pe, pse), ce)
+            self._views[which] = views
+        out = []
+        key = (e, slot)
+        while key in views and len(out) < 8:
+            ce = views[key]
+            row = side.value_row(ce, 0)
+            if row is None:
+                break
+            out.append((ce, row))
+            key = (ce, 0)
+        return out
+
+    def transform_b(self, row_a, row_b, xa, xb):
+        """A value taken through a same-order view has the view's shape: compare it in
+        the shape of the op it stands for (same elements, same order)."""
+        xa, xb = np.asarray(xa), np.asarray(xb)
+        if xa.shape != xb.shape and xa.size == xb.size:
+            return xb.reshape(xa.shape)
+        return xb
+
+    def _call_outputs(self, which, call):
+        key = (which, call)
+        hit = self._call_rows.get(key)
+        if hit is None:
+            t = self._units(which).side.trace
+            hit = {}
+            if call >= 0:
+                for r in t.value_rows(call, schema.ROLE_OUT):
+                    if r["name"] >= 0:
+                        hit.setdefault(t.string(r["name"]), r)
+            self._call_rows[key] = hit
+        return hit
+
+    def _probe_rows(self, which, call):
+        """{value name: row} of the probe eqns of a compiled call (empty when not probed)."""
+        key = (which, call)
+        hit = self._probe_of.get(key)
+        if hit is None:
+            side = self._units(which).side
+            t = side.trace
+            ev = t.events
+            hit = {}
+            if call >= 0:
+                pcalls = np.flatnonzero((side.kind == schema.KIND_CALL) & (side.parent == call) &
+                                        (ev["origin"] == schema.ORIGIN_PROBE))
+                if len(pcalls):
+                    eq = np.flatnonzero((side.call == int(pcalls[0])) & (side.kind == schema.KIND_EQN))
+                    for e in eq.tolist():
+                        for r in t.value_rows(e, schema.ROLE_OUT):
+                            if r["name"] >= 0 and comparable(r):
+                                hit.setdefault(t.string(r["name"]), r)
+            self._probe_of[key] = hit
+        return hit
+
+    # -- comparisons -------------------------------------------------------------------------
+    def _unit_rows(self, which, k):
+        """[(dtype, shape, row)] of the values unit k hands on (best values)."""
+        u = self._units(which)
+        t = u.side.trace
+        out = []
+        for e, sl in u.outputs[k]:
+            own = u.side.value_row(e, sl)        # its shape names it, even when the value
+            row, _ = self.best_row(which, e, sl)  # comes through a view of another shape
+            out.append((t.string(own["dtype"]), t.string(own["shape"]), row) if own is not None
+                       else (None, None, None))
+        return out
+
+    def output_map(self, ka, kb):
+        """[(i, j)]: output i of unit ka of a is output j of unit kb of b. Values of one
+        dtype and shape pair directly when each side has one; several (a layer norm's
+        mean and rstd, a dropout's mask and scaled mask) pair by closeness of value."""
+        key = (ka, kb)
+        hit = self._out_map.get(key)
+        if hit is not None:
+            return hit
+        ra, rb = self._unit_rows("a", ka), self._unit_rows("b", kb)
+        groups = {}
+        for i, (d_, s_, _) in enumerate(ra):
+            if d_ is not None:
+                groups.setdefault((d_, s_), ([], []))[0].append(i)
+        for j, (d_, s_, _) in enumerate(rb):
+            if (d_, s_) in groups:
+                groups[(d_, s_)][1].append(j)
+        hit = []
+        for ia, ib in groups.values():
+            if len(ia) == 1 and len(ib) == 1:
+                hit.append((ia[0], ib[0]))
+                continue
+            cand = sorted((self._distance(ra[i][2], rb[j][2]), x, y, i, j)
+                          for x, i in enumerate(ia) for y, j in enumerate(ib))
+            used_i, used_j = set(), set()
+            for _, _, _, i, j in cand:
+                if i not in used_i and j not in used_j:
+                    used_i.add(i)
+                    used_j.add(j)
+                    hit.append((i, j))
+        hit.sort()
+        self._out_map[key] = hit
+        return hit
+
+    def _distance(self, row_a, row_b):
+        """Relative mean distance of two values (0 when their hashes agree; inf when either
+        was not stored), to pair values of one dtype and shape."""
+        if row_a is None or row_b is None or not comparable(row_a) or not comparable(row_b):
+            return float("inf")
+        if int(row_a["hash"]) == int(row_b["hash"]):
+            return 0.0
+        try:
+            xa = np.asarray(self.ra.read(row_a)).astype(np.float64)
+            xb = np.asarray(self.rb.read(row_b)).astype(np.float64)
+        except (TypeError, ValueError):
+            return float("inf")
+        if xa.size != xb.size:
+            return float("inf")
+        xb = xb.reshape(xa.shape)   # a value taken through a same-order view
+        with np.errstate(all="ignore"):
+            num = float(np.nanmean(np.abs(xa - xb))) if xa.size else 0.0
+            den = float(np.nanmean(np.abs(xa)) + np.nanmean(np.abs(xb))) if xa.size else 0.0
+        d = num / den if den > 0 else num
+        return d if d == d else float("inf")
+
+    def _out_pairs(self, ea, eb):
+        if not self._is_cross(ea, eb):
+            return super()._out_pairs(ea, eb)
+        # an eager op against a decomposition: the values each hands on, paired by
+        # dtype and shape in order (native_layer_norm's out, mean, rstd against the
+        # decomposition's add, var_mean[1], rsqrt)
+        ka, kb = int(self.ua.unit_of[ea]), int(self.ub.unit_of[eb])
+        ra, rb = self._unit_rows("a", ka), self._unit_rows("b", kb)
+        return [(i, ra[i][2], rb[j][2]) for i, j in self.output_map(ka, kb)]
+
+    def cross_outputs(self, side, e):
+        """For explain's replay verdict: the values a decomposition hands on, in the slot
+        order of the eager op it is paired with (None where unpaired); None when event e
+        of `side` is not a decomposition paired with an eager op."""
+        if side != self.compiled_side:
+            return None
+        other = int(self.al.b2a[e] if side == "b" else self.al.a2b[e])
+        if other < 0:
+            return None
+        ea, eb = (other, e) if side == "b" else (e, other)
+        if not self._is_cross(ea, eb):
+            return None
+        ka, kb = int(self.ua.unit_of[ea]), int(self.ub.unit_of[eb])
+        n_eager = len((self.ua if side == "b" else self.ub).outputs[ka if side == "b" else kb])
+        out = [None] * n_eager
+        rows = self._unit_rows(side, kb if side == "b" else ka)
+        reader = self.rb if side == "b" else self.ra
+        for i, j in self.output_map(ka, kb):
+            eager_i, mine = (i, j) if side == "b" else (j, i)
+            row = rows[mine][2]
+            if row is not None and comparable(row):
+                out[eager_i] = reader.read(row)
+        return out
+
+    def _value_origin(self, ea, eb):
+        which = self.compiled_side
+        u = self._units(which)
+        e = eb if which == "b" else ea
+        k = int(u.unit_of[e])
+        found = [self.best_row(which, m, sl)[1] for m, sl in u.outputs[k]]
+        for o in ("replay", "compiled", "probe"):
+            if o in found:
+                return o
+        return found[0] if found else ""
+
+    def _externals(self, which, e):
+        """[(producer unit, output index in it, producer event)] a unit reads from
+        outside itself, in order of first use."""
+        u = self._units(which)
+        t = u.side.trace
+        n = len(t.events)
+        k = int(u.unit_of[e])
+        lo, hi = u.members[k] if k >= 0 else (e, e + 1)
+        out, seen = [], set()
+        for m in range(lo, hi):
+            for r in t.input_rows(m):
+                p, ps = int(r["producer"]), int(r["producer_slot"])
+                if lo <= p < hi or p < 0 or p >= n or (p, ps) in seen:
+                    continue
+                seen.add((p, ps))
+                kp = int(u.unit_of[p])
+                idx = u.outputs[kp].index((p, ps)) if kp >= 0 and (p, ps) in u.outputs[kp] else -1
+                out.append((kp, idx, p))
+        return out
+
+    def inputs_match(self, ea, eb, level):
+        """For an eager op against a decomposition: each value the unit reads from outside
+        is matched with the eager op's input from the paired producer (through the
+        alignment and the producers' output pairing), then compared. Values computed
+        inside the compiled graph with no eager counterpart (recomputed activations) are
+        not compared."""
+        if not self._is_cross(ea, eb):
+            return super().inputs_match(ea, eb, level)
+        xa, xb = self._externals("a", ea), self._externals("b", eb)
+        by_b = {}
+        for kb, jb, pb in xb:
+            by_b.setdefault(kb, []).append((jb, pb))
+        bad, checked, unmatched = [], 0, 0
+        rows_a_cache = {}
+        for slot, (ka, ia, pa) in enumerate(xa):
+            kb = int(self.ual.a2b[ka]) if ka >= 0 else -1
+            cand = by_b.get(kb, [])
+            jb = dict(self.output_map(ka, kb)).get(ia) if kb >= 0 and ia >= 0 else None
+            hit = next((c for c in cand if c[0] == jb), None) if jb is not None else None
+            if hit is None:
+                unmatched += 1
+                continue
+            if ka not in rows_a_cache:
+                rows_a_cache[ka] = self._unit_rows("a", ka)
+            row_a = rows_a_cache[ka][ia][2]
+            row_b = self._unit_rows("b", kb)[hit[0]][2]
+            m = self.compare_rows(row_a, row_b) if row_a is not None and row_b is not None else None
+            if m is None:
+                unmatched += 1
+                continue
+            checked += 1
+            if not (m["bitwise_equal"] if level == BITWISE else m["within_tolerance"]):
+                bad.append({"input": slot, "metrics": m, "producer_a": pa, "producer_b": hit[1],
+                            "producer_op": self.ta.string(self.ta.events[pa]["op"])})
+        word = "bitwise" if level == BITWISE else "within tolerance"
+        extra = (f"; {unmatched} value(s) read from outside the op have no counterpart in the "
+                 f"other run (computed inside the compiled graph) and were not compared"
+                 if unmatched else "")
+        if bad:
+            return False, (f"{len(bad)} of its inputs differ "
+                           f"{'bitwise' if level == BITWISE else 'beyond tolerance'}"), bad
+        if not checked:
+            return None, ("no input of the op could be paired with the other run's"
+                          + extra), []
+        return True, (f"its input matches ({word})" if checked == 1 else
+                      f"all {checked} inputs match ({word})") + extra, []
+
+    def _equal_hashes(self, ea, eb):
+        """Every paired value has the same hash (and dtype, shape): bitwise equal, cheaply."""
+        pairs = self._out_pairs(ea, eb)
+        if not pairs:
+            return False
+        for _, ra, rb in pairs:
+            if ra is None or rb is None or not (comparable(ra) and comparable(rb)) or \
+                    int(ra["hash"]) != int(rb["hash"]) or \
+                    self.ta.string(ra["dtype"]) != self.tb.string(rb["dtype"]) or \
+                    self.ta.string(ra["shape"]) != self.tb.string(rb["shape"]):
+                return False
+        return True
+
+    def search(self, level):
+        """First paired unit (in the order of a) whose value differs at `level`."""
+        ia, ib = self.pairs()
+        phase = f"comparing differing events ({level})"
+        self._tell(phase, 0, len(ia))
+        for i, (ea, eb) in enumerate(zip(ia.tolist(), ib.tolist())):
+            if not i & 1023:
+                self._tell(phase, i, len(ia))
+            if self._is_cross(ea, eb):
+                if self._equal_hashes(ea, eb):
+                    continue
+            elif self.sa.content[ea] == self.sb.content[eb]:
+                continue
+            if self.equal_at(ea, eb, level) or self._is_noise(ea):
+                continue
+            return self.finding(ea, eb, level), None
+        return None, None
+
+    def finding(self, ea, eb, level, note=""):
+        f = super().finding(ea, eb, level, note)
+        if not self._is_cross(ea, eb):
+            return f
+        which = self.compiled_side
+        e = eb if which == "b" else ea
+        u = self._units(which)
+        t = u.side.trace
+        k = int(u.unit_of[e])
+        lo, hi = u.members[k]
+        orig = t.string(t.events[e]["node"]) or t.string(t.events[e]["op"])
+        call = int(u.side.call[e])
+        call_op = t.string(t.events[call]["op"]) if call >= 0 else ""
+        ops = ", ".join(t.string(t.events[m]["op"]).replace("aten::", "") for m in range(lo, hi))
+        f.origin = self._value_origin(ea, eb)
+        f.pair_by = CROSS
+        kinds = {"probe": "the probe's compiled value (inductor's own intermediate)",
+                 "compiled": "the compiled call's real output",
+                 "replay": "replayed"}
+        by = {}
+        ka, kb = int(self.ua.unit_of[ea]), int(self.ub.unit_of[eb])
+        for i, j in self.output_map(ka, kb):
+            m, sl = u.outputs[kb if which == "b" else ka][j if which == "b" else i]
+            row, o = self.best_row(which, m, sl)
+            name = t.string(row["name"]) if row is not None and row["name"] >= 0 else f"#{m}"
+            by.setdefault(kinds.get(o, o), []).append(f"output {i} ({name})")
+        values = "; ".join(f"{', '.join(v)}: {k_}" for k_, v in by.items())
+        f.note = (f"{which}: torch.compile's {orig} is {hi - lo} op(s) of compiled call "
+                  f"{call_op!r} #{call} (events {lo}-{hi - 1}: {ops[:120]}), paired with the eager "
+                  f"op; {which}'s values: {values}")
+        if f.origin == "replay":
+            f.note += ("; a replayed value is the decomposition run op by op, not inductor's "
+                       "fused kernel: record the compiled run with --probe to compare inductor's "
+                       "own intermediate")
+        return f
