@@ -181,6 +181,9 @@ def compare_arrays(xa, xb, dtype_name, rtol=None, atol=None, tol_dtype=None, ulp
     out["max_abs"] = _finite_or_str(diff.max()) if n else 0.0
     out["max_rel"] = _finite_or_str(rel.max()) if n else 0.0
     out["worst_index"] = int(np.argmax(diff)) if mism.any() else None
+    if out["worst_index"] is not None:   # the two values there, for the headline
+        out["worst_a"] = _finite_or_str(fa[out["worst_index"]])
+        out["worst_b"] = _finite_or_str(fb[out["worst_index"]])
     if xa.dtype.kind in "iub":
         out["max_ulp"] = _finite_or_str(diff.max())
     else:
@@ -225,6 +228,8 @@ def worst(metrics_list):
         vals = [m.get(k) for m in metrics_list]
         out[k] = max(vals, key=key)
     out["within_tolerance"] = all(m.get("within_tolerance", False) for m in metrics_list)
+    top = max(metrics_list, key=lambda m: key(m.get("max_abs")))
+    out.update({k: top[k] for k in ("worst_a", "worst_b") if k in top})
     loosest = max(metrics_list, key=lambda m: m.get("rtol") or 0.0)
     out["rtol"], out["atol"] = loosest.get("rtol"), loosest.get("atol")
     return out

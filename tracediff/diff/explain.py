@@ -18,6 +18,7 @@
   the loss (the last scalar float output of the step's forward computation).
 """
 
+import dataclasses
 import os
 import re
 
@@ -30,6 +31,7 @@ from ..untrusted import markup
 from . import chain as _chain
 from . import compare
 from . import levels as _levels
+from . import mechanisms as _mechanisms
 from . import replay as _replay
 from .differ import comparable, input_value_row
 
@@ -211,8 +213,16 @@ def replay_verdict(d, ea, eb):
     S = sides[src]
     out_dtype = next((np.asarray(r).dtype.name for r in S["recorded"] if r is not None), "")
     oracle, how = None, None
+    # mechanisms (diff/mechanisms.py): candidate numerics re-run on each side's inputs; a
+    # fused (compiled-probe) origin is judged against its whole expression, exactly
+    cases = _mechanisms.cases(d, {"a": ea, "b": eb}, sides, event_inputs)
+    expr = getattr(cases.get(src), "expr", None)
     try:
-        if out_dtype in ("float64", "complex128"):
+        if expr is not None and out_dtype in ("float16", "bfloat16", "float32", "float64"):
+            shape = np.shape(next(r for r in S["recorded"] if r is not None))
+            oracle = [np.broadcast_to(expr.exact(), shape)]
+            how = "numpy long double" if out_dtype == "float64" else "float64"
+        elif out_dtype in ("float64", "complex128"):
             oracle = _replay.numpy_oracle(S["framework"], S["op"], S["call"].params, S["inputs"])
             how = "numpy long double" if oracle is not None else None
             if oracle is None:
@@ -224,6 +234,8 @@ def replay_verdict(d, ea, eb):
         res["oracle_note"] = f"the high-precision run failed ({type(exc).__name__})"
         oracle = None
     res["oracle"] = {"computed_by": how, "from": src, "op": S["op"]} if how else None
+    if how and expr is not None:
+        res["oracle"].update(op=expr.text(), expression=True)
     if oracle is not None:
         for side in ("a", "b"):
             rec = sides[side].get("recorded") or event_outputs(d, side, ea if side == "a" else eb)
@@ -252,6 +264,9 @@ def replay_verdict(d, ea, eb):
     res["reproduces"] = ("both" if ra and rb else "a" if ra else "b" if rb else
                          "neither" if ra is False or rb is False else None)
     res["machine"] = _machine(sides[src]["framework"])
+    mechs = _mechanisms.hypotheses(cases)
+    res["mechanisms"] = [dataclasses.asdict(m) for m in mechs]
+    res["mechanism"] = _mechanisms.summary(mechs, {s: sides[s]["op"] for s in ("a", "b")})
     res["verdict"] = _verdict_text(res)
     return res
 
@@ -303,14 +318,17 @@ def _verdict_text(res):
     fa, fb = res["a"].get("from_oracle"), res["b"].get("from_oracle")
     oracle = res.get("oracle") or {}
     if fa and fb:
-        how = oracle.get("computed_by")
+        ref = f"{oracle.get('computed_by')} result"
+        if oracle.get("expression"):   # a fused op: the exact value of the whole expression
+            ref = (f"exact value of {oracle['op']} (in {oracle.get('computed_by')}, from the "
+                   f"fused expression's original operands)")
         if res.get("closer") == "equal":
-            parts.append(f"a and b are equally far from the {how} result "
+            parts.append(f"a and b are equally far from the {ref} "
                          f"({_fmt(fa['max_ulp'])} ULP)")
         else:
             win, lose = res["closer"], "b" if res["closer"] == "a" else "a"
             fw, fl = res[win]["from_oracle"], res[lose]["from_oracle"]
-            parts.append(f"{win} is closer to the {how} result: {lose} is off by "
+            parts.append(f"{win} is closer to the {ref}: {lose} is off by "
                          f"{_ulp_text(fl)} (max rel {_fmt(fl['max_rel'])}"
                          f"{f'; {lose} returned 0' if res[lose].get('returned_zero') else ''}), "
                          f"{win} by {_ulp_text(fw)}")
@@ -330,8 +348,13 @@ def _verdict_text(res):
 
 # -- environment ------------------------------------------------------------------------------
 
+_ALL_CLASSES = {"matmul", "transcendental", "reduction", "linear-algebra", "elementwise",
+                "compiled"}
 _CAUSES = {
     # (category or key regex, op classes it can affect, reason)
+    # an aten op whose kernel was replaced from Python (trace/manifest.dispatcher_overrides)
+    "kernel": (re.compile(r"^frameworks\.\w+\.python_kernels\."), _ALL_CLASSES,
+               "a kernel registered from Python replaces the library's kernel of this op"),
     "isa": (re.compile(r"^(cpu\.isa_flags|cpu\.model|env\.XLA_FLAGS|env\.MKL_ENABLE_INSTRUCTIONS|"
                        r"env\.MKL_CBWR|env\.ATEN_CPU_CAPABILITY|frameworks\.torch\.cpu_capability|"
                        r"env\.OPENBLAS_CORETYPE|env\.DNNL_MAX_CPU_ISA|env\.ONEDNN_MAX_CPU_ISA)"),
@@ -351,6 +374,12 @@ _CAUSES = {
     "x64": (re.compile(r"(x64|enable_x64|default_dtype|float64)", re.I),
             {"matmul", "transcendental", "reduction", "linear-algebra", "elementwise", "compiled"},
             "default precision"),
+    # code and native libraries loaded besides the script (trace/manifest.py)
+    "startup": (re.compile(r"^(env\.(PYTHONPATH|PYTHONHOME|PYTHONSTARTUP|PYTHONUSERBASE|"
+                           r"PYTHONNOUSERSITE|LD_PRELOAD|LD_LIBRARY_PATH|DYLD_\w+)$|startup\.|"
+                           r"libraries\.|frameworks\.\w+\.libraries\.)"), _ALL_CLASSES,
+                "code or native libraries loaded besides the script (a sitecustomize on "
+                "PYTHONPATH, a preloaded or another BLAS/libm) can replace any op"),
 }
 _FRAMEWORK_PACKAGES = {"jax": ("jax", "jaxlib", "jax-cuda", "jax_cuda", "ml_dtypes", "flax", "optax",
                                "scipy", "numpy"),
@@ -402,7 +431,13 @@ def environment(env_diff, op, framework, inputs_match, replay=None, inner=None):
         for tag, (rx, classes, why) in _CAUSES.items():
             if rx.search(k) and cls in classes:
                 rank = {"isa": 1, "tf32": 1, "blas": 2, "fastmath": 2, "threads": 3,
-                        "x64": 2}[tag]
+                        "x64": 2, "kernel": 2, "startup": 1}[tag]
+                if tag == "kernel":   # the origin op itself runs a replaced kernel: rank 0
+                    target = k.split(".python_kernels.", 1)[1]
+                    why = (f"{target} runs a kernel registered from Python on one side only: "
+                           f"it replaces the library's kernel")
+                    if target.split(".")[0] == op.split(".")[0]:
+                        rank = 0
                 if tag == "tf32" and cls == "matmul":
                     rank = 0
                 if tag == "isa" and cls in ("matmul", "transcendental"):
@@ -534,6 +569,7 @@ def analyse(result, d, event=None):
     out["chain"] = links
     out["chain_info"] = info
     out["replay"] = replay_verdict(d, ea, eb)
+    out["mechanisms"] = out["replay"].pop("mechanisms", [])   # diff/mechanisms.py
     if f.compiled:
         step = int(f.a["step"])
         probe = command("tracediff", "record", "--probe", _levels.probe_pattern(f.a["op"]),
@@ -685,6 +721,8 @@ def short(analysis):
         ex["exact_by"] = rv["oracle"]["computed_by"]
     if rv.get("reproduces"):
         ex["reproduced_here"] = rv["reproduces"]
+    if rv.get("mechanism"):   # diff/mechanisms.py: which candidate numerics reproduce each side
+        ex["mechanism"] = rv["mechanism"]
     causes = (analysis.get("environment") or {}).get("causes") or []
     if causes:
         ex["likely_cause"] = f"{causes[0]['key']}: {causes[0]['reason']}"
@@ -769,6 +807,8 @@ def print_analysis(an, console=None):
                     if fo else "")
             c.print(f"  {side}: {markup(s.get('op') or '')} {rep}{dist}"
                     f"{' (' + markup(s['reason']) + ')' if s.get('reason') else ''}")
+    if rv.get("mechanism"):   # diff/mechanisms.py
+        c.print(f"[bold]mechanism[/]: {markup(rv['mechanism'])}")
     if an.get("compiled_call"):
         cc = an["compiled_call"]
         c.print(f"[bold]compiled-call divergence[/] in {markup(cc['call'])}: "

@@ -29,6 +29,19 @@ class Finding:
 
 
 @dataclasses.dataclass
+class Mechanism:
+    """One candidate numeric mechanism re-executed on a side's recorded inputs
+    (diff/mechanisms.py): does it reproduce that side's recorded output bitwise, and if
+    not, how far is it (max ULP in the output dtype)."""
+
+    side: str                  # "a" or "b"
+    name: str                  # hypothesis: fma, reciprocal_multiply, tf32_inputs, ...
+    bitwise: bool
+    max_ulp: float
+    note: str
+
+
+@dataclasses.dataclass
 class LocateResult:
     path_a: str
     path_b: str

@@ -39,6 +39,16 @@ def _fmt(x):
     return str(x)
 
 
+def _value(x):
+    """A recorded number as its shortest repr (float32 values as float32: 0.1, not
+    0.10000000149011612); non-finite values arrive as strings."""
+    if not isinstance(x, float):
+        return markup(str(x))
+    import numpy as np
+
+    return str(np.float32(x)) if np.isfinite(x) and float(np.float32(x)) == x else repr(x)
+
+
 def _where(e):
     parts = [f"{markup(e['framework'])} {markup(e['kind'])} [bold]{markup(e['op'])}[/]"]
     if e.get("phase") and e["kind"] == "op":
@@ -69,8 +79,10 @@ def _finding(console, title, f, a_name, b_name, verbose=False, context=None):
             _code(console, context(f.a["source"]))
     if f.b["op"] != f.a["op"] or f.b["framework"] != f.a["framework"]:
         console.print(f"  paired with b: {_where(f.b)} (by {markup(f.pair_by)})")
-    console.print(f"  outputs: a {_shapes(f.a)}   b {_shapes(f.b)}")
     m = f.metrics or {}
+    console.print(f"  outputs: a {_shapes(f.a)}   b {_shapes(f.b)}" + (
+        f"   worst element: {_value(m['worst_a'])} vs {_value(m['worst_b'])}"
+        if "worst_a" in m and "worst_b" in m else ""))
     if m:
         console.print(f"  max abs {_fmt(m.get('max_abs'))}  max rel {_fmt(m.get('max_rel'))}  "
                       f"max ulp {_fmt(m.get('max_ulp'))}  mismatched "
@@ -233,6 +245,8 @@ def _extras(console, r, verbose=False):
     if explain:
         head = explain.get("verdict") or explain.get("summary") if isinstance(explain, dict) else explain
         console.print(f"[bold]replay verdict[/]: {markup(str(head))}")
+        if isinstance(explain, dict) and explain.get("mechanism"):   # diff/mechanisms.py
+            console.print(f"[bold]mechanism[/]: {markup(str(explain['mechanism']))}")
     chain = getattr(r, "chain", None)
     if chain:
         # short: the hops with a role (origin, first beyond tolerance, last), the others
