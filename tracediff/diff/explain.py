@@ -432,6 +432,12 @@ def environment(env_diff, op, framework, inputs_match, replay=None, inner=None):
             if rx.search(k) and cls in classes:
                 rank = {"isa": 1, "tf32": 1, "blas": 2, "fastmath": 2, "threads": 3,
                         "x64": 2, "kernel": 2, "startup": 1}[tag]
+                if tag == "startup" and not k.startswith("startup."):
+                    # a path variable or a library that differs is common between machines:
+                    # ranked high only for math libraries (libm, BLAS, OpenMP, oneDNN)
+                    rank = 1 if re.search(r"(libm\b|libm[.-]|libmvec|sleef|blas|lapack|mkl|dnnl|"
+                                          r"onednn|omp)", k, re.I) and not k.startswith("env.") \
+                        else 3
                 if tag == "kernel":   # the origin op itself runs a replaced kernel: rank 0
                     target = k.split(".python_kernels.", 1)[1]
                     why = (f"{target} runs a kernel registered from Python on one side only: "
