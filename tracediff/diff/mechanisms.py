@@ -35,6 +35,7 @@ import numpy as np
 
 from ..trace import schema
 from . import compare
+from . import replay as _replay
 from .result import Mechanism
 
 MAX_ELEMENTS = 512         # output elements compared per hypothesis (evenly spaced sample)
@@ -953,28 +954,33 @@ def cases(d, events, sides, inputs_of):
     """{side: Case} for a replayed origin pair: `events` {side: event index}, `sides` the
     replay's per-side info (op, framework, call, inputs, recorded), `inputs_of(d, side,
     event)` the recorded inputs of any event (explain.event_inputs)."""
-    from . import replay as _replay
-
     out = {}
     for side in ("a", "b"):
-        info = sides.get(side) or {}
-        call = info.get("call")
-        if call is None or "inputs" not in info or not info.get("recorded"):
-            continue
-        trace = d.ta if side == "a" else d.tb
         try:
-            expr = expression(trace, events[side], lambda ev, s=side: inputs_of(d, s, ev))
-        except Exception:   # an odd trace: no expression, the op alone
-            expr = None
-        rec = info["recorded"][0] if info["recorded"] else None
-        dt = np.asarray(rec).dtype.name if rec is not None else ""
-        if dt == "float64":
-            def wide(xs, call=call, info=info):
-                return _replay.numpy_oracle(info["framework"], info["op"], call.params, xs)
-        else:
-            def wide(xs, call=call):
-                return call.run(xs, upcast=True)
-        out[side] = Case(side=side, framework=info["framework"], op=info["op"],
-                         params=call.params, inputs=info["inputs"], outputs=info["recorded"],
-                         kernel=call.run, wide=wide, expr=expr)
+            case = _case(d, side, events[side], sides.get(side) or {}, inputs_of)
+        except Exception:   # an odd trace: no mechanisms for this side, never a failure
+            case = None
+        if case is not None:
+            out[side] = case
     return out
+
+
+def _case(d, side, event, info, inputs_of):
+    call = info.get("call")
+    if call is None or "inputs" not in info or not info.get("recorded"):
+        return None
+    trace = d.ta if side == "a" else d.tb
+    try:
+        expr = expression(trace, event, lambda ev: inputs_of(d, side, ev))
+    except Exception:   # an odd trace: no expression, the op alone
+        expr = None
+    rec = info["recorded"][0]
+    if rec is not None and np.asarray(rec).dtype.name == "float64":
+        def wide(xs):
+            return _replay.numpy_oracle(info["framework"], info["op"], call.params, xs)
+    else:
+        def wide(xs):
+            return call.run(xs, upcast=True)
+    return Case(side=side, framework=info["framework"], op=info["op"], params=call.params,
+                inputs=info["inputs"], outputs=info["recorded"], kernel=call.run, wide=wide,
+                expr=expr)
