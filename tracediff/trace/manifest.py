@@ -111,9 +111,17 @@ def _library_key(filename):
 
 def native_libraries(maps="/proc/self/maps"):
     """{library: "file name, N bytes"} of the numeric shared libraries this process has
-    mapped (Linux; empty elsewhere), plus each LD_PRELOAD entry. The file name carries
-    the version (libgomp.so.1.0.0, libopenblas64_p-r0-...-0.3.23.so), the size tells two
-    builds of one version apart."""
+    mapped (Linux; empty elsewhere), plus each LD_PRELOAD entry and numpy's BLAS/LAPACK.
+    The file name carries the version (libgomp.so.1.0.0, libopenblas64_p-r0-...-0.3.23.so),
+    the size tells two builds of one version apart. Never raises: it runs while the trace
+    is being closed."""
+    try:
+        return _native_libraries(maps)
+    except Exception as exc:  # never lose a trace over its manifest
+        return {"error": f"{type(exc).__name__}: {str(exc)[:120]}"}
+
+
+def _native_libraries(maps):
     paths = set()
     try:
         with open(maps, encoding="utf-8", errors="replace") as fh:
