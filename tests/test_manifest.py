@@ -17,20 +17,19 @@ import tracediff
 from tracediff.diff.env import env_diff
 from tracediff.trace import manifest
 
-from .helpers import ROOT, record_many
+from .conftest import BROKEN_DOT, PERTURB
+from .helpers import ROOT
 
-PERTURB = os.path.join(ROOT, "tests", "perturb")
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                  reason="torch is not installed (the oldest-JAX CI environment)")
 
 
 @pytest.fixture(scope="module")
-def dot(tmp_path_factory):
-    d = tmp_path_factory.mktemp("dot")
-    jobs = {"a": ("torch_dot.py", d / "a.h5", (), None),
-            "b": ("torch_dot.py", d / "b.h5", (), {"PYTHONPATH": os.path.join(PERTURB, "broken_dot")})}
-    record_many(jobs)
-    return d / "a.h5", d / "b.h5", tracediff.locate(d / "a.h5", d / "b.h5")
+def dot(recorded):
+    """torch_dot.py plain and with the faulty aten::dot of tests/perturb/broken_dot (the
+    session's recordings), and their locate result."""
+    a, b = recorded("torch_dot.py"), recorded("torch_dot.py", env=BROKEN_DOT)
+    return a, b, tracediff.locate(a, b)
 
 
 @needs_torch
@@ -48,7 +47,7 @@ def test_a_kernel_loaded_through_pythonpath_is_an_environment_difference(dot):
     assert path["category"] == "env" and "broken_dot" in path["b"] and "broken_dot" not in path["a"]
     assert r.env_diff[0]["key"] == "frameworks.torch.python_kernels.aten::dot"   # ranked first
     # explain: the replaced kernel of the origin op is the most likely cause
-    assert r.explain["likely_cause"].startswith("frameworks.torch.python_kernels.aten::dot: "
+    assert r.explain.likely_cause.startswith("frameworks.torch.python_kernels.aten::dot: "
                                                 "aten::dot runs a kernel registered from Python")
 
 
@@ -56,7 +55,7 @@ def test_a_kernel_loaded_through_pythonpath_is_an_environment_difference(dot):
 def test_headline_shows_the_values_and_the_report_reproduces_the_cause(dot):
     from rich.console import Console
 
-    from tracediff.report.common import report_data
+    from tracediff.report.common import report_context
     from tracediff.report.terminal import print_locate
 
     a, b, r = dot
@@ -65,10 +64,10 @@ def test_headline_shows_the_values_and_the_report_reproduces_the_cause(dot):
     head = out.getvalue().splitlines()[:5]
     assert any("outputs: a float32[]   b float32[]   worst element: 14.0 vs 0.0" in line
                for line in head), head
-    commands = report_data(r)["report"]["commands"]
-    rec_b = next(c for c in commands if "tracediff record" in c and "b.h5" in c)
+    commands = report_context(r).commands
+    rec_b = next(c for c in commands if "tracediff record" in c and os.path.basename(b) in c)
     assert rec_b.startswith("PYTHONPATH=") and os.path.join(PERTURB, "broken_dot") in rec_b
-    rec_a = next(c for c in commands if "tracediff record" in c and "a.h5" in c)
+    rec_a = next(c for c in commands if "tracediff record" in c and os.path.basename(a) in c)
     assert "broken_dot" not in rec_a
 
 

@@ -1,7 +1,10 @@
 """Mechanism hypotheses (diff/mechanisms.py) and exact references of fused expressions,
 on real divergences: XLA's FMA contraction (compiled probe, default ISA vs SSE4.2), a
 TF32-rounded addmm and MKL's reproducible (CBWR) code path (torch), division across JAX
-versions (x / y vs x * (1/y)). Each side's mechanism is asserted by name.
+versions (x / y vs x * (1/y)). Each side's mechanism is asserted by name. The recordings
+are the session's (tests/conftest.recorded), shared with the other modules; the JAX 0.7.2
+side of the division is bundled (fixtures/traces/, tests/record_other_jax.sh) unless
+TRACEDIFF_OTHER_JAX_PYTHON names that JAX's Python.
 
 Also run by .ci/run under the oldest supported JAX (torch is not installed there: the
 torch cases are skipped), so explain and replay are tested on every supported JAX.
@@ -12,37 +15,36 @@ import io
 import json
 import os
 import subprocess
-import sys
 from fractions import Fraction
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
-from tracediff.cli import main as cli_main
+import tracediff
 from tracediff.diff import mechanisms
 
-from .helpers import FIXTURES, ROOT, record_many
+from .conftest import MKL_SSE, OTHER_JAX, TF32_ADDMM, TORCH_GRU_STEPS, XLA_SSE4
+from .helpers import FIXTURES, ROOT
 
-PERTURB = os.path.join(ROOT, "tests", "perturb")
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                  reason="torch is not installed (the oldest-JAX CI environment)")
+PROBE = ("--probe", "^schedule$")
 
 
 def explain(a, b, *extra):
-    """`tracediff explain A B [EVENT] --json` in this process, and that analysis as the
-    terminal shows it (`print_analysis`)."""
+    """What `tracediff explain A B [EVENT] --json` prints, and the same analysis as the
+    terminal shows it (`print_analysis`): one `Analysis`, computed once in this process."""
     from rich.console import Console
 
-    from tracediff.diff.explain import print_analysis
+    from tracediff.diff.locate import locate_with_analysis
+    from tracediff.report.explain_terminal import print_analysis
+    from tracediff.report.json_report import analysis_json
 
-    res = CliRunner().invoke(cli_main, ["explain", str(a), str(b), *map(str, extra), "--json"],
-                             catch_exceptions=False)
-    assert res.exit_code in (0, 1), res.output
-    an = json.loads(res.stdout)
+    _, analysis = locate_with_analysis(str(a), str(b), event=int(extra[0]) if extra else None)
+    an = json.loads(json.dumps(analysis_json(analysis)))
     out = io.StringIO()
-    print_analysis(an, Console(file=out, width=400, no_color=True, highlight=False,
-                               soft_wrap=True, emoji=False))
+    print_analysis(analysis, Console(file=out, width=400, no_color=True, highlight=False,
+                                     soft_wrap=True, emoji=False))
     return an, out.getvalue()
 
 
@@ -84,14 +86,12 @@ def test_tf32_rounding_keeps_ten_mantissa_bits():
 # -- XLA's FMA contraction, seen through the compiled probe ------------------------------
 
 @pytest.fixture(scope="module")
-def fma(tmp_path_factory):
-    d = tmp_path_factory.mktemp("fma")
-    probe = (["--probe", "^schedule$"],)
-    jobs = {"avx": ("jax_fused_fma.py", d / "a.h5", (), None, *probe),
-            "sse": ("jax_fused_fma.py", d / "b.h5", (), {"XLA_FLAGS": "--xla_cpu_max_isa=SSE4_2"},
-                    *probe)}
-    record_many(jobs)
-    return d / "a.h5", d / "b.h5"
+def fma(recorded):
+    """jax_fused_fma.py with its compiled probe, default ISA and SSE4.2 (shared with
+    tests/test_jax_locate.py)."""
+    t = recorded.many({"a": ("jax_fused_fma.py", (), None, PROBE),
+                       "b": ("jax_fused_fma.py", (), XLA_SSE4, PROBE)})
+    return t["a"], t["b"]
 
 
 def test_fma_contraction_is_named_and_judged_against_the_whole_expression(fma):
@@ -117,24 +117,19 @@ def test_fma_contraction_is_named_and_judged_against_the_whole_expression(fma):
 # -- torch: a TF32 addmm, MKL's reproducible code path ---------------------------------------
 
 @pytest.fixture(scope="module")
-def linear(tmp_path_factory):
-    d = tmp_path_factory.mktemp("linear")
-    jobs = {"plain": ("torch_linear.py", d / "plain.h5", (), None),
-            "tf32": ("torch_linear.py", d / "tf32.h5", (),
-                     {"PYTHONPATH": os.path.join(PERTURB, "tf32_addmm")}),
-            "cbwr": ("torch_linear.py", d / "cbwr.h5", (), {"MKL_CBWR": "COMPATIBLE"})}
-    record_many(jobs)
-    import tracediff
-
-    with tracediff.load(d / "plain.h5") as t:
-        addmm = next(i for i in range(len(t)) if t.event(i)["op"] == "aten::addmm")
-    return d, addmm
+def linear(recorded):
+    """torch_linear.py plain and with TF32-rounded addmm inputs, and the addmm's event."""
+    t = recorded.many({"plain": ("torch_linear.py", (), None),
+                       "tf32": ("torch_linear.py", (), TF32_ADDMM)})
+    with tracediff.load(t["plain"]) as tr:
+        addmm = next(i for i in range(len(tr)) if tr.event(i)["op"] == "aten::addmm")
+    return t["plain"], t["tf32"], addmm
 
 
 @needs_torch
 def test_tf32_inputs_reproduce_the_tf32_addmm(linear):
-    d, addmm = linear
-    an, text = explain(d / "plain.h5", d / "tf32.h5", addmm)
+    plain, tf32, addmm = linear
+    an, text = explain(plain, tf32, addmm)
     assert an["origin"]["a"]["op"] == "aten::addmm" and an["origin"]["inputs_match"] is True
     m = best(an, "b")
     assert m["name"] == "tf32_inputs" and m["bitwise"] is True and "TF32" in m["note"]
@@ -144,24 +139,32 @@ def test_tf32_inputs_reproduce_the_tf32_addmm(linear):
 
 
 @needs_torch
-def test_mkl_compatible_path_is_a_summation_order_without_fma(linear):
-    d, addmm = linear
-    an, _ = explain(d / "plain.h5", d / "cbwr.h5", addmm)
+def test_mkl_compatible_path_is_named_as_products_rounded_before_the_sum(recorded):
+    args = ("--steps", TORCH_GRU_STEPS)   # shared with test_explain, test_levels
+    a, b = recorded("torch_gru_adam.py", *args), recorded("torch_gru_adam.py", *args, env=MKL_SSE)
+    an, text = explain(a, b)
+    assert an["origin"]["a"]["op"] in ("aten::addmm", "aten::mm")
     assert an["origin"]["inputs_match"] is True
-    # MKL_CBWR=COMPATIBLE runs the SSE kernel on every x86 CPU: 4 float lanes, no FMA
+    # MKL_CBWR=COMPATIBLE runs MKL's SSE code path on every x86 CPU: no FMA (for this
+    # GRU's shapes: k summed in order, each product rounded before it is added)
     m = best(an, "b")
-    assert m["name"] == "summation_order" and m["bitwise"] is True
-    assert "4 SIMD lanes" in m["note"] and "FMA" not in m["note"]
+    assert m["bitwise"] is True and m["name"] in ("separate_multiply_add", "summation_order")
+    assert "FMA" not in m["note"]
+    assert named(an, "b", "fma")["bitwise"] is False
     a = best(an, "a")
     assert a["bitwise"] is True and a != m
     with open("/proc/cpuinfo", encoding="utf-8") as fh:
         if " fma " in fh.read():   # MKL's own kernel on an FMA CPU fuses the products
             assert a["name"] == "fma" or "FMA" in a["note"]
+    assert "b's aten::" in text and "is reproduced bitwise by" in text
 
 
 # -- division across JAX versions ----------------------------------------------------------
 
-OTHER = os.environ.get("TRACEDIFF_OTHER_JAX_PYTHON")
+# jax_divide.py recorded under the oldest supported JAX (0.7.2) with
+# `tests/record_other_jax.sh`; recorded fresh when TRACEDIFF_OTHER_JAX_PYTHON names that
+# JAX's Python (CI does), as tests/conftest.two_jax_versions does for the GRU example
+OLD_JAX_DIVIDE = os.path.join(FIXTURES, "traces", "jax_divide.jax-0.7.2.h5")
 
 
 def _jax_version(python):
@@ -170,23 +173,26 @@ def _jax_version(python):
     return out.stdout.strip()
 
 
-@pytest.mark.skipif(not OTHER, reason="TRACEDIFF_OTHER_JAX_PYTHON not set (.ci/run sets it)")
-def test_division_across_jax_versions_is_reciprocal_multiply_on_one_side(tmp_path):
+def test_division_across_jax_versions_is_reciprocal_multiply_on_one_side(recorded,
+                                                                          tmp_path):
     import jax
 
-    old_version = _jax_version(OTHER)
-    if old_version == jax.__version__:
-        pytest.skip(f"TRACEDIFF_OTHER_JAX_PYTHON runs this JAX ({old_version})")
-    old, new = tmp_path / "old.h5", tmp_path / "new.h5"
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    env.pop("XLA_FLAGS", None)
-    script = os.path.join(FIXTURES, "jax_divide.py")
-    procs = [subprocess.Popen([py, "-m", "tracediff", "record", "-o", str(out), script], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for py, out in ((OTHER, old), (sys.executable, new))]
-    for p in procs:
-        _, err = p.communicate(timeout=600)
-        assert p.returncode == 0, err[-3000:]
+    new = recorded("jax_divide.py")
+    if OTHER_JAX:
+        old_version = _jax_version(OTHER_JAX)
+        if old_version == jax.__version__:
+            pytest.skip(f"TRACEDIFF_OTHER_JAX_PYTHON runs this JAX ({old_version})")
+        old = tmp_path / "old.h5"
+        env = dict(os.environ, PYTHONPATH=ROOT)
+        env.pop("XLA_FLAGS", None)
+        proc = subprocess.run([OTHER_JAX, "-m", "tracediff", "record", "-o", str(old),
+                               os.path.join(FIXTURES, "jax_divide.py")], env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    else:
+        old, old_version = OLD_JAX_DIVIDE, "0.7.2"
+        if jax.__version__ == old_version:
+            pytest.skip("this is the JAX of the bundled trace")
     an, text = explain(old, new)
     assert an["origin"]["a"]["op"] == "div" and an["origin"]["inputs_match"] is True
     # JAX 0.7 divides (correctly rounded); JAX 0.10 multiplies by the reciprocal of a
