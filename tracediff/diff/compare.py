@@ -173,8 +173,9 @@ def compare_arrays(xa, xb, dtype_name, rtol=None, atol=None, tol_dtype=None, ulp
     out["max_rel"] = float(rel.max()) if n else 0.0
     out["worst_index"] = int(np.argmax(diff)) if mism.any() else None
     if out["worst_index"] is not None:   # the two values there, for the headline
-        out["worst_a"] = float(fa[out["worst_index"]])
-        out["worst_b"] = float(fb[out["worst_index"]])
+        scalar = complex if fa.dtype.kind == "c" else float
+        out["worst_a"] = scalar(fa[out["worst_index"]])
+        out["worst_b"] = scalar(fb[out["worst_index"]])
     if xa.dtype.kind in "iub":
         out["max_ulp"] = float(diff.max())
     else:

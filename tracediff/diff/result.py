@@ -124,8 +124,8 @@ class Metrics(_ByKey):
     ulp: Optional[float] = None                  # --ulp
     n: Optional[int] = None                      # elements
     worst_index: Optional[int] = None            # flat index of the largest difference
-    worst_a: Any = None                          # the two values there (float; a string
-    worst_b: Any = None                          # when not finite), for the headline
+    worst_a: Any = None                          # the two values there, for the headline
+    worst_b: Any = None                          # (float, complex for complex dtypes)
     stats_a: Optional[dict] = None               # the statistics compared (levels.py)
     stats_b: Optional[dict] = None
 
