@@ -19,7 +19,7 @@ import traceback
 
 from .capture import RecordOptions, Session, start_captures
 from .errors import TraceError, UnsupportedJax
-from .trace.manifest import base_manifest
+from .trace.manifest import base_manifest, native_libraries
 from .trace.writer import TraceWriter
 
 TOOL_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -232,6 +232,7 @@ class Recording:
         frameworks_manifest["captured"] = [c.framework for c in self.session.captures]
         try:
             self.writer.close(end=end, frameworks=frameworks_manifest, events=self.writer.n_events,
+                              libraries=native_libraries(),   # loaded by the end of the run
                               bytes_recorded=self.writer.bytes_recorded,
                               recording=self._recording_summary())
         finally:

@@ -84,3 +84,33 @@ def is_key_dtype(dtype):
 def untested_version():
     """True when this JAX is newer than the tested range (recorded in the manifest)."""
     return jax_version() > SUPPORTED[1]
+
+
+def lowering_overrides():
+    """{"primitive": "platform lowering from FILE:LINE"} for the primitives whose lowering
+    rule was registered from outside JAX's own packages (a sitecustomize or plugin that
+    replaces how `tanh` compiles): the JAX counterpart of a torch.library kernel. Reads
+    `jax._src.interpreters.mlir`'s rule tables; {} when this JAX lays them out otherwise."""
+    import os
+
+    try:
+        from jax._src.interpreters import mlir
+    except ImportError:
+        return {}
+    own = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+                for m in (jax, __import__("jaxlib")) if getattr(m, "__file__", None))
+    tables = [("any", getattr(mlir, "_lowerings", {}))]
+    tables += sorted((getattr(mlir, "_platform_specific_lowerings", {}) or {}).items(),
+                     key=lambda kv: str(kv[0]))
+    out = {}
+    for platform, table in tables:
+        for prim, entry in list(dict(table).items()):
+            fn = getattr(entry, "rule", entry)
+            fn = getattr(fn, "func", fn)   # functools.partial
+            code = getattr(fn, "__code__", None)
+            path = getattr(code, "co_filename", "")
+            if not path or os.path.abspath(path).startswith(own) or path.startswith("<"):
+                continue
+            out[str(getattr(prim, "name", prim))] = \
+                f"{platform} lowering registered at {path}:{code.co_firstlineno}"
+    return out

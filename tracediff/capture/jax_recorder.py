@@ -207,6 +207,10 @@ class JaxCapture(Capture):
                                        "the compiled outputs the script received"),
             "untested_version": jax_internals.untested_version(),
         }
+        try:   # primitives whose lowering was replaced from outside JAX (a sitecustomize)
+            out["python_kernels"] = jax_internals.lowering_overrides()
+        except Exception as exc:  # informative only
+            out["python_kernels"] = f"unavailable: {type(exc).__name__}"
         if self.prober is not None:
             out["probe"] = self.prober.manifest()
         for name in ("jax_enable_x64", "jax_default_matmul_precision", "jax_threefry_partitionable",

@@ -333,6 +333,8 @@ class TorchCapture(Capture):
             self.pending = []
 
     def manifest(self):
+        from ..trace import manifest as _manifest
+
         torch = _torch
         if torch is None:
             return {}
@@ -362,7 +364,11 @@ class TorchCapture(Capture):
                         ("cudnn_allow_tf32", lambda: torch.backends.cudnn.allow_tf32),
                         ("cudnn_deterministic", lambda: torch.backends.cudnn.deterministic),
                         ("cuda_available", lambda: torch.cuda.is_available()),
-                        ("mkldnn_enabled", lambda: torch.backends.mkldnn.enabled)):
+                        ("mkldnn_enabled", lambda: torch.backends.mkldnn.enabled),
+                        # aten ops whose kernel was replaced from Python (torch.library)
+                        ("python_kernels", lambda: _manifest.dispatcher_overrides(torch)),
+                        ("libraries", lambda: _manifest.torch_build_libraries(
+                            torch.__config__.show()))):
             try:
                 m[key] = fn()
             except Exception as exc:  # a missing backend must not lose the manifest

@@ -10,7 +10,8 @@ It puts together what the modules beside it compute:
 * chain (`chain.py`): dataflow path origin -> first beyond tolerance -> last differing
   event, with the amplification at each hop.
 * replay (`verdict.py`): the origin op re-executed here from each side's inputs; which
-  side is closer to the exact result, which one this machine reproduces.
+  side is closer to the exact result, which one this machine reproduces; the mechanism
+  hypotheses (`mechanisms.py`) that name how each side computed its value.
 * compiled call / inner structure: a divergence no single replayed equation explains,
   and how the equations inside a jit origin pair up.
 * environment (`causes.py`): the manifest differences that can change this kind of op.
@@ -73,6 +74,7 @@ def analyse(result: LocateResult, d, event: Optional[int] = None) -> Analysis:
     except Exception as exc:  # never fail the analysis over the chain
         out.chain = Chain(error=f"{type(exc).__name__}: {exc}"[:200])
     out.replay = rv = replay_verdict(d, ea, eb)
+    out.mechanisms = rv.mechanisms   # diff/mechanisms.py: how each side computed its value
     if f.compiled:
         step = int(f.a.step)
         probe = command("tracediff", "record", "--probe", _levels.probe_pattern(f.a.op),
@@ -219,6 +221,8 @@ def short(analysis: Analysis) -> tuple:
         ex.exact_by = rv.oracle.computed_by
     if rv.reproduces:
         ex.reproduced_here = rv.reproduces
+    if rv.mechanism:   # diff/mechanisms.py: which candidate numerics reproduce each side
+        ex.mechanism, ex.mechanisms = rv.mechanism, list(rv.mechanisms)
     causes = analysis.environment.causes
     if causes:
         ex.likely_cause = f"{causes[0].key}: {causes[0].reason}"

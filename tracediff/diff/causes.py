@@ -3,7 +3,8 @@ origin's kind of op, ranked.
 
 The op is classed (`op_class`: matmul, transcendental, reduction, linear algebra, compiled,
 elementwise); package versions of its framework and the settings known to change that
-class (instruction set, TF32, BLAS, threads, fast math, x64) are picked from the manifest
+class (a kernel replaced from Python, start-up code and native libraries, instruction
+set, TF32, BLAS, threads, fast math, x64) are picked from the manifest
 differences (`env.py`), each with the reason. Nothing is listed that is not in the
 manifests; with none, the answer says the cause is elsewhere (hardware, a library loaded
 at run time).
@@ -42,8 +43,13 @@ def op_class(op: str) -> str:
     return "elementwise"
 
 
+_ALL_CLASSES = {"matmul", "transcendental", "reduction", "linear-algebra", "elementwise",
+                "compiled"}
 _CAUSES = {
     # (category or key regex, op classes it can affect, reason)
+    # an aten op whose kernel was replaced from Python (trace/manifest.dispatcher_overrides)
+    "kernel": (re.compile(r"^frameworks\.\w+\.python_kernels\."), _ALL_CLASSES,
+               "a kernel registered from Python replaces the library's kernel of this op"),
     "isa": (re.compile(r"^(cpu\.isa_flags|cpu\.model|env\.XLA_FLAGS|env\.MKL_ENABLE_INSTRUCTIONS|"
                        r"env\.MKL_CBWR|env\.ATEN_CPU_CAPABILITY|frameworks\.torch\.cpu_capability|"
                        r"env\.OPENBLAS_CORETYPE|env\.DNNL_MAX_CPU_ISA|env\.ONEDNN_MAX_CPU_ISA)"),
@@ -63,7 +69,17 @@ _CAUSES = {
     "x64": (re.compile(r"(x64|enable_x64|default_dtype|float64)", re.I),
             {"matmul", "transcendental", "reduction", "linear-algebra", "elementwise", "compiled"},
             "default precision"),
+    # code and native libraries loaded besides the script (trace/manifest.py)
+    "startup": (re.compile(r"^(env\.(PYTHONPATH|PYTHONHOME|PYTHONSTARTUP|PYTHONUSERBASE|"
+                           r"PYTHONNOUSERSITE|LD_PRELOAD|LD_LIBRARY_PATH|DYLD_\w+)$|startup\.|"
+                           r"libraries\.|frameworks\.\w+\.libraries\.)"), _ALL_CLASSES,
+                "code or native libraries loaded besides the script (a sitecustomize on "
+                "PYTHONPATH, a preloaded or another BLAS/libm) can replace any op"),
 }
+# a path variable or a library that differs is common between machines: among them only
+# math libraries rank high
+_MATH_LIBRARY = re.compile(r"(libm\b|libm[.-]|libmvec|sleef|blas|lapack|mkl|dnnl|onednn|omp)",
+                           re.I)
 _FRAMEWORK_PACKAGES = {"jax": ("jax", "jaxlib", "jax-cuda", "jax_cuda", "ml_dtypes", "flax", "optax",
                                "scipy", "numpy"),
                        "torch": ("torch", "numpy", "mkl", "intel-openmp")}
@@ -116,7 +132,15 @@ def environment(env_diff: list, op: str, framework: Optional[str], inputs_match:
         for tag, (rx, classes, why) in _CAUSES.items():
             if rx.search(k) and cls in classes:
                 rank = {"isa": 1, "tf32": 1, "blas": 2, "fastmath": 2, "threads": 3,
-                        "x64": 2}[tag]
+                        "x64": 2, "kernel": 2, "startup": 1}[tag]
+                if tag == "startup" and not k.startswith("startup."):
+                    rank = 1 if _MATH_LIBRARY.search(k) and not k.startswith("env.") else 3
+                if tag == "kernel":   # the origin op itself runs a replaced kernel: rank 0
+                    target = k.split(".python_kernels.", 1)[1]
+                    why = (f"{target} runs a kernel registered from Python on one side only: "
+                           f"it replaces the library's kernel")
+                    if target.split(".")[0] == op.split(".")[0]:
+                        rank = 0
                 if tag == "tf32" and cls == "matmul":
                     rank = 0
                 if tag == "isa" and cls in ("matmul", "transcendental"):

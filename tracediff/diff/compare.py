@@ -121,7 +121,8 @@ def compare_arrays(xa, xb, dtype_name, rtol=None, atol=None, tol_dtype=None, ulp
     """Metrics of two arrays of the same logical dtype. Returns a plain dict:
 
     max_abs, max_rel, max_ulp, mismatch_fraction (elements that differ at all),
-    beyond_tolerance_fraction, within_tolerance (bool), rtol, atol, n, worst_index.
+    beyond_tolerance_fraction, within_tolerance (bool), rtol, atol, n, worst_index and the
+    two values there (worst_a, worst_b).
     Metrics are real floats (`math.inf` for NaN against a number); the JSON edge
     (`report/json_report.py`) writes non-finite ones as the strings "inf"/"nan".
     `tol_dtype` names a less precise dtype whose tolerance applies instead (an output
@@ -171,6 +172,10 @@ def compare_arrays(xa, xb, dtype_name, rtol=None, atol=None, tol_dtype=None, ulp
     out["max_abs"] = float(diff.max()) if n else 0.0
     out["max_rel"] = float(rel.max()) if n else 0.0
     out["worst_index"] = int(np.argmax(diff)) if mism.any() else None
+    if out["worst_index"] is not None:   # the two values there, for the headline
+        scalar = complex if fa.dtype.kind == "c" else float
+        out["worst_a"] = scalar(fa[out["worst_index"]])
+        out["worst_b"] = scalar(fb[out["worst_index"]])
     if xa.dtype.kind in "iub":
         out["max_ulp"] = float(diff.max())
     else:
@@ -215,6 +220,8 @@ def worst(metrics_list):
         vals = [m.get(k) for m in metrics_list]
         out[k] = max(vals, key=key)
     out["within_tolerance"] = all(m.get("within_tolerance", False) for m in metrics_list)
+    top = max(metrics_list, key=lambda m: key(m.get("max_abs")))
+    out.update({k: top[k] for k in ("worst_a", "worst_b") if k in top})
     loosest = max(metrics_list, key=lambda m: m.get("rtol") or 0.0)
     out["rtol"], out["atol"] = loosest.get("rtol"), loosest.get("atol")
     return out

@@ -16,13 +16,18 @@ IGNORED_LEAF = {"calls", "calls_not_replayed", "eager_primitives", "equations", 
 CATEGORY_OF_TOP = {"packages": "package", "cpu": "cpu", "env": "env", "jax": "jax-config",
                    "torch": "torch-config", "threads": "threads", "python": "python",
                    "os": "os", "hostname": "host", "script": "script", "recording": "recording",
-                   "tracediff_version": "package"}
-RANK = {"package": 0, "cpu": 1, "env": 2, "jax-config": 3, "torch-config": 3, "threads": 4,
-        "python": 5, "os": 6, "recording": 7, "script": 8, "other": 8, "host": 9}
+                   "tracediff_version": "package", "startup": "startup",
+                   "libraries": "library"}
+# kernel-override: an op whose kernel was replaced from Python (torch.library) on one side;
+# startup: sitecustomize/usercustomize; library: the native numeric libraries loaded
+RANK = {"kernel-override": 0, "package": 0, "startup": 1, "library": 1, "cpu": 1, "env": 2,
+        "jax-config": 3, "torch-config": 3, "threads": 4, "python": 5, "os": 6, "recording": 7,
+        "script": 8, "other": 8, "host": 9}
 
 # within a category, keys matching this rank first (numerically relevant)
 _HOT = re.compile(r"(jax|jaxlib|torch|numpy|mkl|openblas|xla|x64|precision|tf32|matmul|"
-                  r"deterministic|flush|denormal|fast_math|threads|OMP_|MKL_|XLA_FLAGS|model)",
+                  r"deterministic|flush|denormal|fast_math|threads|OMP_|MKL_|XLA_FLAGS|model|"
+                  r"PYTHONPATH|LD_PRELOAD|LD_LIBRARY_PATH|blas|lapack|onednn)",
                   re.IGNORECASE)
 _NUMERIC_ISA = re.compile(r"^(avx|fma|sse|amx|f16c|ssse|neon|asimd|sve|fp16|bf16|vnni|"
                           r"avx512|fphp|asimdhp|fcma|frint)")
@@ -52,6 +57,10 @@ def _compile_summary(c):
 
 def _category(key):
     parts = key.split(".")
+    if parts[0] == "frameworks" and len(parts) > 2 and parts[2] == "python_kernels":
+        return "kernel-override"
+    if parts[0] == "frameworks" and len(parts) > 2 and parts[2] == "libraries":
+        return "library"
     if parts[0] == "frameworks" and len(parts) > 1:
         return {"jax": "jax-config", "torch": "torch-config"}.get(parts[1], "other")
     if key.startswith(("threads.", "env.OMP_", "env.MKL_")) or key.endswith("_threads"):

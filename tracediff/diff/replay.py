@@ -490,7 +490,7 @@ class JaxCall(OpCall):
             x = np.asarray(x)
             dt = np.dtype(_UPCAST[x.dtype.name]) if upcast and x.dtype.name in _UPCAST else x.dtype
             specs.append(jax.ShapeDtypeStruct(x.shape, dt))
-        with jax.enable_x64(True):
+        with x64(jax):
             out = jax.eval_shape(lambda *xs: self.prim.bind(*xs, **params), *specs)
         outs = out if self.prim.multiple_results else [out]
         sizes = []
@@ -506,7 +506,7 @@ class JaxCall(OpCall):
 
         params = {k: self._value(v, upcast) for k, v in self.params.items()}
         xs = [_np_upcast(x) if upcast else np.asarray(x) for x in inputs]
-        with jax.enable_x64(True):
+        with x64(jax):
             out = self.prim.bind(*xs, **params)
             outs = out if self.prim.multiple_results else [out]
             return [np.asarray(o) for o in outs]
@@ -514,6 +514,15 @@ class JaxCall(OpCall):
     def code(self):
         params = ", ".join(f"{k}={_py(v, 'jax')}" for k, v in self.params.items())
         return f"primitives.{self.op}_p.bind(*inputs{', ' + params if params else ''})"
+
+
+def x64(jax):
+    """The context manager that enables float64 in `jax` for a block: `jax.enable_x64`
+    (JAX >= 0.8), `jax.experimental.enable_x64` before it (JAX 0.7)."""
+    ctx = getattr(jax, "enable_x64", None)
+    if ctx is None:
+        from jax.experimental import enable_x64 as ctx
+    return ctx(True)
 
 
 _NAMES = {"np_dtype": _NUMPY_DTYPES, "precision": _PRECISIONS,

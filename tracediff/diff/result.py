@@ -124,6 +124,8 @@ class Metrics(_ByKey):
     ulp: Optional[float] = None                  # --ulp
     n: Optional[int] = None                      # elements
     worst_index: Optional[int] = None            # flat index of the largest difference
+    worst_a: Any = None                          # the two values there, for the headline
+    worst_b: Any = None                          # (float, complex for complex dtypes)
     stats_a: Optional[dict] = None               # the statistics compared (levels.py)
     stats_b: Optional[dict] = None
 
@@ -248,10 +250,14 @@ class Chain(_ByKey):
 
 # -- the replay verdict -----------------------------------------------------------------------
 
-@dataclass
-class Mechanism:
-    side: str
-    name: str
+@dataclass(repr=False)
+class Mechanism(_ByKey):
+    """One candidate numeric mechanism re-executed on a side's recorded inputs
+    (diff/mechanisms.py): does it reproduce that side's recorded output bitwise, and if
+    not, how far is it (max ULP in the output dtype)."""
+
+    side: str                  # "a" or "b"
+    name: str                  # hypothesis: fma, reciprocal_multiply, tf32_inputs, ...
     bitwise: bool
     max_ulp: float
     note: str
@@ -275,6 +281,7 @@ class Replay(_ByKey):
     reproduced_here: Optional[str] = None        # "a", "b", "both", "neither"
     likely_cause: Optional[str] = None
     compiled_call: Optional[str] = None
+    mechanism: Optional[str] = None              # one line: which numerics reproduce each side
     mechanisms: list = field(default_factory=list)   # [Mechanism]
 
 
@@ -307,7 +314,8 @@ class Oracle(_ByKey):
 
     computed_by: str
     side: str
-    op: str
+    op: str                                      # the op, or a fused expression's text
+    expression: Optional[bool] = None            # the exact value of a fused expression
 
 
 @dataclass(repr=False)
@@ -328,6 +336,8 @@ class ReplayRun(_ByKey):
     closer: Optional[str] = None                 # "a", "b", "equal"
     reproduces: Optional[str] = None             # "a", "b", "both", "neither"
     machine: Optional[dict] = None               # what this machine replays with
+    mechanism: Optional[str] = None              # one line (mechanisms.summary)
+    mechanisms: list = field(default_factory=list)   # [Mechanism] (diff/mechanisms.py)
 
 
 # -- the rest of `tracediff explain` -----------------------------------------------------------
@@ -455,6 +465,7 @@ class Analysis:
     environment: Optional[Causes] = None
     tolerance_origin: Optional[Finding] = None    # first beyond tolerance, introduced there
     noise: Optional[Noise] = None
+    mechanisms: list = field(default_factory=list)   # [Mechanism] of the origin's replay
 
 
 # -- recording levels (levels.py) ------------------------------------------------------------

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..trace import schema
 from . import compare
+from . import mechanisms as _mechanisms
 from . import replay as _replay
 from .differ import comparable, input_value_row
 from .result import FromOracle, Oracle, ReplayRun, SideReplay
@@ -182,8 +183,16 @@ def replay_verdict(d, ea: int, eb: int) -> ReplayRun:
     S = sides[src]
     out_dtype = next((np.asarray(r).dtype.name for r in S["recorded"] if r is not None), "")
     oracle, how = None, None
+    # mechanisms (diff/mechanisms.py): candidate numerics re-run on each side's inputs; a
+    # fused (compiled-probe) origin is judged against its whole expression, exactly
+    cases = _mechanisms.cases(d, {"a": ea, "b": eb}, sides, event_inputs)
+    expr = getattr(cases.get(src), "expr", None)
     try:
-        if out_dtype in ("float64", "complex128"):
+        if expr is not None and out_dtype in ("float16", "bfloat16", "float32", "float64"):
+            shape = np.shape(next(r for r in S["recorded"] if r is not None))
+            oracle = [np.broadcast_to(expr.exact(), shape)]
+            how = "numpy long double" if out_dtype == "float64" else "float64"
+        elif out_dtype in ("float64", "complex128"):
             oracle = _replay.numpy_oracle(S["framework"], S["op"], S["call"].params, S["inputs"])
             how = "numpy long double" if oracle is not None else None
             if oracle is None:
@@ -195,6 +204,8 @@ def replay_verdict(d, ea: int, eb: int) -> ReplayRun:
         res.oracle_note = f"the high-precision run failed ({type(exc).__name__})"
         oracle = None
     res.oracle = Oracle(computed_by=how, side=src, op=S["op"]) if how else None
+    if res.oracle is not None and expr is not None:   # the exact value of the expression
+        res.oracle.op, res.oracle.expression = expr.text(), True
     if oracle is not None:
         for side in ("a", "b"):
             mine = getattr(res, side)
@@ -224,6 +235,8 @@ def replay_verdict(d, ea: int, eb: int) -> ReplayRun:
     res.reproduces = ("both" if ra and rb else "a" if ra else "b" if rb else
                       "neither" if ra is False or rb is False else None)
     res.machine = _machine(sides[src]["framework"])
+    res.mechanisms = _mechanisms.hypotheses(cases)
+    res.mechanism = _mechanisms.summary(res.mechanisms, {s: sides[s]["op"] for s in ("a", "b")})
     res.verdict = _verdict_text(res)
     return res
 
@@ -276,14 +289,18 @@ def _verdict_text(res):
     parts = []
     fa, fb = res.a.from_oracle, res.b.from_oracle
     if fa and fb:
-        how = res.oracle.computed_by if res.oracle is not None else None
+        oracle = res.oracle
+        ref = f"{oracle.computed_by if oracle is not None else None} result"
+        if oracle is not None and oracle.expression:   # a fused op: its whole expression
+            ref = (f"exact value of {oracle.op} (in {oracle.computed_by}, from the "
+                   f"fused expression's original operands)")
         if res.closer == "equal":
-            parts.append(f"a and b are equally far from the {how} result "
+            parts.append(f"a and b are equally far from the {ref} "
                          f"({fmt(fa.max_ulp)} ULP)")
         else:
             win, lose = res.closer, "b" if res.closer == "a" else "a"
             fw, fl = getattr(res, win).from_oracle, getattr(res, lose).from_oracle
-            parts.append(f"{win} is closer to the {how} result: {lose} is off by "
+            parts.append(f"{win} is closer to the {ref}: {lose} is off by "
                          f"{ulp_text(fl)} (max rel {fmt(fl.max_rel)}"
                          f"{f'; {lose} returned 0' if getattr(res, lose).returned_zero else ''}), "
                          f"{win} by {ulp_text(fw)}")

@@ -403,6 +403,8 @@ def explain_parts(explain: Replay) -> tuple:
         k, v = f.name, getattr(explain, f.name)
         if k in ("verdict", "summary") or v is None or (k == "mechanisms" and not v):
             continue
+        if k == "mechanisms" and explain.mechanism:   # the one line says it
+            continue
         if k == "mechanisms":
             v = "; ".join(f"{m.side}: {m.name} ({'bitwise' if m.bitwise else f'{fmt(m.max_ulp)} ULP'})"
                           f"{' - ' + m.note if m.note else ''}" for m in v)

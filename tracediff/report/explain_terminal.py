@@ -1,7 +1,7 @@
 """Terminal rendering of `tracediff explain`: the whole `Analysis` of a divergence.
 
 The origin, the chain from it (collapsed to the hops that matter), the replay verdict with
-what this machine replays with, the compiled-call note, the likely causes, the divergence
+what this machine replays with and the mechanism that reproduces each side, the compiled-call note, the likely causes, the divergence
 over time and the summary. Rich markup: every string from the traces goes through
 `untrusted.markup` (shown as typed, no escape sequence).
 """
@@ -91,6 +91,8 @@ def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) ->
             dist = f"; from exact: {ulp_text(fo)}, max rel {fmt(fo.max_rel)}" if fo else ""
             c.print(f"  {side}: {markup(s.op or '')} {rep}{dist}"
                     f"{' (' + markup(s.reason) + ')' if s.reason else ''}")
+    if rv.mechanism:   # diff/mechanisms.py
+        c.print(f"[bold]mechanism[/]: {markup(rv.mechanism)}")
     if an.compiled_call is not None:
         cc = an.compiled_call
         c.print(f"[bold]compiled-call divergence[/] in {markup(cc.call)}: "

@@ -8,8 +8,8 @@ anchors_matched, fallback_regions, gaps}, optimizer_steps (per compared step: st
 bitwise_equal, max_rel, max_abs, worst; long runs keep the first 20, each new worst, the
 last), optimizer_steps_total, env_diff, mapping, next_steps, levels; when computed:
 explain (the replay verdict of the origin: verdict, event, summary, a_ulp_from_exact,
-b_ulp_from_exact, exact_by, reproduced_here, likely_cause; mechanisms when there are
-any), chain (links {a, b, metrics, input_rel, amplification, role} from the origin to the
+b_ulp_from_exact, exact_by, reproduced_here, likely_cause; mechanism, one line, when
+hypotheses were tested), chain (links {a, b, metrics, input_rel, amplification, role} from the origin to the
 outputs, collapsed to ~10, a `Gap` written as the string "... N more hops"), noise (the
 --noise floor: nondeterministic_events, skipped).
 
@@ -21,7 +21,8 @@ real floats; non-finite ones are written as the strings "inf" / "nan" (`strict`)
 output is strict JSON.
 
 `analysis_json(analysis)` of an `Analysis`: verdict, traces, tolerance, origin, chain
-(every hop), chain_info, replay, compiled_call, inner, environment, tolerance_origin,
+(every hop), chain_info, replay (with `mechanism`, one line), mechanisms ({side, name,
+bitwise, max_ulp, note} per hypothesis and side, best first), compiled_call, inner, environment, tolerance_origin,
 steps, noise, summary.
 """
 
@@ -142,11 +143,9 @@ def replay_json(r):
         out.update(event=r.event, event_index=r.event_index, event_index_b=r.event_index_b,
                    replayable=r.replayable, summary=r.summary)
     for k in ("a_ulp_from_exact", "b_ulp_from_exact", "exact_by", "reproduced_here",
-              "likely_cause", "compiled_call"):
+              "mechanism", "likely_cause", "compiled_call"):
         if getattr(r, k) is not None:
             out[k] = getattr(r, k)
-    if r.mechanisms:
-        out["mechanisms"] = [_plain(m) for m in r.mechanisms]
     return out
 
 
@@ -257,10 +256,14 @@ def replay_run_json(r):
             out["oracle_note"] = r.oracle_note
         out["oracle"] = None if r.oracle is None else {
             "computed_by": r.oracle.computed_by, "from": r.oracle.side, "op": r.oracle.op}
+        if r.oracle is not None and r.oracle.expression:   # a fused expression's exact value
+            out["oracle"]["expression"] = True
         if r.closer is not None:
             out["closer"] = r.closer
         out["reproduces"] = r.reproduces
         out["machine"] = r.machine
+        if r.mechanism:
+            out["mechanism"] = r.mechanism
     out["verdict"] = r.verdict
     return out
 
@@ -306,6 +309,7 @@ def analysis_json(an: Optional[Analysis]) -> dict:
     out["chain"] = [hop_json(h) for h in an.chain.hops]
     out["chain_info"] = _chain_info(an.chain)
     out["replay"] = replay_run_json(an.replay)
+    out["mechanisms"] = [_plain(m) for m in an.mechanisms]   # diff/mechanisms.py
     if an.compiled_call is not None:
         out["compiled_call"] = _compiled_call(an.compiled_call)
     if an.inner is not None:

@@ -13,8 +13,10 @@ no terminal escape, hyperlink or markup from a trace reaches the terminal.
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
+import numpy as np
 from rich.console import Console
 
 from ..diff.result import Finding, Gap, LocateResult
@@ -41,6 +43,14 @@ def _fmt(x):
             return str(int(x))
         return f"{x:.3g}"
     return str(x)
+
+
+def _value(x):
+    """A recorded number as its shortest repr (float32 values as float32: 0.1, not
+    0.10000000149011612; inf, nan)."""
+    if not isinstance(x, float):
+        return markup(str(x))
+    return str(np.float32(x)) if math.isfinite(x) and float(np.float32(x)) == x else repr(x)
 
 
 def _where(e):
@@ -79,8 +89,10 @@ def _finding(console, title, f: Finding, verbose=False, context=None):
             _code(console, context(f.a.source))
     if f.b.op != f.a.op or f.b.framework != f.a.framework:
         console.print(f"  paired with b: {_where(f.b)} (by {markup(f.pair_by)})")
-    console.print(f"  outputs: a {_shapes(f.a)}   b {_shapes(f.b)}")
     m = f.metrics
+    console.print(f"  outputs: a {_shapes(f.a)}   b {_shapes(f.b)}" + (
+        f"   worst element: {_value(m.worst_a)} vs {_value(m.worst_b)}"
+        if m is not None and m.worst_a is not None and m.worst_b is not None else ""))
     if m is not None:
         console.print(f"  max abs {_fmt(m.max_abs)}  max rel {_fmt(m.max_rel)}  "
                       f"max ulp {_fmt(m.max_ulp)}  mismatched "
@@ -252,6 +264,8 @@ def _extras(console, r, verbose=False):
     if r.explain is not None:
         head = r.explain.verdict or r.explain.summary
         console.print(f"[bold]replay verdict[/]: {markup(str(head))}")
+        if r.explain.mechanism:   # diff/mechanisms.py
+            console.print(f"[bold]mechanism[/]: {markup(r.explain.mechanism)}")
     if r.chain:
         # short: the hops with a role (origin, first beyond tolerance, last), the others
         # counted; verbose: every hop the result holds

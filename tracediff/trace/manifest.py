@@ -1,7 +1,11 @@
 """Environment manifest: everything about the machine and libraries that can change numbers.
 
-Collected at the start of a recording (machine, packages, variables) and completed at
-the end by each capture (framework configuration the script may have changed, e.g. x64).
+Collected at the start of a recording (machine, packages, variables, start-up hooks) and
+completed at the end by each capture (framework configuration the script may have
+changed, e.g. x64; kernels registered from Python over a library's own, `dispatcher_
+overrides`) and with the native libraries the process has loaded by then
+(`native_libraries`). What a run loaded besides the script is part of its environment:
+a `sitecustomize` on PYTHONPATH that replaces `aten::dot`, an LD_PRELOAD'ed BLAS.
 """
 
 import datetime
@@ -9,6 +13,7 @@ import hashlib
 import importlib.metadata
 import os
 import platform
+import re
 import sys
 
 from .._version import __version__
@@ -21,6 +26,21 @@ PACKAGES = ["jax", "jaxlib", "jax-cuda12-plugin", "flax", "optax", "chex", "ml_d
 ENV_PREFIXES = ("XLA_", "JAX_", "TF_", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOTO", "BLIS_",
                 "VECLIB_", "CUDA_", "CUBLAS_", "NVIDIA_", "TORCH_", "PYTORCH_", "ONEDNN_", "DNNL_",
                 "ATEN_", "TPU_", "NPROC", "PYTHONHASHSEED", "TORCHINDUCTOR_", "TORCHDYNAMO_")
+# ... and those that decide which code and native libraries a run loads
+ENV_KEYS = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONNOUSERSITE", "PYTHONUSERBASE",
+            "LD_PRELOAD", "LD_LIBRARY_PATH", "DYLD_INSERT_LIBRARIES", "DYLD_LIBRARY_PATH",
+            "DYLD_FRAMEWORK_PATH")
+
+# Start-up hooks Python imports before any script (site.py): code that can patch anything.
+STARTUP_MODULES = ("sitecustomize", "usercustomize")
+
+# Shared libraries whose code computes numbers (matched on the file name): BLAS/LAPACK,
+# oneDNN, OpenMP runtimes, vector math, CUDA math libraries, libm/libc, the frameworks'
+# own native code.
+NUMERIC_LIBRARY = re.compile(
+    r"(blas|lapack|mkl|dnnl|onednn|mkldnn|omp|tbb|cublas|cudnn|cusolver|cusparse|cufft|curand|"
+    r"nccl|nvrtc|sleef|fftw|gfortran|quadmath|blis|flexiblas|armpl|aocl|accelerate|veclib|"
+    r"^libm[.-]|^libmvec|^libc[.-]|^libstdc\+\+|^libjax|^libxla|^libtorch|^libc10)", re.I)
 
 
 def cpu_info():
@@ -63,7 +83,134 @@ def package_versions():
 
 
 def numeric_env():
-    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
+    return {k: v for k, v in sorted(os.environ.items())
+            if k.startswith(ENV_PREFIXES) or k in ENV_KEYS}
+
+
+def startup_hooks():
+    """{module: "path (sha256 ...)"} of the start-up hooks this interpreter imported."""
+    out = {}
+    for name in STARTUP_MODULES:
+        mod = sys.modules.get(name)
+        path = getattr(mod, "__file__", None) if mod is not None else None
+        if not path:
+            continue
+        try:
+            out[name] = f"{path} (sha256 {file_sha256(path)[:16]})"
+        except OSError:
+            out[name] = f"{path} (unreadable)"
+    return out
+
+
+def _library_key(filename):
+    """`libopenblas64_p-r0-0cf96a72.3.23.dev.so` -> `libopenblas64_p`: a name that stays
+    the same across versions and builds of one library."""
+    m = re.match(r"[A-Za-z_+][A-Za-z0-9_+]*?(?=[-.]|$)", filename)
+    return m.group(0) if m else filename
+
+
+def native_libraries(maps="/proc/self/maps"):
+    """{library: "file name, N bytes"} of the numeric shared libraries this process has
+    mapped (Linux; empty elsewhere), plus each LD_PRELOAD entry and numpy's BLAS/LAPACK.
+    The file name carries the version (libgomp.so.1.0.0, libopenblas64_p-r0-...-0.3.23.so),
+    the size tells two builds of one version apart. Never raises: it runs while the trace
+    is being closed."""
+    try:
+        return _native_libraries(maps)
+    except Exception as exc:  # never lose a trace over its manifest
+        return {"error": f"{type(exc).__name__}: {str(exc)[:120]}"}
+
+
+def _native_libraries(maps):
+    paths = set()
+    try:
+        with open(maps, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and parts[5].startswith("/") and ".so" in parts[5]:
+                    paths.add(parts[5].strip())
+    except OSError:
+        pass
+    preload = [p for p in re.split(r"[:\s]+", os.environ.get("LD_PRELOAD", "")) if p]
+    out = numpy_blas()
+    for path in sorted(paths) + preload:
+        name = os.path.basename(path)
+        if path not in preload and not NUMERIC_LIBRARY.search(name):
+            continue
+        try:
+            real = os.path.realpath(path)
+            desc = f"{os.path.basename(real)}, {os.path.getsize(real)} bytes"
+        except OSError:
+            desc = f"{name}, not found"
+        key = _library_key(name)
+        if out.get(key, desc) != desc:   # two builds of one library: keep both
+            key = f"{key} ({name})"
+        out[key] = desc
+    return out
+
+
+def numpy_blas():
+    """{"numpy-blas": "name version", "numpy-lapack": ...} from numpy's build config."""
+    np = sys.modules.get("numpy")
+    deps = (getattr(getattr(np, "__config__", None), "CONFIG", None) or {}).get(
+        "Build Dependencies") or {}
+    out = {}
+    for kind in ("blas", "lapack"):
+        d = deps.get(kind)
+        if isinstance(d, dict) and d.get("name"):
+            out[f"numpy-{kind}"] = f"{d['name']} {d.get('version') or ''}".strip()
+    return out
+
+
+_TORCH_BUILD = (("mkl", r"Math Kernel Library Version ([^\n]+?) for"),
+                ("onednn", r"MKL-DNN (v[0-9][^ \n]*)"),
+                ("openmp", r"OpenMP ([0-9]+)"),
+                ("blas", r"BLAS_INFO=([^,\s]+)"),
+                ("lapack", r"LAPACK_INFO=([^,\s]+)"),
+                ("cudnn", r"CuDNN ([0-9][^ \n]*)"),
+                ("cuda", r"CUDA Runtime ([0-9][^ \n]*)"))
+
+
+def torch_build_libraries(config_text):
+    """The numeric libraries built into torch (MKL and oneDNN are linked statically, so
+    they are not among the mapped files) with their versions, from `torch.__config__.show()`."""
+    out = {}
+    for name, rx in _TORCH_BUILD:
+        m = re.search(rx, config_text or "")
+        if m:
+            out[name] = m.group(1).strip()
+    return out
+
+
+def dispatcher_overrides(torch):
+    """{"aten::op[.overload]": "KEY kernel registered at FILE:LINE"} for the aten ops that
+    have a kernel registered from Python outside torch's own package (a `torch.library`
+    `impl` in a sitecustomize, a plugin): they replace the library's kernel for that
+    dispatch key. Best effort: {} when this torch does not expose its registrations."""
+    impls = getattr(getattr(torch, "library", None), "_impls", None)
+    if not impls:
+        return {}
+    own = os.path.dirname(os.path.abspath(torch.__file__))
+    out = {}
+    for entry in sorted(impls):
+        ns, _, rest = str(entry).partition("/")
+        op, _, key = rest.rpartition("/")
+        if ns != "aten" or not op or key == "Meta":
+            continue
+        try:
+            dump = torch._C._dispatch_dump(f"aten::{op}")
+        except Exception:
+            continue
+        for line in dump.splitlines():
+            m = re.match(rf"{re.escape(key)}: registered at (.*?):(\d+) ::", line)
+            if not m:
+                continue
+            path = m.group(1)
+            if os.path.abspath(path).startswith(own + os.sep):
+                break   # torch's own Python kernel
+            out[f"aten::{op}"] = f"{key} kernel registered at {path}:{m.group(2)}"
+            break
+    return out
 
 
 def file_sha256(path):
@@ -87,6 +234,7 @@ def base_manifest(script=None, argv=None, recording=None):
         "cpu": cpu_info(),
         "packages": package_versions(),
         "env": numeric_env(),
+        "startup": startup_hooks(),
         "threads": {"cpu_count": os.cpu_count(),
                     "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None},
         "recording": dict(recording or {}),

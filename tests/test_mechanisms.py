@@ -1,0 +1,203 @@
+"""Mechanism hypotheses (diff/mechanisms.py) and exact references of fused expressions,
+on real divergences: XLA's FMA contraction (compiled probe, default ISA vs SSE4.2), a
+TF32-rounded addmm and MKL's reproducible (CBWR) code path (torch), division across JAX
+versions (x / y vs x * (1/y)). Each side's mechanism is asserted by name. The recordings
+are the session's (tests/conftest.recorded), shared with the other modules; the JAX 0.7.2
+side of the division is bundled (fixtures/traces/, tests/record_other_jax.sh) unless
+TRACEDIFF_OTHER_JAX_PYTHON names that JAX's Python.
+
+Also run by .ci/run under the oldest supported JAX (torch is not installed there: the
+torch cases are skipped), so explain and replay are tested on every supported JAX.
+"""
+
+import importlib.util
+import io
+import json
+import os
+import subprocess
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+import tracediff
+from tracediff.diff import mechanisms
+
+from .conftest import MKL_SSE, OTHER_JAX, TF32_ADDMM, TORCH_GRU_STEPS, XLA_SSE4
+from .helpers import FIXTURES, ROOT
+
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                 reason="torch is not installed (the oldest-JAX CI environment)")
+PROBE = ("--probe", "^schedule$")
+
+
+def explain(a, b, *extra):
+    """What `tracediff explain A B [EVENT] --json` prints, and the same analysis as the
+    terminal shows it (`print_analysis`): one `Analysis`, computed once in this process."""
+    from rich.console import Console
+
+    from tracediff.diff.locate import locate_with_analysis
+    from tracediff.report.explain_terminal import print_analysis
+    from tracediff.report.json_report import analysis_json
+
+    _, analysis = locate_with_analysis(str(a), str(b), event=int(extra[0]) if extra else None)
+    an = json.loads(json.dumps(analysis_json(analysis)))
+    out = io.StringIO()
+    print_analysis(analysis, Console(file=out, width=400, no_color=True, highlight=False,
+                                     soft_wrap=True, emoji=False))
+    return an, out.getvalue()
+
+
+def best(an, side):
+    """The first (best) mechanism of one side."""
+    mine = [m for m in an["mechanisms"] if m["side"] == side]
+    assert mine, an["replay"]
+    return mine[0]
+
+
+def named(an, side, name):
+    return next(m for m in an["mechanisms"] if m["side"] == side and m["name"] == name)
+
+
+# -- exact arithmetic -----------------------------------------------------------------------
+
+def test_fused_multiply_add_is_rounded_once():
+    # 1 + 2^-11 + 2^-24 + 2^-80: rounding to float64 first lands on a float32 midpoint, and
+    # rounding that to float32 goes the wrong way; the emulated FMA does not
+    a, c = np.float32(1 + 2 ** -12), np.float32(2.0 ** -80)
+    assert mechanisms.fma32(a, a, c) == np.float32(1 + 2 ** -11 + 2 ** -23)
+    assert np.float32(np.float64(a) * np.float64(a) + np.float64(c)) == np.float32(1 + 2 ** -11)
+    rng = np.random.default_rng(5)
+    x, y = rng.standard_normal(300), rng.standard_normal(300)
+    z = -(x * y) * (1 + 2.0 ** -50)   # near-total cancellation: the hard case
+    got = mechanisms.fma64(x, y, z)
+    assert all(got[i] == float(Fraction(x[i]) * Fraction(y[i]) + Fraction(z[i]))
+               for i in range(300))
+
+
+def test_tf32_rounding_keeps_ten_mantissa_bits():
+    x = np.array([1 + 2 ** -10 + 2 ** -11, 1 + 2 ** -11, 1 + 2 ** -11 + 2 ** -20], np.float32)
+    assert mechanisms._round_mantissa(x, 10, truncate=True).tolist() == \
+        [1 + 2 ** -10, 1.0, 1.0]
+    assert mechanisms._round_mantissa(x, 10, truncate=False).tolist() == \
+        [1 + 2 ** -9, 1.0, 1 + 2 ** -10]   # ties to even, above the tie rounds up
+
+
+# -- XLA's FMA contraction, seen through the compiled probe ------------------------------
+
+@pytest.fixture(scope="module")
+def fma(recorded):
+    """jax_fused_fma.py with its compiled probe, default ISA and SSE4.2 (shared with
+    tests/test_jax_locate.py)."""
+    t = recorded.many({"a": ("jax_fused_fma.py", (), None, PROBE),
+                       "b": ("jax_fused_fma.py", (), XLA_SSE4, PROBE)})
+    return t["a"], t["b"]
+
+
+def test_fma_contraction_is_named_and_judged_against_the_whole_expression(fma):
+    an, text = explain(*fma)
+    o = an["origin"]["a"]
+    assert o["op"] == "add" and o["origin"] == "probe" and an["origin"]["inputs_match"] is True
+    # a (default ISA): t * rate + offset rounded once; b (SSE4.2): the product rounded first
+    assert best(an, "a")["name"] == "fma" and best(an, "a")["bitwise"] is True
+    assert best(an, "b")["name"] == "separate_multiply_add" and best(an, "b")["bitwise"] is True
+    assert named(an, "a", "separate_multiply_add")["bitwise"] is False
+    assert named(an, "b", "fma")["bitwise"] is False and named(an, "b", "fma")["max_ulp"] >= 1
+    # the reference is the exact t * rate + offset, not the add of the rounded product
+    rv = an["replay"]
+    assert rv["oracle"]["expression"] is True and rv["oracle"]["op"].startswith("add(mul(")
+    assert rv["closer"] == "a"
+    fa, fb = rv["a"]["from_oracle"], rv["b"]["from_oracle"]
+    assert fa["max_ulp_exact"] <= 0.5 < fb["max_ulp_exact"]   # a is correctly rounded
+    assert "a is closer to the exact value of add(mul(" in rv["verdict"]
+    assert "a's add is reproduced bitwise by fused multiply-add" in text
+    assert "b's add is reproduced bitwise by separate multiply and add" in text
+
+
+# -- torch: a TF32 addmm, MKL's reproducible code path ---------------------------------------
+
+@pytest.fixture(scope="module")
+def linear(recorded):
+    """torch_linear.py plain and with TF32-rounded addmm inputs, and the addmm's event."""
+    t = recorded.many({"plain": ("torch_linear.py", (), None),
+                       "tf32": ("torch_linear.py", (), TF32_ADDMM)})
+    with tracediff.load(t["plain"]) as tr:
+        addmm = next(i for i in range(len(tr)) if tr.event(i)["op"] == "aten::addmm")
+    return t["plain"], t["tf32"], addmm
+
+
+@needs_torch
+def test_tf32_inputs_reproduce_the_tf32_addmm(linear):
+    plain, tf32, addmm = linear
+    an, text = explain(plain, tf32, addmm)
+    assert an["origin"]["a"]["op"] == "aten::addmm" and an["origin"]["inputs_match"] is True
+    m = best(an, "b")
+    assert m["name"] == "tf32_inputs" and m["bitwise"] is True and "TF32" in m["note"]
+    assert named(an, "a", "tf32_inputs")["bitwise"] is False
+    assert best(an, "a")["bitwise"] is True and best(an, "a")["name"] != "tf32_inputs"
+    assert "b's aten::addmm is reproduced bitwise by TF32-rounded inputs (an Ampere" in text
+
+
+@needs_torch
+def test_mkl_compatible_path_is_named_as_products_rounded_before_the_sum(recorded):
+    args = ("--steps", TORCH_GRU_STEPS)   # shared with test_explain, test_levels
+    a, b = recorded("torch_gru_adam.py", *args), recorded("torch_gru_adam.py", *args, env=MKL_SSE)
+    an, text = explain(a, b)
+    assert an["origin"]["a"]["op"] in ("aten::addmm", "aten::mm")
+    assert an["origin"]["inputs_match"] is True
+    # MKL_CBWR=COMPATIBLE runs MKL's SSE code path on every x86 CPU: no FMA (for this
+    # GRU's shapes: k summed in order, each product rounded before it is added)
+    m = best(an, "b")
+    assert m["bitwise"] is True and m["name"] in ("separate_multiply_add", "summation_order")
+    assert "FMA" not in m["note"]
+    assert named(an, "b", "fma")["bitwise"] is False
+    a = best(an, "a")
+    assert a["bitwise"] is True and a != m
+    with open("/proc/cpuinfo", encoding="utf-8") as fh:
+        if " fma " in fh.read():   # MKL's own kernel on an FMA CPU fuses the products
+            assert a["name"] == "fma" or "FMA" in a["note"]
+    assert "b's aten::" in text and "is reproduced bitwise by" in text
+
+
+# -- division across JAX versions ----------------------------------------------------------
+
+# jax_divide.py recorded under the oldest supported JAX (0.7.2) with
+# `tests/record_other_jax.sh`; recorded fresh when TRACEDIFF_OTHER_JAX_PYTHON names that
+# JAX's Python (CI does), as tests/conftest.two_jax_versions does for the GRU example
+OLD_JAX_DIVIDE = os.path.join(FIXTURES, "traces", "jax_divide.jax-0.7.2.h5")
+
+
+def _jax_version(python):
+    out = subprocess.run([python, "-c", "import jax; print(jax.__version__)"],
+                         capture_output=True, text=True, timeout=120)
+    return out.stdout.strip()
+
+
+def test_division_across_jax_versions_is_reciprocal_multiply_on_one_side(recorded,
+                                                                          tmp_path):
+    import jax
+
+    new = recorded("jax_divide.py")
+    if OTHER_JAX:
+        old_version = _jax_version(OTHER_JAX)
+        if old_version == jax.__version__:
+            pytest.skip(f"TRACEDIFF_OTHER_JAX_PYTHON runs this JAX ({old_version})")
+        old = tmp_path / "old.h5"
+        env = dict(os.environ, PYTHONPATH=ROOT)
+        env.pop("XLA_FLAGS", None)
+        proc = subprocess.run([OTHER_JAX, "-m", "tracediff", "record", "-o", str(old),
+                               os.path.join(FIXTURES, "jax_divide.py")], env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    else:
+        old, old_version = OLD_JAX_DIVIDE, "0.7.2"
+        if jax.__version__ == old_version:
+            pytest.skip("this is the JAX of the bundled trace")
+    an, text = explain(old, new)
+    assert an["origin"]["a"]["op"] == "div" and an["origin"]["inputs_match"] is True
+    # JAX 0.7 divides (correctly rounded); JAX 0.10 multiplies by the reciprocal of a
+    # scalar divisor
+    assert {s: (best(an, s)["name"], best(an, s)["bitwise"]) for s in "ab"} == {
+        "a": ("correctly_rounded", True), "b": ("reciprocal_multiply", True)}, \
+        (old_version, jax.__version__)
+    assert "b's div is reproduced bitwise by division as multiplication by the reciprocal" in text
