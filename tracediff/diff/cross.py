@@ -31,6 +31,7 @@ from . import compare
 from . import optroles
 from . import pairing as _pairing
 from .differ import BITWISE, Differ, comparable
+from .result import OptimizerStep
 from .pairing import op_family  # noqa: F401  (the op families, for callers and tests)
 
 MAX_MAPPING = 200
@@ -211,9 +212,10 @@ class CrossDiffer(Differ):
                     worst_rel, worst_abs = rel, _num(m.get("max_abs"))
                     worst_name = (f"{optroles.after_step_name(xa_name)} <-> "
                                   f"{optroles.after_step_name(xb_name)}")
-            rows.append({"step": int(self.ta.events["step"][ea]), "a": ea, "b": eb,
-                         "bitwise_equal": bool(bit), "max_rel": worst_rel, "max_abs": worst_abs,
-                         "worst": worst_name, "compared": n, "by": "role"})
+            rows.append(OptimizerStep(step=int(self.ta.events["step"][ea]), a=ea, b=eb,
+                                      bitwise_equal=bool(bit), max_rel=worst_rel,
+                                      max_abs=worst_abs, worst=worst_name, compared=n,
+                                      by="role"))
         return rows
 
     # -- comparison ------------------------------------------------------------------------
@@ -460,11 +462,8 @@ def _as_f64(x):
 
 
 def _num(x):
-    if x is None:
-        return 0.0
-    if isinstance(x, str):
-        return float("inf")
-    return float(x)
+    """A metric as a float for ranking (metrics are floats; None, when not computed, is 0)."""
+    return 0.0 if x is None else float(x)
 
 
 def best_layout(xa, xb):

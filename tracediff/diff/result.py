@@ -399,6 +399,8 @@ class OptimizerStep(_ByKey):
     max_rel: float
     max_abs: float
     worst: Optional[str]
+    compared: Optional[int] = None    # two frameworks: values compared by role
+    by: Optional[str] = None          # two frameworks: "role" (optroles.py)
 
 
 @dataclass(repr=False)

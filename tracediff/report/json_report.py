@@ -199,7 +199,9 @@ def build(r: LocateResult) -> dict:
         "first_beyond_tolerance": finding_json(r.first_beyond_tolerance),
         "replay_only": finding_json(r.replay_only),
         "alignment": {**r.alignment, "gaps": r.gaps},
-        "optimizer_steps": [_plain(s) for s in r.optimizer_steps],
+        "optimizer_steps": [{k: v for k, v in _plain(s).items()
+                             if v is not None or k not in ("compared", "by")}
+                            for s in r.optimizer_steps],
         "optimizer_steps_total": r.optimizer_steps_total,
         "env_diff": r.env_diff,
         "mapping": r.mapping,
