@@ -575,13 +575,14 @@ class CompileRecorder:
             return None
 
     def user_line(self, stack_trace):
-        """`file:line` of the innermost user frame of an FX stack trace."""
-        session = self.cap.session
+        """`file:line` of the innermost frame of an FX stack trace outside torch (the
+        frame the eager recorder would name for the same op)."""
+        cap = self.cap
         best = None
         for m in _FRAME.finditer(stack_trace):
             fn = m.group("file")
-            if session.is_user_file(fn):
-                best = f"{session.short_path(fn)}:{m.group('line')}"
+            if cap.source_file(fn):
+                best = cap.short_source(fn, m.group("line"))
         return best
 
     def manifest(self):

@@ -723,6 +723,18 @@ class TorchCapture(Capture):
         """The user's `file:line` calling into torch right now."""
         return self._source()
 
+    def source_file(self, filename):
+        """Does a frame in this file name an op's source line (as `user_source` decides:
+        not torch, tracediff or Python's standard library)?"""
+        return not (filename.startswith(self.skip_prefixes) or (
+            filename.startswith(self.stdlib) and "-packages" not in filename))
+
+    def short_source(self, filename, line):
+        short = self._short.get(filename)
+        if short is None:
+            short = self._short[filename] = self.session.short_path(filename)
+        return f"{short}:{line}"
+
     def module_path(self):
         return self.mod_stack[-1] if self.mod_stack else None
 

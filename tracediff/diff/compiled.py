@@ -79,21 +79,49 @@ class _Units:
             return side.gid[np.where((col >= 0) & (col < n_str), col, -1)]
 
         self.key = np.stack([phase, gid(ns), gid(src)], axis=1) if n else np.zeros((0, 3), np.int64)
-        members = []
-        i = 0
-        while i < n:
-            if self.skip[i]:
-                i += 1
-                continue
-            j = i
-            if replay[i]:
-                key = (call[i], node[i], ns[i], src[i], it[i], phase[i])
-                while j + 1 < n and replay[j + 1] and \
-                        (call[j + 1], node[j + 1], ns[j + 1], src[j + 1], it[j + 1], phase[j + 1]) == key:
-                    j += 1
-            members.append((i, j + 1))
-            i = j + 1
         self.replay = replay
+        self.call = call
+        # replayed ops of one call that come from one op: same original op and autograd
+        # sequence number; an op traced without a sequence number joins the next op of
+        # the same origin that has one (decompositions interleave their helpers)
+        seq = it.copy()
+        idx = np.flatnonzero(replay)
+        # without autograd (no_grad, inference graphs) every forward op of a graph carries
+        # the same sequence number: there it says nothing, and ops group only when
+        # consecutive (a backward graph's ops share their forward op's number by design)
+        fwd = replay & (phase == schema.PHASE_FWD) & (seq >= 0)
+        origins = {}
+        for e in np.flatnonzero(fwd).tolist():
+            origins.setdefault((int(call[e]), int(seq[e])), set()).add(int(node[e]))
+        for e in np.flatnonzero(fwd).tolist():
+            if len(origins[(int(call[e]), int(seq[e]))]) > 3:
+                seq[e] = -1
+        nxt = {}
+        for e in idx[::-1].tolist():
+            k = (int(call[e]), int(node[e]), int(phase[e]))
+            if seq[e] < 0 and k in nxt:
+                seq[e] = nxt[k]
+            elif seq[e] >= 0:
+                nxt[k] = int(seq[e])
+        groups, members = {}, []
+        for e in range(n):
+            if self.skip[e]:
+                continue
+            if replay[e] and seq[e] >= 0:
+                k = (int(call[e]), int(node[e]), int(seq[e]), int(phase[e]), int(ns[e]), int(src[e]))
+                g = groups.get(k)
+                if g is None:
+                    g = groups[k] = len(members)
+                    members.append([])
+                members[g].append(e)
+            elif replay[e] and members and members[-1] and replay[members[-1][-1]] and \
+                    seq[members[-1][-1]] < 0 and call[members[-1][-1]] == call[e] and \
+                    (node[members[-1][-1]], ns[members[-1][-1]], src[members[-1][-1]],
+                     phase[members[-1][-1]]) == (node[e], ns[e], src[e], phase[e]):
+                members[-1].append(e)        # consecutive ops of one origin, no sequence nr
+            else:
+                members.append([e])
+        members.sort(key=lambda m: m[-1])   # units in the order their results appear
         self.sig = None
         self._build(members)
 
@@ -101,12 +129,12 @@ class _Units:
         side = self.side
         n = len(side.trace.events)
         self.members = members
-        self.reps = np.asarray([hi - 1 for _, hi in members], np.int64)
+        self.reps = np.asarray([m[-1] for m in members], np.int64)
         self.unit_of = np.full(n, -1, np.int64)
-        for k, (lo, hi) in enumerate(members):
-            self.unit_of[lo:hi] = k
+        for k, m in enumerate(members):
+            self.unit_of[m] = k
         self.kind = side.kind[self.reps] if len(self.reps) else np.zeros(0, np.int64)
-        self.multi = np.array([hi - lo > 1 for lo, hi in members], bool)
+        self.multi = np.array([len(m) > 1 for m in members], bool)
         self.outputs = self._outputs(side, self.replay, side.call)
 
     def merge(self, runs):
@@ -116,15 +144,10 @@ class _Units:
         members, remap, k = [], np.full(len(self.members), -1, np.int64), 0
         while k < len(self.members):
             last = starts.get(k, k)
-            members.append((self.members[k][0], self.members[last][1]))
+            members.append(sorted(e for j in range(k, last + 1) for e in self.members[j]))
             remap[k:last + 1] = len(members) - 1
             k = last + 1
-        sig = self.sig
         self._build(members)
-        if sig is not None:
-            first = np.asarray([np.flatnonzero(remap == j)[-1] for j in range(len(members))],
-                               np.int64)
-            self.sig = sig[first]
         return remap
 
     def _outputs(self, side, replay, call):
@@ -160,26 +183,51 @@ class _Units:
         for e, sl in zip(ev.tolist(), out_rows["slot"].astype(np.int64).tolist()):
             slots.setdefault(e, []).append(sl)
         outs = []
-        for lo, hi in self.members:
-            if hi - lo == 1 and not replay[lo]:
-                outs.append([(lo, sl) for sl in sorted(slots.get(lo, ()))])
+        for m in self.members:
+            if len(m) == 1 and not replay[m[0]]:
+                outs.append([(m[0], sl) for sl in sorted(slots.get(m[0], ()))])
                 continue
-            mine = sorted((e, sl) for e in range(lo, hi) for sl in slots.get(e, ())
-                          if (e, sl) in leaving)
-            outs.append(mine or [(hi - 1, 0)])
+            mine = sorted((e, sl) for e in m for sl in slots.get(e, ()) if (e, sl) in leaving)
+            outs.append(mine or [(m[-1], 0)])
         return outs
 
+    def forward_units(self):
+        """Per unit: the unit of the forward op a backward unit belongs to, else -1."""
+        side = self.side
+        ev = side.trace.events
+        n = len(ev)
+        out = np.full(len(self.reps), -1, np.int64)
+        phase = ev["phase"].astype(np.int64)
+        it = ev["iter"].astype(np.int64)
+        by_seq = {}
+        for k, m in enumerate(self.members):
+            for e in m:
+                if self.replay[e] and phase[e] == schema.PHASE_FWD and it[e] >= 0:
+                    by_seq.setdefault((int(self.call[e]), int(it[e])), k)
+        for k, rep in enumerate(self.reps.tolist()):
+            if phase[rep] != schema.PHASE_BWD:
+                continue
+            if self.replay[rep]:
+                c = int(self.call[rep])
+                fwd_call = int(side.parent[c]) if 0 <= c < n else -1
+                out[k] = by_seq.get((fwd_call, int(it[rep])), -1)
+            elif side.kind[rep] == schema.KIND_OP:
+                p = int(side.parent[rep])
+                out[k] = self.unit_of[p] if 0 <= p < n else -1
+        return out
+
     def runs(self, units):
-        """Split consecutive unit indices into runs of equal (phase, module, line) whose
-        events are contiguous (no skipped call between them)."""
+        """Split consecutive unit indices into runs of equal (phase, module, line), each in
+        one compiled call (or none)."""
         out = []
         for k in units:
-            lo = self.members[k][0]
-            if out and tuple(self.key[lo]) == out[-1][2] and self.members[out[-1][1]][1] == lo:
+            e = self.members[k][-1]
+            key = (tuple(self.key[e]), int(self.call[e]) if self.replay[e] else -1)
+            if out and key == out[-1][2]:
                 out[-1][1] = k
             else:
-                out.append([k, k, tuple(self.key[lo])])
-        return out
+                out.append([k, k, key])
+        return [(a, b, key[0]) for a, b, key in out]
 
     def signatures(self, side):
         """Unit signatures: ops by (phase, op or the op it was decomposed from, module,
@@ -253,6 +301,8 @@ class EagerCompiledDiffer(Differ):
         self.ua.signatures(sa)
         self.ub.signatures(sb)
         ual = _align.align(self.ua, self.ub)
+        if self._key_backward(ual):
+            ual = _align.align(self.ua, self.ub)
         ual = self._pair_gaps(ual)
         self.ual = ual
         a2b = np.full(len(ta), -1, np.int64)
@@ -270,6 +320,22 @@ class EagerCompiledDiffer(Differ):
         self.compiled_side = "b" if compiled_calls(tb) else "a"
         for e in ea.tolist():
             self.pair_by[e] = CROSS if self._is_cross(e, int(a2b[e])) else "structure"
+
+    def _key_backward(self, ual):
+        """Backward ops run in a different order eagerly (the autograd engine) and compiled
+        (the backward graph), and many look alike (`t`, `mm`, `view` of one module): key
+        each by the forward op it belongs to (its parent eagerly; the forward op with its
+        autograd sequence number when compiled), through the forward pairs just found.
+        Returns True when any signature changed (align again)."""
+        fa, fb = self.ua.forward_units(), self.ub.forward_units()
+        xb = np.where(fb >= 0, ual.b2a[np.maximum(fb, 0)], -1)
+        changed = False
+        for u, x in ((self.ua, fa), (self.ub, xb)):
+            sel = x >= 0
+            if sel.any():
+                u.sig = np.where(sel, _align.mix(u.sig, x + 1), u.sig)
+                changed = True
+        return changed
 
     def _pair_gaps(self, ual):
         """Between two paired units, eager ops left over on one side and replayed ops left
@@ -536,12 +602,12 @@ class EagerCompiledDiffer(Differ):
         t = u.side.trace
         n = len(t.events)
         k = int(u.unit_of[e])
-        lo, hi = u.members[k] if k >= 0 else (e, e + 1)
+        mine = u.members[k] if k >= 0 else [e]
         out, seen = [], set()
-        for m in range(lo, hi):
+        for m in mine:
             for r in t.input_rows(m):
                 p, ps = int(r["producer"]), int(r["producer_slot"])
-                if lo <= p < hi or p < 0 or p >= n or (p, ps) in seen:
+                if p < 0 or p >= n or (k >= 0 and u.unit_of[p] == k) or (p, ps) in seen:
                     continue
                 seen.add((p, ps))
                 kp = int(u.unit_of[p])
@@ -636,11 +702,13 @@ class EagerCompiledDiffer(Differ):
         u = self._units(which)
         t = u.side.trace
         k = int(u.unit_of[e])
-        lo, hi = u.members[k]
+        mine = u.members[k]
         orig = t.string(t.events[e]["node"]) or t.string(t.events[e]["op"])
         call = int(u.side.call[e])
         call_op = t.string(t.events[call]["op"]) if call >= 0 else ""
-        ops = ", ".join(t.string(t.events[m]["op"]).replace("aten::", "") for m in range(lo, hi))
+        ops = ", ".join(t.string(t.events[m]["op"]).replace("aten::", "") for m in mine)
+        where = f"events {mine[0]}-{mine[-1]}" if mine[-1] - mine[0] == len(mine) - 1 else \
+            "events " + ", ".join(str(m) for m in mine[:8]) + (" ..." if len(mine) > 8 else "")
         f.origin = self._value_origin(ea, eb)
         f.pair_by = CROSS
         kinds = {"probe": "the probe's compiled value (inductor's own intermediate)",
@@ -654,8 +722,8 @@ class EagerCompiledDiffer(Differ):
             name = t.string(row["name"]) if row is not None and row["name"] >= 0 else f"#{m}"
             by.setdefault(kinds.get(o, o), []).append(f"output {i} ({name})")
         values = "; ".join(f"{', '.join(v)}: {k_}" for k_, v in by.items())
-        f.note = (f"{which}: torch.compile's {orig} is {hi - lo} op(s) of compiled call "
-                  f"{call_op!r} #{call} (events {lo}-{hi - 1}: {ops[:120]}), paired with the eager "
+        f.note = (f"{which}: torch.compile's {orig} is {len(mine)} op(s) of compiled call "
+                  f"{call_op!r} #{call} ({where}: {ops[:120]}), paired with the eager "
                   f"op; {which}'s values: {values}")
         if f.origin == "replay":
             f.note += ("; a replayed value is the decomposition run op by op, not inductor's "
