@@ -130,6 +130,10 @@ def locate_with_profile(a, b, rtol=None, atol=None, map_file=None):
     `locate()` returns (with whatever it attaches); the profile comes from a differ of
     its own (aligning again costs a fraction of locating)."""
     result = locate(a, b, rtol=rtol, atol=atol, map_file=map_file)
-    with Trace(a) as ta, Trace(a if b is None else b) as tb:   # b None: one trace, 2 frameworks
-        d, _ = open_differ(ta, tb, rtol, atol, map_file)
-        return result, event_profile(d)
+    with Trace(a) as ta:
+        if b is None:   # one trace that recorded both frameworks: its two sides
+            d, _ = open_differ(ta, ta, rtol, atol, map_file)
+            return result, event_profile(d)
+        with Trace(b) as tb:
+            d, _ = open_differ(ta, tb, rtol, atol, map_file)
+            return result, event_profile(d)
