@@ -79,29 +79,24 @@ def _template(x, index):
     """Node arguments with every fx.Node replaced by a `_Ref` (a copy that later graph
     rewrites by the backend cannot change)."""
     fx = _torch.fx
-    if isinstance(x, fx.Node):
-        return _Ref(index[x])
-    if isinstance(x, (list, tuple)):
-        t = [_template(y, index) for y in x]
-        return tuple(t) if isinstance(x, tuple) else t
-    if isinstance(x, dict):
-        return {k: _template(v, index) for k, v in x.items()}
-    if isinstance(x, slice):
-        return slice(_template(x.start, index), _template(x.stop, index), _template(x.step, index))
-    return x
+    return _map_args(x, lambda y: _Ref(index[y]) if isinstance(y, fx.Node) else y)
 
 
 def _subst(x, env):
-    if isinstance(x, _Ref):
-        return env[x.i]
+    return _map_args(x, lambda y: env[y.i] if isinstance(y, _Ref) else y)
+
+
+def _map_args(x, leaf):
+    """`leaf` applied to everything inside the lists, tuples, dicts and slices of an FX
+    node's arguments, the structure kept."""
     if isinstance(x, (list, tuple)):
-        t = [_subst(y, env) for y in x]
+        t = [_map_args(y, leaf) for y in x]
         return tuple(t) if isinstance(x, tuple) else t
     if isinstance(x, dict):
-        return {k: _subst(v, env) for k, v in x.items()}
+        return {k: _map_args(v, leaf) for k, v in x.items()}
     if isinstance(x, slice):
-        return slice(_subst(x.start, env), _subst(x.stop, env), _subst(x.step, env))
-    return x
+        return slice(_map_args(x.start, leaf), _map_args(x.stop, leaf), _map_args(x.step, leaf))
+    return leaf(x)
 
 
 def _refs_in(x, out):
