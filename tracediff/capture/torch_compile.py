@@ -919,15 +919,19 @@ def _build_probe(prog, example):
 
 class _Passthrough:
     """Inside: ops reaching the dispatch mode are not recorded (compiled code, replay,
-    compilation)."""
+    compilation). Only on the recording thread (the dispatch mode is that thread's)."""
 
-    __slots__ = ("cap",)
+    __slots__ = ("cap", "mine")
 
     def __init__(self, cap):
         self.cap = cap
+        self.mine = False
 
     def __enter__(self):
-        self.cap.compiled_depth += 1
+        self.mine = threading.get_ident() == getattr(self.cap, "thread", None)
+        if self.mine:
+            self.cap.compiled_depth += 1
 
     def __exit__(self, *exc):
-        self.cap.compiled_depth -= 1
+        if self.mine:
+            self.cap.compiled_depth -= 1
