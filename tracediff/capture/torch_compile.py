@@ -140,6 +140,14 @@ def module_path(path):
     return p.replace("_orig_mod.", "")
 
 
+def _seq_nr(meta):
+    """The autograd sequence number an FX node was traced under, or None."""
+    try:
+        return int(meta["seq_nr"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def _last_module(stack):
     if not stack:
         return None
@@ -231,10 +239,7 @@ class _Program:
                 node.orig = op_name(orig) if orig is not None else None
                 node.info = region.rec.cap.op_info(node.target) \
                     if getattr(node.target, "_schema", None) is not None else None
-                try:
-                    node.seq = int(n.meta["seq_nr"])
-                except (KeyError, TypeError, ValueError):
-                    node.seq = None
+                node.seq = _seq_nr(n.meta)
                 node.module, node.source = self._site(n, kind, seq_map)
                 if node.info is not None:
                     for pos, _ in node.info.write_pos:
@@ -272,17 +277,18 @@ class _Program:
         self.probe_failed = None
 
     def _site(self, n, kind, seq_map):
-        """(module path, source) of one FX node."""
+        """(module path, source) of one FX node. A backward op takes its forward op's (the
+        forward op with its autograd sequence number), as eager backward ops do."""
         meta = n.meta
-        region = self.region
         stack = meta.get("nn_module_stack") or meta.get("fwd_nn_module_stack")
         module = _last_module(stack) if stack else None
-        source = region.source_of(meta)
-        if kind == "backward" or source is None or module is None:
-            fwd = seq_map.get(meta.get("seq_nr"))
-            if fwd is not None:
-                module = module if module is not None else fwd[0]
-                source = source if source is not None else fwd[1]
+        fwd = seq_map.get(_seq_nr(meta))
+        if kind == "backward" and fwd is not None:
+            return (module if module is not None else fwd[0]), fwd[1]
+        source = self.region.source_of(meta)
+        if fwd is not None:
+            module = module if module is not None else fwd[0]
+            source = source if source is not None else fwd[1]
         return module, source
 
 
