@@ -64,22 +64,26 @@ def runs(tmp_path_factory):
     """({name: stdout} of every run, {name: trace path}); `NAME.plain` for plain runs."""
     folder = tmp_path_factory.mktemp("torch_compile")
     env = _env(folder)
-    cmds = [("driver0", [sys.executable, DRIVER, str(folder), json.dumps(DRIVERS[0])]),
-            ("driver1", [sys.executable, DRIVER, str(folder), json.dumps(DRIVERS[1])]),
-            ("cli.plain", [sys.executable, SCRIPT, *CLI_ARGS])]
-    procs = [(n, subprocess.Popen(c, env=env, cwd=ROOT, text=True, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE)) for n, c in cmds]
-    out = {}
-    for i, (name, proc) in enumerate(procs):
-        stdout, stderr = proc.communicate(timeout=900)
-        assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{stderr[-4000:]}"
-        out[name] = stdout
-        if name == "cli.plain":   # the recording starts once the kernels are compiled
-            rec = subprocess.run([sys.executable, "-m", "tracediff", "record", "-o",
-                                  str(folder / "cli.h5"), SCRIPT, *CLI_ARGS], env=env, cwd=ROOT,
-                                 text=True, capture_output=True, timeout=900)
-            assert rec.returncode == 0, rec.stderr[-4000:]
-            out["cli"] = rec.stdout
+
+    def start(name, *argv):   # output to files: a full pipe would stall a long run
+        with open(folder / f"{name}.stdout", "w") as o, open(folder / f"{name}.stderr", "w") as e:
+            return name, subprocess.Popen([sys.executable, *argv], env=env, cwd=ROOT, stdout=o,
+                                          stderr=e)
+
+    def finish(job):
+        name, proc = job
+        proc.wait(timeout=900)
+        err = (folder / f"{name}.stderr").read_text()
+        assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{err[-4000:]}"
+        return (folder / f"{name}.stdout").read_text()
+
+    drivers = [start(f"driver{i}", DRIVER, str(folder), json.dumps(d)) for i, d in enumerate(DRIVERS)]
+    out = {"cli.plain": finish(start("cli.plain", SCRIPT, *CLI_ARGS))}
+    # the recording starts once the plain run has compiled the kernels
+    cli = start("cli", "-m", "tracediff", "record", "-o", str(folder / "cli.h5"), SCRIPT, *CLI_ARGS)
+    for job in drivers:
+        finish(job)
+    out["cli"] = finish(cli)
     for run in DRIVERS[0] + DRIVERS[1]:
         for suffix in ((".plain", "") if run.get("plain") else ("",)):
             out[run["name"] + suffix] = (folder / f"{run['name']}{suffix}.out").read_text()

@@ -33,6 +33,8 @@ from . import align as _align
 from .differ import BITWISE, Differ, comparable
 
 CROSS = "decomposition"
+MAX_CLOSENESS_PAIRS = 64      # values of one dtype and shape paired by closeness, at most
+MAX_GAP_RUN_PAIRS = 10_000    # run pairs tried in one gap between paired units
 # ops that hand on their input's elements in the same order: a compiled output taken
 # through one of them is the value of the op before it (inductor fuses such views away)
 SAME_ORDER = {"view", "_unsafe_view", "reshape", "_reshape_alias", "alias", "clone", "contiguous",
@@ -351,6 +353,9 @@ class EagerCompiledDiffer(Differ):
             if i - prev_i > 1 and j - prev_j > 1:
                 ra = ua.runs(range(prev_i + 1, i))
                 rb = ub.runs(range(prev_j + 1, j))
+                if len(ra) * len(rb) > MAX_GAP_RUN_PAIRS:   # bounded work (untrusted traces)
+                    prev_i, prev_j = i, j
+                    continue
                 used = 0
                 for a0, a1, key in ra:
                     for x in range(used, len(rb)):
@@ -516,6 +521,9 @@ class EagerCompiledDiffer(Differ):
         for ia, ib in groups.values():
             if len(ia) == 1 and len(ib) == 1:
                 hit.append((ia[0], ib[0]))
+                continue
+            if len(ia) * len(ib) > MAX_CLOSENESS_PAIRS:   # bounded work: in order
+                hit.extend(zip(ia, ib))
                 continue
             cand = sorted((self._distance(ra[i][2], rb[j][2]), x, y, i, j)
                           for x, i in enumerate(ia) for y, j in enumerate(ib))
