@@ -12,9 +12,11 @@ values tables refer to are read (a string nobody refers to is never shown), in r
 whose lengths are checked first (`MAX_ONE_STRING_BYTES` each, `MAX_STRING_BYTES` in all).
 """
 
+import dataclasses
 import json
 import os
 import struct
+from typing import Callable, Optional
 
 import h5py
 import numpy as np
@@ -291,6 +293,23 @@ def _heap_collection(fh, addr, file_size, whole=1 << 20):
     return objects
 
 
+@dataclasses.dataclass(frozen=True)
+class DeviceValue:
+    """One device's copy of a recorded value (`Trace.device_values`): the device
+    ("cpu:3"), the shard's index in the global value ("0:4,:"; "" = the whole value),
+    its replica number, the hex digest of its exact bytes, and `value()` for its numbers
+    (None when only the digest was stored)."""
+
+    device: str
+    shard: str
+    replica: int
+    digest: str
+    _read: Optional[Callable] = dataclasses.field(default=None, repr=False, compare=False)
+
+    def value(self) -> Optional[np.ndarray]:
+        return self._read() if self._read is not None else None
+
+
 class Trace:
     """A recorded run: manifest, event/value/input tables, and lazy access to values.
 
@@ -358,6 +377,8 @@ class Trace:
         self.stats_rows = tables["stats"]  # statistics of values stored as stats + hash only
         self._stats_index = None
         self.source_rows = tables["sources"]  # recorded source lines (empty in older traces)
+        self.device_rows = tables["devices"]  # the device of per-device events (empty: none)
+        self.shard_rows = tables["shards"]    # per-device copies of global values (empty: none)
         self.strings = self._load_strings(_dataset(f, "strings"), _int_attr(f, "committed_strings", 0))
         blob = _dataset(f, "blob")
         if blob.dtype != np.uint8 or blob.ndim != 1:
@@ -379,7 +400,8 @@ class Trace:
         """Sorted indices of the strings that the events, values and sources tables refer to."""
         cols = [self.events[c] for c in ("op", "params", "name_stack", "source", "node")] + \
             [self.values[c] for c in ("dtype", "storage", "shape", "name")] + \
-            [self.source_rows[c] for c in ("source", "lines", "sha256")]
+            [self.source_rows[c] for c in ("source", "lines", "sha256")] + \
+            [self.device_rows["device"]] + [self.shard_rows[c] for c in ("device", "index", "shape")]
         ref = np.unique(np.concatenate([np.asarray(c, np.int64) for c in cols])) if cols else \
             np.zeros(0, np.int64)
         return ref[(ref >= 0) & (ref < n)]
@@ -499,6 +521,12 @@ class Trace:
         for col in ("source", "lines", "sha256"):
             if len(src) and ((src[col] < -1) | (src[col] >= n_str)).any():
                 raise bad(f"sources.{col} refers to a string that does not exist")
+        self.device_rows = self.device_rows[(self.device_rows["event"] >= 0) &
+                                            (self.device_rows["event"] < n_ev)]
+        if len(self.device_rows) and ((self.device_rows["device"] < -1) |
+                                      (self.device_rows["device"] >= n_str)).any():
+            raise bad("devices.device refers to a string that does not exist")
+        self._check_shards(bad, n_ev, n_str)
         i = self.inputs
         if len(i) and ((i["producer"] < schema.PRODUCER_CONST) | (i["producer"] >= n_ev)).any():
             raise bad("inputs.producer refers to an event that does not exist")
@@ -533,6 +561,108 @@ class Trace:
             if shapes[shape_idx] * itemsize[storage_idx] != nbytes:
                 raise bad("a value's size does not match its shape and dtype")
 
+    def _check_shards(self, bad, n_ev, n_str):
+        """Shard rows: of committed events, strings that exist, a replica number >= 0,
+        own bytes inside the committed bytes (sizes against shapes are checked when read)."""
+        sh = self.shard_rows
+        sh = self.shard_rows = sh[(sh["event"] >= 0) & (sh["event"] < n_ev)]
+        if not len(sh):
+            return
+        for col in ("device", "index", "shape"):
+            if ((sh[col] < -1) | (sh[col] >= n_str)).any():
+                raise bad(f"shards.{col} refers to a string that does not exist")
+        if (sh["replica"] < 0).any() or (sh["role"] > schema.ROLE_IN).any():
+            raise bad("shards: invalid replica or role")
+        own = sh[sh["offset"] >= 0]
+        if len(own) and ((own["nbytes"] < 0) | (own["offset"] > self.blob_size - own["nbytes"])).any():
+            raise bad("shard bytes lie outside the stored data")
+
+    # -- per-device values --------------------------------------------------------------------
+    def has_devices(self) -> bool:
+        """True when the trace records any per-device event or per-device value."""
+        return bool(len(self.device_rows) or len(self.shard_rows))
+
+    def event_device(self, eid) -> str:
+        """The device event `eid` ran on ("cpu:3"), "" when it is not tied to one device."""
+        idx = getattr(self, "_device_index", None)
+        if idx is None:
+            rows = self.device_rows
+            order = np.argsort(rows["event"], kind="stable")
+            idx = self._device_index = (rows["event"][order], rows["device"][order])
+        i = int(np.searchsorted(idx[0], int(eid)))
+        return self.string(idx[1][i]) if i < len(idx[0]) and idx[0][i] == int(eid) else ""
+
+    def device_values(self, event_index, slot=0, role=schema.ROLE_OUT) -> list:
+        """Per-device values of one value of an event (output `slot` 0 unless told), as
+        [DeviceValue] in recorded order (by device, then replica):
+
+        - a global value recorded per addressable shard or replica (a sharded or
+          replicated jax.Array): one DeviceValue per shard, `shard` its index in the
+          global value ("0:4,:"; "" = the whole value, a replica), `replica` its replica
+          number (0 = the first copy of that index);
+        - an event tied to one device (a `shard_map`/`pmap` body replayed per device):
+          one DeviceValue with that device, shard "" and the event's own value;
+        - otherwise [] (a value not tied to devices).
+
+        `value()` returns the numbers (None when only the digest was stored); `digest` is
+        the hex xxh3-64 of the exact bytes, so equal digests mean bitwise-equal copies."""
+        eid, slot, role = int(event_index), int(slot), int(role)
+        if not 0 <= eid < len(self.events):
+            raise IndexError(f"event {eid} is not in {self.path}")
+        rows = self.value_rows(eid)
+        rows = rows[(rows["slot"] == slot) & (rows["role"] == role)]
+        parent = rows[0] if len(rows) else None
+        idx = getattr(self, "_shard_index", None)
+        if idx is None:
+            order = np.argsort(self.shard_rows["event"], kind="stable")
+            idx = self._shard_index = (self.shard_rows["event"][order], order)
+        lo, hi = np.searchsorted(idx[0], [eid, eid + 1])
+        sh = self.shard_rows[idx[1][lo:hi]]
+        sh = sh[(sh["slot"] == slot) & (sh["role"] == role)]
+        out = []
+        for r in sh:
+            out.append(DeviceValue(device=self.string(r["device"]), shard=self.string(r["index"]),
+                                   replica=int(r["replica"]), digest=f"{int(r['hash']):016x}",
+                                   _read=lambda r=r, p=parent: self._read_shard(r, p)))
+        if not out and parent is not None:
+            dev = self.event_device(eid)
+            if dev:
+                h = int(parent["hash"])
+                out.append(DeviceValue(device=dev, shard="", replica=0,
+                                       digest=f"{h:016x}" if h else "",
+                                       _read=lambda p=parent: self.read_value(p)))
+        return out
+
+    def _read_shard(self, r, parent):
+        """The numbers of one shards row: its own bytes, or the global value's slice."""
+        if parent is None:
+            return None
+        if r["offset"] >= 0:
+            storage = self.string(parent["storage"])
+            try:
+                shape = values.parse_shape(self.string(r["shape"]), MAX_DIMS)
+            except ValueError as exc:
+                raise TraceError(f"{self.path}: damaged trace (shard shape: {exc})") from None
+            itemsize = np.dtype(storage).itemsize if storage in values._NATIVE else 0
+            count = 1
+            for d in shape:
+                count *= d
+            off, n = int(r["offset"]), int(r["nbytes"])
+            if itemsize == 0 or count * itemsize != n or off + n > self.blob_size:
+                raise TraceError(f"{self.path}: shard size does not match its shape and dtype")
+            raw = self._f["blob"][off:off + n].tobytes()
+            return values.decode(raw, self.string(parent["dtype"]), storage, shape)
+        if r["flags"] & schema.SHARD_SLICE:
+            whole = self.read_value(parent)
+            if whole is None:
+                return None
+            try:
+                index = values.parse_shard_index(self.string(r["index"]), whole.shape)
+            except ValueError as exc:
+                raise TraceError(f"{self.path}: damaged trace ({exc})") from None
+            return np.ascontiguousarray(whole[index])
+        return None
+
     # -- strings and events -----------------------------------------------------------------
     @property
     def truncated(self):
@@ -558,7 +688,7 @@ class Trace:
             "op": s(e["op"]), "params": s(e["params"]), "name_stack": s(e["name_stack"]),
             "source": s(e["source"]), "node": s(e["node"]),
             "call": int(e["call"]), "parent": int(e["parent"]), "step": int(e["step"]),
-            "iter": int(e["iter"]),
+            "iter": int(e["iter"]), "device": self.event_device(eid) if len(self.device_rows) else "",
         }
 
     def events_table(self):
@@ -603,7 +733,16 @@ class Trace:
             "call": e["call"].astype(np.int64), "parent": e["parent"].astype(np.int64),
             "step": e["step"].astype(np.int64), "iter": e["iter"].astype(np.int64),
             "n_outputs": n_out.astype(np.int64), "out_dtype": out_dtype, "out_shape": out_shape,
+            "device": self._device_column(n, strings),
         }
+
+    def _device_column(self, n, strings):
+        col = np.full(n, "", dtype=object)
+        d = self.device_rows
+        if len(d):
+            col[d["event"].astype(np.int64)[::-1]] = \
+                strings[np.where(d["device"] >= 0, d["device"], len(self.strings))[::-1]]
+        return col
 
     # -- recorded source lines ---------------------------------------------------------------
     MAX_SOURCE_LINES = 11   # lines returned per source (the recorder stores up to 5)

@@ -105,7 +105,34 @@ SOURCE_DTYPE = np.dtype([
     ("sha256", "<i4"),    # strings index: hex sha256 of the whole file as read, -1 if unknown
 ])
 
+# The device an event ran on, for events tied to one device (a `shard_map`/`pmap` body
+# replayed per device): one row per such event; events without a row ran on no one
+# device (their `device` is "").
+DEVICE_DTYPE = np.dtype([
+    ("event", "<i8"),     # the event
+    ("device", "<i4"),    # strings index: "platform:id" (cpu:3, cuda:1)
+])
+
+# Per-device copies of a global value (a sharded or replicated jax.Array): one row per
+# addressable shard of a values row (same event, slot, role; dtype and storage are that
+# row's). The global value stays in `values` exactly as without this table.
+SHARD_DTYPE = np.dtype([
+    ("event", "<i8"), ("slot", "<i4"), ("role", "u1"),
+    ("flags", "u1"),      # SHARD_* bits below
+    ("device", "<i4"),    # strings index: "platform:id"
+    ("index", "<i4"),     # strings index: the shard's index in the global value ("0:4,:"), "" = whole
+    ("replica", "<i4"),   # replica number of this shard (0 for the first copy of an index)
+    ("shape", "<i4"),     # strings index: comma-separated dims of the shard
+    ("offset", "<i8"), ("nbytes", "<i8"),   # own bytes in /blob, offset -1 when none
+    ("hash", "<u8"),      # xxh3-64 of the shard's exact bytes (as values.hash)
+])
+
+# shards.flags
+SHARD_SLICE = 1    # bytes equal the global value's slice at `index`: not stored again
+SHARD_DIGEST = 2   # only the hash is stored (the bytes differ, or the global value has none)
+
 TABLES = {"events": EVENT_DTYPE, "values": VALUE_DTYPE, "inputs": INPUT_DTYPE,
-          "stats": STATS_DTYPE, "sources": SOURCE_DTYPE}
+          "stats": STATS_DTYPE, "sources": SOURCE_DTYPE, "devices": DEVICE_DTYPE,
+          "shards": SHARD_DTYPE}
 # Tables a trace may lack (written by an older tracediff): read as empty.
-OPTIONAL_TABLES = {"stats", "sources"}
+OPTIONAL_TABLES = {"stats", "sources", "devices", "shards"}

@@ -243,3 +243,43 @@ def has_bytes(row):
     or unstored value): only then can its numbers be read and compared."""
     return row is not None and row["offset"] >= 0 and not (
         row["flags"] & (VFLAG_UNINIT | VFLAG_NOT_STORED))
+
+
+def shard_index_text(index):
+    """A shard's index as stored in `shards.index`: "0:4,:" (start:stop per dimension,
+    ":" for a whole dimension), "" when it covers the whole value."""
+    parts = []
+    for sl in index or ():
+        if isinstance(sl, slice):
+            if sl.step not in (None, 1):
+                raise ValueError("strided shard index")
+            lo = "" if sl.start in (None, 0) and sl.stop is None else str(sl.start or 0)
+            hi = "" if sl.stop is None else str(int(sl.stop))
+            parts.append(f"{lo}:{hi}" if lo or hi else ":")
+        else:
+            raise ValueError("shard index parts must be slices")
+    return "" if all(p == ":" for p in parts) else ",".join(parts)
+
+
+def parse_shard_index(text, shape):
+    """`shards.index` text -> tuple of slices into a value of `shape`; ValueError unless
+    every part is `:`, `A:B` or `A:` with 0 <= A <= B <= dim, one per dimension."""
+    if text == "":
+        return tuple(slice(None) for _ in shape)
+    parts = text.split(",")
+    if len(parts) != len(shape):
+        raise ValueError(f"shard index {text[:40]!r} does not fit a value of {len(shape)} dims")
+    out = []
+    for part, dim in zip(parts, shape):
+        lo, sep, hi = part.partition(":")
+        if not sep:
+            raise ValueError(f"shard index {text[:40]!r} is not start:stop per dimension")
+        try:
+            a = int(lo) if lo else 0
+            b = int(hi) if hi else dim
+        except ValueError:
+            raise ValueError(f"shard index {text[:40]!r} is not start:stop per dimension") from None
+        if not 0 <= a <= b <= dim:
+            raise ValueError(f"shard index {text[:40]!r} lies outside a value of shape {tuple(shape)}")
+        out.append(slice(a, b))
+    return tuple(out)

@@ -201,8 +201,9 @@ class TraceWriter:
 
     def add_event(self, *, framework, kind, op, phase=schema.PHASE_FWD, origin=schema.ORIGIN_NONE,
                   params=None, name_stack=None, source=None, node=None, call=-1, parent=-1,
-                  step=0, iter=-1):
-        """Append an event; returns its id (row number)."""
+                  step=0, iter=-1, device=None):
+        """Append an event; returns its id (row number). `device` ("cpu:3"): the one
+        device the event ran on (a row of the `devices` table), None for none."""
         if self.before_event is not None:   # e.g. a Ctrl-C to hand back (runner.py)
             self.before_event()
         eid = self.n_events
@@ -212,6 +213,8 @@ class TraceWriter:
             src = self._new_source(source)
         self._rows["events"].append((framework, kind, phase, origin, s(op), s(params),
                                      s(name_stack), src, s(node), call, parent, step, iter))
+        if device:
+            self._rows["devices"].append((eid, s(device)))
         if len(self._rows["events"]) >= FLUSH_ROWS or \
                 time.monotonic() - self._last_flush >= FLUSH_SECONDS:
             self.flush()
@@ -303,6 +306,43 @@ class TraceWriter:
                     st[:, 5].astype(np.int64).tolist()))
         self._pstats = {}
         self._pstats_bytes = 0
+
+    def add_shard(self, event, slot, array, *, device, index, replica, whole=None,
+                  role=schema.ROLE_OUT, logical_dtype=None):
+        """Append one per-device copy of a value just added (same event, slot, role).
+
+        `index`: the shard's place in the global value as a tuple of slices (() or all
+        full slices: the whole value); `whole`: the global host array as stored in
+        `values`, or None. A shard equal to `whole[index]` is marked SHARD_SLICE and its
+        bytes are not stored twice; a differing shard's bytes are stored (level full,
+        under the byte cap), else only its hash (SHARD_DIGEST)."""
+        c, _dtype_name, _storage, shape = values.prepare(array, logical_dtype)
+        h = values.digest(c)
+        text = values.shard_index_text(index)
+        flags, offset, nbytes = 0, -1, 0
+        same = False
+        if whole is not None:
+            try:
+                part = values.prepare(whole[tuple(index)] if text else whole, logical_dtype)[0]
+                same = part.shape == c.shape and part.dtype == c.dtype and values.digest(part) == h
+            except Exception:   # an index the global value does not take: compared by hash
+                same = False
+        if same:
+            flags = schema.SHARD_SLICE
+        elif self.level == "full" and (self.max_bytes is None or (
+                self.capped_at_event is None and self.bytes_recorded + c.nbytes <= self.max_bytes)):
+            offset, nbytes = self._blob_size, c.nbytes
+            if nbytes:
+                self._blob += values.as_bytes(c)
+            self._blob_size += nbytes
+            self.bytes_recorded += nbytes
+        else:
+            flags = schema.SHARD_DIGEST
+        sid = self._shape_ids.get(shape)
+        if sid is None:
+            sid = self._shape_ids[shape] = self.intern(values.shape_str(shape))
+        self._rows["shards"].append((event, slot, role, flags, self.intern(device),
+                                     self.intern(text), int(replica), sid, offset, nbytes, h))
 
     def add_meta_value(self, event, slot, dtype_name, shape, *, role=schema.ROLE_OUT, name=None,
                        flags=schema.VFLAG_NOT_STORED):
