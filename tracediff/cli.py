@@ -222,10 +222,14 @@ def main():
               help="JAX: for jit functions whose name matches, also compile the call's "
                    "equations with every intermediate as a program output and record those "
                    "compiled values, to narrow a divergence inside a compiled call.")
+@click.option("--devices/--no-devices", default=True, show_default=True,
+              help="JAX: also record every shard/replica of a sharded or replicated array "
+                   "with its device, and replay shard_map/pmap bodies device by device.")
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @_guard
-def record(output, loops, frameworks, level, steps, ops, modules, max_bytes, probe, script, args):
+def record(output, loops, frameworks, level, steps, ops, modules, max_bytes, probe, devices,
+           script, args):
     """Run SCRIPT [ARGS...] unmodified and record every operation into a trace.
 
     \b
@@ -253,7 +257,7 @@ def record(output, loops, frameworks, level, steps, ops, modules, max_bytes, pro
 
     try:
         options = RecordOptions(level=level, loops=loops, steps=steps, ops=ops, modules=modules,
-                                max_bytes=max_bytes, probe=probe)
+                                max_bytes=max_bytes, probe=probe, devices=devices)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     code = record_script(script, list(args), output, options, frameworks or ("jax", "torch"))

@@ -73,15 +73,18 @@ class RecordOptions:
     separated): events outside these are recorded without values (metadata only);
     `max_bytes`: past this many stored value bytes, values are kept as stats + hash.
     `probe` (JAX, regex on jit function names): also record those calls' compiled
-    intermediates (capture/jax_probe.py) to narrow compiled-call divergences."""
+    intermediates (capture/jax_probe.py) to narrow compiled-call divergences.
+    `devices` (JAX, default on): shards and replicas of multi-device arrays and
+    shard_map/pmap bodies per device (capture/jax_devices.py)."""
 
     def __init__(self, level="full", loops="opaque", steps=None, ops=None, modules=None,
-                 max_bytes=None, probe=None):
+                 max_bytes=None, probe=None, devices=True):
         if level not in LEVELS:
             raise ValueError(f"unknown level {level!r} (choose from {', '.join(LEVELS)})")
         if loops not in ("opaque", "stepped"):
             raise ValueError(f"unknown loop mode {loops!r}")
         self.level, self.loops = level, loops
+        self.devices = bool(devices)   # JAX per-device capture (capture/jax_devices.py)
         self.steps = parse_steps(steps) if not isinstance(steps, tuple) else steps
         self.ops = ops or None
         self._ops_re = None
@@ -150,6 +153,7 @@ class RecordOptions:
         return {"level": self.level, "loops": self.loops, "steps": self.steps_text(),
                 "ops": self.ops, "modules": self.modules, "max_bytes": self.max_bytes,
                 "probe": self.probe, "hash": HASH_NAME,
+                **({} if self.devices else {"devices": False}),
                 "values": {"full": "bytes of every value (hash of the exact bytes)",
                            "stats": "hash of the exact bytes and statistics per value, no bytes",
                            "calls": "top-level calls and optimizer steps only: hash and "

@@ -29,7 +29,7 @@ import weakref
 import numpy as np
 
 from ..trace import schema
-from . import Capture, ImportWatcher, jax_internals, jax_probe, nnx_paths, optax_tags
+from . import Capture, ImportWatcher, jax_devices, jax_internals, jax_probe, nnx_paths, optax_tags
 from .optax_tags import OPTAX_TAG
 
 _CALL_PRIMS = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
@@ -111,6 +111,8 @@ class _Site:
             self.mode = "cond"
         elif prim in _LOOP_PRIMS:
             self.mode = prim
+        elif prim == "shard_map" and "mesh" in p and "jaxpr" in p and "in_specs" in p:
+            self.mode = "shard_map"   # replayed per device (jax_devices.BodyReplay)
         if eqn.effects and not eqn.outvars:
             self.mode = "skip"  # debug prints and other output-less effects: never run twice
 
@@ -147,6 +149,8 @@ class JaxCapture(Capture):
                          "max_rel_difference": 0.0, "examples": []}
         self.opaque_calls = 0
         self.prober = None
+        self.shards = 0
+        self.per_device = True
 
     # -- install -----------------------------------------------------------------------------
     def install(self, session):
@@ -164,6 +168,10 @@ class JaxCapture(Capture):
         self._optax_calls = {}      # id(jaxpr) -> (jaxpr, contains optax tags)
         probe = getattr(self.opts, "probe", None)
         self.prober = jax_probe.Prober(self, probe) if probe and not self.calls_only else None
+        # per-device capture (jax_devices): shards/replicas of global arrays, shard_map and
+        # pmap bodies replayed per device; `RecordOptions(devices=False)` turns it off
+        self.per_device = bool(getattr(self.opts, "devices", True))
+        self.bodies = jax_devices.BodyReplay(self)
         siu.register_exclusion(os.path.dirname(os.path.abspath(__file__)))
         self._orig = {"impl": pjit._pjit_call_impl_python, "fast": pjit._get_fastpath_data,
                       "pp": core.EvalTrace.process_primitive}
@@ -184,6 +192,14 @@ class JaxCapture(Capture):
         self._pjit._get_fastpath_data = self._orig["fast"]
         self._core.EvalTrace.process_primitive = self._orig["pp"]
         self.flush_optim()
+        if self.session is not None and self.session.active:
+            w = self.session.writer
+            try:
+                dist = jax_devices.distributed_section(w._manifest.get("distributed"))
+            except Exception:  # informative only
+                dist = None
+            if dist is not None:
+                w.update_manifest(distributed=dist)
         import jax
 
         jax.clear_caches()  # calls recorded without the C++ fast path get it back
@@ -213,6 +229,9 @@ class JaxCapture(Capture):
             out["python_kernels"] = f"unavailable: {type(exc).__name__}"
         if self.prober is not None:
             out["probe"] = self.prober.manifest()
+        out["per_device"] = {"enabled": self.per_device, "shard_rows": self.shards,
+                             "shard_map_bodies": self.bodies.bodies if self.session else 0,
+                             "device_events": self.bodies.device_events if self.session else 0}
         for name in ("jax_enable_x64", "jax_default_matmul_precision", "jax_threefry_partitionable",
                      "jax_default_prng_impl", "jax_numpy_rank_promotion", "jax_disable_jit",
                      "jax_platforms", "jax_enable_checks"):
@@ -413,8 +432,12 @@ class JaxCapture(Capture):
             arr = np.asarray(x)
         except Exception:  # tokens, non-addressable arrays: keep shape and dtype only
             w.add_meta_value(eid, slot, str(dtype), getattr(x, "shape", ()), role=role, name=name)
+            if self.per_device:   # a process's own shards of a multi-process array
+                self.shards += jax_devices.store_shards(w, eid, slot, x, None, role, logical)
             return
         w.add_value(eid, slot, arr, role=role, name=name, logical_dtype=logical)
+        if self.per_device:
+            self.shards += jax_devices.store_shards(w, eid, slot, x, arr, role, logical)
 
     def _record_call_start(self, name, jaxpr, args):
         self.calls += 1
@@ -466,6 +489,10 @@ class JaxCapture(Capture):
         for slot, ref in enumerate(refs):
             w.add_input(eid, slot, *ref)
         outs = out if prim.multiple_results else [out]
+        if self.per_device and outs:
+            dev = jax_devices.single_device(outs[0])
+            if dev:
+                w.set_device(eid, dev)
         keep = not self.filtered or self.opts.selected(prim.name, self._name_stack())
         for slot, x in enumerate(outs):
             self.store(eid, slot, x, store=keep)
@@ -560,6 +587,8 @@ class JaxCapture(Capture):
                 outs = self._step_scan(eqn, ivals, irefs, call_id, eid, ns, src)
             elif mode == "while" and self.stepped:
                 outs = self._step_while(eqn, ivals, irefs, call_id, eid, ns, src)
+            elif mode == "shard_map" and self.per_device:
+                outs = self.bodies.replay(eqn, ivals, irefs, call_id, eid, ns, it, src)
             else:
                 outs = self.bind(eqn, ivals)
             keep = not self.filtered or self.opts.selected(site.op, ns)
@@ -571,16 +600,17 @@ class JaxCapture(Capture):
                     env[v] = (x, (eid, slot))
         return [read(v)[0] for v in jaxpr.outvars], [read(v)[1] for v in jaxpr.outvars]
 
-    def eqn_event(self, site, irefs, prefix, source, call_id, parent, it, origin):
-        """Write the event of one equation (replayed or probed) and its input links;
-        returns (event id, name stack, source)."""
+    def eqn_event(self, site, irefs, prefix, source, call_id, parent, it, origin, device=None):
+        """Write the event of one equation (replayed or probed, on one `device` of a
+        shard_map body or none) and its input links; returns (event id, name stack, source)."""
         ns = f"{prefix}/{site.name_stack}" if prefix and site.name_stack else (prefix or site.name_stack)
         src = site.source or source
         w = self.session.writer
         eid = w.add_event(framework=schema.FW_JAX, kind=schema.KIND_EQN, op=site.op,
                           origin=origin, params=site.params, name_stack=ns,
-                          source=src, call=call_id, parent=parent, step=self.step, iter=it)
-        for slot, r in enumerate(irefs):
+                          source=src, call=call_id, parent=parent, step=self.step, iter=it,
+                          device=device)
+        for slot, r in enumerate(irefs or ()):
             w.add_input(eid, slot, *r)
         for slot, val in site.literals:
             w.add_value(eid, slot, val, role=schema.ROLE_IN)

@@ -18,6 +18,7 @@ from ..trace.blob import ValueReader
 from ..trace.values import has_bytes, parse_shape
 from . import align as _align
 from . import compare
+from . import devices as _devices
 from . import levels as _levels
 from .result import (CallRef, EventRef, Finding, Metrics, OptimizerStep, ValueComparison,
                      ValueDesc)
@@ -208,16 +209,25 @@ class Differ:
                 unknown.append(f"input {k} was not stored")
         # dataflow edges
         rows_a = self.ta.input_rows(ea)
-        rows_b = {int(r["slot"]): r for r in self.tb.input_rows(eb)}
+        # a slot has several rows when an event reads one value per device (a collective
+        # replayed per device, capture/jax_devices.py): paired in order
+        rows_b, seen_b = {}, {}
+        for r in self.tb.input_rows(eb):
+            k = int(r["slot"])
+            rows_b[(k, seen_b.get(k, 0))] = r
+            seen_b[k] = seen_b.get(k, 0) + 1
+        seen_a = {}
         for r in rows_a:
             slot, p, ps = int(r["slot"]), int(r["producer"]), int(r["producer_slot"])
+            nth = seen_a.get(slot, 0)
+            seen_a[slot] = nth + 1
             if p in (schema.PRODUCER_LITERAL, schema.PRODUCER_CONST):
                 continue
             if p == schema.PRODUCER_UNKNOWN:
                 if slot not in own:
                     unknown.append(f"input {slot} has an unknown producer")
                 continue
-            rb = rows_b.get(slot)
+            rb = rows_b.get((slot, nth))
             q, qs = (int(rb["producer"]), int(rb["producer_slot"])) if rb is not None else (-1, 0)
             va = input_value_row(self.sa, self.ta, ea, p, ps)
             vb = input_value_row(self.sb, self.tb, eb, q, qs) if q >= 0 else None
@@ -266,7 +276,10 @@ class Differ:
                 continue
             if first_diff is None:
                 first_diff = (ea, eb)
-            ok, _, _ = self.inputs_match(ea, eb, level)
+            ok, _, bad = self.inputs_match(ea, eb, level)
+            if not ok and bad and self.sa.kind[ea] == schema.KIND_EQN and \
+                    all("producer_a" not in b for b in bad):
+                ok = True   # only its literal constants differ: the program changed here
             if ok:
                 kids = np.flatnonzero((self.sa.parent == ea) & (self.sa.kind == schema.KIND_EQN))
                 if len(kids) and depth < 16:
@@ -507,12 +520,14 @@ class Differ:
             reason += ": " + ", ".join(
                 f"input {d['input']}" + (f" from {d['producer_op']} (event {d['producer_a']})"
                                          if "producer_op" in d else "") for d in bad[:3])
+        per_device, device_note = _devices.spread(self.ta, self.tb, ea, eb)
         return Finding(level=level, a=_event(self.ta, ea, self.sa), b=_event(self.tb, eb, self.sb),
                        metrics=Metrics.from_dict(r["metrics"]),
                        values=[_value_comparison(v) for v in r["values"]], inputs_match=ok,
                        inputs_reason=reason,
                        origin=schema.ORIGIN_NAMES.get(int(self.ta.events[ea]["origin"]), ""),
-                       note=note, pair_by=self.pair_by.get(ea, "structure"))
+                       note=note, pair_by=self.pair_by.get(ea, "structure"),
+                       devices=per_device, device_note=device_note)
 
     # -- optimizer steps -------------------------------------------------------------------
     def optimizer_steps(self):

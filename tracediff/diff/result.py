@@ -88,6 +88,7 @@ class EventRef(_ByKey):
     iter: int = -1
     shapes: list = field(default_factory=list)   # [[int]] per output
     dtypes: list = field(default_factory=list)   # [str] per output
+    device: str = ""    # the one device the event ran on ("cpu:3"), "" for none
 
     @classmethod
     def from_event(cls, d: dict, shapes=(), dtypes=()) -> "EventRef":
@@ -96,7 +97,8 @@ class EventRef(_ByKey):
                    source=d["source"], step=d["step"], kind=d["kind"],
                    framework=d["framework"], phase=d["phase"], origin=d["origin"],
                    node=d["node"], call=d["call"], params=d["params"], parent=d["parent"],
-                   iter=d["iter"], shapes=list(shapes), dtypes=list(dtypes))
+                   iter=d["iter"], shapes=list(shapes), dtypes=list(dtypes),
+                   device=d.get("device", ""))
 
 
 @dataclass(repr=False)
@@ -165,6 +167,18 @@ class ValueComparison(_ByKey):
 
 
 @dataclass(repr=False)
+class DeviceDiff(_ByKey):
+    """One device's copy of a finding's output value (`diff/devices.py`): its device,
+    shard index ("0:4,:"; "" = whole value), replica number, and whether it differs."""
+
+    slot: int
+    device: str
+    shard: str
+    replica: int
+    differs: bool
+
+
+@dataclass(repr=False)
 class CallRef(_ByKey):
     """The compiled call a finding was found inside (and its probe, `record --probe`)."""
 
@@ -197,6 +211,10 @@ class Finding(_ByKey):
     # cross-framework: the layer on both sides ({a, b, text, family, a_module, b_module,
     # a_source, b_source}: "Dense MLP/fc1 (dot_general + add) <-> Linear fc1 (addmm)")
     layer: dict = None
+    # per-device copies of the outputs ([DeviceDiff]) and where they differ, in one line
+    # ("differs on cpu:3 only (shard 4 of 8)"); empty unless recorded per device
+    devices: list = field(default_factory=list)
+    device_note: str = ""
 
 
 # -- the chain from the origin to the outputs (chain.py) -----------------------------------------

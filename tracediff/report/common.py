@@ -115,6 +115,13 @@ def finding_rows(f: Finding, code, text, strong) -> list:
         if b.source and b.source != a.source:
             src += f" (b: {code(b.source)})"
         rows.append(("source", src))
+    if a.device or b.device:
+        dev = code(a.device or "-")
+        if b.device and b.device != a.device:
+            dev += f" (b: {code(b.device)})"
+        rows.append(("device", dev))
+    if f.device_note:
+        rows.append(("devices", text(f.device_note)))
     if b.op != a.op or b.framework != a.framework:
         rows.append(("paired with", f"{event_label(b, code, text)} in b "
                                     f"(by {text(f.pair_by)})"))

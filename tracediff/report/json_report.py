@@ -79,7 +79,10 @@ def _trace_json(t):
 
 
 def event_json(e, fields=EVENT_FIELDS):
-    return {k: getattr(e, k) for k in fields}
+    out = {k: getattr(e, k) for k in fields}
+    if getattr(e, "device", ""):   # only for an event tied to one device
+        out["device"] = e.device
+    return out
 
 
 def metrics_json(m, fields=METRIC_FIELDS):
@@ -124,6 +127,9 @@ def finding_json(f):
         "layer": f.layer,
         "values": [value_json(v) for v in f.values[:MAX_VALUES]],
         "values_total": len(f.values),
+        # per-device copies (only when recorded per device, capture/jax_devices.py)
+        **({"device_note": f.device_note,
+            "devices": [_plain(d) for d in f.devices]} if f.devices or f.device_note else {}),
     }
 
 

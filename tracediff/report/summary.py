@@ -72,7 +72,21 @@ def event_detail(t, eid):
                 arrays.append(arr)
         vals.append(meta)
     d["values"] = vals
+    if len(t.shard_rows):   # per-device copies of the outputs (capture/jax_devices.py)
+        per = []
+        for slot in sorted({int(r["slot"]) for r in t.value_rows(eid, schema.ROLE_OUT)}):
+            for dv in t.device_values(eid, slot):
+                if not dv.shard and dv.device == d.get("device"):
+                    continue   # the event's own value, shown above
+                per.append({"slot": slot, "device": dv.device, "shard": dv.shard,
+                            "replica": dv.replica, "digest": dv.digest})
+        if per:
+            d["per_device"] = per[:MAX_PER_DEVICE]
+            d["per_device_total"] = len(per)
     return d, arrays
+
+
+MAX_PER_DEVICE = 64
 
 
 def print_summary(s, console=None):
@@ -119,6 +133,8 @@ def print_event(d, console=None):
     for key in ("name_stack", "source", "node", "params"):
         if d[key]:
             console.print(f"  {key}: {markup(d[key])}")
+    if d.get("device"):
+        console.print(f"  device: {markup(d['device'])}")
     console.print(f"  step {d['step']}  call {d['call']}  parent {d['parent']}  iter {d['iter']}")
     for i in d["inputs"]:
         console.print(f"  input {i['slot']} <- event {i['producer']}[{i['producer_slot']}] "
@@ -136,3 +152,10 @@ def print_event(d, console=None):
             console.print(f"    {markup(stats)}")
         if "values" in v:
             console.print(f"    {markup(v['values'])}")
+    per = d.get("per_device") or []
+    if per:
+        console.print(f"  per device ({d.get('per_device_total', len(per))} copies):")
+    for p in per:
+        console.print(f"    output {p['slot']} on {markup(p['device'])}  shard "
+                      f"{markup(p['shard'] or 'whole')}  replica {p['replica']}  "
+                      f"hash {markup(p['digest'] or '-')}")

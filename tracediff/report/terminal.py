@@ -87,6 +87,13 @@ def _finding(console, title, f: Finding, verbose=False, context=None):
         console.print(f"  source: {src}")
         if verbose and f.a.source and context is not None:
             _code(console, context(f.a.source))
+    if f.a.device or f.b.device:
+        dev = markup(f.a.device or "-")
+        if f.b.device and f.b.device != f.a.device:
+            dev += f"  |  b: {markup(f.b.device)}"
+        console.print(f"  device: {dev}")
+    if f.device_note:
+        console.print(f"  devices: {markup(f.device_note)}")
     if f.b.op != f.a.op or f.b.framework != f.a.framework:
         console.print(f"  paired with b: {_where(f.b)} (by {markup(f.pair_by)})")
     m = f.metrics

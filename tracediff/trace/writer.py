@@ -220,6 +220,10 @@ class TraceWriter:
             self.flush()
         return eid
 
+    def set_device(self, event, device):
+        """Tie an event already added to one device ("cpu:3")."""
+        self._rows["devices"].append((int(event), self.intern(device)))
+
     def _new_source(self, source):
         """Intern a source string seen for the first time and store its lines."""
         idx = self._source_ids[source] = self.intern(source)

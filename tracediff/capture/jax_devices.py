@@ -1,0 +1,284 @@
+"""JAX, per device: the shards and replicas of global arrays, and `shard_map`/`pmap`
+bodies replayed device by device.
+
+A sharded or replicated `jax.Array` is still recorded as one global value (what
+alignment and `locate` compare), and, beside it, one `shards` row per addressable shard:
+the device, the shard's index in the global value, its replica number and the digest of
+its bytes (the bytes too when they differ from the global value's slice, e.g. a replica
+that departed from replica 0). A value on one device of a process that has several
+gives its event that device.
+
+`shard_map` (and `pmap`, which JAX runs as a jit of a `shard_map`) is replayed from each
+device's real input block, in lockstep: every equation of the body becomes one event per
+device (`device` set, parent the `shard_map` equation), run on that device; an equation
+that names the mesh's axes (`psum`, `pmean`, `all_gather`, `ppermute`, `axis_index`,
+...) is evaluated for all devices at once by `jax.vmap` over the stacked per-device
+inputs with the mesh's axis names, which gives each device the collective's result, and
+is recorded per device with its per-device inputs and outputs. The equation's global
+outputs come from running the `shard_map` itself on the global inputs, as without
+per-device capture.
+"""
+
+import numpy as np
+
+from ..trace import schema
+from .optax_tags import OPTAX_TAG
+
+_AXIS_KEYS = ("axes", "axis_name")
+_IDENTITY = {"pvary"}   # per device the value itself (a type-level marker of varying values)
+
+
+def device_name(d):
+    """'cpu:3', 'cuda:1': the platform and the device id."""
+    return f"{d.platform}:{d.id}"
+
+
+def single_device(x):
+    """'cpu:3' when `x` is an array committed to exactly one device in a process with
+    several devices (so that which one matters), else None."""
+    sharding = getattr(x, "sharding", None)
+    if sharding is None:
+        return None
+    try:
+        devs = sharding.device_set
+        if len(devs) != 1:
+            return None
+        import jax
+
+        if jax.device_count() < 2:
+            return None
+        return device_name(next(iter(devs)))
+    except Exception:   # a tracer or a deleted array: no device to name
+        return None
+
+
+def store_shards(writer, eid, slot, x, whole, role, logical):
+    """One `shards` row per addressable shard of a global array over several devices."""
+    sharding = getattr(x, "sharding", None)
+    if sharding is None or logical is not None:
+        return 0
+    try:
+        if len(sharding.device_set) < 2:
+            return 0
+        shards = sorted(x.addressable_shards, key=lambda s: (s.device.id, s.replica_id))
+    except Exception:   # deleted (donated) or not an array: nothing per device
+        return 0
+    for s in shards:
+        writer.add_shard(eid, slot, np.asarray(s.data), device=device_name(s.device),
+                         index=s.index, replica=s.replica_id, whole=whole, role=role)
+    return len(shards)
+
+
+def _names_in(val):
+    vals = val if isinstance(val, (tuple, list, frozenset, set)) else (val,)
+    return {a for a in vals if isinstance(a, str)}
+
+
+def uses_axes(eqn, names, depth=0):
+    """Does this equation (or a jaxpr nested in it) name one of the mesh axes `names`?"""
+    if depth > 32:
+        return True
+    for key in _AXIS_KEYS:
+        if key in eqn.params and _names_in(eqn.params[key]) & names:
+            return True
+    for val in eqn.params.values():
+        for sub in (val if isinstance(val, (tuple, list)) else (val,)):
+            inner = getattr(sub, "jaxpr", sub)
+            if hasattr(inner, "eqns") and any(uses_axes(e, names, depth + 1) for e in inner.eqns):
+                return True
+    return False
+
+
+def _spec_index(spec, shape, mesh, pos):
+    """The block of a global value of `shape` that the device at mesh position `pos` gets
+    under PartitionSpec `spec`, as a tuple of slices."""
+    names = list(mesh.axis_names)
+    sizes = dict(zip(names, mesh.devices.shape))
+    entries = list(spec) + [None] * (len(shape) - len(tuple(spec)))
+    idx = []
+    for dim, entry in zip(shape, entries):
+        if entry is None:
+            idx.append(slice(None))
+            continue
+        axes = entry if isinstance(entry, tuple) else (entry,)
+        n, b = 1, 0
+        for a in axes:
+            b = b * sizes[a] + pos[names.index(a)]
+            n *= sizes[a]
+        size = dim // n
+        idx.append(slice(b * size, (b + 1) * size))
+    return tuple(idx)
+
+
+class BodyReplay:
+    """Replays one `shard_map` equation's body per device (see the module docstring)."""
+
+    def __init__(self, cap):
+        self.cap = cap
+        self.bodies = 0
+        self.device_events = 0
+
+    def replay(self, eqn, ivals, irefs, call_id, parent, ns, it, src):
+        import jax
+
+        p = eqn.params
+        mesh = p["mesh"]
+        body = p["jaxpr"]
+        consts = list(getattr(body, "consts", ()))
+        body = getattr(body, "jaxpr", body)
+        grid = np.asarray(mesh.devices)
+        positions = list(np.ndindex(grid.shape))
+        devices = [grid[pos] for pos in positions]
+        names = [device_name(d) for d in devices]
+        blocks, brefs = [], []
+        for x, ref, spec in zip(ivals, irefs, p["in_specs"]):
+            blocks.append([self._block(x, spec, mesh, pos, d) for pos, d in zip(positions, devices)])
+            brefs.append([ref] * len(devices))
+        self.bodies += 1
+        ctx = _Lockstep(self, mesh, devices, names, call_id, it)
+        ctx.run(body, consts, blocks, brefs, [parent] * len(devices), ns, src)
+        return self.cap.bind(eqn, ivals)   # the global outputs, as the equation runs
+
+    @staticmethod
+    def _block(x, spec, mesh, pos, d):
+        """Device `d`'s real input: its own shard of `x` when it holds that block, else
+        the block cut from the global value and placed on `d`."""
+        import jax
+
+        shape = tuple(getattr(x, "shape", ()))
+        idx = _spec_index(spec, shape, mesh, pos)
+        for s in getattr(x, "addressable_shards", ()):
+            if s.device == d and tuple(s.data.shape) == tuple(
+                    len(range(*sl.indices(n))) for sl, n in zip(idx, shape)) and \
+                    all(sl.indices(n) == si.indices(n) for sl, si, n in zip(idx, s.index, shape)):
+                return s.data
+        return jax.device_put(np.asarray(x)[idx], d)
+
+
+class _Lockstep:
+    """Runs a body jaxpr on every device at once, equation by equation."""
+
+    def __init__(self, owner, mesh, devices, names, call_id, it):
+        self.owner, self.cap = owner, owner.cap
+        self.mesh, self.devices, self.names = mesh, devices, names
+        self.axis_names = set(mesh.axis_names)
+        self.call_id, self.it = call_id, it
+
+    def run(self, jaxpr, consts, vals, refs, parents, prefix, source):
+        from jax.extend.core import Literal
+
+        cap, n = self.cap, len(self.devices)
+        env = {}
+        for v, c in zip(jaxpr.constvars, consts):
+            env[v] = ([c] * n, [cap.producer(c, "constant")] * n)
+        for v, x, r in zip(jaxpr.invars, vals, refs):
+            env[v] = (x, r)
+
+        def read(v):
+            if isinstance(v, Literal):
+                return [v.val] * n, [(schema.PRODUCER_LITERAL, 0)] * n
+            return env[v]
+
+        for eqn in jaxpr.eqns:
+            site = cap.site(eqn)
+            if site.mode == "skip":
+                continue
+            ins = [read(v) for v in eqn.invars]
+            eids, nss, srcs = [], [], []
+            collective = uses_axes(eqn, self.axis_names)
+            for k in range(n):
+                # a collective reads every device's input: one input row per device and slot
+                irefs = [r[k] for _, r in ins] if not collective else None
+                eid, ns, src = cap.eqn_event(site, irefs, prefix, source,
+                                             self.call_id, parents[k], self.it,
+                                             schema.ORIGIN_REPLAY, device=self.names[k])
+                if collective:
+                    w = cap.session.writer
+                    for slot, (_, r) in enumerate(ins):
+                        for ref in (r if r[0][0] != schema.PRODUCER_LITERAL else r[:1]):
+                            w.add_input(eid, slot, *ref)
+                eids.append(eid)
+                nss.append(ns)
+                srcs.append(src)
+            cap.eqns += 1
+            self.owner.device_events += n
+            if site.mode == "call" and collective:
+                outs_k = self.run(site.sub.jaxpr, list(site.sub.consts), [x for x, _ in ins],
+                                  [r for _, r in ins], eids, nss[0], srcs[0])
+                outs = [[o[k] for o in outs_k[0]] for k in range(n)]
+            elif eqn.primitive.name in _IDENTITY:
+                outs = [[x[k] for x, _ in ins] for k in range(n)]
+            elif collective:
+                outs = self._vmapped(eqn, [x for x, _ in ins])
+            else:
+                outs = [cap.bind(eqn, [x[k] for x, _ in ins]) for k in range(n)]
+            keep = not cap.filtered or cap.opts.selected(site.op, nss[0])
+            for k in range(n):
+                for slot, x in enumerate(outs[k]):
+                    cap.store(eids[k], slot, x, store=keep)
+            tag = str(eqn.params.get("name", "")) if site.op == "name" else ""
+            if tag.startswith(OPTAX_TAG):   # an optax step inside the body (pmap): the first
+                for slot in range(len(outs[0])):   # device's values name the step
+                    cap._pending_optim[tag[len(OPTAX_TAG):]] = cap._host(outs[0][slot])
+            for slot, v in enumerate(eqn.outvars):
+                if type(v).__name__ != "DropVar":
+                    env[v] = ([outs[k][slot] for k in range(n)], [(eids[k], slot) for k in range(n)])
+        res = [read(v) for v in jaxpr.outvars]
+        return [x for x, _ in res], [r for _, r in res]
+
+    def _vmapped(self, eqn, per_input):
+        """A collective (or anything naming the mesh axes) for all devices at once:
+        `jax.vmap` over the stacked per-device inputs, one vmap per mesh axis named like
+        it, so `psum`/`all_gather`/`ppermute`/`axis_index` see every device's value.
+        Returns [[outputs] per device], each output placed on its device."""
+        import jax
+
+        grid = np.asarray(self.mesh.devices).shape
+        axis_names = list(self.mesh.axis_names)
+        mapped = [not _same_for_all(xs) for xs in per_input]
+        args = []
+        for xs, m in zip(per_input, mapped):
+            if m:
+                host = np.stack([np.asarray(x) for x in xs])
+                args.append(host.reshape(grid + host.shape[1:]))
+            else:
+                args.append(xs[0])
+        cap = self.cap
+
+        def f(*xs):
+            return cap.bind(eqn, list(xs))
+
+        for name, size in reversed(list(zip(axis_names, grid))):
+            f = jax.vmap(f, in_axes=tuple(0 if m else None for m in mapped), axis_name=name,
+                         axis_size=size)
+        outs = f(*args)
+        n = len(self.devices)
+        flat = [np.asarray(o).reshape((n,) + np.asarray(o).shape[len(grid):]) for o in outs]
+        return [[jax.device_put(o[k], self.devices[k]) for o in flat] for k in range(n)]
+
+
+def _same_for_all(xs):
+    first = xs[0]
+    return all(x is first for x in xs)
+
+
+def distributed_section(existing):
+    """The manifest's `distributed` section for a multi-process JAX run (jax.distributed):
+    `process_index`, `process_count`, and `rank`/`world_size`/`backend` when no launcher
+    variable set them; None for a single process."""
+    try:
+        import jax
+
+        count = int(jax.process_count())
+        index = int(jax.process_index())
+    except Exception:
+        return None
+    if count < 2:
+        return None
+    d = dict(existing or {})
+    d.setdefault("rank", index)
+    d.setdefault("world_size", count)
+    d.setdefault("backend", "jax.distributed")
+    d["process_index"], d["process_count"] = index, count
+    d["local_devices"] = [device_name(x) for x in jax.local_devices()]
+    return d
