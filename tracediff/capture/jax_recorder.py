@@ -151,6 +151,7 @@ class JaxCapture(Capture):
         self.prober = None
         self.shards = 0
         self.per_device = True
+        self._cur_device = None   # the one device of the call being replayed, if any
 
     # -- install -----------------------------------------------------------------------------
     def install(self, session):
@@ -271,6 +272,7 @@ class JaxCapture(Capture):
                     # before the real call, which may donate (delete) its arguments
                     probed = self.prober.record(call_id, name, jaxpr, args, self._call_refs,
                                                 self._call_ns, self._call_source)
+                self._cur_device = None
                 result = orig(*args, jaxpr=jaxpr, **params)
                 outs = jax_internals.call_outputs(result)
                 self._measure_replay(name, replayed, outs)
@@ -449,6 +451,11 @@ class JaxCapture(Capture):
                           origin=schema.ORIGIN_COMPILED, name_stack=ns,
                           source=source, step=self.step,
                           params=f"{len(jaxpr.jaxpr.eqns)} eqns")
+        # a call on one device of several (a per-device input pipeline): the call and the
+        # equations replayed inside it carry that device
+        self._cur_device = self._args_device(args)
+        if self._cur_device:
+            w.set_device(eid, self._cur_device)
         names = self._arg_names(jaxpr, len(args))
         for slot, (x, ref) in enumerate(zip(args, refs)):
             w.add_input(eid, slot, *ref)
@@ -456,6 +463,14 @@ class JaxCapture(Capture):
                         store=self._arg_needs_bytes(ref))
         self._call_refs, self._call_source, self._call_ns = refs, source, ns
         return eid
+
+    def _args_device(self, args):
+        if not self.per_device:
+            return None
+        for x in args:
+            if hasattr(x, "sharding"):
+                return jax_devices.single_device(x)
+        return None
 
     def _arg_needs_bytes(self, ref):
         """A call argument produced by a recorded event is that event's output, already
@@ -609,7 +624,7 @@ class JaxCapture(Capture):
         eid = w.add_event(framework=schema.FW_JAX, kind=schema.KIND_EQN, op=site.op,
                           origin=origin, params=site.params, name_stack=ns,
                           source=src, call=call_id, parent=parent, step=self.step, iter=it,
-                          device=device)
+                          device=device or self._cur_device)
         for slot, r in enumerate(irefs or ()):
             w.add_input(eid, slot, *r)
         for slot, val in site.literals:

@@ -32,8 +32,6 @@ def spread(ta, tb, ea, eb, max_rows=64):
         if not summary and any(d.differs for d in diffs) and len(da) > 1:
             summary = _summary(diffs, shards)
         rows.extend(diffs)
-    if not summary and rows and len(rows) == 1 and rows[0].differs:
-        summary = f"differs on {rows[0].device}"
     return rows[:max_rows], summary
 
 
@@ -46,7 +44,7 @@ def _summary(diffs, shards):
     if len(bad_devices) == 1:
         d = bad[0]
         if len(shards) > 1:
-            where = f"shard {shards.index(d.shard) + 1} of {len(shards)}"
+            where = f"shard {shards.index(d.shard)} of {len(shards)}"
         else:
             where = f"replica {d.replica} of {len(diffs)}"
         return f"differs on {d.device} only ({where})"

@@ -1,0 +1,138 @@
+"""JAX per device (issue 13): 8 simulated CPU devices, a fault injected on one device by
+the script itself, located by device, step, op and source line; per-device values read
+back through `Trace.device_values`."""
+
+import os
+
+import numpy as np
+import pytest
+
+import tracediff
+from tracediff.diff import devices as diff_devices
+from tracediff.report import markdown
+
+from .helpers import FIXTURES, locate_json, run_cli
+
+EIGHT = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+SCRIPTS = {"sm": "jax_shard_map_pmean.py", "pmap": "jax_pmap.py", "dp": "jax_sharded_dp.py"}
+
+
+def _line(script, text):
+    """The line number of `text` in a fixture (so the test follows edits of it)."""
+    with open(os.path.join(FIXTURES, script)) as fh:
+        for n, line in enumerate(fh, 1):
+            if text in line:
+                return f"{script}:{n}"
+    raise AssertionError(text)
+
+
+@pytest.fixture(scope="module")
+def runs(recorded):
+    jobs = {}
+    for key, script in SCRIPTS.items():
+        jobs[key + "_a"] = (script, (), EIGHT)
+        jobs[key + "_b"] = (script, ("--fault",), EIGHT)
+    return recorded.many(jobs)
+
+
+@pytest.fixture(scope="module")
+def reports(runs):
+    return {k: locate_json(runs[k + "_a"], runs[k + "_b"]) for k in SCRIPTS}
+
+
+def test_shard_map_fault_is_named_at_the_op_inside_the_body_with_its_device(reports):
+    r = reports["sm"]
+    assert r["verdict"] == "diverged" and r["exit_code"] == 1
+    for f in (r["first_difference"], r["first_beyond_tolerance"]):
+        a = f["a"]
+        assert (a["op"], a["device"], a["step"], a["kind"]) == ("mul", "cpu:3", 1, "eqn")
+        assert a["source"] == _line("jax_shard_map_pmean.py", 'lax.axis_index("data") == 3')
+        assert f["b"]["device"] == "cpu:3"
+        assert f["call"]["op"] == "jit:train_step"
+
+
+def test_shard_map_body_is_recorded_per_device_with_collectives(runs):
+    with tracediff.load(runs["sm_a"]) as t:
+        assert t.has_devices()
+        table = t.events_table()
+        body = np.flatnonzero(table["device"] != "")
+        assert len(body) and len(body) % 8 == 0
+        assert set(table["device"][body]) == {f"cpu:{i}" for i in range(8)}
+        # every body event is a child of the shard_map equation, at a line inside the body
+        sm = {int(t.events["parent"][i]) for i in body}
+        assert {t.event(p)["op"] for p in sm} == {"shard_map"}
+        assert all(t.event(i)["source"] != t.event(next(iter(sm)))["source"] for i in body[:8])
+        # pmean is a psum across the devices: each device's event reads all 8 inputs and
+        # gets the same sum
+        psum = [i for i in body if table["op"][i] == "psum"]
+        assert len(psum) == 16   # 2 steps x 8 devices
+        first = psum[:8]
+        assert [t.event(i)["device"] for i in first] == [f"cpu:{k}" for k in range(8)]
+        assert len(t.input_rows(first[0])) == 8
+        producers = [int(r["producer"]) for r in t.input_rows(first[0])]
+        parts = [t.outputs(p)[0] for p in producers]
+        outs = [t.outputs(i)[0] for i in first]
+        np.testing.assert_allclose(outs[0], np.sum(parts, axis=0), rtol=1e-6)
+        assert all(np.array_equal(o, outs[0]) for o in outs)
+        dv = t.device_values(first[3])
+        assert [(v.device, v.shard, v.replica) for v in dv] == [("cpu:3", "", 0)]
+        assert np.array_equal(dv[0].value(), outs[3])
+        # the call's replicated result: one copy per device, bitwise equal
+        call = int(np.flatnonzero(table["op"] == "jit:train_step")[-1])
+        reps = t.device_values(call)
+        assert sorted(v.device for v in reps) == sorted(f"cpu:{i}" for i in range(8))
+        assert {v.shard for v in reps} == {""} and len({v.digest for v in reps}) == 1
+        assert np.array_equal(reps[5].value(), t.outputs(call)[0])
+
+
+def test_pmap_fault_is_named_on_its_device(reports, runs):
+    f = reports["pmap"]["first_beyond_tolerance"]
+    a = f["a"]
+    assert (a["op"], a["device"], a["kind"], a["origin"]) == ("mul", "cpu:5", "eqn", "replay")
+    assert a["source"] == _line("jax_pmap.py", 'lax.axis_index("dev") == 5')
+    with tracediff.load(runs["pmap_a"]) as t:
+        calls = [i for i in range(len(t)) if t.event(i)["kind"] == "call"]
+        assert len(calls) == 2 and calls[0] < a["index"] and calls[1] == f["call"]["a"]
+        # the pmapped step's psum: per device, recorded
+        assert {t.event(i)["device"] for i in range(len(t)) if t.event(i)["op"] == "psum"} == \
+            {f"cpu:{i}" for i in range(8)}
+
+
+def test_sharded_data_parallel_fault_in_one_devices_loader(reports, runs):
+    f = reports["dp"]["first_difference"]
+    a = f["a"]
+    assert (a["device"], a["step"]) == ("cpu:3", 1)
+    assert a["source"] == _line("jax_sharded_dp.py", "blocks.append((xb - 1.0) / scale)")
+    assert f["call"]["op"] == "jit:true_divide"
+    # the sharded batch the jitted step got: only device 3's block differs
+    with tracediff.load(runs["dp_a"]) as ta, tracediff.load(runs["dp_b"]) as tb:
+        step1 = [i for i in range(len(ta)) if ta.event(i)["kind"] == "input"
+                 and ta.event(i)["step"] == 1 and ta.outputs(i)[0].shape == (16, 4)]
+        x = step1[-1]
+        da, db = ta.device_values(x), tb.device_values(x)
+        assert [v.shard for v in da] == [f"{2 * i}:{2 * i + 2}," for i in range(8)] or \
+            [v.shard for v in da] == [f"{2 * i}:{2 * i + 2},:" for i in range(8)]
+        differ = [v.device for v, w in zip(da, db) if v.digest != w.digest]
+        assert differ == ["cpu:3"]
+        whole = tb.outputs(x)[0]
+        assert np.array_equal(db[3].value(), whole[6:8])
+        assert not np.array_equal(db[3].value(), da[3].value())
+        rows, note = diff_devices.spread(ta, tb, x, x)
+        assert note == "differs on cpu:3 only (shard 3 of 8)"
+        assert [d.device for d in rows if d.differs] == ["cpu:3"]
+
+
+def test_device_in_show_and_reports(runs, reports, tmp_path):
+    a = reports["sm"]["first_beyond_tolerance"]["a"]
+    shown = run_cli("show", runs["sm_a"], str(a["index"]))
+    assert shown.returncode == 0 and "device: cpu:3" in shown.stdout
+    terminal = run_cli("locate", runs["sm_a"], runs["sm_b"])
+    assert "device: cpu:3" in terminal.stdout
+    result = tracediff.locate(runs["dp_a"], runs["dp_b"])
+    md = markdown.render(result) if hasattr(markdown, "render") else None
+    if md is None:
+        out = tmp_path / "r.md"
+        proc = run_cli("report", runs["dp_a"], runs["dp_b"], "-o", str(out))
+        assert proc.returncode in (0, 1), proc.stderr
+        md = out.read_text()
+    assert "cpu:3" in md
