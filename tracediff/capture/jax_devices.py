@@ -119,8 +119,6 @@ class BodyReplay:
         self.device_events = 0
 
     def replay(self, eqn, ivals, irefs, call_id, parent, ns, it, src):
-        import jax
-
         p = eqn.params
         mesh = p["mesh"]
         body = p["jaxpr"]
