@@ -9,6 +9,7 @@ import pytest
 
 import tracediff
 from tracediff.diff import devices as diff_devices
+from tracediff.errors import TraceError
 from tracediff.report import markdown
 
 from .helpers import FIXTURES, locate_json, run_cli
@@ -136,3 +137,74 @@ def test_device_in_show_and_reports(runs, reports, tmp_path):
         assert proc.returncode in (0, 1), proc.stderr
         md = out.read_text()
     assert "cpu:3" in md
+
+
+# -- the per-device tables as untrusted input (written by the real writer, edited with h5py)
+
+def _small_trace(path):
+    from tracediff.trace.writer import TraceWriter
+
+    w = TraceWriter(str(path), {})
+    e = w.add_event(framework=1, kind=2, op="add")
+    g = np.arange(16, dtype=np.float32).reshape(8, 2)
+    w.add_value(e, 0, g)
+    for i in range(4):
+        part = g[2 * i:2 * i + 2].copy()
+        if i == 3:
+            part[0, 0] += 1   # a copy that departs from the global value: its bytes are kept
+        w.add_shard(e, 0, part, device=f"cpu:{i}", index=(slice(2 * i, 2 * i + 2), slice(None)),
+                    replica=0, whole=g)
+    w.add_event(framework=1, kind=1, op="mul", device="cpu:5")
+    w.close()
+    return g
+
+
+def test_device_values_round_trip_and_old_traces(tmp_path):
+    g = _small_trace(tmp_path / "t.h5")
+    with tracediff.load(str(tmp_path / "t.h5")) as t:
+        dv = t.device_values(0)
+        assert [(v.device, v.shard, v.replica) for v in dv] == \
+            [(f"cpu:{i}", f"{2 * i}:{2 * i + 2},:", 0) for i in range(4)]
+        assert np.array_equal(dv[1].value(), g[2:4])        # the global value's slice
+        assert dv[3].value()[0, 0] == g[6, 0] + 1            # its own bytes
+        assert t.event(1)["device"] == "cpu:5" and t.event(0)["device"] == ""
+    old = os.path.join(FIXTURES, "traces", "jax_divide.jax-0.7.2.h5")
+    with tracediff.load(old) as t:   # written before the tables existed
+        assert not t.has_devices() and t.device_values(0) == [] and t.event(0)["device"] == ""
+
+
+@pytest.mark.parametrize("table,col,value,message", [
+    ("devices", "device", 10 ** 6, "devices.device refers to a string"),
+    ("shards", "index", 10 ** 6, "shards.index refers to a string"),
+    ("shards", "replica", -4, "invalid replica"),
+    ("shards", "offset", 10 ** 9, "shard bytes lie outside"),
+])
+def test_damaged_device_tables_fail_with_one_line(tmp_path, table, col, value, message):
+    import h5py
+
+    path = tmp_path / "t.h5"
+    _small_trace(path)
+    with h5py.File(path, "r+") as f:
+        rows = f[table][:]
+        rows[-1][col] = value
+        f[table][:] = rows
+    with pytest.raises(TraceError, match=message):
+        tracediff.load(str(path))
+    proc = run_cli("show", str(path), "0")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def test_damaged_shard_index_or_shape_fails_when_read(tmp_path):
+    import h5py
+
+    path = tmp_path / "t.h5"
+    _small_trace(path)
+    with h5py.File(path, "r+") as f:
+        strings = list(f["strings"][:])
+        bad = strings.index(b"2:4,:") if b"2:4,:" in strings else None
+        assert bad is not None
+        f["strings"][bad] = "2:99,:"        # past the global value's end (a SHARD_SLICE row)
+    with tracediff.load(str(path)) as t:
+        dv = t.device_values(0)
+        with pytest.raises(TraceError, match="outside a value of shape"):
+            dv[1].value()

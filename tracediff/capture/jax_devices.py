@@ -134,8 +134,11 @@ class BodyReplay:
             brefs.append([ref] * len(devices))
         self.bodies += 1
         ctx = _Lockstep(self, mesh, devices, names, call_id, it)
-        ctx.run(body, consts, blocks, brefs, [parent] * len(devices), ns, src)
-        return self.cap.bind(eqn, ivals)   # the global outputs, as the equation runs
+        outs, _ = ctx.run(body, consts, blocks, brefs, [parent] * len(devices), ns, src)
+        try:   # the global outputs, assembled from the devices' outputs as shard_map does
+            return [_assemble(o, spec, mesh, devices) for o, spec in zip(outs, p["out_specs"])]
+        except Exception:   # a layout not rebuilt here: run the equation on the globals
+            return self.cap.bind(eqn, ivals)
 
     @staticmethod
     def _block(x, spec, mesh, pos, d):
@@ -161,6 +164,25 @@ class _Lockstep:
         self.mesh, self.devices, self.names = mesh, devices, names
         self.axis_names = set(mesh.axis_names)
         self.call_id, self.it = call_id, it
+        # Where each device's equations run. Accelerators: on that device (a chip that
+        # computes differently shows it in the replay). Host CPU "devices" (e.g.
+        # --xla_force_host_platform_device_count) are one CPU: all run on the first,
+        # so each equation compiles once instead of once per device (measured: 246
+        # compilations, most of the recording time, for an 8-device body of 2 steps).
+        self.run_on = devices[0] if all(d.platform == "cpu" for d in devices) else None
+
+    def _place(self, x, k):
+        import jax
+
+        target = self.run_on if self.run_on is not None else self.devices[k]
+        if isinstance(x, jax.Array):
+            try:
+                if x.sharding.device_set == {target}:
+                    return x
+            except Exception:
+                return x
+            return jax.device_put(x, target)
+        return x
 
     def run(self, jaxpr, consts, vals, refs, parents, prefix, source):
         from jax.extend.core import Literal
@@ -209,7 +231,7 @@ class _Lockstep:
             elif collective:
                 outs = self._vmapped(eqn, [x for x, _ in ins])
             else:
-                outs = [cap.bind(eqn, [x[k] for x, _ in ins]) for k in range(n)]
+                outs = [cap.bind(eqn, [self._place(x[k], k) for x, _ in ins]) for k in range(n)]
             keep = not cap.filtered or cap.opts.selected(site.op, nss[0])
             for k in range(n):
                 for slot, x in enumerate(outs[k]):
@@ -252,7 +274,27 @@ class _Lockstep:
         outs = f(*args)
         n = len(self.devices)
         flat = [np.asarray(o).reshape((n,) + np.asarray(o).shape[len(grid):]) for o in outs]
-        return [[jax.device_put(o[k], self.devices[k]) for o in flat] for k in range(n)]
+        return [[jax.device_put(o[k], self.run_on or self.devices[k]) for o in flat]
+                for k in range(n)]
+
+
+def _assemble(per_device, spec, mesh, devices):
+    """A global array from each device's block under PartitionSpec `spec` (what shard_map
+    returns): each block stays on its device; a dimension split over mesh axes is that
+    many blocks long. Replicated dimensions keep what each device holds."""
+    import jax
+    from jax.sharding import NamedSharding
+
+    block = tuple(np.shape(per_device[0]))
+    sizes = dict(zip(mesh.axis_names, np.asarray(mesh.devices).shape))
+    entries = list(spec) + [None] * (len(block) - len(tuple(spec)))
+    shape = []
+    for dim, entry in zip(block, entries):
+        axes = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+        shape.append(dim * int(np.prod([sizes[a] for a in axes], dtype=np.int64)))
+    arrays = [jax.device_put(x, d) for x, d in zip(per_device, devices)]
+    return jax.make_array_from_single_device_arrays(tuple(shape), NamedSharding(mesh, spec),
+                                                    arrays)
 
 
 def _same_for_all(xs):

@@ -22,6 +22,7 @@ from .writer import write_finished
 _EVENT_STRINGS = ("op", "params", "name_stack", "source", "node")
 _VALUE_STRINGS = ("dtype", "storage", "shape", "name")
 _SOURCE_STRINGS = ("source", "lines", "sha256")
+_SHARD_STRINGS = ("device", "index", "shape")
 
 
 def neighbourhood(t, around, hops):
@@ -88,10 +89,19 @@ def slice_trace(t, around, out, hops=2, replace=False):
     stats["value"] = row_id[stats["value"].astype(np.int64)]
 
     sources = t.source_rows[np.isin(t.source_rows["source"], events["source"])].copy()
+    # per-device rows of kept events; a shard's own bytes are not carried (its hash is)
+    devices = t.device_rows[np.isin(t.device_rows["event"], keep)].copy()
+    devices["event"] = new_id[devices["event"].astype(np.int64)]
+    shards = t.shard_rows[np.isin(t.shard_rows["event"], keep)].copy()
+    shards["event"] = new_id[shards["event"].astype(np.int64)]
+    own = shards["offset"] >= 0
+    shards["flags"][own] |= schema.SHARD_DIGEST
+    shards["offset"][own], shards["nbytes"][own] = -1, 0
 
     # strings: only those the slice refers to, renumbered
     refs = [events[c] for c in _EVENT_STRINGS] + [vals[c] for c in _VALUE_STRINGS] + \
-        [sources[c] for c in _SOURCE_STRINGS]
+        [sources[c] for c in _SOURCE_STRINGS] + [devices["device"]] + \
+        [shards[c] for c in _SHARD_STRINGS]
     used = np.unique(np.concatenate([r.astype(np.int64) for r in refs])) if refs else []
     used = used[used >= 0]
     strings = [t.string(i) for i in used.tolist()]
@@ -101,7 +111,8 @@ def slice_trace(t, around, out, hops=2, replace=False):
         return np.where(col >= 0, np.searchsorted(used, col), -1)
 
     for table, cols in ((events, _EVENT_STRINGS), (vals, _VALUE_STRINGS),
-                        (sources, _SOURCE_STRINGS)):
+                        (sources, _SOURCE_STRINGS), (devices, ("device",)),
+                        (shards, _SHARD_STRINGS)):
         for c in cols:
             table[c] = restring(table[c])
 
@@ -118,7 +129,8 @@ def slice_trace(t, around, out, hops=2, replace=False):
     attrs = {"format": schema.FORMAT_NAME, "schema_version": schema.SCHEMA_VERSION,
              "complete": bool(t.complete)}
     write_finished(out, {"events": events, "values": vals, "inputs": inputs, "stats": stats,
-                         "sources": sources, "blob": blob, "strings": strings},
+                         "sources": sources, "devices": devices, "shards": shards,
+                         "blob": blob, "strings": strings},
                    json.dumps(manifest, sort_keys=True, default=str), attrs, replace=replace)
     return {"events": int(len(keep)), "values": int(len(vals)), "bytes": int(len(blob)),
             "kept": keep.tolist(), "around": int(new_id[around])}
