@@ -303,16 +303,22 @@ def _same_for_all(xs):
 
 
 def distributed_section(existing):
-    """The manifest's `distributed` section for a multi-process JAX run (jax.distributed):
-    `process_index`, `process_count`, and `rank`/`world_size`/`backend` when no launcher
-    variable set them; None for a single process."""
+    """The manifest's `distributed` section for a multi-process JAX run (jax.distributed),
+    None for a single process (see `merge_distributed`)."""
     try:
         import jax
 
-        count = int(jax.process_count())
-        index = int(jax.process_index())
+        count, index = int(jax.process_count()), int(jax.process_index())
+        local = [device_name(x) for x in jax.local_devices()] if count > 1 else []
     except Exception:
         return None
+    return merge_distributed(existing, index, count, local)
+
+
+def merge_distributed(existing, index, count, local_devices):
+    """`existing` (what the launcher variables gave, runner.distributed_rank) completed
+    with `process_index`, `process_count`, `local_devices`, and `rank`/`world_size`/
+    `backend` where no launcher set them; None when there is one process."""
     if count < 2:
         return None
     d = dict(existing or {})
@@ -320,5 +326,5 @@ def distributed_section(existing):
     d.setdefault("world_size", count)
     d.setdefault("backend", "jax.distributed")
     d["process_index"], d["process_count"] = index, count
-    d["local_devices"] = [device_name(x) for x in jax.local_devices()]
+    d["local_devices"] = list(local_devices)
     return d
