@@ -63,9 +63,12 @@ def store_shards(writer, eid, slot, x, whole, role, logical):
         shards = sorted(x.addressable_shards, key=lambda s: (s.device.id, s.replica_id))
     except Exception:   # deleted (donated) or not an array: nothing per device
         return 0
-    for s in shards:
-        writer.add_shard(eid, slot, np.asarray(s.data), device=device_name(s.device),
-                         index=s.index, replica=s.replica_id, whole=whole, role=role)
+    try:
+        for s in shards:
+            writer.add_shard(eid, slot, np.asarray(s.data), device=device_name(s.device),
+                             index=s.index, replica=s.replica_id, whole=whole, role=role)
+    finally:
+        writer.forget_slices()
     return len(shards)
 
 

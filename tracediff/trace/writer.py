@@ -170,6 +170,7 @@ class TraceWriter:
         self._pstats = {}          # (storage, logical) -> [bytearray, rows, starts, counts]
         self._pstats_bytes = 0
         self._shape_ids = {}
+        self._slice_digests = {}   # add_shard: digests of the last global value's slices
         for name in schema.TABLES:
             f.attrs[f"committed_{name}"] = 0
         f.attrs["committed_blob"] = 0
@@ -219,6 +220,10 @@ class TraceWriter:
                 time.monotonic() - self._last_flush >= FLUSH_SECONDS:
             self.flush()
         return eid
+
+    def forget_slices(self):
+        """Drop the global value add_shard compared against (do not keep it alive)."""
+        self._slice_digests.clear()
 
     def set_device(self, event, device):
         """Tie an event already added to one device ("cpu:3")."""
@@ -326,11 +331,20 @@ class TraceWriter:
         flags, offset, nbytes = 0, -1, 0
         same = False
         if whole is not None:
-            try:
-                part = values.prepare(whole[tuple(index)] if text else whole, logical_dtype)[0]
-                same = part.shape == c.shape and part.dtype == c.dtype and values.digest(part) == h
-            except Exception:   # an index the global value does not take: compared by hash
-                same = False
+            # the digest of the global value's slice, once per index of this value (a
+            # replicated array has 8 copies of one index on 8 devices)
+            cache = self._slice_digests
+            if cache.get("whole") is not whole:
+                cache.clear()
+                cache["whole"] = whole
+            expected = cache.get(text)
+            if expected is None:
+                try:
+                    part = values.prepare(whole[tuple(index)] if text else whole, logical_dtype)[0]
+                    expected = cache[text] = (part.shape, part.dtype, values.digest(part))
+                except Exception:   # an index the global value does not take: compared by hash
+                    expected = cache[text] = ()
+            same = expected == (c.shape, c.dtype, h)
         if same:
             flags = schema.SHARD_SLICE
         elif self.level == "full" and (self.max_bytes is None or (
