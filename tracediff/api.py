@@ -37,8 +37,8 @@ class record:
 
     Options, as `tracediff record`'s: `level` ("full", "stats", "calls"), `loops`
     ("opaque" or "stepped"), the windows `steps` ("30:40"), `ops` (regex), `modules`
-    (globs), `max_bytes` ("2GB"), `probe` (regex on jit function names), and
-    `frameworks` (default: jax and torch, each captured once it is imported). A bad
+    (globs), `max_bytes` ("2GB"), `probe` (regex on jit function names), `devices`
+    (JAX per-device capture, default True), and `frameworks` (default: jax and torch, each captured once it is imported). A bad
     option raises ValueError. Source lines are shown relative to the folder of the file
     that opens the block.
     """
@@ -47,10 +47,11 @@ class record:
                  loops: str = "opaque", steps: Optional[str] = None, ops: Optional[str] = None,
                  modules: Optional[Union[str, Iterable[str]]] = None,
                  max_bytes: Optional[Union[str, int]] = None, probe: Optional[str] = None,
-                 frameworks: Iterable[str] = ("jax", "torch")) -> None:
+                 frameworks: Iterable[str] = ("jax", "torch"), devices: bool = True) -> None:
         self.path = os.fspath(path)
         self.options = RecordOptions(level=level, loops=loops, steps=steps, ops=ops,
-                                     modules=modules, max_bytes=max_bytes, probe=probe)
+                                     modules=modules, max_bytes=max_bytes, probe=probe,
+                                     devices=devices)
         self.frameworks = tuple(frameworks)
         for fw in self.frameworks:
             if fw not in ("jax", "torch"):
