@@ -92,6 +92,21 @@ def uses_axes(eqn, names, depth=0):
     return False
 
 
+def has_mesh(jaxpr, depth=0):
+    """Does a jaxpr (or one nested in it) run over a device mesh (shard_map)?"""
+    if depth > 32:
+        return True
+    for eqn in getattr(jaxpr, "eqns", ()):
+        if "mesh" in eqn.params:
+            return True
+        for val in eqn.params.values():
+            for sub in (val if isinstance(val, (tuple, list)) else (val,)):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns") and has_mesh(inner, depth + 1):
+                    return True
+    return False
+
+
 def _spec_index(spec, shape, mesh, pos):
     """The block of a global value of `shape` that the device at mesh position `pos` gets
     under PartitionSpec `spec`, as a tuple of slices."""

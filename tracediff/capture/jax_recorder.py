@@ -152,6 +152,7 @@ class JaxCapture(Capture):
         self.shards = 0
         self.per_device = True
         self._cur_device = None   # the one device of the call being replayed, if any
+        self._mesh_calls = {}     # id(jaxpr) -> (jaxpr, holds a shard_map)
 
     # -- install -----------------------------------------------------------------------------
     def install(self, session):
@@ -453,7 +454,7 @@ class JaxCapture(Capture):
                           params=f"{len(jaxpr.jaxpr.eqns)} eqns")
         # a call on one device of several (a per-device input pipeline): the call and the
         # equations replayed inside it carry that device
-        self._cur_device = self._args_device(args)
+        self._cur_device = self._args_device(args, jaxpr)
         if self._cur_device:
             w.set_device(eid, self._cur_device)
         names = self._arg_names(jaxpr, len(args))
@@ -464,13 +465,18 @@ class JaxCapture(Capture):
         self._call_refs, self._call_source, self._call_ns = refs, source, ns
         return eid
 
-    def _args_device(self, args):
+    def _args_device(self, args, closed):
+        """The one device a call runs on: all its array arguments on that device and no
+        mesh in its program (a shard_map spans the mesh's devices); else None."""
         if not self.per_device:
             return None
-        for x in args:
-            if hasattr(x, "sharding"):
-                return jax_devices.single_device(x)
-        return None
+        devs = {jax_devices.single_device(x) for x in args if hasattr(x, "sharding")}
+        if len(devs) != 1 or None in devs:
+            return None
+        hit = self._mesh_calls.get(id(closed))
+        if hit is None or hit[0] is not closed:
+            hit = self._mesh_calls[id(closed)] = (closed, jax_devices.has_mesh(closed.jaxpr))
+        return None if hit[1] else devs.pop()
 
     def _arg_needs_bytes(self, ref):
         """A call argument produced by a recorded event is that event's output, already
