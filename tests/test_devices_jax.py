@@ -90,6 +90,7 @@ def test_pmap_fault_is_named_on_its_device(reports, runs):
     a = f["a"]
     assert (a["op"], a["device"], a["kind"], a["origin"]) == ("mul", "cpu:5", "eqn", "replay")
     assert a["source"] == _line("jax_pmap.py", 'lax.axis_index("dev") == 5')
+    assert a["step"] == 0   # no optimizer: every event is step 0; the call tells the steps
     with tracediff.load(runs["pmap_a"]) as t:
         calls = [i for i in range(len(t)) if t.event(i)["kind"] == "call"]
         assert len(calls) == 2 and calls[0] < a["index"] and calls[1] == f["call"]["a"]
@@ -101,7 +102,8 @@ def test_pmap_fault_is_named_on_its_device(reports, runs):
 def test_sharded_data_parallel_fault_in_one_devices_loader(reports, runs):
     f = reports["dp"]["first_difference"]
     a = f["a"]
-    assert (a["device"], a["step"]) == ("cpu:3", 1)
+    # the loader's wrong scale, a literal of the program, converted on device 3 only
+    assert (a["op"], a["device"], a["step"]) == ("convert_element_type", "cpu:3", 1)
     assert a["source"] == _line("jax_sharded_dp.py", "blocks.append((xb - 1.0) / scale)")
     assert f["call"]["op"] == "jit:true_divide"
     # the sharded batch the jitted step got: only device 3's block differs

@@ -37,7 +37,10 @@ def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) ->
             f"(a #{a.index}, b #{o.b.index}"
             f"{', ' + markup(a.origin) if a.origin else ''}), step {a.step}"
             f"{'  ' + markup(a.name_stack) if a.name_stack else ''}"
-            f"{'  ' + markup(a.source) if a.source else ''}")
+            f"{'  ' + markup(a.source) if a.source else ''}"
+            f"{'  on ' + markup(a.device) if getattr(a, 'device', '') else ''}")
+    if getattr(o, "device_note", ""):
+        c.print(f"  devices: {markup(o.device_note)}")
     m = o.metrics
     word = {True: "[bold]introduced here[/]", False: "inherited", None: "inputs unknown"}[
         o.inputs_match]
