@@ -221,3 +221,29 @@ def test_multi_process_manifest_section():
     launcher = {"rank": 1, "local_rank": None, "world_size": 2, "launcher": "jax"}
     d = merge_distributed(launcher, 1, 2, [])
     assert d["launcher"] == "jax" and d["rank"] == 1 and d["process_count"] == 2
+
+
+def test_a_replica_that_departed_is_named_though_the_global_values_match(tmp_path):
+    """Replicated weights whose copy on one device differs (a bad transfer to one chip):
+    the global value (replica 0) is equal in both runs, the copies are not."""
+    from tracediff.trace.writer import TraceWriter
+
+    w0 = np.linspace(-1, 1, 8, dtype=np.float32).reshape(4, 2)
+    for name, bad in (("a.h5", False), ("b.h5", True)):
+        w = TraceWriter(str(tmp_path / name), {})
+        e = w.add_event(framework=1, kind=5, op="input", step=2)
+        w.add_value(e, 0, w0)
+        for i in range(4):
+            copy = w0.copy()
+            if bad and i == 2:
+                copy[1, 1] = np.nextafter(copy[1, 1], np.float32(2))
+            w.add_shard(e, 0, copy, device=f"cpu:{i}", index=(), replica=i, whole=w0)
+        w.close()
+    r = locate_json(str(tmp_path / "a.h5"), str(tmp_path / "b.h5"))
+    assert r["verdict"] == "match"
+    assert any("cpu:2 (replica 2) differs" in w and "event #0" in w for w in r["warnings"])
+    with tracediff.load(str(tmp_path / "b.h5")) as t:
+        dv = t.device_values(0)
+        assert [v.replica for v in dv] == [0, 1, 2, 3]
+        assert len({v.digest for v in dv}) == 2
+        assert dv[2].value()[1, 1] != w0[1, 1] and np.array_equal(dv[1].value(), w0)

@@ -2,6 +2,8 @@
 (`Trace.device_values`) compared by digest, summed up as one line for the reports
 ("differs on cpu:3 only (shard 4 of 8)")."""
 
+import numpy as np
+
 from ..trace import schema
 from .result import DeviceDiff
 
@@ -50,3 +52,47 @@ def _summary(diffs, shards):
         return f"differs on {d.device} only ({where})"
     shown = ", ".join(bad_devices[:8]) + (" ..." if len(bad_devices) > 8 else "")
     return f"differs on {shown} ({len(bad_devices)} of {len(devices)} devices)"
+
+
+def replica_only(ta, tb, a2b):
+    """The first paired event (in a's order) one of whose per-device copies differs from
+    b's although the two global values are bitwise equal (a replica that departed on one
+    device: `locate` compares global values and would not see it), as a warning line;
+    None when there is none. Vectorised over the shards tables."""
+    sa, sb = ta.shard_rows, tb.shard_rows
+    if not len(sa) or not len(sb):
+        return None
+    ea = sa["event"].astype(np.int64)
+    eb = a2b[np.clip(ea, 0, len(a2b) - 1)]
+    paired = (ea < len(a2b)) & (eb >= 0)
+    if not paired.any():
+        return None
+    key_b = {}
+    for r, ev in zip(sb, sb["event"].tolist()):
+        key_b[(ev, int(r["slot"]), int(r["role"]), tb.string(r["device"]),
+               tb.string(r["index"]), int(r["replica"]))] = int(r["hash"])
+    order = np.argsort(ea, kind="stable")
+    for i in order[paired[order]].tolist():
+        r = sa[i]
+        k = (int(eb[i]), int(r["slot"]), int(r["role"]), ta.string(r["device"]),
+             ta.string(r["index"]), int(r["replica"]))
+        h = key_b.get(k)
+        if h is None or h == int(r["hash"]):
+            continue
+        e = int(ea[i])
+        if not _global_equal(ta, tb, e, int(eb[i]), int(r["slot"]), int(r["role"])):
+            continue   # the global values differ too: locate reports that
+        ev = ta.event(e)
+        what = f"shard {k[4]}" if k[4] else f"replica {k[5]}"
+        return (f"event #{e} ({ev['op']}, step {ev['step']}): its global value matches, but "
+                f"its copy on {k[3]} ({what}) differs from b's: a device departed there")
+    return None
+
+
+def _global_equal(ta, tb, ea, eb, slot, role):
+    ra = ta.value_rows(ea)
+    rb = tb.value_rows(eb)
+    ra = ra[(ra["slot"] == slot) & (ra["role"] == role)]
+    rb = rb[(rb["slot"] == slot) & (rb["role"] == role)]
+    return bool(len(ra) and len(rb) and int(ra[0]["hash"]) == int(rb[0]["hash"]) and
+                int(ra[0]["hash"]) != 0)

@@ -55,6 +55,7 @@ from . import analysis as _analysis
 from . import compare
 from . import compiled as _compiled
 from . import cross as _cross
+from . import devices as _devices
 from . import levels as _levels
 from .differ import BITWISE, TOLERANCE, Differ
 from .env import env_diff
@@ -125,6 +126,9 @@ def run(ta, tb, rtol=None, atol=None, differ=None, mapping=None) -> LocateResult
             best = max(best, r.max_rel)
         steps = kept[:MAX_OPTIM_ROWS - 1] + ([steps[-1]] if kept[-1] is not steps[-1] else [])
     warnings = _script_warnings(ta, tb)
+    departed = _devices.replica_only(ta, tb, d.al.a2b) if ta.has_devices() else None
+    if departed:
+        warnings.append(departed)
     stats = d.al.stats()
     if not mapping and (stats["only_in_a"] or stats["only_in_b"]):
         gap = d.al.gaps(1)[0]
