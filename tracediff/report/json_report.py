@@ -14,8 +14,10 @@ outputs, collapsed to ~10, a `Gap` written as the string "... N more hops"), noi
 --noise floor: nondeterministic_events, skipped).
 
 A finding is null or {level, a, b, metrics, inputs_match, inputs_reason, origin, note,
-call, paired_by, values}; a and b hold index, op, name_stack, source, step, kind,
-framework, phase, origin, node, call, shapes, dtypes; metrics hold max_abs, max_rel,
+call, paired_by, values, and device_note + devices [{slot, device, shard, replica,
+differs}] when its values were recorded per device}; a and b hold index, op, name_stack,
+source, step, kind, framework, phase, origin, node, call, shapes, dtypes, and device
+("cpu:3") for an event tied to one device; metrics hold max_abs, max_rel,
 max_ulp, mismatch_fraction, beyond_tolerance_fraction, within_tolerance. The results hold
 real floats; non-finite ones are written as the strings "inf" / "nan" (`strict`) so the
 output is strict JSON.
