@@ -697,7 +697,8 @@ class Trace:
 
         Columns: index, framework, kind, phase, origin, op, name_stack, source, node,
         params (str, object arrays), call, parent, step, iter (int64; -1 = none),
-        n_outputs (int64) and out_dtype / out_shape (str: first output value, "" if none).
+        n_outputs (int64) and out_dtype / out_shape (str: first output value, "" if none),
+        device (str: the one device of a per-device event, "" for none).
         """
         e = self.events
         strings = np.array(self.strings + [""], dtype=object)
