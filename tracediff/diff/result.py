@@ -88,15 +88,16 @@ class EventRef(_ByKey):
     iter: int = -1
     shapes: list = field(default_factory=list)   # [[int]] per output
     dtypes: list = field(default_factory=list)   # [str] per output
+    rank: Optional[int] = None                   # the trace's rank (manifest `distributed`)
 
     @classmethod
-    def from_event(cls, d: dict, shapes=(), dtypes=()) -> "EventRef":
-        """From `Trace.event(i)`."""
+    def from_event(cls, d: dict, shapes=(), dtypes=(), rank=None) -> "EventRef":
+        """From `Trace.event(i)`; `rank` is the trace's (`Trace.rank`)."""
         return cls(index=d["index"], op=d["op"], name_stack=d["name_stack"],
                    source=d["source"], step=d["step"], kind=d["kind"],
                    framework=d["framework"], phase=d["phase"], origin=d["origin"],
                    node=d["node"], call=d["call"], params=d["params"], parent=d["parent"],
-                   iter=d["iter"], shapes=list(shapes), dtypes=list(dtypes))
+                   iter=d["iter"], shapes=list(shapes), dtypes=list(dtypes), rank=rank)
 
 
 @dataclass(repr=False)

@@ -103,6 +103,11 @@ def finding_rows(f: Finding, code, text, strong) -> list:
     emphasises text that is already rendered."""
     a, b = f.a, f.b
     rows = []
+    if a.rank is not None or b.rank is not None:   # a multi-process run: whose trace
+        rk = text(a.rank if a.rank is not None else "-")
+        if b.rank != a.rank:
+            rk += f" (b: {text(b.rank if b.rank is not None else '-')})"
+        rows.append(("rank", rk))
     if f.layer and f.layer.get("text"):   # two frameworks: the layer on both sides
         rows.append(("layer", code(f.layer["text"])))
     if a.name_stack or b.name_stack:

@@ -15,7 +15,8 @@ outputs, collapsed to ~10, a `Gap` written as the string "... N more hops"), noi
 
 A finding is null or {level, a, b, metrics, inputs_match, inputs_reason, origin, note,
 call, paired_by, values}; a and b hold index, op, name_stack, source, step, kind,
-framework, phase, origin, node, call, shapes, dtypes; metrics hold max_abs, max_rel,
+framework, phase, origin, node, call, shapes, dtypes, rank (the trace's rank in a
+multi-process run, else null); metrics hold max_abs, max_rel,
 max_ulp, mismatch_fraction, beyond_tolerance_fraction, within_tolerance. The results hold
 real floats; non-finite ones are written as the strings "inf" / "nan" (`strict`) so the
 output is strict JSON.
@@ -39,7 +40,7 @@ from ..shell import command, comment, with_comment
 from .common import typed
 
 EVENT_FIELDS = ("index", "op", "name_stack", "source", "step", "kind", "framework", "phase",
-                "origin", "node", "call", "shapes", "dtypes")
+                "origin", "node", "call", "shapes", "dtypes", "rank")
 METRIC_FIELDS = ("max_abs", "max_rel", "max_ulp", "mismatch_fraction", "beyond_tolerance_fraction",
                  "within_tolerance", "rtol", "atol")
 HOP_EVENT_FIELDS = ("index", "op", "name_stack", "source", "step", "kind", "framework", "origin",
