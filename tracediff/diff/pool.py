@@ -59,7 +59,7 @@ def _dask(fn, jobs, scheduler):
         client = scheduler
     else:
         try:
-            client = own = Client(scheduler, timeout=30)
+            client = own = Client(scheduler, timeout="20s")
         except (OSError, ValueError, TimeoutError) as exc:
             raise TraceError(f"cannot reach the Dask scheduler {scheduler}: "
                              f"{str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__}"
