@@ -158,7 +158,7 @@ def test_locate_directories_terminal_and_globs(ddp_runs):
     assert proc.returncode == 1, proc.stderr
     out = proc.stdout
     assert f"it started on rank {FAULT_RANK}: aten::mul_.Tensor step {FAULT_STEP}" in out
-    assert f"rank 0 inherited it through c10d::allreduce_" in out
+    assert "rank 0 inherited it through c10d::allreduce_" in out
     assert f"step {FAULT_STEP} rank {FAULT_RANK}" in out   # the full report's event line
 
 
@@ -171,7 +171,7 @@ def test_same_runs_match(ddp_runs):
     assert all(r["verdict"] == "match" for r in report["ranks"])
 
 
-@pytest.mark.parametrize("case", ["empty", "ranks", "not_a_trace", "missing"])
+@pytest.mark.parametrize("case", ["empty", "ranks", "not_a_trace", "missing", "misnamed"])
 def test_bad_rank_sets_are_one_line_errors(ddp_runs, tmp_path, case):
     other = tmp_path / "other"
     other.mkdir()
@@ -184,13 +184,17 @@ def test_bad_rank_sets_are_one_line_errors(ddp_runs, tmp_path, case):
         (other / "notes.h5").write_text("not a trace")
     elif case == "missing":
         other = tmp_path / "nowhere"
+    elif case == "misnamed":   # rank 0 and rank 1 swapped by their file names
+        for r in range(NPROC):
+            shutil.copy(ddp_runs["clean"] / f"rank{r}.h5", other / f"rank{(1 - r) if r < 2 else r}.h5")
     proc = run_cli("locate", ddp_runs["clean"], other, "--workers", "1")
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     expected = {"empty": "no traces (*.h5)", "ranks": "different ranks: ",
-                "not_a_trace": "notes.h5", "missing": "no such directory"}[case]
+                "not_a_trace": "notes.h5", "missing": "no such directory",
+                "misnamed": "named as rank 0, but its manifest says rank 1"}[case]
     assert expected in lines[0]
 
 

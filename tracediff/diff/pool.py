@@ -67,6 +67,13 @@ def _dask(fn, jobs, scheduler):
     try:
         futures = client.map(fn, *zip(*jobs), pure=False)
         return client.gather(futures)
+    except TraceError:
+        raise
+    except Exception as exc:   # the cluster's own failure: say what usually causes it
+        msg = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise TraceError(f"the Dask cluster {scheduler} failed: {msg} (the scheduler and "
+                         f"every worker need tracediff-ml installed, and the workers must "
+                         f"see the trace paths)") from None
     finally:
         if own is not None:
             own.close()

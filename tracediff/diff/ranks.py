@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from typing import Optional
 
 import numpy as np
@@ -23,10 +24,12 @@ import numpy as np
 from ..errors import TraceError
 from ..trace.reader import Trace
 from . import pool
+from .locate import locate
 from .result import RankSummary, RanksResult, Spread
 
 COLLECTIVE_PREFIX = "c10d::"
 _GLOB_CHARS = "*?["
+_RANK_NAME = re.compile(r"(?:^|\.)rank(\d{1,6})\.h5$")
 
 
 def is_rank_set(spec) -> bool:
@@ -50,8 +53,10 @@ def rank_traces(spec) -> dict:
         paths = [s]
     ranks, unranked = {}, []
     for p in paths:
-        with Trace(p) as t:   # a file that is not a trace: a one-line TraceError
-            r = t.rank
+        r = rank_in_name(p)
+        if r is None:   # not named by `tracediff record`: the manifest says
+            with Trace(p) as t:   # a file that is not a trace: a one-line TraceError
+                r = t.rank
         if r is None:
             unranked.append(p)
         elif r in ranks:
@@ -65,6 +70,23 @@ def rank_traces(spec) -> dict:
                              f"their own directory")
         ranks[0] = unranked[0]
     return ranks
+
+
+def rank_in_name(path) -> Optional[int]:
+    """R of a file named as `tracediff record` names per-rank traces (`rank{R}.h5`,
+    `NAME.rank{R}.h5`), else None. Pairing trusts the name (opening every trace to read
+    its manifest costs more than comparing small ones); the task that opens the file
+    checks the manifest agrees (`check_rank_of`)."""
+    m = _RANK_NAME.search(os.path.basename(os.fspath(path)))
+    return int(m.group(1)) if m else None
+
+
+def check_rank_of(t: Trace, rank: int):
+    """A trace named as rank R must say rank R in its manifest."""
+    if t.rank is not None and t.rank != rank:
+        raise TraceError(f"{t.path}: named as rank {rank}, but its manifest says rank {t.rank}")
+    if t.rank is None and rank_in_name(t.path) is not None:
+        raise TraceError(f"{t.path}: named as rank {rank}, but its manifest names no rank")
 
 
 def pair_ranks(spec_a, spec_b) -> list:
@@ -96,9 +118,9 @@ def collectives_before(t: Trace, index: int) -> int:
 def locate_pair(rank: int, path_a: str, path_b: str, options: dict) -> tuple:
     """(RankSummary, LocateResult) of one rank's pair; runs where `pool.run` puts it and
     opens both files by path there."""
-    from .locate import locate
-
     with Trace(path_a) as ta, Trace(path_b) as tb:
+        check_rank_of(ta, rank)
+        check_rank_of(tb, rank)
         result = locate(ta, tb, **options)
         f = result.first_beyond_tolerance
         if f is None:

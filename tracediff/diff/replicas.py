@@ -5,7 +5,8 @@ Across ranks (a directory or glob of per-rank traces of one data-parallel run): 
 replicated collective delivers (`c10d::allreduce_`, `broadcast_`, `allgather_`: every
 rank of the group receives the same result) is equal on every rank by definition, and so
 is everything computed from only such values (DDP's averaged gradients copied into
-`.grad`, the optimizer's update of replicated parameters). The lowest rank's trace is the
+`.grad`, the parameters DDP broadcast at the start, the optimizer's updates of them;
+a snapshot of memory that such an op wrote last). The lowest rank's trace is the
 reference: its events are marked replicated along the dataflow from those collectives,
 each other rank is aligned with it by the one engine (`Differ`) and the replicated events
 are compared bitwise (their content hashes). The earliest replicated event where a rank's
@@ -32,7 +33,7 @@ from ..errors import TraceError
 from ..trace import schema
 from ..trace.reader import Trace
 from . import pool
-from .ranks import is_rank_set, rank_traces
+from .ranks import check_rank_of, is_rank_set, rank_traces
 from .result import ReplicaDeparture, ReplicasResult
 
 # collectives whose result is the same on every rank of the group
@@ -62,12 +63,18 @@ def replicated_mask(t: Trace) -> np.ndarray:
     order = np.argsort(inp["event"], kind="stable")
     ev, prod, slot = inp["event"][order], inp["producer"][order], inp["slot"][order]
     bounds = np.searchsorted(ev, np.arange(n + 1))
-    kind = t.events["kind"]
+    kind, parents = t.events["kind"], t.events["parent"]
     first_seed = int(np.flatnonzero(np.isin(ops, list(seeds)))[0])
     for e in range(first_seed, n):
         op = int(ops[e])
         if op in seeds:
             rep[e] = True
+            continue
+        if kind[e] == schema.KIND_INPUT:
+            # a snapshot of memory whose last writer was replicated (a parameter that
+            # DDP's broadcast wrote, read through another alias)
+            p = int(parents[e])
+            rep[e] = 0 <= p < e and rep[p]
             continue
         if kind[e] != schema.KIND_OP:
             continue
@@ -91,6 +98,7 @@ def check_rank(ref_path: str, path: str, rank: int) -> tuple:
     from .differ import Differ
 
     with Trace(ref_path) as ref, Trace(path) as t:
+        check_rank_of(t, rank)
         d = Differ(ref, t)
         mask = replicated_mask(ref)
         ia, ib = d.pairs()
@@ -232,8 +240,8 @@ def replicas(spec, workers: Optional[int] = None, scheduler=None) -> ReplicasRes
         result = check_ranks(s, workers=workers, scheduler=scheduler)
         if result.verdict == "diverged":
             return result
-        for _, p in sorted(ranks.items()):
-            dev = check_devices(p)
+        paths = [(os.path.abspath(p),) for _, p in sorted(ranks.items())]
+        for dev in pool.run(check_devices, paths, workers=workers, scheduler=scheduler):
             if dev.verdict == "diverged":
                 return dev
             result.checked += dev.checked
