@@ -18,7 +18,10 @@ opening its files there.
 Within one trace (JAX, `Trace.device_values`): the copies of one value that a sharding
 replicates (same shard index, several replicas) must be bitwise equal, and so must the
 per-device results of a replicated collective (`psum`, `pmean`, `all_gather`, `pmax`,
-`pmin` replayed per device); the first event where a device's copy differs names it.
+`pmin` replayed per device) and of every per-device op computed only from such results
+and constants (grouped across devices by call, step, op, line and occurrence). The
+earliest event where a device's copy differs names it, descending from a call (or a
+`shard_map` equation) whose replicas differ into the op inside it that departed.
 """
 
 from __future__ import annotations
@@ -167,50 +170,97 @@ def _agree(paths, events) -> bool:
 
 
 def check_devices(path) -> ReplicasResult:
-    """The within-trace check: replicas of one value, and per-device collective results
-    (`Trace.device_values`; a trace without per-device values is consistent, with a note)."""
+    """The within-trace check: replicas of one value, and per-device results that must
+    agree (a replicated collective's, and what is computed only from them) (module
+    docstring; `Trace.device_values`). A trace without per-device values is consistent,
+    with a note."""
     with Trace(path) as t:
         has = getattr(t, "has_devices", None)
         if has is None or not has():
             return ReplicasResult(verdict="consistent", checked=0, ranks=[],
                                   note="no per-device values in this trace")
-        checked = 0
-        collective = {}   # (call, step, op, source, iter, occurrence) -> [(device, digest, event)]
-        seen = Counter()
-        for e in range(len(t.events)):
+        n = len(t.events)
+        checked, departures = 0, []          # [(event, device)]
+        # 1. the copies of one value that a sharding replicates (same shard index)
+        for e in range(n):
             n_out = len(t.value_rows(e, schema.ROLE_OUT))
             for slot in range(max(1, n_out)):
                 dvs = t.device_values(e, slot)
-                if not dvs:
+                if len(dvs) < 2:
                     break
                 by_shard = {}
                 for dv in dvs:
                     if dv.digest:
                         by_shard.setdefault(dv.shard, []).append(dv)
+                bad = None
                 for copies in by_shard.values():
                     if len(copies) > 1:
                         checked += 1
-                        bad = _minority([c.digest for c in copies])
-                        if bad is not None:
-                            return _device_departure(t, e, copies[bad].device, checked)
-                if slot == 0 and len(dvs) == 1 and dvs[0].shard == "" and dvs[0].digest:
-                    ev = t.event(e)
-                    if ev["op"] in JAX_REPLICATED:
-                        key0 = (ev["call"], ev["step"], ev["op"], ev["source"], ev["iter"])
-                        seen[(key0, dvs[0].device)] += 1
-                        key = key0 + (seen[(key0, dvs[0].device)],)
-                        collective.setdefault(key, []).append((dvs[0].device, dvs[0].digest, e))
-        first = None
-        for copies in collective.values():
+                        i = _minority([c.digest for c in copies])
+                        if i is not None and bad is None:
+                            bad = copies[i].device
+                if bad is not None:
+                    departures.append((e, bad))
+                    break
+        # 2. per-device events (a shard_map / pmap body replayed per device) that must
+        # agree: a replicated collective, or an op of only such values and constants
+        groups, rep, seen = {}, set(), Counter()
+        inp = t.inputs
+        order = np.argsort(inp["event"], kind="stable")
+        ev_sorted, prod = inp["event"][order], inp["producer"][order]
+        bounds = np.searchsorted(ev_sorted, np.arange(n + 1))
+        device_of = getattr(t, "event_device", lambda e: "")
+        for e in range(n):
+            dev = device_of(e)
+            if not dev:
+                continue
+            ev = t.event(e)
+            ps = prod[bounds[e]:bounds[e + 1]]
+            known = [int(p) for p in ps if p >= 0]
+            consts = sum(1 for p in ps if p in (schema.PRODUCER_LITERAL, schema.PRODUCER_CONST))
+            if not (ev["op"] in JAX_REPLICATED or
+                    (known and len(known) + consts == len(ps) and all(p in rep for p in known))):
+                continue
+            rep.add(e)
+            dvs = t.device_values(e)
+            if len(dvs) != 1 or not dvs[0].digest:
+                continue
+            key0 = (ev["call"], ev["step"], ev["op"], ev["source"], ev["iter"])
+            seen[(key0, dev)] += 1
+            groups.setdefault(key0 + (seen[(key0, dev)],), []).append((dev, dvs[0].digest, e))
+        for copies in groups.values():
             if len(copies) < 2:
                 continue
             checked += 1
-            bad = _minority([c[1] for c in copies])
-            if bad is not None and (first is None or copies[bad][2] < first[1]):
-                first = (copies[bad][0], copies[bad][2])
-        if first is not None:
-            return _device_departure(t, first[1], first[0], checked)
-        return ReplicasResult(verdict="consistent", checked=checked, ranks=[])
+            i = _minority([c[1] for c in copies])
+            if i is not None:
+                departures.append((copies[i][2], copies[i][0]))
+        if not departures:
+            return ReplicasResult(verdict="consistent", checked=checked, ranks=[])
+        e, dev = _innermost(t, sorted(departures))
+        return _device_departure(t, e, dev, checked)
+
+
+def _innermost(t, departures):
+    """The earliest departure, then the earliest one inside it (an equation of the call,
+    the body of the shard_map) while there is one: the op, not the call around it."""
+    parent, call = t.events["parent"], t.events["call"]
+
+    def inside(e, outer):
+        seen = 0
+        while e >= 0 and seen < 64:
+            p, c = int(parent[e]), int(call[e])
+            if outer in (p, c):
+                return True
+            e, seen = p, seen + 1
+        return False
+
+    cur = departures[0]
+    while True:
+        inner = [d for d in departures if d[0] != cur[0] and inside(d[0], cur[0])]
+        if not inner:
+            return cur
+        cur = inner[0]
 
 
 def _minority(digests) -> Optional[int]:
