@@ -30,7 +30,7 @@ sys.path.insert(0, ROOT)   # the in-process Dask scheduler unpickles tracediff's
 
 
 def env():
-    e = dict(os.environ, OMP_NUM_THREADS="1")
+    e = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     e["PYTHONPATH"] = ROOT
     e.pop("XLA_FLAGS", None)
     return e

@@ -42,6 +42,27 @@ BACKWARD_LINE = _line("loss.backward()")
 
 _RUNS = {}
 _LOCK = threading.Lock()
+# gloo on the loopback interface: found by the host name, it waits ~15 s per process here
+GLOO_ENV = {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+
+
+COLLECTIVES = """
+import os
+import torch
+import torch.distributed as dist
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
+dist.init_process_group("gloo", rank=0, world_size=1)
+x = torch.arange(4.0) + 1
+dist.all_reduce(x, op=dist.ReduceOp.MAX)
+dist.broadcast(x, src=0)
+out = [torch.zeros(4)]
+dist.all_gather(out, x * 2)
+flat = torch.zeros(4)
+dist.all_gather_into_tensor(flat, x * 3)
+part = torch.zeros(4)
+dist.reduce_scatter_tensor(part, x * 4)
+dist.destroy_process_group()
+"""
 
 
 def _torchrun(out, port, *args):
@@ -49,24 +70,32 @@ def _torchrun(out, port, *args):
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(NPROC),
          "--master-addr", "127.0.0.1", "--master-port", str(port),
          "-m", "tracediff", "record", "-o", f"{out}{os.sep}", SCRIPT, *args],
-        env=script_env({"OMP_NUM_THREADS": "1"}), cwd=ROOT, text=True,
+        env=script_env(GLOO_ENV), cwd=ROOT, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def record_ddp_runs(folder):
-    """{"clean": dir, "faulty": dir} of per-rank traces, recorded once per session (both
-    torchrun jobs at once) and made read-only."""
+    """{"clean": dir, "faulty": dir} of per-rank traces and "coll" (one process, every
+    kind of collective), recorded once per session (all at once) and made read-only."""
     with _LOCK:
         if not _RUNS:
-            base = 29000 + os.getpid() % 900 * 2
+            base = 29000 + os.getpid() % 300 * 3
             outs = {"clean": folder / "clean", "faulty": folder / "faulty"}
             procs = {"clean": _torchrun(outs["clean"], base),
                      "faulty": _torchrun(outs["faulty"], base + 1, "--fault-rank",
                                          str(FAULT_RANK), "--fault-step", str(FAULT_STEP))}
+            # alongside: one process that initialises torch.distributed itself
+            script = folder / "coll.py"
+            script.write_text(COLLECTIVES)
+            outs["coll"] = folder / "coll.h5"
+            procs["coll"] = subprocess.Popen(
+                [sys.executable, "-m", "tracediff", "record", "-o", str(outs["coll"]),
+                 str(script)], env=script_env({"PORT": str(base + 2), **GLOO_ENV}), cwd=ROOT,
+                text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             for key, proc in procs.items():
                 out, err = proc.communicate(timeout=600)
                 assert proc.returncode == 0, f"{key}: {err[-4000:]}"
-            for d in outs.values():
+            for d in (outs["clean"], outs["faulty"]):
                 for f in os.listdir(d):
                     os.chmod(d / f, 0o444)
             _RUNS.update(outs)
@@ -80,8 +109,10 @@ def ddp_runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def located(ddp_runs):
-    """`locate clean/ faulty/ --json` (in this process, one rank after the other)."""
-    proc = run_cli("locate", ddp_runs["clean"], ddp_runs["faulty"], "--json", "--workers", "1")
+    """`locate clean/ faulty/ --json` (in this process, one rank after the other; the
+    replay verdict is left out: it imports torch here, and test_locate.py covers it)."""
+    proc = run_cli("locate", ddp_runs["clean"], ddp_runs["faulty"], "--json", "--workers", "1",
+                   "--no-explain")
     assert proc.returncode == 1, proc.stderr
     return json.loads(proc.stdout)
 
@@ -216,3 +247,26 @@ def test_dask_cluster_and_process_pool_give_the_same_json(ddp_runs):
     assert json.loads(replicas_dask.stdout) == json.loads(replicas_local.stdout)
     assert json.loads(replicas_dask.stdout)["first"]["rank"] == FAULT_RANK
 
+
+
+def test_every_collective_kind_is_recorded_with_inputs_outputs_and_group(ddp_runs):
+    """One process that initialises torch.distributed itself (no launcher): each c10d op
+    with its inputs, its outputs after the Work, its group; the manifest's
+    `distributed` section comes from the default group."""
+    out = ddp_runs["coll"]
+    with tracediff.load(out) as t:
+        assert t.manifest["distributed"] == {"rank": 0, "world_size": 1, "local_rank": None,
+                                             "launcher": "torch.distributed",
+                                             "backend": "gloo"}
+        evs = {t.event(i)["op"]: i for i in range(len(t)) if t.event(i)["op"].startswith("c10d::")}
+        assert set(evs) >= {"c10d::allreduce_", "c10d::broadcast_", "c10d::allgather_",
+                            "c10d::_allgather_base_", "c10d::_reduce_scatter_base_"}
+        for op, i in evs.items():
+            assert "group=0, ranks=[0], backend=gloo" in t.event(i)["params"], op
+            assert len(t.value_rows(i, schema.ROLE_IN)) >= 1, op
+            assert len(t.value_rows(i, schema.ROLE_OUT)) >= 1, op
+        assert "reduce_op=MAX" in t.event(evs["c10d::allreduce_"])["params"]
+        gathered = t.read_value(t.value_rows(evs["c10d::allgather_"], schema.ROLE_OUT)[0])
+        np.testing.assert_array_equal(gathered, (np.arange(4.0) + 1) * 2)
+        scattered = t.value_rows(evs["c10d::_reduce_scatter_base_"], schema.ROLE_OUT)
+        np.testing.assert_array_equal(t.read_value(scattered[0]), (np.arange(4.0) + 1) * 4)

@@ -117,11 +117,27 @@ class Collectives:
 
     # -- the op ----------------------------------------------------------------------------
     def run(self, func, args, kwargs, pre):
-        """Run collective `func` and record it: inputs before, outputs after its Work."""
+        """Run collective `func` and record it: inputs before, outputs after its Work. A
+        failure of the recorder stops recording (`TorchCapture.fail`); the collective
+        itself always runs, once."""
+        try:
+            rec = self._before(func, args, kwargs, pre)
+        except Exception as exc:
+            self.cap.fail(exc)
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        try:
+            _wait(out, self.torch)
+            self._after(rec, func, args, kwargs)
+        except Exception as exc:
+            self.cap.fail(exc)
+        return out
+
+    def _before(self, func, args, kwargs, pre):
+        """Write the event, its dataflow edges and its inputs as they are now."""
         cap, torch = self.cap, self.torch
         info, tid, node, seq_now, src, mod, refs = pre
         ins = _deep(list(args) + list(kwargs.values()), [], torch)
-        writes = self._writes(func)
         params, group = self._params(info, args, kwargs)
         phase = cap.phase
         node_name = None
@@ -142,10 +158,14 @@ class Collectives:
                 w.add_input(eid, slot, pe, ps)
             keep = cap.keeps(info.name, mod)
             for slot, t in enumerate(ins):
-                if keep:
-                    cap.store(eid, slot, t, role=schema.ROLE_IN)
-        out = func(*args, **kwargs)
-        _wait(out, torch)
+                cap.store(eid, slot, t, keep=keep, role=schema.ROLE_IN)
+        return eid, keep, info, group
+
+    def _after(self, rec, func, args, kwargs):
+        """Store what the collective wrote, now that its Work is done."""
+        cap, torch = self.cap, self.torch
+        eid, keep, info, group = rec
+        writes = self._writes(func)
         outs = _deep([args[i] if i < len(args) else kwargs.get(n) for i, n in writes], [], torch)
         with cap.lock:
             for slot, t in enumerate(outs):
@@ -155,7 +175,6 @@ class Collectives:
             self.ops[info.name] = self.ops.get(info.name, 0) + 1
         if group is not None and not self._manifest_done:
             self._note_group(group)
-        return out
 
     def _note_group(self, group):
         """Complete the manifest's `distributed` section (backend; the rank and world size
