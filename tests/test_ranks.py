@@ -270,3 +270,15 @@ def test_every_collective_kind_is_recorded_with_inputs_outputs_and_group(ddp_run
         np.testing.assert_array_equal(gathered, (np.arange(4.0) + 1) * 2)
         scattered = t.value_rows(evs["c10d::_reduce_scatter_base_"], schema.ROLE_OUT)
         np.testing.assert_array_equal(t.read_value(scattered[0]), (np.arange(4.0) + 1) * 4)
+
+
+def test_reports_show_the_rank(ddp_runs, tmp_path):
+    """Markdown and HTML name the rank of the compared traces (one rank's pair)."""
+    a, b = ddp_runs["clean"] / f"rank{FAULT_RANK}.h5", ddp_runs["faulty"] / f"rank{FAULT_RANK}.h5"
+    for ext in ("md", "html"):
+        out = tmp_path / f"report.{ext}"
+        proc = run_cli("report", a, b, "-o", out)
+        assert proc.returncode == 0 and "verdict: diverged" in proc.stderr, proc.stderr
+        text = out.read_text()
+        assert (f"| rank | {FAULT_RANK} |" if ext == "md"
+                else f"<tr><td>rank</td><td>{FAULT_RANK}</td></tr>") in text
