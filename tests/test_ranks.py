@@ -273,7 +273,8 @@ def test_every_collective_kind_is_recorded_with_inputs_outputs_and_group(ddp_run
 
 
 def test_reports_show_the_rank(ddp_runs, tmp_path):
-    """Markdown and HTML name the rank of the compared traces (one rank's pair)."""
+    """Markdown and HTML name the rank of the compared traces (one rank's pair), and
+    their commands reproduce the torchrun job."""
     a, b = ddp_runs["clean"] / f"rank{FAULT_RANK}.h5", ddp_runs["faulty"] / f"rank{FAULT_RANK}.h5"
     for ext in ("md", "html"):
         out = tmp_path / f"report.{ext}"
@@ -282,3 +283,7 @@ def test_reports_show_the_rank(ddp_runs, tmp_path):
         text = out.read_text()
         assert (f"| rank | {FAULT_RANK} |" if ext == "md"
                 else f"<tr><td>rank</td><td>{FAULT_RANK}</td></tr>") in text
+    # the reproduce block records every rank under torchrun and compares the folders
+    assert (f"python -m torch.distributed.run --nproc-per-node {NPROC} -m tracediff record "
+            f"-o run_b/ torch_ddp.py --fault-rank {FAULT_RANK}") in text
+    assert "tracediff locate run_a/ run_b/" in text
