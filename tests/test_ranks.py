@@ -125,6 +125,8 @@ def test_torchrun_writes_one_trace_per_rank_into_the_directory(ddp_runs):
             d = t.manifest["distributed"]
             assert (d["rank"], d["world_size"], d["local_rank"], d["backend"]) == \
                 (r, NPROC, r, "gloo")
+    info = run_cli("info", ddp_runs["clean"] / "rank1.h5", env={"COLUMNS": "200"})
+    assert f"rank 1 of {NPROC} (local_rank 1, launcher torchrun, backend gloo)" in info.stdout
 
 
 def test_output_rule_for_ranks(tmp_path):
