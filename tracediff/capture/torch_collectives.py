@@ -9,7 +9,7 @@ them on its own threads): an in-place collective's tensor read when the op retur
 or may not be reduced yet. So a collective is recorded here, not by the generic op path:
 
 - its tensor arguments are copied *before* it runs (role-IN values, slot = argument
-  order, flattened; the dataflow edges use the same slots);
+  order, lists flattened one level, as the dataflow edges);
 - the returned `Work` is waited for, then the tensors it writes (`tensors` of
   `allreduce_`/`broadcast_`, `output_tensors` of `allgather_`/`reduce_scatter_`, ...)
   are stored as its outputs: the result this rank received;
@@ -31,6 +31,18 @@ NAMESPACE = "c10d"
 def is_collective(func):
     """Is this aten overload a c10d collective (recorded by this module)?"""
     return getattr(func, "namespace", "") == NAMESPACE
+
+
+def _one_level(xs, torch):
+    """The tensors of xs, lists nested one level included: the order and slots of the
+    recorder's dataflow edges (`torch_recorder._flat`)."""
+    out = []
+    for x in xs:
+        if isinstance(x, torch.Tensor):
+            out.append(x)
+        elif isinstance(x, (list, tuple)):
+            out.extend(y for y in x if isinstance(y, torch.Tensor))
+    return out
 
 
 def _deep(xs, out, torch):
@@ -137,7 +149,7 @@ class Collectives:
         """Write the event, its dataflow edges and its inputs as they are now."""
         cap, torch = self.cap, self.torch
         info, tid, node, seq_now, src, mod, refs = pre
-        ins = _deep(list(args) + list(kwargs.values()), [], torch)
+        ins = _one_level(list(args) + list(kwargs.values()), torch)
         params, group = self._params(info, args, kwargs)
         phase = cap.phase
         node_name = None
@@ -151,9 +163,8 @@ class Collectives:
                               phase=phase, origin=schema.ORIGIN_EAGER, params=params,
                               name_stack=mod, source=src, node=node_name, step=cap.step)
             cap.n_ops += 1
-            # dataflow edges: `pre` flattened one nesting level; the role-IN slots follow
-            # the fully flattened arguments (the same order for every c10d schema but
-            # allgather_'s nested outputs, which are written, not read)
+            # dataflow edges and role-IN values share slots: the tensor arguments, lists
+            # flattened one level (allgather_'s nested output buffers are written, not read)
             for slot, (pe, ps) in enumerate(refs):
                 w.add_input(eid, slot, pe, ps)
             keep = cap.keeps(info.name, mod)
