@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 from ._version import __version__
 
 if TYPE_CHECKING:  # the types only: `import tracediff` stays cheap
-    from .diff.result import LocateResult
+    from .diff.result import LocateResult, RanksResult, ReplicasResult
     from .trace.reader import Trace
 
 _PathOrTrace = Union[str, "os.PathLike[str]", "Trace"]
@@ -55,11 +55,41 @@ def locate(a: _PathOrTrace, b: Optional[_PathOrTrace] = None, rtol: Optional[flo
                    explain=explain, progress=progress)
 
 
-def to_json(result: "LocateResult") -> dict:
-    """The JSON form (plain dicts and lists) of a `LocateResult`: exactly what
-    `tracediff locate --json` prints."""
-    from .report.json_report import build
+def locate_ranks(a, b, rtol: Optional[float] = None, atol: Optional[float] = None,
+                 ulp: Optional[float] = None, explain: bool = True,
+                 workers: Optional[int] = None, scheduler=None) -> "RanksResult":
+    """Compare two multi-rank runs (directories or globs of per-rank traces) rank by rank,
+    as `tracediff locate DIR_A DIR_B`; returns a `RanksResult`: `first_rank`, `ranks`
+    (`RankSummary` per rank), `spread` (how the divergence reached the other ranks), and
+    `result`, the first rank's `LocateResult`. `workers`: local processes (1: this
+    process); `scheduler`: a Dask scheduler address or `distributed.Client`."""
+    from .diff.ranks import locate_ranks as _locate_ranks
 
+    return _locate_ranks(a, b, rtol=rtol, atol=atol, ulp=ulp, explain=explain,
+                         workers=workers, scheduler=scheduler)
+
+
+def replicas(run, workers: Optional[int] = None, scheduler=None) -> "ReplicasResult":
+    """Check one run's replicas with no reference, as `tracediff replicas`: a directory or
+    glob of per-rank traces, or one trace with per-device values; returns a
+    `ReplicasResult` (`verdict` "consistent" / "diverged", `first`: rank, device, step,
+    op, source, event of the first copy that departs)."""
+    from .diff.replicas import replicas as _replicas
+
+    return _replicas(run, workers=workers, scheduler=scheduler)
+
+
+def to_json(result) -> dict:
+    """The JSON form (plain dicts and lists) of a `LocateResult`, `RanksResult` or
+    `ReplicasResult`: exactly what `tracediff locate --json` / `tracediff replicas --json`
+    print."""
+    from .diff.result import RanksResult, ReplicasResult
+    from .report.json_report import build, ranks_build, replicas_build
+
+    if isinstance(result, RanksResult):
+        return ranks_build(result)
+    if isinstance(result, ReplicasResult):
+        return replicas_build(result)
     return build(result)
 
 

@@ -196,7 +196,9 @@ def main():
 @main.command(context_settings={**CONTEXT, "ignore_unknown_options": True,
                                 "allow_interspersed_args": False})
 @click.option("-o", "--output", default="trace.h5", show_default=True, metavar="FILE",
-              help="Trace file to write (HDF5; overwritten).")
+              help="Trace file to write (HDF5; overwritten). Under torchrun / a launcher, "
+                   "rank R writes NAME.rankR.h5; a directory (run_a/) gets rankR.h5 per "
+                   "rank (trace.h5 for one process).")
 @click.option("--loops", type=click.Choice(["opaque", "stepped"]), default="opaque",
               show_default=True, help="JAX while/scan: one event per loop, or one per iteration.")
 @click.option("--framework", "frameworks", multiple=True, type=click.Choice(["jax", "torch"]),
@@ -336,9 +338,20 @@ def show(trace, event, as_json, npy):
             print_event(detail)
 
 
+def _pool_options(fn):
+    fn = click.option("--scheduler", default=None, metavar="ADDRESS",
+                      help="Run the per-rank work on this Dask cluster (tcp://host:8786; "
+                           "pip install 'tracediff-ml[dask]'); each task opens its traces "
+                           "by path on the worker (docs/distributed.md).")(fn)
+    fn = click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
+                      help="Per-rank work on N local processes (default: one per CPU, at "
+                           "most one per rank; 1: in this process).")(fn)
+    return fn
+
+
 @main.command(context_settings=CONTEXT)
-@click.argument("trace_a", type=click.Path(dir_okay=False))
-@click.argument("trace_b", type=click.Path(dir_okay=False), required=False)
+@click.argument("trace_a", type=click.Path())
+@click.argument("trace_b", type=click.Path(), required=False)
 @_tolerance_options
 @click.option("--map", "map_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="JSON file {\"a module, name stack or op pattern\": \"b module, name stack or "
@@ -353,9 +366,10 @@ def show(trace, event, as_json, npy):
 @click.option("--no-explain", is_flag=True,
               help="Skip the replay verdict and the chain (no op is re-executed).")
 @_source_dir_option
+@_pool_options
 @_guard
 def locate(trace_a, trace_b, rtol, atol, map_file, as_json, verbose, quiet, ulp, noise,
-           no_explain, source_dir):
+           no_explain, source_dir, workers, scheduler):
     """Name the first operation where TRACE_A and TRACE_B disagree.
 
     Prints the first difference beyond tolerance (op, name stack, source line, step,
@@ -364,6 +378,12 @@ def locate(trace_a, trace_b, rtol, atol, map_file, as_json, verbose, quiet, ulp,
 
     With one trace that recorded both JAX and PyTorch (a script that runs a Flax model
     and its torch port), its JAX side is a and its torch side b.
+
+    With two directories (or quoted globs) of per-rank traces (`tracediff record -o
+    run_a/` under torchrun), ranks are paired by the rank in their manifests, each pair
+    is located (--workers local processes, or a Dask cluster with --scheduler) and the
+    earliest divergence across ranks is reported: the rank where it started, and through
+    which collective the others inherited it.
 
     \b
     Exit code: 0 match (within tolerance), 1 diverged, 2 error.
@@ -374,13 +394,22 @@ def locate(trace_a, trace_b, rtol, atol, map_file, as_json, verbose, quiet, ulp,
       tracediff locate a.h5 b.h5 --rtol 1e-4 --atol 1e-6
       tracediff locate a.h5 b.h5 --ulp 4 --noise a.h5 a_again.h5
       tracediff locate flax_and_torch.h5              # one script, both frameworks
+      tracediff locate run_a/ run_b/                   # per-rank traces of two torchrun runs
       tracediff locate -q a.h5 b.h5 || echo "runs differ"
       NO_COLOR=1 tracediff locate a.h5 b.h5 > locate.txt
     """
     from .diff.locate import locate as _locate
+    from .diff.ranks import is_rank_set
 
     if verbose and quiet:
         raise click.UsageError("--verbose and --quiet contradict each other; pick one")
+    if is_rank_set(trace_a) or (trace_b is not None and is_rank_set(trace_b)):
+        _locate_ranks(trace_a, trace_b, rtol, atol, map_file, as_json, verbose, quiet, ulp,
+                      noise, no_explain, source_dir, workers, scheduler)
+        return
+    if workers is not None or scheduler is not None:
+        raise click.UsageError("--workers and --scheduler apply to directories of per-rank "
+                               "traces (tracediff locate DIR_A DIR_B)")
     _need_trace(trace_a)
     if trace_b is not None:
         _need_trace(trace_b)
@@ -391,6 +420,85 @@ def locate(trace_a, trace_b, rtol, atol, map_file, as_json, verbose, quiet, ulp,
                          noise=noise or None, explain=not no_explain and not quiet,
                          progress=progress)
     _print_result(result, as_json, verbose, quiet, source_dir)
+    sys.exit(result.exit_code)
+
+
+def _locate_ranks(trace_a, trace_b, rtol, atol, map_file, as_json, verbose, quiet, ulp,
+                  noise, no_explain, source_dir, workers, scheduler):
+    """`locate DIR_A DIR_B`: per-rank traces of two runs (diff/ranks.py)."""
+    from .diff.ranks import locate_ranks
+
+    if trace_b is None:
+        raise click.UsageError("give two directories (or globs) of per-rank traces: "
+                               "tracediff locate run_a/ run_b/")
+    if map_file is not None or noise:
+        raise click.UsageError("--map and --noise compare two single traces; not "
+                               "directories of per-rank traces")
+    for p in (trace_a, trace_b):
+        if not os.path.exists(p) and not any(c in p for c in "*?["):
+            raise TraceError(f"{p}: no such directory or trace file")
+    rr = locate_ranks(trace_a, trace_b, rtol=rtol, atol=atol, ulp=ulp,
+                      explain=not no_explain and not quiet, workers=workers,
+                      scheduler=scheduler)
+    if not quiet:
+        for w in rr.result.warnings:
+            click.echo(f"tracediff: warning: {printable(w)}", err=True)
+        with _stdout():
+            if as_json:
+                from .report.json_report import ranks_build
+
+                click.echo(json.dumps(ranks_build(rr), indent=2))
+            else:
+                from .report.ranks import print_ranks
+
+                print_ranks(rr, verbose=verbose, source_dir=source_dir)
+    sys.exit(rr.exit_code)
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("trace", type=click.Path())
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object: verdict, first {device, rank, step, op, source, "
+                   "event}, checked, departed, ...")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing; only the exit code tells.")
+@_pool_options
+@_guard
+def replicas(trace, as_json, quiet, workers, scheduler):
+    """Check one run, with no reference: are the values that must be equal on every
+    replica equal, and which rank or device departed first?
+
+    TRACE is a directory (or quoted glob) of the per-rank traces of one data-parallel run
+    (`tracediff record -o run/` under torchrun), or one trace with per-device values
+    (a sharded JAX run). Compared: what replicated collectives deliver (all-reduce,
+    broadcast, all-gather results) and everything computed only from them (averaged
+    gradients, optimizer updates), across ranks; the replicas of a sharded value and
+    per-device collective results, across devices.
+
+    \b
+    Exit code: 0 consistent, 1 diverged, 2 error.
+
+    \b
+    Examples:
+      tracediff replicas run/
+      tracediff replicas run/ --json
+      tracediff replicas run/ --scheduler tcp://scheduler:8786
+      tracediff replicas sharded.h5
+    """
+    from .diff.replicas import replicas as _replicas
+
+    if not os.path.exists(trace) and not any(c in trace for c in "*?["):
+        raise TraceError(f"{trace}: no such directory or trace file")
+    result = _replicas(trace, workers=workers, scheduler=scheduler)
+    if not quiet:
+        with _stdout():
+            if as_json:
+                from .report.json_report import replicas_build
+
+                click.echo(json.dumps(replicas_build(result), indent=2))
+            else:
+                from .report.ranks import print_replicas
+
+                print_replicas(result)
     sys.exit(result.exit_code)
 
 

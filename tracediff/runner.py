@@ -54,12 +54,23 @@ def distributed_rank(environ=None):
 
 
 def output_path_for(output, environ=None):
-    """The file a recording writes: OUTPUT itself, or NAME.rank{R}.h5 for rank R of a
-    multi-process run (every rank gets its own trace; they never share a file)."""
+    """The file a recording writes. A directory (`-o run_a/`: a trailing slash, or an
+    existing directory) gets `rank{R}.h5` for rank R of a multi-process run and
+    `trace.h5` otherwise (created if missing); a file name gets `.rank{R}` inserted before
+    its extension for rank R (`run_a.h5` -> `run_a.rank2.h5`). Every rank gets its own
+    trace; they never share a file."""
     dist = distributed_rank(environ)
+    output = os.fspath(output)
+    if output.endswith(("/", os.sep)) or os.path.isdir(output):
+        try:
+            os.makedirs(output, exist_ok=True)   # every rank may race here
+        except OSError as exc:
+            raise TraceError(f"cannot write into {output}: {exc.strerror or exc}") from None
+        name = "trace.h5" if dist is None else f"rank{dist['rank']}.h5"
+        return os.path.join(output, name)
     if dist is None:
         return output
-    root, ext = os.path.splitext(os.fspath(output))
+    root, ext = os.path.splitext(output)
     return f"{root}.rank{dist['rank']}{ext or '.h5'}"
 
 

@@ -67,11 +67,16 @@ def env_words(env):
     return words, notes
 
 
-def record_command(argv, out, env=None, options=()):
+def record_command(argv, out, env=None, options=(), nproc=None):
     """The lines that record `argv` into trace `out`: note lines for the variables of `env`
-    that cannot be set, then `KEY='value' ... tracediff record OPTIONS -o OUT ARGV...`."""
+    that cannot be set, then `KEY='value' ... tracediff record OPTIONS -o OUT ARGV...`;
+    with `nproc` (an int), under `python -m torch.distributed.run --nproc-per-node N`."""
     words, notes = env_words(env or {})
-    line = command("tracediff", "record", *options, "-o", out, *argv)
+    if isinstance(nproc, int) and not isinstance(nproc, bool) and nproc > 1:
+        line = command("python", "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+                       "-m", "tracediff", "record", *options, "-o", out, *argv)
+    else:
+        line = command("tracediff", "record", *options, "-o", out, *argv)
     return notes + [" ".join([*words, line])]
 
 

@@ -149,7 +149,8 @@ def _torch_plain_types():
 class _OpInfo:
     """Per-aten-overload facts computed once: name, argument names, writes, uninit."""
 
-    __slots__ = ("name", "arg_names", "write_pos", "write_kw", "uninit", "skip")
+    __slots__ = ("name", "arg_names", "write_pos", "write_kw", "uninit", "skip", "collective",
+                 "view")
 
     def __init__(self, func):
         sch = func._schema
@@ -160,8 +161,13 @@ class _OpInfo:
             if a.alias_info is not None and a.alias_info.is_write:
                 (self.write_kw if a.kwarg_only else self.write_pos).append((i, a.name))
         self.uninit = sch.name in _UNINIT_OPS
+        # a view (as_strided, slice, view...) of uninitialised memory is uninitialised too
+        # (DDP carves its gradient buckets out of an `empty` this way)
+        self.view = any(r.alias_info is not None and not r.alias_info.is_write
+                        for r in sch.returns)
         # record_function brackets (profiler::) carry no numbers and an object address.
         self.skip = sch.name.startswith("profiler::")
+        self.collective = sch.name.startswith("c10d::")   # torch_collectives records these
 
 
 class TorchCapture(Capture):
@@ -266,6 +272,9 @@ class TorchCapture(Capture):
 
         self.compile = CompileRecorder(self)
         self.compile.install()
+        from .torch_collectives import Collectives
+
+        self.collectives = Collectives(self, torch)
 
     def hook_optimizer(self, wrap):
         """(Re-)register the global optimizer step hooks, each passed through `wrap` when
@@ -354,6 +363,8 @@ class TorchCapture(Capture):
              "ops": getattr(self, "n_ops", 0),
              "input_snapshots": getattr(self, "n_inputs", 0),
              "producer_fallbacks": getattr(self, "n_fallback", 0)}
+        if getattr(self, "collectives", None) is not None:
+            m["collectives"] = self.collectives.manifest()
         if getattr(self, "failed", None):
             m["recording_error"] = self.failed
             m["recording_stopped_at_event"] = self.failed_at_event
@@ -526,7 +537,7 @@ class TorchCapture(Capture):
                 if (o.shape == t.shape and o.dtype == t.dtype and o.stride() == t.stride()
                         and o.storage_offset() == t.storage_offset()):
                     return lw[0], lw[1]
-                parent = lw[0]
+                parent, uninit = lw[0], lw[3]   # an alias of uninitialised memory
             elif known and lw[0] > e[1]:
                 parent = lw[0]  # written in place through a view that is gone
             elif lw[3]:
@@ -557,6 +568,8 @@ class TorchCapture(Capture):
             return func(*args, **kwargs)
         if pre is None:
             return func(*args, **kwargs)
+        if pre[0].collective:
+            return self.collectives.run(func, args, kwargs, pre)
         out = func(*args, **kwargs)
         try:
             self._after(pre, args, kwargs, out)
@@ -656,10 +669,21 @@ class TorchCapture(Capture):
                         ptr = o.untyped_storage().data_ptr()
                     except Exception:
                         ptr = 0
+                    view_uninit = uninit
                     if ptr:
-                        last_writer[ptr] = (eid, slot, wr, uninit)
+                        # uninitialised memory stays so through views, and outside a part
+                        # written in place (DDP fills its `empty` gradient buckets slice
+                        # by slice)
+                        lw = last_writer.get(ptr)
+                        st_uninit = uninit
+                        if lw is not None and lw[3] and not uninit:
+                            view_uninit = st_uninit = bool(info.view)
+                            if not st_uninit:
+                                st_uninit = o.numel() * o.element_size() < \
+                                    o.untyped_storage().nbytes()
+                        last_writer[ptr] = (eid, slot, wr, st_uninit)
                     if keep:
-                        self._store(eid, slot, o, uninit)
+                        self._store(eid, slot, o, view_uninit)
                     else:  # outside the --ops/--modules window: metadata only
                         w.add_meta_value(eid, slot, self._dtype_info(o.dtype)[0], tuple(o.shape))
 
@@ -701,19 +725,20 @@ class TorchCapture(Capture):
         if ptr:
             self.last_writer[ptr] = (eid, slot, wr, False)
 
-    def store(self, eid, slot, t, name=None, keep=True, uninit=False):
-        """Write tensor t (or a Python scalar) as output `slot` of event eid; metadata only
-        when `keep` is false (outside an --ops/--modules window) or `uninit` (empty*)."""
+    def store(self, eid, slot, t, name=None, keep=True, uninit=False, role=schema.ROLE_OUT):
+        """Write tensor t (or a Python scalar) as value `slot` of event eid (an output, or
+        with `role` an input); metadata only when `keep` is false (outside an
+        --ops/--modules window) or `uninit` (empty*)."""
         if not isinstance(t, _torch.Tensor):
             if isinstance(t, _SCALAR_TYPES):
                 self.writer.add_value(eid, slot, np.asarray(t), name=name, flags=schema.VFLAG_SCALAR,
                                       store=keep)
             return
         if keep:
-            self._store(eid, slot, t, uninit=uninit, name=name)
+            self._store(eid, slot, t, uninit=uninit, name=name, role=role)
         else:
             self.writer.add_meta_value(eid, slot, self._dtype_info(t.dtype)[0], tuple(t.shape),
-                                       name=name)
+                                       name=name, role=role)
 
     def keeps(self, op, module):
         """Do the --ops/--modules windows keep the values of this op?"""

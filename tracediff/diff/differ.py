@@ -613,7 +613,8 @@ def _event(t, eid, side):
     outs = t.value_rows(eid, schema.ROLE_OUT)
     return EventRef.from_event(t.event(eid),
                                shapes=[list(parse_shape(t.string(r["shape"]))) for r in outs],
-                               dtypes=[t.string(r["dtype"]) for r in outs])
+                               dtypes=[t.string(r["dtype"]) for r in outs],
+                               rank=getattr(t, "rank", None))
 
 
 def _value_comparison(v):

@@ -89,16 +89,17 @@ class EventRef(_ByKey):
     shapes: list = field(default_factory=list)   # [[int]] per output
     dtypes: list = field(default_factory=list)   # [str] per output
     device: str = ""    # the one device the event ran on ("cpu:3"), "" for none
+    rank: Optional[int] = None                   # the trace's rank (manifest `distributed`)
 
     @classmethod
-    def from_event(cls, d: dict, shapes=(), dtypes=()) -> "EventRef":
-        """From `Trace.event(i)`."""
+    def from_event(cls, d: dict, shapes=(), dtypes=(), rank=None) -> "EventRef":
+        """From `Trace.event(i)`; `rank` is the trace's (`Trace.rank`)."""
         return cls(index=d["index"], op=d["op"], name_stack=d["name_stack"],
                    source=d["source"], step=d["step"], kind=d["kind"],
                    framework=d["framework"], phase=d["phase"], origin=d["origin"],
                    node=d["node"], call=d["call"], params=d["params"], parent=d["parent"],
                    iter=d["iter"], shapes=list(shapes), dtypes=list(dtypes),
-                   device=d.get("device", ""))
+                   device=d.get("device", ""), rank=rank)
 
 
 @dataclass(repr=False)
@@ -561,6 +562,95 @@ class LocateResult:
     chain: Optional[list] = None                   # [Hop | Gap]: origin -> outputs, collapsed
     noise: Optional[Noise] = None
     levels: Optional[Levels] = None
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.verdict == "diverged" else 0
+
+
+# -- many ranks: `tracediff locate DIR_A DIR_B` (diff/ranks.py) ---------------------------------
+
+@dataclass(repr=False)
+class RankSummary(_ByKey):
+    """One rank's pair of traces located: where its first divergence beyond tolerance is
+    (None fields when the pair matches), and where that sits along the collectives."""
+
+    rank: int
+    path_a: str
+    path_b: str
+    verdict: str                          # "match" / "diverged"
+    index: Optional[int] = None           # the event of trace a
+    op: str = ""
+    source: str = ""
+    name_stack: str = ""
+    step: Optional[int] = None
+    device: str = ""                      # the event's device, when the trace records one
+    inputs_match: Optional[bool] = None
+    collective: Optional[int] = None      # collectives (c10d::*) before the event in trace a
+    at_collective: bool = False           # the event is itself a collective
+
+
+@dataclass(repr=False)
+class Spread(_ByKey):
+    """How a divergence reached another rank: through which collective (None `via`: the
+    rank diverged on its own, a second origin)."""
+
+    rank: int
+    step: Optional[int]
+    op: str
+    via: Optional[str] = None             # the collective op that carried it
+    collective: Optional[int] = None      # its ordinal along the rank's collectives
+    source: str = ""
+
+
+@dataclass
+class RanksResult:
+    """Per-rank traces of two runs compared rank by rank (`diff/ranks.py`): the earliest
+    divergence across ranks (`result`, the full `LocateResult` of that rank's pair, with
+    `first_rank`), every rank's summary, and how the divergence spread."""
+
+    verdict: str                          # "match" / "diverged"
+    ranks: list                           # [RankSummary], by rank
+    result: LocateResult                  # the first rank's (rank 0's when all match)
+    first_rank: Optional[int] = None
+    spread: list = field(default_factory=list)   # [Spread]
+    note: str = ""
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.verdict == "diverged" else 0
+
+
+# -- replicas: `tracediff replicas TRACE_OR_DIR` (diff/replicas.py) ---------------------------
+
+@dataclass(repr=False)
+class ReplicaDeparture(_ByKey):
+    """The first replicated value whose copy differs: on which rank / device, at which
+    event (of that rank's trace), op, step and source line."""
+
+    rank: Optional[int]
+    device: str
+    step: int
+    op: str
+    source: str
+    event: int
+    name_stack: str = ""
+    phase: str = ""
+
+
+@dataclass
+class ReplicasResult:
+    """One run's replicas checked (`diff/replicas.py`): consistent, or the first
+    departure and who departed."""
+
+    verdict: str                                  # "consistent" / "diverged"
+    checked: int                                  # replicated values compared
+    ranks: list                                   # the ranks checked ([] within one trace)
+    reference_rank: Optional[int] = None
+    first: Optional[ReplicaDeparture] = None
+    departed: list = field(default_factory=list)  # ranks whose copies differ at `first`
+    devices: list = field(default_factory=list)   # devices whose copies differ at `first`
+    note: str = ""
 
     @property
     def exit_code(self) -> int:

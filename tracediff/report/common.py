@@ -103,6 +103,11 @@ def finding_rows(f: Finding, code, text, strong) -> list:
     emphasises text that is already rendered."""
     a, b = f.a, f.b
     rows = []
+    if a.rank is not None or b.rank is not None:   # a multi-process run: whose trace
+        rk = text(a.rank if a.rank is not None else "-")
+        if b.rank != a.rank:
+            rk += f" (b: {text(b.rank if b.rank is not None else '-')})"
+        rows.append(("rank", rk))
     if f.layer and f.layer.get("text"):   # two frameworks: the layer on both sides
         rows.append(("layer", code(f.layer["text"])))
     if a.name_stack or b.name_stack:
@@ -291,6 +296,7 @@ class TraceFile:
     env: dict = dataclasses.field(default_factory=dict)
     tool: Optional[str] = None
     end: object = None
+    world_size: Optional[int] = None   # ranks of a torchrun job (manifest `distributed`)
 
 
 @dataclasses.dataclass
@@ -324,6 +330,11 @@ def _trace_context(path, source=None):
     info.env = m.get("env") or {}
     info.tool = (m.get("recording") or {}).get("tool")
     info.end = m.get("end")
+    dist = m.get("distributed") or {}
+    n = dist.get("world_size")
+    if dist.get("launcher") == "torchrun" and isinstance(n, int) and \
+            not isinstance(n, bool) and 1 < n <= 1 << 20:
+        info.world_size = n
     return info, m, recorded
 
 
@@ -346,12 +357,18 @@ def reproduction(result: LocateResult, traces: dict) -> list:
             cmds.append(shell.comment(f"{side}: recorded with {c.tool or 'tracediff'} "
                                       f"(no script command line)"))
             continue
+        if c.world_size:   # one rank of a torchrun job: record every rank into a folder
+            name = names[side] = f"run_{side}/"
         cmds += shell.record_command([os.path.basename(argv[0]), *argv[1:]], name,
-                                     shell.env_differences(mine, other))
+                                     shell.env_differences(mine, other),
+                                     nproc=c.world_size)
     cmds.append(shell.command("tracediff", "locate", names["a"], names["b"]))
     f, _ = culprit(result)
     if f is not None:
-        cmds.append(shell.command("tracediff", "show", names["a"], f.a.index))
+        shown = names["a"]
+        if shown.endswith("/") and f.a.rank is not None:
+            shown = f"{shown}rank{f.a.rank}.h5"
+        cmds.append(shell.command("tracediff", "show", shown, f.a.index))
     return cmds
 
 

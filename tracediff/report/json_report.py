@@ -16,8 +16,9 @@ outputs, collapsed to ~10, a `Gap` written as the string "... N more hops"), noi
 A finding is null or {level, a, b, metrics, inputs_match, inputs_reason, origin, note,
 call, paired_by, values, and device_note + devices [{slot, device, shard, replica,
 differs}] when its values were recorded per device}; a and b hold index, op, name_stack,
-source, step, kind, framework, phase, origin, node, call, shapes, dtypes, and device
-("cpu:3") for an event tied to one device; metrics hold max_abs, max_rel,
+source, step, kind, framework, phase, origin, node, call, shapes, dtypes, rank (the
+trace's rank in a multi-process run, else null), and device ("cpu:3") for an event tied
+to one device; metrics hold max_abs, max_rel,
 max_ulp, mismatch_fraction, beyond_tolerance_fraction, within_tolerance. The results hold
 real floats; non-finite ones are written as the strings "inf" / "nan" (`strict`) so the
 output is strict JSON.
@@ -36,12 +37,12 @@ from typing import Optional
 
 from .._version import __version__
 from ..diff.levels import zoom_lines
-from ..diff.result import Analysis, Gap, LocateResult
+from ..diff.result import Analysis, Gap, LocateResult, RanksResult, ReplicasResult
 from ..shell import command, comment, with_comment
 from .common import typed
 
 EVENT_FIELDS = ("index", "op", "name_stack", "source", "step", "kind", "framework", "phase",
-                "origin", "node", "call", "shapes", "dtypes")
+                "origin", "node", "call", "shapes", "dtypes", "rank")
 METRIC_FIELDS = ("max_abs", "max_rel", "max_ulp", "mismatch_fraction", "beyond_tolerance_fraction",
                  "within_tolerance", "rtol", "atol")
 HOP_EVENT_FIELDS = ("index", "op", "name_stack", "source", "step", "kind", "framework", "origin",
@@ -337,3 +338,40 @@ def analysis_json(an: Optional[Analysis]) -> dict:
     out["noise"] = _plain(an.noise) if an.noise is not None else None
     out["summary"] = an.summary
     return strict(out)
+
+
+# -- many ranks: `tracediff locate DIR_A DIR_B --json`, `tracediff replicas --json` ----------
+
+def rank_json(s) -> dict:
+    """One rank's summary (`RankSummary`)."""
+    out = _plain(s)
+    if not out.get("device"):
+        out.pop("device", None)
+    return out
+
+
+def ranks_build(rr: RanksResult) -> dict:
+    """`locate DIR_A DIR_B --json`: the JSON of the first rank's `LocateResult` (the
+    contract of `build`, its events carrying `rank`), plus `first_rank`, `ranks` (every
+    rank's summary), `spread` (how the divergence reached the other ranks) and
+    `ranks_note`; `verdict` and `exit_code` are those of the whole comparison."""
+    typed(rr, RanksResult)
+    out = build(rr.result)
+    out.update(verdict=rr.verdict, exit_code=rr.exit_code, first_rank=rr.first_rank,
+               ranks=[rank_json(s) for s in rr.ranks],
+               spread=[_plain(s) for s in rr.spread], ranks_note=rr.note or None)
+    return strict(out)
+
+
+def replicas_build(r: ReplicasResult) -> dict:
+    """`tracediff replicas --json`: verdict ("consistent" | "diverged"), exit_code,
+    first ({device, rank, step, op, source, event, name_stack, phase} or null), checked
+    (replicated values compared), ranks, reference_rank, departed (ranks), devices,
+    note."""
+    typed(r, ReplicasResult)
+    return strict({"tracediff_version": __version__, "verdict": r.verdict,
+                   "exit_code": r.exit_code,
+                   "first": _plain(r.first) if r.first is not None else None,
+                   "checked": r.checked, "ranks": list(r.ranks),
+                   "reference_rank": r.reference_rank, "departed": list(r.departed),
+                   "devices": list(r.devices), "note": r.note or None})

@@ -105,6 +105,13 @@ def print_summary(s, console=None):
                   f"{markup((m.get('cpu') or {}).get('model', '?'))}")
     console.print("packages: " + ", ".join(markup(f"{k} {v}") for k, v in sorted(pk.items())))
     console.print(f"recording: {markup(m.get('recording') or {})}")
+    dist = m.get("distributed")
+    if isinstance(dist, dict):   # one process of a multi-process run
+        extra = ", ".join(f"{k} {markup(dist[k])}" for k in
+                          ("local_rank", "launcher", "backend", "process_index", "process_count")
+                          if dist.get(k) is not None)
+        console.print(f"rank {markup(dist.get('rank', '?'))} of {markup(dist.get('world_size', '?'))}"
+                      f"{' (' + extra + ')' if extra else ''}")
     cut = m.get("slice")
     if isinstance(cut, dict):
         console.print(f"[yellow]a slice[/] ({markup(cut.get('events', '?'))} of "

@@ -58,6 +58,8 @@ def _where(e):
     if e.phase and e.kind == "op":
         parts.append(f"({markup(e.phase)}{', ' + markup(e.node) if e.node else ''})")
     parts.append(f"step {markup(e.step)}")
+    if e.rank is not None:
+        parts.append(f"rank {markup(e.rank)}")
     return " ".join(parts)
 
 

@@ -1,0 +1,66 @@
+"""`tracediff replicas`: one run, no reference. The faulty 4-rank DDP run of
+test_ranks.py (rank 2's gradient scaled after the all-reduce, in step 0) is named by
+rank, step, op and line from its own traces; the clean run is consistent. Recorded once
+per session (`test_ranks.record_ddp_runs`)."""
+
+import json
+import shutil
+
+import pytest
+
+from .helpers import run_cli
+from .test_ranks import FAULT_LINE, FAULT_RANK, FAULT_STEP, NPROC, record_ddp_runs
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return record_ddp_runs(tmp_path_factory.mktemp("ddp"))
+
+
+def test_faulty_run_names_rank_step_op_and_line(runs):
+    proc = run_cli("replicas", runs["faulty"], "--json", "--workers", "1")
+    assert proc.returncode == 1, proc.stderr
+    r = json.loads(proc.stdout)
+    assert r["verdict"] == "diverged" and r["exit_code"] == 1
+    first = r["first"]
+    assert (first["rank"], first["step"], first["op"], first["source"]) == \
+        (FAULT_RANK, FAULT_STEP, "aten::mul_.Tensor", FAULT_LINE)
+    assert first["device"] == "" and r["departed"] == [FAULT_RANK]
+    assert r["ranks"] == list(range(NPROC)) and r["reference_rank"] == 0
+
+
+def test_clean_run_is_consistent(runs):
+    proc = run_cli("replicas", runs["clean"], "--json", "--workers", "1")
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    assert r["verdict"] == "consistent" and r["first"] is None
+    assert r["checked"] > 20   # the all-reduce results, the copies into .grad, ...
+
+
+def test_terminal_output(runs):
+    proc = run_cli("replicas", runs["faulty"], "--workers", "1", env={"NO_COLOR": "1"})
+    assert proc.returncode == 1
+    assert (f"replicas part on rank {FAULT_RANK} at aten::mul_.Tensor (forward) step "
+            f"{FAULT_STEP}  {FAULT_LINE}") in proc.stdout
+
+
+def test_one_trace_without_devices_is_consistent(runs):
+    r = json.loads(run_cli("replicas", runs["faulty"] / "rank2.h5", "--json").stdout)
+    assert r["verdict"] == "consistent" and "no per-device values" in r["note"]
+
+
+@pytest.mark.parametrize("case", ["one_rank", "missing", "not_a_trace"])
+def test_bad_input_is_a_one_line_error(runs, tmp_path, case):
+    target = tmp_path / "run"
+    target.mkdir()
+    if case == "one_rank":
+        shutil.copy(runs["clean"] / "rank0.h5", target)
+        shutil.copy(runs["clean"] / "rank1.h5", target / "again.h5")   # rank 1 twice
+        shutil.copy(runs["clean"] / "rank1.h5", target)
+    elif case == "missing":
+        target = tmp_path / "nowhere"
+    else:
+        (target / "x.h5").write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 64)
+    proc = run_cli("replicas", target)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
