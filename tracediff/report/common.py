@@ -18,6 +18,7 @@ import os
 from typing import Optional
 
 from ..diff.result import EventRef, Finding, Gap, LocateResult, Replay
+from ..diff.verdict import meaningful_ulp
 from ..trace import sources
 from ..trace.sources import parse_source
 from ..untrusted import md_code, md_text
@@ -53,6 +54,18 @@ def fmt(x, digits=3):
             return fmt(int(x))
         return f"{x:.{digits}g}"
     return str(x)
+
+
+def ulp_cell(m) -> str:
+    """A Metrics' max ULP as a reader should see it: the count where it means something
+    (floating, finite, close values: `verdict.meaningful_ulp`), else why it is left out."""
+    if m is None or m.max_ulp is None:
+        return "-"
+    u = meaningful_ulp(m)
+    if u is not None:
+        return fmt(u)
+    finite = all(x is None or math.isfinite(x) for x in (m.max_ulp, m.max_rel, m.max_abs))
+    return "- (non-finite values)" if not finite else "- (values far apart; see rel)"
 
 
 def fmt_pct(x):
@@ -134,6 +147,11 @@ def _metric(f, name):
     return getattr(f.metrics, name) if f.metrics is not None else None
 
 
+def _ulp_words(f):
+    u = meaningful_ulp(f.metrics)
+    return f", max ULP {fmt(u)}" if u is not None else ""
+
+
 def summary(result: LocateResult, code=md_code, text=md_text) -> str:
     """One paragraph; trace strings rendered by `code` and `text` (Markdown inline
     syntax by default)."""
@@ -156,7 +174,8 @@ def summary(result: LocateResult, code=md_code, text=md_text) -> str:
         out.append(f"{runs}{hosts} diverge beyond {tol_txt}. The first operation whose outputs "
                    f"differ beyond tolerance is the {event_label(e, code, text)} at "
                    f"{where(e, code)}: max relative "
-                   f"difference {fmt(_metric(f, 'max_rel'))}, max ULP {fmt(_metric(f, 'max_ulp'))}, "
+                   f"difference {fmt(_metric(f, 'max_rel'))} (max abs "
+                   f"{fmt(_metric(f, 'max_abs'))}){_ulp_words(f)}, "
                    f"{fmt_pct(_metric(f, 'beyond_tolerance_fraction'))} of its elements beyond "
                    f"tolerance.")
         if f.inputs_match is True:
@@ -174,7 +193,8 @@ def summary(result: LocateResult, code=md_code, text=md_text) -> str:
         out.append(f"{runs}{hosts} agree within {tol_txt}, but not bitwise: the first bitwise "
                    f"difference is at the {event_label(fd.a, code, text)} "
                    f"({where(fd.a, code)}), max relative "
-                   f"difference {fmt(_metric(fd, 'max_rel'))}, max ULP {fmt(_metric(fd, 'max_ulp'))}.")
+                   f"difference {fmt(_metric(fd, 'max_rel'))} (max abs "
+                   f"{fmt(_metric(fd, 'max_abs'))}){_ulp_words(fd)}.")
     else:
         out.append(f"{runs}{hosts} are bitwise identical in every compared value.")
     ex = result.explain

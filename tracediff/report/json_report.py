@@ -262,6 +262,7 @@ def replay_run_json(r):
             out["oracle"]["expression"] = True
         if r.closer is not None:
             out["closer"] = r.closer
+            out["closer_by"] = r.closer_by
         out["reproduces"] = r.reproduces
         out["machine"] = r.machine
         if r.mechanism:
