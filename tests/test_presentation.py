@@ -217,3 +217,53 @@ def test_parameter_drift_is_relative_l2_beside_max_abs(gru):
     assert f"relative L2 {verdict.fmt(s0.rel_l2)}, max abs {verdict.fmt(s0.max_abs)}</title>" \
         in out["html"]
     assert "| step | bitwise equal | relative L2 | max abs | max rel |" in out["markdown"]
+
+
+# -- optimizer-internal ops: their optimizer, state and leaf ---------------------------------
+@needs_torch
+def test_torch_adam_op_is_labelled_with_its_parameter(gru):
+    a, _, result, analysis, out = gru
+    f = result.first_beyond_tolerance
+    assert f.a.op == "aten::addcdiv_"          # Adam's parameter update
+    with Trace(a) as t:
+        snap = [i for i in range(len(t.events)) if t.event(i)["kind"] == "optim" and
+                t.event(i)["step"] == f.a.step][0]
+        (out_row,) = t.value_rows(f.a.index, schema.ROLE_OUT)
+        (name,) = [t.string(r["name"]) for r in t.value_rows(snap, schema.ROLE_OUT)
+                   if r["hash"] == out_row["hash"]]
+    assert name.startswith("params/rnn.")
+    label = f"torch Adam: {name[len('params/'):]} after the step"
+    assert f.optimizer == label
+    assert f"  optimizer: {label}" in out["locate"]
+    assert f"| optimizer | {label.replace('_', chr(92) + '_')} |" in out["markdown"]
+    assert f"(a #{f.a.index}, step {f.a.step}; {label})" in out["explain"]
+    # the ops that compute it name the same parameter; the forward's do not
+    with Trace(a) as t:
+        from tracediff.diff import optroles
+        (sqrt,) = [i for i in range(f.a.index - 4, f.a.index) if t.event(i)["op"] == "aten::sqrt"]
+        assert optroles.op_label(t, sqrt) == (f"torch Adam: in the computation of "
+                                              f"{name[len('params/'):]} after the step")
+        assert optroles.op_label(t, analysis.origin.a.index) is None   # the GRU's addmm
+
+
+def test_optax_op_is_labelled_with_its_state_and_leaf(jax_gru):
+    from tracediff.diff import optroles
+
+    a, _ = jax_gru["a"]
+    with Trace(a) as t:
+        ev = t.events
+        snap = [i for i in range(len(ev)) if t.event(i)["kind"] == "optim"][0]
+        (mu,) = [r for r in t.value_rows(snap, schema.ROLE_OUT)
+                 if t.string(r["name"]) == "state/mu/Dense_0/kernel"]
+        writers = [i for i in range(snap) if t.event(i)["op"] != "name" and
+                   any(r["hash"] == mu["hash"] for r in t.value_rows(i, schema.ROLE_OUT))]
+        assert writers
+        assert optroles.op_label(t, writers[-1]) == "optax: mu of Dense_0/kernel"
+        # the bias correction reads mu: named by it
+        readers = [i for i in range(writers[-1] + 1, snap) if t.event(i)["op"] == "div" and
+                   writers[-1] in t.input_rows(i)["producer"].tolist()]
+        assert readers and optroles.op_label(t, readers[0]) == \
+            "optax: computed from mu of Dense_0/kernel"
+        # the loss, computed before the update, is no optimizer op
+        loss, _ = _steps.loss_events(t)[int(t.event(snap)["step"])]
+        assert optroles.op_label(t, loss) is None

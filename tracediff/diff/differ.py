@@ -18,6 +18,7 @@ from ..trace.blob import ValueReader
 from ..trace.values import has_bytes, parse_shape
 from . import align as _align
 from . import compare
+from . import optroles
 from . import levels as _levels
 from .result import (CallRef, EventRef, Finding, Metrics, OptimizerStep, ValueComparison,
                      ValueDesc)
@@ -425,6 +426,8 @@ class Differ:
                 "so the replayed values are compared"))
         if not self.equal_at(c, cb, level):
             return None  # resolved through its call (cannot happen: the call comes first)
+        if level != BITWISE and s.replay_only is not None:
+            return None  # only the first replay-only difference is kept: nothing to measure
         if self.equal_at(ea, eb, level):
             return None
         note = (f"replay-only: the compiled outputs of the enclosing call (event {c}) "
@@ -544,7 +547,16 @@ class Differ:
                        values=[_value_comparison(v) for v in r["values"]], inputs_match=ok,
                        inputs_reason=reason,
                        origin=schema.ORIGIN_NAMES.get(int(self.ta.events[ea]["origin"]), ""),
-                       note=note, pair_by=self.pair_by.get(ea, "structure"))
+                       note=note, pair_by=self.pair_by.get(ea, "structure"),
+                       optimizer=self._op_label(ea))
+
+    def _op_label(self, ea):
+        """optroles.op_label of an event of a (never fails a finding)."""
+        try:
+            cache = self.__dict__.setdefault("_op_labels", {})
+            return optroles.op_label(self.ta, ea, cache)
+        except Exception:   # an odd trace: no label
+            return None
 
     # -- optimizer steps -------------------------------------------------------------------
     def optimizer_steps(self):

@@ -197,6 +197,9 @@ class Finding(_ByKey):
     # cross-framework: the layer on both sides ({a, b, text, family, a_module, b_module,
     # a_source, b_source}: "Dense MLP/fc1 (dot_general + add) <-> Linear fc1 (addmm)")
     layer: dict = None
+    # an optimizer-internal op: its optimizer, state and leaf (optroles.op_label), e.g.
+    # "torch Adam: exp_avg of fc1.weight"
+    optimizer: Optional[str] = None
 
 
 # -- the chain from the origin to the outputs (chain.py) -----------------------------------------

@@ -128,6 +128,8 @@ def finding_rows(f: Finding, code, text, strong) -> list:
         if b.source and b.source != a.source:
             src += f" (b: {code(b.source)})"
         rows.append(("source", src))
+    if f.optimizer:   # an optimizer-internal op: its optimizer, state and leaf
+        rows.append(("optimizer", text(f.optimizer)))
     if b.op != a.op or b.framework != a.framework:
         rows.append(("paired with", f"{event_label(b, code, text)} in b "
                                     f"(by {text(f.pair_by)})"))

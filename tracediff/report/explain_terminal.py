@@ -48,9 +48,12 @@ def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) ->
         c.print(f"  inside compiled call {markup(o.call.op)} (a #{o.call.a})")
     if an.inner is not None:
         c.print(f"  inside {markup(a.op)}: {markup(an.inner.text)}")
+    if o.optimizer:
+        c.print(f"  optimizer: {markup(o.optimizer)}")
     if an.tolerance_origin is not None:
         t = an.tolerance_origin
-        c.print(f"  first beyond tolerance: {markup(t.a.op)} (a #{t.a.index}, step {t.a.step}),"
+        c.print(f"  first beyond tolerance: {markup(t.a.op)} (a #{t.a.index}, step {t.a.step}"
+                f"{'; ' + markup(t.optimizer) if t.optimizer else ''}),"
                 f" its inputs within tolerance: {markup(t.inputs_reason or '')}")
     chain = an.chain
     if chain.hops:

@@ -122,6 +122,7 @@ def finding_json(f):
         "call": call_json(f.call),
         "paired_by": f.pair_by,
         "layer": f.layer,
+        "optimizer": f.optimizer,
         "values": [value_json(v) for v in f.values[:MAX_VALUES]],
         "values_total": len(f.values),
     }

@@ -87,6 +87,8 @@ def _finding(console, title, f: Finding, verbose=False, context=None):
         console.print(f"  source: {src}")
         if verbose and f.a.source and context is not None:
             _code(console, context(f.a.source))
+    if f.optimizer:
+        console.print(f"  optimizer: {markup(f.optimizer)}")
     if f.b.op != f.a.op or f.b.framework != f.a.framework:
         console.print(f"  paired with b: {_where(f.b)} (by {markup(f.pair_by)})")
     m = f.metrics
