@@ -18,6 +18,7 @@ import os
 from typing import Optional
 
 from ..diff.result import EventRef, Finding, Gap, LocateResult, Replay
+from ..diff.mechanisms import FAR_ULP
 from ..diff.verdict import meaningful_ulp
 from ..trace import sources
 from ..trace.sources import parse_source
@@ -415,6 +416,14 @@ def chain_items(chain: list, code=md_code, text=md_text, strong=lambda s: f"**{s
     return out
 
 
+def _far_ulp(u, unit=" ULP"):
+    """A ULP count, or where it is a different value rather than a rounding (a million
+    ULP and more: 14.0 against 0.0 is 1.1e9) words that say so."""
+    if u is None or not u >= FAR_ULP:
+        return fmt(u) + unit
+    return "far off (a different value, not a rounding difference)"
+
+
 def explain_parts(explain: Replay) -> tuple:
     """(headline, summary or None, [(key, value text)]) of the replay verdict, as plain
     strings: they quote trace strings, so the renderer escapes them."""
@@ -428,8 +437,10 @@ def explain_parts(explain: Replay) -> tuple:
         if k == "mechanisms" and explain.mechanism:   # the one line says it
             continue
         if k == "mechanisms":
-            v = "; ".join(f"{m.side}: {m.name} ({'bitwise' if m.bitwise else f'{fmt(m.max_ulp)} ULP'})"
+            v = "; ".join(f"{m.side}: {m.name} ({'bitwise' if m.bitwise else _far_ulp(m.max_ulp)})"
                           f"{' - ' + m.note if m.note else ''}" for m in v)
+        if k.endswith("_ulp_from_exact"):
+            v = _far_ulp(v, "")
         rows.append((k.replace("_", " "), v if isinstance(v, str) else
                      fmt(v) if isinstance(v, (int, float)) else str(v)))
     return str(head), summ, rows
