@@ -57,14 +57,15 @@ def fmt(x, digits=3):
     return str(x)
 
 
-def ulp_cell(m) -> str:
+def ulp_cell(m, number=None) -> str:
     """A Metrics' max ULP as a reader should see it: the count where it means something
-    (floating, finite, close values: `verdict.meaningful_ulp`), else why it is left out."""
+    (floating, finite, close values: `verdict.meaningful_ulp`), written by `number` (the
+    renderer's own number format; `fmt` by default), else why it is left out."""
     if m is None or m.max_ulp is None:
         return "-"
     u = meaningful_ulp(m)
     if u is not None:
-        return fmt(u)
+        return (number or fmt)(u)
     finite = all(x is None or math.isfinite(x) for x in (m.max_ulp, m.max_rel, m.max_abs))
     return "- (non-finite values)" if not finite else "- (values far apart; see rel)"
 

@@ -97,7 +97,7 @@ def _finding(console, title, f: Finding, verbose=False, context=None):
         if m is not None and m.worst_a is not None and m.worst_b is not None else ""))
     if m is not None:
         console.print(f"  max abs {_fmt(m.max_abs)}  max rel {_fmt(m.max_rel)}  "
-                      f"max ulp {markup(ulp_cell(m))}  mismatched "
+                      f"max ulp {markup(ulp_cell(m, _fmt))}  mismatched "
                       f"{_pct(m.mismatch_fraction)}% of elements (beyond tolerance "
                       f"{_pct(m.beyond_tolerance_fraction)}%)")
     if verbose and len(f.values) > 1:
@@ -107,7 +107,7 @@ def _finding(console, title, f: Finding, verbose=False, context=None):
             state = ("not compared" if not v.compared else
                      "equal" if vm is not None and vm.bitwise_equal else
                      f"max rel {_fmt(vm.max_rel if vm else None)}, "
-                     f"max ulp {ulp_cell(vm)}")
+                     f"max ulp {ulp_cell(vm, _fmt)}")
             dtype, shape = (desc.dtype, desc.shape) if desc is not None else (None, None)
             console.print(f"    output {markup(v.key)} "
                           f"{markup(str(dtype) + str(shape))}: {markup(state)}")
@@ -180,7 +180,7 @@ def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bo
                           f"{', ' + markup(fd.origin) if fd.origin else ''})"
                           f"{'  ' + markup(fd.a.source) if fd.a.source else ''}; "
                           f"max abs {_fmt(fm.max_abs if fm else None)}, max rel "
-                          f"{_fmt(fm.max_rel if fm else None)}, max ulp {markup(ulp_cell(fm))}, "
+                          f"{_fmt(fm.max_rel if fm else None)}, max ulp {markup(ulp_cell(fm, _fmt))}, "
                           f"{word}  [dim](-v for details)[/]")
         else:
             _finding(console, "first bitwise difference", fd, verbose, context_a)
