@@ -109,38 +109,62 @@ def _explain_options(fn):
 
 
 class _Progress:
-    """A transient rich progress bar on stderr for `locate` (phase, bar, bytes compared),
-    only on a terminal and for traces of 100 MB or more; elsewhere a no-op callback."""
+    """A transient rich progress bar on stderr for `locate`/`explain` (phase, bar, work
+    done), only on a terminal, and only once the work has run `DELAY_S` seconds (a quick
+    locate prints nothing extra: a timer starts the bar, so a long phase that reports
+    nothing still shows it); elsewhere a no-op callback."""
 
-    MIN_BYTES = 100 << 20
+    DELAY_S = 2.0
 
-    def __init__(self, paths, quiet=False):
-        self._bar = None
-        total = sum(os.path.getsize(p) for p in paths if os.path.isfile(p))
-        if quiet or os.environ.get("TRACEDIFF_NO_PROGRESS") or not sys.stderr.isatty() or \
-                total < self.MIN_BYTES:
-            return
+    def __init__(self, quiet=False):
+        import threading
+
+        self._bar, self._task, self._timer = None, None, None
+        self._last = ("reading traces", None, None)
+        self._lock, self._done = threading.Lock(), False
+        self._on = not (quiet or os.environ.get("TRACEDIFF_NO_PROGRESS") or
+                        not sys.stderr.isatty())
+
+    def _start(self):
         from rich.console import Console
         from rich.progress import (BarColumn, Progress, TaskProgressColumn, TextColumn,
                                    TimeElapsedColumn)
 
-        self._bar = Progress(TextColumn("tracediff: {task.description}"), BarColumn(),
-                             TaskProgressColumn(), TimeElapsedColumn(),
-                             console=Console(stderr=True), transient=True)
-        self._task = self._bar.add_task("reading traces", total=None)
+        with self._lock:
+            if self._done:
+                return
+            phase, done, total = self._last
+            self._bar = Progress(TextColumn("tracediff: {task.description}"), BarColumn(),
+                                 TaskProgressColumn(), TimeElapsedColumn(),
+                                 console=Console(stderr=True), transient=True)
+            self._task = self._bar.add_task(phase, total=total, completed=done or 0)
+            self._bar.start()
 
     def __call__(self, phase, done=None, total=None):
-        if self._bar is not None:
-            self._bar.update(self._task, description=phase, completed=done or 0, total=total)
+        if not self._on:
+            return
+        with self._lock:
+            self._last = (phase, done, total)
+            if self._bar is not None:
+                self._bar.update(self._task, description=phase, completed=done or 0,
+                                 total=total)
 
     def __enter__(self):
-        if self._bar is not None:
-            self._bar.start()
+        if self._on:
+            import threading
+
+            self._timer = threading.Timer(self.DELAY_S, self._start)
+            self._timer.daemon = True
+            self._timer.start()
         return self
 
     def __exit__(self, *exc):
-        if self._bar is not None:
-            self._bar.stop()
+        if self._timer is not None:
+            self._timer.cancel()
+        with self._lock:
+            self._done = True
+            if self._bar is not None:
+                self._bar.stop()
 
 
 def _sizes(*paths):
@@ -415,7 +439,7 @@ def locate(trace_a, trace_b, rtol, atol, map_file, as_json, verbose, quiet, ulp,
         _need_trace(trace_b)
     for n in noise or ():
         _need_trace(n, "noise trace")
-    with _Progress((trace_a,) + ((trace_b,) if trace_b else ()), quiet) as progress:
+    with _Progress(quiet) as progress:
         result = _locate(trace_a, trace_b, rtol=rtol, atol=atol, map_file=map_file, ulp=ulp,
                          noise=noise or None, explain=not no_explain and not quiet,
                          progress=progress)
@@ -544,8 +568,10 @@ def explain(trace_a, trace_b, event, rtol, atol, ulp, noise, map_file, as_json):
         _need_trace(trace_b)
     for n in noise or ():
         _need_trace(n, "noise trace")
-    result, analysis = locate_with_analysis(trace_a, trace_b, event, rtol=rtol, atol=atol,
-                                            map_file=map_file, ulp=ulp, noise=noise or None)
+    with _Progress() as progress:
+        result, analysis = locate_with_analysis(trace_a, trace_b, event, rtol=rtol, atol=atol,
+                                                map_file=map_file, ulp=ulp,
+                                                noise=noise or None, progress=progress)
     for w in result.warnings:
         click.echo(f"tracediff: warning: {printable(w)}", err=True)
     if as_json:

@@ -97,6 +97,7 @@ class Side:
     parent: np.ndarray
     vkey: np.ndarray         # sorted lookup keys of the values table
     vrow: np.ndarray         # values-table row for each key
+    ns: np.ndarray = None    # global id of each event's name stack (module path)
 
     # key layout: event << 21 | role << 20 | slot
     @staticmethod
@@ -146,7 +147,7 @@ def prepare(trace, strings):
     order = np.argsort(keys, kind="stable")
     return Side(trace=trace, gid=gid, sig=sig, content=content, n_out=n_out, kind=kind,
                 call=ev["call"].astype(np.int64), parent=ev["parent"].astype(np.int64),
-                vkey=keys[order], vrow=order)
+                vkey=keys[order], vrow=order, ns=ns)
 
 
 # -- Myers diff --------------------------------------------------------------------------
@@ -355,7 +356,57 @@ def align(sa, sb, max_edits=MAX_EDITS, budget=None):
         if hi_a <= lo_a or hi_b <= lo_b:
             continue
         pa, pb, fb = align_arrays(sa.sig[lo_a:hi_a], sb.sig[lo_b:hi_b], max_edits, budget)
+        if fb and sa.ns is not None and sb.ns is not None:
+            # too different to diff as one: module boundaries as anchors, diff inside
+            blk = align_blocks(sa.sig[lo_a:hi_a], sb.sig[lo_b:hi_b], sa.ns[lo_a:hi_a],
+                               sb.ns[lo_b:hi_b], max_edits, budget)
+            if blk is not None and len(blk[0]) > len(pa):
+                pa, pb, fb = blk
         fallbacks += fb
         a2b[pa + lo_a] = pb + lo_b
         b2a[pb + lo_b] = pa + lo_a
     return Alignment(a2b, b2a, fallbacks, len(ma))
+
+
+def _runs(ns):
+    """Start of each run of equal module paths, and the run's module path."""
+    starts = np.flatnonzero(np.concatenate([[True], ns[1:] != ns[:-1]])) if len(ns) else \
+        np.zeros(0, np.int64)
+    return starts, ns[starts]
+
+
+def align_blocks(sig_a, sig_b, ns_a, ns_b, max_edits=MAX_EDITS, budget=None):
+    """(pairs_a, pairs_b, fallback) of a region too different for one diff: its runs of
+    one module path (a layer's ops) are aligned by module path first, then each matched
+    pair of runs on its own (most are equal or nearly: repeated ones come from the memo).
+    None when the region has no module structure to anchor on. Work stays bounded: the
+    diffs draw on the alignment's `Budget`, and each one is capped as in `align_arrays`."""
+    budget = budget if budget is not None else Budget()
+    st_a, key_a = _runs(np.asarray(ns_a, np.int64))
+    st_b, key_b = _runs(np.asarray(ns_b, np.int64))
+    if len(st_a) < 2 or len(st_b) < 2:
+        return None
+    ba, bb, fb = align_arrays(key_a.astype(np.uint64), key_b.astype(np.uint64), max_edits, budget)
+    end_a = np.concatenate([st_a[1:], [len(sig_a)]])
+    end_b = np.concatenate([st_b[1:], [len(sig_b)]])
+    out_a, out_b, falls = [], [], int(fb)
+    # the matched runs, and between two consecutive ones the unmatched runs of each side
+    # (a module renamed or split) as one more region
+    regions, prev_a, prev_b = [], 0, 0
+    for i, j in zip(ba.tolist(), bb.tolist()):
+        lo_a, lo_b = int(st_a[i]), int(st_b[j])
+        if lo_a > prev_a and lo_b > prev_b:
+            regions.append((prev_a, lo_a, prev_b, lo_b))
+        prev_a, prev_b = int(end_a[i]), int(end_b[j])
+        regions.append((lo_a, prev_a, lo_b, prev_b))
+    if len(sig_a) > prev_a and len(sig_b) > prev_b:
+        regions.append((prev_a, len(sig_a), prev_b, len(sig_b)))
+    for lo_a, hi_a, lo_b, hi_b in regions:
+        pa, pb, f = align_arrays(sig_a[lo_a:hi_a], sig_b[lo_b:hi_b], max_edits, budget)
+        falls += f
+        out_a.append(pa + lo_a)
+        out_b.append(pb + lo_b)
+    if not out_a:
+        return None
+    return (np.concatenate(out_a).astype(np.int64), np.concatenate(out_b).astype(np.int64),
+            falls > 0)

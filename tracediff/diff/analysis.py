@@ -31,7 +31,7 @@ from . import levels as _levels
 from .causes import environment
 from .result import (Analysis, Chain, CompiledCall, Finding, Inner, LocateResult, Replay)
 from .steps import steps_table
-from .verdict import fmt, replay_verdict
+from .verdict import fmt, meaningful_ulp, replay_verdict
 
 
 def _culprit(result):
@@ -152,6 +152,15 @@ def _inner_structure(d, ea, eb):
                  only_in_b=only_b, differing=differing, text=text)
 
 
+def _differ_by(m):
+    """abs and rel first; the ULP count only where it means something."""
+    if m is None:
+        return "not compared"
+    u = meaningful_ulp(m)
+    return (f"max abs {fmt(m.max_abs)}, max rel {fmt(m.max_rel)}" +
+            (f", {fmt(u)} ULP" if u is not None else ""))
+
+
 def _summary(out: Analysis, f: Finding) -> str:
     e = f.a
     where = f"{e.op} (a #{e.index}, step {e.step}" + (f", {e.source}" if e.source else "") + ")"
@@ -159,8 +168,7 @@ def _summary(out: Analysis, f: Finding) -> str:
     if f.inputs_match is True:
         words.append(f"{where} introduced the difference: its inputs are "
                      f"{'bitwise equal' if f.level == 'bitwise' else 'within tolerance'} and "
-                     f"its outputs differ (max "
-                     f"{fmt(f.metrics.max_ulp if f.metrics is not None else None)} ULP)")
+                     f"its outputs differ ({_differ_by(f.metrics)})")
     elif f.inputs_match is False:
         words.append(f"{where} differs but inherits the difference from its inputs")
     else:

@@ -225,3 +225,31 @@ def worst(metrics_list):
     loosest = max(metrics_list, key=lambda m: m.get("rtol") or 0.0)
     out["rtol"], out["atol"] = loosest.get("rtol"), loosest.get("atol")
     return out
+
+
+class RelL2:
+    """The relative L2 distance ||a - b|| / ||a|| accumulated over several values (all
+    parameters of an optimizer step): unlike max rel it is not set by near-zero elements
+    (GPT-2 AdamW: "max rel 2" at every step, relative L2 1e-7)."""
+
+    def __init__(self):
+        self.diff, self.ref = 0.0, 0.0
+
+    def add(self, xa, xb):
+        """Add one pair (b laid out like a); values of other shapes are skipped."""
+        xa, xb = np.asarray(xa), np.asarray(xb)
+        if xa.shape != xb.shape or xa.dtype.kind not in "fciub" or xb.dtype.kind not in "fciub":
+            return
+        with np.errstate(all="ignore"):
+            a = xa.astype(np.complex128 if xa.dtype.kind == "c" else np.float64)
+            b = xb.astype(a.dtype)
+            self.diff += float(np.sum(np.abs(a - b) ** 2))
+            self.ref += float(np.sum(np.abs(a) ** 2))
+
+    def value(self):
+        """None when nothing was added; inf when a is all zero and b is not."""
+        if self.diff == 0.0:
+            return 0.0
+        if self.ref == 0.0:
+            return math.inf
+        return math.sqrt(self.diff) / math.sqrt(self.ref) if math.isfinite(self.diff) else math.inf

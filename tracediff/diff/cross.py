@@ -198,6 +198,7 @@ class CrossDiffer(Differ):
         for ea, eb in self.optim:
             na, nb, pairs = self._roles(ea, eb, self.p.module_map)
             worst_rel, worst_abs, worst_name, bit, n = 0.0, 0.0, None, True, 0
+            l2 = compare.RelL2()
             for role, xa_name, xb_name, _ in pairs:
                 xa, da = self._snapshot_value(self.ta, self.ra, na, xa_name)
                 xb, db = self._snapshot_value(self.tb, self.rb, nb, xb_name)
@@ -207,6 +208,8 @@ class CrossDiffer(Differ):
                 n += 1
                 bit &= m["bitwise_equal"]
                 rel = _num(m.get("max_rel"))
+                if role == "params":
+                    l2.add(xa, self.transform_b(None, None, np.asarray(xa), np.asarray(xb)))
                 if role == "params" and (rel > worst_rel or (worst_name is None and
                                                             not m["bitwise_equal"])):
                     worst_rel, worst_abs = rel, _num(m.get("max_abs"))
@@ -215,7 +218,7 @@ class CrossDiffer(Differ):
             rows.append(OptimizerStep(step=int(self.ta.events["step"][ea]), a=ea, b=eb,
                                       bitwise_equal=bool(bit), max_rel=worst_rel,
                                       max_abs=worst_abs, worst=worst_name, compared=n,
-                                      by="role"))
+                                      by="role", rel_l2=l2.value() if n else None))
         return rows
 
     # -- comparison ------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from ..trace.values import has_bytes, parse_shape
 from . import align as _align
 from . import compare
 from . import devices as _devices
+from . import optroles
 from . import levels as _levels
 from .result import (CallRef, EventRef, Finding, Metrics, OptimizerStep, ValueComparison,
                      ValueDesc)
@@ -297,14 +298,32 @@ class Differ:
         """Vectorised pre-check of many candidate pairs: True where the pair is certainly
         within tolerance (one float output value on each side, same dtype and shape, every
         element within tolerance). Everything else is left to the exact per-event path."""
-        ok = np.zeros(len(ia), bool)
         if not len(ia) or self.ulp is not None:
-            return ok
+            return np.zeros(len(ia), bool)
+        done, _, beyond = self.scan_single_outputs(ia, ib, self.FAST_MAX_BYTES,
+                                                   self.FAST_CHUNK_BYTES, progress=True)
+        return done & ~beyond
+
+    SCAN_DTYPES = ("float64", "float32", "float16", "complex128", "complex64")
+
+    def scan_single_outputs(self, ia, ib, max_bytes, chunk_bytes, progress=False):
+        """(done, max_rel, beyond) per pair of (ia, ib), vectorised in chunks: for pairs with
+        one float/complex output on each side (same dtype and shape, bytes stored, at most
+        `max_bytes`) the max relative difference (`compare.py`'s, inf for NaN against a
+        number) and whether an element is beyond rtol/atol (not --ulp); `done` False for
+        every other pair (the caller's exact per-event path). The one implementation of the
+        scan (locate's tolerance pre-check and the HTML profile both use it); only the
+        elements whose bits differ are measured."""
+        n = len(ia)
+        done, beyond = np.zeros(n, bool), np.zeros(n, bool)
+        max_rel = np.zeros(n, np.float64)
         sa, sb = self.sa, self.sb
+        if not n:
+            return done, max_rel, beyond
         simple = (sa.n_out[ia] == 1) & (sb.n_out[ib] == 1) & (sa.kind[ia] != schema.KIND_OPTIM)
-        if not simple.any():
-            return ok
         sel = np.flatnonzero(simple)
+        if not len(sel):
+            return done, max_rel, beyond
 
         def rows(side, ev):
             keys = side.key(ev, schema.ROLE_OUT, 0)
@@ -318,40 +337,54 @@ class Differ:
         good = fa & fb & (va["offset"] >= 0) & (vb["offset"] >= 0) & \
             ((va["flags"] & bad_flags) == 0) & ((vb["flags"] & bad_flags) == 0) & \
             (sa.gid[va["dtype"]] == sb.gid[vb["dtype"]]) & (sa.gid[va["shape"]] == sb.gid[vb["shape"]]) & \
-            (va["nbytes"] == vb["nbytes"]) & (va["nbytes"] > 0) & (va["nbytes"] <= self.FAST_MAX_BYTES)
+            (va["nbytes"] == vb["nbytes"]) & (va["nbytes"] > 0) & (va["nbytes"] <= max_bytes)
         dnames = _resolve(self.ta, va["dtype"])
         snames = _resolve(self.ta, va["storage"])
-        todo, done = int(va["nbytes"][good].sum()), 0
-        for dt in ("float32", "float64", "float16"):
-            m = good & (dnames == dt) & (snames == dt)
-            idx = np.flatnonzero(m)
+        todo, finished = int(va["nbytes"][good].sum()), 0
+        for dt in self.SCAN_DTYPES:
+            idx = np.flatnonzero(good & (dnames == dt) & (snames == dt))
             if not len(idx):
                 continue
             r, t = compare.tolerance(dt, self.rtol, self.atol)
             item = np.dtype(dt).itemsize
+            parts = 2 if dt.startswith("complex") else 1
+            ut = {2: np.uint16, 4: np.uint32, 8: np.uint64}[item // parts]
             start = 0
             while start < len(idx):
-                nb = va["nbytes"][idx[start:]]
-                stop = start + max(1, int(np.searchsorted(np.cumsum(nb), self.FAST_CHUNK_BYTES)))
+                nb = va["nbytes"][idx[start:]].astype(np.int64)
+                stop = start + max(1, int(np.searchsorted(np.cumsum(nb), chunk_bytes)))
                 part = idx[start:stop]
-                xa = self.ra.gather(va["offset"][part], va["nbytes"][part]).view(dt)
-                xb = self.rb.gather(vb["offset"][part], vb["nbytes"][part]).view(dt)
-                seg = np.concatenate([[0], np.cumsum(va["nbytes"][part] // item)[:-1]])
-                # only elements whose bits differ need the tolerance test (one cheap pass)
-                ut = {2: np.uint16, 4: np.uint32, 8: np.uint64}[item]
-                nz = np.flatnonzero(xa.view(ut) != xb.view(ut))
-                with np.errstate(invalid="ignore", over="ignore"):
-                    fa64, fb64 = xa[nz].astype(np.float64), xb[nz].astype(np.float64)
-                    diff = np.abs(fa64 - fb64)
-                    within = (fa64 == fb64) | (np.isnan(fa64) & np.isnan(fb64)) | \
-                        (np.isfinite(diff) & (diff <= t + r * np.maximum(np.abs(fa64), np.abs(fb64))))
-                all_ok = np.ones(len(part), bool)
-                all_ok[np.searchsorted(seg, nz[~within], side="right") - 1] = False
-                ok[sel[part[all_ok]]] = True
+                ra_ = self.ra.gather(va["offset"][part], va["nbytes"][part])
+                rb_ = self.rb.gather(vb["offset"][part], vb["nbytes"][part])
+                xa, xb = ra_.view(dt), rb_.view(dt)
+                # only elements whose bits differ are measured (one cheap pass)
+                neq = ra_.view(ut) != rb_.view(ut)
+                if parts == 2:
+                    neq = neq.reshape(-1, 2).any(axis=1)
+                nz = np.flatnonzero(neq)
+                wide = np.complex128 if parts == 2 else np.float64
+                with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+                    pa, pb = xa[nz].astype(wide), xb[nz].astype(wide)
+                    nan_a, nan_b = np.isnan(pa), np.isnan(pb)
+                    equal = (pa == pb) | (nan_a & nan_b)
+                    diff = np.abs(pa - pb)
+                    scale = np.maximum(np.abs(pa), np.abs(pb))
+                    rel = np.where(equal, 0.0, diff / np.where(scale == 0, 1.0, scale))
+                    rel = np.where(np.isnan(rel) | (nan_a ^ nan_b), np.inf, rel)
+                    out = ~equal & ~(np.isfinite(diff) & (diff <= t + r * scale))
+                seg = np.concatenate([[0], np.cumsum(va["nbytes"][part].astype(np.int64) // item)[:-1]])
+                k = sel[part]
+                full = np.zeros(len(xa), np.float64)
+                full[nz] = rel
+                max_rel[k] = np.maximum.reduceat(full, seg)
+                out_k = np.zeros(len(part), bool)
+                out_k[np.searchsorted(seg, nz[out], side="right") - 1] = True
+                beyond[k], done[k] = out_k, True
                 start = stop
-                done += int(va["nbytes"][part].sum())
-                self._tell("comparing values within tolerance (bytes)", done, todo)
-        return ok
+                finished += int(va["nbytes"][part].sum())
+                if progress:
+                    self._tell("comparing values within tolerance (bytes)", finished, todo)
+        return done, max_rel, beyond
 
     def search(self, level):
         """(Finding or None, replay-only Finding or None) for one level.
@@ -406,6 +439,8 @@ class Differ:
                 "so the replayed values are compared"))
         if not self.equal_at(c, cb, level):
             return None  # resolved through its call (cannot happen: the call comes first)
+        if level != BITWISE and s.replay_only is not None:
+            return None  # only the first replay-only difference is kept: nothing to measure
         if self.equal_at(ea, eb, level):
             return None
         note = (f"replay-only: the compiled outputs of the enclosing call (event {c}) "
@@ -527,7 +562,16 @@ class Differ:
                        inputs_reason=reason,
                        origin=schema.ORIGIN_NAMES.get(int(self.ta.events[ea]["origin"]), ""),
                        note=note, pair_by=self.pair_by.get(ea, "structure"),
-                       devices=per_device, device_note=device_note)
+                       devices=per_device, device_note=device_note,
+                       optimizer=self._op_label(ea))
+
+    def _op_label(self, ea):
+        """optroles.op_label of an event of a (never fails a finding)."""
+        try:
+            cache = self.__dict__.setdefault("_op_labels", {})
+            return optroles.op_label(self.ta, ea, cache)
+        except Exception:   # an odd trace: no label
+            return None
 
     # -- optimizer steps -------------------------------------------------------------------
     def optimizer_steps(self):
@@ -538,19 +582,27 @@ class Differ:
             pairs = self._out_pairs(ea, eb)
             names = [p for p in pairs if str(p[0]).startswith("params/")] or pairs
             worst_rel, worst_abs, worst_name, bit = 0.0, 0.0, None, True
+            l2, read = compare.RelL2(), []
             for k, row_a, row_b in names:
                 if row_a is None or row_b is None:
                     continue
                 m = self.compare_rows(row_a, row_b)
                 if m is None:
                     continue
+                read.append((row_a, row_b))
                 bit &= m["bitwise_equal"]
                 rel = _worst_first(m.get("max_rel"))
                 if rel > worst_rel or (worst_name is None and not m["bitwise_equal"]):
                     worst_rel, worst_abs, worst_name = rel, _worst_first(m.get("max_abs")), str(k)
+            if not bit:   # ||a - b|| / ||a|| over every parameter with stored bytes
+                for row_a, row_b in read:
+                    if comparable(row_a) and comparable(row_b):
+                        xa, xb = self.ra.read(row_a), self.rb.read(row_b)
+                        l2.add(xa, self.transform_b(row_a, row_b, xa, xb))
             rows.append(OptimizerStep(step=int(self.ta.events[ea]["step"]), a=ea, b=eb,
                                       bitwise_equal=bool(bit), max_rel=worst_rel,
-                                      max_abs=worst_abs, worst=worst_name))
+                                      max_abs=worst_abs, worst=worst_name,
+                                      rel_l2=l2.value() if read else None))
         return rows
 
 

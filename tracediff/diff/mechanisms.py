@@ -932,6 +932,9 @@ def _fmt_ulp(x):
     return str(int(x)) if float(x).is_integer() and x < 1e6 else f"{x:.3g}"
 
 
+FAR_ULP = 1e6
+
+
 def summary(mechs, ops):
     """One line: which hypothesis reproduces each side bitwise, or the closest one."""
     parts = []
@@ -945,8 +948,12 @@ def summary(mechs, ops):
             parts.append(f"{side}'s {op} is reproduced bitwise by "
                          f"{DESCRIPTIONS.get(best.name, best.name)} [{best.name}: {best.note}]")
         else:
+            # a count of a million ULP and more is a different value, not a rounding
+            far = not best.max_ulp < FAR_ULP
             parts.append(f"no hypothesis reproduces {side}'s {op} bitwise (closest: "
-                         f"{best.name}, {_fmt_ulp(best.max_ulp)} ULP: {best.note})")
+                         f"{best.name}, "
+                         f"{'far off: a different value, not a rounding difference' if far else _fmt_ulp(best.max_ulp) + ' ULP'}"
+                         f": {best.note})")
     return "; ".join(parts)
 
 

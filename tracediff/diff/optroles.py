@@ -21,6 +21,8 @@ then by order among those of the same size.
 
 import re
 
+import numpy as np
+
 STATE_ROLES = {"mu": "exp_avg", "nu": "exp_avg_sq", "trace": "momentum_buffer",
                "momentum": "momentum_buffer", "sum_of_squares": "sum"}
 LEAF = {"kernel": "weight", "scale": "weight", "embedding": "weight", "weight": "weight",
@@ -153,3 +155,132 @@ def after_step_name(pair_name):
     if isinstance(pair_name, tuple):
         return f"{pair_name[0]} + updates"
     return pair_name
+
+
+# -- optimizer-internal ops: which leaf and which state they compute --------------------------
+
+def _role_text(name):
+    """'state/mu/Dense_0/kernel' -> 'mu of Dense_0/kernel'; 'state/fc1.weight/exp_avg' ->
+    'exp_avg of fc1.weight'; 'params/fc1.weight' -> 'fc1.weight after the step';
+    'updates/Dense_0/kernel' -> 'update of Dense_0/kernel'."""
+    parts = name.split("/")
+    head, rest = parts[0], parts[1:]
+    if head == "state" and rest:
+        if rest[0] in STATE_ROLES or rest[0] in ("count",):
+            return f"{rest[0]} of {'/'.join(rest[1:])}" if len(rest) > 1 else rest[0]
+        return f"{rest[-1]} of {'/'.join(rest[:-1])}" if len(rest) > 1 else rest[0]
+    if head == "params" and rest:
+        return f"{'/'.join(rest)} after the step"
+    if head == "updates" and rest:
+        return f"update of {'/'.join(rest)}"
+    return name
+
+
+def op_label(t, ev, snapshot_cache=None):
+    """What an optimizer-internal op of trace `t` computes, read from its step's optimizer
+    snapshot, e.g. 'torch Adam: exp_avg of fc1.weight', 'optax: mu of Dense_0/kernel':
+    the snapshot value its output equals (same content hash: the op wrote that state); for
+    a torch optimizer op that wrote none, the first one its output flows into ('torch
+    Adam: in the computation of exp_avg_sq of fc1.weight'). None when no snapshot value
+    comes from it."""
+    from ..trace import schema
+
+    ev = int(ev)
+    events = t.events
+    if not 0 <= ev < len(events):
+        return None
+    kind = int(events["kind"][ev])
+    phase = int(events["phase"][ev])
+    if kind == schema.KIND_OPTIM:
+        return None
+    step = int(events["step"][ev])
+    cache = snapshot_cache if snapshot_cache is not None else {}
+    key = ("snap", step)
+    if key not in cache:
+        cand = np.flatnonzero((events["kind"] == schema.KIND_OPTIM) & (events["step"] == step))
+        snap = int(cand[0]) if len(cand) else -1
+        names = {}
+        if snap >= 0:
+            for r in t.value_rows(snap, schema.ROLE_OUT):
+                names.setdefault(int(r["hash"]), []).append(t.string(r["name"]))
+        who = t.string(events["op"][snap]).split(":", 1)[-1] if snap >= 0 else ""
+        fw = int(events["framework"][snap]) if snap >= 0 else -1
+        who = f"torch {who}" if fw == schema.FW_TORCH else (who or "optimizer")
+        # JAX: the update starts where optax_tags names its first leaf (a `name` equation);
+        # nothing before it is the optimizer's (equal bytes there are a coincidence)
+        start = 0
+        if fw == schema.FW_JAX and snap >= 0:
+            name_ids = [i for i, x in enumerate(t.strings) if x == "name"]
+            tags = np.flatnonzero(np.isin(events["op"], name_ids) & (events["step"] == step))
+            start = int(tags[0]) if len(tags) else snap
+        cache[key] = (snap, names, who, start)
+    snap, names, who, start = cache[key]
+    if snap < 0 or ev > snap or ev < start:
+        return None
+    torch = int(events["framework"][ev]) == schema.FW_TORCH
+
+    vals = t.values
+
+    def wrote(e):
+        """(snapshot names e's outputs equal (same bytes, dtype and shape), whether a later
+        op before the snapshot has the same bytes: then e is a step toward them)."""
+        found, later = [], False
+        for r in t.value_rows(e, schema.ROLE_OUT):
+            h = int(r["hash"])
+            for n in names.get(h, ()):
+                # JAX: params in the snapshot are the ones given to update (before the
+                # step, equal to the forward's inputs): only state and updates are written
+                if not torch and not n.startswith(("state/", "updates/")):
+                    continue
+                found.append(n)
+            if h in names:
+                same = vals["event"][(vals["hash"] == r["hash"]) & (vals["role"] == schema.ROLE_OUT)]
+                same = same[(same > e) & (same < snap)]
+                # a later op with the same bytes: e is a step toward the state (not an
+                # identity that only names it: optax_tags' `name` equations)
+                later |= any(t.string(events["op"][x]) != "name" for x in same.tolist())
+        return found, later
+
+    def text(found, later):
+        roles = sorted({_role_text(n) for n in found})
+        if len(roles) > 1:   # equal values of several leaves (zeros, step counts)
+            kinds = {(n.split("/")[-1] if torch else n.split("/")[1]) if n.startswith("state/")
+                     else n.split("/")[0] for n in found}
+            if len(kinds) != 1:
+                return None
+            return f"{who}: {'in the computation of ' if later else ''}{kinds.pop()} " \
+                   f"(equal for {len(roles)} leaves)"
+        return f"{who}: {'in the computation of ' if later else ''}{roles[0]}"
+
+    hit, later = wrote(ev)
+    if hit:
+        return text(hit, later)
+    if not torch:
+        # JAX: an equation computed from a state value of this step (mu / (1 - b1^t),
+        # the bias correction, reads mu): named by that state
+        for r in t.input_rows(ev):
+            p = int(r["producer"])
+            if 0 <= p < ev:
+                got, _ = wrote(p)
+                if got and len({_role_text(n) for n in got}) == 1:
+                    return f"{who}: computed from {_role_text(got[0])}"
+        return None
+    if phase != schema.PHASE_OPTIM:
+        return None
+    # a torch optimizer op that wrote no state: the first state it flows into
+    inp = t.inputs
+    frontier, seen = [ev], {ev}
+    for _ in range(4):
+        nxt = []
+        for e in frontier:
+            for c in np.unique(inp["event"][inp["producer"] == e]).tolist():
+                c = int(c)
+                if c in seen or c > snap or int(events["phase"][c]) != schema.PHASE_OPTIM:
+                    continue
+                seen.add(c)
+                got, _ = wrote(c)
+                if got:
+                    return text(got, True)
+                nxt.append(c)
+        frontier = nxt
+    return None

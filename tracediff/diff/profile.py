@@ -15,19 +15,11 @@ import math
 import numpy as np
 
 from ..trace import schema
-from . import compare
 from ..trace.reader import Trace
 from .locate import locate, open_differ
 
 CHUNK_BYTES = 32 << 20
 MAX_VALUE_BYTES = 4 << 20
-
-
-def _take(blob, offsets, lengths):
-    lengths = lengths.astype(np.int64)
-    starts = np.repeat(offsets.astype(np.int64) - np.concatenate([[0], np.cumsum(lengths)[:-1]]),
-                       lengths)
-    return blob[starts + np.arange(int(lengths.sum()), dtype=np.int64)]
 
 
 def event_profile(d, max_exact=5000):
@@ -42,7 +34,7 @@ def event_profile(d, max_exact=5000):
     todo = np.flatnonzero(~bitwise)
     done = np.zeros(n, bool)
     done[bitwise] = True
-    if len(todo) and d.ra.blob is not None and d.rb.blob is not None:
+    if len(todo):
         _fast(d, ia, ib, todo, max_rel, beyond, done)
     rest = np.flatnonzero(~done)
     for j, k in enumerate(rest.tolist()):
@@ -73,56 +65,11 @@ def event_profile(d, max_exact=5000):
 
 
 def _fast(d, ia, ib, todo, max_rel, beyond, done):
-    """Vectorised max_rel / beyond for differing pairs with one float output each."""
-    sa, sb = d.sa, d.sb
-    simple = (sa.n_out[ia[todo]] == 1) & (sb.n_out[ib[todo]] == 1) & \
-        (sa.kind[ia[todo]] != schema.KIND_OPTIM)
-    sel = todo[simple]
-    if not len(sel):
-        return
-
-    def rows(side, ev):
-        keys = side.key(ev, schema.ROLE_OUT, 0)
-        pos = np.minimum(np.searchsorted(side.vkey, keys), max(len(side.vkey) - 1, 0))
-        return side.trace.values[side.vrow[pos]], side.vkey[pos] == keys
-
-    va, fa = rows(sa, ia[sel])
-    vb, fb = rows(sb, ib[sel])
-    bad = schema.VFLAG_UNINIT | schema.VFLAG_NOT_STORED
-    good = fa & fb & (va["offset"] >= 0) & (vb["offset"] >= 0) & ((va["flags"] & bad) == 0) & \
-        ((vb["flags"] & bad) == 0) & (sa.gid[va["dtype"]] == sb.gid[vb["dtype"]]) & \
-        (sa.gid[va["shape"]] == sb.gid[vb["shape"]]) & (va["nbytes"] == vb["nbytes"]) & \
-        (va["nbytes"] > 0) & (va["nbytes"] <= MAX_VALUE_BYTES)
-    dnames = np.array([d.ta.string(x) for x in va["dtype"]], dtype=object)
-    snames = np.array([d.ta.string(x) for x in va["storage"]], dtype=object)
-    for dt in ("float64", "float32", "float16", "complex128", "complex64"):
-        idx = np.flatnonzero(good & (dnames == dt) & (snames == dt))
-        if not len(idx):
-            continue
-        r, t = compare.tolerance(dt, d.rtol, d.atol)
-        item = np.dtype(dt).itemsize
-        start = 0
-        while start < len(idx):
-            nb = va["nbytes"][idx[start:]].astype(np.int64)
-            stop = start + max(1, int(np.searchsorted(np.cumsum(nb), CHUNK_BYTES)))
-            part = idx[start:stop]
-            wide = np.complex128 if dt.startswith("complex") else np.float64
-            xa = _take(d.ra.blob, va["offset"][part], va["nbytes"][part]).view(dt).astype(wide)
-            xb = _take(d.rb.blob, vb["offset"][part], vb["nbytes"][part]).view(dt).astype(wide)
-            with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-                nan_a, nan_b = np.isnan(xa), np.isnan(xb)
-                equal = (xa == xb) | (nan_a & nan_b)
-                diff = np.abs(xa - xb)
-                scale = np.maximum(np.abs(xa), np.abs(xb))
-                rel = np.where(equal, 0.0, diff / np.where(scale == 0, 1.0, scale))
-                rel = np.where(np.isnan(rel) | (nan_a ^ nan_b), np.inf, rel)
-                out = ~equal & ~(np.isfinite(diff) & (diff <= t + r * scale))
-            seg = np.concatenate([[0], np.cumsum(va["nbytes"][part].astype(np.int64) // item)[:-1]])
-            k = sel[part]
-            max_rel[k] = np.maximum.reduceat(rel, seg)
-            beyond[k] = np.maximum.reduceat(out.astype(np.int8), seg) == 1
-            done[k] = True
-            start = stop
+    """Vectorised max_rel / beyond for differing pairs with one float output each (the
+    differ's scan, `Differ.scan_single_outputs`)."""
+    ok, rel, out = d.scan_single_outputs(ia[todo], ib[todo], MAX_VALUE_BYTES, CHUNK_BYTES)
+    k = todo[ok]
+    max_rel[k], beyond[k], done[k] = rel[ok], out[ok], True
 
 
 def locate_with_profile(a, b, rtol=None, atol=None, map_file=None):

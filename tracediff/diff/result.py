@@ -216,6 +216,9 @@ class Finding(_ByKey):
     # ("differs on cpu:3 only (shard 4 of 8)"); empty unless recorded per device
     devices: list = field(default_factory=list)
     device_note: str = ""
+    # an optimizer-internal op: its optimizer, state and leaf (optroles.op_label), e.g.
+    # "torch Adam: exp_avg of fc1.weight"
+    optimizer: Optional[str] = None
 
 
 # -- the chain from the origin to the outputs (chain.py) -----------------------------------------
@@ -353,6 +356,7 @@ class ReplayRun(_ByKey):
     oracle: Optional[Oracle] = None
     oracle_note: Optional[str] = None
     closer: Optional[str] = None                 # "a", "b", "equal"
+    closer_by: Optional[str] = None              # the metric that decided (verdict.CLOSER_BY)
     reproduces: Optional[str] = None             # "a", "b", "both", "neither"
     machine: Optional[dict] = None               # what this machine replays with
     mechanism: Optional[str] = None              # one line (mechanisms.summary)
@@ -420,11 +424,13 @@ class OptimizerStep(_ByKey):
     worst: Optional[str]
     compared: Optional[int] = None    # two frameworks: values compared by role
     by: Optional[str] = None          # two frameworks: "role" (optroles.py)
+    rel_l2: Optional[float] = None    # ||a - b|| / ||a|| over every parameter compared
 
 
 @dataclass(repr=False)
 class Loss(_ByKey):
-    """The loss of a step on both sides (the last scalar float output of its forward)."""
+    """The loss of a step on both sides, only where the trace says which value it is
+    (`steps.loss_events`: passed to backward(), or the differentiated function's value)."""
 
     a: float
     b: float
@@ -432,6 +438,7 @@ class Loss(_ByKey):
     event: int
     op: str
     source: str
+    how: Optional[str] = None        # why this value is the loss (steps.LOSS_TORCH/LOSS_JAX)
 
 
 @dataclass(repr=False)

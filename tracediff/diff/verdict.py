@@ -22,6 +22,12 @@ from .differ import comparable, input_value_row
 from .result import FromOracle, Oracle, ReplayRun, SideReplay
 
 MAX_REPLAY_BYTES = 64 << 20
+# the metric that decides which side is closer to the exact result (ReplayRun.closer_by):
+# the total absolute error over every element, so one bad element does not outweigh many
+CLOSER_BY = "total absolute error"
+# ULP counts are shown only while the two values agree to this relative difference: beyond
+# it (14.0 vs 0.0 is 1.1e9 ULP) a count of representable numbers says nothing rel does not
+ULP_MAX_REL = 1e-2
 
 
 def _side(d, side):
@@ -227,6 +233,7 @@ def replay_verdict(d, ea: int, eb: int) -> ReplayRun:
                     sum_abs=sum(x["sum_abs"] for x in dist))
         fa, fb = res.a.from_oracle, res.b.from_oracle
         if fa and fb:
+            res.closer_by = CLOSER_BY
             if fa.sum_abs == fb.sum_abs:
                 res.closer = "equal"
             else:
@@ -276,13 +283,34 @@ def fmt(x) -> str:
     return f"{x:.3g}"
 
 
+def meaningful_ulp(m):
+    """The max ULP of a `Metrics` where a reader can use it, else None: floating values,
+    finite, and close (max rel <= ULP_MAX_REL); abs and rel say the rest."""
+    if m is None or m.max_ulp is None or m.max_rel is None:
+        return None
+    if not (np.isfinite(m.max_ulp) and np.isfinite(m.max_rel)) or \
+            (m.max_abs is not None and not np.isfinite(m.max_abs)):
+        return None
+    return m.max_ulp if m.max_rel <= ULP_MAX_REL else None
+
+
 def ulp_text(f: FromOracle) -> str:
-    """How far one side is from the exact result, in ULP."""
+    """How far one side is from the exact result, in ULP (by max rel alone when the
+    values are far apart: `ULP_MAX_REL`)."""
     if f.max_rel == 0:
         return "0 ULP (exact)"
+    if not f.max_rel <= ULP_MAX_REL:
+        return f"max rel {fmt(f.max_rel)}"
     if f.max_ulp_exact is not None and f.max_ulp < 1e4:
         return f"max {f.max_ulp_exact:.2f} ULP, mean {f.mean_ulp_exact:.2f} ULP"
     return f"up to {fmt(f.max_ulp)} ULP"
+
+
+def _worst_ulp(f: FromOracle) -> float:
+    """The worst element's ULP as `ulp_text` shows it."""
+    if f.max_ulp_exact is not None and f.max_ulp < 1e4:
+        return f.max_ulp_exact
+    return f.max_ulp
 
 
 def _verdict_text(res):
@@ -300,10 +328,20 @@ def _verdict_text(res):
         else:
             win, lose = res.closer, "b" if res.closer == "a" else "a"
             fw, fl = getattr(res, win).from_oracle, getattr(res, lose).from_oracle
-            parts.append(f"{win} is closer to the {ref}: {lose} is off by "
-                         f"{ulp_text(fl)} (max rel {fmt(fl.max_rel)}"
-                         f"{f'; {lose} returned 0' if getattr(res, lose).returned_zero else ''}), "
-                         f"{win} by {ulp_text(fw)}")
+            # the metric that decided first, then the per-element view, and where that
+            # view points the other way, said so (never "b is closer" beside a larger max)
+            def rel(f):
+                return "" if not 0 < f.max_rel <= ULP_MAX_REL else f" (max rel {fmt(f.max_rel)})"
+
+            zero = f" ({lose} returned 0)" if getattr(res, lose).returned_zero else ""
+            text = (f"{win} is closer to the {ref} by {res.closer_by or CLOSER_BY} "
+                    f"(sum of |x - exact| over the elements: {win} {fmt(fw.sum_abs)}, "
+                    f"{lose} {fmt(fl.sum_abs)}): {lose} is off by "
+                    f"{ulp_text(fl)}{rel(fl)}{zero}, {win} by {ulp_text(fw)}{rel(fw)}")
+            if _worst_ulp(fw) > _worst_ulp(fl) or fw.max_rel > fl.max_rel:
+                text += (f", although {win}'s worst element is further off than {lose}'s "
+                         f"(more elements of {lose} are off, or by more in total)")
+            parts.append(text)
     elif res.oracle_note:
         parts.append(f"no exact reference ({res.oracle_note})")
     rep = res.reproduces

@@ -18,6 +18,8 @@ import os
 from typing import Optional
 
 from ..diff.result import EventRef, Finding, Gap, LocateResult, Replay
+from ..diff.mechanisms import FAR_ULP
+from ..diff.verdict import meaningful_ulp
 from ..trace import sources
 from ..trace.sources import parse_source
 from ..untrusted import md_code, md_text
@@ -53,6 +55,19 @@ def fmt(x, digits=3):
             return fmt(int(x))
         return f"{x:.{digits}g}"
     return str(x)
+
+
+def ulp_cell(m, number=None) -> str:
+    """A Metrics' max ULP as a reader should see it: the count where it means something
+    (floating, finite, close values: `verdict.meaningful_ulp`), written by `number` (the
+    renderer's own number format; `fmt` by default), else why it is left out."""
+    if m is None or m.max_ulp is None:
+        return "-"
+    u = meaningful_ulp(m)
+    if u is not None:
+        return (number or fmt)(u)
+    finite = all(x is None or math.isfinite(x) for x in (m.max_ulp, m.max_rel, m.max_abs))
+    return "- (non-finite values)" if not finite else "- (values far apart; see rel)"
 
 
 def fmt_pct(x):
@@ -127,6 +142,8 @@ def finding_rows(f: Finding, code, text, strong) -> list:
         rows.append(("device", dev))
     if f.device_note:
         rows.append(("devices", text(f.device_note)))
+    if f.optimizer:   # an optimizer-internal op: its optimizer, state and leaf
+        rows.append(("optimizer", text(f.optimizer)))
     if b.op != a.op or b.framework != a.framework:
         rows.append(("paired with", f"{event_label(b, code, text)} in b "
                                     f"(by {text(f.pair_by)})"))
@@ -144,6 +161,11 @@ def finding_rows(f: Finding, code, text, strong) -> list:
 
 def _metric(f, name):
     return getattr(f.metrics, name) if f.metrics is not None else None
+
+
+def _ulp_words(f):
+    u = meaningful_ulp(f.metrics)
+    return f", max ULP {fmt(u)}" if u is not None else ""
 
 
 def summary(result: LocateResult, code=md_code, text=md_text) -> str:
@@ -168,7 +190,8 @@ def summary(result: LocateResult, code=md_code, text=md_text) -> str:
         out.append(f"{runs}{hosts} diverge beyond {tol_txt}. The first operation whose outputs "
                    f"differ beyond tolerance is the {event_label(e, code, text)} at "
                    f"{where(e, code)}: max relative "
-                   f"difference {fmt(_metric(f, 'max_rel'))}, max ULP {fmt(_metric(f, 'max_ulp'))}, "
+                   f"difference {fmt(_metric(f, 'max_rel'))} (max abs "
+                   f"{fmt(_metric(f, 'max_abs'))}){_ulp_words(f)}, "
                    f"{fmt_pct(_metric(f, 'beyond_tolerance_fraction'))} of its elements beyond "
                    f"tolerance.")
         if f.inputs_match is True:
@@ -186,7 +209,8 @@ def summary(result: LocateResult, code=md_code, text=md_text) -> str:
         out.append(f"{runs}{hosts} agree within {tol_txt}, but not bitwise: the first bitwise "
                    f"difference is at the {event_label(fd.a, code, text)} "
                    f"({where(fd.a, code)}), max relative "
-                   f"difference {fmt(_metric(fd, 'max_rel'))}, max ULP {fmt(_metric(fd, 'max_ulp'))}.")
+                   f"difference {fmt(_metric(fd, 'max_rel'))} (max abs "
+                   f"{fmt(_metric(fd, 'max_abs'))}){_ulp_words(fd)}.")
     else:
         out.append(f"{runs}{hosts} are bitwise identical in every compared value.")
     ex = result.explain
@@ -417,6 +441,14 @@ def chain_items(chain: list, code=md_code, text=md_text, strong=lambda s: f"**{s
     return out
 
 
+def _far_ulp(u, unit=" ULP"):
+    """A ULP count, or where it is a different value rather than a rounding (a million
+    ULP and more: 14.0 against 0.0 is 1.1e9) words that say so."""
+    if u is None or not u >= FAR_ULP:
+        return fmt(u) + unit
+    return "far off (a different value, not a rounding difference)"
+
+
 def explain_parts(explain: Replay) -> tuple:
     """(headline, summary or None, [(key, value text)]) of the replay verdict, as plain
     strings: they quote trace strings, so the renderer escapes them."""
@@ -430,8 +462,10 @@ def explain_parts(explain: Replay) -> tuple:
         if k == "mechanisms" and explain.mechanism:   # the one line says it
             continue
         if k == "mechanisms":
-            v = "; ".join(f"{m.side}: {m.name} ({'bitwise' if m.bitwise else f'{fmt(m.max_ulp)} ULP'})"
+            v = "; ".join(f"{m.side}: {m.name} ({'bitwise' if m.bitwise else _far_ulp(m.max_ulp)})"
                           f"{' - ' + m.note if m.note else ''}" for m in v)
+        if k.endswith("_ulp_from_exact"):
+            v = _far_ulp(v, "")
         rows.append((k.replace("_", " "), v if isinstance(v, str) else
                      fmt(v) if isinstance(v, (int, float)) else str(v)))
     return str(head), summ, rows

@@ -17,7 +17,7 @@ from ..diff.chain import collapse
 from ..diff.result import Analysis, Gap
 from ..diff.verdict import fmt, ulp_text
 from ..untrusted import markup
-from .common import typed
+from .common import typed, ulp_cell
 
 
 def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) -> None:
@@ -44,15 +44,19 @@ def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) ->
     m = o.metrics
     word = {True: "[bold]introduced here[/]", False: "inherited", None: "inputs unknown"}[
         o.inputs_match]
-    c.print(f"  {word}: {markup(o.inputs_reason or '')}; outputs differ by max "
-            f"{fmt(m.max_ulp if m else None)} ULP (max rel {fmt(m.max_rel if m else None)})")
+    c.print(f"  {word}: {markup(o.inputs_reason or '')}; outputs differ by max abs "
+            f"{fmt(m.max_abs if m else None)}, max rel {fmt(m.max_rel if m else None)}, "
+            f"max ULP {markup(ulp_cell(m))}")
     if o.call is not None:
         c.print(f"  inside compiled call {markup(o.call.op)} (a #{o.call.a})")
     if an.inner is not None:
         c.print(f"  inside {markup(a.op)}: {markup(an.inner.text)}")
+    if o.optimizer:
+        c.print(f"  optimizer: {markup(o.optimizer)}")
     if an.tolerance_origin is not None:
         t = an.tolerance_origin
-        c.print(f"  first beyond tolerance: {markup(t.a.op)} (a #{t.a.index}, step {t.a.step}),"
+        c.print(f"  first beyond tolerance: {markup(t.a.op)} (a #{t.a.index}, step {t.a.step}"
+                f"{'; ' + markup(t.optimizer) if t.optimizer else ''}),"
                 f" its inputs within tolerance: {markup(t.inputs_reason or '')}")
     chain = an.chain
     if chain.hops:
@@ -91,7 +95,11 @@ def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) ->
             fo = s.from_oracle
             rep = {True: "reproduced here bitwise", False: "NOT reproduced here",
                    None: "not replayed"}[s.reproduced_here]
-            dist = f"; from exact: {ulp_text(fo)}, max rel {fmt(fo.max_rel)}" if fo else ""
+            dist = ""
+            if fo:
+                dist = f"; from exact: {ulp_text(fo)}"
+                dist += "" if dist.endswith(f"max rel {fmt(fo.max_rel)}") else \
+                    f", max rel {fmt(fo.max_rel)}"
             c.print(f"  {side}: {markup(s.op or '')} {rep}{dist}"
                     f"{' (' + markup(s.reason) + ')' if s.reason else ''}")
     if rv.mechanism:   # diff/mechanisms.py
@@ -120,20 +128,29 @@ def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) ->
 
 
 def _print_steps(c, steps):
+    """Per step: the parameters' relative L2 and max abs (max rel is set by near-zero
+    elements), and the loss only where the trace names it (`steps.loss_events`)."""
     if not steps:
         return
-    c.print("[bold]divergence over time[/] (per optimizer step):")
-    c.print("  [dim]step  params max rel  worst                          loss a            "
-            "loss b            loss rel[/]")
+    loss = next((s.loss for s in steps if s.loss is not None), None)
+    c.print("[bold]divergence over time[/] (per optimizer step; parameters: relative L2 = "
+            "||a-b||/||a||" + (f"; loss = the scalar {markup(loss.how)}, "
+                               f"{markup(loss.op)}{' at ' + markup(loss.source) if loss.source else ''}"
+                               if loss is not None and loss.how else "") + "):")
+    c.print("  [dim]step  params rel L2   max abs    worst (max rel)                              "
+            + ("loss a            loss b            loss rel" if loss is not None else "") + "[/]")
     shown = steps if len(steps) <= 30 else steps[:10] + steps[-10:]
     for i, s in enumerate(shown):
         if len(steps) > 30 and i == 10:
             c.print(f"  ... {len(steps) - 20} steps")
-        opt, loss = s.optimizer, s.loss
-        c.print(f"  {s.step:>4}  {fmt(opt.max_rel if opt else None):>14}  "
-                f"{markup((opt.worst if opt else None) or '-', limit=30):<30} "
-                f"{_fmt17(loss.a if loss else None):>17} {_fmt17(loss.b if loss else None):>17} "
-                f"{fmt(loss.rel if loss else None):>9}")
+        opt, ls = s.optimizer, s.loss
+        worst = f"{opt.worst} ({fmt(opt.max_rel)})" if opt is not None and opt.worst else "-"
+        line = (f"  {s.step:>4}  {fmt(opt.rel_l2 if opt else None):>13}  "
+                f"{fmt(opt.max_abs if opt else None):>9}  {markup(worst, limit=44):<44} ")
+        if loss is not None:
+            line += (f"{_fmt17(ls.a if ls else None):>17} {_fmt17(ls.b if ls else None):>17} "
+                     f"{fmt(ls.rel if ls else None):>9}")
+        c.print(line.rstrip())
 
 
 def _fmt17(x):

@@ -24,7 +24,7 @@ from ..diff.result import Finding, LocateResult
 from ..untrusted import printable
 from .common import (GITHUB_ATTACH_LIMIT, MATCHES, NO_LINES, RECORDED, ReportContext,
                      chain_items, culprit, event_label, explain_parts, finding_rows, fmt,
-                     fmt_bytes, fmt_pct, summary, typed)
+                     fmt_bytes, fmt_pct, summary, typed, ulp_cell)
 
 MAX_POINTS = 2500          # wider runs are binned (max per bin) to keep the page small
 MAX_EVENT_ROWS = 500
@@ -219,17 +219,19 @@ def event_plot(profile, result: LocateResult, width=1120, height=300):
 
 
 def step_plot(steps, width=1120, height=220):
-    """SVG: worst parameter max relative difference per optimizer step (log scale)."""
+    """SVG: the parameters' relative L2 distance ||a - b|| / ||a|| per optimizer step (log
+    scale; max rel is set by near-zero elements and says little), max abs in each tooltip."""
     if not steps:
         return ""
     xs_step = [int(s.step) for s in steps]
-    rel = np.array([math.nan if s.max_rel is None else s.max_rel for s in steps], np.float64)
+    rel = np.array([math.nan if s.rel_l2 is None else s.rel_l2 for s in steps], np.float64)
+    absd = [s.max_abs for s in steps]
     lo, hi = _log_range(rel)
     x0, y0, pw, ph = 64, 14, width - 84, height - 64
     band = y0 + ph + 14
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              f'viewBox="0 0 {width} {height}" role="img" aria-label="difference per optimizer step">']
-    ymap = _axes(parts, x0, y0, pw, ph, lo, hi, "max rel (parameters)")
+    ymap = _axes(parts, x0, y0, pw, ph, lo, hi, "relative L2 (parameters)")
     s_lo, s_hi = min(xs_step), max(xs_step)
     span = max(1, s_hi - s_lo)
 
@@ -238,17 +240,18 @@ def step_plot(steps, width=1120, height=220):
 
     parts.append(f'<text x="{x0 - 6}" y="{band + 4}" text-anchor="end">equal</text>')
     pts = []
-    for s, v in zip(xs_step, rel):
+    for s, v, ab in zip(xs_step, rel, absd):
         if math.isnan(v):
             continue
-        pts.append((xmap(s), band if v == 0 else ymap(v), v))
+        pts.append((xmap(s), band if v == 0 else ymap(v), v, s, ab))
     if len(pts) > 1:
-        d = "M" + " L".join(f"{x:.1f} {y:.1f}" for x, y, _ in pts)
+        d = "M" + " L".join(f"{x:.1f} {y:.1f}" for x, y, *_ in pts)
         parts.append(f'<path d="{d}" fill="none" stroke="#8c959f" stroke-width="1"/>')
-    for (x, y, v), s in zip(pts, xs_step):
+    for x, y, v, s, ab in pts:
         color = COLORS["equal"] if v == 0 else COLORS["beyond"]
         parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}">'
-                     f'<title>step {s}: max rel {fmt(float(v))}</title></circle>')
+                     f'<title>step {s}: relative L2 {fmt(float(v))}, max abs {fmt(ab)}'
+                     f'</title></circle>')
     ticks = sorted(set(xs_step))
     every = max(1, int(math.ceil(len(ticks) / 20)))
     for s in ticks[::every]:
@@ -292,7 +295,7 @@ def _finding(f: Finding, title, src=None):
 
     rows += [("max abs difference", e(fmt(m("max_abs")))),
              ("max relative difference", e(fmt(m("max_rel")))),
-             ("max ULP distance", e(fmt(m("max_ulp")))),
+             ("max ULP distance", e(ulp_cell(f.metrics))),
              ("elements that differ / beyond tolerance",
               f"{e(fmt_pct(m('mismatch_fraction')))} / {e(fmt_pct(m('beyond_tolerance_fraction')))}"),
              ("tolerance (rtol, atol)", f"{e(fmt(m('rtol')))}, {e(fmt(m('atol')))}")]
@@ -400,11 +403,13 @@ def render(result: LocateResult, ctx: Optional[ReportContext] = None, profile=No
         else:
             body.append('<p class="muted">Every aligned event is bitwise equal.</p>')
     if steps:
-        rows = [(str(s.step), "yes" if s.bitwise_equal else "no", e(fmt(s.max_rel)),
-                 e(fmt(s.max_abs)), f"<code>{e(s.worst or '-')}</code>") for s in steps]
+        rows = [(str(s.step), "yes" if s.bitwise_equal else "no", e(fmt(s.rel_l2)),
+                 e(fmt(s.max_abs)), e(fmt(s.max_rel)), f"<code>{e(s.worst or '-')}</code>")
+                for s in steps]
         body.append("<h2>Optimizer steps</h2>")
-        body.append(_table("steps", ["step", "bitwise equal", "max rel", "max abs",
-                                     "worst parameter"], rows, num_cols=(0, 2, 3),
+        body.append(_table("steps", ["step", "bitwise equal", "relative L2", "max abs",
+                                     "max rel", "worst parameter (max rel)"], rows,
+                           num_cols=(0, 2, 3, 4),
                            row_classes=["" if s.bitwise_equal else "bad" for s in steps]))
     env = result.env_diff or []
     body.append("<h2>Environment differences (a → b)</h2>")

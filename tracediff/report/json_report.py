@@ -128,6 +128,7 @@ def finding_json(f):
         "call": call_json(f.call),
         "paired_by": f.pair_by,
         "layer": f.layer,
+        "optimizer": f.optimizer,
         "values": [value_json(v) for v in f.values[:MAX_VALUES]],
         "values_total": len(f.values),
         # per-device copies (only when recorded per device, capture/jax_devices.py)
@@ -271,6 +272,7 @@ def replay_run_json(r):
             out["oracle"]["expression"] = True
         if r.closer is not None:
             out["closer"] = r.closer
+            out["closer_by"] = r.closer_by
         out["reproduces"] = r.reproduces
         out["machine"] = r.machine
         if r.mechanism:

@@ -24,7 +24,7 @@ from ..diff.result import Finding, LocateResult
 from ..untrusted import md_code, md_text, printable
 from .common import (GITHUB_ATTACH_LIMIT, MATCHES, NO_LINES, RECORDED, ReportContext,
                      chain_items, culprit, event_label, explain_parts, finding_rows, fmt,
-                     fmt_bytes, fmt_pct, summary, typed)
+                     fmt_bytes, fmt_pct, summary, typed, ulp_cell)
 from .json_report import MAX_VALUES
 
 MAX_STEP_ROWS = 30
@@ -69,7 +69,7 @@ def _metrics_rows(m):
     return [
         ("max abs difference", fmt(g("max_abs"))),
         ("max relative difference", fmt(g("max_rel"))),
-        ("max ULP distance", fmt(g("max_ulp"))),
+        ("max ULP distance", ulp_cell(m)),
         ("elements that differ", fmt_pct(g("mismatch_fraction"))),
         ("elements beyond tolerance", fmt_pct(g("beyond_tolerance_fraction"))),
         ("tolerance (rtol, atol)", f"{fmt(g('rtol'))}, {fmt(g('atol'))}"),
@@ -99,7 +99,7 @@ def _finding(lines, f: Finding, title, ctx_source=None):
             rows.append((_code(v.key), _code(f"{dtype}{shape}"),
                          "yes" if vm is not None and vm.bitwise_equal else
                          ("-" if not v.compared else "no"),
-                         fmt(vm.max_rel if vm else None), fmt(vm.max_ulp if vm else None),
+                         fmt(vm.max_rel if vm else None), ulp_cell(vm),
                          fmt_pct(vm.beyond_tolerance_fraction if vm else None)))
         lines += _table(["output", "value", "bitwise equal", "max rel", "max ULP", "beyond tol"], rows)
         if len(f.values) > len(values):
@@ -189,9 +189,10 @@ def render(result: LocateResult, ctx: Optional[ReportContext] = None) -> str:
     if steps:
         total = result.optimizer_steps_total or len(steps)
         lines += [f"## Optimizer steps ({total} compared)", ""]
-        rows = [(str(s.step), "yes" if s.bitwise_equal else "no", fmt(s.max_rel),
-                 fmt(s.max_abs), _code(s.worst or "-")) for s in steps]
-        table = _table(["step", "bitwise equal", "max rel", "max abs", "worst parameter"],
+        rows = [(str(s.step), "yes" if s.bitwise_equal else "no", fmt(s.rel_l2),
+                 fmt(s.max_abs), fmt(s.max_rel), _code(s.worst or "-")) for s in steps]
+        table = _table(["step", "bitwise equal", "relative L2", "max abs", "max rel",
+                        "worst parameter (max rel)"],
                        rows[:MAX_STEP_ROWS])
         if len(rows) > 8:
             lines += ["<details><summary>per-step table</summary>", ""] + table + \

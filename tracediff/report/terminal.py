@@ -21,7 +21,7 @@ from rich.console import Console
 
 from ..diff.result import Finding, Gap, LocateResult
 from ..untrusted import markup
-from .common import typed
+from .common import typed, ulp_cell
 from .json_report import next_steps
 
 MAX_ENV = 15
@@ -96,6 +96,8 @@ def _finding(console, title, f: Finding, verbose=False, context=None):
         console.print(f"  device: {dev}")
     if f.device_note:
         console.print(f"  devices: {markup(f.device_note)}")
+    if f.optimizer:
+        console.print(f"  optimizer: {markup(f.optimizer)}")
     if f.b.op != f.a.op or f.b.framework != f.a.framework:
         console.print(f"  paired with b: {_where(f.b)} (by {markup(f.pair_by)})")
     m = f.metrics
@@ -104,7 +106,7 @@ def _finding(console, title, f: Finding, verbose=False, context=None):
         if m is not None and m.worst_a is not None and m.worst_b is not None else ""))
     if m is not None:
         console.print(f"  max abs {_fmt(m.max_abs)}  max rel {_fmt(m.max_rel)}  "
-                      f"max ulp {_fmt(m.max_ulp)}  mismatched "
+                      f"max ulp {markup(ulp_cell(m, _fmt))}  mismatched "
                       f"{_pct(m.mismatch_fraction)}% of elements (beyond tolerance "
                       f"{_pct(m.beyond_tolerance_fraction)}%)")
     if verbose and len(f.values) > 1:
@@ -114,7 +116,7 @@ def _finding(console, title, f: Finding, verbose=False, context=None):
             state = ("not compared" if not v.compared else
                      "equal" if vm is not None and vm.bitwise_equal else
                      f"max rel {_fmt(vm.max_rel if vm else None)}, "
-                     f"max ulp {_fmt(vm.max_ulp if vm else None)}")
+                     f"max ulp {ulp_cell(vm, _fmt)}")
             dtype, shape = (desc.dtype, desc.shape) if desc is not None else (None, None)
             console.print(f"    output {markup(v.key)} "
                           f"{markup(str(dtype) + str(shape))}: {markup(state)}")
@@ -180,13 +182,15 @@ def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bo
             console.print("first bitwise difference: the same event")
         elif r.first_beyond_tolerance is not None and not verbose:
             # short form: the beyond-tolerance finding above is the main one
-            max_ulp = fd.metrics.max_ulp if fd.metrics is not None else None
+            fm = fd.metrics
             word = {True: "introduced here", False: "inherited"}.get(fd.inputs_match, "inputs unknown")
             console.print(f"[bold]first bitwise difference[/] (earlier, within tolerance): "
                           f"{_what(fd)}  (a #{fd.a.index}, b #{fd.b.index}"
                           f"{', ' + markup(fd.origin) if fd.origin else ''})"
                           f"{'  ' + markup(fd.a.source) if fd.a.source else ''}; "
-                          f"max ulp {_fmt(max_ulp)}, {word}  [dim](-v for details)[/]")
+                          f"max abs {_fmt(fm.max_abs if fm else None)}, max rel "
+                          f"{_fmt(fm.max_rel if fm else None)}, max ulp {markup(ulp_cell(fm, _fmt))}, "
+                          f"{word}  [dim](-v for details)[/]")
         else:
             _finding(console, "first bitwise difference", fd, verbose, context_a)
     elif r.first_beyond_tolerance is None:
@@ -223,16 +227,17 @@ def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bo
             last = r.optimizer_steps[-1]
             console.print(f"optimizer steps: {r.optimizer_steps_total} compared; parameters first "
                           f"differ in the "
-                          f"snapshot of step {s0.step} (max rel {_fmt(s0.max_rel)} in "
-                          f"{markup(str(s0.worst))}); last step {last.step}: max rel "
-                          f"{_fmt(last.max_rel)}")
+                          f"snapshot of step {s0.step} (relative L2 {_fmt(s0.rel_l2)}, max abs "
+                          f"{_fmt(s0.max_abs)}; max rel {_fmt(s0.max_rel)} in "
+                          f"{markup(str(s0.worst))}); last step {last.step}: relative L2 "
+                          f"{_fmt(last.rel_l2)}, max abs {_fmt(last.max_abs)}")
         else:
             console.print(f"optimizer steps: {r.optimizer_steps_total} compared, parameters "
                           f"bitwise identical")
         if verbose and diff:
             for s in r.optimizer_steps:
                 console.print(f"  step {s.step:>5}  "
-                              f"{'equal' if s.bitwise_equal else 'max rel ' + _fmt(s.max_rel)}"
+                              f"{'equal' if s.bitwise_equal else 'relative L2 ' + _fmt(s.rel_l2) + ', max abs ' + _fmt(s.max_abs) + ', max rel ' + _fmt(s.max_rel)}"
                               f"{'' if s.bitwise_equal else '  in ' + markup(str(s.worst))}")
     if r.env_diff:
         console.print("environment differences (a -> b):")
