@@ -36,7 +36,12 @@ def jax_gru(recorded):
 @pytest.fixture(scope="session")
 def recorded(tmp_path_factory):
     """Recordings shared by every module (tests/helpers.Recordings): ask for
-    `recorded("torch_dot.py")` or `recorded.many({...})` instead of recording again."""
+    `recorded("torch_dot.py")` or `recorded.many({...})` instead of recording again.
+    Under pytest-xdist the folder is the run's, shared by its workers."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        folder = tmp_path_factory.getbasetemp().parent / "recordings"
+        folder.mkdir(exist_ok=True)
+        return Recordings(folder)
     return Recordings(tmp_path_factory.mktemp("recordings"))
 
 

@@ -1,5 +1,6 @@
 """Shared test helpers: run the real CLI in a subprocess, as a user would."""
 
+import hashlib
 import json
 import os
 import subprocess
@@ -123,11 +124,14 @@ def record_many(jobs, max_parallel=2):
 
 
 class Recordings:
-    """Recordings shared by the whole test session: each distinct (script, args, env,
-    options, tag) is recorded once, whichever module asks first, and handed to every
-    module that asks again. The files are made read-only so that no test edits a shared
-    trace in place (copy it first). `tag` tells apart two recordings of the same run
-    (two identical runs must match)."""
+    """Recordings shared by the whole test run: each distinct (script, args, env, options,
+    tag) is recorded once, whichever module asks first, and handed to every module that
+    asks again — across pytest-xdist workers too: FOLDER is shared by the workers, a file
+    lock per recording makes the first worker that asks record it while another that asks
+    waits for it, and the recording's output (stdout, stderr) is kept beside the trace.
+    The files are made read-only so that no test edits a shared trace in place (copy it
+    first). `tag` tells apart two recordings of the same run (two identical runs must
+    match)."""
 
     def __init__(self, folder):
         self.folder = folder
@@ -139,28 +143,70 @@ class Recordings:
         return (script, tuple(map(str, args)), tuple(sorted((env or {}).items())),
                 tuple(map(str, options)), tag)
 
+    def _out(self, key):
+        digest = hashlib.sha1(repr(key).encode()).hexdigest()[:12]
+        return self.folder / f"{os.path.basename(key[0])[:-3]}-{digest}.h5"
+
     def __call__(self, script, *args, env=None, options=(), tag=""):
         """The path of SCRIPT ARGS recorded with ENV and `tracediff record` OPTIONS."""
         return self.many({"one": (script, args, env, options, tag)})["one"]
 
     def many(self, jobs):
-        """{key: (script, args, env[, options[, tag]])} -> {key: path}; what is not
-        recorded yet is recorded two at a time."""
+        """{key: (script, args, env[, options[, tag]])} -> {key: path}; what no worker
+        has recorded yet is recorded here, two at a time."""
+        from filelock import FileLock, Timeout
+
         keys = {k: self._key(*job) for k, job in jobs.items()}
-        todo = {}
-        for k, key in keys.items():
-            if key not in self.paths and key not in todo.values():
-                todo[k] = key
-        if todo:
-            start = len(self.paths)
-            outs = {k: self.folder / f"r{start + i}_{os.path.basename(key[0])[:-3]}.h5"
-                    for i, (k, key) in enumerate(todo.items())}
-            procs = record_many({k: (key[0], outs[k], key[1], dict(key[2]), list(key[3]))
-                                 for k, key in todo.items()})
-            for k, key in todo.items():
-                os.chmod(outs[k], 0o444)
-                self.paths[key], self.procs[outs[k]] = outs[k], procs[k]
+        mine, theirs = {}, {}
+        for key in dict.fromkeys(keys.values()):
+            if key in self.paths:
+                continue
+            lock = FileLock(str(self._out(key)) + ".lock")
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:             # another worker is recording it now
+                theirs[key] = lock
+                continue
+            if self._load(key):
+                lock.release()
+            else:
+                mine[key] = lock
+        try:
+            self._record(list(mine))
+        finally:
+            for lock in mine.values():
+                lock.release()
+        for key, lock in theirs.items():
+            with lock:
+                if not self._load(key):  # that worker failed: record it here
+                    self._record([key])
         return {k: self.paths[key] for k, key in keys.items()}
+
+    def _record(self, keys):
+        if not keys:
+            return
+        outs = {key: self._out(key) for key in keys}
+        procs = record_many({i: (key[0], outs[key], key[1], dict(key[2]), list(key[3]))
+                             for i, key in enumerate(keys)})
+        for i, key in enumerate(keys):
+            proc = procs[i]
+            os.chmod(outs[key], 0o444)
+            with open(str(outs[key]) + ".json", "w") as f:   # written last: "recorded"
+                json.dump({"args": proc.args, "stdout": proc.stdout, "stderr": proc.stderr}, f)
+            self.paths[key], self.procs[outs[key]] = outs[key], proc
+
+    def _load(self, key):
+        """Take a recording another worker finished; False if there is none."""
+        out = self._out(key)
+        try:
+            with open(str(out) + ".json") as f:
+                done = json.load(f)
+        except FileNotFoundError:
+            return False
+        self.paths[key] = out
+        self.procs[out] = subprocess.CompletedProcess(done["args"], 0, done["stdout"],
+                                                      done["stderr"])
+        return True
 
     def proc(self, path):
         """The CompletedProcess of the recording at PATH (its stdout is the script's)."""
