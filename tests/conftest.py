@@ -1,11 +1,38 @@
 """Session-wide recordings shared by several test modules (each is recorded once)."""
 
 import os
+import shutil
 import subprocess
+import tempfile
 
 import pytest
 
 from .helpers import FIXTURES, ROOT, Recordings
+
+def pytest_configure(config):
+    """One XLA compilation cache for the whole run (this process, the xdist workers and
+    every recording they start inherit it): the same fixture recorded four ways compiles
+    its programs once. The cache is keyed by jaxlib version, XLA flags and program, so
+    values are the ones an uncached run computes; `locate` does not list these variables
+    as environment differences (diff/env.py). A fresh folder per run: nothing carries
+    over from a previous run."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return
+    folder = tempfile.mkdtemp(prefix="tracediff-tests-xla-")
+    config._tracediff_xla_cache = folder
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = folder
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
+
+
+def pytest_unconfigure(config):
+    folder = getattr(config, "_tracediff_xla_cache", None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+        os.environ.pop("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", None)
+        os.environ.pop("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", None)
+
 
 PERTURB = os.path.join(ROOT, "tests", "perturb")
 GRU_STEPS = "3"

@@ -64,10 +64,9 @@ def _env(cache, *paths):
 
 
 @pytest.fixture(scope="module")
-def traces(tmp_path_factory, request):
+def traces(tmp_path_factory):
     d = tmp_path_factory.mktemp("ports")
-    cache = request.config.cache.mkdir("tracediff-ports-xla") \
-        if getattr(request.config, "cache", None) else d / "xla-cache"
+    cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or d / "xla-cache"   # conftest's
     specs = ["|".join((name, os.path.join(FIXTURES, script), fws, *args))
              for name, script, fws, args in JOBS]
     # the transformer with torch's addmm multiplying in TF32 precision, alongside

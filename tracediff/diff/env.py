@@ -2,10 +2,15 @@
 
 import re
 
-# Manifest keys that are not differences worth listing (they always differ).
+# Manifest keys that are not differences worth listing: they always differ, or they say
+# where (and whether) compiled code is cached — a compilation cache is keyed by the
+# compiler's version, flags and program, so it changes how long a run takes, not its numbers.
 IGNORED = {"created", "pid", "python.executable", "script.path", "script.argv.0",
            "recording.tool", "end.duration_s", "end.wall_s", "end.elapsed_s", "duration_s",
-           "env.TORCHINDUCTOR_CACHE_DIR", "env.TRITON_CACHE_DIR"}
+           "env.TORCHINDUCTOR_CACHE_DIR", "env.TRITON_CACHE_DIR",
+           "env.JAX_COMPILATION_CACHE_DIR", "env.JAX_ENABLE_COMPILATION_CACHE",
+           "env.JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+           "env.JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"}
 IGNORED_PREFIX = ("end.", "counts.", "stats.", "frameworks.jax.replay_vs_compiled.",
                   "frameworks.jax.probe.", "frameworks.torch.compile.stats.")
 # leaf names that are recording statistics or notes, not environment
