@@ -162,7 +162,8 @@ def locate_ranks(a, b, rtol: Optional[float] = None, atol: Optional[float] = Non
     for s in diverged[1:]:
         via = s.op if s.at_collective and s.inputs_match is not False else None
         spread.append(Spread(rank=s.rank, step=s.step, op=s.op, via=via,
-                             collective=s.collective if via else None, source=s.source))
+                             collective=s.collective if via else None, source=s.source,
+                             device=s.device or ""))
     if first.at_collective and first.inputs_match:
         note = (f"rank {first.rank} first differs at a collective ({first.op}) whose inputs "
                 f"match: the collective's own result differs (a nondeterministic reduction, "
