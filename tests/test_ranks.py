@@ -65,9 +65,9 @@ dist.destroy_process_group()
 """
 
 
-def _torchrun(out, port, *args):
+def _torchrun(out, port, *args, nproc=NPROC):
     return subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(NPROC),
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
          "--master-addr", "127.0.0.1", "--master-port", str(port),
          "-m", "tracediff", "record", "-o", f"{out}{os.sep}", SCRIPT, *args],
         env=script_env(GLOO_ENV), cwd=ROOT, text=True,
