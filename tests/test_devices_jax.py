@@ -203,6 +203,26 @@ def test_locate_names_the_same_device_step_and_line_on_dask(runs, tmp_path):
     assert "copy on cpu:3 differs" in r["first_beyond_tolerance"]["note"]
 
 
+def test_spread_names_the_device_of_each_ranks_divergence(runs):
+    """Two per-rank results combined as `locate DIR DIR` combines them (the recordings
+    are single-process: rank 0 = the fault before the pmean, rank 1 = after it)."""
+    from tracediff.diff import ranks as diff_ranks
+    from tracediff.report.ranks import print_ranks
+    from rich.console import Console
+
+    opts = {"rtol": None, "atol": None, "ulp": None, "explain": False}
+    rr = diff_ranks.combine([diff_ranks.locate_pair(0, runs["sm_a"], runs["sm_b"], opts),
+                             diff_ranks.locate_pair(1, runs["sm_a"], runs["sm_after"], opts)])
+    assert rr.first_rank == 0 and [s.device for s in rr.ranks] == ["cpu:3", "cpu:3"]
+    (sp,) = rr.spread
+    assert (sp.rank, sp.device, sp.step, sp.via) == (1, "cpu:3", 1, None)
+    assert sp.source == _line("jax_shard_map_pmean.py", AFTER_LINE)
+    assert tracediff.to_json(rr)["spread"][0]["device"] == "cpu:3"
+    console = Console(record=True, width=200, color_system=None)
+    print_ranks(rr, console=console)
+    assert "rank 1 on cpu:3 diverged on its own at mul step 1" in console.export_text()
+
+
 # -- the per-device tables as untrusted input (written by the real writer, edited with h5py)
 
 def _small_trace(path):

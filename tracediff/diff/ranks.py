@@ -151,7 +151,12 @@ def locate_ranks(a, b, rtol: Optional[float] = None, atol: Optional[float] = Non
     pairs = pair_ranks(a, b)
     options = {"rtol": rtol, "atol": atol, "ulp": ulp, "explain": explain}
     jobs = [(r, os.path.abspath(pa), os.path.abspath(pb), options) for r, pa, pb in pairs]
-    done = pool.run(locate_pair, jobs, workers=workers, scheduler=scheduler)
+    return combine(pool.run(locate_pair, jobs, workers=workers, scheduler=scheduler))
+
+
+def combine(done) -> RanksResult:
+    """The `RanksResult` of the per-rank `locate_pair` results (in rank order): the
+    earliest divergence, and how it reached the other ranks."""
     summaries = [s for s, _ in done]
     results = {s.rank: res for s, res in done}
     diverged = sorted((s for s in summaries if s.verdict == "diverged"), key=_order)

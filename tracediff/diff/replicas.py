@@ -21,7 +21,10 @@ per-device results of a replicated collective (`psum`, `pmean`, `all_gather`, `p
 `pmin` replayed per device) and of every per-device op computed only from such results
 and constants (grouped across devices by call, step, op, line and occurrence). The
 earliest event where a device's copy differs names it, descending from a call (or a
-`shard_map` equation) whose replicas differ into the op inside it that departed.
+`shard_map` equation) whose replicas differ into the op inside it that departed: a
+replicated op that differs there, else the first op of that device in the body that
+reads a replicated value and whose result is not what most devices got (a per-device
+update after the all-reduce also reads `axis_index`, so it is not itself replicated).
 """
 
 from __future__ import annotations
