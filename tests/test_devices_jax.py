@@ -2,7 +2,9 @@
 the script itself, located by device, step, op and source line; per-device values read
 back through `Trace.device_values`."""
 
+import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -32,6 +34,8 @@ def runs(recorded):
     for key, script in SCRIPTS.items():
         jobs[key + "_a"] = (script, (), EIGHT)
         jobs[key + "_b"] = (script, ("--fault",), EIGHT)
+    # device 3 scales its copy of the averaged gradient: the replicated weights part
+    jobs["sm_after"] = ("jax_shard_map_pmean.py", ("--fault", "after"), EIGHT)
     return recorded.many(jobs)
 
 
@@ -136,6 +140,87 @@ def test_device_in_show_and_reports(runs, reports, tmp_path):
         assert proc.returncode == 0, proc.stderr
         text = out.read_text()
         assert "device" in text and "cpu:3" in text
+
+
+# -- `tracediff replicas` on one trace: the per-device copies that must agree
+
+AFTER_LINE = 'return g * (1.0 + after * (lax.axis_index("data") == 3))'
+
+
+def test_replicas_names_the_device_step_op_and_line_inside_the_body(runs):
+    proc = run_cli("replicas", runs["sm_after"], "--json")
+    assert proc.returncode == 1, proc.stderr
+    r = json.loads(proc.stdout)
+    first = r["first"]
+    assert r["verdict"] == "diverged" and r["devices"] == ["cpu:3"] and r["ranks"] == []
+    # the op inside the shard_map body that took device 3's copy away from the pmean's
+    # result, not the shard_map call around it
+    assert (first["device"], first["step"], first["op"]) == ("cpu:3", 1, "mul")
+    assert first["source"] == _line("jax_shard_map_pmean.py", AFTER_LINE)
+    with tracediff.load(runs["sm_after"]) as t:
+        ev = t.event(first["event"])
+        assert ev["device"] == "cpu:3" and t.event(ev["parent"])["op"] == "shard_map"
+        # its first input is the pmean's result, equal on every device
+        pmean = int(t.input_rows(first["event"])[0]["producer"])
+        assert t.event(pmean)["op"] == "div" and t.event(pmean)["device"] == "cpu:3"
+    shown = run_cli("replicas", runs["sm_after"], env={"NO_COLOR": "1", "COLUMNS": "200"})
+    assert shown.returncode == 1
+    assert ("replicas part on device cpu:3 at mul (forward) step 1  "
+            + _line("jax_shard_map_pmean.py", AFTER_LINE)) in shown.stdout
+
+
+def test_replicas_of_the_clean_run_and_of_a_fault_before_the_pmean_are_consistent(runs):
+    for key in ("sm_a", "sm_b"):   # before the pmean: every device gets the same average
+        proc = run_cli("replicas", runs[key], "--json")
+        assert proc.returncode == 0, proc.stderr
+        r = json.loads(proc.stdout)
+        assert r["verdict"] == "consistent" and r["first"] is None and r["checked"] >= 16
+    shown = run_cli("replicas", runs["sm_a"], env={"NO_COLOR": "1"})
+    assert "consistent" in shown.stdout.lower()
+
+
+def test_locate_names_the_same_device_step_and_line_on_dask(runs, tmp_path):
+    """Two runs against each other, each a directory holding its one 8-device trace: the
+    pair is one task on a Dask LocalCluster (the per-rank pool of `locate DIR DIR`)."""
+    distributed = pytest.importorskip("distributed")
+    dirs = []
+    for key in ("sm_a", "sm_after"):
+        d = tmp_path / key
+        d.mkdir()
+        shutil.copy(runs[key], d / "run.h5")
+        dirs.append(d)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster:
+        proc = run_cli("locate", *dirs, "--json", "--no-explain", "--scheduler",
+                       cluster.scheduler_address)
+    assert proc.returncode == 1, proc.stderr
+    r = json.loads(proc.stdout)
+    a = r["first_difference"]["a"]
+    assert (a["device"], a["step"], a["op"]) == ("cpu:3", 1, "mul")
+    assert a["source"] == _line("jax_shard_map_pmean.py", AFTER_LINE)
+    assert r["ranks"][0]["device"] == "cpu:3"
+    # the global value of the call matches; its copy on device 3 does not: the script saw it
+    assert "copy on cpu:3 differs" in r["first_beyond_tolerance"]["note"]
+
+
+def test_spread_names_the_device_of_each_ranks_divergence(runs):
+    """Two per-rank results combined as `locate DIR DIR` combines them (the recordings
+    are single-process: rank 0 = the fault before the pmean, rank 1 = after it)."""
+    from tracediff.diff import ranks as diff_ranks
+    from tracediff.report.ranks import print_ranks
+    from rich.console import Console
+
+    opts = {"rtol": None, "atol": None, "ulp": None, "explain": False}
+    rr = diff_ranks.combine([diff_ranks.locate_pair(0, runs["sm_a"], runs["sm_b"], opts),
+                             diff_ranks.locate_pair(1, runs["sm_a"], runs["sm_after"], opts)])
+    assert rr.first_rank == 0 and [s.device for s in rr.ranks] == ["cpu:3", "cpu:3"]
+    (sp,) = rr.spread
+    assert (sp.rank, sp.device, sp.step, sp.via) == (1, "cpu:3", 1, None)
+    assert sp.source == _line("jax_shard_map_pmean.py", AFTER_LINE)
+    assert tracediff.to_json(rr)["spread"][0]["device"] == "cpu:3"
+    console = Console(record=True, width=200, color_system=None)
+    print_ranks(rr, console=console)
+    assert "rank 1 on cpu:3 diverged on its own at mul step 1" in console.export_text()
 
 
 # -- the per-device tables as untrusted input (written by the real writer, edited with h5py)

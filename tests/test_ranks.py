@@ -65,9 +65,9 @@ dist.destroy_process_group()
 """
 
 
-def _torchrun(out, port, *args):
+def _torchrun(out, port, *args, nproc=NPROC):
     return subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(NPROC),
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
          "--master-addr", "127.0.0.1", "--master-port", str(port),
          "-m", "tracediff", "record", "-o", f"{out}{os.sep}", SCRIPT, *args],
         env=script_env(GLOO_ENV), cwd=ROOT, text=True,
@@ -179,6 +179,7 @@ def test_locate_directories_says_how_it_spread(located):
         # the next step's gradient all-reduce carried rank 2's parameters' difference
         assert s["via"] == "c10d::allreduce_" and s["step"] == FAULT_STEP + 1
         assert s["source"] == BACKWARD_LINE
+        assert "device" not in s   # torch on the CPU records no device (JAX traces do)
     ranks = {r["rank"]: r for r in located["ranks"]}
     assert ranks[0]["at_collective"] and ranks[0]["inputs_match"] is True
     assert not ranks[FAULT_RANK]["at_collective"]

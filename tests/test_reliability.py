@@ -407,11 +407,13 @@ def test_torchrun_two_ranks_write_one_trace_each_and_locate_rank_to_rank(tmp_pat
     for rank in (0, 1):
         result = tracediff.locate(tmp_path / f"a.rank{rank}.h5", tmp_path / f"b.rank{rank}.h5")
         assert result.alignment["matched"] == len(tracediff.load(tmp_path / f"a.rank{rank}.h5"))
-        # Measured: the output of an in-place collective (c10d::allreduce_ on gloo) is
-        # recorded when the op is dispatched, before the reduction has finished, so its
-        # recorded value can differ between identical runs. Nothing else may.
-        first = result.first_difference
-        assert first is None or first.a["op"].startswith("c10d::"), first.a
+        # a collective is recorded after its Work is waited for (capture/torch_collectives.py):
+        # its output is the reduced value this rank received, the same in identical runs
+        assert result.first_difference is None, result.first_difference.a
+        with tracediff.load(tmp_path / f"a.rank{rank}.h5") as t:
+            e = next(i for i in range(len(t)) if t.event(i)["op"] == "c10d::allreduce_")
+            x = np.arange(4, dtype=np.float32)
+            np.testing.assert_allclose(t.outputs(e)[0], np.sin(x) + np.sin(2 * x), rtol=1e-6)
 
 
 THREADS = """

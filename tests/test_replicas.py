@@ -4,12 +4,13 @@ rank, step, op and line from its own traces; the clean run is consistent. Record
 per session (`test_ranks.record_ddp_runs`)."""
 
 import json
+import os
 import shutil
 
 import pytest
 
 from .helpers import run_cli
-from .test_ranks import FAULT_LINE, FAULT_RANK, FAULT_STEP, NPROC, record_ddp_runs
+from .test_ranks import FAULT_LINE, FAULT_RANK, FAULT_STEP, NPROC, _torchrun, record_ddp_runs
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +28,31 @@ def test_faulty_run_names_rank_step_op_and_line(runs):
         (FAULT_RANK, FAULT_STEP, "aten::mul_.Tensor", FAULT_LINE)
     assert first["device"] == "" and r["departed"] == [FAULT_RANK]
     assert r["ranks"] == list(range(NPROC)) and r["reference_rank"] == 0
+
+
+@pytest.fixture(scope="module")
+def rank0_departs(tmp_path_factory):
+    """3 ranks, 1 step, rank 0's gradient scaled after the all-reduce: the reference rank
+    itself departs (the smallest run where a majority can tell; ~20 s of CPU)."""
+    out = tmp_path_factory.mktemp("rank0") / "run"
+    proc = _torchrun(out, 28100 + os.getpid() % 500, "--steps", "1", "--fault-rank", "0",
+                     "--fault-step", "0", nproc=3)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-4000:]
+    return out
+
+
+def test_rank_0_departing_is_named_by_the_majority(rank0_departs):
+    proc = run_cli("replicas", rank0_departs, "--json", "--workers", "1")
+    assert proc.returncode == 1, proc.stderr
+    r = json.loads(proc.stdout)
+    first = r["first"]
+    assert (first["rank"], first["step"], first["op"], first["source"]) == \
+        (0, 0, "aten::mul_.Tensor", FAULT_LINE)
+    assert r["departed"] == [0] and r["ranks"] == [0, 1, 2] and r["note"] in ("", None)
+    shown = run_cli("replicas", rank0_departs, "--workers", "1", env={"NO_COLOR": "1"})
+    assert f"replicas part on rank 0 at aten::mul_.Tensor (forward) step 0  {FAULT_LINE}" \
+        in shown.stdout
 
 
 def test_clean_run_is_consistent(runs):

@@ -48,6 +48,7 @@ class Differ:
     def __init__(self, ta, tb, rtol=None, atol=None, alignment=None, sides=None):
         self.ta, self.tb = ta, tb
         self.rtol, self.atol = rtol, atol
+        self._departed_cache = {}   # (call a, call b, level) -> departed devices
         if sides is None:
             strings = _align.StringIds()
             sides = _align.prepare(ta, strings), _align.prepare(tb, strings)
@@ -443,6 +444,13 @@ class Differ:
             return None  # only the first replay-only difference is kept: nothing to measure
         if self.equal_at(ea, eb, level):
             return None
+        dev = self.ta.event_device(ea) if self.ta.has_devices() else ""
+        if dev and dev in self._departed_copies(c, cb, level):
+            # the call's global value (one replica) matches, but its copy on this
+            # equation's device does not: the script saw it there
+            return self.finding(ea, eb, level, note=(
+                f"the compiled outputs of the enclosing call (event {c}) match as global "
+                f"values, but their copy on {dev} differs: that device departed"))
         note = (f"replay-only: the compiled outputs of the enclosing call (event {c}) "
                 f"match{' bitwise' if level == BITWISE else ' within tolerance'}; "
                 f"the script did not see this difference")
@@ -452,6 +460,33 @@ class Differ:
         if s.replay_only is None:
             s.replay_only = f
         return None
+
+    def _departed_copies(self, ca, cb, level):
+        """The devices whose per-device copy of call ca's outputs differs from b's copy
+        (same device, shard and replica) at `level`, though the global values match."""
+        key = (ca, cb, level)
+        cache = self._departed_cache
+        if key not in cache:
+            out = set()
+            if self.tb.has_devices():
+                slots = sorted({int(r["slot"]) for r in self.ta.value_rows(ca, schema.ROLE_OUT)})
+                for slot in slots:
+                    da, db = self.ta.device_values(ca, slot), self.tb.device_values(cb, slot)
+                    by_key = {(v.device, v.shard, v.replica): v for v in db}
+                    for v in da:
+                        w = by_key.get((v.device, v.shard, v.replica))
+                        if w is None or not v.digest or v.digest == w.digest:
+                            continue
+                        if level == BITWISE:
+                            out.add(v.device)
+                            continue
+                        xa, xb = v.value(), w.value()
+                        m = compare.compare_arrays(xa, xb, str(xa.dtype), self.rtol, self.atol,
+                                                   ulp=self.ulp)
+                        if not m["within_tolerance"]:
+                            out.add(v.device)
+            cache[key] = out
+        return cache[key]
 
     def _search_call(self, ea, eb, s):
         """A compiled call whose outputs differ: the first of its replayed equations that

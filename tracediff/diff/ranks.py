@@ -151,7 +151,12 @@ def locate_ranks(a, b, rtol: Optional[float] = None, atol: Optional[float] = Non
     pairs = pair_ranks(a, b)
     options = {"rtol": rtol, "atol": atol, "ulp": ulp, "explain": explain}
     jobs = [(r, os.path.abspath(pa), os.path.abspath(pb), options) for r, pa, pb in pairs]
-    done = pool.run(locate_pair, jobs, workers=workers, scheduler=scheduler)
+    return combine(pool.run(locate_pair, jobs, workers=workers, scheduler=scheduler))
+
+
+def combine(done) -> RanksResult:
+    """The `RanksResult` of the per-rank `locate_pair` results (in rank order): the
+    earliest divergence, and how it reached the other ranks."""
     summaries = [s for s, _ in done]
     results = {s.rank: res for s, res in done}
     diverged = sorted((s for s in summaries if s.verdict == "diverged"), key=_order)
@@ -162,7 +167,8 @@ def locate_ranks(a, b, rtol: Optional[float] = None, atol: Optional[float] = Non
     for s in diverged[1:]:
         via = s.op if s.at_collective and s.inputs_match is not False else None
         spread.append(Spread(rank=s.rank, step=s.step, op=s.op, via=via,
-                             collective=s.collective if via else None, source=s.source))
+                             collective=s.collective if via else None, source=s.source,
+                             device=s.device or ""))
     if first.at_collective and first.inputs_match:
         note = (f"rank {first.rank} first differs at a collective ({first.op}) whose inputs "
                 f"match: the collective's own result differs (a nondeterministic reduction, "

@@ -21,7 +21,10 @@ per-device results of a replicated collective (`psum`, `pmean`, `all_gather`, `p
 `pmin` replayed per device) and of every per-device op computed only from such results
 and constants (grouped across devices by call, step, op, line and occurrence). The
 earliest event where a device's copy differs names it, descending from a call (or a
-`shard_map` equation) whose replicas differ into the op inside it that departed.
+`shard_map` equation) whose replicas differ into the op inside it that departed: a
+replicated op that differs there, else the first op of that device in the body that
+reads a replicated value and whose result is not what most devices got (a per-device
+update after the all-reduce also reads `axis_index`, so it is not itself replicated).
 """
 
 from __future__ import annotations
@@ -210,26 +213,30 @@ def check_devices(path) -> ReplicasResult:
         ev_sorted, prod = inp["event"][order], inp["producer"][order]
         bounds = np.searchsorted(ev_sorted, np.arange(n + 1))
         device_of = getattr(t, "event_device", lambda e: "")
+        group_of, reads_rep = {}, {}   # every per-device event: its group; reads a rep value?
         for e in range(n):
             dev = device_of(e)
             if not dev:
                 continue
             ev = t.event(e)
-            ps = prod[bounds[e]:bounds[e + 1]]
-            known = [int(p) for p in ps if p >= 0]
-            consts = sum(1 for p in ps if p in (schema.PRODUCER_LITERAL, schema.PRODUCER_CONST))
-            if not (ev["op"] in JAX_REPLICATED or
-                    (known and len(known) + consts == len(ps) and all(p in rep for p in known))):
-                continue
-            rep.add(e)
-            dvs = t.device_values(e)
-            if len(dvs) != 1 or not dvs[0].digest:
-                continue
             key0 = (ev["call"], ev["step"], ev["op"], ev["source"], ev["iter"])
             seen[(key0, dev)] += 1
-            groups.setdefault(key0 + (seen[(key0, dev)],), []).append((dev, dvs[0].digest, e))
-        for copies in groups.values():
-            if len(copies) < 2:
+            key = key0 + (seen[(key0, dev)],)
+            group_of[e] = key
+            members = groups.setdefault(key, [])
+            members.append(e)
+            ps = prod[bounds[e]:bounds[e + 1]]
+            known = [int(p) for p in ps if p >= 0]
+            reads_rep[e] = any(p in rep for p in known)
+            consts = sum(1 for p in ps if p in (schema.PRODUCER_LITERAL, schema.PRODUCER_CONST))
+            if ev["op"] in JAX_REPLICATED or \
+                    (known and len(known) + consts == len(ps) and all(p in rep for p in known)):
+                rep.add(e)
+        for members in groups.values():
+            if len(members) < 2 or members[0] not in rep:
+                continue
+            copies = [(device_of(e), _digest(t, e), e) for e in members]
+            if any(not c[1] for c in copies):
                 continue
             checked += 1
             i = _minority([c[1] for c in copies])
@@ -238,7 +245,49 @@ def check_devices(path) -> ReplicasResult:
         if not departures:
             return ReplicasResult(verdict="consistent", checked=checked, ranks=[])
         e, dev = _innermost(t, sorted(departures))
-        return _device_departure(t, e, dev, checked)
+        body = _body_origin(t, e, dev, groups, group_of, reads_rep, rep, device_of)
+        return _device_departure(t, body if body is not None else e, dev, checked)
+
+
+def _digest(t, e) -> str:
+    """The content digest of a per-device event's one copy ("" when there is none)."""
+    dvs = t.device_values(e)
+    return dvs[0].digest if len(dvs) == 1 else ""
+
+
+def _body_origin(t, outer, device, groups, group_of, reads_rep, rep, device_of):
+    """Inside a departed call or `shard_map` equation: the earliest per-device op of
+    `device` that reads a replicated value (a collective's result, or what is computed
+    only from such results) and whose result is not the one most devices got. That is
+    where the device's copy left the replicated values (a per-device update applied
+    after the all-reduce), though the op also reads a per-device value (`axis_index`)
+    and so is not itself checked as replicated. None: no such op (the body was not
+    recorded per device, or the departure is not in it)."""
+    parent, call = t.events["parent"], t.events["call"]
+
+    def inside(e):
+        hops = 0
+        while e >= 0 and hops < 64:
+            p, c = int(parent[e]), int(call[e])
+            if outer in (p, c):
+                return True
+            e, hops = p, hops + 1
+        return False
+
+    for e in sorted(group_of):
+        if e <= outer or device_of(e) != device or not reads_rep.get(e) or e in rep:
+            continue
+        if not inside(e):
+            continue
+        members = groups[group_of[e]]
+        if len(members) < 3:
+            continue
+        digests = [_digest(t, m) for m in members]
+        mine = digests[members.index(e)]
+        common, count = Counter(digests).most_common(1)[0]
+        if mine and common and mine != common and count * 2 > len(members):
+            return e
+    return None
 
 
 def _innermost(t, departures):

@@ -608,6 +608,7 @@ class Spread(_ByKey):
     via: Optional[str] = None             # the collective op that carried it
     collective: Optional[int] = None      # its ordinal along the rank's collectives
     source: str = ""
+    device: str = ""                      # the device of the rank's first divergence, if known
 
 
 @dataclass

@@ -345,7 +345,8 @@ def analysis_json(an: Optional[Analysis]) -> dict:
 # -- many ranks: `tracediff locate DIR_A DIR_B --json`, `tracediff replicas --json` ----------
 
 def rank_json(s) -> dict:
-    """One rank's summary (`RankSummary`)."""
+    """One rank's summary (`RankSummary`) or spread (`Spread`); `device` only where the
+    rank's first divergence is on a known device."""
     out = _plain(s)
     if not out.get("device"):
         out.pop("device", None)
@@ -361,7 +362,7 @@ def ranks_build(rr: RanksResult) -> dict:
     out = build(rr.result)
     out.update(verdict=rr.verdict, exit_code=rr.exit_code, first_rank=rr.first_rank,
                ranks=[rank_json(s) for s in rr.ranks],
-               spread=[_plain(s) for s in rr.spread], ranks_note=rr.note or None)
+               spread=[rank_json(s) for s in rr.spread], ranks_note=rr.note or None)
     return strict(out)
 
 

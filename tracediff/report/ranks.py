@@ -45,12 +45,13 @@ def print_ranks(rr: RanksResult, console: Optional[Console] = None, verbose: boo
         console.print(f"[bold red]DIVERGED[/]: {n} ranks compared; it started on "
                       f"[bold]rank {markup(first.rank)}[/]: {_where(first)} ({how})")
         for sp in rr.spread:
+            on = f" on {markup(sp.device)}" if sp.device else ""
             if sp.via:
-                console.print(f"  rank {markup(sp.rank)} inherited it through "
+                console.print(f"  rank {markup(sp.rank)}{on} inherited it through "
                               f"[bold]{markup(sp.via)}[/] (collective #{markup(sp.collective)}, "
                               f"step {markup(sp.step)}{', ' + markup(sp.source) if sp.source else ''})")
             else:
-                console.print(f"  rank {markup(sp.rank)} diverged on its own at "
+                console.print(f"  rank {markup(sp.rank)}{on} diverged on its own at "
                               f"{markup(sp.op)} step {markup(sp.step)}"
                               f"{'  ' + markup(sp.source) if sp.source else ''}")
         if rr.note:
