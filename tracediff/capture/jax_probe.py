@@ -23,13 +23,17 @@ import numpy as np
 
 from ..trace import schema
 from . import jax_internals
+from .optax_tags import OPTAX_TAG
 
 
 class Prober:
     """Builds, caches and records the probe program of the calls whose name matches."""
 
-    def __init__(self, capture, pattern):
+    def __init__(self, capture, pattern, values_mode=False):
         self.capture = capture
+        # values_mode (`record --jax-values compiled`): the probe *is* how the call's
+        # equations get their values (no op-by-op replay); optax tags are taken from it
+        self.values_mode = values_mode
         self.pattern = pattern
         self._re = re.compile(pattern)
         self._programs = {}   # id(closed jaxpr) -> (closed jaxpr, jitted probe program)
@@ -146,7 +150,11 @@ class Prober:
                 self._emit(site.sub, irefs, call_id, eid, ns, src, rest)
             keep = not cap.filtered or cap.opts.selected(site.op, ns)
             for slot, v in enumerate(eqn.outvars):
-                cap.store(eid, slot, next(rest), store=keep)
+                x = next(rest)
+                cap.store(eid, slot, x, store=keep)
+                if self.values_mode and site.op == "name" and \
+                        str(eqn.params.get("name", "")).startswith(OPTAX_TAG):
+                    cap._pending_optim[eqn.params["name"][len(OPTAX_TAG):]] = cap._host(x)
                 if type(v).__name__ != "DropVar":
                     env[v] = (eid, slot)
 
