@@ -416,7 +416,7 @@ class JaxCapture(Capture):
         if len(self._producers) > 200_000:  # drop dead entries now and then
             self._producers = {k: v for k, v in self._producers.items() if v[0]() is not None}
 
-    def store(self, eid, slot, x, name=None, role=schema.ROLE_OUT, store=True):
+    def store(self, eid, slot, x, name=None, role=schema.ROLE_OUT, store=True, stats=None):
         w = self.session.writer
         dtype = getattr(x, "dtype", None)
         if dtype is None:
@@ -437,7 +437,7 @@ class JaxCapture(Capture):
         except Exception:  # tokens, non-addressable arrays: keep shape and dtype only
             w.add_meta_value(eid, slot, str(dtype), getattr(x, "shape", ()), role=role, name=name)
             return
-        w.add_value(eid, slot, arr, role=role, name=name, logical_dtype=logical)
+        w.add_value(eid, slot, arr, role=role, name=name, logical_dtype=logical, stats=stats)
 
     def _record_call_start(self, name, jaxpr, args):
         self.calls += 1

@@ -42,8 +42,11 @@ def segment_stats(flat, starts, counts, logical):
     per = 1
     if kind == "c":
         flat, per = flat.view(flat.real.dtype), 2
-    x = torch.from_numpy(flat) if flat.size else torch.zeros(0, dtype=torch.float64)
-    return tensor_segment_stats(x, starts, counts, per=per).numpy()
+    # tracediff's own ops: never seen by the recording's dispatch mode (a flush can run
+    # while the mode is active, e.g. from a hook), never tracked by autograd
+    with torch._C._DisableTorchDispatch(), torch.no_grad():
+        x = torch.from_numpy(flat) if flat.size else torch.zeros(0, dtype=torch.float64)
+        return tensor_segment_stats(x, starts, counts, per=per).numpy()
 
 
 def tensor_segment_stats(x, starts, counts, per=1):

@@ -261,8 +261,10 @@ class TraceWriter:
         return idx
 
     def add_value(self, event, slot, array, *, role=schema.ROLE_OUT, name=None, flags=0,
-                  logical_dtype=None, store=True):
+                  logical_dtype=None, store=True, stats=None):
         """Append one value of `event`. `array` must be a host numpy array (or scalar).
+        `stats`: its statistics already computed by the framework (STAT_FIELDS order),
+        used when the value is kept as hash + statistics.
 
         `store=False`: metadata only (no hash). Otherwise the bytes (level "full", under
         `max_bytes`) or the hash and statistics (level "stats", or past the cap); the
@@ -287,7 +289,13 @@ class TraceWriter:
                     self.capped_at_event = int(event)
                 offset = -1
                 flags |= schema.VFLAG_NOT_STORED | schema.VFLAG_STATS
-                self._add_stats(c, storage, dtype_name)
+                if stats is None:
+                    self._add_stats(c, storage, dtype_name)
+                else:
+                    self.stats_values += 1
+                    self._rows["stats"].append((self._counts["values"] + len(self._rows["values"]),
+                                                *(float(v) for v in stats[:4]), int(stats[4]),
+                                                int(stats[5])))
         sid = self._shape_ids.get(shape)
         if sid is None:
             sid = self._shape_ids[shape] = self.intern(values.shape_str(shape))
