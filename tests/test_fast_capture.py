@@ -186,3 +186,39 @@ def test_jax_compiled_values_locate_itself_clean(jax_pair):
 def test_bad_jax_values_mode_is_refused():
     with pytest.raises(ValueError):
         tracediff.record(os.devnull, jax_values="fast")
+
+
+def test_device_batch_reads_values_back_as_the_host_path_stores_them(tmp_path):
+    """The accelerator path (capture/torch_device.py), run with CPU tensors: values held
+    as device copies and read back at the flush get the same hashes, bytes and
+    statistics as values stored at once; a later in-place write does not leak in."""
+    from tracediff.capture import torch_device
+    from tracediff.trace.writer import TraceWriter
+
+    xs = [torch.randn(3, 4), torch.tensor([1.0, float("nan"), float("inf")]),
+          torch.arange(5, dtype=torch.int32), torch.randn(2, 2).to(torch.bfloat16)]
+    for level in ("full", "stats"):
+        w = TraceWriter(tmp_path / f"dev_{level}.h5", {})
+        w.level = level
+        batch = torch_device.DeviceBatch(w, torch)
+        eid = w.add_event(framework=schema.FW_TORCH, kind=schema.KIND_OP, op="test")
+        for slot, x in enumerate(xs):
+            batch.add(eid, slot, x, *torch_device.storage_name(torch, x.dtype), schema.ROLE_OUT, None)
+        originals = [x.clone() for x in xs]
+        xs[0].mul_(2)   # written after the op: the recorded value is the one before
+        w.close()
+        xs[0].copy_(originals[0])
+        with Trace(tmp_path / f"dev_{level}.h5") as t:
+            rows = t.value_rows(eid)
+            assert len(rows) == len(xs)
+            for r, x in zip(rows, originals):
+                bits = x.view(torch.int16) if x.dtype == torch.bfloat16 else x
+                assert int(r["hash"]) == values.digest(bits.numpy().tobytes())
+                if level == "full":
+                    assert t.read_value(r).tobytes() == bits.numpy().tobytes()
+                else:
+                    got = t.value_stats(r)
+                    want = _np_stats(x.float().numpy())
+                    assert got["nan"] == want["nan"] and got["inf"] == want["inf"]
+                    for k in ("min", "max", "mean", "l2"):
+                        np.testing.assert_allclose(got[k], want[k], rtol=1e-6, equal_nan=True)

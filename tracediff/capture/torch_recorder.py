@@ -74,7 +74,7 @@ import weakref
 
 import numpy as np
 
-from . import Capture
+from . import Capture, torch_device
 from ..trace import schema
 
 SUPPORTED = "torch >= 2.1 (tested 2.13)"
@@ -240,6 +240,7 @@ class TorchCapture(Capture):
         self._short = {}
         self._ids = {}           # interned ids: node names, (op, params, module, source)
         self._pcache = {}        # (op info, non-tensor arguments) -> params summary
+        self._device_batch = None  # accelerator values read back in batches (torch_device)
         self._cur_node = torch._C._current_autograd_node
         self._get_seq = torch.autograd._get_sequence_nr
 
@@ -489,6 +490,12 @@ class TorchCapture(Capture):
                 w.add_meta_value(eid, slot, dname, tuple(t.shape), role=role, name=name)
                 return
         if not t.is_cpu:
+            names = torch_device.storage_name(torch, dtype)
+            if names is not None:   # read back in batches, never one op at a time
+                if self._device_batch is None:
+                    self._device_batch = torch_device.DeviceBatch(w, torch)
+                self._device_batch.add(eid, slot, t, names[0], names[1], role, name)
+                return
             t = t.cpu()
         logical = None
         if dtype.is_complex:
