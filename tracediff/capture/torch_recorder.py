@@ -715,18 +715,19 @@ class TorchCapture(Capture):
 
     def _params_cached(self, info, args, kwargs):
         """`_params`, memoised per op and non-tensor argument values (bounded)."""
+        Tensor = _torch.Tensor
         try:
-            key = (info, tuple([_KEY_T if isinstance(a, _torch.Tensor) else
-                                (tuple([_KEY_T if isinstance(y, _torch.Tensor) else y for y in a])
+            key = (info, tuple([_KEY_T if isinstance(a, Tensor) else
+                                (tuple([_KEY_T if isinstance(y, Tensor) else y for y in a])
                                  if isinstance(a, (list, tuple)) else a) for a in args]),
-                   tuple(kwargs.items()) if kwargs else None)
+                   tuple([(k, _KEY_T if isinstance(v, Tensor) else v)
+                          for k, v in kwargs.items()]) if kwargs else None)
             hit = self._pcache.get(key, _MISS)
-        except TypeError:   # an unhashable argument: no cache
+        except Exception:   # an unhashable argument (or one without a plain ==): no cache
             return self._params(info, args, kwargs)
         if hit is _MISS:
             hit = self._params(info, args, kwargs)
-            if len(self._pcache) < 50_000 and not (kwargs and any(
-                    isinstance(v, _torch.Tensor) for v in kwargs.values())):
+            if len(self._pcache) < 50_000:
                 self._pcache[key] = hit
         return hit
 
