@@ -12,7 +12,7 @@ Workloads (fixtures/):
              from it and the number of replayed equations per step.
   jax_mlp    an MLP 256-1024-1024-256, batch 64, 100 steps; the loop's own CPU seconds
              after the first (compiling) step; full level through a one-step window.
-  jax_mlp_values  the same MLP, 20 steps, stats and full on every step, equation values
+  jax_mlp_values  the same MLP, 30 steps, stats and full on every step, equation values
              replayed op by op (default) or from the compiled values program
              (`--jax-values compiled`).
 
@@ -55,7 +55,7 @@ WORKLOADS = {
     # the same MLP, every step at stats and at full, with each way of getting the values
     # of the equations inside a jit call: replayed op by op (the default) or compiled once
     # with every intermediate as an output (`--jax-values compiled`); ~220 MB a step at full
-    "jax_mlp_values": ("jax_mlp.py", ["--sizes", "256,1024,1024,256", "--batch", "64"], (20,),
+    "jax_mlp_values": ("jax_mlp.py", ["--sizes", "256,1024,1024,256", "--batch", "64"], (30,),
                        {"stats": ["--level", "stats"],
                         "stats --jax-values compiled": ["--level", "stats", "--jax-values", "compiled"],
                         "full": ["--level", "full"],
