@@ -12,6 +12,9 @@ Workloads (fixtures/):
              from it and the number of replayed equations per step.
   jax_mlp    an MLP 256-1024-1024-256, batch 64, 100 steps; the loop's own CPU seconds
              after the first (compiling) step; full level through a one-step window.
+  jax_mlp_values  the same MLP, 30 steps, stats and full on every step, equation values
+             replayed op by op (default) or from the compiled values program
+             (`--jax-values compiled`).
 
 Every configuration runs `--repeat` times, interleaved with the others (the machine may be
 shared); the minimum is kept. CPU seconds are user+sys of the child. The script checks
@@ -49,6 +52,15 @@ WORKLOADS = {
     "jax_mlp": ("jax_mlp.py", ["--sizes", "256,1024,1024,256", "--batch", "64"], (100,),
                 {"calls": ["--level", "calls"], "stats": ["--level", "stats"],
                  "full --steps 1:2": ["--level", "full", "--steps", "1:2"]}, True),
+    # the same MLP, every step at stats and at full, with each way of getting the values
+    # of the equations inside a jit call: replayed op by op (the default) or compiled once
+    # with every intermediate as an output (`--jax-values compiled`); ~220 MB a step at full
+    "jax_mlp_values": ("jax_mlp.py", ["--sizes", "256,1024,1024,256", "--batch", "64"], (30,),
+                       {"stats": ["--level", "stats"],
+                        "stats --jax-values compiled": ["--level", "stats", "--jax-values", "compiled"],
+                        "full": ["--level", "full"],
+                        "full --jax-values compiled": ["--level", "full", "--jax-values", "compiled"]},
+                       True),
 }
 
 
@@ -80,7 +92,7 @@ def measure(name, repeat, folder, env):
             plain = timed([sys.executable, script, *args, *extra], env)
             results.setdefault((steps, "plain"), []).append(plain)
             for label, opts in levels.items():
-                out = os.path.join(folder, f"{name}_{steps}_{label.split()[0]}.h5")
+                out = os.path.join(folder, f"{name}_{steps}_{label.replace(' ', '_')}.h5")
                 res = timed([sys.executable, "-m", "tracediff", "record", "-o", out, *opts,
                              script, *args, *extra], env)
                 assert res["stdout"] == plain["stdout"], f"{name} {label}: output changed"

@@ -251,10 +251,18 @@ def main():
 @click.option("--devices/--no-devices", default=True, show_default=True,
               help="JAX: also record every shard/replica of a sharded or replicated array "
                    "with its device, and replay shard_map/pmap bodies device by device.")
+@click.option("--jax-values", type=click.Choice(["replay", "compiled"]), default="replay",
+              show_default=True,
+              help="JAX, levels full/stats: where the values of the equations inside a jit "
+                   "call come from. replay: each equation re-run on its own (faithful per "
+                   "primitive, slow on long runs). compiled: the call's jaxpr compiled once "
+                   "with every intermediate as an output (fast; values of a program XLA may "
+                   "fuse differently, recorded as origin=probe).")
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @_guard
 def record(output, loops, frameworks, level, steps, ops, modules, max_bytes, probe, devices,
+           jax_values,
            script, args):
     """Run SCRIPT [ARGS...] unmodified and record every operation into a trace.
 
@@ -283,7 +291,8 @@ def record(output, loops, frameworks, level, steps, ops, modules, max_bytes, pro
 
     try:
         options = RecordOptions(level=level, loops=loops, steps=steps, ops=ops, modules=modules,
-                                max_bytes=max_bytes, probe=probe, devices=devices)
+                               max_bytes=max_bytes, probe=probe, devices=devices,
+                               jax_values=jax_values)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     code = record_script(script, list(args), output, options, frameworks or ("jax", "torch"))

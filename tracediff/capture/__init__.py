@@ -75,10 +75,16 @@ class RecordOptions:
     `probe` (JAX, regex on jit function names): also record those calls' compiled
     intermediates (capture/jax_probe.py) to narrow compiled-call divergences.
     `devices` (JAX, default on): shards and replicas of multi-device arrays and
-    shard_map/pmap bodies per device (capture/jax_devices.py)."""
+    shard_map/pmap bodies per device (capture/jax_devices.py).
+    `jax_values`: "replay" (every equation re-run op by op: faithful to each primitive)
+    or "compiled" (each call's jaxpr compiled once with every intermediate as an output:
+    fast, the values of a program XLA may fuse differently; docs/performance.md)."""
 
     def __init__(self, level="full", loops="opaque", steps=None, ops=None, modules=None,
-                 max_bytes=None, probe=None, devices=True):
+                 max_bytes=None, probe=None, devices=True, jax_values="replay"):
+        if jax_values not in ("replay", "compiled"):
+            raise ValueError(f"unknown JAX values mode {jax_values!r} (choose replay or compiled)")
+        self.jax_values = jax_values
         if level not in LEVELS:
             raise ValueError(f"unknown level {level!r} (choose from {', '.join(LEVELS)})")
         if loops not in ("opaque", "stepped"):
@@ -154,10 +160,12 @@ class RecordOptions:
                 "ops": self.ops, "modules": self.modules, "max_bytes": self.max_bytes,
                 "probe": self.probe, "hash": HASH_NAME,
                 **({} if self.devices else {"devices": False}),
+                **({} if self.jax_values == "replay" else {"jax_values": self.jax_values}),
                 "values": {"full": "bytes of every value (hash of the exact bytes)",
                            "stats": "hash of the exact bytes and statistics per value, no bytes",
                            "calls": "top-level calls and optimizer steps only: hash and "
-                                    "statistics per value"}[self.level]}
+                                    "statistics per value"}[self.level],
+                **({"jax_values": self.jax_values} if self.jax_values != "replay" else {})}
 
 
 class Session:

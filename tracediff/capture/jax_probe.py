@@ -22,14 +22,18 @@ import re
 import numpy as np
 
 from ..trace import schema
-from . import jax_internals
+from . import jax_internals, jax_stats
+from .optax_tags import OPTAX_TAG
 
 
 class Prober:
     """Builds, caches and records the probe program of the calls whose name matches."""
 
-    def __init__(self, capture, pattern):
+    def __init__(self, capture, pattern, values_mode=False):
         self.capture = capture
+        # values_mode (`record --jax-values compiled`): the probe *is* how the call's
+        # equations get their values (no op-by-op replay); optax tags are taken from it
+        self.values_mode = values_mode
         self.pattern = pattern
         self._re = re.compile(pattern)
         self._programs = {}   # id(closed jaxpr) -> (closed jaxpr, jitted probe program)
@@ -55,9 +59,18 @@ class Prober:
             return hit[1]
         import jax
 
+        # statistics in the program only off the CPU: there they save moving every byte
+        # across the bus; on the CPU XLA's extra reductions were measured dearer than
+        # numpy's on the host (docs/performance.md), and the bytes are in host memory
+        with_stats = self.values_mode and self.capture.session.writer.level == "stats" and \
+            jax_stats.in_program()
+
         def program(*args):
             found = []
             outs = self._walk(closed, list(args), found)
+            if with_stats:  # statistics computed by XLA next to the values (jax_stats.py)
+                return outs, found, [jax_stats.stats_vector(x) if jax_stats.wants(x) else None
+                                     for x in found]
             return outs, found
 
         fn = jax.jit(program)
@@ -95,7 +108,9 @@ class Prober:
         returns the probe's final outputs (for `check`), None when it could not run."""
         cap = self.capture
         try:
-            outs, found = self._program(closed)(*args)
+            res = self._program(closed)(*args)
+            outs, found = res[0], res[1]
+            stats = iter(res[2]) if len(res) > 2 else None
         except Exception as exc:  # never break the script: the probe is extra work
             if len(self.errors) < 100:
                 self.errors.append(f"{name}: {type(exc).__name__}: {str(exc)[:200]}")
@@ -109,7 +124,7 @@ class Prober:
         for slot, r in enumerate(refs):
             w.add_input(pid, slot, *r)
         rest = iter(found)
-        self._emit(closed, list(refs), pid, pid, ns, source, rest)
+        self._emit(closed, list(refs), pid, pid, ns, source, rest, stats)
         for slot, x in enumerate(outs):
             cap.store(pid, slot, x)
         return outs
@@ -122,7 +137,7 @@ class Prober:
         elif name not in self.differs_from_compiled:
             self.differs_from_compiled.append(name)
 
-    def _emit(self, closed, refs, call_id, parent, prefix, source, rest):
+    def _emit(self, closed, refs, call_id, parent, prefix, source, rest, stats=None):
         """One event per equation, values taken from the probe's outputs in walk order."""
         from jax.extend.core import Literal
 
@@ -143,10 +158,16 @@ class Prober:
                                           schema.ORIGIN_PROBE)
             self.equations += 1
             if site.mode == "call":
-                self._emit(site.sub, irefs, call_id, eid, ns, src, rest)
+                self._emit(site.sub, irefs, call_id, eid, ns, src, rest, stats)
             keep = not cap.filtered or cap.opts.selected(site.op, ns)
             for slot, v in enumerate(eqn.outvars):
-                cap.store(eid, slot, next(rest), store=keep)
+                x = next(rest)
+                st = next(stats) if stats is not None else None
+                cap.store(eid, slot, x, store=keep,
+                          stats=None if st is None else np.asarray(st, np.float64))
+                if self.values_mode and site.op == "name" and \
+                        str(eqn.params.get("name", "")).startswith(OPTAX_TAG):
+                    cap._pending_optim[eqn.params["name"][len(OPTAX_TAG):]] = cap._host(x)
                 if type(v).__name__ != "DropVar":
                     env[v] = (eid, slot)
 

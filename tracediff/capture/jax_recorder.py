@@ -174,6 +174,12 @@ class JaxCapture(Capture):
         # pmap bodies replayed per device; `RecordOptions(devices=False)` turns it off
         self.per_device = bool(getattr(self.opts, "devices", True))
         self.bodies = jax_devices.BodyReplay(self)
+        # `--jax-values compiled`: each call's equation values come from its jaxpr compiled
+        # once (cached per jaxpr) with every equation's outputs as extra outputs, instead of
+        # the op-by-op replay; calls matched by --probe keep the replay (and their probe)
+        self.values_mode = getattr(self.opts, "jax_values", "replay")
+        self.values_prober = jax_probe.Prober(self, ".*", values_mode=True) \
+            if self.values_mode == "compiled" and not self.calls_only else None
         siu.register_exclusion(os.path.dirname(os.path.abspath(__file__)))
         self._orig = {"impl": pjit._pjit_call_impl_python, "fast": pjit._get_fastpath_data,
                       "pp": core.EvalTrace.process_primitive}
@@ -234,6 +240,15 @@ class JaxCapture(Capture):
         out["per_device"] = {"enabled": self.per_device, "shard_rows": self.shards,
                              "shard_map_bodies": self.bodies.bodies if self.session else 0,
                              "device_events": self.bodies.device_events if self.session else 0}
+        out["values"] = self.values_mode if self.session else None
+        if getattr(self, "values_prober", None) is not None:
+            out["mode"] = ("shadow: jit calls return their real compiled outputs (origin=compiled); "
+                           "the values of the equations inside them come from the call's jaxpr "
+                           "compiled once with every equation's outputs as extra outputs "
+                           "(origin=probe, one `probe:<name>` call per jit call), which XLA may "
+                           "fuse differently from the script's program; --probe calls are "
+                           "replayed op by op (origin=replay)")
+            out["compiled_values"] = self.values_prober.manifest()
         for name in ("jax_enable_x64", "jax_default_matmul_precision", "jax_threefry_partitionable",
                      "jax_default_prng_impl", "jax_numpy_rank_promotion", "jax_disable_jit",
                      "jax_platforms", "jax_enable_checks"):
@@ -266,8 +281,14 @@ class JaxCapture(Capture):
         try:
             with self.session.lock:
                 call_id = self._record_call_start(params.get("name", "?"), jaxpr, args)
-                replayed = self._replay_call(call_id, jaxpr, args)
                 name = params.get("name", "?")
+                replayed = valued = None
+                if self.values_prober is not None and not (
+                        self.prober is not None and self.prober.wants(name)):
+                    valued = self.values_prober.record(call_id, name, jaxpr, args, self._call_refs,
+                                                       self._call_ns, self._call_source)
+                if valued is None:  # replay mode, a --probe'd call, or the program failed
+                    replayed = self._replay_call(call_id, jaxpr, args)
                 probed = None
                 if self.prober is not None and self.prober.wants(name) and replayed is not None:
                     # before the real call, which may donate (delete) its arguments
@@ -279,6 +300,8 @@ class JaxCapture(Capture):
                 self._measure_replay(name, replayed, outs)
                 if probed is not None:
                     self.prober.check(name, probed, outs)
+                if valued is not None:
+                    self.values_prober.check(name, valued, outs)
                 names = self._result_names(jaxpr, len(outs))
                 for slot, x in enumerate(outs):
                     self.store(call_id, slot, x, name=names[slot])
@@ -415,7 +438,7 @@ class JaxCapture(Capture):
         if len(self._producers) > 200_000:  # drop dead entries now and then
             self._producers = {k: v for k, v in self._producers.items() if v[0]() is not None}
 
-    def store(self, eid, slot, x, name=None, role=schema.ROLE_OUT, store=True):
+    def store(self, eid, slot, x, name=None, role=schema.ROLE_OUT, store=True, stats=None):
         w = self.session.writer
         dtype = getattr(x, "dtype", None)
         if dtype is None:
@@ -438,7 +461,7 @@ class JaxCapture(Capture):
             if self.per_device:   # a process's own shards of a multi-process array
                 self.shards += jax_devices.store_shards(w, eid, slot, x, None, role, logical)
             return
-        w.add_value(eid, slot, arr, role=role, name=name, logical_dtype=logical)
+        w.add_value(eid, slot, arr, role=role, name=name, logical_dtype=logical, stats=stats)
         if self.per_device:
             self.shards += jax_devices.store_shards(w, eid, slot, x, arr, role, logical)
 

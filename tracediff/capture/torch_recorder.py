@@ -74,7 +74,7 @@ import weakref
 
 import numpy as np
 
-from . import Capture
+from . import Capture, torch_device
 from ..trace import schema
 
 SUPPORTED = "torch >= 2.1 (tested 2.13)"
@@ -136,6 +136,8 @@ def _short_repr(v):
 
 
 _PLAIN = (bool, int, float, complex, str, type(None))
+_KEY_T = object()   # stands for a tensor in `_params_cached`'s keys
+_MISS = object()
 _TORCH_PLAIN = None
 
 
@@ -202,6 +204,11 @@ class TorchCapture(Capture):
 
         self.session = session
         self.writer = session.writer
+        from . import torch_stats
+
+        # statistics (--level stats) with torch's own ops, on the values' device
+        self.writer.stats_reducer = torch_stats.segment_stats
+        self.writer.stats_backend = "torch"
         self.lock = session.lock
         tool_dirs = tuple(session.tool_dirs) + (os.path.dirname(os.path.abspath(__file__)),)
         # Python's own library is skipped too: a DataLoader batch is attributed to the
@@ -237,6 +244,9 @@ class TorchCapture(Capture):
         self._cur_source = None
         self._code_skip = {}
         self._short = {}
+        self._ids = {}           # interned ids: node names, (op, params, module, source)
+        self._pcache = {}        # (op info, non-tensor arguments) -> params summary
+        self._device_batch = None  # accelerator values read back in batches (torch_device)
         self._cur_node = torch._C._current_autograd_node
         self._get_seq = torch.autograd._get_sequence_nr
 
@@ -362,7 +372,8 @@ class TorchCapture(Capture):
              "level": getattr(getattr(self, "opts", None), "level", "full"),
              "ops": getattr(self, "n_ops", 0),
              "input_snapshots": getattr(self, "n_inputs", 0),
-             "producer_fallbacks": getattr(self, "n_fallback", 0)}
+             "producer_fallbacks": getattr(self, "n_fallback", 0),
+             "statistics": "torch ops on the value's device (capture/torch_stats.py)"}
         if getattr(self, "collectives", None) is not None:
             m["collectives"] = self.collectives.manifest()
         if getattr(self, "failed", None):
@@ -490,6 +501,12 @@ class TorchCapture(Capture):
                 w.add_meta_value(eid, slot, dname, tuple(t.shape), role=role, name=name)
                 return
         if not t.is_cpu:
+            names = torch_device.storage_name(torch, dtype)
+            if names is not None:   # read back in batches, never one op at a time
+                if self._device_batch is None:
+                    self._device_batch = torch_device.DeviceBatch(w, torch)
+                self._device_batch.add(eid, slot, t, names[0], names[1], role, name)
+                return
             t = t.cpu()
         logical = None
         if dtype.is_complex:
@@ -558,21 +575,57 @@ class TorchCapture(Capture):
         """Run one aten op and record it (called by the dispatch mode).
 
         A failure inside the recorder never reaches the script: recording stops, the
-        op runs as usual and the manifest names the error."""
+        op runs as usual and the manifest names the error.
+
+        This is the recorder's hot path (tens of thousands of calls a second on tiny
+        ops): one method, locals instead of attributes, strings interned once per
+        (op, module, source), parameter summaries cached per argument values, values
+        handed to the writer as host arrays (`add_array`). docs/performance.md has the
+        profile."""
         if self.compiled_depth or self.forked or self.failed or self.writer.closed:
             return func(*args, **kwargs)
         try:
-            pre = self._before(func, args, kwargs)
+            info = self._opinfo.get(func)
+            if info is None:
+                info = self._opinfo[func] = _OpInfo(func)
+            if info.skip:
+                return func(*args, **kwargs)
+            node = self._cur_node()
+            if node is None:
+                seq_now = self._get_seq()
+                src = self._source()
+                mod = self.mod_stack[-1] if self.mod_stack else None
+            elif type(node).__name__ == "CompiledFunctionBackward":
+                return func(*args, **kwargs)  # AOT autograd's plumbing: the compiled call records it
+            else:
+                seq_now = src = mod = None
+            self._cur_source = src
+            Tensor = _torch.Tensor
+            ins = []
+            for x in args:
+                if isinstance(x, Tensor):
+                    ins.append(x)
+                elif isinstance(x, (list, tuple)):
+                    for y in x:
+                        if isinstance(y, Tensor):
+                            ins.append(y)
+            if kwargs:
+                _flat(kwargs.values(), ins)
+            with self.lock:
+                if self.pending:
+                    self._fix_pending()
+                ref = self._ref
+                refs = [ref(t) for t in ins]
+                self.hold = None
         except Exception as exc:
             self._fail(exc)
             return func(*args, **kwargs)
-        if pre is None:
-            return func(*args, **kwargs)
-        if pre[0].collective:
-            return self.collectives.run(func, args, kwargs, pre)
+        if info.collective:   # c10d: inputs before, outputs after its Work (torch_collectives)
+            return self.collectives.run(func, args, kwargs,
+                                        (info, None, node, seq_now, src, mod, refs))
         out = func(*args, **kwargs)
         try:
-            self._after(pre, args, kwargs, out)
+            self._after(info, node, seq_now, src, mod, refs, args, kwargs, out)
         except Exception as exc:
             self._fail(exc)
         return out
@@ -583,55 +636,30 @@ class TorchCapture(Capture):
         print(f"tracediff: torch capture stopped at event {self.failed_at_event}: {self.failed}",
               file=sys.stderr)
 
-    def _before(self, func, args, kwargs):
-        """Context, autograd node and input producers of an op, read before it runs."""
-        info = self._opinfo.get(func)
-        if info is None:
-            info = self._opinfo[func] = _OpInfo(func)
-        if info.skip:
-            return None
-        tid = threading.get_ident()
-        node = self._cur_node()
-        if node is None:
-            seq_now = self._get_seq()
-            src = self._source()
-            mod = self.mod_stack[-1] if self.mod_stack else None
-        elif type(node).__name__ == "CompiledFunctionBackward":
-            return None  # AOT autograd's own backward plumbing: the compiled call records it
-        else:
-            seq_now = src = mod = None
-        self._cur_source = src
-        ins = _flat(args, [])
-        if kwargs:
-            _flat(kwargs.values(), ins)
-        with self.lock:
-            if self.pending:
-                self._fix_pending()
-            refs = [self._ref(t) for t in ins]
-            self.hold = None
-        return info, tid, node, seq_now, src, mod, refs
-
-    def _after(self, pre, args, kwargs, out):
+    def _after(self, info, node, seq_now, src, mod, refs, args, kwargs, out):
         """Write the op's event, input links and output values."""
-        info, tid, node, seq_now, src, mod, refs = pre
-        # outputs
+        Tensor = _torch.Tensor
         if out is None:
             outs = [a for i, _ in info.write_pos if i < len(args) for a in _flat((args[i],), [])]
             outs += [a for _, n in info.write_kw if n in kwargs for a in _flat((kwargs[n],), [])]
-        elif isinstance(out, _torch.Tensor):
+        elif isinstance(out, Tensor):
             outs = [out]
         elif isinstance(out, (list, tuple)):
             outs = _flat(out, [])
         else:
             outs = None
         parent = -1
-        node_name = None
+        node_id = -1
         phase = self.phase
-        params = self._params(info, args, kwargs)
+        params = self._params_cached(info, args, kwargs)
+        w = self.writer
         if node is not None:
             phase = schema.PHASE_BWD
             node_name = type(node).__name__
-            fwd = self.seq2fwd.get((tid, node._sequence_nr()))
+            node_id = self._ids.get(node_name)
+            if node_id is None:
+                node_id = self._ids[node_name] = w.intern(node_name)
+            fwd = self.seq2fwd.get((threading.get_ident(), node._sequence_nr()))
             if fwd is not None:
                 parent, mod, src = fwd
             elif node_name == "AccumulateGrad":
@@ -639,53 +667,94 @@ class TorchCapture(Capture):
                 if pname is not None:
                     mod = pname.rpartition(".")[0]
                     params = f"param={pname}" + (f", {params}" if params else "")
+        ids = self._ids
+        key = (info.name, params, mod, src)
+        ev = ids.get(key)
+        if ev is None:
+            ev = ids[key] = (w.intern(info.name), w.intern(params), w.intern(mod),
+                             w.source_id(src))
         with self.lock:
-            eid = self.writer.add_event(framework=schema.FW_TORCH, kind=schema.KIND_OP, op=info.name,
-                                        phase=phase, origin=schema.ORIGIN_EAGER, params=params,
-                                        name_stack=mod, source=src, node=node_name, parent=parent,
-                                        step=self.step)
+            eid = w.add_event_ids(schema.FW_TORCH, schema.KIND_OP, phase, schema.ORIGIN_EAGER,
+                                  ev[0], ev[1], ev[2], ev[3], node_id, -1, parent, self.step)
             self.n_ops += 1
-            w = self.writer
-            for slot, (pe, ps) in enumerate(refs):
-                w.add_input(eid, slot, pe, ps)
+            if refs:
+                w._rows["inputs"].extend([(eid, slot, r[0], r[1]) for slot, r in enumerate(refs)])
             if node is None:
+                tid = threading.get_ident()
                 last = self.last_seq.get(tid, seq_now)
-                for s in range(last, seq_now):
-                    self.seq2fwd[(tid, s)] = (eid, mod, src)
-                self.last_seq[tid] = seq_now
+                if last != seq_now:
+                    entry = (eid, mod, src)
+                    seq2fwd = self.seq2fwd
+                    for s in range(last, seq_now):
+                        seq2fwd[(tid, s)] = entry
+                    self.last_seq[tid] = seq_now
             keep = not self.filtered or self.opts.selected(info.name, mod)
             if outs is None:
                 if isinstance(out, _SCALAR_TYPES):
                     w.add_value(eid, 0, np.asarray(out), flags=schema.VFLAG_SCALAR, store=keep)
-            else:
-                producer, pending, last_writer = self.producer, self.pending, self.last_writer
-                uninit = info.uninit
-                for slot, o in enumerate(outs):
-                    wr = weakref.ref(o)
-                    key = id(o)
-                    producer[key] = (wr, eid, slot, None)
-                    pending.append((key, wr))
-                    try:
-                        ptr = o.untyped_storage().data_ptr()
-                    except Exception:
-                        ptr = 0
-                    view_uninit = uninit
+                return
+            producer, pending, last_writer = self.producer, self.pending, self.last_writer
+            uninit = info.uninit
+            dtypes = self._dtypes
+            for slot, o in enumerate(outs):
+                wr = weakref.ref(o)
+                key = id(o)
+                producer[key] = (wr, eid, slot, None)
+                pending.append((key, wr))
+                try:
+                    ptr = o.data_ptr()     # the storage's start: data_ptr less the offset
                     if ptr:
-                        # uninitialised memory stays so through views, and outside a part
-                        # written in place (DDP fills its `empty` gradient buckets slice
-                        # by slice)
-                        lw = last_writer.get(ptr)
-                        st_uninit = uninit
-                        if lw is not None and lw[3] and not uninit:
-                            view_uninit = st_uninit = bool(info.view)
-                            if not st_uninit:
-                                st_uninit = o.numel() * o.element_size() < \
-                                    o.untyped_storage().nbytes()
-                        last_writer[ptr] = (eid, slot, wr, st_uninit)
-                    if keep:
-                        self._store(eid, slot, o, view_uninit)
-                    else:  # outside the --ops/--modules window: metadata only
-                        w.add_meta_value(eid, slot, self._dtype_info(o.dtype)[0], tuple(o.shape))
+                        off = o.storage_offset()
+                        if off:
+                            ptr -= off * o.element_size()
+                except Exception:
+                    ptr = 0
+                view_uninit = uninit
+                if ptr:
+                    # uninitialised memory stays so through views, and outside a part
+                    # written in place (DDP fills its `empty` gradient buckets slice
+                    # by slice)
+                    lw = last_writer.get(ptr)
+                    st_uninit = uninit
+                    if lw is not None and lw[3] and not uninit:
+                        view_uninit = st_uninit = bool(info.view)
+                        if not st_uninit:
+                            st_uninit = o.numel() * o.element_size() < \
+                                o.untyped_storage().nbytes()
+                    last_writer[ptr] = (eid, slot, wr, st_uninit)
+                if not keep:  # outside the --ops/--modules window: metadata only
+                    w.add_meta_value(eid, slot, self._dtype_info(o.dtype)[0], tuple(o.shape))
+                    continue
+                dinfo = dtypes.get(o.dtype)
+                if dinfo is not None and dinfo[1] and not view_uninit:
+                    # .numpy() refuses what the fast path cannot take as is (another
+                    # device, sparse, requires_grad, conj/neg bits): those take _store
+                    try:
+                        arr = o.numpy()
+                    except (RuntimeError, TypeError):
+                        arr = None
+                    if arr is not None:
+                        w.add_array(eid, slot, arr)
+                        continue
+                self._store(eid, slot, o, view_uninit)
+
+    def _params_cached(self, info, args, kwargs):
+        """`_params`, memoised per op and non-tensor argument values (bounded)."""
+        Tensor = _torch.Tensor
+        try:
+            key = (info, tuple([_KEY_T if isinstance(a, Tensor) else
+                                (tuple([_KEY_T if isinstance(y, Tensor) else y for y in a])
+                                 if isinstance(a, (list, tuple)) else a) for a in args]),
+                   tuple([(k, _KEY_T if isinstance(v, Tensor) else v)
+                          for k, v in kwargs.items()]) if kwargs else None)
+            hit = self._pcache.get(key, _MISS)
+        except Exception:   # an unhashable argument (or one without a plain ==): no cache
+            return self._params(info, args, kwargs)
+        if hit is _MISS:
+            hit = self._params(info, args, kwargs)
+            if len(self._pcache) < 50_000:
+                self._pcache[key] = hit
+        return hit
 
     def _params(self, info, args, kwargs):
         """Short deterministic summary of the non-tensor arguments."""

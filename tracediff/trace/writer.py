@@ -52,6 +52,7 @@ import numpy as np
 
 from ..errors import one_line
 from . import schema, values
+from .values import digest
 
 FLUSH_ROWS = 20_000
 FLUSH_BYTES = 64 << 20
@@ -171,6 +172,14 @@ class TraceWriter:
         self._pstats_bytes = 0
         self._shape_ids = {}
         self._slice_digests = {}   # add_shard: digests of the last global value's slices
+        self._dtype_ids = {}       # numpy dtype -> (interned name, storage name) for add_array
+        # statistics of a batch of values (values.segment_stats's signature); a capture
+        # sets its framework's own (capture/torch_stats.py: torch ops on the value's device)
+        self.stats_reducer = values.segment_stats
+        self.stats_backend = "numpy"
+        # callables run at the start of every flush: captures that defer values (device
+        # tensors copied asynchronously) complete their reserved rows there
+        self.flush_hooks = []
         for name in schema.TABLES:
             f.attrs[f"committed_{name}"] = 0
         f.attrs["committed_blob"] = 0
@@ -228,6 +237,26 @@ class TraceWriter:
     def set_device(self, event, device):
         """Tie an event already added to one device ("cpu:3")."""
         self._rows["devices"].append((int(event), self.intern(device)))
+    def add_event_ids(self, framework, kind, phase, origin, op_id, params_id, ns_id, src_id,
+                      node_id, call, parent, step, it=-1):
+        """`add_event` with its strings already interned (`intern`, `source_id`): the
+        recorders' hot path, one row append and the flush checks."""
+        if self.before_event is not None:
+            self.before_event()
+        rows = self._rows["events"]
+        eid = self._counts["events"] + len(rows)
+        rows.append((framework, kind, phase, origin, op_id, params_id, ns_id, src_id, node_id,
+                     call, parent, step, it))
+        if len(rows) >= FLUSH_ROWS or time.monotonic() - self._last_flush >= FLUSH_SECONDS:
+            self.flush()
+        return eid
+
+    def source_id(self, source):
+        """Interned id of an events.source string (its lines stored the first time)."""
+        src = self._source_ids.get(source)
+        if src is None:
+            src = self._new_source(source)
+        return src
 
     def _new_source(self, source):
         """Intern a source string seen for the first time and store its lines."""
@@ -243,8 +272,10 @@ class TraceWriter:
         return idx
 
     def add_value(self, event, slot, array, *, role=schema.ROLE_OUT, name=None, flags=0,
-                  logical_dtype=None, store=True):
+                  logical_dtype=None, store=True, stats=None):
         """Append one value of `event`. `array` must be a host numpy array (or scalar).
+        `stats`: its statistics already computed by the framework (STAT_FIELDS order),
+        used when the value is kept as hash + statistics.
 
         `store=False`: metadata only (no hash). Otherwise the bytes (level "full", under
         `max_bytes`) or the hash and statistics (level "stats", or past the cap); the
@@ -269,7 +300,13 @@ class TraceWriter:
                     self.capped_at_event = int(event)
                 offset = -1
                 flags |= schema.VFLAG_NOT_STORED | schema.VFLAG_STATS
-                self._add_stats(c, storage, dtype_name)
+                if stats is None:
+                    self._add_stats(c, storage, dtype_name)
+                else:
+                    self.stats_values += 1
+                    self._rows["stats"].append((self._counts["values"] + len(self._rows["values"]),
+                                                *(float(v) for v in stats[:4]), int(stats[4]),
+                                                int(stats[5])))
         sid = self._shape_ids.get(shape)
         if sid is None:
             sid = self._shape_ids[shape] = self.intern(values.shape_str(shape))
@@ -280,35 +317,153 @@ class TraceWriter:
                 self._pstats_bytes >= FLUSH_BYTES:
             self.flush()
 
+    def add_array(self, event, slot, a, role=schema.ROLE_OUT, name_id=-1):
+        """`add_value` for a host numpy array of a native dtype, stored whole (no window,
+        no logical dtype): the torch recorder's hot path. Same rows and bytes as
+        `add_value`; fewer Python steps (dtype and shape ids cached, no `prepare`)."""
+        if not a.flags.c_contiguous:
+            a = np.ascontiguousarray(a)
+        dt = a.dtype
+        ids = self._dtype_ids.get(dt)
+        if ids is None:
+            name = values._dtype_name(dt)
+            if name not in values._NATIVE:
+                return self.add_value(event, slot, a, role=role,
+                                      name=self._strings_rev(name_id))
+            ids = self._dtype_ids[dt] = (self.intern(name), name, (name, name))
+        nbytes = a.nbytes
+        flags = 0
+        if nbytes:
+            try:
+                buf = a.data.cast("B")
+            except (TypeError, ValueError):
+                buf = a.tobytes()
+        else:
+            buf = b""
+        h = digest(buf)
+        if self.level == "full" and (self.max_bytes is None or (
+                self.capped_at_event is None and self.bytes_recorded + nbytes <= self.max_bytes)):
+            offset = self._blob_size
+            if nbytes:
+                self._blob += buf
+            self._blob_size += nbytes
+            self.bytes_recorded += nbytes
+        else:
+            if self.level == "full" and self.capped_at_event is None:
+                self.capped_at_event = int(event)
+            offset = -1
+            flags = schema.VFLAG_NOT_STORED | schema.VFLAG_STATS
+            if nbytes >= self.STATS_DIRECT_BYTES:
+                self._add_stats(a, ids[1], ids[1])
+            else:  # `_add_stats` inlined: a small value's bytes join its dtype's batch
+                self.stats_values += 1
+                p = self._pstats.get(ids[2])
+                if p is None:
+                    p = self._pstats[ids[2]] = [bytearray(), [], [], [], a.itemsize or 1]
+                pbuf = p[0]
+                p[2].append(len(pbuf))
+                p[3].append(nbytes)
+                p[1].append(self._counts["values"] + len(self._rows["values"]))
+                if nbytes:
+                    pbuf += buf
+                self._pstats_bytes += nbytes
+        shape = a.shape
+        sid = self._shape_ids.get(shape)
+        if sid is None:
+            sid = self._shape_ids[shape] = self.intern(values.shape_str(shape))
+        rows = self._rows["values"]
+        rows.append((event, slot, role, flags, ids[0], ids[0], sid, name_id, offset, nbytes, h))
+        if len(self._blob) >= self._flush_bytes or len(rows) >= FLUSH_ROWS or \
+                self._pstats_bytes >= FLUSH_BYTES:
+            self.flush()
+
+    def _strings_rev(self, idx):
+        """The string of an interned id (-1: None); rare paths only (linear)."""
+        if idx < 0:
+            return None
+        for text, i in self._strings.items():
+            if i == idx:
+                return text
+        return None
+
+    def reserve_value(self, event, slot, dtype_name, storage, shape, *, role=schema.ROLE_OUT,
+                      name=None, logical=None):
+        """Append a value row whose bytes, hash (and statistics) arrive later through
+        `fill_value` (a device tensor copied to the host asynchronously); returns a
+        handle. Must be filled before the next flush ends: `flush_hooks` run first."""
+        sid = self._shape_ids.get(shape)
+        if sid is None:
+            sid = self._shape_ids[shape] = self.intern(values.shape_str(shape))
+        rows = self._rows["values"]
+        rows.append((event, slot, role, 0, self.intern(logical or dtype_name),
+                     self.intern(storage), sid, self.intern(name), -1, 0, 0))
+        return len(rows) - 1
+
+    def fill_value(self, handle, c, storage, logical, stats=None):
+        """Complete a reserved row with the host bytes `c` (C-contiguous, storage dtype):
+        hash, and bytes (full level, under the cap) or statistics (`stats`: a tuple in
+        `values.STAT_FIELDS` order, computed on the device; else computed here)."""
+        rows = self._rows["values"]
+        row = rows[handle]
+        nbytes = c.nbytes
+        buf = values.as_bytes(c)
+        h = digest(buf)
+        flags = row[3]
+        if self.level == "full" and (self.max_bytes is None or (
+                self.capped_at_event is None and self.bytes_recorded + nbytes <= self.max_bytes)):
+            offset = self._blob_size
+            if nbytes:
+                self._blob += buf
+            self._blob_size += nbytes
+            self.bytes_recorded += nbytes
+        else:
+            if self.level == "full" and self.capped_at_event is None:
+                self.capped_at_event = int(row[0])
+            offset = -1
+            flags |= schema.VFLAG_NOT_STORED | schema.VFLAG_STATS
+            if stats is None:
+                self._add_stats(c, storage, logical, row=self._counts["values"] + handle)
+            else:
+                self.stats_values += 1
+                self._rows["stats"].append((self._counts["values"] + handle, *stats[:4],
+                                            int(stats[4]), int(stats[5])))
+        rows[handle] = row[:3] + (flags,) + row[4:8] + (offset, nbytes, h)
+
     STATS_DIRECT_BYTES = 1 << 16
 
-    def _add_stats(self, c, storage, logical):
+    def _add_stats(self, c, storage, logical, row=None):
         """Queue the statistics of the value about to be appended (row = next values row).
         Small values are copied into one buffer per dtype and reduced together at flush
-        (numpy reductions on tiny arrays cost more than the copy); large ones now."""
-        row = self._counts["values"] + len(self._rows["values"])
+        (reductions on tiny arrays cost more than the copy); large ones now. Both go
+        through `stats_reducer` (the capture's framework ops, else numpy)."""
+        if row is None:
+            row = self._counts["values"] + len(self._rows["values"])
         self.stats_values += 1
-        flat = c.reshape(-1)
-        if c.nbytes >= self.STATS_DIRECT_BYTES:
-            st = values.segment_stats(flat, [0], [flat.size], logical)[0]
+        nbytes = c.nbytes
+        if nbytes >= self.STATS_DIRECT_BYTES:
+            flat = c.reshape(-1)
+            st = self.stats_reducer(flat, [0], [flat.size], logical)[0]
             self._rows["stats"].append((row, *st[:4], int(st[4]), int(st[5])))
             return
         key = (storage, logical)
         p = self._pstats.get(key)
         if p is None:
-            p = self._pstats[key] = [bytearray(), [], [], []]
-        p[2].append(len(p[0]) // max(c.itemsize, 1))
-        p[3].append(flat.size)
+            p = self._pstats[key] = [bytearray(), [], [], [], c.itemsize or 1]
+        buf = p[0]
+        p[2].append(len(buf))
+        p[3].append(nbytes)
         p[1].append(row)
-        if c.nbytes:
-            p[0] += values.as_bytes(c)
-        self._pstats_bytes += c.nbytes
+        if nbytes:
+            buf += values.as_bytes(c)
+        self._pstats_bytes += nbytes
 
     def _reduce_stats(self):
         """Statistics of the queued small values, vectorised per dtype, as stats rows."""
-        for (storage, logical), (buf, rows, starts, counts) in self._pstats.items():
+        for (storage, logical), (buf, rows, starts, counts, size) in self._pstats.items():
             flat = np.frombuffer(buf, dtype=storage) if buf else np.zeros(0, storage)
-            st = values.segment_stats(flat, starts, counts, logical)
+            starts = np.asarray(starts, np.int64) // size
+            counts = np.asarray(counts, np.int64) // size
+            st = self.stats_reducer(flat, starts, counts, logical)
             self._rows["stats"].extend(
                 zip(rows, st[:, 0].tolist(), st[:, 1].tolist(), st[:, 2].tolist(),
                     st[:, 3].tolist(), st[:, 4].astype(np.int64).tolist(),
@@ -389,6 +544,8 @@ class TraceWriter:
         docstring). A write error stops recording; it is never raised to the caller."""
         if self.closed or self._check_file():
             return
+        for hook in self.flush_hooks:
+            hook()
         short = self._no_room()
         if short:
             self._stop_cleanly(short)
