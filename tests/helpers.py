@@ -213,6 +213,19 @@ class Recordings:
         return self.procs[path]
 
 
+def render_terminal(render, *args, width=200, **kw):
+    """What a terminal renderer (print_locate, print_analysis, ...) prints, as plain text
+    on a WIDTH-column console without colour."""
+    import io
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    render(*args, console=Console(file=out, width=width, no_color=True, highlight=False,
+                                  soft_wrap=True, emoji=False), **kw)
+    return out.getvalue()
+
+
 def check_values(t):
     """Every stored value of an open trace reads back and matches its recorded hash;
     returns how many were checked."""

@@ -4,12 +4,10 @@ rel come first and a ULP count only where it means something; the loss column on
 value the trace says is the loss; parameter drift as relative L2 beside max abs."""
 
 import importlib.util
-import io
 import math
 
 import numpy as np
 import pytest
-from rich.console import Console
 
 from tracediff.diff import steps as _steps
 from tracediff.diff import verdict
@@ -25,16 +23,11 @@ from tracediff.trace import schema
 from tracediff.trace.reader import Trace
 
 from .conftest import BROKEN_DOT, MKL_SSE, TORCH_GRU_STEPS
+from .helpers import render_terminal
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                  reason="torch is not installed (the oldest-JAX CI environment)")
 
-
-def _terminal(render, *args, **kw):
-    out = io.StringIO()
-    render(*args, console=Console(file=out, width=240, no_color=True, highlight=False,
-                                  soft_wrap=True, emoji=False), **kw)
-    return out.getvalue()
 
 
 def _renderings(a, b):
@@ -43,9 +36,9 @@ def _renderings(a, b):
         profile = event_profile(open_differ(ta, tb)[0])
     ctx = report_context(result)
     return result, analysis, {
-        "locate": _terminal(print_locate, result),
-        "locate -v": _terminal(print_locate, result, verbose=True),
-        "explain": _terminal(print_analysis, analysis),
+        "locate": render_terminal(print_locate, result, width=240),
+        "locate -v": render_terminal(print_locate, result, verbose=True, width=240),
+        "explain": render_terminal(print_analysis, analysis, width=240),
         "markdown": markdown.render(result, ctx),
         "html": html_report.render(result, ctx, profile)}
 

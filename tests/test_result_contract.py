@@ -10,13 +10,11 @@ that the chain from the origin is collapsed with gaps.
 """
 
 import dataclasses
-import io
 import json
 import math
 import re
 
 import pytest
-from rich.console import Console
 
 import tracediff
 from tracediff.diff.locate import locate_with_analysis, open_differ
@@ -30,6 +28,8 @@ from tracediff.report.explain_terminal import print_analysis
 from tracediff.report.json_report import analysis_json, build
 from tracediff.report.terminal import print_locate
 from tracediff.trace.reader import Trace
+
+from .helpers import render_terminal
 
 torch = pytest.importorskip("torch")
 
@@ -79,16 +79,10 @@ def pair(tmp_path_factory):
     return a, b, result, analysis, profile
 
 
-def _terminal(render, *args, **kw):
-    out = io.StringIO()
-    render(*args, console=Console(file=out, width=200, no_color=True, highlight=False,
-                                  soft_wrap=True, emoji=False), **kw)
-    return out.getvalue()
-
 
 def _renderings(result, profile):
     ctx = report_context(result)
-    return {"terminal": _terminal(print_locate, result, verbose=True),
+    return {"terminal": render_terminal(print_locate, result, verbose=True),
             "markdown": markdown.render(result, ctx),
             "html": html_report.render(result, ctx, profile),
             "json": json.dumps(build(result))}
@@ -181,12 +175,12 @@ def test_a_collapsed_chain_renders_its_gaps(pair):
         assert text in out["terminal"] and text in out["markdown"] and text in out["html"]
         assert text in json.loads(out["json"])["chain"]
     # short terminal form: the hops with a role, the others counted
-    short = _terminal(print_locate, result)
+    short = render_terminal(print_locate, result)
     line = next(ln for ln in short.splitlines() if ln.startswith("chain: "))
     counted = sum(int(n) for n in re.findall(r"\((\d+) hops\)", line))
     assert counted == len(analysis.chain.hops) - len([h for h in hops if h.role])
     # explain's table shows the same gaps
-    table = _terminal(print_analysis, analysis)
+    table = render_terminal(print_analysis, analysis)
     for g in gaps:
         assert f"... {g.hops} more hops" in table
 
@@ -194,7 +188,7 @@ def test_a_collapsed_chain_renders_its_gaps(pair):
 def test_explain_terminal_and_json_render_the_same_analysis(pair):
     _, _, result, analysis, _ = pair
     assert isinstance(analysis, Analysis) and isinstance(result.explain, Replay)
-    text = _terminal(print_analysis, analysis)
+    text = render_terminal(print_analysis, analysis)
     doc = analysis_json(analysis)
     o = analysis.origin
     assert doc["origin"]["a"]["op"] == o.a.op and doc["origin"]["a"]["source"] == o.a.source
@@ -216,13 +210,13 @@ def test_no_renderer_takes_a_dict(pair):
     with pytest.raises(TypeError, match="LocateResult"):
         html_report.render(data, ctx, profile)
     with pytest.raises(TypeError, match="LocateResult"):
-        _terminal(print_locate, data)
+        render_terminal(print_locate, data)
     with pytest.raises(TypeError, match="LocateResult"):
         build(data)
     with pytest.raises(TypeError, match="ReportContext"):
         markdown.render(result, {"commands": []})
     with pytest.raises(TypeError, match="Analysis"):
-        _terminal(print_analysis, analysis_json(analysis))
+        render_terminal(print_analysis, analysis_json(analysis))
     with pytest.raises(TypeError, match="Analysis"):
         analysis_json(analysis_json(analysis))
     assert isinstance(result, LocateResult)

@@ -600,15 +600,7 @@ class TorchCapture(Capture):
             else:
                 seq_now = src = mod = None
             self._cur_source = src
-            Tensor = _torch.Tensor
-            ins = []
-            for x in args:
-                if isinstance(x, Tensor):
-                    ins.append(x)
-                elif isinstance(x, (list, tuple)):
-                    for y in x:
-                        if isinstance(y, Tensor):
-                            ins.append(y)
+            ins = _flat(args, [])
             if kwargs:
                 _flat(kwargs.values(), ins)
             with self.lock:

@@ -263,21 +263,10 @@ def _body_origin(t, outer, device, groups, group_of, reads_rep, rep, device_of):
     after the all-reduce), though the op also reads a per-device value (`axis_index`)
     and so is not itself checked as replicated. None: no such op (the body was not
     recorded per device, or the departure is not in it)."""
-    parent, call = t.events["parent"], t.events["call"]
-
-    def inside(e):
-        hops = 0
-        while e >= 0 and hops < 64:
-            p, c = int(parent[e]), int(call[e])
-            if outer in (p, c):
-                return True
-            e, hops = p, hops + 1
-        return False
-
     for e in sorted(group_of):
         if e <= outer or device_of(e) != device or not reads_rep.get(e) or e in rep:
             continue
-        if not inside(e):
+        if not _inside(t, e, outer):
             continue
         members = groups[group_of[e]]
         if len(members) < 3:
@@ -290,23 +279,25 @@ def _body_origin(t, outer, device, groups, group_of, reads_rep, rep, device_of):
     return None
 
 
+def _inside(t, e, outer):
+    """Whether event `e` is inside event `outer` (an equation of that call, or of a body
+    within it), following parent and call links at most 64 levels up."""
+    parent, call = t.events["parent"], t.events["call"]
+    hops = 0
+    while e >= 0 and hops < 64:
+        p, c = int(parent[e]), int(call[e])
+        if outer in (p, c):
+            return True
+        e, hops = p, hops + 1
+    return False
+
+
 def _innermost(t, departures):
     """The earliest departure, then the earliest one inside it (an equation of the call,
     the body of the shard_map) while there is one: the op, not the call around it."""
-    parent, call = t.events["parent"], t.events["call"]
-
-    def inside(e, outer):
-        seen = 0
-        while e >= 0 and seen < 64:
-            p, c = int(parent[e]), int(call[e])
-            if outer in (p, c):
-                return True
-            e, seen = p, seen + 1
-        return False
-
     cur = departures[0]
     while True:
-        inner = [d for d in departures if d[0] != cur[0] and inside(d[0], cur[0])]
+        inner = [d for d in departures if d[0] != cur[0] and _inside(t, d[0], cur[0])]
         if not inner:
             return cur
         cur = inner[0]

@@ -125,21 +125,14 @@ def finding_rows(f: Finding, code, text, strong) -> list:
         rows.append(("rank", rk))
     if f.layer and f.layer.get("text"):   # two frameworks: the layer on both sides
         rows.append(("layer", code(f.layer["text"])))
-    if a.name_stack or b.name_stack:
-        ns = code(a.name_stack or "-")
-        if b.name_stack and b.name_stack != a.name_stack:
-            ns += f" (b: {code(b.name_stack)})"
-        rows.append(("name stack", ns))
-    if a.source:
-        src = code(a.source)
-        if b.source and b.source != a.source:
-            src += f" (b: {code(b.source)})"
-        rows.append(("source", src))
-    if a.device or b.device:
-        dev = code(a.device or "-")
-        if b.device and b.device != a.device:
-            dev += f" (b: {code(b.device)})"
-        rows.append(("device", dev))
+    for label, field in (("name stack", "name_stack"), ("source", "source"),
+                         ("device", "device")):
+        va, vb = getattr(a, field), getattr(b, field)
+        if va or (vb and field != "source"):   # a's, and b's where it differs
+            cell = code(va or "-")
+            if vb and vb != va:
+                cell += f" (b: {code(vb)})"
+            rows.append((label, cell))
     if f.device_note:
         rows.append(("devices", text(f.device_note)))
     if f.optimizer:   # an optimizer-internal op: its optimizer, state and leaf

@@ -287,18 +287,8 @@ class TraceWriter:
         else:
             nbytes = c.nbytes
             h = values.digest(c)
-            if self.level == "full" and (self.max_bytes is None or (
-                    self.capped_at_event is None and
-                    self.bytes_recorded + nbytes <= self.max_bytes)):
-                offset = self._blob_size
-                if nbytes:
-                    self._blob += values.as_bytes(c)
-                self._blob_size += nbytes
-                self.bytes_recorded += nbytes
-            else:
-                if self.level == "full" and self.capped_at_event is None:
-                    self.capped_at_event = int(event)
-                offset = -1
+            offset = self._keep_bytes(event, c, nbytes)
+            if offset < 0:
                 flags |= schema.VFLAG_NOT_STORED | schema.VFLAG_STATS
                 if stats is None:
                     self._add_stats(c, storage, dtype_name)
@@ -316,6 +306,23 @@ class TraceWriter:
         if len(self._blob) >= self._flush_bytes or len(self._rows["values"]) >= FLUSH_ROWS or \
                 self._pstats_bytes >= FLUSH_BYTES:
             self.flush()
+
+    def _keep_bytes(self, event, data, nbytes):
+        """Append a value's bytes (a buffer, or a C-contiguous array) to the blob when the
+        level and the byte cap allow: their offset, or -1 (the value keeps its hash and
+        statistics; the event where the cap was reached is noted once)."""
+        if self.level == "full" and (self.max_bytes is None or (
+                self.capped_at_event is None and self.bytes_recorded + nbytes <= self.max_bytes)):
+            offset = self._blob_size
+            if nbytes:
+                self._blob += data if isinstance(data, (bytes, bytearray, memoryview)) \
+                    else values.as_bytes(data)
+            self._blob_size += nbytes
+            self.bytes_recorded += nbytes
+            return offset
+        if self.level == "full" and self.capped_at_event is None:
+            self.capped_at_event = int(event)
+        return -1
 
     def add_array(self, event, slot, a, role=schema.ROLE_OUT, name_id=-1):
         """`add_value` for a host numpy array of a native dtype, stored whole (no window,
@@ -341,17 +348,8 @@ class TraceWriter:
         else:
             buf = b""
         h = digest(buf)
-        if self.level == "full" and (self.max_bytes is None or (
-                self.capped_at_event is None and self.bytes_recorded + nbytes <= self.max_bytes)):
-            offset = self._blob_size
-            if nbytes:
-                self._blob += buf
-            self._blob_size += nbytes
-            self.bytes_recorded += nbytes
-        else:
-            if self.level == "full" and self.capped_at_event is None:
-                self.capped_at_event = int(event)
-            offset = -1
+        offset = self._keep_bytes(event, buf, nbytes)
+        if offset < 0:
             flags = schema.VFLAG_NOT_STORED | schema.VFLAG_STATS
             if nbytes >= self.STATS_DIRECT_BYTES:
                 self._add_stats(a, ids[1], ids[1])
@@ -409,17 +407,8 @@ class TraceWriter:
         buf = values.as_bytes(c)
         h = digest(buf)
         flags = row[3]
-        if self.level == "full" and (self.max_bytes is None or (
-                self.capped_at_event is None and self.bytes_recorded + nbytes <= self.max_bytes)):
-            offset = self._blob_size
-            if nbytes:
-                self._blob += buf
-            self._blob_size += nbytes
-            self.bytes_recorded += nbytes
-        else:
-            if self.level == "full" and self.capped_at_event is None:
-                self.capped_at_event = int(row[0])
-            offset = -1
+        offset = self._keep_bytes(row[0], buf, nbytes)
+        if offset < 0:
             flags |= schema.VFLAG_NOT_STORED | schema.VFLAG_STATS
             if stats is None:
                 self._add_stats(c, storage, logical, row=self._counts["values"] + handle)
