@@ -309,9 +309,9 @@ def test_full_disk_stops_recording_not_the_script(tmp_path):
     """A file size limit (EFBIG, as ENOSPC would) reached mid-run: the script finishes with
     its own output and exit code, the trace keeps what was committed, a warning says so."""
     out = tmp_path / "full.h5"
-    plain = run_plain("torch_mlp.py", "--steps", "150")
+    plain = run_plain("torch_mlp.py", "--steps", "40")   # a few steps already pass 9 MiB
     proc = subprocess.run([sys.executable, "-m", "tracediff", "record", "-o", str(out),
-                           os.path.join(FIXTURES, "torch_mlp.py"), "--steps", "150"],
+                           os.path.join(FIXTURES, "torch_mlp.py"), "--steps", "40"],
                           env=_env({"TRACEDIFF_MIN_FREE_MB": "0"}), cwd=ROOT, text=True,
                           capture_output=True, timeout=300,
                           preexec_fn=_limit_file_size(9 << 20))
