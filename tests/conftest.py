@@ -7,7 +7,7 @@ import tempfile
 
 import pytest
 
-from .helpers import FIXTURES, ROOT, Recordings
+from .helpers import FIXTURES, ROOT, Recordings, shared_folder
 
 def pytest_configure(config):
     """One XLA compilation cache for the whole run (this process, the xdist workers and
@@ -32,6 +32,19 @@ def pytest_unconfigure(config):
         os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
         os.environ.pop("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", None)
         os.environ.pop("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", None)
+
+
+# Modules whose recordings take longest, started first so that no worker is left running
+# one of them alone at the end (pytest-xdist hands out whole modules: --dist loadfile).
+SLOWEST_FIRST = ("test_ports", "test_torch_compile", "test_levels", "test_reliability",
+                 "test_explain", "test_replicas", "test_ranks", "test_devices_jax",
+                 "test_check", "test_contracts", "test_jax_capture", "test_fuzz")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.module.__name__.rsplit(".", 1)[-1],
+                                         len(SLOWEST_FIRST)))
 
 
 PERTURB = os.path.join(ROOT, "tests", "perturb")
@@ -65,11 +78,7 @@ def recorded(tmp_path_factory):
     """Recordings shared by every module (tests/helpers.Recordings): ask for
     `recorded("torch_dot.py")` or `recorded.many({...})` instead of recording again.
     Under pytest-xdist the folder is the run's, shared by its workers."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        folder = tmp_path_factory.getbasetemp().parent / "recordings"
-        folder.mkdir(exist_ok=True)
-        return Recordings(folder)
-    return Recordings(tmp_path_factory.mktemp("recordings"))
+    return Recordings(shared_folder(tmp_path_factory, "recordings"))
 
 
 OTHER_JAX = os.environ.get("TRACEDIFF_OTHER_JAX_PYTHON")

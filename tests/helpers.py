@@ -123,6 +123,16 @@ def record_many(jobs, max_parallel=2):
     return done
 
 
+def shared_folder(tmp_path_factory, name):
+    """A folder of this test run that every pytest-xdist worker sees (without xdist, a new
+    temporary folder): for recordings made once per run, under a file lock."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        folder = tmp_path_factory.getbasetemp().parent / name
+        folder.mkdir(exist_ok=True)
+        return folder
+    return tmp_path_factory.mktemp(name)
+
+
 class Recordings:
     """Recordings shared by the whole test run: each distinct (script, args, env, options,
     tag) is recorded once, whichever module asks first, and handed to every module that

@@ -21,7 +21,7 @@ import tracediff
 from tracediff.runner import output_path_for
 from tracediff.trace import schema
 
-from .helpers import FIXTURES, ROOT, run_cli, script_env
+from .helpers import FIXTURES, ROOT, run_cli, script_env, shared_folder
 
 SCRIPT = os.path.join(FIXTURES, "torch_ddp.py")
 NPROC = 4
@@ -76,18 +76,22 @@ def _torchrun(out, port, *args, nproc=NPROC):
 
 def record_ddp_runs(folder):
     """{"clean": dir, "faulty": dir} of per-rank traces and "coll" (one process, every
-    kind of collective), recorded once per session (all at once) and made read-only."""
-    with _LOCK:
+    kind of collective), recorded once per test run (all at once; FOLDER is shared by the
+    pytest-xdist workers, the first to ask records under a file lock) and made read-only."""
+    from filelock import FileLock
+
+    with _LOCK, FileLock(str(folder / "ddp.lock")):
+        outs = {"clean": folder / "clean", "faulty": folder / "faulty", "coll": folder / "coll.h5"}
+        if not _RUNS and (folder / "done").exists():   # another worker recorded them
+            _RUNS.update(outs)
         if not _RUNS:
             base = 29000 + os.getpid() % 300 * 3
-            outs = {"clean": folder / "clean", "faulty": folder / "faulty"}
             procs = {"clean": _torchrun(outs["clean"], base),
                      "faulty": _torchrun(outs["faulty"], base + 1, "--fault-rank",
                                          str(FAULT_RANK), "--fault-step", str(FAULT_STEP))}
             # alongside: one process that initialises torch.distributed itself
             script = folder / "coll.py"
             script.write_text(COLLECTIVES)
-            outs["coll"] = folder / "coll.h5"
             procs["coll"] = subprocess.Popen(
                 [sys.executable, "-m", "tracediff", "record", "-o", str(outs["coll"]),
                  str(script)], env=script_env({"PORT": str(base + 2), **GLOO_ENV}), cwd=ROOT,
@@ -98,13 +102,14 @@ def record_ddp_runs(folder):
             for d in (outs["clean"], outs["faulty"]):
                 for f in os.listdir(d):
                     os.chmod(d / f, 0o444)
+            (folder / "done").write_text("recorded")
             _RUNS.update(outs)
         return dict(_RUNS)
 
 
 @pytest.fixture(scope="session")
 def ddp_runs(tmp_path_factory):
-    return record_ddp_runs(tmp_path_factory.mktemp("ddp"))
+    return record_ddp_runs(shared_folder(tmp_path_factory, "ddp"))
 
 
 @pytest.fixture(scope="module")

@@ -9,13 +9,13 @@ import shutil
 
 import pytest
 
-from .helpers import run_cli
+from .helpers import run_cli, shared_folder
 from .test_ranks import FAULT_LINE, FAULT_RANK, FAULT_STEP, NPROC, _torchrun, record_ddp_runs
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return record_ddp_runs(tmp_path_factory.mktemp("ddp"))
+    return record_ddp_runs(shared_folder(tmp_path_factory, "ddp"))
 
 
 def test_faulty_run_names_rank_step_op_and_line(runs):
