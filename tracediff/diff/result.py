@@ -413,7 +413,9 @@ class CompiledCall(_ByKey):
 
 @dataclass(repr=False)
 class OptimizerStep(_ByKey):
-    """One compared optimizer step: the worst relative difference of the parameters."""
+    """One compared optimizer step. `worst` is the parameter with the largest relative L2
+    of its own (||a-b|| / ||a|| of that tensor: max rel is set by near-zero elements and
+    names the wrong tensor); `max_rel`/`max_abs` are the largest over all parameters."""
 
     step: int
     a: int
@@ -425,6 +427,8 @@ class OptimizerStep(_ByKey):
     compared: Optional[int] = None    # two frameworks: values compared by role
     by: Optional[str] = None          # two frameworks: "role" (optroles.py)
     rel_l2: Optional[float] = None    # ||a - b|| / ||a|| over every parameter compared
+    worst_rel_l2: Optional[float] = None   # ||a - b|| / ||a|| of the `worst` tensor alone
+    worst_max_abs: Optional[float] = None  # max |a - b| of the `worst` tensor
 
 
 @dataclass(repr=False)

@@ -70,6 +70,14 @@ def ulp_cell(m, number=None) -> str:
     return "- (non-finite values)" if not finite else "- (values far apart; see rel)"
 
 
+def worst_detail(step, f=fmt):
+    """" (relative L2, max abs Y)" of an optimizer step's worst parameter (chosen by its
+    own ||a-b|| / ||a||), "" when none was computed."""
+    if step is None or step.worst_rel_l2 is None:
+        return ""
+    return f" ({f(step.worst_rel_l2)}, max abs {f(step.worst_max_abs)})"
+
+
 def fmt_pct(x):
     if not isinstance(x, (int, float)) or isinstance(x, bool):
         return "-"

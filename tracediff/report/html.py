@@ -24,7 +24,7 @@ from ..diff.result import Finding, LocateResult
 from ..untrusted import printable
 from .common import (GITHUB_ATTACH_LIMIT, MATCHES, NO_LINES, RECORDED, ReportContext,
                      chain_items, culprit, event_label, explain_parts, finding_rows, fmt,
-                     fmt_bytes, fmt_pct, summary, typed, ulp_cell)
+                     fmt_bytes, fmt_pct, summary, typed, ulp_cell, worst_detail)
 
 MAX_POINTS = 2500          # wider runs are binned (max per bin) to keep the page small
 MAX_EVENT_ROWS = 500
@@ -404,12 +404,13 @@ def render(result: LocateResult, ctx: Optional[ReportContext] = None, profile=No
             body.append('<p class="muted">Every aligned event is bitwise equal.</p>')
     if steps:
         rows = [(str(s.step), "yes" if s.bitwise_equal else "no", e(fmt(s.rel_l2)),
-                 e(fmt(s.max_abs)), e(fmt(s.max_rel)), f"<code>{e(s.worst or '-')}</code>")
+                 e(fmt(s.max_abs)), f"<code>{e(s.worst or '-')}</code>{e(worst_detail(s))}",
+                 e(fmt(s.max_rel)))
                 for s in steps]
         body.append("<h2>Optimizer steps</h2>")
         body.append(_table("steps", ["step", "bitwise equal", "relative L2", "max abs",
-                                     "max rel", "worst parameter (max rel)"], rows,
-                           num_cols=(0, 2, 3, 4),
+                                     "worst parameter (relative L2)", "max rel"], rows,
+                           num_cols=(0, 2, 3, 5),
                            row_classes=["" if s.bitwise_equal else "bad" for s in steps]))
     env = result.env_diff or []
     body.append("<h2>Environment differences (a → b)</h2>")

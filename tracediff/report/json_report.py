@@ -5,7 +5,8 @@
 exit_code, traces {a, b}, warnings, tolerance, first_difference, first_beyond_tolerance,
 replay_only, alignment {events_a, events_b, matched, only_in_a, only_in_b,
 anchors_matched, fallback_regions, gaps}, optimizer_steps (per compared step: step, a, b,
-bitwise_equal, max_rel, max_abs, worst; long runs keep the first 20, each new worst, the
+bitwise_equal, max_rel, max_abs, rel_l2, worst (the parameter with the largest relative L2 of
+its own), worst_rel_l2, worst_max_abs; long runs keep the first 20, each new worst, the
 last), optimizer_steps_total, env_diff, mapping, next_steps, levels; when computed:
 explain (the replay verdict of the origin: verdict, event, summary, a_ulp_from_exact,
 b_ulp_from_exact, exact_by, reproduced_here, likely_cause; mechanism, one line, when

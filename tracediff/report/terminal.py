@@ -29,6 +29,12 @@ MAX_PAIRS = 12
 MAX_ENV_SHORT = 8
 
 
+def _worst(step):
+    """" (relative L2 X, max abs Y)" of the step's worst parameter (its own ||a-b||/||a||)."""
+    return "" if step.worst_rel_l2 is None else \
+        f" (relative L2 {_fmt(step.worst_rel_l2)}, max abs {_fmt(step.worst_max_abs)})"
+
+
 def _fmt(x):
     if x is None:
         return "-"
@@ -228,8 +234,8 @@ def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bo
             console.print(f"optimizer steps: {r.optimizer_steps_total} compared; parameters first "
                           f"differ in the "
                           f"snapshot of step {s0.step} (relative L2 {_fmt(s0.rel_l2)}, max abs "
-                          f"{_fmt(s0.max_abs)}; max rel {_fmt(s0.max_rel)} in "
-                          f"{markup(str(s0.worst))}); last step {last.step}: relative L2 "
+                          f"{_fmt(s0.max_abs)}; worst {markup(str(s0.worst))}{_worst(s0)}; max rel "
+                          f"{_fmt(s0.max_rel)}); last step {last.step}: relative L2 "
                           f"{_fmt(last.rel_l2)}, max abs {_fmt(last.max_abs)}")
         else:
             console.print(f"optimizer steps: {r.optimizer_steps_total} compared, parameters "
@@ -238,7 +244,7 @@ def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bo
             for s in r.optimizer_steps:
                 console.print(f"  step {s.step:>5}  "
                               f"{'equal' if s.bitwise_equal else 'relative L2 ' + _fmt(s.rel_l2) + ', max abs ' + _fmt(s.max_abs) + ', max rel ' + _fmt(s.max_rel)}"
-                              f"{'' if s.bitwise_equal else '  in ' + markup(str(s.worst))}")
+                              f"{'' if s.bitwise_equal else '  in ' + markup(str(s.worst)) + _worst(s)}")
     if r.env_diff:
         console.print("environment differences (a -> b):")
         limit = len(r.env_diff) if verbose else MAX_ENV_SHORT
