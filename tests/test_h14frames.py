@@ -2,6 +2,8 @@
 (||a-b|| / ||a|| of that tensor, not max rel, which near-zero elements decide), and an op
 recorded inside library code carries both the library frame and the user's frame."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -67,3 +69,83 @@ def test_reports_show_the_worst_tensor_relative_l2(gru_steps):
     assert "worst parameter (relative L2)" in page
     text = render_terminal(terminal.print_locate, r, verbose=True)
     assert f"{s0.worst} (relative L2 {terminal._fmt(s0.worst_rel_l2)}" in text
+
+
+# -- source: library frame <- user frame -------------------------------------------------------
+
+def _line_of(func, needle):
+    """The file and line number of the first line of FUNC's source containing NEEDLE."""
+    import inspect
+
+    lines, start = inspect.getsourcelines(func)
+    k = next(i for i, text in enumerate(lines) if needle in text)
+    return os.path.realpath(inspect.getsourcefile(func)), start + k
+
+
+def _lib_file(lib):
+    path, _, line = lib.rpartition(":")
+    return os.path.realpath(path), int(line)
+
+
+@pytest.fixture(scope="module")
+def gru_a(gru_steps):
+    a, _, _ = gru_steps
+    with tracediff.load(a) as t:
+        yield t
+
+
+def test_torch_op_inside_torch_nn_names_the_user_line_and_the_library_frame(gru_a):
+    from torch import nn
+
+    t = gru_a
+    tab = t.events_table()
+    # the head's addmm runs inside nn.Linear.forward, called by the script's `self.head(h)`
+    i = next(i for i in range(len(t)) if tab["op"][i] == "aten::addmm" and
+             tab["name_stack"][i] == "head" and tab["phase"][i] == "forward")
+    ev = t.event(i)
+    assert ev["source"] == "torch_gru_adam.py:21" == tab["source"][i]
+    assert _lib_file(ev["lib_source"]) == _line_of(nn.Linear.forward, "F.linear(")
+    assert tab["lib_source"][i] == ev["lib_source"]
+    # the trace holds the lines of both: the user's and the library's
+    user = t.source_lines(ev["source"])
+    assert dict(user["lines"])[21].strip() == "return self.head(h)"
+    lib = t.source_lines(ev["lib_source"])
+    assert "F.linear(" in dict(lib["lines"])[lib["line"]]
+    # an op of the script's own code has no library frame
+    j = next(i for i in range(len(t)) if tab["op"][i] == "aten::zeros")
+    assert tab["source"][j] == "torch_gru_adam.py:18" and tab["lib_source"][j] == ""
+
+
+def test_reports_show_library_frame_beside_the_user_line(gru_steps):
+    from torch import nn
+
+    from tracediff.report import html, markdown, terminal
+
+    _, _, r = gru_steps
+    a = r.first_difference.a
+    assert a.source == "torch_gru_adam.py:20"   # GRUCell(x, h) in the script
+    path, line = _line_of(nn.GRUCell.forward, "_VF.gru_cell(")
+    assert _lib_file(a.lib_source) == (path, line)
+    shown = f"{a.lib_source} ← torch_gru_adam.py:20"
+    assert shown in render_terminal(terminal.print_locate, r)
+    assert shown in markdown.render(r) and shown in html.render(r)
+    js = tracediff.to_json(r)["first_difference"]["a"]
+    assert js["source"] == "torch_gru_adam.py:20" and js["lib_source"] == a.lib_source
+
+
+def test_flax_linen_op_names_the_user_line_and_the_flax_frame(recorded):
+    from flax.linen import linear
+
+    path = recorded("flax_dense.py", "--mlp", "--jit")
+    with tracediff.load(path) as t:
+        tab = t.events_table()
+        i = next(i for i in range(len(t)) if tab["op"][i] == "dot_general" and
+                 "fc0" in tab["name_stack"][i])
+        ev = t.event(i)
+        assert ev["source"] == "flax_dense.py:43"   # h = nn.Dense(w, name=f"fc{i}")(h)
+        lib_path, lib_line = _lib_file(ev["lib_source"])
+        assert lib_path == os.path.realpath(linear.__file__)   # flax's Dense, not jax
+        lines = t.source_lines(ev["lib_source"])
+        assert "dot_general" in dict(lines["lines"])[lib_line]
+        # the user's line is stored too, for the "LIB ← USER" source string
+        assert "nn.Dense(w" in dict(t.source_lines(ev["source"])["lines"])[43]

@@ -110,13 +110,19 @@ def event_label(e: EventRef, code=md_code, text=md_text) -> str:
     return f"{text(e.framework)} {text(e.kind)}{origin} {code(e.op)}".strip()
 
 
+def site(e) -> str:
+    """An event's source as shown: "LIB ← USER" when the op ran inside library code (the
+    library's line, called from the user's), USER otherwise (trace/sources.py)."""
+    return sources.join_site(e.source, getattr(e, "lib_source", "") or None) or ""
+
+
 def where(e: EventRef, code=md_code) -> str:
     """'step 0, event #375, `Controller/GRUCell_0`, `jax_gru.py:25`'."""
     parts = [f"step {e.step}", f"event #{e.index}"]
     if e.name_stack:
         parts.append(code(e.name_stack))
     if e.source:
-        parts.append(code(e.source))
+        parts.append(code(site(e)))
     return ", ".join(parts)
 
 
@@ -135,7 +141,7 @@ def finding_rows(f: Finding, code, text, strong) -> list:
         rows.append(("layer", code(f.layer["text"])))
     for label, field in (("name stack", "name_stack"), ("source", "source"),
                          ("device", "device")):
-        va, vb = getattr(a, field), getattr(b, field)
+        va, vb = (site(a), site(b)) if field == "source" else (getattr(a, field), getattr(b, field))
         if va or (vb and field != "source"):   # a's, and b's where it differs
             cell = code(va or "-")
             if vb and vb != va:

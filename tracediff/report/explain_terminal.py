@@ -17,7 +17,7 @@ from ..diff.chain import collapse
 from ..diff.result import Analysis, Gap
 from ..diff.verdict import fmt, ulp_text
 from ..untrusted import markup
-from .common import typed, ulp_cell, worst_detail
+from .common import site, typed, ulp_cell, worst_detail
 
 
 def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) -> None:
@@ -37,7 +37,7 @@ def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) ->
             f"(a #{a.index}, b #{o.b.index}"
             f"{', ' + markup(a.origin) if a.origin else ''}), step {a.step}"
             f"{'  ' + markup(a.name_stack) if a.name_stack else ''}"
-            f"{'  ' + markup(a.source) if a.source else ''}"
+            f"{'  ' + markup(site(a)) if a.source else ''}"
             f"{'  on ' + markup(a.device) if getattr(a, 'device', '') else ''}")
     if getattr(o, "device_note", ""):
         c.print(f"  devices: {markup(o.device_note)}")

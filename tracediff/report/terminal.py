@@ -21,7 +21,7 @@ from rich.console import Console
 
 from ..diff.result import Finding, Gap, LocateResult
 from ..untrusted import markup
-from .common import typed, ulp_cell
+from .common import site, typed, ulp_cell
 from .json_report import next_steps
 
 MAX_ENV = 15
@@ -89,9 +89,9 @@ def _finding(console, title, f: Finding, verbose=False, context=None):
             ns += f"  |  b: {markup(f.b.name_stack)}"
         console.print(f"  name stack: {ns}")
     if f.a.source or f.b.source:
-        src = markup(f.a.source or "-")
-        if f.b.source and f.b.source != f.a.source:
-            src += f"  |  b: {markup(f.b.source)}"
+        src = markup(site(f.a) or "-")
+        if f.b.source and site(f.b) != site(f.a):
+            src += f"  |  b: {markup(site(f.b))}"
         console.print(f"  source: {src}")
         if verbose and f.a.source and context is not None:
             _code(console, context(f.a.source))
@@ -193,7 +193,7 @@ def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bo
             console.print(f"[bold]first bitwise difference[/] (earlier, within tolerance): "
                           f"{_what(fd)}  (a #{fd.a.index}, b #{fd.b.index}"
                           f"{', ' + markup(fd.origin) if fd.origin else ''})"
-                          f"{'  ' + markup(fd.a.source) if fd.a.source else ''}; "
+                          f"{'  ' + markup(site(fd.a)) if fd.a.source else ''}; "
                           f"max abs {_fmt(fm.max_abs if fm else None)}, max rel "
                           f"{_fmt(fm.max_rel if fm else None)}, max ulp {markup(ulp_cell(fm, _fmt))}, "
                           f"{word}  [dim](-v for details)[/]")
