@@ -404,13 +404,13 @@ def render(result: LocateResult, ctx: Optional[ReportContext] = None, profile=No
             body.append('<p class="muted">Every aligned event is bitwise equal.</p>')
     if steps:
         rows = [(str(s.step), "yes" if s.bitwise_equal else "no", e(fmt(s.rel_l2)),
-                 e(fmt(s.max_abs)), f"<code>{e(s.worst or '-')}</code>{e(worst_detail(s))}",
-                 e(fmt(s.max_rel)))
+                 e(fmt(s.max_abs)), e(fmt(s.max_rel)),
+                 f"<code>{e(s.worst or '-')}</code>{e(worst_detail(s))}")
                 for s in steps]
         body.append("<h2>Optimizer steps</h2>")
         body.append(_table("steps", ["step", "bitwise equal", "relative L2", "max abs",
-                                     "worst parameter (relative L2)", "max rel"], rows,
-                           num_cols=(0, 2, 3, 5),
+                                     "max rel", "worst parameter (relative L2)"], rows,
+                           num_cols=(0, 2, 3, 4),
                            row_classes=["" if s.bitwise_equal else "bad" for s in steps]))
     env = result.env_diff or []
     body.append("<h2>Environment differences (a → b)</h2>")

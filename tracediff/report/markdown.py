@@ -190,10 +190,10 @@ def render(result: LocateResult, ctx: Optional[ReportContext] = None) -> str:
         total = result.optimizer_steps_total or len(steps)
         lines += [f"## Optimizer steps ({total} compared)", ""]
         rows = [(str(s.step), "yes" if s.bitwise_equal else "no", fmt(s.rel_l2),
-                 fmt(s.max_abs), _code(s.worst or "-") + worst_detail(s), fmt(s.max_rel))
+                 fmt(s.max_abs), fmt(s.max_rel), _code(s.worst or "-") + worst_detail(s))
                 for s in steps]
-        table = _table(["step", "bitwise equal", "relative L2", "max abs",
-                        "worst parameter (relative L2)", "max rel"],
+        table = _table(["step", "bitwise equal", "relative L2", "max abs", "max rel",
+                        "worst parameter (relative L2)"],
                        rows[:MAX_STEP_ROWS])
         if len(rows) > 8:
             lines += ["<details><summary>per-step table</summary>", ""] + table + \
