@@ -2,6 +2,7 @@
 (||a-b|| / ||a|| of that tensor, not max rel, which near-zero elements decide), and an op
 recorded inside library code carries both the library frame and the user's frame."""
 
+import json
 import os
 
 import numpy as np
@@ -11,7 +12,7 @@ import tracediff
 from tracediff.trace import schema
 
 from .conftest import MKL_SSE, TORCH_GRU_STEPS
-from .helpers import render_terminal
+from .helpers import FIXTURES, render_terminal, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +107,11 @@ def test_torch_op_inside_torch_nn_names_the_user_line_and_the_library_frame(gru_
     assert ev["source"] == "torch_gru_adam.py:21" == tab["source"][i]
     assert _lib_file(ev["lib_source"]) == _line_of(nn.Linear.forward, "F.linear(")
     assert tab["lib_source"][i] == ev["lib_source"]
+    # `tracediff show` prints both, and its JSON has both
+    out = run_cli("show", t.path, str(i), check=True).stdout.replace("\n", " ")
+    assert f"source: {ev['lib_source']} ← torch_gru_adam.py:21" in out
+    js = json.loads(run_cli("show", t.path, str(i), "--json", check=True).stdout)
+    assert js["source"] == "torch_gru_adam.py:21" and js["lib_source"] == ev["lib_source"]
     # the trace holds the lines of both: the user's and the library's
     user = t.source_lines(ev["source"])
     assert dict(user["lines"])[21].strip() == "return self.head(h)"
@@ -149,3 +155,21 @@ def test_flax_linen_op_names_the_user_line_and_the_flax_frame(recorded):
         assert "dot_general" in dict(lines["lines"])[lib_line]
         # the user's line is stored too, for the "LIB ← USER" source string
         assert "nn.Dense(w" in dict(t.source_lines(ev["source"])["lines"])[43]
+
+
+def test_report_code_context_is_the_user_line_from_the_trace_or_source_dir(gru_steps):
+    """The culprit ran inside torch.optim (adam.py ← the script's opt.step()): the code
+    shown is the user's line, from the trace, and from --source-dir when asked."""
+    from tracediff.report import markdown
+    from tracediff.report.common import report_context
+
+    _, _, r = gru_steps
+    f = r.first_beyond_tolerance
+    assert f.a.lib_source and f.a.source == "torch_gru_adam.py:39"
+    assert os.path.basename(_lib_file(f.a.lib_source)[0]) == "adam.py"
+    for source_dir in (None, FIXTURES):
+        ctx = report_context(r, source_dir)
+        assert ctx.source["found"] and ctx.source["line"] == 39, ctx.source
+        assert "opt.step()" in dict(ctx.source["lines"])[39]
+        assert ctx.source["origin"] == ("trace" if source_dir is None else "local")
+        assert "opt.step()" in markdown.render(r, ctx)
