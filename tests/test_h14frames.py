@@ -173,3 +173,40 @@ def test_report_code_context_is_the_user_line_from_the_trace_or_source_dir(gru_s
         assert "opt.step()" in dict(ctx.source["lines"])[39]
         assert ctx.source["origin"] == ("trace" if source_dir is None else "local")
         assert "opt.step()" in markdown.render(r, ctx)
+
+
+def test_a_hostile_library_frame_is_shown_as_text(gru_steps, tmp_path):
+    """A stranger's trace may put terminal escapes and markup in the LIB part: every report
+    shows them as text (untrusted.py)."""
+    import shutil
+
+    import h5py
+
+    from tracediff.report import html, markdown, terminal
+
+    a, b, r = gru_steps
+    ea = r.first_difference.a.index
+    bad = str(tmp_path / "a.h5")
+    shutil.copy(a, bad)
+    payload = "lib\x1b[2J[bold red]x[/]<b>`|"
+    with h5py.File(bad, "r+") as f:
+        n = int(f.attrs["committed_strings"])
+        f["strings"].resize((n + 1,))
+        f["strings"][n] = f"{payload}.py:1 ← torch_gru_adam.py:20"
+        f.attrs["committed_strings"] = n + 1
+        ev = f["events"][()]
+        ev["source"][ea] = n
+        f["events"][...] = ev
+    res = tracediff.locate(bad, b, explain=False)
+    got = res.first_difference.a
+    assert got.source == "torch_gru_adam.py:20" and got.lib_source == payload + ".py:1"
+    text = render_terminal(terminal.print_locate, res, verbose=True)
+    assert "\x1b" not in text and r"lib\x1b[2J[bold red]x[/]" in text
+    md = markdown.render(res)
+    # a code span (HTML inside it is text), the pipe escaped for the table cell
+    assert "\x1b" not in md
+    assert r"``lib\x1b[2J[bold red]x[/]<b>`\|.py:1 ← torch_gru_adam.py:20``" in md
+    page = html.render(res)
+    assert "\x1b" not in page and "<b>`|" not in page and "&lt;b&gt;" in page
+    shown = run_cli("show", bad, str(ea), check=True).stdout
+    assert "\x1b" not in shown and "[bold red]x[/]" in shown.replace("\n", "")

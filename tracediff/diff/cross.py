@@ -25,6 +25,7 @@ import numpy as np
 
 from ..errors import TraceError
 from ..trace import schema
+from ..trace.sources import split_site
 from ..trace.values import parse_shape
 from . import align as _align
 from . import compare
@@ -399,8 +400,8 @@ class CrossDiffer(Differ):
         b = _pairing.layer_text(ub, self.fw_b, fam, self._region_label(1, pr.b))
         return {"a": a, "b": b, "text": f"{a} <-> {b}", "family": fam,
                 "a_module": ua.module, "b_module": ub.module,
-                "a_source": self.ta.string(self.ta.events[ua.rep]["source"]),
-                "b_source": self.tb.string(self.tb.events[ub.rep]["source"])}
+                "a_source": split_site(self.ta.string(self.ta.events[ua.rep]["source"]))[0],
+                "b_source": split_site(self.tb.string(self.tb.events[ub.rep]["source"]))[0]}
 
     def _region_label(self, s, k, limit=6):
         """The ops of a unit and of the composite it ends: 'sub + mul + rsqrt + add'."""
