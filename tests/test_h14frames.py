@@ -210,3 +210,18 @@ def test_a_hostile_library_frame_is_shown_as_text(gru_steps, tmp_path):
     assert "\x1b" not in page and "<b>`|" not in page and "&lt;b&gt;" in page
     shown = run_cli("show", bad, str(ea), check=True).stdout
     assert "\x1b" not in shown and "[bold red]x[/]" in shown.replace("\n", "")
+
+
+def test_a_slice_keeps_the_lines_of_both_frames(gru_a, tmp_path):
+    from tracediff.trace.slice import write_slice
+
+    t = gru_a
+    tab = t.events_table()
+    i = next(i for i in range(len(t)) if tab["op"][i] == "aten::addmm" and tab["name_stack"][i] == "head")
+    out = str(tmp_path / "cut.h5")
+    write_slice(t.path, i, out, hops=1)
+    with tracediff.load(out) as s:
+        st = s.events_table()
+        j = next(j for j in range(len(s)) if st["op"][j] == "aten::addmm" and st["name_stack"][j] == "head")
+        assert (st["source"][j], st["lib_source"][j]) == (tab["source"][i], tab["lib_source"][i])
+        assert s.source_lines(st["source"][j])["lines"] and s.source_lines(st["lib_source"][j])["lines"]
