@@ -240,18 +240,20 @@ def step_plot(steps, width=1120, height=220):
 
     parts.append(f'<text x="{x0 - 6}" y="{band + 4}" text-anchor="end">equal</text>')
     pts = []
-    for s, v, ab in zip(xs_step, rel, absd):
+    for s, v, ab, st in zip(xs_step, rel, absd, steps):
         if math.isnan(v):
             continue
-        pts.append((xmap(s), band if v == 0 else ymap(v), v, s, ab))
+        worst = f"; worst {st.worst}{worst_detail(st)}" \
+            if st.worst and st.worst_rel_l2 is not None else ""
+        pts.append((xmap(s), band if v == 0 else ymap(v), v, s, ab, worst))
     if len(pts) > 1:
         d = "M" + " L".join(f"{x:.1f} {y:.1f}" for x, y, *_ in pts)
         parts.append(f'<path d="{d}" fill="none" stroke="#8c959f" stroke-width="1"/>')
-    for x, y, v, s, ab in pts:
+    for x, y, v, s, ab, worst in pts:
         color = COLORS["equal"] if v == 0 else COLORS["beyond"]
         parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}">'
                      f'<title>step {s}: relative L2 {fmt(float(v))}, max abs {fmt(ab)}'
-                     f'</title></circle>')
+                     f'{e(worst)}</title></circle>')
     ticks = sorted(set(xs_step))
     every = max(1, int(math.ceil(len(ticks) / 20)))
     for s in ticks[::every]:
