@@ -69,8 +69,8 @@ def test_reports_show_the_worst_tensor_relative_l2(gru_steps):
     page = html.render(r)
     assert "worst parameter (relative L2)" in page
     # the per-step plot's tooltip names it too
-    assert f"; worst {s0.worst} ({fmt(s0.worst_rel_l2)}, max abs {fmt(s0.worst_max_abs)})</title>" \
-        in page
+    assert f"(worst {s0.worst} ({fmt(s0.worst_rel_l2)}, max abs {fmt(s0.worst_max_abs)})), " \
+        "all parameters: relative L2" in page
     text = render_terminal(terminal.print_locate, r, verbose=True)
     assert f"{s0.worst} (relative L2 {terminal._fmt(s0.worst_rel_l2)}" in text
 

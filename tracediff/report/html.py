@@ -243,7 +243,7 @@ def step_plot(steps, width=1120, height=220):
     for s, v, ab, st in zip(xs_step, rel, absd, steps):
         if math.isnan(v):
             continue
-        worst = f"; worst {st.worst}{worst_detail(st)}" \
+        worst = f" (worst {st.worst}{worst_detail(st)}), all parameters" \
             if st.worst and st.worst_rel_l2 is not None else ""
         pts.append((xmap(s), band if v == 0 else ymap(v), v, s, ab, worst))
     if len(pts) > 1:
@@ -252,8 +252,8 @@ def step_plot(steps, width=1120, height=220):
     for x, y, v, s, ab, worst in pts:
         color = COLORS["equal"] if v == 0 else COLORS["beyond"]
         parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}">'
-                     f'<title>step {s}: relative L2 {fmt(float(v))}, max abs {fmt(ab)}'
-                     f'{e(worst)}</title></circle>')
+                     f'<title>step {s}{e(worst)}: relative L2 {fmt(float(v))}, max abs {fmt(ab)}'
+                     f'</title></circle>')
     ticks = sorted(set(xs_step))
     every = max(1, int(math.ceil(len(ticks) / 20)))
     for s in ticks[::every]:
