@@ -9,9 +9,13 @@ import importlib.abc
 import importlib.util
 import os
 import sys
+import sysconfig
 import threading
 
 from ..trace import schema
+from ..trace.sources import join_site
+
+_STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 
 
 LEVELS = ("full", "stats", "calls")
@@ -180,6 +184,7 @@ class Session:
         self.tool_dirs = tuple(tool_dirs)
         self.captures = []
         self._user_files = {}
+        self._site_kinds = {}
         # the lines around each new events.source, stored in the trace (trace/sources.py)
         from ..trace.sources import SourceRecorder
 
@@ -206,6 +211,36 @@ class Session:
                              or any(m in filename for m in self._LIBRARY_MARKERS))
             self._user_files[filename] = known
         return known
+
+    site_skip = ()   # folders never named as an op's frame (jax, jaxlib: set by the recorder)
+
+    def jax_site(self, frames):
+        """events.source from (file, line) frames, innermost first: the innermost frame of
+        the user's code, as "LIB ← USER" when the op runs inside library code (flax, optax,
+        a pip package: LIB is the innermost frame outside jax, tracediff and Python's
+        standard library; trace/sources.py). Each file is classified once."""
+        kinds = self._site_kinds
+        lib = None
+        for fn, line in frames:
+            k = kinds.get(fn)
+            if k is None:
+                k = kinds[fn] = self._site_kind(fn)
+            if k:
+                here = f"{self.short_path(fn)}:{line}"
+                if k == 2:
+                    return join_site(here, lib)
+                if lib is None:
+                    lib = here
+        return lib
+
+    def _site_kind(self, fn):
+        """0: never named (tracediff, jax, the standard library, <frozen ...>); 1: library
+        code; 2: the user's code (`is_user_file`)."""
+        if fn.startswith(self.tool_dirs) or fn.startswith(self.site_skip) or \
+                fn.startswith(("<frozen", "<string>")) or \
+                (fn.startswith(_STDLIB) and "-packages" not in fn):
+            return 0
+        return 2 if self.is_user_file(fn) else 1
 
     def short_path(self, filename):
         """A source path as shown in reports: relative to the script's folder when inside it."""

@@ -75,13 +75,9 @@ class _Site:
         self.op = f"jit:{eqn.params.get('name', '?')}" if prim in jax_internals.JIT_NAMES else prim
         self.params = _summarize_params(eqn.params)
         self.name_stack = str(eqn.source_info.name_stack)
-        self.source = None
         tb = eqn.source_info.traceback
-        if tb is not None:
-            for fr in tb.frames:
-                if session.is_user_file(fr.file_name):
-                    self.source = f"{session.short_path(fr.file_name)}:{fr.line_num}"
-                    break
+        self.source = None if tb is None else \
+            session.jax_site((fr.file_name, fr.line_num) for fr in tb.frames)
         # literal inputs (`mul x 2.0`), stored as role-IN values so that replay and repro
         # can rebuild the op from the trace alone
         self.literals = []
@@ -181,6 +177,9 @@ class JaxCapture(Capture):
         self.values_prober = jax_probe.Prober(self, ".*", values_mode=True) \
             if self.values_mode == "compiled" and not self.calls_only else None
         siu.register_exclusion(os.path.dirname(os.path.abspath(__file__)))
+        import jaxlib
+
+        session.site_skip = tuple(os.path.dirname(m.__file__) + os.sep for m in (jax, jaxlib))
         self._orig = {"impl": pjit._pjit_call_impl_python, "fast": pjit._get_fastpath_data,
                       "pp": core.EvalTrace.process_primitive}
         pjit._pjit_call_impl_python = self._impl_hook
@@ -404,13 +403,13 @@ class JaxCapture(Capture):
 
     # -- recording -----------------------------------------------------------------------------
     def _live_source(self):
-        f = sys._getframe(2)
-        while f is not None:
-            name = f.f_code.co_filename
-            if self.session.is_user_file(name):
-                return f"{self.session.short_path(name)}:{f.f_lineno}"
-            f = f.f_back
-        return None
+        """events.source of an eager primitive or a call, from the live stack
+        (`Session.jax_site`)."""
+        def frames(f):
+            while f is not None:
+                yield f.f_code.co_filename, f.f_lineno
+                f = f.f_back
+        return self.session.jax_site(frames(sys._getframe(2)))
 
     def _name_stack(self):
         return str(self._siu.current_name_stack())

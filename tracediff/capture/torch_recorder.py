@@ -76,6 +76,7 @@ import numpy as np
 
 from . import Capture, torch_device
 from ..trace import schema
+from ..trace.sources import LIB_SEP
 
 SUPPORTED = "torch >= 2.1 (tested 2.13)"
 
@@ -83,6 +84,8 @@ _UNINIT_OPS = frozenset({"aten::empty", "aten::empty_like", "aten::empty_strided
                          "aten::new_empty_strided", "aten::empty_permuted"})
 _SCALAR_TYPES = (bool, int, float, complex)
 _SKIP_FILE_PREFIXES = ("<frozen", "<string>")
+_PLUMBING = ("_ops.py", "overrides.py", "utils/_python_dispatch.py", "utils/_contextlib.py",
+             "_compile.py", "utils/_device.py", "_dynamo/eval_frame.py", "_dynamo/external_utils.py")
 _MAX_PARAM = 48
 _MAX_PARAMS = 160
 
@@ -214,7 +217,11 @@ class TorchCapture(Capture):
         # Python's own library is skipped too: a DataLoader batch is attributed to the
         # script's `for ... in loader` line, not to multiprocessing/queues.py.
         self.stdlib = sysconfig.get_paths()["stdlib"] + os.sep
-        self.skip_prefixes = (os.path.dirname(torch.__file__),) + tool_dirs + _SKIP_FILE_PREFIXES
+        self.torch_dir = os.path.dirname(torch.__file__) + os.sep
+        self.skip_prefixes = (self.torch_dir,) + tool_dirs + _SKIP_FILE_PREFIXES
+        self.tool_prefixes = tool_dirs + _SKIP_FILE_PREFIXES
+        # frames of torch that only route a call to its op: never an op's library frame
+        self.plumbing = {os.path.join(self.torch_dir, *p.split("/")) for p in _PLUMBING}
         self.step = 0
         self.phase = schema.PHASE_FWD
         self.n_ops = 0
@@ -242,7 +249,7 @@ class TorchCapture(Capture):
         _live_captures.add(self)
         self._names, self._names_key = {}, None
         self._cur_source = None
-        self._code_skip = {}
+        self._code_kind = {}     # code object -> _kind of its file
         self._short = {}
         self._ids = {}           # interned ids: node names, (op, params, module, source)
         self._pcache = {}        # (op info, non-tensor arguments) -> params summary
@@ -441,23 +448,41 @@ class TorchCapture(Capture):
 
     # -- source lines ---------------------------------------------------------------------
     def _source(self):
+        """events.source of the op being recorded: the innermost frame of the user's code,
+        as "LIB ← USER" when the op runs inside library code (torch.nn, transformers, a pip
+        package: LIB is the innermost frame outside tracediff and Python's standard library;
+        trace/sources.py). Each code object is classified once (`_code_kind`), so the walk
+        costs a dict lookup per frame, as before."""
         f = sys._getframe(2)
-        skip = self._code_skip
+        kinds = self._code_kind
+        lib = None
         while f is not None:
             code = f.f_code
-            s = skip.get(code)
-            if s is None:
-                fn = code.co_filename
-                s = skip[code] = fn.startswith(self.skip_prefixes) or (
-                    fn.startswith(self.stdlib) and "-packages" not in fn)
-            if not s:
+            k = kinds.get(code)
+            if k is None:
+                k = kinds[code] = self._kind(code.co_filename)
+            if k:
                 fn = code.co_filename
                 short = self._short.get(fn)
                 if short is None:
                     short = self._short[fn] = self.session.short_path(fn)
-                return f"{short}:{f.f_lineno}"
+                if k == 2:
+                    return f"{short}:{f.f_lineno}" if lib is None else \
+                        f"{lib}{LIB_SEP}{short}:{f.f_lineno}"
+                if lib is None:
+                    lib = f"{short}:{f.f_lineno}"
             f = f.f_back
-        return None
+        return lib
+
+    def _kind(self, fn):
+        """0: a frame never named (tracediff, the standard library, <frozen ...>, torch's
+        dispatch plumbing); 1: library code (torch, site-packages); 2: the user's code."""
+        if fn.startswith(self.tool_prefixes) or fn in self.plumbing or (
+                fn.startswith(self.stdlib) and "-packages" not in fn):
+            return 0
+        if fn.startswith(self.torch_dir) or not self.session.is_user_file(fn):
+            return 1
+        return 2
 
     # -- values ---------------------------------------------------------------------------
     def _dtype_info(self, dtype):
@@ -806,7 +831,8 @@ class TorchCapture(Capture):
         return not self.filtered or self.opts.selected(op, module)
 
     def user_source(self):
-        """The user's `file:line` calling into torch right now."""
+        """The `file:line` calling into torch right now (`_source`: "LIB ← USER" inside
+        library code)."""
         return self._source()
 
     def source_file(self, filename):

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..errors import TraceError
 from ..trace import schema
+from ..trace.sources import split_site
 from ..trace.values import parse_shape
 from . import align as _align
 from . import compare
@@ -198,6 +199,7 @@ class CrossDiffer(Differ):
         for ea, eb in self.optim:
             na, nb, pairs = self._roles(ea, eb, self.p.module_map)
             worst_rel, worst_abs, worst_name, bit, n = 0.0, 0.0, None, True, 0
+            worst_l2 = worst_tabs = None
             l2 = compare.RelL2()
             for role, xa_name, xb_name, _ in pairs:
                 xa, da = self._snapshot_value(self.ta, self.ra, na, xa_name)
@@ -208,17 +210,23 @@ class CrossDiffer(Differ):
                 n += 1
                 bit &= m["bitwise_equal"]
                 rel = _num(m.get("max_rel"))
-                if role == "params":
-                    l2.add(xa, self.transform_b(None, None, np.asarray(xa), np.asarray(xb)))
-                if role == "params" and (rel > worst_rel or (worst_name is None and
-                                                            not m["bitwise_equal"])):
-                    worst_rel, worst_abs = rel, _num(m.get("max_abs"))
+                if role != "params":
+                    continue
+                xb_t = self.transform_b(None, None, np.asarray(xa), np.asarray(xb))
+                l2.add(xa, xb_t)
+                own = compare.RelL2()   # this tensor's ||a - b|| / ||a||: names the worst
+                own.add(xa, xb_t)
+                v = own.value() if not m["bitwise_equal"] else None
+                worst_rel, worst_abs = max(worst_rel, rel), max(worst_abs, _num(m.get("max_abs")))
+                if v is not None and (worst_name is None or v > worst_l2):
+                    worst_l2, worst_tabs = v, _num(m.get("max_abs"))
                     worst_name = (f"{optroles.after_step_name(xa_name)} <-> "
                                   f"{optroles.after_step_name(xb_name)}")
             rows.append(OptimizerStep(step=int(self.ta.events["step"][ea]), a=ea, b=eb,
                                       bitwise_equal=bool(bit), max_rel=worst_rel,
                                       max_abs=worst_abs, worst=worst_name, compared=n,
-                                      by="role", rel_l2=l2.value() if n else None))
+                                      by="role", rel_l2=l2.value() if n else None,
+                                      worst_rel_l2=worst_l2, worst_max_abs=worst_tabs))
         return rows
 
     # -- comparison ------------------------------------------------------------------------
@@ -392,8 +400,8 @@ class CrossDiffer(Differ):
         b = _pairing.layer_text(ub, self.fw_b, fam, self._region_label(1, pr.b))
         return {"a": a, "b": b, "text": f"{a} <-> {b}", "family": fam,
                 "a_module": ua.module, "b_module": ub.module,
-                "a_source": self.ta.string(self.ta.events[ua.rep]["source"]),
-                "b_source": self.tb.string(self.tb.events[ub.rep]["source"])}
+                "a_source": split_site(self.ta.string(self.ta.events[ua.rep]["source"]))[0],
+                "b_source": split_site(self.tb.string(self.tb.events[ub.rep]["source"]))[0]}
 
     def _region_label(self, s, k, limit=6):
         """The ops of a unit and of the composite it ends: 'sub + mul + rsqrt + add'."""

@@ -616,28 +616,45 @@ class Differ:
         for ea, eb in zip(ia[sel].tolist(), ib[sel].tolist()):
             pairs = self._out_pairs(ea, eb)
             names = [p for p in pairs if str(p[0]).startswith("params/")] or pairs
-            worst_rel, worst_abs, worst_name, bit = 0.0, 0.0, None, True
-            l2, read = compare.RelL2(), []
+            max_rel, max_abs, bit = 0.0, 0.0, True
+            worst = (-1.0, None, None, None)   # (own rel L2, name, max abs, max rel)
+            l2, read, same, by_rel = compare.RelL2(), False, [], None
             for k, row_a, row_b in names:
                 if row_a is None or row_b is None:
                     continue
                 m = self.compare_rows(row_a, row_b)
                 if m is None:
                     continue
-                read.append((row_a, row_b))
+                read = True
                 bit &= m["bitwise_equal"]
-                rel = _worst_first(m.get("max_rel"))
-                if rel > worst_rel or (worst_name is None and not m["bitwise_equal"]):
-                    worst_rel, worst_abs, worst_name = rel, _worst_first(m.get("max_abs")), str(k)
-            if not bit:   # ||a - b|| / ||a|| over every parameter with stored bytes
-                for row_a, row_b in read:
-                    if comparable(row_a) and comparable(row_b):
-                        xa, xb = self.ra.read(row_a), self.rb.read(row_b)
-                        l2.add(xa, self.transform_b(row_a, row_b, xa, xb))
+                rel, dabs = _worst_first(m.get("max_rel")), _worst_first(m.get("max_abs"))
+                if not m["bitwise_equal"] and (by_rel is None or rel > max_rel):
+                    by_rel = str(k)   # named when no differing tensor has bytes to compare
+                max_rel, max_abs = max(max_rel, rel), max(max_abs, dabs)
+                if not (comparable(row_a) and comparable(row_b)):
+                    continue
+                if m["bitwise_equal"]:   # only its ||a|| counts in the step's figure
+                    same.append(row_a)
+                    continue
+                # ||a - b|| / ||a|| of this tensor, and summed into the step's figure
+                xa, xb = self.ra.read(row_a), self.rb.read(row_b)
+                xb = self.transform_b(row_a, row_b, xa, xb)
+                own = compare.RelL2()
+                own.add(xa, xb)
+                l2.add(xa, xb)
+                v = own.value()
+                if v is not None and v > worst[0]:
+                    worst = (v, str(k), dabs, rel)
+            if not bit:
+                for row_a in same:
+                    xa = self.ra.read(row_a)
+                    l2.add(xa, xa)
             rows.append(OptimizerStep(step=int(self.ta.events[ea]["step"]), a=ea, b=eb,
-                                      bitwise_equal=bool(bit), max_rel=worst_rel,
-                                      max_abs=worst_abs, worst=worst_name,
-                                      rel_l2=l2.value() if read else None))
+                                      bitwise_equal=bool(bit), max_rel=max_rel,
+                                      max_abs=max_abs, worst=worst[1] or by_rel,
+                                      rel_l2=l2.value() if read else None,
+                                      worst_rel_l2=worst[0] if worst[1] is not None else None,
+                                      worst_max_abs=worst[2]))
         return rows
 
 

@@ -24,7 +24,8 @@ MAX_VALUE_BYTES = 4 << 20
 
 def event_profile(d, max_exact=5000):
     """Dict of numpy arrays, one entry per aligned pair (order of trace a): a, b (event
-    indices), step, kind, origin, op, name_stack, source (strings of trace a), max_rel (float64; 0 for bitwise equal,
+    indices), step, kind, origin, op, name_stack, source (strings of trace a; "LIB ← USER"
+    as recorded for an op run inside library code), max_rel (float64; 0 for bitwise equal,
     NaN when not computed), beyond (bool: outside tolerance), bitwise_equal (bool)."""
     ia, ib = d.pairs()
     n = len(ia)

@@ -75,7 +75,7 @@ class EventRef(_ByKey):
     index: int
     op: str = ""
     name_stack: str = ""
-    source: str = ""
+    source: str = ""      # the user's file:line (the primary site)
     step: int = 0
     kind: str = ""
     framework: str = ""
@@ -90,6 +90,7 @@ class EventRef(_ByKey):
     dtypes: list = field(default_factory=list)   # [str] per output
     device: str = ""    # the one device the event ran on ("cpu:3"), "" for none
     rank: Optional[int] = None                   # the trace's rank (manifest `distributed`)
+    lib_source: str = ""   # the library's file:line the op ran at, "" when in the user's code
 
     @classmethod
     def from_event(cls, d: dict, shapes=(), dtypes=(), rank=None) -> "EventRef":
@@ -99,7 +100,7 @@ class EventRef(_ByKey):
                    framework=d["framework"], phase=d["phase"], origin=d["origin"],
                    node=d["node"], call=d["call"], params=d["params"], parent=d["parent"],
                    iter=d["iter"], shapes=list(shapes), dtypes=list(dtypes),
-                   device=d.get("device", ""), rank=rank)
+                   device=d.get("device", ""), rank=rank, lib_source=d.get("lib_source", ""))
 
 
 @dataclass(repr=False)
@@ -413,7 +414,9 @@ class CompiledCall(_ByKey):
 
 @dataclass(repr=False)
 class OptimizerStep(_ByKey):
-    """One compared optimizer step: the worst relative difference of the parameters."""
+    """One compared optimizer step. `worst` is the parameter with the largest relative L2
+    of its own (||a-b|| / ||a|| of that tensor: max rel is set by near-zero elements and
+    names the wrong tensor); `max_rel`/`max_abs` are the largest over all parameters."""
 
     step: int
     a: int
@@ -425,6 +428,8 @@ class OptimizerStep(_ByKey):
     compared: Optional[int] = None    # two frameworks: values compared by role
     by: Optional[str] = None          # two frameworks: "role" (optroles.py)
     rel_l2: Optional[float] = None    # ||a - b|| / ||a|| over every parameter compared
+    worst_rel_l2: Optional[float] = None   # ||a - b|| / ||a|| of the `worst` tensor alone
+    worst_max_abs: Optional[float] = None  # max |a - b| of the `worst` tensor
 
 
 @dataclass(repr=False)

@@ -70,6 +70,14 @@ def ulp_cell(m, number=None) -> str:
     return "- (non-finite values)" if not finite else "- (values far apart; see rel)"
 
 
+def worst_detail(step, f=fmt):
+    """" (relative L2, max abs Y)" of an optimizer step's worst parameter (chosen by its
+    own ||a-b|| / ||a||), "" when none was computed."""
+    if step is None or step.worst_rel_l2 is None:
+        return ""
+    return f" ({f(step.worst_rel_l2)}, max abs {f(step.worst_max_abs)})"
+
+
 def fmt_pct(x):
     if not isinstance(x, (int, float)) or isinstance(x, bool):
         return "-"
@@ -102,13 +110,19 @@ def event_label(e: EventRef, code=md_code, text=md_text) -> str:
     return f"{text(e.framework)} {text(e.kind)}{origin} {code(e.op)}".strip()
 
 
+def site(e) -> str:
+    """An event's source as shown: "LIB ← USER" when the op ran inside library code (the
+    library's line, called from the user's), USER otherwise (trace/sources.py)."""
+    return sources.join_site(e.source, getattr(e, "lib_source", "") or None) or ""
+
+
 def where(e: EventRef, code=md_code) -> str:
     """'step 0, event #375, `Controller/GRUCell_0`, `jax_gru.py:25`'."""
     parts = [f"step {e.step}", f"event #{e.index}"]
     if e.name_stack:
         parts.append(code(e.name_stack))
     if e.source:
-        parts.append(code(e.source))
+        parts.append(code(site(e)))
     return ", ".join(parts)
 
 
@@ -127,7 +141,7 @@ def finding_rows(f: Finding, code, text, strong) -> list:
         rows.append(("layer", code(f.layer["text"])))
     for label, field in (("name stack", "name_stack"), ("source", "source"),
                          ("device", "device")):
-        va, vb = getattr(a, field), getattr(b, field)
+        va, vb = (site(a), site(b)) if field == "source" else (getattr(a, field), getattr(b, field))
         if va or (vb and field != "source"):   # a's, and b's where it differs
             cell = code(va or "-")
             if vb and vb != va:

@@ -17,7 +17,7 @@ from ..diff.chain import collapse
 from ..diff.result import Analysis, Gap
 from ..diff.verdict import fmt, ulp_text
 from ..untrusted import markup
-from .common import typed, ulp_cell
+from .common import site, typed, ulp_cell, worst_detail
 
 
 def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) -> None:
@@ -37,7 +37,7 @@ def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) ->
             f"(a #{a.index}, b #{o.b.index}"
             f"{', ' + markup(a.origin) if a.origin else ''}), step {a.step}"
             f"{'  ' + markup(a.name_stack) if a.name_stack else ''}"
-            f"{'  ' + markup(a.source) if a.source else ''}"
+            f"{'  ' + markup(site(a)) if a.source else ''}"
             f"{'  on ' + markup(a.device) if getattr(a, 'device', '') else ''}")
     if getattr(o, "device_note", ""):
         c.print(f"  devices: {markup(o.device_note)}")
@@ -137,16 +137,16 @@ def _print_steps(c, steps):
             "||a-b||/||a||" + (f"; loss = the scalar {markup(loss.how)}, "
                                f"{markup(loss.op)}{' at ' + markup(loss.source) if loss.source else ''}"
                                if loss is not None and loss.how else "") + "):")
-    c.print("  [dim]step  params rel L2   max abs    worst (max rel)                              "
+    c.print("  [dim]step  params rel L2   max abs    worst (own rel L2, max abs)                                      "
             + ("loss a            loss b            loss rel" if loss is not None else "") + "[/]")
     shown = steps if len(steps) <= 30 else steps[:10] + steps[-10:]
     for i, s in enumerate(shown):
         if len(steps) > 30 and i == 10:
             c.print(f"  ... {len(steps) - 20} steps")
         opt, ls = s.optimizer, s.loss
-        worst = f"{opt.worst} ({fmt(opt.max_rel)})" if opt is not None and opt.worst else "-"
+        worst = f"{opt.worst}{worst_detail(opt)}" if opt is not None and opt.worst else "-"
         line = (f"  {s.step:>4}  {fmt(opt.rel_l2 if opt else None):>13}  "
-                f"{fmt(opt.max_abs if opt else None):>9}  {markup(worst, limit=44):<44} ")
+                f"{fmt(opt.max_abs if opt else None):>9}  {markup(worst, limit=64):<64} ")
         if loss is not None:
             line += (f"{_fmt17(ls.a if ls else None):>17} {_fmt17(ls.b if ls else None):>17} "
                      f"{fmt(ls.rel if ls else None):>9}")

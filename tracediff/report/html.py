@@ -24,7 +24,7 @@ from ..diff.result import Finding, LocateResult
 from ..untrusted import printable
 from .common import (GITHUB_ATTACH_LIMIT, MATCHES, NO_LINES, RECORDED, ReportContext,
                      chain_items, culprit, event_label, explain_parts, finding_rows, fmt,
-                     fmt_bytes, fmt_pct, summary, typed, ulp_cell)
+                     fmt_bytes, fmt_pct, summary, typed, ulp_cell, worst_detail)
 
 MAX_POINTS = 2500          # wider runs are binned (max per bin) to keep the page small
 MAX_EVENT_ROWS = 500
@@ -240,17 +240,19 @@ def step_plot(steps, width=1120, height=220):
 
     parts.append(f'<text x="{x0 - 6}" y="{band + 4}" text-anchor="end">equal</text>')
     pts = []
-    for s, v, ab in zip(xs_step, rel, absd):
+    for s, v, ab, st in zip(xs_step, rel, absd, steps):
         if math.isnan(v):
             continue
-        pts.append((xmap(s), band if v == 0 else ymap(v), v, s, ab))
+        worst = f" (worst {st.worst}{worst_detail(st)}), all parameters" \
+            if st.worst and st.worst_rel_l2 is not None else ""
+        pts.append((xmap(s), band if v == 0 else ymap(v), v, s, ab, worst))
     if len(pts) > 1:
         d = "M" + " L".join(f"{x:.1f} {y:.1f}" for x, y, *_ in pts)
         parts.append(f'<path d="{d}" fill="none" stroke="#8c959f" stroke-width="1"/>')
-    for x, y, v, s, ab in pts:
+    for x, y, v, s, ab, worst in pts:
         color = COLORS["equal"] if v == 0 else COLORS["beyond"]
         parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}">'
-                     f'<title>step {s}: relative L2 {fmt(float(v))}, max abs {fmt(ab)}'
+                     f'<title>step {s}{e(worst)}: relative L2 {fmt(float(v))}, max abs {fmt(ab)}'
                      f'</title></circle>')
     ticks = sorted(set(xs_step))
     every = max(1, int(math.ceil(len(ticks) / 20)))
@@ -404,11 +406,12 @@ def render(result: LocateResult, ctx: Optional[ReportContext] = None, profile=No
             body.append('<p class="muted">Every aligned event is bitwise equal.</p>')
     if steps:
         rows = [(str(s.step), "yes" if s.bitwise_equal else "no", e(fmt(s.rel_l2)),
-                 e(fmt(s.max_abs)), e(fmt(s.max_rel)), f"<code>{e(s.worst or '-')}</code>")
+                 e(fmt(s.max_abs)), e(fmt(s.max_rel)),
+                 f"<code>{e(s.worst or '-')}</code>{e(worst_detail(s))}")
                 for s in steps]
         body.append("<h2>Optimizer steps</h2>")
         body.append(_table("steps", ["step", "bitwise equal", "relative L2", "max abs",
-                                     "max rel", "worst parameter (max rel)"], rows,
+                                     "max rel", "worst parameter (relative L2)"], rows,
                            num_cols=(0, 2, 3, 4),
                            row_classes=["" if s.bitwise_equal else "bad" for s in steps]))
     env = result.env_diff or []

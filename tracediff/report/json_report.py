@@ -5,7 +5,8 @@
 exit_code, traces {a, b}, warnings, tolerance, first_difference, first_beyond_tolerance,
 replay_only, alignment {events_a, events_b, matched, only_in_a, only_in_b,
 anchors_matched, fallback_regions, gaps}, optimizer_steps (per compared step: step, a, b,
-bitwise_equal, max_rel, max_abs, worst; long runs keep the first 20, each new worst, the
+bitwise_equal, max_rel, max_abs, rel_l2, worst (the parameter with the largest relative L2 of
+its own), worst_rel_l2, worst_max_abs; long runs keep the first 20, each new worst, the
 last), optimizer_steps_total, env_diff, mapping, next_steps, levels; when computed:
 explain (the replay verdict of the origin: verdict, event, summary, a_ulp_from_exact,
 b_ulp_from_exact, exact_by, reproduced_here, likely_cause; mechanism, one line, when
@@ -17,8 +18,9 @@ A finding is null or {level, a, b, metrics, inputs_match, inputs_reason, origin,
 call, paired_by, values, and device_note + devices [{slot, device, shard, replica,
 differs}] when its values were recorded per device}; a and b hold index, op, name_stack,
 source, step, kind, framework, phase, origin, node, call, shapes, dtypes, rank (the
-trace's rank in a multi-process run, else null), and device ("cpu:3") for an event tied
-to one device; metrics hold max_abs, max_rel,
+trace's rank in a multi-process run, else null), device ("cpu:3") for an event tied
+to one device, and lib_source (the library's file:line, beside source, the user's) for an
+op that ran inside library code; metrics hold max_abs, max_rel,
 max_ulp, mismatch_fraction, beyond_tolerance_fraction, within_tolerance. The results hold
 real floats; non-finite ones are written as the strings "inf" / "nan" (`strict`) so the
 output is strict JSON.
@@ -85,6 +87,8 @@ def event_json(e, fields=EVENT_FIELDS):
     out = {k: getattr(e, k) for k in fields}
     if getattr(e, "device", ""):   # only for an event tied to one device
         out["device"] = e.device
+    if "source" in fields and getattr(e, "lib_source", ""):   # only for an op run in a library
+        out["lib_source"] = e.lib_source
     return out
 
 

@@ -24,7 +24,7 @@ from ..diff.result import Finding, LocateResult
 from ..untrusted import md_code, md_text, printable
 from .common import (GITHUB_ATTACH_LIMIT, MATCHES, NO_LINES, RECORDED, ReportContext,
                      chain_items, culprit, event_label, explain_parts, finding_rows, fmt,
-                     fmt_bytes, fmt_pct, summary, typed, ulp_cell)
+                     fmt_bytes, fmt_pct, summary, typed, ulp_cell, worst_detail)
 from .json_report import MAX_VALUES
 
 MAX_STEP_ROWS = 30
@@ -190,9 +190,10 @@ def render(result: LocateResult, ctx: Optional[ReportContext] = None) -> str:
         total = result.optimizer_steps_total or len(steps)
         lines += [f"## Optimizer steps ({total} compared)", ""]
         rows = [(str(s.step), "yes" if s.bitwise_equal else "no", fmt(s.rel_l2),
-                 fmt(s.max_abs), fmt(s.max_rel), _code(s.worst or "-")) for s in steps]
+                 fmt(s.max_abs), fmt(s.max_rel), _code(s.worst or "-") + worst_detail(s))
+                for s in steps]
         table = _table(["step", "bitwise equal", "relative L2", "max abs", "max rel",
-                        "worst parameter (max rel)"],
+                        "worst parameter (relative L2)"],
                        rows[:MAX_STEP_ROWS])
         if len(rows) > 8:
             lines += ["<details><summary>per-step table</summary>", ""] + table + \

@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..trace import schema
+from ..trace.sources import LIB_SEP
 from ..trace.values import as_float64
 from ..untrusted import markup, printable
 
@@ -138,8 +139,10 @@ def print_event(d, console=None):
                   f"[bold]{markup(d['op'])}[/] ({markup(d['phase'])}, values from "
                   f"{markup(d['origin'] or '-')})")
     for key in ("name_stack", "source", "node", "params"):
-        if d[key]:
-            console.print(f"  {key}: {markup(d[key])}")
+        if d[key]:   # source: "LIB ← USER" when the op ran inside library code
+            text = f"{d['lib_source']}{LIB_SEP}{d[key]}" if key == "source" and \
+                d.get("lib_source") else d[key]
+            console.print(f"  {key}: {markup(text)}")
     if d.get("device"):
         console.print(f"  device: {markup(d['device'])}")
     console.print(f"  step {d['step']}  call {d['call']}  parent {d['parent']}  iter {d['iter']}")

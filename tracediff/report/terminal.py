@@ -21,12 +21,18 @@ from rich.console import Console
 
 from ..diff.result import Finding, Gap, LocateResult
 from ..untrusted import markup
-from .common import typed, ulp_cell
+from .common import site, typed, ulp_cell
 from .json_report import next_steps
 
 MAX_ENV = 15
 MAX_PAIRS = 12
 MAX_ENV_SHORT = 8
+
+
+def _worst(step):
+    """" (relative L2 X, max abs Y)" of the step's worst parameter (its own ||a-b||/||a||)."""
+    return "" if step.worst_rel_l2 is None else \
+        f" (relative L2 {_fmt(step.worst_rel_l2)}, max abs {_fmt(step.worst_max_abs)})"
 
 
 def _fmt(x):
@@ -83,9 +89,9 @@ def _finding(console, title, f: Finding, verbose=False, context=None):
             ns += f"  |  b: {markup(f.b.name_stack)}"
         console.print(f"  name stack: {ns}")
     if f.a.source or f.b.source:
-        src = markup(f.a.source or "-")
-        if f.b.source and f.b.source != f.a.source:
-            src += f"  |  b: {markup(f.b.source)}"
+        src = markup(site(f.a) or "-")
+        if f.b.source and site(f.b) != site(f.a):
+            src += f"  |  b: {markup(site(f.b))}"
         console.print(f"  source: {src}")
         if verbose and f.a.source and context is not None:
             _code(console, context(f.a.source))
@@ -187,7 +193,7 @@ def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bo
             console.print(f"[bold]first bitwise difference[/] (earlier, within tolerance): "
                           f"{_what(fd)}  (a #{fd.a.index}, b #{fd.b.index}"
                           f"{', ' + markup(fd.origin) if fd.origin else ''})"
-                          f"{'  ' + markup(fd.a.source) if fd.a.source else ''}; "
+                          f"{'  ' + markup(site(fd.a)) if fd.a.source else ''}; "
                           f"max abs {_fmt(fm.max_abs if fm else None)}, max rel "
                           f"{_fmt(fm.max_rel if fm else None)}, max ulp {markup(ulp_cell(fm, _fmt))}, "
                           f"{word}  [dim](-v for details)[/]")
@@ -228,8 +234,8 @@ def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bo
             console.print(f"optimizer steps: {r.optimizer_steps_total} compared; parameters first "
                           f"differ in the "
                           f"snapshot of step {s0.step} (relative L2 {_fmt(s0.rel_l2)}, max abs "
-                          f"{_fmt(s0.max_abs)}; max rel {_fmt(s0.max_rel)} in "
-                          f"{markup(str(s0.worst))}); last step {last.step}: relative L2 "
+                          f"{_fmt(s0.max_abs)}; worst {markup(str(s0.worst))}{_worst(s0)}; max rel "
+                          f"{_fmt(s0.max_rel)}); last step {last.step}: relative L2 "
                           f"{_fmt(last.rel_l2)}, max abs {_fmt(last.max_abs)}")
         else:
             console.print(f"optimizer steps: {r.optimizer_steps_total} compared, parameters "
@@ -238,7 +244,7 @@ def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bo
             for s in r.optimizer_steps:
                 console.print(f"  step {s.step:>5}  "
                               f"{'equal' if s.bitwise_equal else 'relative L2 ' + _fmt(s.rel_l2) + ', max abs ' + _fmt(s.max_abs) + ', max rel ' + _fmt(s.max_rel)}"
-                              f"{'' if s.bitwise_equal else '  in ' + markup(str(s.worst))}")
+                              f"{'' if s.bitwise_equal else '  in ' + markup(str(s.worst)) + _worst(s)}")
     if r.env_diff:
         console.print("environment differences (a -> b):")
         limit = len(r.env_diff) if verbose else MAX_ENV_SHORT

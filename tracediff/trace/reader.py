@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import TraceError, one_line
 from . import schema, values
-from .sources import parse_source
+from .sources import LIB_SEP, parse_source, split_site
 
 MAX_MANIFEST_BYTES = 16 << 20
 MAX_HEAP_OBJECT_BYTES = 16 << 20   # one variable-length string (the manifest is the largest)
@@ -679,6 +679,7 @@ class Trace:
         """One event as a plain dict with its strings resolved."""
         e = self.events[int(eid)]
         s = self.string
+        user, lib = split_site(s(e["source"]))
         return {
             "index": int(eid),
             "framework": schema.FW_NAMES.get(int(e["framework"]), "?"),
@@ -686,7 +687,7 @@ class Trace:
             "phase": schema.PHASE_NAMES.get(int(e["phase"]), "?"),
             "origin": schema.ORIGIN_NAMES.get(int(e["origin"]), "?"),
             "op": s(e["op"]), "params": s(e["params"]), "name_stack": s(e["name_stack"]),
-            "source": s(e["source"]), "node": s(e["node"]),
+            "source": user, "lib_source": lib, "node": s(e["node"]),
             "call": int(e["call"]), "parent": int(e["parent"]), "step": int(e["step"]),
             "iter": int(e["iter"]), "device": self.event_device(eid) if len(self.device_rows) else "",
         }
@@ -695,7 +696,8 @@ class Trace:
         """The events as a dict of equal-length numpy columns, strings resolved, for
         `pandas.DataFrame(t.events_table())` (pandas is not needed otherwise).
 
-        Columns: index, framework, kind, phase, origin, op, name_stack, source, node,
+        Columns: index, framework, kind, phase, origin, op, name_stack, source (the user's
+        file:line), lib_source (the library's, "" when the op ran in the user's code), node,
         params (str, object arrays), call, parent, step, iter (int64; -1 = none),
         n_outputs (int64) and out_dtype / out_shape (str: first output value, "" if none),
         device (str: the one device of a per-device event, "" for none).
@@ -729,13 +731,24 @@ class Trace:
             "kind": names("kind", schema.KIND_NAMES),
             "phase": names("phase", schema.PHASE_NAMES),
             "origin": names("origin", schema.ORIGIN_NAMES),
-            "op": resolve("op"), "name_stack": resolve("name_stack"), "source": resolve("source"),
-            "node": resolve("node"), "params": resolve("params"),
+            "op": resolve("op"), "name_stack": resolve("name_stack"),
+            **self._site_columns(resolve("source")), "node": resolve("node"), "params": resolve("params"),
             "call": e["call"].astype(np.int64), "parent": e["parent"].astype(np.int64),
             "step": e["step"].astype(np.int64), "iter": e["iter"].astype(np.int64),
             "n_outputs": n_out.astype(np.int64), "out_dtype": out_dtype, "out_shape": out_shape,
             "device": self._device_column(n, strings),
         }
+
+    @staticmethod
+    def _site_columns(col):
+        """{"source": user sites, "lib_source": library sites} of a resolved events.source
+        column ("LIB ← USER" split, trace/sources.py)."""
+        user, lib = col.copy(), np.full(len(col), "", dtype=object)
+        for text in set(col.tolist()):
+            if isinstance(text, str) and LIB_SEP in text:
+                k = col == text
+                user[k], lib[k] = split_site(text)
+        return {"source": user, "lib_source": lib}
 
     def _device_column(self, n, strings):
         col = np.full(n, "", dtype=object)
@@ -760,7 +773,9 @@ class Trace:
         parsed = parse_source(source)
         if parsed is None or not len(self.source_rows):
             return None
-        ids = [i for i, s in enumerate(self.strings) if s == source]   # vectorised below:
+        # the string itself, and each "LIB ← USER" site whose user part it is
+        ids = [i for i, s in enumerate(self.strings)
+               if s == source or (LIB_SEP in s and split_site(s)[0] == source)]
         rows = self.source_rows[np.isin(self.source_rows["source"], ids)]  # no per-row loop
         if not len(rows) or rows[0]["lines"] < 0:   # the first row of a source wins
             return None

@@ -17,6 +17,7 @@ from ..errors import TraceError
 from . import schema
 from .blob import ValueReader
 from .reader import Trace
+from .sources import split_site
 from .writer import write_finished
 
 _EVENT_STRINGS = ("op", "params", "name_stack", "source", "node")
@@ -88,7 +89,11 @@ def slice_trace(t, around, out, hops=2, replace=False):
     stats = stats[row_id[stats["value"].astype(np.int64)] >= 0].copy()
     stats["value"] = row_id[stats["value"].astype(np.int64)]
 
-    sources = t.source_rows[np.isin(t.source_rows["source"], events["source"])].copy()
+    # the lines of the kept sources, and of the library line of each "LIB ← USER" one
+    kept = set(np.unique(events["source"]).tolist())
+    libs = {split_site(t.string(i))[1] for i in kept if i >= 0} - {""}
+    kept |= {i for i, text in enumerate(t.strings) if text in libs}
+    sources = t.source_rows[np.isin(t.source_rows["source"], sorted(kept))].copy()
     # per-device rows of kept events; a shard's own bytes are not carried (its hash is)
     devices = t.device_rows[np.isin(t.device_rows["event"], keep)].copy()
     devices["event"] = new_id[devices["event"].astype(np.int64)]

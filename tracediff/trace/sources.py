@@ -88,8 +88,36 @@ def window(lines, line, context=CONTEXT):
     return lo, [cut(lines[i - 1]) for i in range(lo, hi + 1)]
 
 
+# An op recorded inside library code (torch.nn, flax, transformers, a pip package) has
+# events.source "LIB ← USER": the innermost frame (the library's line) and the innermost
+# frame of the user's code. USER is the primary site (`source` everywhere a trace is read:
+# "where in MY code"), LIB is shown beside it (`lib_source`). An op of the user's own code
+# has USER alone, as before; an older reader shows the whole string and USER's lines.
+LIB_SEP = " \u2190 "
+
+
+def join_site(user, lib):
+    """The events.source string of an op: USER, or "LIB ← USER" when they differ (LIB
+    alone when no frame is the user's)."""
+    if lib is None or lib == user:
+        return user
+    if user is None:
+        return lib
+    return f"{lib}{LIB_SEP}{user}"
+
+
+def split_site(source):
+    """(user site, library site or "") of an events.source string."""
+    if not isinstance(source, str) or LIB_SEP not in source:
+        return source, ""
+    lib, _, user = source.rpartition(LIB_SEP)
+    return user, lib
+
+
 def parse_source(source):
-    """("file.py", LINE) of an events.source string, or None without a line number."""
+    """("file.py", LINE) of an events.source string (its user site), or None without a
+    line number."""
+    source = split_site(source)[0]
     if not isinstance(source, str) or ":" not in source:
         return None
     fname, _, line = source.rpartition(":")

@@ -53,6 +53,7 @@ import numpy as np
 from ..errors import one_line
 from . import schema, values
 from .values import digest
+from .sources import LIB_SEP, split_site
 
 FLUSH_ROWS = 20_000
 FLUSH_BYTES = 64 << 20
@@ -261,6 +262,8 @@ class TraceWriter:
     def _new_source(self, source):
         """Intern a source string seen for the first time and store its lines."""
         idx = self._source_ids[source] = self.intern(source)
+        if self.source_lines is not None and LIB_SEP in source:   # the library line's too
+            self.source_id(split_site(source)[1])
         if self.source_lines is not None:
             try:
                 got = self.source_lines(source)
