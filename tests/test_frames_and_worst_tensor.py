@@ -111,7 +111,8 @@ def test_torch_op_inside_torch_nn_names_the_user_line_and_the_library_frame(gru_
     assert _lib_file(ev["lib_source"]) == _line_of(nn.Linear.forward, "F.linear(")
     assert tab["lib_source"][i] == ev["lib_source"]
     # `tracediff show` prints both, and its JSON has both
-    out = run_cli("show", t.path, str(i), check=True).stdout.replace("\n", " ")
+    # (wide: a site-packages path longer than this machine's must not wrap)
+    out = run_cli("show", t.path, str(i), check=True, env={"COLUMNS": "1000"}).stdout
     assert f"source: {ev['lib_source']} ← torch_gru_adam.py:21" in out
     js = json.loads(run_cli("show", t.path, str(i), "--json", check=True).stdout)
     assert js["source"] == "torch_gru_adam.py:21" and js["lib_source"] == ev["lib_source"]
