@@ -12,7 +12,7 @@ process (the machine is shared: wall seconds are printed too, for what they are 
   without calls or optimizer steps would be): module boundaries first, diff inside;
 * the whole `locate --no-explain` (in process), and its findings.
 
-    python benchmarks/align_scale.py --old-python /work/jax-oldest/bin/python \
+    python benchmarks/align_scale.py --old-python JAX072_VENV/bin/python \
         [--steps 100] [--keep DIR [--reuse]]
 
 The old JAX's Python needs only jax/flax/optax: tracediff comes from this checkout
