@@ -22,6 +22,7 @@ per-device capture.
 import numpy as np
 
 from ..trace import schema
+from . import jax_internals
 from .optax_tags import OPTAX_TAG
 
 _AXIS_KEYS = ("axes", "axis_name")
@@ -81,30 +82,17 @@ def uses_axes(eqn, names, depth=0):
     """Does this equation (or a jaxpr nested in it) name one of the mesh axes `names`?"""
     if depth > 32:
         return True
-    for key in _AXIS_KEYS:
-        if key in eqn.params and _names_in(eqn.params[key]) & names:
-            return True
-    for val in eqn.params.values():
-        for sub in (val if isinstance(val, (tuple, list)) else (val,)):
-            inner = getattr(sub, "jaxpr", sub)
-            if hasattr(inner, "eqns") and any(uses_axes(e, names, depth + 1) for e in inner.eqns):
-                return True
-    return False
+
+    def names_axis(e):
+        return any(key in e.params and _names_in(e.params[key]) & names for key in _AXIS_KEYS)
+
+    return names_axis(eqn) or any(jax_internals.any_equation(sub, names_axis, True, depth + 1)
+                                  for sub in jax_internals.sub_jaxprs(eqn))
 
 
 def has_mesh(jaxpr, depth=0):
     """Does a jaxpr (or one nested in it) run over a device mesh (shard_map)?"""
-    if depth > 32:
-        return True
-    for eqn in getattr(jaxpr, "eqns", ()):
-        if "mesh" in eqn.params:
-            return True
-        for val in eqn.params.values():
-            for sub in (val if isinstance(val, (tuple, list)) else (val,)):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns") and has_mesh(inner, depth + 1):
-                    return True
-    return False
+    return jax_internals.any_equation(jaxpr, lambda e: "mesh" in e.params, True, depth)
 
 
 def _spec_index(spec, shape, mesh, pos):

@@ -114,3 +114,25 @@ def lowering_overrides():
             out[str(getattr(prim, "name", prim))] = \
                 f"{platform} lowering registered at {path}:{code.co_firstlineno}"
     return out
+
+
+def sub_jaxprs(eqn):
+    """The jaxprs nested in an equation's params (a pjit's, a scan's body, a cond's
+    branches, a shard_map's)."""
+    for val in eqn.params.values():
+        for sub in (val if isinstance(val, (tuple, list)) else (val,)):
+            inner = getattr(sub, "jaxpr", sub)
+            if hasattr(inner, "eqns"):
+                yield inner
+
+
+def any_equation(jaxpr, pred, too_deep, depth=0):
+    """Does `pred` hold for an equation of `jaxpr` or of a jaxpr nested in it? Past 32
+    levels of nesting the answer is `too_deep` (a bound on untrusted structure)."""
+    if depth > 32:
+        return too_deep
+    for eqn in getattr(jaxpr, "eqns", ()):
+        if pred(eqn) or any(any_equation(sub, pred, too_deep, depth + 1)
+                            for sub in sub_jaxprs(eqn)):
+            return True
+    return False

@@ -115,8 +115,9 @@ class _Site:
 
 def _jaxpr_has_tag(jaxpr, depth):
     """True when a jaxpr (or one nested in its equations' params) tags optax values."""
-    if depth > 32:
-        return False
+    return jax_internals.any_equation(
+        jaxpr, lambda e: e.primitive.name == "name" and
+        str(e.params.get("name", "")).startswith(OPTAX_TAG), False, depth)
     for eqn in getattr(jaxpr, "eqns", ()):
         if eqn.primitive.name == "name" and str(eqn.params.get("name", "")).startswith(OPTAX_TAG):
             return True

@@ -74,6 +74,16 @@ def normalise_op(op):
     return op
 
 
+
+def unmatched_runs(a2b, limit):
+    """The first LIMIT runs of consecutive unmatched positions (a2b < 0): [(start, length)]."""
+    um = np.flatnonzero(np.asarray(a2b) < 0)
+    if not len(um):
+        return []
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(um) > 1) + 1])
+    ends = np.concatenate([starts[1:], [len(um)]])
+    return [(int(um[s]), int(e - s)) for s, e in list(zip(starts, ends))[:limit]]
+
 class StringIds:
     """One id space for the strings of several traces (so ids compare across traces)."""
 
@@ -314,16 +324,9 @@ class Alignment:
 
     def gaps(self, limit=5):
         """The first runs of unmatched events on each side: [(side, start, length)]."""
-        out = []
-        for side, arr in (("a", self.a2b), ("b", self.b2a)):
-            um = np.flatnonzero(arr < 0)
-            if not len(um):
-                continue
-            starts = np.concatenate([[0], np.flatnonzero(np.diff(um) > 1) + 1])
-            ends = np.concatenate([starts[1:], [len(um)]])
-            for s, e in list(zip(starts, ends))[:limit]:
-                out.append({"side": side, "start": int(um[s]), "length": int(e - s)})
-        return out
+        return [{"side": side, "start": start, "length": length}
+                for side, arr in (("a", self.a2b), ("b", self.b2a))
+                for start, length in unmatched_runs(arr, limit)]
 
 
 ANCHOR_KINDS = (schema.KIND_CALL, schema.KIND_OPTIM)

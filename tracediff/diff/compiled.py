@@ -280,17 +280,9 @@ class _UnitAlignment(_align.Alignment):
 
     def gaps(self, limit=5):
         ua, ub, ual = self.units
-        out = []
-        for side, u, arr in (("a", ua, ual.a2b), ("b", ub, ual.b2a)):
-            um = np.flatnonzero(arr < 0)
-            if not len(um):
-                continue
-            starts = np.concatenate([[0], np.flatnonzero(np.diff(um) > 1) + 1])
-            ends = np.concatenate([starts[1:], [len(um)]])
-            for st, en in list(zip(starts, ends))[:limit]:
-                first = u.members[int(um[st])][0]
-                out.append({"side": side, "start": int(first), "length": int(en - st)})
-        return out
+        return [{"side": side, "start": int(u.members[start][0]), "length": length}
+                for side, u, arr in (("a", ua, ual.a2b), ("b", ub, ual.b2a))
+                for start, length in _align.unmatched_runs(arr, limit)]
 
 
 class EagerCompiledDiffer(Differ):
