@@ -29,7 +29,10 @@ def run_cli(*args, env=None, cwd=None, check=False, timeout=600, own_process=Non
     args = tuple(map(str, args))
     if own_process is None:
         own_process = not args or args[0] in OWN_PROCESS
-    if own_process:
+    zygote = zygote_for(env, args) if own_process else None
+    if zygote is not None:
+        proc = zygote.run(["-m", "tracediff", *args], cwd=cwd, env=env)
+    elif own_process:
         proc = subprocess.run([sys.executable, "-m", "tracediff", *args], env=script_env(env),
                               cwd=cwd or ROOT, capture_output=True, text=True, timeout=timeout)
     else:
@@ -95,8 +98,114 @@ def record(script, out, *script_args, env=None, extra=(), check=True):
 def run_plain(script, *script_args, env=None):
     """Run a fixture without tracediff; returns CompletedProcess (text)."""
     path = script if os.path.isabs(script) else os.path.join(FIXTURES, script)
-    return subprocess.run([sys.executable, path, *script_args], env=script_env(env), capture_output=True,
+    argv = [path, *map(str, script_args)]
+    zygote = zygote_for(env, argv)
+    if zygote is not None:
+        proc = zygote.run(argv, env=env)
+        if proc.returncode != 0:
+            raise subprocess.CalledProcessError(proc.returncode, proc.args, proc.stdout, proc.stderr)
+        return proc
+    return subprocess.run([sys.executable, *argv], env=script_env(env), capture_output=True,
                           text=True, timeout=600, check=True)
+
+
+class Zygote:
+    """Client of tests/zygote.py: a warm process (torch, JAX, tracediff imported) that forks
+    a child per job instead of starting an interpreter; one per pytest process, started
+    on first use. Jobs run concurrently: `start` returns a handle, `finish` waits for it."""
+
+    def __init__(self, frameworks):
+        import tempfile
+        self.folder = tempfile.mkdtemp(prefix="tracediff-zygote-")
+        self.env = script_env(None)
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.zygote", frameworks], env=self.env,
+                                     cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
+        assert json.loads(self.proc.stdout.readline()) == {"ready": True}
+        self.next_id = 0
+        self.done = {}
+
+    def start(self, argv, cwd=None, env=None):
+        self.next_id += 1
+        job = {"id": self.next_id, "argv": list(map(str, argv)), "cwd": str(cwd or ROOT),
+               "env": script_env(env), "pythonpath": (env or {}).get("PYTHONPATH"),
+               "stdout": os.path.join(self.folder, f"{self.next_id}.out"),
+               "stderr": os.path.join(self.folder, f"{self.next_id}.err")}
+        self.proc.stdin.write(json.dumps(job) + "\n")
+        self.proc.stdin.flush()
+        return job
+
+    def finish(self, job):
+        """CompletedProcess of a started job (args as `python ARGV...` would have)."""
+        while job["id"] not in self.done:
+            line = self.proc.stdout.readline()
+            assert line, "the test zygote died"
+            msg = json.loads(line)
+            self.done[msg["id"]] = msg["rc"]
+        rc = self.done.pop(job["id"])
+        outs = []
+        for key in ("stdout", "stderr"):
+            with open(job[key], errors="replace") as f:
+                outs.append(f.read())
+            os.unlink(job[key])
+        return subprocess.CompletedProcess([sys.executable, *job["argv"]], rc, *outs)
+
+    def run(self, argv, cwd=None, env=None):
+        return self.finish(self.start(argv, cwd, env))
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+
+
+_ZYGOTES = {}
+_LAZY = {"XLA_FLAGS", "MKL_CBWR", "PYTHONPATH"}
+# environment variables torch, JAX or XLA may read when imported (the zygote imported them)
+_READ_AT_IMPORT = ("JAX_", "XLA_", "TF_", "TORCH_", "PYTORCH_", "OMP_", "MKL_", "OPENBLAS_",
+                   "PYTHON")
+
+
+def zygote_for(env, argv):
+    """The zygote for the job `python ARGV...` with ENV (tests/zygote.py), or None when the
+    job needs a fresh interpreter or TRACEDIFF_TESTS_ZYGOTE=0 says so.
+
+    The zygote is the one that imported the frameworks the job's script imports (found in
+    its source; a script importing neither gets a fresh interpreter). ENV may set what is
+    read after start-up (XLA_FLAGS when JAX starts its backend, MKL_CBWR at the first BLAS
+    call: the zygote did neither) and PYTHONPATH (a perturbation's sitecustomize, run by
+    the child as `site` would); anything else needs a fresh interpreter."""
+    if os.environ.get("TRACEDIFF_TESTS_ZYGOTE", "1") == "0" or set(env or ()) - _LAZY:
+        return None
+    frameworks = _frameworks_of(argv)
+    if not frameworks:
+        return None
+    z = _ZYGOTES.get(frameworks)
+    if z is not None and z.proc.poll() is None:
+        # a variable the frameworks read when imported changed since the zygote started
+        # (tests change this process's environment): the job needs a fresh interpreter
+        now, then = script_env(None), z.env
+        if any(now.get(k) != then.get(k) for k in {*now, *then} if k.startswith(_READ_AT_IMPORT)):
+            return None
+        return z
+    import atexit
+    z = _ZYGOTES[frameworks] = Zygote(frameworks)
+    atexit.register(z.close)
+    return z
+
+
+def _frameworks_of(argv):
+    """"torch", "jax" or "torch,jax": what the first script in ARGV imports."""
+    import re
+
+    script = next((a for a in map(str, argv) if a.endswith(".py") and os.path.isfile(a)), None)
+    if script is None:
+        return ""
+    with open(script, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    found = set(re.findall(r"^\s*(?:import|from)\s+(torch|jax|flax|optax)\b", text, re.M))
+    return ",".join(fw for fw in ("torch", "jax") if fw in found or
+                    (fw == "jax" and found & {"flax", "optax"}))
 
 
 def record_many(jobs, max_parallel=2):
@@ -110,16 +219,24 @@ def record_many(jobs, max_parallel=2):
         while pending and len(running) < max_parallel:
             key, (script, out, args, env, *options) = pending.pop(0)
             path = script if os.path.isabs(script) else os.path.join(FIXTURES, script)
-            full_env = script_env(env)
-            proc = subprocess.Popen([sys.executable, "-m", "tracediff", "record", "-o", str(out),
-                                     *(options[0] if options else ()), path, *args], env=full_env, cwd=ROOT, text=True,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            running.append((key, proc))
-        key, proc = running.pop(0)
-        stdout, stderr = proc.communicate(timeout=900)
+            argv = ["-m", "tracediff", "record", "-o", str(out), *(options[0] if options else ()),
+                    path, *map(str, args)]
+            zygote = zygote_for(env, argv)
+            if zygote is not None:
+                running.append((key, zygote, zygote.start(argv, env=env)))
+            else:
+                running.append((key, None, subprocess.Popen(
+                    [sys.executable, *argv], env=script_env(env), cwd=ROOT, text=True,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)))
+        key, zygote, job = running.pop(0)
+        if zygote is not None:
+            proc = zygote.finish(job)
+        else:
+            stdout, stderr = job.communicate(timeout=900)
+            proc = subprocess.CompletedProcess(job.args, job.returncode, stdout, stderr)
         if proc.returncode != 0:
-            raise AssertionError(f"recording {key} exited {proc.returncode}:\n{stderr[-5000:]}")
-        done[key] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+            raise AssertionError(f"recording {key} exited {proc.returncode}:\n{proc.stderr[-5000:]}")
+        done[key] = proc
     return done
 
 

@@ -1,0 +1,150 @@
+"""A warm process that forks one child per recording, so that a recording in the tests does
+not pay ~3 CPU-seconds of `import torch` and ~3 of `import jax` each time.
+
+The suite records ~90 real runs; most of a small run's CPU time is the interpreter and the
+frameworks starting. The zygote imports them once (no JAX backend, no BLAS call: nothing
+that reads the environment a job could change), then for each job forks a child that
+takes the job's argv, working directory and stdout/stderr files and runs exactly what
+`python -m tracediff ...` or `python script.py ...` would run, ending as an interpreter
+ends (non-daemon threads joined, atexit handlers run, exit status).
+
+A job's environment may differ from the zygote's only in what is read after start-up
+(tests/helpers.zygote_for: XLA_FLAGS, read when JAX starts its backend; MKL_CBWR, at the
+first BLAS call) and in PYTHONPATH, whose sitecustomize (a test perturbation) the child
+imports before the script, as `site` would; any other job gets a fresh interpreter. The recorder then finds torch and JAX already
+imported, the path `tracediff.record()` users take; the command-line path, where the
+script imports them after the recorder is armed, keeps its own fresh-process tests.
+
+Protocol (one JSON object a line): the client sends {"id", "argv", "env", "cwd",
+"stdout", "stderr"}; argv[0] is "-m" MODULE or a script path. The zygote answers {"id", "rc"} when
+that child has ended (children run concurrently), and {"ready": true} once at start.
+"""
+
+import json
+import os
+import select
+import sys
+
+
+def _preload(frameworks):
+    """Import what every child would import: tracediff, and the frameworks its scripts
+    import (`frameworks`: "torch", "jax" or both; a script's trace lists the frameworks
+    it found imported, so a JAX script never runs in a zygote that imported torch)."""
+    import importlib
+
+    import h5py  # noqa: F401
+    import numpy  # noqa: F401
+
+    import tracediff.cli  # noqa: F401
+    import tracediff.runner  # noqa: F401
+    mods = {"torch": ["torch", "tracediff.capture.torch_recorder"],
+            "jax": ["jax", "jax.numpy", "tracediff.capture.jax_recorder"]}
+    for fw in frameworks:
+        for mod in mods[fw]:
+            importlib.import_module(mod)
+    if "jax" in frameworks:
+        from jax._src import xla_bridge
+        assert not xla_bridge._backends, "the zygote must not start a JAX backend before forking"
+
+
+def _exit_code(code):
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _run_child(job):
+    """In the forked child: become `python ARGV...` and never return."""
+    import atexit
+    import runpy
+    import threading
+    import traceback
+
+    code = 1
+    try:
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        for fd, path in ((1, job["stdout"]), (2, job["stderr"])):
+            f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(f, fd)
+            os.close(f)
+        os.environ.clear()   # the job's environment: the client's now (it may have changed
+        os.environ.update(job["env"])   # since the zygote started, in what is read lazily)
+        os.chdir(job["cwd"])
+        argv = job["argv"]
+        try:
+            sys.path[0] = os.getcwd() if argv[0] == "-m" else \
+                os.path.dirname(os.path.abspath(argv[0]))
+            if job.get("pythonpath"):
+                # what `site` does at start-up: PYTHONPATH after the script's folder, then
+                # the sitecustomize it finds first (a test perturbation)
+                extra = [p for p in job["pythonpath"].split(os.pathsep) if p]
+                sys.path[1:1] = extra
+                if any(os.path.exists(os.path.join(p, "sitecustomize.py")) for p in extra):
+                    sys.modules.pop("sitecustomize", None)
+                    import sitecustomize  # noqa: F401
+            if argv[0] == "-m":
+                sys.argv = [argv[1], *argv[2:]]
+                runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+            else:
+                sys.argv = list(argv)
+                runpy.run_path(argv[0], run_name="__main__")
+            code = 0
+        except SystemExit as exc:
+            code = _exit_code(exc.code)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        try:
+            threading._shutdown()   # what the interpreter does at exit: join non-daemon threads
+        except Exception:
+            pass
+        atexit._run_exitfuncs()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def serve(frameworks):
+    _preload(frameworks)
+    reply = os.fdopen(os.dup(1), "w")
+    reply.write(json.dumps({"ready": True}) + "\n")
+    reply.flush()
+    children = {}
+    pending = b""
+    stdin = sys.stdin.fileno()
+    open_in = True
+    while open_in or children:
+        ready, _, _ = select.select([stdin] if open_in else [], [], [], 0.02)
+        if ready:
+            chunk = os.read(stdin, 65536)
+            if not chunk:
+                open_in = False
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                job = json.loads(line)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    reply.close()
+                    _run_child(job)
+                children[pid] = job["id"]
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            rc = os.waitstatus_to_exitcode(status)
+            reply.write(json.dumps({"id": children.pop(pid), "rc": rc}) + "\n")
+            reply.flush()
+
+
+if __name__ == "__main__":
+    serve([f for f in sys.argv[1].split(",") if f])
