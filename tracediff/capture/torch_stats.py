@@ -8,7 +8,8 @@ tensor per batch, so a GPU recording moves six numbers per value to the host, in
 transfer per batch, instead of every byte. Same definitions as the numpy version (the
 tests compare the two on the same recorded values):
 
-- many small values back to back: float64 sums (as numpy's `reduceat` batches);
+- many small values back to back (host batches: numpy's `reduceat`, faster on CPU;
+  device batches: `tensor_segment_stats`): float64 sums;
 - one large float32/float64 value: a sum and a dot in its own dtype (pairwise/blocked,
   relative error near eps*log2(n); `diff/levels.py` allows for that), min and max from
   one `aminmax` pass: three passes over memory instead of numpy's four;
@@ -37,7 +38,11 @@ def segment_stats(flat, starts, counts, logical):
     torch = _t()
     kind = flat.dtype.kind
     if logical.startswith("key<") or logical in values._ML_DTYPES or kind not in "fciub" or \
-            flat.dtype == np.uint16 or flat.dtype == np.uint32 or flat.dtype == np.uint64:
+            flat.dtype == np.uint16 or flat.dtype == np.uint32 or flat.dtype == np.uint64 or \
+            len(counts) > 1:
+        # a batch of host values: numpy's reduceat is ~4x faster than torch's
+        # segment_reduce on CPU (17 vs 74 ms for 3,400 values, 3.1M float32 here), and the
+        # batch is already on the host; one large value keeps torch's single `aminmax`
         return values.segment_stats(flat, starts, counts, logical)
     per = 1
     if kind == "c":
