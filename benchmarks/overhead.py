@@ -41,6 +41,13 @@ WORKLOADS = {
     "torch_gru": ("torch_gru_adam.py", [], (100,),
                   {"calls": ["--level", "calls"], "stats": ["--level", "stats"],
                    "full": ["--level", "full"]}, True),
+    # where the per-op cost goes: the dispatch mode and the event, dataflow and metadata
+    # bookkeeping alone (`--ops '^$'`: no op's values kept, every op still an event with
+    # its inputs, shapes and dtypes), then the values (stats: hash + statistics; full:
+    # hash + bytes); benchmarks/dispatch_floor.py gives the bare dispatch mode's share
+    "torch_gru_ladder": ("torch_gru_adam.py", [], (100,),
+                         {"events, no values": ["--ops", "^$"], "stats": ["--level", "stats"],
+                          "full": ["--level", "full"]}, True),
     "torch_mlp": ("torch_mlp.py", MLP_T, (20,),
                   {"calls": ["--level", "calls"], "stats": ["--level", "stats"],
                    "full --steps 0:1": ["--level", "full", "--steps", "0:1"]}, True),

@@ -1,0 +1,112 @@
+"""The floor under any recorder that looks at every value: what one pass over the bytes a
+training step writes costs, next to the step itself.
+
+A recorder at the stats level must read each op's output at least once (for its hash
+and statistics). On a bandwidth-bound step — the torch MLP of benchmarks/overhead.py,
+whose Adam update writes parameter-sized buffers several times a step — that one read
+is a fixed share of the step, whatever the recorder's code. This script measures, in one
+process and one run:
+
+- the plain step (loop CPU seconds per step, `--threads` intra-op threads);
+- the bytes of every aten op output in a step (a counting dispatch mode, nothing kept);
+- one pass over that many bytes: xxh3 (the trace's hash), numpy sum, `aminmax`, dot —
+  each alone, on a buffer of that size (the statistics tracediff stores need the sum,
+  min/max and L2: three passes; the hash a fourth).
+
+It prints the ratio each would give on its own: (plain + pass) / plain.
+
+    python benchmarks/stats_floor.py [--sizes 1024,4096,4096,1024] [--batch 64] [--steps 5]
+"""
+
+import argparse
+import os
+import time
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="1024,4096,4096,1024")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    import numpy as np
+    import torch
+    import xxhash
+    from torch import nn
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    torch.set_num_threads(args.threads)
+    sizes = [int(s) for s in args.sizes.replace("-", ",").split(",")]
+    torch.manual_seed(0)
+    layers = []
+    for a, b in zip(sizes[:-1], sizes[1:]):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    model = nn.Sequential(*layers[:-1])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    x, y = torch.randn(args.batch, sizes[0]), torch.randn(args.batch, sizes[-1])
+
+    def step():
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.nbytes = self.ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            outs = out if isinstance(out, (list, tuple)) else [out]
+            if out is None:   # in-place foreach ops write their first argument
+                outs = args[0] if isinstance(args[0], (list, tuple)) else [args[0]]
+            for o in outs:
+                if isinstance(o, torch.Tensor):
+                    self.nbytes += o.numel() * o.element_size()
+                    self.ops += 1
+            return out
+
+    step()   # Adam's state exists from here on
+    counter = Count()
+    with counter:
+        step()
+    t0 = time.process_time()
+    for _ in range(args.steps):
+        step()
+    plain = (time.process_time() - t0) / args.steps
+
+    buf = np.random.default_rng(0).standard_normal(counter.nbytes // 4, dtype=np.float32)
+    tbuf = torch.from_numpy(buf)
+
+    def per_pass(fn, repeat=3):
+        best = 1e9
+        for _ in range(repeat):
+            t = time.process_time()
+            fn()
+            best = min(best, time.process_time() - t)
+        return best
+
+    passes = {
+        "xxh3_64 (the hash)": lambda: xxhash.xxh3_64_intdigest(memoryview(buf)),
+        "numpy sum": lambda: buf.sum(),
+        "torch aminmax": lambda: torch.aminmax(tbuf),
+        "torch dot (L2)": lambda: torch.dot(tbuf, tbuf),
+    }
+    print(f"load average: {os.getloadavg()}")
+    print(f"MLP {args.sizes}, batch {args.batch}, {args.threads} thread(s)")
+    print(f"plain step: {plain * 1000:.1f} ms CPU; a step writes {counter.nbytes / 1e9:.2f} GB "
+          f"in {counter.ops} op outputs")
+    print("| one pass over a step's output bytes | ms | (plain + pass) / plain |")
+    print("|---|---:|---:|")
+    total = 0.0
+    for name, fn in passes.items():
+        t = per_pass(fn)
+        total += t
+        print(f"| {name} | {t * 1000:.1f} | {(plain + t) / plain:.2f}x |")
+    print(f"| all four (what the stats level needs today) | {total * 1000:.1f} | "
+          f"{(plain + total) / plain:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
