@@ -15,7 +15,12 @@ process and one run:
 
 It prints the ratio each would give on its own: (plain + pass) / plain.
 
+`--framework jax`: the jitted Flax MLP + optax Adam step of fixtures/jax_mlp.py (sizes
+256,1024,1024,256 by default), whose intermediates are the outputs of every equation of
+the step's jaxpr (nested jaxprs included: what the stats level records per call).
+
     python benchmarks/stats_floor.py [--sizes 1024,4096,4096,1024] [--batch 64] [--steps 5]
+    python benchmarks/stats_floor.py --framework jax [--steps 30]
 """
 
 import argparse
@@ -29,10 +34,70 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--framework", choices=("torch", "jax"), default="torch")
     args = ap.parse_args()
+    plain, nbytes, ops = (_jax_step if args.framework == "jax" else _torch_step)(args)
+    _passes(args, plain, nbytes, ops)
+
+
+def _jax_step(args):
+    """(plain step CPU seconds, bytes of every equation's outputs in a step, equations)."""
+    import sys
+
+    import jax
+    import jax.numpy as jnp
     import numpy as np
+    import optax
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "fixtures"))
+    from jax_mlp import MLP
+    from tracediff.capture.jax_internals import sub_jaxprs
+
+    sizes = tuple(int(s) for s in (args.sizes if args.sizes != "1024,4096,4096,1024"
+                                   else "256,1024,1024,256").replace("-", ",").split(","))
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((args.batch, sizes[0]), dtype=np.float32))
+    y = jnp.asarray(rng.standard_normal((args.batch, sizes[-1]), dtype=np.float32))
+    model = MLP(sizes)
+    params = model.init(jax.random.PRNGKey(0), x)["params"]
+    opt = optax.adam(1e-3)
+    state = opt.init(params)
+
+    def step(p, s):
+        loss, grads = jax.value_and_grad(
+            lambda q: jnp.mean((model.apply({"params": q}, x) - y) ** 2))(p)
+        updates, s = opt.update(grads, s, p)
+        return optax.apply_updates(p, updates), s, loss
+
+    jaxpr = jax.make_jaxpr(step)(params, state).jaxpr
+    nbytes = eqns = 0
+
+    def walk(jp):
+        nonlocal nbytes, eqns
+        for eqn in jp.eqns:
+            eqns += 1
+            for v in eqn.outvars:
+                aval = v.aval
+                if hasattr(aval, "shape"):
+                    nbytes += int(np.prod(aval.shape)) * aval.dtype.itemsize
+            for sub in sub_jaxprs(eqn):
+                walk(getattr(sub, "jaxpr", sub))
+
+    walk(jaxpr)
+    jstep = jax.jit(step)
+    params, state, _ = jstep(params, state)
+    jax.block_until_ready(params)
+    t0 = time.process_time()
+    for _ in range(args.steps):
+        params, state, _ = jstep(params, state)
+    jax.block_until_ready(params)
+    print(f"Flax MLP {sizes}, batch {args.batch}, jit + optax adam")
+    return (time.process_time() - t0) / args.steps, nbytes, eqns
+
+
+def _torch_step(args):
+    """(plain step CPU seconds, bytes of every aten op output in a step, outputs)."""
     import torch
-    import xxhash
     from torch import nn
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -75,8 +140,16 @@ def main():
     for _ in range(args.steps):
         step()
     plain = (time.process_time() - t0) / args.steps
+    print(f"MLP {args.sizes}, batch {args.batch}, {args.threads} thread(s)")
+    return plain, counter.nbytes, counter.ops
 
-    buf = np.random.default_rng(0).standard_normal(counter.nbytes // 4, dtype=np.float32)
+
+def _passes(args, plain, nbytes, ops):
+    import numpy as np
+    import torch
+    import xxhash
+
+    buf = np.random.default_rng(0).standard_normal(nbytes // 4, dtype=np.float32)
     tbuf = torch.from_numpy(buf)
 
     def per_pass(fn, repeat=3):
@@ -94,9 +167,8 @@ def main():
         "torch dot (L2)": lambda: torch.dot(tbuf, tbuf),
     }
     print(f"load average: {os.getloadavg()}")
-    print(f"MLP {args.sizes}, batch {args.batch}, {args.threads} thread(s)")
-    print(f"plain step: {plain * 1000:.1f} ms CPU; a step writes {counter.nbytes / 1e9:.2f} GB "
-          f"in {counter.ops} op outputs")
+    print(f"plain step: {plain * 1000:.1f} ms CPU; a step writes {nbytes / 1e9:.3f} GB "
+          f"in {ops} op outputs")
     print("| one pass over a step's output bytes | ms | (plain + pass) / plain |")
     print("|---|---:|---:|")
     total = 0.0
