@@ -27,6 +27,8 @@ import argparse
 import os
 import time
 
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures")
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -45,30 +47,14 @@ def _jax_step(args):
     import sys
 
     import jax
-    import jax.numpy as jnp
     import numpy as np
-    import optax
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                    "fixtures"))
-    from jax_mlp import MLP
+    sys.path.insert(0, FIXTURES)
+    from jax_mlp import build
     from tracediff.capture.jax_internals import sub_jaxprs
 
     sizes = tuple(int(s) for s in (args.sizes if args.sizes != "1024,4096,4096,1024"
                                    else "256,1024,1024,256").replace("-", ",").split(","))
-    rng = np.random.default_rng(0)
-    x = jnp.asarray(rng.standard_normal((args.batch, sizes[0]), dtype=np.float32))
-    y = jnp.asarray(rng.standard_normal((args.batch, sizes[-1]), dtype=np.float32))
-    model = MLP(sizes)
-    params = model.init(jax.random.PRNGKey(0), x)["params"]
-    opt = optax.adam(1e-3)
-    state = opt.init(params)
-
-    def step(p, s):
-        loss, grads = jax.value_and_grad(
-            lambda q: jnp.mean((model.apply({"params": q}, x) - y) ** 2))(p)
-        updates, s = opt.update(grads, s, p)
-        return optax.apply_updates(p, updates), s, loss
-
+    step, params, state = build(sizes, args.batch)
     jaxpr = jax.make_jaxpr(step)(params, state).jaxpr
     nbytes = eqns = 0
 
@@ -97,19 +83,16 @@ def _jax_step(args):
 
 def _torch_step(args):
     """(plain step CPU seconds, bytes of every aten op output in a step, outputs)."""
+    import sys
+
     import torch
     from torch import nn
     from torch.utils._python_dispatch import TorchDispatchMode
+    sys.path.insert(0, FIXTURES)
+    from torch_mlp import build
 
     torch.set_num_threads(args.threads)
-    sizes = [int(s) for s in args.sizes.replace("-", ",").split(",")]
-    torch.manual_seed(0)
-    layers = []
-    for a, b in zip(sizes[:-1], sizes[1:]):
-        layers += [nn.Linear(a, b), nn.ReLU()]
-    model = nn.Sequential(*layers[:-1])
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    x, y = torch.randn(args.batch, sizes[0]), torch.randn(args.batch, sizes[-1])
+    model, opt, x, y = build(args.sizes, args.batch)
 
     def step():
         opt.zero_grad()
