@@ -110,9 +110,10 @@ def run_plain(script, *script_args, env=None):
 
 
 class Zygote:
-    """Client of tests/zygote.py: a warm process (torch, JAX, tracediff imported) that forks
-    a child per job instead of starting an interpreter; one per pytest process, started
-    on first use. Jobs run concurrently: `start` returns a handle, `finish` waits for it."""
+    """Client of tests/zygote.py: a warm process (tracediff and the frameworks imported)
+    that forks a child per job instead of starting an interpreter; one per pytest process
+    and framework set, started on first use. Jobs run concurrently: `start` returns a
+    handle, `finish` waits for it (a child ends itself after 900 s, as a timeout would)."""
 
     def __init__(self, frameworks):
         import tempfile

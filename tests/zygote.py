@@ -63,8 +63,13 @@ def _run_child(job):
     import threading
     import traceback
 
+    import signal
+
     code = 1
     try:
+        # the subprocess timeout a fresh process would have had: SIGALRM ends the child
+        # (exit status -14, reported as any other)
+        signal.alarm(int(job.get("timeout", 900)))
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         for fd, path in ((1, job["stdout"]), (2, job["stderr"])):
