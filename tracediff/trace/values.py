@@ -124,12 +124,35 @@ def _as_numbers(arr, logical):
     return None
 
 
+_WHOLE_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _one_float_stats(x):
+    """`segment_stats` of one whole, finite, 1-D float32/float64 value: the same arithmetic
+    as the batch path's single-value case, without its set-up (~100 µs less a value, which
+    is most of the cost for the ~300 large values a JAX MLP step stores); None when the
+    sum is not finite (NaN/Inf: the masked definitions of the batch path apply)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        tot = np.float64(np.add.reduce(x))
+        if not np.isfinite(tot):
+            return None
+        l2 = np.sqrt(np.float64(np.dot(x, x)))
+        if not np.isfinite(l2):   # squares overflowed the value's dtype
+            l2 = np.sqrt(np.add.reduce(np.square(x, dtype=np.float64)))
+    return np.array([[np.minimum.reduce(x), np.maximum.reduce(x), tot / x.size, l2, 0.0, 0.0]])
+
+
 def segment_stats(flat, starts, counts, logical):
     """Statistics of many values stored back to back in one 1-D array (one storage dtype).
 
     `starts`/`counts` give each value's first element and element count. Returns a float64
     array of shape (n, 6) in `STAT_FIELDS` order (NaN where undefined: empty values, keys).
     Vectorised: one pass of numpy reductions for the whole batch."""
+    if len(counts) == 1 and flat.ndim == 1 and flat.dtype in _WHOLE_FLOATS and \
+            starts[0] == 0 and counts[0] == flat.size > 0:
+        one = _one_float_stats(flat)
+        if one is not None:
+            return one
     n = len(starts)
     out = np.full((n, 6), np.nan)
     out[:, 4:] = 0
