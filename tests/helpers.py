@@ -155,9 +155,11 @@ class Zygote:
         return self.finish(self.start(argv, cwd, env))
 
     def close(self):
+        import shutil
         if self.proc.poll() is None:
             self.proc.stdin.close()
             self.proc.wait(timeout=60)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 _ZYGOTES = {}
