@@ -129,7 +129,7 @@ class Zygote:
     def start(self, argv, cwd=None, env=None):
         self.next_id += 1
         job = {"id": self.next_id, "argv": list(map(str, argv)), "cwd": str(cwd or ROOT),
-               "env": script_env(env), "pythonpath": (env or {}).get("PYTHONPATH"),
+               "env": script_env(env),
                "stdout": os.path.join(self.folder, f"{self.next_id}.out"),
                "stderr": os.path.join(self.folder, f"{self.next_id}.err")}
         self.proc.stdin.write(json.dumps(job) + "\n")

@@ -83,10 +83,12 @@ def _run_child(job):
         try:
             sys.path[0] = os.getcwd() if argv[0] == "-m" else \
                 os.path.dirname(os.path.abspath(argv[0]))
-            if job.get("pythonpath"):
-                # what `site` does at start-up: PYTHONPATH after the script's folder, then
-                # the sitecustomize it finds first (a test perturbation)
-                extra = [p for p in job["pythonpath"].split(os.pathsep) if p]
+            # what `site` does at start-up: the job's PYTHONPATH after the script's folder
+            # (entries the zygote's own PYTHONPATH put there already stay where they are),
+            # then the sitecustomize it finds first (a test perturbation)
+            extra = [p for p in job["env"].get("PYTHONPATH", "").split(os.pathsep)
+                     if p and p not in sys.path]
+            if extra:
                 sys.path[1:1] = extra
                 if any(os.path.exists(os.path.join(p, "sitecustomize.py")) for p in extra):
                     sys.modules.pop("sitecustomize", None)
