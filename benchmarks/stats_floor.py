@@ -25,6 +25,7 @@ the step's jaxpr (nested jaxprs included: what the stats level records per call)
 
 import argparse
 import os
+import sys
 import time
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures")
@@ -38,17 +39,15 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--framework", choices=("torch", "jax"), default="torch")
     args = ap.parse_args()
+    sys.path.insert(0, FIXTURES)   # the fixtures' build()
     plain, nbytes, ops = (_jax_step if args.framework == "jax" else _torch_step)(args)
     _passes(args, plain, nbytes, ops)
 
 
 def _jax_step(args):
     """(plain step CPU seconds, bytes of every equation's outputs in a step, equations)."""
-    import sys
-
     import jax
     import numpy as np
-    sys.path.insert(0, FIXTURES)
     from jax_mlp import build
     from tracediff.capture.jax_internals import sub_jaxprs
 
@@ -83,12 +82,9 @@ def _jax_step(args):
 
 def _torch_step(args):
     """(plain step CPU seconds, bytes of every aten op output in a step, outputs)."""
-    import sys
-
     import torch
     from torch import nn
     from torch.utils._python_dispatch import TorchDispatchMode
-    sys.path.insert(0, FIXTURES)
     from torch_mlp import build
 
     torch.set_num_threads(args.threads)
