@@ -365,7 +365,7 @@ def check_values(t):
     for row in t.values:
         if t.read_value(row) is None:
             continue
-        raw = t._f["blob"][int(row["offset"]):int(row["offset"]) + int(row["nbytes"])].tobytes()
+        raw = t._blob[int(row["offset"]):int(row["offset"]) + int(row["nbytes"])].tobytes()
         assert values.digest(raw) == int(row["hash"])
         n += 1
     return n

@@ -37,7 +37,11 @@ def _preload(frameworks):
 
     import tracediff.cli  # noqa: F401
     import tracediff.runner  # noqa: F401
-    mods = {"torch": ["torch", "tracediff.capture.torch_recorder"],
+    # torch._dynamo too (~2.5 CPU-s): a recording imports it at its first op (torch wraps
+    # a TorchDispatchMode's __torch_dispatch__ in `_disable_dynamo`, which imports Dynamo
+    # on its first call), and so does a plain run at its first optimizer step; importing
+    # it earlier changes nothing a child computes or records
+    mods = {"torch": ["torch", "torch._dynamo", "tracediff.capture.torch_recorder"],
             "jax": ["jax", "jax.numpy", "tracediff.capture.jax_recorder"]}
     for fw in frameworks:
         for mod in mods[fw]:

@@ -23,7 +23,7 @@ class ValueReader:
         self.t = trace
         self.blob = None
         if trace.blob_size <= BLOB_IN_MEMORY:
-            self.blob = trace._f["blob"][:trace.blob_size] if trace.blob_size else np.zeros(0, "u1")
+            self.blob = trace._blob[:trace.blob_size] if trace.blob_size else np.zeros(0, "u1")
 
     def gather(self, offsets, lengths):
         """Concatenated bytes of many stored values (offsets/lengths checked by the caller).
@@ -38,9 +38,9 @@ class ValueReader:
             raise TraceError(f"{self.t.path}: value bytes lie outside the stored data")
         total = int(lengths.sum())
         if hi - lo <= 4 * total + (1 << 20):
-            slab = self.t._f["blob"][lo:hi]
+            slab = self.t._blob[lo:hi]
             return gather_slices(slab, offsets - lo, lengths)
-        ds = self.t._f["blob"]
+        ds = self.t._blob
         return np.concatenate([ds[int(o):int(o) + int(n)] for o, n in zip(offsets, lengths)]) \
             if len(offsets) else np.zeros(0, "u1")
 

@@ -384,6 +384,7 @@ class Trace:
         if blob.dtype != np.uint8 or blob.ndim != 1:
             raise TraceError(f"{self.path}: the value bytes have an unexpected layout")
         self.blob_size = max(0, min(_int_attr(f, "committed_blob", 0), blob.shape[0]))
+        self._blob = blob   # kept: looking a dataset up by name costs more than a small read
         if self.blob_size > budget:
             raise TraceError(f"{self.path}: the trace claims {self.blob_size} value bytes, more "
                              f"than the file holds")
@@ -650,7 +651,7 @@ class Trace:
             off, n = int(r["offset"]), int(r["nbytes"])
             if itemsize == 0 or count * itemsize != n or off + n > self.blob_size:
                 raise TraceError(f"{self.path}: shard size does not match its shape and dtype")
-            raw = self._f["blob"][off:off + n].tobytes()
+            raw = self._blob[off:off + n].tobytes()
             return values.decode(raw, self.string(parent["dtype"]), storage, shape)
         if r["flags"] & schema.SHARD_SLICE:
             whole = self.read_value(parent)
@@ -875,7 +876,7 @@ class Trace:
         if itemsize == 0 or count * itemsize != n:
             raise TraceError(f"{self.path}: value size does not match its shape and dtype")
         try:
-            raw = self._f["blob"][off:off + n].tobytes()
+            raw = self._blob[off:off + n].tobytes()
             return values.decode(raw, self.string(row["dtype"]), storage, shape)
         except Exception as exc:
             raise TraceError(f"{self.path}: damaged trace ({one_line(exc, 160, with_type=True)})") from None
