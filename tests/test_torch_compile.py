@@ -32,23 +32,24 @@ MLP = ["--model", "mlp"]
 INFER = ["--model", "mlp", "--infer", "--dropout", "0.5"]
 AOT = ["--backend", "aot_eager", "--graph-break", "--batches", "4,6", "--steps", "3",
        "--compile-step"]
-# two processes, each recording its runs in turn (fixtures/torch_compiled_runs.py: one
-# torch import for many compiled runs), next to a plain and a recorded `tracediff record`
-# of the smallest script: the command line path, where torch and Dynamo are imported
-# after the recorder is installed
-DRIVERS = [
-    [{"name": "mlp", "args": MLP, "plain": True},
-     {"name": "mlp_eager", "args": MLP + ["--backend", "eager"]},
-     {"name": "inf", "args": INFER + ["--fallback-random"]},
-     {"name": "inf2", "args": INFER + ["--fallback-random"]},
-     {"name": "inf_eager", "args": INFER + ["--backend", "eager"]},
-     {"name": "inf_rng", "args": INFER}],
-    [{"name": "blk", "args": ["--infer"], "probe": PROBE, "plain": True},
-     {"name": "blk_fma", "args": ["--infer"], "probe": PROBE, "inductor": FMA},
-     {"name": "blk_eager", "args": ["--infer", "--backend", "eager"]},
-     {"name": "aot", "args": AOT, "plain": True}],
-]
 CLI_ARGS = INFER + ["--fallback-random"]
+# one process recording its runs in turn (fixtures/torch_compiled_runs.py: one torch
+# import and one warm-up of inductor for many compiled runs), next to a `tracediff record`
+# of the smallest script: the command line path, where torch and Dynamo are imported
+# after the recorder is installed, compared with the driver's plain run of the same
+# arguments ("inf")
+DRIVER_RUNS = [
+    {"name": "mlp", "args": MLP, "plain": True},
+    {"name": "mlp_eager", "args": MLP + ["--backend", "eager"]},
+    {"name": "inf", "args": CLI_ARGS, "plain": True},
+    {"name": "inf2", "args": CLI_ARGS},
+    {"name": "inf_eager", "args": INFER + ["--backend", "eager"]},
+    {"name": "inf_rng", "args": INFER},
+    {"name": "blk", "args": ["--infer"], "probe": PROBE, "plain": True},
+    {"name": "blk_fma", "args": ["--infer"], "probe": PROBE, "inductor": FMA},
+    {"name": "blk_eager", "args": ["--infer", "--backend", "eager"]},
+    {"name": "aot", "args": AOT, "plain": True},
+]
 
 
 def _env(folder):
@@ -77,17 +78,16 @@ def runs(tmp_path_factory):
         assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{err[-4000:]}"
         return (folder / f"{name}.stdout").read_text()
 
-    drivers = [start(f"driver{i}", DRIVER, str(folder), json.dumps(d)) for i, d in enumerate(DRIVERS)]
-    out = {"cli.plain": finish(start("cli.plain", SCRIPT, *CLI_ARGS))}
-    # the recording starts once the plain run has compiled the kernels
+    # the command-line recording compiles its graph cold, alongside the driver
     cli = start("cli", "-m", "tracediff", "record", "-o", str(folder / "cli.h5"), SCRIPT, *CLI_ARGS)
-    for job in drivers:
-        finish(job)
-    out["cli"] = finish(cli)
-    for run in DRIVERS[0] + DRIVERS[1]:
+    driver = start("driver", DRIVER, str(folder), json.dumps(DRIVER_RUNS))
+    out = {"cli": finish(cli)}
+    finish(driver)
+    for run in DRIVER_RUNS:
         for suffix in ((".plain", "") if run.get("plain") else ("",)):
             out[run["name"] + suffix] = (folder / f"{run['name']}{suffix}.out").read_text()
-    names = [r["name"] for r in DRIVERS[0] + DRIVERS[1]] + ["cli"]
+    out["cli.plain"] = out["inf.plain"]   # the same script and arguments, not recorded
+    names = [r["name"] for r in DRIVER_RUNS] + ["cli"]
     return out, {n: folder / f"{n}.h5" for n in names}
 
 
