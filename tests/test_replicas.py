@@ -1,4 +1,4 @@
-"""`tracediff replicas`: one run, no reference. The faulty 4-rank DDP run of
+"""`tracediff replicas`: one run, no reference. The faulty 3-rank DDP run of
 test_ranks.py (rank 2's gradient scaled after the all-reduce, in step 0) is named by
 rank, step, op and line from its own traces; the clean run is consistent. Recorded once
 per session (`test_ranks.record_ddp_runs`)."""
