@@ -53,7 +53,8 @@ SCRIPT = textwrap.dedent('''
     with tracediff.record(out + "/probe.h5", probe="^f$"):
         f(x)
     after = f(x)                           # unrecorded again: still the same numbers
-    print(json.dumps({"after": [float(v) for v in after], "y": [float(v) for v in y]}))
+    print(json.dumps({"after": [float(v) for v in after], "y": [float(v) for v in y],
+                      "dynamo": "torch._dynamo" in sys.modules}))
 ''')
 
 
@@ -86,6 +87,16 @@ def test_record_block_captures_an_already_imported_framework(api_run):
     call_src = [s for k, o, s in events if o == "jit:f"][0]
     assert call_src == "api_script.py:16"      # the with block's line, relative to the file
     assert set(manifest["frameworks"]["captured"]) == {"jax", "torch"}   # both imported
+
+
+def test_eager_torch_recording_never_imports_dynamo(api_run):
+    """torch wraps a dispatch mode for Dynamo, importing it (~2.5 CPU-s) at the first op;
+    the recorder takes that wrapper only once the script has imported Dynamo itself
+    (tests/test_torch_compile.py records scripts that do)."""
+    folder, out = api_run
+    assert out["dynamo"] is False
+    events, _ = _ops(folder / "torch.h5")
+    assert [o for k, o, _ in events if k == "op"][:2] == ["aten::ones", "aten::tanh"]
 
 
 def test_successive_blocks_and_decorator_record_the_same(api_run):

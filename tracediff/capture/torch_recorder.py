@@ -948,12 +948,46 @@ def _strip_compiled(name):
     return name.replace("_orig_mod.", "")
 
 
+def _disabled_once_dynamo_loads(dispatch):
+    """`dispatch` behind `torch._dynamo.disable` once Dynamo is imported, called directly
+    until then.
+
+    torch wraps a dispatch mode's `__torch_dispatch__` in `_disable_dynamo`, which imports
+    Dynamo at the first call (~2.5 CPU-s) and then enters and leaves Dynamo's disabled
+    context on every op. Dynamo only needs keeping out of the recorder while it exists:
+    before the script imports it (an eager script without an optimizer never does), no
+    frame can be compiled or traced. From the first op after its import has finished,
+    this is torch's own wrapper."""
+    disabled = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        nonlocal disabled
+        if disabled is None:
+            dynamo = sys.modules.get("torch._dynamo")
+            if dynamo is None or getattr(getattr(dynamo, "__spec__", None), "_initializing", False):
+                return dispatch(self, func, types, args, kwargs)
+            disabled = sys.modules["torch"]._disable_dynamo(dispatch, recursive=True)
+        return disabled(self, func, types, args, kwargs)
+
+    return __torch_dispatch__
+
+
 def _make_mode(capture):
     from torch.utils._python_dispatch import TorchDispatchMode
 
+    def dispatch(self, func, types, args=(), kwargs=None):
+        return capture.on_op(func, args, kwargs or {})
+
+    # torch versions that wrap a mode's dispatch for Dynamo get the same wrapper, later
+    skip = getattr(TorchDispatchMode, "_should_skip_dynamo", None)
+    lazy = skip is not None and skip()
+
     class _TraceMode(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            return capture.on_op(func, args, kwargs or {})
+        __torch_dispatch__ = _disabled_once_dynamo_loads(dispatch) if lazy else dispatch
+
+        @classmethod
+        def _should_skip_dynamo(cls):
+            return False   # wrapped above (torch would wrap it again at class creation)
 
         @classmethod
         def ignore_compile_internals(cls):
