@@ -206,7 +206,9 @@ def _frameworks_of(argv):
         return ""
     with open(script, encoding="utf-8", errors="replace") as f:
         text = f.read()
-    found = set(re.findall(r"^\s*(?:import|from)\s+(torch|jax|flax|optax)\b", text, re.M))
+    found = set(re.findall(r"^\s*from\s+(torch|jax|flax|optax)\b", text, re.M))
+    for names in re.findall(r"^\s*import\s+([\w., ]+)", text, re.M):   # import a, torch
+        found.update(n.split()[0].split(".")[0] for n in names.split(",") if n.strip())
     return ",".join(fw for fw in ("torch", "jax") if fw in found or
                     (fw == "jax" and found & {"flax", "optax"}))
 
@@ -341,6 +343,25 @@ class Recordings:
     def proc(self, path):
         """The CompletedProcess of the recording at PATH (its stdout is the script's)."""
         return self.procs[path]
+
+    def plain(self, script, *args, env=None):
+        """`run_plain(SCRIPT, ARGS...)`, run once per test run like a recording: what the
+        script prints without tracediff, for every module that compares a recording's
+        output with it."""
+        from filelock import FileLock
+
+        key = self._key(script, args, env, (), "plain")
+        out = str(self._out(key))[:-3] + ".plain.json"
+        with FileLock(out + ".lock"):
+            if not os.path.exists(out):
+                proc = run_plain(script, *args, env=env)
+                with open(out + ".part", "w") as f:
+                    json.dump({"args": list(map(str, proc.args)), "stdout": proc.stdout,
+                               "stderr": proc.stderr}, f)
+                os.replace(out + ".part", out)
+            with open(out) as f:
+                done = json.load(f)
+        return subprocess.CompletedProcess(done["args"], 0, done["stdout"], done["stderr"])
 
 
 def render_terminal(render, *args, width=200, **kw):

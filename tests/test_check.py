@@ -116,6 +116,15 @@ TESTS = textwrap.dedent('''
     def test_block(tracediff_golden):
         with tracediff_golden("goldens/block.h5"):
             jnp.tanh(jnp.arange(4.0) * SCALE)
+
+
+    def test_missing(tracediff_check):          # never given a golden
+        tracediff_check("goldens/never.h5", "train.py")
+
+
+    def test_missing_block(tracediff_golden):
+        with tracediff_golden("goldens/never_block.h5"):
+            jnp.tanh(jnp.arange(4.0))
 ''')
 
 
@@ -132,22 +141,22 @@ def _pytest(folder, *args):
 def test_pytest_plugin(tmp_path):
     (tmp_path / "train.py").write_text(TRAIN)
     (tmp_path / "test_golden.py").write_text(TESTS.replace("DRIFT", '"1"').replace("SCALE", "1.0"))
-    proc = _pytest(tmp_path)
-    assert proc.returncode == 1
-    assert "4 failed" in proc.stdout
-    # each test names its missing golden (the -rf summary may repeat it: terminal width decides)
-    for name in ("train", "rtol", "drift", "block"):
-        assert f"goldens/{name}.h5 does not exist; create it with: pytest --tracediff-update-golden" \
-            in proc.stdout, proc.stdout[-3000:]
-    proc = _pytest(tmp_path, "--tracediff-update-golden")
+    proc = _pytest(tmp_path, "--tracediff-update-golden", "-k", "not missing")
     assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "4 passed, 2 deselected" in proc.stdout
     assert {p.name for p in (tmp_path / "goldens").iterdir()} == {"train.h5", "rtol.h5", "drift.h5", "block.h5"}
     # now perturb: the drift run and the with-block fail, with the report; rtol=0.01 passes
     (tmp_path / "test_golden.py").write_text(TESTS.replace("DRIFT", '"1.001"')
                                              .replace("SCALE", "1.001"))
     proc = _pytest(tmp_path)
     assert proc.returncode == 1, proc.stdout[-3000:]
-    assert "2 failed, 2 passed" in proc.stdout
+    assert "4 failed, 2 passed" in proc.stdout
     assert "diverges from the golden trace" in proc.stdout and "DIVERGED" in proc.stdout
     assert "FAILED test_golden.py::test_drift" in proc.stdout
     assert "FAILED test_golden.py::test_block" in proc.stdout
+    # a golden never written names itself and the option that writes it (the -rf summary
+    # may repeat it: terminal width decides)
+    for name in ("never", "never_block"):
+        assert f"goldens/{name}.h5 does not exist; create it with: pytest --tracediff-update-golden" \
+            in proc.stdout, proc.stdout[-3000:]
+    assert not (tmp_path / "goldens" / "never.h5").exists()

@@ -9,7 +9,7 @@ import pytest
 import tracediff
 from tracediff.trace import schema
 
-from .helpers import record, run_cli, run_plain
+from .helpers import record, run_cli
 
 GRU = "jax_gru_expm_adam.py"
 FLOW = "jax_control_flow.py"
@@ -39,9 +39,9 @@ def ancestors(evs, e):
     return found
 
 
-def test_recording_leaves_printed_result_bitwise_unchanged(gru):
+def test_recording_leaves_printed_result_bitwise_unchanged(gru, recorded):
     _, proc = gru
-    plain = run_plain(GRU, "--steps", STEPS)
+    plain = recorded.plain(GRU, "--steps", STEPS)
     assert "final loss:" in plain.stdout
     assert proc.stdout == plain.stdout
 

@@ -14,7 +14,7 @@ import tracediff
 from tracediff.trace import schema, values
 
 from .conftest import GRU_STEPS, MKL_SSE as SSE, TANH_ULP, TORCH_GRU_STEPS as TORCH_STEPS
-from .helpers import ROOT, locate_json, run_cli, run_plain, script_env as _env
+from .helpers import ROOT, locate_json, run_cli, script_env as _env
 
 TORCH_GRU = "torch_gru_adam.py"
 
@@ -35,7 +35,7 @@ def torch_runs(recorded, tmp_path_factory):
         "cap": (TORCH_GRU, args, None, ["--max-bytes", "200KB"]),
     }
     paths = recorded.many(jobs)
-    plain = run_plain(TORCH_GRU, *args).stdout
+    plain = recorded.plain(TORCH_GRU, *args).stdout
     runs = {k: (str(p), recorded.proc(p)) for k, p in paths.items()}
     return runs, plain, tmp_path_factory.mktemp("torch_levels")
 
@@ -212,9 +212,9 @@ def test_torch_two_level_workflow_end_to_end(torch_runs):
 
 # -- JAX ------------------------------------------------------------------------------------
 
-def test_jax_output_unchanged_at_every_level(jax_runs):
+def test_jax_output_unchanged_at_every_level(jax_runs, recorded):
     runs, _ = jax_runs
-    plain = run_plain("jax_gru_expm_adam.py", "--steps", GRU_STEPS).stdout
+    plain = recorded.plain("jax_gru_expm_adam.py", "--steps", GRU_STEPS).stdout
     for key in ("stats", "calls", "tanh_stats"):
         out = runs[key][1].stdout
         if key.startswith("tanh"):

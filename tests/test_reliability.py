@@ -104,9 +104,7 @@ def test_ctrl_c_lost_in_a_weakref_callback_still_stops_the_script(tmp_path):
     a Ctrl-C that hit a flush could be dropped and the script ran on: a hang in CI)."""
     script = _script(tmp_path, "lost.py", LOST_CTRL_C)
     out = tmp_path / "lost.h5"
-    proc = subprocess.run([sys.executable, "-m", "tracediff", "record", "-o", str(out),
-                           str(script)], env=_env(), cwd=ROOT, text=True, capture_output=True,
-                          timeout=300)
+    proc = run_cli("record", "-o", out, script)
     assert proc.returncode == 130, proc.stderr
     assert "finished" not in proc.stdout and "Exception ignored" not in proc.stderr
     with tracediff.load(out) as t:

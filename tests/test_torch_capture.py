@@ -128,9 +128,9 @@ def test_broken_dot_records_zero_with_identical_inputs(dot, broken_dot):
 
 
 # -- GRU + Adam ---------------------------------------------------------------------------
-def test_gru_recording_leaves_output_bitwise_identical(gru):
+def test_gru_recording_leaves_output_bitwise_identical(gru, recorded):
     _, proc = gru
-    plain = run_plain("torch_gru_adam.py", "--steps", GRU_STEPS)
+    plain = recorded.plain("torch_gru_adam.py", "--steps", GRU_STEPS)
     assert proc.stdout == plain.stdout
 
 
