@@ -28,7 +28,9 @@ TF32 = os.path.join(ROOT, "tests", "perturb", "tf32_addmm")
 
 # Recorded in one process with a shared XLA compilation cache (the one-process and the
 # two-script recordings of a fixture compile the same initialisers): name, script,
-# frameworks captured, script arguments.
+# frameworks captured, script arguments, and last the transformer with torch's addmm
+# multiplying in TF32 precision (the perturbation patches torch for the rest of the
+# process: nothing is recorded after it).
 JOBS = [
     ("rep", "port_dense_linear.py", "jax,torch", ()),
     ("rep_flax", "port_dense_linear.py", "jax", ("--side", "flax")),
@@ -38,26 +40,28 @@ JOBS = [
     ("conv", "port_conv.py", "jax,torch", ()),
     ("nnx", "port_nnx.py", "jax,torch", ()),
     ("shared", "port_shared.py", "jax,torch", ()),
+    ("tr32", "port_transformer.py", "jax,torch", (), TF32),
 ]
 BATCH = r"""
-import sys
+import json, runpy, sys
 from tracediff.runner import record_script
-for spec in sys.argv[2:]:
-    name, script, frameworks, *args = spec.split("|")
-    rc = record_script(script, args, sys.argv[1] + "/" + name + ".h5",
-                       frameworks=tuple(frameworks.split(",")))
+for job in json.loads(sys.argv[2]):
+    if job["perturb"]:
+        runpy.run_path(job["perturb"] + "/sitecustomize.py")
+    rc = record_script(job["script"], job["args"], sys.argv[1] + "/" + job["name"] + ".h5",
+                       frameworks=tuple(job["frameworks"].split(",")))
     if rc:
-        sys.exit(name + ": the script exited " + str(rc))
+        sys.exit(job["name"] + ": the script exited " + str(rc))
 """
 
 
-def _env(cache, *paths):
+def _env(cache):
     """The recordings' environment: this checkout, and XLA's persistent compilation
     cache in `cache` (the same programs are compiled once, not once per recording; the
     compiled code, and so every recorded value, is the same)."""
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
-    env["PYTHONPATH"] = os.pathsep.join((*paths, ROOT))
+    env["PYTHONPATH"] = ROOT
     env.update(JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
     return env
@@ -67,20 +71,14 @@ def _env(cache, *paths):
 def traces(tmp_path_factory):
     d = tmp_path_factory.mktemp("ports")
     cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or d / "xla-cache"   # conftest's
-    specs = ["|".join((name, os.path.join(FIXTURES, script), fws, *args))
-             for name, script, fws, args in JOBS]
-    # the transformer with torch's addmm multiplying in TF32 precision, alongside
-    tf32 = subprocess.Popen([sys.executable, "-m", "tracediff", "record", "-o",
-                             str(d / "tr32.h5"), os.path.join(FIXTURES, "port_transformer.py")],
-                            env=_env(cache, TF32), cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    batch = subprocess.run([sys.executable, "-c", BATCH, str(d), *specs], env=_env(cache),
-                           cwd=ROOT, capture_output=True, text=True, timeout=900)
-    out, err = tf32.communicate(timeout=900)
+    jobs = [{"name": name, "script": os.path.join(FIXTURES, script), "frameworks": fws,
+             "args": list(args), "perturb": perturb[0] if perturb else None}
+            for name, script, fws, args, *perturb in JOBS]
+    batch = subprocess.run([sys.executable, "-c", BATCH, str(d), json.dumps(jobs)],
+                           env=_env(cache), cwd=ROOT, capture_output=True, text=True,
+                           timeout=900)
     assert batch.returncode == 0, batch.stderr[-4000:]
-    assert tf32.returncode == 0, err[-4000:]
     paths = {name: str(d / f"{name}.h5") for name, *_ in JOBS}
-    paths["tr32"] = str(d / "tr32.h5")
     paths["stdout"] = batch.stdout
     return paths
 
