@@ -81,18 +81,19 @@ def _open(path):
 
 def _attr(f, name, default=None):
     """A root attribute, read only when it is small (a hostile file may hold huge ones)."""
-    if name not in f.attrs:
+    attrs = f.attrs   # (a new AttributeManager each time it is asked for)
+    if name not in attrs:
         return default
     try:
-        size = f.attrs.get_id(name).get_storage_size()
+        aid = attrs.get_id(name)
+        size = aid.get_storage_size()
     except Exception:
-        size = MAX_ATTR_BYTES + 1
+        aid, size = None, MAX_ATTR_BYTES + 1
     if size > MAX_ATTR_BYTES:
         raise TraceError(f"attribute {name!r} is implausibly large ({size} bytes)")
     # Only plain numbers and strings: HDF5 crashes (segfault, measured) converting some
     # damaged types, e.g. a string type garbled into a variable-length sequence.
     try:
-        aid = f.attrs.get_id(name)
         tclass, space = aid.get_type().get_class(), aid.get_space()
         npoints = space.get_simple_extent_npoints()
     except Exception as exc:
@@ -100,7 +101,7 @@ def _attr(f, name, default=None):
     if tclass not in (h5py.h5t.INTEGER, h5py.h5t.FLOAT, h5py.h5t.STRING, h5py.h5t.ENUM) or \
             npoints != 1:
         raise TraceError(f"attribute {name!r} is not a single number or string")
-    value = f.attrs[name]
+    value = attrs[name]
     if isinstance(value, np.ndarray):
         if value.size != 1:
             raise TraceError(f"attribute {name!r} is not a single value")
