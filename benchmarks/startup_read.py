@@ -3,9 +3,9 @@ torch script, opening a trace, reading its values one by one.
 
 - `record`: `tracediff record` of a 20,000-op eager torch loop (no optimizer), in a fresh
   process each time, CPU seconds of the whole process and of the loop (the script's own
-  timer). `--dynamo` has the script import torch._dynamo first: what every torch
-  recording paid before the recorder stopped importing Dynamo at its first op (and what a
-  training script pays anyway, at its first optimizer step).
+  timer); once as it is, once with the script importing torch._dynamo first: what every
+  torch recording paid before the recorder stopped importing Dynamo at its first op (and
+  what a training script pays anyway, at its first optimizer step).
 - `open`: `Trace(path)` of the loop's trace and of a torch GRU trace, ms an open (all the checks a
   stranger's trace gets).
 - `read`: `Trace.read_value` of every stored value of that trace, ms a value.
