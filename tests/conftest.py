@@ -1,5 +1,6 @@
 """Session-wide recordings shared by several test modules (each is recorded once)."""
 
+import compileall
 import os
 import shutil
 import subprocess
@@ -18,11 +19,22 @@ def pytest_configure(config):
     over from a previous run."""
     if os.environ.get("PYTEST_XDIST_WORKER") or "JAX_COMPILATION_CACHE_DIR" in os.environ:
         return
+    _compile_bytecode()
     folder = tempfile.mkdtemp(prefix="tracediff-tests-xla-")
     config._tracediff_xla_cache = folder
     os.environ["JAX_COMPILATION_CACHE_DIR"] = folder
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
+
+
+def _compile_bytecode():
+    """Byte-compile tracediff/ and tests/ once, before the ~60 fresh interpreters the
+    suite starts each import them: with PYTHONDONTWRITEBYTECODE set (a common setting,
+    and this machine's), every one of them would otherwise compile the same sources
+    again (~0.1 CPU-s each). Python checks a .pyc against its source's mtime and size,
+    so a stale one is never used; the __pycache__ folders are git-ignored."""
+    for folder in ("tracediff", "tests"):
+        compileall.compile_dir(os.path.join(ROOT, folder), quiet=2)
 
 
 def pytest_unconfigure(config):
