@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 import traceback
@@ -18,29 +19,64 @@ FIXTURES = os.path.join(ROOT, "fixtures")
 OWN_PROCESS = {"record", "check", "demo"}
 
 
-def run_cli(*args, env=None, cwd=None, check=False, timeout=600, own_process=None):
+def run_cli(*args, env=None, cwd=None, check=False, timeout=600, own_process=None,
+            file_size_limit=None):
     """Run `tracediff ARGS...` as a user would; returns a CompletedProcess (text).
 
     Read-only commands run in-process (click's CliRunner, stdout and stderr apart, env
     applied for the call); `record`, `check` and `demo` run `python -m tracediff` in a
     subprocess. An exception escaping the CLI in-process is appended to stderr as the
     traceback a subprocess would have printed, so "no traceback" assertions still hold.
+    `file_size_limit` (bytes): the process's RLIMIT_FSIZE, SIGXFSZ ignored, so that a write
+    past it fails with EFBIG as one on a full disk fails with ENOSPC.
     """
     args = tuple(map(str, args))
     if own_process is None:
-        own_process = not args or args[0] in OWN_PROCESS
+        own_process = not args or args[0] in OWN_PROCESS or file_size_limit is not None
+    limits = {} if file_size_limit is None else {
+        "rlimits": {"RLIMIT_FSIZE": int(file_size_limit)}, "ignore_signals": ["SIGXFSZ"]}
     zygote = zygote_for(env, args) if own_process else None
     if zygote is not None:
-        proc = zygote.run(["-m", "tracediff", *args], cwd=cwd, env=env)
+        proc = zygote.run(["-m", "tracediff", *args], cwd=cwd, env=env, **limits)
     elif own_process:
         proc = subprocess.run([sys.executable, "-m", "tracediff", *args], env=script_env(env),
-                              cwd=cwd or ROOT, capture_output=True, text=True, timeout=timeout)
+                              cwd=cwd or ROOT, capture_output=True, text=True, timeout=timeout,
+                              preexec_fn=_preexec(limits) if limits else None)
     else:
         proc = _run_in_process(args, env, cwd)
     if check and proc.returncode != 0:
         raise AssertionError(f"tracediff {' '.join(args)} exited {proc.returncode}\n"
                              f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}")
     return proc
+
+
+def _preexec(limits):
+    """A subprocess preexec_fn setting what tests/zygote.py sets from a job's `limits`."""
+    def apply():
+        import resource
+        import signal
+        for name in limits.get("ignore_signals", ()):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+        for name, value in limits.get("rlimits", {}).items():
+            resource.setrlimit(getattr(resource, name), (value, value))
+    return apply
+
+
+def run_printed_command(command, cwd=None):
+    """Run a `tracediff ...` command line that tracediff printed, as a user pasting it into
+    a shell would: /bin/sh parses it (quoting, a `VAR=value` prefix) and the parsed
+    command runs with run_cli (a warm zygote where the environment allows)."""
+    echo = (f"{shlex.quote(sys.executable)} -c 'import json, os, sys; "
+            f"print(json.dumps([dict(os.environ), sys.argv[1:]]))'")
+    assert command.startswith("tracediff ") or " tracediff " in command, command
+    shown = subprocess.run(command.replace("tracediff", echo, 1), shell=True, env=script_env(),
+                           cwd=cwd or ROOT, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    environ, argv = json.loads(shown.stdout)
+    base = script_env()
+    extra = {k: v for k, v in environ.items()   # what the command's prefix set
+             if base.get(k) != v and k not in ("PWD", "OLDPWD", "SHLVL", "_")}
+    return run_cli(*argv, env=extra or None, cwd=cwd)
 
 
 def _run_in_process(args, env, cwd):
@@ -89,10 +125,11 @@ def explain_json(a, b, *extra):
     return json.loads(proc.stdout)
 
 
-def record(script, out, *script_args, env=None, extra=(), check=True):
-    """Record fixtures/SCRIPT into OUT in a fresh subprocess; returns CompletedProcess."""
+def record(script, out, *script_args, env=None, extra=(), check=True, file_size_limit=None):
+    """Record fixtures/SCRIPT into OUT in a process of its own; returns CompletedProcess."""
     path = script if os.path.isabs(script) else os.path.join(FIXTURES, script)
-    return run_cli("record", "-o", out, *extra, path, *script_args, env=env, check=check)
+    return run_cli("record", "-o", out, *extra, path, *script_args, env=env, check=check,
+                   file_size_limit=file_size_limit)
 
 
 def run_plain(script, *script_args, env=None):
@@ -126,10 +163,11 @@ class Zygote:
         self.next_id = 0
         self.done = {}
 
-    def start(self, argv, cwd=None, env=None):
+    def start(self, argv, cwd=None, env=None, **limits):
+        """`limits`: "rlimits" and "ignore_signals" of the protocol (tests/zygote.py)."""
         self.next_id += 1
         job = {"id": self.next_id, "argv": list(map(str, argv)), "cwd": str(cwd or ROOT),
-               "env": script_env(env),
+               "env": script_env(env), **limits,
                "stdout": os.path.join(self.folder, f"{self.next_id}.out"),
                "stderr": os.path.join(self.folder, f"{self.next_id}.err")}
         self.proc.stdin.write(json.dumps(job) + "\n")
@@ -151,8 +189,8 @@ class Zygote:
             os.unlink(job[key])
         return subprocess.CompletedProcess([sys.executable, *job["argv"]], rc, *outs)
 
-    def run(self, argv, cwd=None, env=None):
-        return self.finish(self.start(argv, cwd, env))
+    def run(self, argv, cwd=None, env=None, **limits):
+        return self.finish(self.start(argv, cwd, env, **limits))
 
     def close(self):
         import shutil
@@ -163,7 +201,7 @@ class Zygote:
 
 
 _ZYGOTES = {}
-_LAZY = {"XLA_FLAGS", "MKL_CBWR", "PYTHONPATH"}
+_LAZY = {"XLA_FLAGS", "MKL_CBWR", "PYTHONPATH", "TRACEDIFF_MIN_FREE_MB"}
 # environment variables torch, JAX or XLA may read when imported (the zygote imported them)
 _READ_AT_IMPORT = ("JAX_", "XLA_", "TF_", "TORCH_", "PYTORCH_", "OMP_", "MKL_", "OPENBLAS_",
                    "PYTHON")
@@ -176,7 +214,7 @@ def zygote_for(env, argv):
     The zygote is the one that imported the frameworks the job's script imports (found in
     its source; a script importing neither gets a fresh interpreter). ENV may set what is
     read after start-up (XLA_FLAGS when JAX starts its backend, MKL_CBWR at the first BLAS
-    call: the zygote did neither) and PYTHONPATH (a perturbation's sitecustomize, run by
+    call: the zygote did neither; TRACEDIFF_MIN_FREE_MB when a recording starts) and PYTHONPATH (a perturbation's sitecustomize, run by
     the child as `site` would); anything else needs a fresh interpreter."""
     if os.environ.get("TRACEDIFF_TESTS_ZYGOTE", "1") == "0" or set(env or ()) - _LAZY:
         return None

@@ -3,9 +3,6 @@
 end (cheap traces -> locate prints zoom commands -> run them -> locate names the op)."""
 
 import os
-import shlex
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,7 +11,7 @@ import tracediff
 from tracediff.trace import schema, values
 
 from .conftest import GRU_STEPS, MKL_SSE as SSE, TANH_ULP, TORCH_GRU_STEPS as TORCH_STEPS
-from .helpers import ROOT, locate_json, run_cli, script_env as _env
+from .helpers import locate_json, run_cli, run_printed_command
 
 TORCH_GRU = "torch_gru_adam.py"
 
@@ -194,10 +191,8 @@ def test_torch_two_level_workflow_end_to_end(torch_runs):
         assert "--level full --steps 0:1" in cmd
         if side == "b":
             assert cmd.startswith("MKL_CBWR=COMPATIBLE ")
-        # run it as a user would (the env prefix through the shell)
-        full_cmd = cmd.replace("tracediff record", f"{shlex.quote(sys.executable)} -m tracediff record", 1)
-        res = subprocess.run(full_cmd, shell=True, env=_env(), cwd=ROOT, capture_output=True,
-                             text=True, timeout=600)
+        # run it as a user would: the shell parses it (quoting, the env prefix)
+        res = run_printed_command(cmd)
         assert res.returncode == 0, res.stderr[-3000:]
     za, zb = zoom[0]["a"]["trace"], zoom[0]["b"]["trace"]
     assert os.path.exists(za) and os.path.exists(zb)

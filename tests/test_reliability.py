@@ -7,7 +7,6 @@ DataLoader test is in test_torch_capture.py.
 
 import os
 import random
-import resource
 import signal
 import subprocess
 import sys
@@ -296,23 +295,13 @@ def test_unwritable_output_is_refused_before_the_script_runs(tmp_path, output, e
     assert not marker.exists()
 
 
-def _limit_file_size(limit):
-    def apply():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    return apply
-
-
 def test_full_disk_stops_recording_not_the_script(tmp_path):
     """A file size limit (EFBIG, as ENOSPC would) reached mid-run: the script finishes with
     its own output and exit code, the trace keeps what was committed, a warning says so."""
     out = tmp_path / "full.h5"
     plain = run_plain("torch_mlp.py", "--steps", "40")   # a few steps already pass 9 MiB
-    proc = subprocess.run([sys.executable, "-m", "tracediff", "record", "-o", str(out),
-                           os.path.join(FIXTURES, "torch_mlp.py"), "--steps", "40"],
-                          env=_env({"TRACEDIFF_MIN_FREE_MB": "0"}), cwd=ROOT, text=True,
-                          capture_output=True, timeout=300,
-                          preexec_fn=_limit_file_size(9 << 20))
+    proc = record("torch_mlp.py", out, "--steps", "40", env={"TRACEDIFF_MIN_FREE_MB": "0"},
+                  check=False, file_size_limit=9 << 20)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == plain.stdout
     assert "recording stopped early" in proc.stderr and "Traceback" not in proc.stderr

@@ -10,13 +10,15 @@ ends (non-daemon threads joined, atexit handlers run, exit status).
 
 A job's environment may differ from the zygote's only in what is read after start-up
 (tests/helpers.zygote_for: XLA_FLAGS, read when JAX starts its backend; MKL_CBWR, at the
-first BLAS call) and in PYTHONPATH, whose sitecustomize (a test perturbation) the child
+first BLAS call; TRACEDIFF_MIN_FREE_MB, when a recording starts) and in PYTHONPATH, whose sitecustomize (a test perturbation) the child
 imports before the script, as `site` would; any other job gets a fresh interpreter. The recorder then finds torch and JAX already
 imported, the path `tracediff.record()` users take; the command-line path, where the
 script imports them after the recorder is armed, keeps its own fresh-process tests.
 
 Protocol (one JSON object a line): the client sends {"id", "argv", "env", "cwd",
-"stdout", "stderr"}; argv[0] is "-m" MODULE or a script path. The zygote answers {"id", "rc"} when
+"stdout", "stderr"} and optionally "rlimits" ({"RLIMIT_FSIZE": bytes, ...}) and
+"ignore_signals" (["SIGXFSZ", ...]), what a subprocess's preexec_fn would set; argv[0] is
+"-m" MODULE or a script path. The zygote answers {"id", "rc"} when
 that child has ended (children run concurrently), and {"ready": true} once at start.
 """
 
@@ -80,6 +82,11 @@ def _run_child(job):
             f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.dup2(f, fd)
             os.close(f)
+        import resource   # what a preexec_fn would have set: resource limits, ignored signals
+        for name, value in job.get("rlimits", {}).items():
+            resource.setrlimit(getattr(resource, name), (value, value))
+        for name in job.get("ignore_signals", ()):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
         os.environ.clear()   # the job's environment: the client's now (it may have changed
         os.environ.update(job["env"])   # since the zygote started, in what is read lazily)
         os.chdir(job["cwd"])

@@ -25,7 +25,14 @@ from .trace.writer import TraceWriter
 TOOL_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
-MIN_FREE_BYTES = int(float(os.environ.get("TRACEDIFF_MIN_FREE_MB", "64")) * (1 << 20))
+def min_free_bytes():
+    """Free space an output folder needs before a recording starts: TRACEDIFF_MIN_FREE_MB
+    (default 64), read when a recording starts, not when tracediff is imported."""
+    value = os.environ.get("TRACEDIFF_MIN_FREE_MB", "64")
+    try:
+        return int(float(value) * (1 << 20))
+    except (ValueError, OverflowError):
+        raise TraceError(f"TRACEDIFF_MIN_FREE_MB must be a number of MiB, not {value!r}") from None
 
 # (rank, local rank, world size) variables of the launchers we know, in order of trust.
 RANK_ENV = [("RANK", "LOCAL_RANK", "WORLD_SIZE", "torchrun"),
@@ -97,9 +104,10 @@ def check_output_path(output):
         free = shutil.disk_usage(folder).free
     except OSError:
         free = None
-    if free is not None and free < MIN_FREE_BYTES:
+    need = min_free_bytes()
+    if free is not None and free < need:
         raise TraceError(f"cannot write {output}: only {free / (1 << 20):.0f} MiB free in {folder} "
-                         f"(need {MIN_FREE_BYTES >> 20} MiB; set TRACEDIFF_MIN_FREE_MB to change)")
+                         f"(need {need >> 20} MiB; set TRACEDIFF_MIN_FREE_MB to change)")
 
 
 def exit_status(code, stderr=None):
