@@ -65,11 +65,13 @@ dist.destroy_process_group()
 """
 
 
-def _torchrun(out, port, *args, nproc=NPROC):
+def _torchrun(output, port, *args, nproc=NPROC):
+    """`torchrun -m tracediff record -o OUTPUT torch_ddp.py ARGS`; OUTPUT is a folder
+    (ending in a separator: rank{R}.h5 inside) or a file name (NAME.rank{R}.h5)."""
     return subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
          "--master-addr", "127.0.0.1", "--master-port", str(port),
-         "-m", "tracediff", "record", "-o", f"{out}{os.sep}", SCRIPT, *args],
+         "-m", "tracediff", "record", "-o", str(output), SCRIPT, *args],
         env=script_env(GLOO_ENV), cwd=ROOT, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
@@ -86,8 +88,8 @@ def record_ddp_runs(folder):
             _RUNS.update(outs)
         if not _RUNS:
             base = 29000 + os.getpid() % 300 * 3
-            procs = {"clean": _torchrun(outs["clean"], base),
-                     "faulty": _torchrun(outs["faulty"], base + 1, "--fault-rank",
+            procs = {"clean": _torchrun(f"{outs['clean']}{os.sep}", base),
+                     "faulty": _torchrun(f"{outs['faulty']}{os.sep}", base + 1, "--fault-rank",
                                          str(FAULT_RANK), "--fault-step", str(FAULT_STEP))}
             # alongside: one process that initialises torch.distributed itself
             script = folder / "coll.py"

@@ -1,5 +1,6 @@
 """Reliability: signals, SIGKILL at random points, bad input to every command, full disk,
-recording never perturbs the script, multi-process runs (torchrun) and threads.
+recording never perturbs the script, rank detection and threads (torchrun runs are in
+test_ranks.py and test_replicas.py).
 
 Crash tests for an exception and sys.exit(n) are in test_jax_capture.py; the forked
 DataLoader test is in test_torch_capture.py.
@@ -363,47 +364,6 @@ def test_rank_detection_and_names():
     assert distributed_rank({"SLURM_PROCID": "1", "SLURM_NTASKS": "2"})["rank"] == 1
     assert distributed_rank({"RANK": "x", "WORLD_SIZE": "2"}) is None
     assert distributed_rank({"RANK": "5", "WORLD_SIZE": "2"}) is None
-
-
-DIST = """
-    import torch
-    import torch.distributed as dist
-    dist.init_process_group("gloo")
-    r = dist.get_rank()
-    x = torch.arange(4.0) * (r + 1)
-    y = torch.sin(x)
-    dist.all_reduce(y)
-    print(r, repr(y.sum().item()), flush=True)
-    dist.destroy_process_group()
-"""
-
-
-def test_torchrun_two_ranks_write_one_trace_each_and_locate_rank_to_rank(tmp_path):
-    script = _script(tmp_path, "dist.py", DIST)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                           "--master_port", str(29500 + os.getpid() % 1000),
-                           "-m", "tracediff", "record", "-o", str(tmp_path / "a.h5"),
-                           str(script)], env=_env({"OMP_NUM_THREADS": "1"}), cwd=ROOT,
-                          text=True, capture_output=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert not (tmp_path / "a.h5").exists()
-    for rank in (0, 1):
-        with tracediff.load(tmp_path / f"a.rank{rank}.h5") as t:
-            assert t.complete and len(t) > 0 and t.rank == rank
-            assert t.manifest["distributed"]["world_size"] == 2
-            # a collective is recorded after its Work is waited for
-            # (capture/torch_collectives.py): its output is the reduced value this rank
-            # received, the same on both ranks
-            e = next(i for i in range(len(t)) if t.event(i)["op"] == "c10d::allreduce_")
-            x = np.arange(4, dtype=np.float32)
-            np.testing.assert_allclose(t.outputs(e)[0], np.sin(x) + np.sin(2 * x), rtol=1e-6)
-    # rank against rank: the same program, so every op pairs; the ranks' own inputs
-    # (`* (r + 1)`) are the first difference, and it is named at the script's line
-    result = tracediff.locate(tmp_path / "a.rank0.h5", tmp_path / "a.rank1.h5")
-    assert result.alignment["matched"] == len(tracediff.load(tmp_path / "a.rank0.h5"))
-    first = result.first_difference
-    assert first is not None and first.a.op == "aten::mul.Tensor", first.a
-    assert first.a.source.endswith("dist.py:6"), first.a.source
 
 
 THREADS = """

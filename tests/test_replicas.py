@@ -1,7 +1,8 @@
 """`tracediff replicas`: one run, no reference. The faulty 3-rank DDP run of
 test_ranks.py (rank 2's gradient scaled after the all-reduce, in step 0) is named by
 rank, step, op and line from its own traces; the clean run is consistent. Recorded once
-per session (`test_ranks.record_ddp_runs`)."""
+per session (`test_ranks.record_ddp_runs`). A run where rank 0 itself departs is recorded
+here, with a file name for `-o` (one NAME.rank{R}.h5 per rank)."""
 
 import json
 import os
@@ -9,8 +10,11 @@ import shutil
 
 import pytest
 
+import tracediff
+
 from .helpers import run_cli, shared_folder
-from .test_ranks import FAULT_LINE, FAULT_RANK, FAULT_STEP, NPROC, _torchrun, record_ddp_runs
+from .test_ranks import (FAULT_LINE, FAULT_RANK, FAULT_STEP, NPROC, _line, _torchrun,
+                         record_ddp_runs)
 
 
 @pytest.fixture(scope="module")
@@ -33,13 +37,32 @@ def test_faulty_run_names_rank_step_op_and_line(runs):
 @pytest.fixture(scope="module")
 def rank0_departs(tmp_path_factory):
     """3 ranks, 1 step, rank 0's gradient scaled after the all-reduce: the reference rank
-    itself departs (the smallest run where a majority can tell; ~20 s of CPU)."""
-    out = tmp_path_factory.mktemp("rank0") / "run"
-    proc = _torchrun(out, 28100 + os.getpid() % 500, "--steps", "1", "--fault-rank", "0",
-                     "--fault-step", "0", nproc=3)
+    itself departs (the smallest run where a majority can tell; ~20 s of CPU). Recorded
+    with `-o run.h5`, a file name: each rank writes run.rank{R}.h5 beside it."""
+    out = tmp_path_factory.mktemp("rank0")
+    proc = _torchrun(out / "run.h5", 28100 + os.getpid() % 500, "--steps", "1", "--fault-rank",
+                     "0", "--fault-step", "0", nproc=3)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-4000:]
     return out
+
+
+def test_torchrun_with_a_file_name_writes_one_trace_per_rank_beside_it(rank0_departs):
+    """`-o run.h5` under torchrun: no run.h5, one complete run.rank{R}.h5 per rank; two
+    ranks of one run run the same program, so every op pairs and the first difference is
+    each rank's own data, named at its line."""
+    assert sorted(os.listdir(rank0_departs)) == [f"run.rank{r}.h5" for r in range(3)]
+    for r in range(3):
+        with tracediff.load(rank0_departs / f"run.rank{r}.h5") as t:
+            assert t.complete and len(t) > 0 and t.rank == r
+            assert t.manifest["distributed"]["world_size"] == 3
+    a, b = rank0_departs / "run.rank0.h5", rank0_departs / "run.rank1.h5"
+    result = tracediff.locate(a, b)
+    with tracediff.load(a) as t:
+        assert result.alignment["matched"] == len(t)
+    first = result.first_difference
+    assert first.a.op == first.b.op == "aten::randn.generator" and first.inputs_match
+    assert first.a.source == _line("x = torch.randn(4, 8, generator=gen)")
 
 
 def test_rank_0_departing_is_named_by_the_majority(rank0_departs):
