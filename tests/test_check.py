@@ -134,7 +134,7 @@ def _pytest(folder, *args):
     env.pop("XLA_FLAGS", None)
     plugin = [] if _plugin_installed() else ["-p", "tracediff.pytest_plugin"]
     return subprocess.run([sys.executable, "-m", "pytest", *plugin, "-p", "no:cacheprovider",
-                           "-q", "-rf", *args], cwd=folder, env=env, capture_output=True,
+                           "-p", "no:anyio", "-q", "-rf", *args], cwd=folder, env=env, capture_output=True,
                           text=True, timeout=600)
 
 
