@@ -8,23 +8,34 @@ import tempfile
 
 import pytest
 
-from .helpers import FIXTURES, ROOT, Recordings, shared_folder
+from .helpers import FIXTURES, ROOT, Recordings, shared_folder, stop_zygotes
 
 def pytest_configure(config):
+    """In the run's first pytest process (not an xdist worker), before the workers start
+    and inherit its environment: the bytecode of tracediff/ and tests/, one XLA compilation
+    cache and one folder for the test zygotes (tests/zygote.py) for the whole run."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    _compile_bytecode()
+    if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+        config._tracediff_xla_cache = _xla_cache()
+    if "TRACEDIFF_TESTS_ZYGOTES" not in os.environ:
+        config._tracediff_zygotes = tempfile.mkdtemp(prefix="tracediff-tests-zygotes-")
+        os.environ["TRACEDIFF_TESTS_ZYGOTES"] = config._tracediff_zygotes
+
+
+def _xla_cache():
     """One XLA compilation cache for the whole run (this process, the xdist workers and
     every recording they start inherit it): the same fixture recorded four ways compiles
     its programs once. The cache is keyed by jaxlib version, XLA flags and program, so
     values are the ones an uncached run computes; `locate` does not list these variables
     as environment differences (diff/env.py). A fresh folder per run: nothing carries
     over from a previous run."""
-    if os.environ.get("PYTEST_XDIST_WORKER") or "JAX_COMPILATION_CACHE_DIR" in os.environ:
-        return
-    _compile_bytecode()
     folder = tempfile.mkdtemp(prefix="tracediff-tests-xla-")
-    config._tracediff_xla_cache = folder
     os.environ["JAX_COMPILATION_CACHE_DIR"] = folder
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
+    return folder
 
 
 def _compile_bytecode():
@@ -44,6 +55,11 @@ def pytest_unconfigure(config):
         os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
         os.environ.pop("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", None)
         os.environ.pop("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", None)
+    folder = getattr(config, "_tracediff_zygotes", None)
+    if folder:   # the run is over: end its zygotes (they would end idle anyway)
+        stop_zygotes(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+        os.environ.pop("TRACEDIFF_TESTS_ZYGOTES", None)
 
 
 # Modules whose recordings take longest, started first so that no worker is left running

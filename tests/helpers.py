@@ -132,34 +132,62 @@ def record(script, out, *script_args, env=None, extra=(), check=True, file_size_
                    file_size_limit=file_size_limit)
 
 
-def run_plain(script, *script_args, env=None):
-    """Run a fixture without tracediff; returns CompletedProcess (text)."""
+def run_plain(script, *script_args, env=None, cwd=None, check=True):
+    """Run a fixture (or a script given by its absolute path) without tracediff, in CWD
+    (default: the checkout); returns CompletedProcess (text), raising on a non-zero exit
+    status when `check`."""
     path = script if os.path.isabs(script) else os.path.join(FIXTURES, script)
     argv = [path, *map(str, script_args)]
     zygote = zygote_for(env, argv)
     if zygote is not None:
-        proc = zygote.run(argv, env=env)
-        if proc.returncode != 0:
+        proc = zygote.run(argv, cwd=cwd, env=env)
+        if check and proc.returncode != 0:
             raise subprocess.CalledProcessError(proc.returncode, proc.args, proc.stdout, proc.stderr)
         return proc
-    return subprocess.run([sys.executable, *argv], env=script_env(env), capture_output=True,
-                          text=True, timeout=600, check=True)
+    return subprocess.run([sys.executable, *argv], env=script_env(env), cwd=cwd or ROOT,
+                          capture_output=True, text=True, timeout=600, check=check)
 
 
 class Zygote:
     """Client of tests/zygote.py: a warm process (tracediff and the frameworks imported)
-    that forks a child per job instead of starting an interpreter; one per pytest process
-    and framework set, started on first use. Jobs run concurrently: `start` returns a
-    handle, `finish` waits for it (a child ends itself after 900 s, as a timeout would)."""
+    that forks a child per job instead of starting an interpreter; one per framework set
+    for the whole test run, shared by the pytest-xdist workers over a Unix socket in
+    TRACEDIFF_TESTS_ZYGOTES (tests/conftest.py; without it, one per pytest process). The
+    first process that needs it starts it, under a file lock. Jobs run concurrently:
+    `start` returns a handle, `finish` waits for it (a child ends itself after 900 s, as
+    a timeout would)."""
 
     def __init__(self, frameworks):
+        import socket
         import tempfile
+
+        from filelock import FileLock
+
         self.folder = tempfile.mkdtemp(prefix="tracediff-zygote-")
-        self.env = script_env(None)
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.zygote", frameworks], env=self.env,
-                                     cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True)
-        assert json.loads(self.proc.stdout.readline()) == {"ready": True}
+        shared = os.environ.get("TRACEDIFF_TESTS_ZYGOTES") or self.folder
+        name = frameworks.replace(",", "+")
+        address, env_file = (os.path.join(shared, f"{name}{ext}") for ext in (".sock", ".env"))
+        with FileLock(os.path.join(shared, f"{name}.lock")):
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                self.sock.connect(address)
+            except OSError:   # none yet, or one that ended idle: start one
+                if os.path.exists(address):
+                    os.unlink(address)
+                env = script_env(None)
+                starter = subprocess.Popen([sys.executable, "-m", "tests.zygote", frameworks,
+                                            address], env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
+                                           stdout=subprocess.PIPE, text=True,
+                                           start_new_session=True)
+                assert json.loads(starter.stdout.readline()) == {"ready": True}
+                starter.stdout.close()
+                with open(env_file, "w") as f:
+                    json.dump({"pid": starter.pid, "env": env}, f)
+                self.sock.connect(address)
+            with open(env_file) as f:
+                self.env = json.load(f)["env"]   # what the zygote's imports saw
+        self.stream = self.sock.makefile("rw", encoding="utf-8")
+        self.alive = True
         self.next_id = 0
         self.done = {}
 
@@ -170,14 +198,16 @@ class Zygote:
                "env": script_env(env), **limits,
                "stdout": os.path.join(self.folder, f"{self.next_id}.out"),
                "stderr": os.path.join(self.folder, f"{self.next_id}.err")}
-        self.proc.stdin.write(json.dumps(job) + "\n")
-        self.proc.stdin.flush()
+        self.stream.write(json.dumps(job) + "\n")
+        self.stream.flush()
         return job
 
     def finish(self, job):
         """CompletedProcess of a started job (args as `python ARGV...` would have)."""
         while job["id"] not in self.done:
-            line = self.proc.stdout.readline()
+            line = self.stream.readline()
+            if not line:
+                self.alive = False
             assert line, "the test zygote died"
             msg = json.loads(line)
             self.done[msg["id"]] = msg["rc"]
@@ -194,10 +224,25 @@ class Zygote:
 
     def close(self):
         import shutil
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=60)
+        self.alive = False
+        self.stream.close()
+        self.sock.close()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def stop_zygotes(folder):
+    """End the zygotes started in FOLDER (TRACEDIFF_TESTS_ZYGOTES) and their children."""
+    import glob
+    import signal
+
+    for env_file in glob.glob(os.path.join(folder, "*.env")):
+        if not os.path.exists(env_file[:-len(".env")] + ".sock"):
+            continue   # it ended idle (and removed its socket)
+        try:
+            with open(env_file) as f:
+                os.killpg(json.load(f)["pid"], signal.SIGTERM)   # its own session
+        except (OSError, ValueError, KeyError):
+            pass
 
 
 _ZYGOTES = {}
@@ -222,7 +267,7 @@ def zygote_for(env, argv):
     if not frameworks:
         return None
     z = _ZYGOTES.get(frameworks)
-    if z is not None and z.proc.poll() is None:
+    if z is not None and z.alive:
         # a variable the frameworks read when imported changed since the zygote started
         # (tests change this process's environment): the job needs a fresh interpreter
         now, then = script_env(None), z.env

@@ -10,16 +10,21 @@ ends (non-daemon threads joined, atexit handlers run, exit status).
 
 A job's environment may differ from the zygote's only in what is read after start-up
 (tests/helpers.zygote_for: XLA_FLAGS, read when JAX starts its backend; MKL_CBWR, at the
-first BLAS call; TRACEDIFF_MIN_FREE_MB, when a recording starts) and in PYTHONPATH, whose sitecustomize (a test perturbation) the child
-imports before the script, as `site` would; any other job gets a fresh interpreter. The recorder then finds torch and JAX already
-imported, the path `tracediff.record()` users take; the command-line path, where the
+first BLAS call; TRACEDIFF_MIN_FREE_MB, when a recording starts) and in PYTHONPATH,
+whose sitecustomize (a test perturbation) the child imports before the script, as `site`
+would; any other job gets a fresh interpreter. The recorder then finds torch and JAX
+already imported, the path `tracediff.record()` users take; the command-line path, where the
 script imports them after the recorder is armed, keeps its own fresh-process tests.
 
-Protocol (one JSON object a line): the client sends {"id", "argv", "env", "cwd",
-"stdout", "stderr"} and optionally "rlimits" ({"RLIMIT_FSIZE": bytes, ...}) and
-"ignore_signals" (["SIGXFSZ", ...]), what a subprocess's preexec_fn would set; argv[0] is
-"-m" MODULE or a script path. The zygote answers {"id", "rc"} when
-that child has ended (children run concurrently), and {"ready": true} once at start.
+One zygote per framework set serves the whole test run: the pytest-xdist workers connect
+to it over a Unix socket (tests/helpers.Zygote; the first that needs it starts it).
+
+Protocol (one JSON object a line, on each client's connection): the client sends {"id",
+"argv", "env", "cwd", "stdout", "stderr"} and optionally "rlimits" ({"RLIMIT_FSIZE":
+bytes, ...}) and "ignore_signals" (["SIGXFSZ", ...]), what a subprocess's preexec_fn
+would set; argv[0] is "-m" MODULE or a script path. The zygote answers {"id", "rc"} on
+that connection when the child has ended (children run concurrently); it prints
+{"ready": true} to its stdout once, when it listens.
 """
 
 import json
@@ -72,6 +77,7 @@ def _run_child(job):
     import signal
 
     code = 1
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)   # the zygote's own handler is not the job's
     try:
         # the subprocess timeout a fresh process would have had: SIGALRM ends the child
         # (exit status -14, reported as any other)
@@ -129,40 +135,75 @@ def _run_child(job):
             os._exit(code)
 
 
-def serve(frameworks):
+IDLE_EXIT_SECONDS = 30   # no client and no child for this long: the run is over
+
+
+def serve(frameworks, address):
+    """Serve jobs from any number of clients (the run's pytest processes) connected to
+    the Unix socket ADDRESS; "ready" goes to stdout once it listens. Ends when no client
+    has been connected and no child running for IDLE_EXIT_SECONDS (the run's conftest
+    also ends it when the run ends)."""
+    import socket
+    import time
+
+    import signal
+
     _preload(frameworks)
-    reply = os.fdopen(os.dup(1), "w")
-    reply.write(json.dumps({"ready": True}) + "\n")
-    reply.flush()
-    children = {}
-    pending = b""
-    stdin = sys.stdin.fileno()
-    open_in = True
-    while open_in or children:
-        ready, _, _ = select.select([stdin] if open_in else [], [], [], 0.02)
-        if ready:
-            chunk = os.read(stdin, 65536)
-            if not chunk:
-                open_in = False
-            pending += chunk
-            while b"\n" in pending:
-                line, pending = pending.split(b"\n", 1)
+    # the run's end (tests/conftest.py) is a SIGTERM: end as an interpreter does (atexit)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address)
+    listener.listen(8)
+    print(json.dumps({"ready": True}), flush=True)
+    null = os.open(os.devnull, os.O_WRONLY)   # the starter may end before this zygote
+    os.dup2(null, 1)
+    os.close(null)
+    clients = {}     # socket -> bytes not yet a whole line
+    children = {}    # pid -> (client socket, job id)
+    idle_since = time.monotonic()
+    while True:
+        ready, _, _ = select.select([listener, *clients], [], [], 0.02)
+        for sock in ready:
+            if sock is listener:
+                conn, _ = listener.accept()
+                clients[conn] = b""
+                continue
+            chunk = sock.recv(65536)
+            if not chunk:                      # the client's process ended
+                del clients[sock]
+                sock.close()
+                continue
+            clients[sock] += chunk
+            while b"\n" in clients[sock]:
+                line, clients[sock] = clients[sock].split(b"\n", 1)
                 job = json.loads(line)
                 sys.stdout.flush()
                 sys.stderr.flush()
                 pid = os.fork()
                 if pid == 0:
-                    reply.close()
+                    listener.close()
+                    for other in clients:
+                        other.close()
                     _run_child(job)
-                children[pid] = job["id"]
+                children[pid] = (sock, job["id"])
         while children:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 break
-            rc = os.waitstatus_to_exitcode(status)
-            reply.write(json.dumps({"id": children.pop(pid), "rc": rc}) + "\n")
-            reply.flush()
+            sock, job_id = children.pop(pid)
+            if sock in clients:
+                reply = {"id": job_id, "rc": os.waitstatus_to_exitcode(status)}
+                sock.sendall((json.dumps(reply) + "\n").encode())
+        if clients or children:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since > IDLE_EXIT_SECONDS:
+            try:
+                os.unlink(address)   # a client arriving now starts a new zygote
+            except FileNotFoundError:
+                pass
+            listener.close()
+            return
 
 
 if __name__ == "__main__":
-    serve([f for f in sys.argv[1].split(",") if f])
+    serve([f for f in sys.argv[1].split(",") if f], sys.argv[2])
