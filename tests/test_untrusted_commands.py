@@ -28,7 +28,7 @@ from tracediff.report.common import report_context
 from tracediff.report.json_report import next_steps
 
 from .conftest import BROKEN_DOT
-from .helpers import ROOT
+from .helpers import ROOT, run_plain
 
 DOT = 1            # event 1 of torch_dot.py is aten::dot
 MUL = 2            # event 2 is aten::mul.Tensor (other=2)
@@ -79,9 +79,8 @@ def _cli(*args):
 
 
 def _run_repro(folder):
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
-    return subprocess.run([sys.executable, "repro.py"], cwd=folder, env=env,
-                           capture_output=True, text=True, timeout=300)
+    """`python repro.py` in FOLDER (a warm interpreter where the tests have one)."""
+    return run_plain(os.path.join(folder, "repro.py"), cwd=folder, check=False)
 
 
 # -- 1. the generated reproducer ------------------------------------------------------------
