@@ -2,6 +2,7 @@
 ones too) goes to the same layer or below, and no modules import each other in a circle."""
 
 import ast
+import functools
 import os
 
 from .helpers import ROOT
@@ -68,7 +69,10 @@ def _layer(name):
     return best
 
 
+@functools.lru_cache(maxsize=None)
 def _graph():
+    """{module: the tracediff modules it imports}; parsed once for the module's tests
+    (read-only: callers never change it)."""
     mods = _modules()
     return {name: _imports(name, path, mods) for name, path in mods.items()}
 
