@@ -186,7 +186,9 @@ class Zygote:
                 self.sock.connect(address)
             with open(env_file) as f:
                 self.env = json.load(f)["env"]   # what the zygote's imports saw
-        self.stream = self.sock.makefile("rw", encoding="utf-8")
+        # replies are read through a file, jobs sent on the socket itself: a text file
+        # open for both would drop the replies it has read ahead whenever it writes
+        self.replies = self.sock.makefile("r", encoding="utf-8")
         self.alive = True
         self.next_id = 0
         self.done = {}
@@ -198,14 +200,13 @@ class Zygote:
                "env": script_env(env), **limits,
                "stdout": os.path.join(self.folder, f"{self.next_id}.out"),
                "stderr": os.path.join(self.folder, f"{self.next_id}.err")}
-        self.stream.write(json.dumps(job) + "\n")
-        self.stream.flush()
+        self.sock.sendall((json.dumps(job) + "\n").encode())
         return job
 
     def finish(self, job):
         """CompletedProcess of a started job (args as `python ARGV...` would have)."""
         while job["id"] not in self.done:
-            line = self.stream.readline()
+            line = self.replies.readline()
             if not line:
                 self.alive = False
             assert line, "the test zygote died"
@@ -225,7 +226,7 @@ class Zygote:
     def close(self):
         import shutil
         self.alive = False
-        self.stream.close()
+        self.replies.close()
         self.sock.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 

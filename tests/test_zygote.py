@@ -1,0 +1,48 @@
+"""The tests' warm process (tests/zygote.py, tests/helpers.Zygote): every job gets its
+answer, whatever order replies arrive in and however jobs and replies interleave; a job
+runs with the resource limits it asks for."""
+
+import os
+import time
+
+from .helpers import Zygote
+
+
+def test_replies_read_ahead_are_kept_when_a_job_is_sent(tmp_path):
+    """Two jobs end before their replies are read: the first read takes both replies off
+    the socket, and sending a third job must not drop the second's (a text file open for
+    reading and writing drops what it read ahead whenever it writes)."""
+    script = tmp_path / "job.py"
+    script.write_text("import sys\nimport jax\nprint('job', sys.argv[1])\nsys.exit(int(sys.argv[1]))\n")
+    z = Zygote("jax")
+    z.sock.settimeout(60)   # a lost reply fails here instead of hanging the run
+    try:
+        first, second = z.start([script, "3"]), z.start([script, "4"])
+        deadline = time.monotonic() + 60
+        while not all(os.path.exists(j["stdout"]) and open(j["stdout"]).read()
+                      for j in (first, second)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)     # both replies are on the socket now
+        done = z.finish(first)
+        third = z.start([script, "5"])
+        assert (done.returncode, done.stdout) == (3, "job 3\n")
+        for job, code in ((second, 4), (third, 5)):
+            proc = z.finish(job)
+            assert (proc.returncode, proc.stdout) == (code, f"job {code}\n")
+    finally:
+        z.close()
+
+
+def test_a_job_runs_under_the_limits_it_asks_for(tmp_path):
+    script = tmp_path / "limits.py"
+    script.write_text("import resource, signal\nimport jax\n"
+                      "print(resource.getrlimit(resource.RLIMIT_FSIZE)[0],"
+                      " signal.getsignal(signal.SIGXFSZ) == signal.SIG_IGN)\n")
+    z = Zygote("jax")
+    try:
+        proc = z.run([script], rlimits={"RLIMIT_FSIZE": 1 << 20}, ignore_signals=["SIGXFSZ"])
+        assert (proc.returncode, proc.stdout) == (0, f"{1 << 20} True\n"), proc.stderr
+        proc = z.run([script])
+        assert proc.stdout != f"{1 << 20} True\n"
+    finally:
+        z.close()
