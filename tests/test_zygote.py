@@ -2,8 +2,7 @@
 answer, whatever order replies arrive in and however jobs and replies interleave; a job
 runs with the resource limits it asks for."""
 
-import os
-import time
+import socket
 
 from .helpers import Zygote
 
@@ -18,11 +17,8 @@ def test_replies_read_ahead_are_kept_when_a_job_is_sent(tmp_path):
     z.sock.settimeout(60)   # a lost reply fails here instead of hanging the run
     try:
         first, second = z.start([script, "3"]), z.start([script, "4"])
-        deadline = time.monotonic() + 60
-        while not all(os.path.exists(j["stdout"]) and open(j["stdout"]).read()
-                      for j in (first, second)) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.5)     # both replies are on the socket now
+        while z.sock.recv(4096, socket.MSG_PEEK).count(b"\n") < 2:
+            pass            # until both replies wait on the socket, unread
         done = z.finish(first)
         third = z.start([script, "5"])
         assert (done.returncode, done.stdout) == (3, "job 3\n")
