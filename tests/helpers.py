@@ -50,16 +50,21 @@ def run_cli(*args, env=None, cwd=None, check=False, timeout=600, own_process=Non
     return proc
 
 
+def apply_limits(limits):
+    """In the process about to run a job: the "rlimits" ({"RLIMIT_FSIZE": bytes, ...}) and
+    "ignore_signals" (["SIGXFSZ", ...]) of LIMITS (a job of tests/zygote.py, or a dict)."""
+    import resource
+    import signal
+
+    for name in limits.get("ignore_signals", ()):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    for name, value in limits.get("rlimits", {}).items():
+        resource.setrlimit(getattr(resource, name), (value, value))
+
+
 def _preexec(limits):
-    """A subprocess preexec_fn setting what tests/zygote.py sets from a job's `limits`."""
-    def apply():
-        import resource
-        import signal
-        for name in limits.get("ignore_signals", ()):
-            signal.signal(getattr(signal, name), signal.SIG_IGN)
-        for name, value in limits.get("rlimits", {}).items():
-            resource.setrlimit(getattr(resource, name), (value, value))
-    return apply
+    """A subprocess preexec_fn applying LIMITS (apply_limits)."""
+    return lambda: apply_limits(limits)
 
 
 def run_printed_command(command, cwd=None):

@@ -32,6 +32,8 @@ import os
 import select
 import sys
 
+from tests.helpers import apply_limits
+
 
 def _preload(frameworks):
     """Import what every child would import: tracediff, and the frameworks its scripts
@@ -88,11 +90,7 @@ def _run_child(job):
             f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.dup2(f, fd)
             os.close(f)
-        import resource   # what a preexec_fn would have set: resource limits, ignored signals
-        for name, value in job.get("rlimits", {}).items():
-            resource.setrlimit(getattr(resource, name), (value, value))
-        for name in job.get("ignore_signals", ()):
-            signal.signal(getattr(signal, name), signal.SIG_IGN)
+        apply_limits(job)   # what a preexec_fn would have set
         os.environ.clear()   # the job's environment: the client's now (it may have changed
         os.environ.update(job["env"])   # since the zygote started, in what is read lazily)
         os.chdir(job["cwd"])
