@@ -286,6 +286,8 @@ MARKER_SCRIPT = """
 @pytest.mark.parametrize("output, env, message", [
     ("/proc/tracediff-test.h5", None, "not writable"),
     ("{tmp}/t.h5", {"TRACEDIFF_MIN_FREE_MB": "1e12"}, "MiB free"),
+    ("{tmp}/t.h5", {"TRACEDIFF_MIN_FREE_MB": "lots"},
+     "TRACEDIFF_MIN_FREE_MB must be a number of MiB, not 'lots'"),
 ])
 def test_unwritable_output_is_refused_before_the_script_runs(tmp_path, output, env, message):
     script = _script(tmp_path, "marker.py", MARKER_SCRIPT)
