@@ -74,11 +74,11 @@ def run_printed_command(command, cwd=None):
     echo = (f"{shlex.quote(sys.executable)} -c 'import json, os, sys; "
             f"print(json.dumps([dict(os.environ), sys.argv[1:]]))'")
     assert command.startswith("tracediff ") or " tracediff " in command, command
-    shown = subprocess.run(command.replace("tracediff", echo, 1), shell=True, env=script_env(),
+    base = script_env()
+    shown = subprocess.run(command.replace("tracediff", echo, 1), shell=True, env=base,
                            cwd=cwd or ROOT, capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0, shown.stderr
     environ, argv = json.loads(shown.stdout)
-    base = script_env()
     extra = {k: v for k, v in environ.items()   # what the command's prefix set
              if base.get(k) != v and k not in ("PWD", "OLDPWD", "SHLVL", "_")}
     return run_cli(*argv, env=extra or None, cwd=cwd)
@@ -265,8 +265,9 @@ def zygote_for(env, argv):
     The zygote is the one that imported the frameworks the job's script imports (found in
     its source; a script importing neither gets a fresh interpreter). ENV may set what is
     read after start-up (XLA_FLAGS when JAX starts its backend, MKL_CBWR at the first BLAS
-    call: the zygote did neither; TRACEDIFF_MIN_FREE_MB when a recording starts) and PYTHONPATH (a perturbation's sitecustomize, run by
-    the child as `site` would); anything else needs a fresh interpreter."""
+    call: the zygote did neither; TRACEDIFF_MIN_FREE_MB when a recording starts) and
+    PYTHONPATH (a perturbation's sitecustomize, run by the child as `site` would); anything
+    else needs a fresh interpreter."""
     if os.environ.get("TRACEDIFF_TESTS_ZYGOTE", "1") == "0" or set(env or ()) - _LAZY:
         return None
     frameworks = _frameworks_of(argv)
