@@ -169,8 +169,7 @@ def test_sigkill_of_a_real_recording(tmp_path):
                              os.path.join(FIXTURES, "torch_mlp.py"), "--steps", "100000"],
                             env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while time.time() < deadline:  # until a flush past the first events is on disk
+    for _ in range(240):  # up to 2 minutes, until a flush past the first events is on disk
         time.sleep(0.5)
         try:
             with h5py.File(out, "r", locking=False) as f:
