@@ -24,8 +24,12 @@ from tracediff.cli import main as cli_main
 
 from .conftest import BROKEN_DOT
 
+# invisible format characters (Unicode category Cf) that hide or reorder text: Arabic
+# letter mark, word joiner, invisible plus, a TAG letter, interlinear annotation anchor,
+# soft hyphen, a bidi isolate and its pop
+INVISIBLE = "\u061c\u2060\u2064\U000e0041\ufff9\u00ad\u2066\u2069"
 TERM = ("\x1b[2J\x1b]0;pwned\x07\x1b]8;;https://evil.example/\x1b\\osc8-click\x1b]8;;\x1b\\"
-        "\x9b31m\u202eRTL")
+        "\x9b31m\u202eRTL" + INVISIBLE)
 RICH = "[/][link=https://evil.example/]rich-link[/link][bold red]red"
 MD = ("`x```<script>alert(1)</script><img src=x onerror=alert(1)><svg onload=alert(2)>"
       "|cell|[x](javascript:alert(3))")
@@ -34,9 +38,10 @@ OP = "aten::dot" + PAYLOAD
 
 # what a user must see instead: every control character as text, the markup as typed
 SHOWN = [r"\x1b[2J", r"\x1b]0;pwned\x07", r"\x1b]8;;https://evil.example/", r"\x9b31m",
-         r"\u202eRTL", RICH, "<script>alert(1)</script>"]
+         r"\u202eRTL\u061c\u2060\u2064\U000e0041\ufff9\xad\u2066\u2069", RICH,
+         "<script>alert(1)</script>"]
 SGR = re.compile(r"\x1b\[[0-9;]*m")   # rich's own colours when it writes to a terminal
-BAD_BYTES = ("\x1b", "\x07", "\x9b", "\u202e")
+BAD_BYTES = ("\x1b", "\x07", "\x9b", "\u202e", *INVISIBLE)
 
 
 @pytest.fixture(scope="module")
@@ -256,3 +261,26 @@ def test_html_report_escapes_trace_strings(hostile, tmp_path):
     # the op, backticks and all, is one <code> element in the summary and the culprit title
     whole = [c for c in p.code if c.startswith("aten::dot") and c.endswith("(3))")]
     assert len(whole) >= 2, p.code
+
+
+def test_every_invisible_or_control_character_is_escaped():
+    """By Unicode category, not a list: every control (Cc), format (Cf: bidi isolates
+    U+2066-2069, U+061C, U+2060-2064, the TAG block, U+FFF9-FFFB, the soft hyphen, ...),
+    line/paragraph separator and lone surrogate becomes visible text; letters, symbols
+    and spaces of any script stay as written."""
+    import sys
+    import unicodedata
+
+    from tracediff.untrusted import markup, md_code, printable
+
+    bad = [chr(c) for c in range(sys.maxunicode + 1)
+           if unicodedata.category(chr(c)) in ("Cc", "Cf", "Zl", "Zp", "Cs")]
+    assert {"\u2066", "\u2069", "\u061c", "\u2060", "\u2064", "\U000e0001", "\U000e007f",
+            "\ufff9", "\ufffb", "\u00ad"} <= set(bad)
+    text = "".join(bad)
+    for out in (printable(text), markup(text), md_code(text, cell=True)):
+        assert not [c for c in out if c in set(bad)], out[:200]
+    assert printable("\u2066x\u2069") == r"\u2066x\u2069"
+    assert printable("\U000e0041\u00ad") == r"\U000e0041\xad"
+    kept = "é中← ñ😀\u00a0x"
+    assert printable(kept) == kept

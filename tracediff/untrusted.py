@@ -5,9 +5,11 @@ stacks, hostnames, environment keys and values, file names) may have been writte
 attack whoever opens it. Everything that leaves tracediff — terminal text, rich markup,
 Markdown, generated Python, printed shell commands — goes through one of these functions:
 
-- `printable(s)`: control characters (C0, DEL, C1), bidi overrides, line separators and
-  lone surrogates escaped as `\\xNN` / `\\uNNNN`, so no escape sequence reaches a terminal
-  and no string spans lines.
+- `printable(s)`: control characters (C0, DEL, C1), every format character (Unicode
+  category Cf: bidi embeddings, overrides and isolates, zero-width characters, the soft
+  hyphen, invisible operators, TAG characters), line and paragraph separators and lone
+  surrogates escaped as `\\xNN` / `\\uNNNN` / `\\UNNNNNNNN`, so no escape sequence reaches a
+  terminal, no string spans lines and no invisible character hides or reorders text.
 - `markup(s)`: `printable` plus rich markup escaped (`[link=…]` is shown, not followed).
 - `md_code(s)` / `md_text(s)`: a Markdown code span that the string cannot end, and text
   with Markdown and HTML syntax escaped (`md_code(s, cell=True)` inside a table cell).
@@ -18,12 +20,17 @@ Markdown, generated Python, printed shell commands — goes through one of these
 
 import re
 import shlex
+import unicodedata
 
-# C0 controls, DEL, C1 controls; bidi embeddings/overrides/isolates; line and paragraph
-# separators; zero-width and BOM characters that hide text; lone surrogates (from JSON
-# "\\ud800" escapes: no UTF-8 file or terminal can take them).
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff"
-                     "\ufeff]")
+# Every character outside printable ASCII is a candidate; `_escape_char` escapes those of
+# the categories below, by Unicode's own classification rather than a list (a list misses
+# U+061C, U+2060-2064, the TAG block, ...): Cc controls (C0, DEL, C1), Cf format
+# characters (bidi embeddings/overrides/isolates and marks, zero-width characters, BOM,
+# soft hyphen, invisible operators, interlinear annotation, TAG characters), Zl/Zp line
+# and paragraph separators, Cs lone surrogates (from JSON "\\ud800" escapes: no UTF-8
+# file or terminal can take them).
+_CANDIDATE = re.compile("[^\x20-\x7e]")
+UNSAFE_CATEGORIES = frozenset(("Cc", "Cf", "Zl", "Zp", "Cs"))
 _SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Inline Markdown syntax: emphasis, code, links/images (their `[`), tables, strikethrough,
 # headings. `(` only matters after `]` (escaped) and `-`, `+`, `.`, `)`, `=` only where the
@@ -34,13 +41,16 @@ _MD_LEADING = re.compile(r"^(\s*\d*)([-+=.)])")
 
 def _escape_char(m):
     c = m.group(0)
-    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+    if unicodedata.category(c) not in UNSAFE_CATEGORIES:
+        return c
+    o = ord(c)
+    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"
 
 
 def printable(s, limit=None):
     """`s` as one line of plain text with every control character escaped; cut to
     `limit` characters (with an ellipsis) when given."""
-    s = _UNSAFE.sub(_escape_char, str(s))
+    s = _CANDIDATE.sub(_escape_char, str(s))
     if limit is not None and len(s) > limit:
         s = s[: max(0, limit - 1)] + "…"
     return s
