@@ -287,11 +287,85 @@ def test_damaged_shard_index_or_shape_fails_when_read(tmp_path):
         strings = list(f["strings"][:])
         bad = strings.index(b"2:4,:") if b"2:4,:" in strings else None
         assert bad is not None
-        f["strings"][bad] = "2:99,:"        # past the global value's end (a SHARD_SLICE row)
+        f["strings"][bad] = "14:16,:"       # past the global value's end (a SHARD_SLICE row)
     with tracediff.load(str(path)) as t:
         dv = t.device_values(0)
         with pytest.raises(TraceError, match="outside a value of shape"):
             dv[1].value()
+
+
+@pytest.mark.parametrize("index,message", [
+    ("2:99,:", r"shard index '2:99,:' does not match the shard's shape \(2, 2\)"),
+    ("0:99999999999999999999999,:", r"shard index '0:99999999999999999999999,:' is not "
+                                    r"start:stop per dimension \(at most 18 digits each\)"),
+    ("0:2;rm,:", "shard index .* is not start:stop per dimension"),
+    ("\u0661:\u0663,:", "shard index .* is not start:stop per dimension"),   # not ASCII digits
+])
+def test_a_malformed_shard_index_is_refused_when_the_trace_opens(tmp_path, index, message):
+    import h5py
+
+    path = tmp_path / "t.h5"
+    _small_trace(path)
+    with h5py.File(path, "r+") as f:
+        strings = list(f["strings"][:])
+        f["strings"][strings.index(b"2:4,:")] = index
+    with pytest.raises(TraceError, match=r"t\.h5: damaged trace \(shards: " + message):
+        tracediff.load(str(path))
+
+
+def test_a_malformed_shard_index_in_b_never_hides_a_divergence(runs, tmp_path):
+    """Device 3's copy of the replicated weights departs after the pmean (sm_after): b's
+    rows of that copy given the index `0:99999999999999999999999,:` paired with nothing
+    in a, and locate said MATCH (exit 0) with no warning. The trace is refused instead
+    (one line, exit 2); unedited, the divergence is found."""
+    import h5py
+
+    assert locate_json(runs["sm_a"], runs["sm_after"])["verdict"] == "diverged"
+    bad = tmp_path / "b.h5"
+    shutil.copy(runs["sm_after"], bad)
+    with h5py.File(bad, "r+") as f:
+        n = int(f.attrs["committed_strings"])
+        cpu3 = [s.decode() if isinstance(s, bytes) else s for s in f["strings"][:n]].index("cpu:3")
+        f["strings"].resize((n + 1,))
+        f["strings"][n] = "0:99999999999999999999999,:"
+        f.attrs["committed_strings"] = n + 1
+        sh = f["shards"][()]
+        assert (sh["device"] == cpu3).any()
+        sh["index"][sh["device"] == cpu3] = n
+        f["shards"][...] = sh
+    proc = run_cli("locate", runs["sm_a"], bad)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout[:2000]
+    assert proc.stderr == (f"tracediff: error: {bad}: damaged trace (shards: shard index "
+                           f"'0:99999999999999999999999,:' is not start:stop per dimension "
+                           f"(at most 18 digits each))\n")
+
+
+def test_long_shard_index_strings_are_refused_before_they_are_parsed(tmp_path):
+    """2,000 shard rows whose index holds a 4,000-digit number made `show` take 79 s; the
+    length is bounded before any digit is read: the trace is refused at once."""
+    import h5py
+
+    from tracediff.trace import values
+
+    with pytest.raises(ValueError, match="shard index of 4,004 characters, longer than"):
+        values.parse_shard_index("0:" + "9" * 4000 + ",:", (8, 2))
+    path = tmp_path / "long.h5"
+    _small_trace(path)
+    with h5py.File(path, "r+") as f:
+        n = int(f.attrs["committed_strings"])
+        f["strings"].resize((n + 2000,))
+        f["strings"][n:] = np.array([f"0:{k}{'9' * 4000},:" for k in range(2000)], dtype=object)
+        f.attrs["committed_strings"] = n + 2000
+        sh = f["shards"][()]
+        rows = np.resize(sh, 2000)
+        rows["index"] = np.arange(n, n + 2000)
+        del f["shards"]
+        f.create_dataset("shards", data=rows, maxshape=(None,), chunks=True)
+        f.attrs["committed_shards"] = 2000
+    proc = run_cli("show", path, "0")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith(f"tracediff: error: {path}: damaged trace (shards: shard index "
+                                  f"of 4,00") and proc.stderr.count("\n") == 1
 
 
 def test_multi_process_manifest_section():

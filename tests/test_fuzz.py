@@ -385,3 +385,25 @@ if __name__ == "__main__":
         seeds[key] = (path, np.flatnonzero(np.frombuffer(data, dtype=np.uint8)))
     result = run_cases(seeds, spec["n"], spec["seed"], spec["work"], progress=sys.stderr)
     print(json.dumps(result))
+
+
+@pytest.mark.parametrize("table,col", [("events", "op"), ("events", "source"),
+                                       ("values", "dtype"), ("values", "name")])
+def test_a_string_index_one_past_the_strings_table_is_refused(seeds, tmp_path, table, col):
+    """The last string is index n-1: index n (one past the table) is as dangling as any
+    other and must be refused when the trace opens, not read as ""."""
+    path = tmp_path / "t.h5"
+    shutil.copy(seeds["torch"][0], path)
+    with h5py.File(path, "r+") as f:
+        n = int(f.attrs["committed_strings"])
+        rows = f[table][()]
+        rows[col][0] = n - 1           # the last string: fine
+        f[table][...] = rows
+    with tracediff.load(str(path)) as t:
+        assert len(t.strings) == n
+    with h5py.File(path, "r+") as f:
+        rows[col][0] = n
+        f[table][...] = rows
+    with pytest.raises(TraceError, match=rf"damaged trace \({table}\.{col} refers to a string "
+                                         r"that does not exist\)"):
+        tracediff.load(str(path))

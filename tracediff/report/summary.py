@@ -91,7 +91,7 @@ MAX_PER_DEVICE = 64
 
 
 def print_summary(s, console=None):
-    console = console or Console(emoji=False)
+    console = console or Console(emoji=False, highlight=False)
     m = s["manifest"]
     pk = m.get("packages") or {}
     end = m.get("end") or {}
@@ -134,7 +134,7 @@ def print_summary(s, console=None):
 
 
 def print_event(d, console=None):
-    console = console or Console(emoji=False)
+    console = console or Console(emoji=False, highlight=False)
     console.print(f"[bold]event {d['index']}[/]: {markup(d['framework'])} {markup(d['kind'])} "
                   f"[bold]{markup(d['op'])}[/] ({markup(d['phase'])}, values from "
                   f"{markup(d['origin'] or '-')})")

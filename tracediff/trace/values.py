@@ -5,6 +5,8 @@ their raw bits in an unsigned integer of the same width plus a tag naming the lo
 dtype, so nothing is lost and nothing needs pickle to read back.
 """
 
+import re
+
 import numpy as np
 import xxhash
 
@@ -284,24 +286,45 @@ def shard_index_text(index):
     return "" if all(p == ":" for p in parts) else ",".join(parts)
 
 
+MAX_INDEX_DIGITS = 18      # a start or stop of a shard index (any dimension fits in int64)
+_INDEX_PART = re.compile(r"([0-9]{0,%d}):([0-9]{0,%d})" % (MAX_INDEX_DIGITS, MAX_INDEX_DIGITS))
+
+
+def shard_index_parts(text, max_dims=64):
+    """[(start or None, stop or None)] per dimension of a `shards.index` text ([] for "",
+    the whole value); ValueError unless it is at most `max_dims` parts of `:`, `A:B` or
+    `A:` with A, B of at most 18 ASCII digits. The text's length is bounded before any
+    of it is parsed (a stranger's trace may hold a 4,000-digit "index")."""
+    if text == "":
+        return []
+    if len(text) > max_dims * (2 * MAX_INDEX_DIGITS + 2):
+        raise ValueError(f"shard index of {len(text):,} characters, longer than an index "
+                         f"of {max_dims} dimensions can be")
+    out = []
+    for part in text.split(","):
+        m = _INDEX_PART.fullmatch(part)
+        if m is None:
+            raise ValueError(f"shard index {text[:40]!r} is not start:stop per dimension "
+                             f"(at most {MAX_INDEX_DIGITS} digits each)")
+        out.append((int(m.group(1)) if m.group(1) else None,
+                    int(m.group(2)) if m.group(2) else None))
+    if len(out) > max_dims:
+        raise ValueError(f"shard index {text[:40]!r} has {len(out)} dimensions")
+    return out
+
+
 def parse_shard_index(text, shape):
     """`shards.index` text -> tuple of slices into a value of `shape`; ValueError unless
     every part is `:`, `A:B` or `A:` with 0 <= A <= B <= dim, one per dimension."""
-    if text == "":
+    parts = shard_index_parts(text, max(64, len(shape)))
+    if not parts:
         return tuple(slice(None) for _ in shape)
-    parts = text.split(",")
     if len(parts) != len(shape):
         raise ValueError(f"shard index {text[:40]!r} does not fit a value of {len(shape)} dims")
     out = []
-    for part, dim in zip(parts, shape):
-        lo, sep, hi = part.partition(":")
-        if not sep:
-            raise ValueError(f"shard index {text[:40]!r} is not start:stop per dimension")
-        try:
-            a = int(lo) if lo else 0
-            b = int(hi) if hi else dim
-        except ValueError:
-            raise ValueError(f"shard index {text[:40]!r} is not start:stop per dimension") from None
+    for (lo, hi), dim in zip(parts, shape):
+        a = 0 if lo is None else lo
+        b = dim if hi is None else hi
         if not 0 <= a <= b <= dim:
             raise ValueError(f"shard index {text[:40]!r} lies outside a value of shape {tuple(shape)}")
         out.append(slice(a, b))
