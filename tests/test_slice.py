@@ -96,3 +96,28 @@ def test_bad_slice_requests_are_one_line_exit_2(dot_pair, tmp_path):
     _slice(a, 2, out, "--force")
     with tracediff.load(out) as t:
         assert t.manifest["slice"]["around"] == 2
+
+
+def test_a_huge_hops_ends_when_a_hop_adds_no_event(dot_pair, tmp_path):
+    """`--hops 1000000000` on a 10-event trace ran a billion rounds (it did not stop when
+    a hop added nothing); now it ends, with the slice of every hop that adds an event.
+    In a process of its own under a generous timeout: the old code never ended."""
+    import subprocess
+    import sys
+
+    from .helpers import script_env
+
+    a, _ = dot_pair
+    with tracediff.load(a) as t:
+        dot = next(i for i in range(len(t)) if t.event(i)["op"] == "aten::dot")
+        n = len(t)
+    huge, enough = tmp_path / "huge.h5", tmp_path / "enough.h5"
+    proc = subprocess.run([sys.executable, "-m", "tracediff", "slice", str(a), "--around",
+                           str(dot), "--hops", "1000000000", "-o", str(huge)],
+                          env=script_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    _slice(a, dot, enough, "--hops", str(n))
+    with tracediff.load(huge) as h, tracediff.load(enough) as e:
+        assert h.manifest["slice"]["hops"] == 1000000000
+        assert [h.event(i)["op"] for i in range(len(h))] == [e.event(i)["op"] for i in range(len(e))]
+        assert 1 < len(h) <= n

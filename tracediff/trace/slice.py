@@ -28,15 +28,32 @@ _SHARD_STRINGS = ("device", "index", "shape")
 
 def neighbourhood(t, around, hops):
     """Sorted event ids: `around`, every event within `hops` dataflow hops of it either
-    way, and the enclosing calls / parents of all of those."""
+    way, and the enclosing calls / parents of all of those. Breadth-first from `around`
+    over the inputs table sorted once each way: each hop visits only the events the last
+    one added, and the search stops when a hop adds none, so a huge `hops` costs no more
+    than the whole trace."""
     ev, pr = t.inputs["event"].astype(np.int64), t.inputs["producer"].astype(np.int64)
+    ok = (pr >= 0) & (pr < len(t)) & (ev >= 0) & (ev < len(t))
+    ev, pr = ev[ok], pr[ok]
     keep = {int(around)}
-    back = fwd = np.array([around], np.int64)
-    for _ in range(hops):
-        back = np.unique(pr[np.isin(ev, back) & (pr >= 0)])
-        fwd = np.unique(ev[np.isin(pr, fwd)])
-        keep.update(back.tolist())
-        keep.update(fwd.tolist())
+    for src, dst in ((ev, pr), (pr, ev)):      # back to producers, then on to consumers
+        order = np.argsort(src, kind="stable")
+        src, dst = src[order], dst[order]
+        seen = np.zeros(len(t), bool)
+        seen[around] = True
+        frontier = np.array([around], np.int64)
+        for _ in range(max(0, int(hops))):
+            lo, hi = np.searchsorted(src, frontier), np.searchsorted(src, frontier, "right")
+            count = hi - lo
+            if not count.sum():
+                break
+            starts = np.repeat(lo - np.concatenate([[0], np.cumsum(count)[:-1]]), count)
+            reached = np.unique(dst[starts + np.arange(int(count.sum()))])
+            frontier = reached[~seen[reached]]
+            if not len(frontier):
+                break
+            seen[frontier] = True
+        keep.update(np.flatnonzero(seen).tolist())
     todo = list(keep)
     while todo:                            # the calls and parents they sit in
         e = t.events[todo.pop()]
