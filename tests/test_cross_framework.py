@@ -2,6 +2,7 @@
 (fixtures/flax_dense.py, fixtures/torch_linear.py: same seeded weights, weight = kernel.T)."""
 
 import json
+import os
 
 import pytest
 
@@ -105,3 +106,41 @@ def test_bad_map_file(traces, tmp_path):
         proc = run_cli("locate", traces["flax"], traces["torch"], "--map", path)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_map_inline_json_and_bounds(traces, tmp_path):
+    """--map takes the JSON itself as well as a file (the same pairs); a FIFO is refused at
+    once (it blocked the read forever), and so are a map of too many entries (50,000 ran
+    more than 300 s) and an oversized file: one line, exit 2, before any trace is read."""
+    entry = {"MLP/fc1:add": "2:aten::addmm"}
+    m = tmp_path / "map.json"
+    m.write_text(json.dumps(entry))
+    by_file = run_cli("locate", traces["flax_mlp"], traces["torch_mlp"], "--map", m, "--json")
+    inline = run_cli("locate", traces["flax_mlp"], traces["torch_mlp"], "--map",
+                     json.dumps(entry), "--json")
+    assert inline.returncode == by_file.returncode and inline.returncode in (0, 1), inline.stderr
+    user = [x for x in json.loads(inline.stdout)["mapping"] if x["by"] == "user map"]
+    assert [(x["a_name_stack"], x["b_name_stack"]) for x in user] == [("MLP/fc1", "2")]
+    assert json.loads(inline.stdout)["mapping"] == json.loads(by_file.stdout)["mapping"]
+    fifo = tmp_path / "map.fifo"
+    os.mkfifo(fifo)
+    many = tmp_path / "many.json"
+    many.write_text(json.dumps({f"a{i}": f"b{i}" for i in range(50_000)}))
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"a": "b" * (2 << 20)}))
+    cases = [(fifo, f"{fifo}: the map file is not a regular file (give a JSON file, or the "
+                    f"JSON itself)"),
+             (many, f"{many}: the map file has 50,000 entries, more than the 256 a map may "
+                    f"hold (name modules, or use * patterns)"),
+             (big, f"{big}: the map file is {big.stat().st_size:,} bytes, more than the 1 MiB "
+                   f"a map may hold"),
+             ('{"a": 1}', 'the --map JSON must be a JSON object of string to string '
+                          '(e.g. {"MLP/fc1": "fc1"})'),
+             ("{not json", "the --map JSON is not valid JSON (Expecting property name enclosed "
+                           "in double quotes: line 1 column 2 (char 1))")]
+    for command in ("locate", "explain", "report"):
+        for spec, message in cases:
+            # a missing trace b: the map is refused before any trace is looked at
+            proc = run_cli(command, traces["flax_mlp"], tmp_path / "nowhere.h5", "--map", spec)
+            assert proc.returncode == 2 and proc.stdout == "", (command, spec, proc.stdout)
+            assert proc.stderr == f"tracediff: error: {message}\n", (command, spec)

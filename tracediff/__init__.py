@@ -46,7 +46,8 @@ def locate(a: _PathOrTrace, b: Optional[_PathOrTrace] = None, rtol: Optional[flo
     `result.env_diff`, `result.optimizer_steps`; `tracediff.to_json(result)` is exactly what
     `tracediff locate --json` prints. `rtol`/`atol` override the per-dtype tolerances;
     `ulp=N` accepts elements N ULP apart; `noise=(a1, a2)` (two traces from a's machine)
-    never blames events that differ between them; `explain` adds `result.explain` (the
+    never blames events that differ between them; `map_file` is the module map of two
+    frameworks (a JSON file, inline JSON, or a dict; as `--map`); `explain` adds `result.explain` (the
     replay verdict of the origin) and `result.chain` (origin to outputs); `progress(phase,
     done, total)` is called as the work goes (the CLI draws its progress bar from it)."""
     from .diff.locate import locate as _locate

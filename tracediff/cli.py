@@ -84,6 +84,16 @@ def _need_trace(path, what="trace"):
                          f"{command('tracediff', 'record', '-o', path)} SCRIPT.py [ARGS...])")
 
 
+def _user_map(spec):
+    """--map, inline JSON or a JSON file, read and checked before any trace is opened
+    (bounded; a FIFO or device refused at once): the dict, or None."""
+    if spec is None:
+        return None
+    from .diff.cross import load_map
+
+    return load_map(spec)
+
+
 def _tolerance_options(fn):
     fn = click.option("--atol", type=click.FloatRange(min=0), default=None, metavar="X",
                       help="Absolute tolerance for every floating dtype (default: per dtype, "
@@ -386,10 +396,11 @@ def _pool_options(fn):
 @click.argument("trace_a", type=click.Path())
 @click.argument("trace_b", type=click.Path(), required=False)
 @_tolerance_options
-@click.option("--map", "map_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help="JSON file {\"a module, name stack or op pattern\": \"b module, name stack or "
-                   "op pattern\"} for traces of different frameworks: the modules it names pair "
-                   "only with each other (e.g. {\"MLP/fc1\": \"fc1\"}).")
+@click.option("--map", "map_file", default=None, metavar="FILE|JSON",
+              help="JSON {\"a module, name stack or op pattern\": \"b module, name stack or "
+                   "op pattern\"}, inline or in a file, for traces of different frameworks: "
+                   "the modules it names pair only with each other (e.g. --map "
+                   "'{\"MLP/fc1\": \"fc1\"}'; at most 256 entries).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (see docs/reports.md).")
 @click.option("-v", "--verbose", is_flag=True,
               help="Also print source lines, per-output metrics, every optimizer step and every "
@@ -443,6 +454,7 @@ def locate(trace_a, trace_b, rtol, atol, map_file, as_json, verbose, quiet, ulp,
     if workers is not None or scheduler is not None:
         raise click.UsageError("--workers and --scheduler apply to directories of per-rank "
                                "traces (tracediff locate DIR_A DIR_B)")
+    map_file = _user_map(map_file)
     _need_trace(trace_a)
     if trace_b is not None:
         _need_trace(trace_b)
@@ -541,8 +553,9 @@ def replicas(trace, as_json, quiet, workers, scheduler):
 @click.argument("event", type=int, required=False)
 @_tolerance_options
 @_explain_options
-@click.option("--map", "map_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help="Name map for traces of different frameworks (as for locate).")
+@click.option("--map", "map_file", default=None, metavar="FILE|JSON",
+              help="Name map for traces of different frameworks, inline JSON or a JSON file "
+                   "(as for locate).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @_guard
 def explain(trace_a, trace_b, event, rtol, atol, ulp, noise, map_file, as_json):
@@ -572,6 +585,7 @@ def explain(trace_a, trace_b, event, rtol, atol, ulp, noise, map_file, as_json):
     from .report.explain_terminal import print_analysis
 
     trace_b, event = _one_trace_event(trace_b, event)
+    map_file = _user_map(map_file)
     _need_trace(trace_a)
     if trace_b is not None:
         _need_trace(trace_b)
@@ -716,8 +730,9 @@ def write_report(trace_a, trace_b, output, fmt=None, rtol=None, atol=None, map_f
 @click.option("--format", "fmt", type=click.Choice(["md", "html"]), default=None,
               help="Format, when the extension of -o does not say.")
 @_tolerance_options
-@click.option("--map", "map_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help="Name map for traces of different frameworks (as for locate).")
+@click.option("--map", "map_file", default=None, metavar="FILE|JSON",
+              help="Name map for traces of different frameworks, inline JSON or a JSON file "
+                   "(as for locate).")
 @_source_dir_option
 @_guard
 def report(trace_a, trace_b, output, fmt, rtol, atol, map_file, source_dir):
@@ -742,6 +757,7 @@ def report(trace_a, trace_b, output, fmt, rtol, atol, map_file, source_dir):
       tracediff report a.h5 b.h5 -o report.html --rtol 1e-4
       tracediff report a.h5 b.h5 | gh issue create --title "run diverges" --body-file -
     """
+    map_file = _user_map(map_file)
     _need_trace(trace_a)
     if trace_b is not None:
         _need_trace(trace_b)
