@@ -297,3 +297,47 @@ def test_reports_show_the_rank(ddp_runs, tmp_path):
     assert (f"python -m torch.distributed.run --nproc-per-node {NPROC} -m tracediff record "
             f"-o run_b/ torch_ddp.py --fault-rank {FAULT_RANK}") in text
     assert "tracediff locate run_a/ run_b/" in text
+
+
+def test_a_scheduler_that_accepts_and_never_answers_is_given_up_on(monkeypatch):
+    """A server on 127.0.0.1 that accepts the connection and stays silent: Dask's own
+    timeout covers the TCP connect only, so the client waited as long as the server kept
+    the socket open. Connecting (the handshake included) is bounded by pool.CONNECT_S
+    (2 s here); the server lets go after 120 s, so the unfixed code ends too."""
+    import socket
+    import threading
+
+    pytest.importorskip("distributed")
+    from tracediff.diff import pool
+    from tracediff.errors import TraceError
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.settimeout(1.0)
+    held, stop = [], threading.Event()
+
+    def accept():
+        for _ in range(120):          # bounded: at most 120 one-second waits
+            if stop.is_set():
+                break
+            try:
+                held.append(server.accept()[0])
+            except socket.timeout:
+                pass
+        for c in held:
+            c.close()
+        server.close()
+
+    th = threading.Thread(target=accept, daemon=True)
+    th.start()
+    address = f"tcp://127.0.0.1:{server.getsockname()[1]}"
+    monkeypatch.setattr(pool, "CONNECT_S", 2.0, raising=False)
+    try:
+        with pytest.raises(TraceError) as err:
+            pool.run(pool.default_workers, [(1,), (2,)], scheduler=address)
+    finally:
+        stop.set()
+        th.join(5)
+    assert str(err.value) == f"cannot reach the Dask scheduler {address}: no answer within 2 s"
+    assert held   # it did accept: the connection was made and then nothing came

@@ -11,7 +11,9 @@ system, which must see the same paths as the client, e.g. a shared project direc
   `forkserver` start method (safe in a process that has threads; the server has imported
   tracediff once).
 - `scheduler="tcp://host:8786"` (or a `distributed.Client`): `client.map` on that Dask
-  cluster (`pip install 'tracediff-ml[dask]'`); `workers` is then ignored.
+  cluster (`pip install 'tracediff-ml[dask]'`); `workers` is then ignored. Connecting,
+  the scheduler's handshake included, is bounded (`CONNECT_S`). The scheduler is trusted
+  code: Dask's protocol carries pickles both ways (docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -48,25 +50,19 @@ def run(fn: Callable, jobs: Sequence[tuple], workers: Optional[int] = None,
         return list(pool.map(fn, *zip(*jobs)))
 
 
+CONNECT_S = 20.0   # seconds to connect to a scheduler and hear its handshake
+
+
 def _dask(fn, jobs, scheduler):
     try:
         from distributed import Client
     except ImportError:
         raise TraceError("--scheduler needs Dask distributed: pip install "
                          "'tracediff-ml[dask]'") from None
-    own = None
-    if isinstance(scheduler, Client):
-        client = scheduler
-    else:
-        try:
-            client = own = Client(scheduler, timeout="20s")
-        except (OSError, ValueError, TimeoutError) as exc:
-            raise TraceError(f"cannot reach the Dask scheduler {scheduler}: "
-                             f"{str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__}"
-                             ) from None
     try:
-        futures = client.map(fn, *zip(*jobs), pure=False)
-        return client.gather(futures)
+        if isinstance(scheduler, Client):
+            return scheduler.gather(scheduler.map(fn, *zip(*jobs), pure=False))
+        return _on_own_loop(_dask_address(Client, fn, jobs, scheduler))
     except TraceError:
         raise
     except Exception as exc:   # the cluster's own failure: say what usually causes it
@@ -74,6 +70,56 @@ def _dask(fn, jobs, scheduler):
         raise TraceError(f"the Dask cluster {scheduler} failed: {msg} (the scheduler and "
                          f"every worker need tracediff-ml installed, and the workers must "
                          f"see the trace paths)") from None
+
+
+async def _dask_address(Client, fn, jobs, address):
+    """Connect to `address` within CONNECT_S seconds, handshake included (Dask's own
+    timeout covers the TCP connect, not the scheduler's answer: a server that accepts and
+    never answers would hold the client forever), then run the jobs there."""
+    import asyncio
+
+    client = Client(address, timeout=f"{CONNECT_S}s", asynchronous=True)
+    try:
+        await asyncio.wait_for(client, CONNECT_S)
+    except BaseException as exc:
+        try:
+            await asyncio.wait_for(client.close(), CONNECT_S)
+        except BaseException:
+            pass
+        if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+            raise TraceError(f"cannot reach the Dask scheduler {address}: no answer within "
+                             f"{CONNECT_S:g} s") from None
+        if isinstance(exc, (OSError, ValueError)):
+            raise TraceError(f"cannot reach the Dask scheduler {address}: "
+                             f"{str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__}"
+                             ) from None
+        raise
+    try:
+        return await client.gather(client.map(fn, *zip(*jobs), pure=False))
     finally:
-        if own is not None:
-            own.close()
+        try:
+            await asyncio.wait_for(client.close(), CONNECT_S)
+        except Exception:
+            pass
+
+
+def _on_own_loop(coro):
+    """Run `coro` to its end on a new event loop in a thread of its own (the caller may
+    already run a loop: a notebook), returning its result or raising its exception."""
+    import asyncio
+    import threading
+
+    box = {}
+
+    def main():
+        try:
+            box["result"] = asyncio.run(coro)
+        except BaseException as exc:
+            box["error"] = exc
+
+    t = threading.Thread(target=main, name="tracediff-dask", daemon=True)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
