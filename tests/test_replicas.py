@@ -93,9 +93,104 @@ def test_terminal_output(runs):
             f"{FAULT_STEP}  {FAULT_LINE}") in proc.stdout
 
 
-def test_one_trace_without_devices_is_consistent(runs):
-    r = json.loads(run_cli("replicas", runs["faulty"] / "rank2.h5", "--json").stdout)
-    assert r["verdict"] == "consistent" and "no per-device values" in r["note"]
+def test_one_trace_without_devices_is_nothing_to_compare(runs):
+    """Nothing compared is never CONSISTENT (it said so, exit 0): "empty", exit 2."""
+    proc = run_cli("replicas", runs["faulty"] / "rank2.h5", "--json")
+    assert proc.returncode == 2, proc.stderr
+    r = json.loads(proc.stdout)
+    assert (r["verdict"], r["exit_code"], r["checked"]) == ("empty", 2, 0)
+    assert r["note"].startswith("no per-device values in this trace")
+    shown = run_cli("replicas", runs["faulty"] / "rank2.h5", env={"NO_COLOR": "1"})
+    assert shown.returncode == 2 and "CONSISTENT" not in shown.stdout
+    assert shown.stdout.startswith("NOTHING TO COMPARE: no replicated value across the devices "
+                                   "of one trace; nothing was checked")
+
+
+def _edit_manifest(path, **dist):
+    import h5py
+
+    os.chmod(path, 0o644)
+    with h5py.File(path, "r+") as f:
+        m = json.loads(f["manifest"][()])
+        m["distributed"].update(dist)
+        del f["manifest"]
+        f.create_dataset("manifest", data=json.dumps(m), dtype=h5py.string_dtype())
+
+
+def test_mixed_world_sizes_or_a_missing_rank_are_refused(runs, tmp_path):
+    """Traces that are not every rank of one run said "CONSISTENT: 0 replicated values
+    compared across 3 ranks" (exit 0); now one line and exit 2."""
+    gap = tmp_path / "gap"
+    gap.mkdir()
+    for r in (0, 2):
+        shutil.copy(runs["clean"] / f"rank{r}.h5", gap)
+    proc = run_cli("replicas", gap, "--workers", "1")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == (f"tracediff: error: {gap}: the traces are of a 3-rank run but rank 1 "
+                           f"is missing (it holds ranks 0, 2); replicas compares every rank of "
+                           f"one run\n")
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for r in range(NPROC):
+        shutil.copy(runs["clean"] / f"rank{r}.h5", mixed)
+    _edit_manifest(mixed / "rank2.h5", world_size=4)     # rank 2 of a 4-rank run
+    proc = run_cli("replicas", mixed, "--workers", "1")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == (f"tracediff: error: {mixed / 'rank2.h5'}: a run of world size 4 "
+                           f"beside rank 0's trace of world size 3 ({mixed / 'rank0.h5'}): these "
+                           f"traces are not the ranks of one run; put each run's per-rank traces "
+                           f"in their own directory\n")
+
+
+def test_ranks_without_a_replicated_collective_are_nothing_to_compare(runs, tmp_path):
+    """The clean run with its collectives renamed (nothing is replicated by definition):
+    "empty", exit 2, saying why."""
+    import h5py
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for r in range(NPROC):
+        shutil.copy(runs["clean"] / f"rank{r}.h5", run)
+        path = run / f"rank{r}.h5"
+        os.chmod(path, 0o644)
+        with h5py.File(path, "r+") as f:
+            n = int(f.attrs["committed_strings"])
+            for i, s in enumerate(f["strings"][:n]):
+                s = s.decode() if isinstance(s, bytes) else s
+                if s.startswith("c10d::"):
+                    f["strings"][i] = "x10d::" + s[6:]
+    proc = run_cli("replicas", run, "--json", "--workers", "1")
+    assert proc.returncode == 2, proc.stderr
+    r = json.loads(proc.stdout)
+    assert (r["verdict"], r["checked"], r["ranks"]) == ("empty", 0, [0, 1, 2])
+    assert r["note"] == ("no replicated value in these 3 ranks' traces: no replicated collective "
+                         "(all-reduce, broadcast, all-gather) in rank 0's trace and no per-device "
+                         "values")
+
+
+def test_the_device_that_departs_is_the_one_against_the_majority(tmp_path):
+    """Four replicas of one value, the first (cpu:0) departs: the majority of three names
+    cpu:0, not the copies that agree (a vote, not "differs from the first copy")."""
+    import numpy as np
+
+    from tracediff.diff.replicas import _minority, check_devices
+    from tracediff.trace.writer import TraceWriter
+
+    w0 = np.linspace(-1, 1, 8, dtype=np.float32).reshape(4, 2)
+    path = tmp_path / "t.h5"
+    w = TraceWriter(str(path), {})
+    e = w.add_event(framework=1, kind=5, op="input", step=1)
+    w.add_value(e, 0, w0)
+    for i in range(4):
+        copy = w0.copy()
+        if i == 0:
+            copy[0, 0] = np.nextafter(copy[0, 0], np.float32(2))
+        w.add_shard(e, 0, copy, device=f"cpu:{i}", index=(), replica=i, whole=w0)
+    w.close()
+    r = check_devices(str(path))
+    assert (r.verdict, r.devices, r.first.device, r.checked) == ("diverged", ["cpu:0"], "cpu:0", 1)
+    assert _minority(["b", "a", "a"]) == 0 and _minority(["a", "a", "b", "a"]) == 2
+    assert _minority(["a", "b"]) == 1 and _minority(["a", "a"]) is None
 
 
 @pytest.mark.parametrize("case", ["one_rank", "missing", "not_a_trace"])

@@ -520,7 +520,8 @@ def replicas(trace, as_json, quiet, workers, scheduler):
     per-device collective results, across devices.
 
     \b
-    Exit code: 0 consistent, 1 diverged, 2 error.
+    Exit code: 0 consistent, 1 diverged, 2 error or nothing to compare (never a pass:
+    mixed world sizes or a missing rank are refused, no replicated value is not consistent).
 
     \b
     Examples:

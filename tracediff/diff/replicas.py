@@ -29,6 +29,7 @@ update after the all-reduce also reads `axis_index`, so it is not itself replica
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import Counter
 from typing import Optional
@@ -105,6 +106,7 @@ def check_rank(ref_path: str, path: str, rank: int) -> tuple:
 
     with Trace(ref_path) as ref, Trace(path) as t:
         check_rank_of(t, rank)
+        check_same_run(ref, t)
         d = Differ(ref, t)
         mask = replicated_mask(ref)
         ia, ib = d.pairs()
@@ -113,7 +115,37 @@ def check_rank(ref_path: str, path: str, rank: int) -> tuple:
         bad = d.sa.content[ia] != d.sb.content[ib]
         pairs = [(int(a), int(b)) for a, b in zip(ia[bad][:MAX_DEPARTURES],
                                                     ib[bad][:MAX_DEPARTURES])]
-        return rank, pairs, int(len(ia))
+        return rank, pairs, int(len(ia)), t.world_size
+
+
+def check_same_run(ref: Trace, t: Trace):
+    """Two ranks of one run name the same world size in their manifests."""
+    if ref.world_size != t.world_size:
+        raise TraceError(f"{t.path}: a run of world size {t.world_size} beside rank "
+                         f"{ref.rank}'s trace of world size {ref.world_size} ({ref.path}): "
+                         f"these traces are not the ranks of one run; put each run's per-rank "
+                         f"traces in their own directory")
+
+
+def _check_rank_set(spec, ranks, world_size):
+    """Every rank of the run is there: ranks 0 .. world size - 1 (when the manifests
+    name the world size)."""
+    if world_size is None:
+        return
+    missing = sorted(set(range(world_size)) - set(ranks))
+    extra = sorted(r for r in ranks if not 0 <= r < world_size)
+    if missing or extra:
+        what = (f"rank{'s' if len(missing) > 1 else ''} {_listed(missing)} "
+                f"{'are' if len(missing) > 1 else 'is'} missing" if missing else
+                f"rank{'s' if len(extra) > 1 else ''} {_listed(extra)} lie{'' if len(extra) > 1 else 's'} "
+                f"outside it")
+        raise TraceError(f"{os.fspath(spec)}: the traces are of a {world_size}-rank run but "
+                         f"{what} (it holds ranks {_listed(sorted(ranks))}); replicas compares "
+                         f"every rank of one run")
+
+
+def _listed(xs, limit=8):
+    return ", ".join(map(str, xs[:limit])) + (f" ... ({len(xs)} in all)" if len(xs) > limit else "")
 
 
 def _departure(t: Trace, e: int, rank=None, device="") -> ReplicaDeparture:
@@ -135,6 +167,9 @@ def check_ranks(spec, workers: Optional[int] = None, scheduler=None) -> Replicas
     ref_path = os.path.abspath(ranks[ref_rank])
     jobs = [(ref_path, os.path.abspath(ranks[r]), r) for r in others]
     done = pool.run(check_rank, jobs, workers=workers, scheduler=scheduler)
+    # every task checked its world size against the reference's: they are all equal
+    _check_rank_set(spec, ranks, done[0][3])
+    done = [x[:3] for x in done]
     checked = max((c for _, _, c in done), default=0)
     starts = [pairs[0][0] for _, pairs, _ in done if pairs]
     if not starts:
@@ -181,7 +216,9 @@ def check_devices(path) -> ReplicasResult:
         has = getattr(t, "has_devices", None)
         if has is None or not has():
             return ReplicasResult(verdict="consistent", checked=0, ranks=[],
-                                  note="no per-device values in this trace")
+                                  note="no per-device values in this trace (replicas compares "
+                                       "the ranks of one run, or the devices of a sharded "
+                                       "JAX trace)")
         n = len(t.events)
         checked, departures = 0, []          # [(event, device)]
         # 1. the copies of one value that a sharding replicates (same shard index)
@@ -326,7 +363,7 @@ def replicas(spec, workers: Optional[int] = None, scheduler=None) -> ReplicasRes
     if is_rank_set(s):
         ranks = rank_traces(s)
         if len(ranks) == 1:
-            return check_devices(next(iter(ranks.values())))
+            return _nothing_is_not_consistent(check_devices(next(iter(ranks.values()))))
         result = check_ranks(s, workers=workers, scheduler=scheduler)
         if result.verdict == "diverged":
             return result
@@ -335,7 +372,20 @@ def replicas(spec, workers: Optional[int] = None, scheduler=None) -> ReplicasRes
             if dev.verdict == "diverged":
                 return dev
             result.checked += dev.checked
-        return result
+        if not result.checked:
+            result = dataclasses.replace(result, note=(
+                f"no replicated value in these {len(ranks)} ranks' traces: no replicated "
+                f"collective (all-reduce, broadcast, all-gather) in rank "
+                f"{result.reference_rank}'s trace and no per-device values"))
+        return _nothing_is_not_consistent(result)
     if not os.path.exists(s):
         raise TraceError(f"{s}: no such trace file or directory")
-    return check_devices(s)
+    return _nothing_is_not_consistent(check_devices(s))
+
+
+def _nothing_is_not_consistent(result: ReplicasResult) -> ReplicasResult:
+    """A check that compared no value says so ("empty", exit code 2), never "consistent"."""
+    if result.verdict == "consistent" and not result.checked:
+        return dataclasses.replace(result, verdict="empty",
+                                   note=result.note or "no replicated value to compare")
+    return result

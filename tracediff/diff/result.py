@@ -653,11 +653,11 @@ class ReplicaDeparture(_ByKey):
 
 @dataclass
 class ReplicasResult:
-    """One run's replicas checked (`diff/replicas.py`): consistent, or the first
-    departure and who departed."""
+    """One run's replicas checked (`diff/replicas.py`): consistent, the first departure
+    and who departed, or "empty" (no replicated value to compare; `note` says why)."""
 
-    verdict: str                                  # "consistent" / "diverged"
-    checked: int                                  # replicated values compared
+    verdict: str                                  # "consistent" / "diverged" / "empty"
+    checked: int                                  # replicated values compared (0: "empty")
     ranks: list                                   # the ranks checked ([] within one trace)
     reference_rank: Optional[int] = None
     first: Optional[ReplicaDeparture] = None
@@ -667,4 +667,5 @@ class ReplicasResult:
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.verdict == "diverged" else 0
+        """0 consistent, 1 diverged, 2 nothing to compare (as an error: never a pass)."""
+        return {"diverged": 1, "empty": 2}.get(self.verdict, 0)

@@ -78,6 +78,9 @@ def print_replicas(r: ReplicasResult, console: Optional[Console] = None) -> None
     if r.verdict == "consistent":
         console.print(f"[bold green]CONSISTENT[/]: {markup(r.checked)} replicated values "
                       f"compared across {across}; every copy is bitwise equal")
+    elif r.verdict == "empty":
+        console.print(f"[bold yellow]NOTHING TO COMPARE[/]: no replicated value across "
+                      f"{across}; nothing was checked")
     else:
         f = r.first
         who = (f"device {markup(f.device)}" + (f" of rank {markup(f.rank)}" if f.rank is not None

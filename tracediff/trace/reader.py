@@ -392,6 +392,8 @@ class Trace:
         self.manifest = self._load_manifest(_dataset(f, "manifest"))
         dist = self.manifest.get("distributed") or {}
         self.rank = dist.get("rank") if isinstance(dist.get("rank"), int) else None
+        ws = dist.get("world_size")
+        self.world_size = ws if isinstance(ws, int) and not isinstance(ws, bool) else None
         self._check_tables()
         self._v_order = np.argsort(self.values["event"], kind="stable")
         self._v_sorted = self.values["event"][self._v_order]
