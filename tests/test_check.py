@@ -160,3 +160,82 @@ def test_pytest_plugin(tmp_path):
         assert f"goldens/{name}.h5 does not exist; create it with: pytest --tracediff-update-golden" \
             in proc.stdout, proc.stdout[-3000:]
     assert not (tmp_path / "goldens" / "never.h5").exists()
+
+
+def _hollow_goldens(folder, real):
+    """Two goldens that a comparison cannot fail on, from a real one: no events at all,
+    and every value metadata only (bytes and hash dropped, as for a meta tensor)."""
+    import shutil
+
+    import h5py
+
+    from tracediff.trace import schema
+
+    from . import synth
+
+    empty = synth.write(str(folder / "empty.h5"), [])
+    meta = folder / "meta.h5"
+    shutil.copy(real, meta)
+    with h5py.File(meta, "r+") as f:
+        v = f["values"][()]
+        assert len(v)
+        v["flags"] = schema.VFLAG_NOT_STORED
+        v["offset"], v["nbytes"], v["hash"] = -1, 0, 0
+        f["values"][...] = v
+        for name in ("stats", "shards"):
+            if name in f:
+                f.attrs[f"committed_{name}"] = 0
+    return empty, str(meta)
+
+
+def test_check_refuses_a_golden_with_nothing_to_compare(project):
+    """A golden with no events, or only metadata-only values, made `check` say MATCH
+    (exit 0) whatever the script computed; it is refused before the script runs."""
+    golden, script = project / "goldens" / "train.h5", project / "train.py"
+    if not golden.exists():
+        golden.parent.mkdir(exist_ok=True)
+        run_cli("check", "--update", golden, script, check=True)
+    empty, meta = _hollow_goldens(project, golden)
+    for path, why in ((empty, "it holds no events"),
+                      (meta, "values are metadata only (no bytes, no hash)")):
+        proc = run_cli("check", path, script, "--scale", "7")
+        assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+        assert proc.stderr.startswith(f"tracediff: error: {path}: the golden trace has nothing "
+                                      f"to compare ("), proc.stderr
+        assert why in proc.stderr and proc.stderr.count("\n") == 1
+        assert proc.stderr.endswith(f"record it again: tracediff check --update {path} "
+                                    f"{script} --scale 7\n")
+        assert "loss" not in proc.stderr    # refused before the script ran
+
+
+HOLLOW_TESTS = textwrap.dedent('''
+    def test_empty(tracediff_check):
+        tracediff_check("empty.h5", "train.py")
+
+
+    def test_meta(tracediff_check):
+        tracediff_check("meta.h5", "train.py")
+
+
+    def test_block(tracediff_golden):
+        with tracediff_golden("empty.h5"):
+            pass
+''')
+
+
+def test_pytest_plugin_refuses_a_golden_with_nothing_to_compare(project, tmp_path):
+    golden = project / "goldens" / "train.h5"
+    if not golden.exists():
+        golden.parent.mkdir(exist_ok=True)
+        run_cli("check", "--update", golden, project / "train.py", check=True)
+    (tmp_path / "train.py").write_text(TRAIN)
+    _hollow_goldens(tmp_path, golden)
+    (tmp_path / "test_hollow.py").write_text(HOLLOW_TESTS)
+    proc = _pytest(tmp_path)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "3 failed" in proc.stdout, proc.stdout[-3000:]
+    for name, why in (("empty", "it holds no events"),
+                      ("meta", "values are metadata only (no bytes, no hash)")):
+        assert f"{tmp_path / name}.h5 has nothing to compare (" in proc.stdout
+        assert why in proc.stdout
+    assert "record it again with: pytest --tracediff-update-golden" in proc.stdout

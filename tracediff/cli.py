@@ -823,6 +823,13 @@ def check(golden, script, args, rtol, atol, output, update, report_path, loops, 
         if not os.path.exists(golden):
             raise TraceError(f"{golden}: no such golden trace; create it with: "
                              f"{command('tracediff', 'check', '--update', golden, script, *args)}")
+        from .diff.locate import nothing_to_compare
+
+        why = nothing_to_compare(golden)   # a match against nothing would pass any run
+        if why:
+            raise TraceError(f"{golden}: the golden trace has nothing to compare ({why}); "
+                             f"record it again: "
+                             f"{command('tracediff', 'check', '--update', golden, script, *args)}")
     if report_path:
         _report_format(report_path, None)
     target = golden if update else output

@@ -11,8 +11,9 @@ Fixtures:
   code inside the `with` block in the test process (`tracediff.record`) and comparing
   it with the golden trace when the block ends.
 
-Relative golden paths are taken from the test file's folder. A missing golden fails
-the test with the command that creates it; `pytest --tracediff-update-golden` (re)writes
+Relative golden paths are taken from the test file's folder. A missing golden, or one
+with nothing to compare (no events, or only metadata-only values), fails the test with
+the command that creates it; `pytest --tracediff-update-golden` (re)writes
 every golden the selected tests use instead of comparing.
 
     def test_training_is_stable(tracediff_check):
@@ -67,6 +68,22 @@ class _Golden:
         pytest.fail(f"tracediff: golden trace {golden} does not exist; create it with: "
                     f"pytest {UPDATE_OPTION} ({how})", pytrace=False)
 
+    def usable(self, golden, how):
+        """Fail the test when GOLDEN is missing or holds nothing to compare (a match
+        against nothing would pass any run)."""
+        from .diff.locate import nothing_to_compare
+        from .errors import TraceError, one_line
+
+        if not os.path.exists(golden):
+            self.missing(golden, how)
+        try:
+            why = nothing_to_compare(golden)
+        except TraceError as exc:
+            pytest.fail(f"tracediff: golden trace {golden}: {one_line(exc)}", pytrace=False)
+        if why:
+            pytest.fail(f"tracediff: golden trace {golden} has nothing to compare ({why}); "
+                        f"record it again with: pytest {UPDATE_OPTION} ({how})", pytrace=False)
+
     def compare(self, golden, new, rtol, atol):
         from .diff.locate import locate
 
@@ -90,8 +107,8 @@ def tracediff_check(request, tmp_path):
         script = g.path(script)
         if not os.path.isfile(script):
             pytest.fail(f"tracediff: no such script {script}", pytrace=False)
-        if not g.update and not os.path.exists(golden):
-            g.missing(golden, f"records {os.path.basename(script)} into it")
+        if not g.update:
+            g.usable(golden, f"records {os.path.basename(script)} into it")
         target = golden if g.update else g.new_trace()
         if g.update:
             os.makedirs(os.path.dirname(golden) or ".", exist_ok=True)
@@ -123,8 +140,8 @@ def tracediff_golden(request, tmp_path):
         from .api import record
 
         golden = g.path(golden)
-        if not g.update and not os.path.exists(golden):
-            g.missing(golden, "records the with-block into it")
+        if not g.update:
+            g.usable(golden, "records the with-block into it")
         target = golden if g.update else g.new_trace()
         if g.update:
             os.makedirs(os.path.dirname(golden) or ".", exist_ok=True)

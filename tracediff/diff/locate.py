@@ -271,6 +271,23 @@ def _locate(a, b, rtol, atol, map_file, ulp, noise, progress, explain, full, eve
             t.close()
 
 
+def nothing_to_compare(path) -> Optional[str]:
+    """Why the trace at `path` holds nothing a comparison could fail on (a golden trace
+    that `check` would match against nothing), or None: no events, or no value whose
+    bytes or hash were recorded (every value metadata only or uninitialised)."""
+    with Trace(path) as t:
+        if not len(t):
+            return "it holds no events"
+        v = t.values
+        flags = v["flags"]
+        stored = (v["offset"] >= 0) & ((flags & schema.VFLAG_NOT_STORED) == 0)
+        hashed = (flags & schema.VFLAG_STATS) != 0
+        if not ((stored | hashed) & ((flags & schema.VFLAG_UNINIT) == 0)).any():
+            return (f"none of its {len(t):,} events recorded a value" if not len(v) else
+                    f"its {len(v):,} values are metadata only (no bytes, no hash)")
+    return None
+
+
 def open_differ(ta, tb, rtol=None, atol=None, map_file=None):
     """The one differ factory: (Differ, None) for traces of one framework, the
     cross-framework differ and its mapping for two frameworks or a user map, the
