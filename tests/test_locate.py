@@ -74,6 +74,42 @@ def test_tolerance_defaults_and_overrides():
     assert not compare.compare_arrays(np.array([1, 2]), np.array([1, 3]), "int64")["within_tolerance"]
 
 
+def test_an_element_exactly_on_the_tolerance_bound_is_within_it(tmp_path):
+    """|a - b| <= atol + rtol * max(|a|, |b|): equality is within (`<=`, not `<`), in
+    compare_arrays and in the differ's vectorised scan; the next float past it is beyond."""
+    from tracediff.diff.differ import Differ
+
+    on = [(F32(1.0), F32(1.5), 0.0, 0.5),      # atol alone: |d| = 0.5 = atol
+          (F32(1.5), F32(2.0), 0.25, 0.0)]     # rtol alone: |d| = 0.5 = 0.25 * 2.0
+    for x, y, rtol, atol in on:
+        m = compare.compare_arrays(np.array([x]), np.array([y]), "float32", rtol=rtol, atol=atol)
+        assert m["within_tolerance"] and m["beyond_tolerance_fraction"] == 0.0, (x, y, m)
+        past = np.nextafter(y, F32(9))
+        m = compare.compare_arrays(np.array([x]), np.array([past]), "float32", rtol=rtol,
+                                   atol=atol)
+        assert not m["within_tolerance"] and m["beyond_tolerance_fraction"] == 1.0
+    # --ulp N: exactly N ULP apart is within N
+    x = np.array([1.0], F32)
+    assert compare.compare_arrays(x, _bump(_bump(x)), "float32", ulp=2)["within_tolerance"]
+    assert not compare.compare_arrays(x, _bump(_bump(x)), "float32", ulp=1)["within_tolerance"]
+    # the differ's scan of single-output pairs applies the same bound
+    for k, (x, y, rtol, atol) in enumerate(on):
+        ev = lambda v: [dict(kind=schema.KIND_INPUT, op="input", outs=[np.array([1.0], F32)]),  # noqa: E731
+                        dict(op="aten::mul.Tensor", outs=[np.array([v], F32)], ins=[(0, 0, 0)])]
+        a = synth.write(str(tmp_path / f"a{k}.h5"), ev(x))
+        b = synth.write(str(tmp_path / f"b{k}.h5"), ev(y))
+        c = synth.write(str(tmp_path / f"c{k}.h5"), ev(np.nextafter(y, F32(9))))
+        with tracediff.load(a) as ta, tracediff.load(b) as tb, tracediff.load(c) as tc:
+            d = Differ(ta, tb, rtol, atol)
+            done, _, beyond = d.scan_single_outputs(np.array([1]), np.array([1]), 1 << 20, 1 << 20)
+            assert done.tolist() == [True] and beyond.tolist() == [False]
+            d = Differ(ta, tc, rtol, atol)
+            done, _, beyond = d.scan_single_outputs(np.array([1]), np.array([1]), 1 << 20, 1 << 20)
+            assert done.tolist() == [True] and beyond.tolist() == [True]
+        r = tracediff.locate(a, b, rtol=rtol, atol=atol, explain=False)
+        assert r.verdict == "match" and r.first_difference.a.op == "aten::mul.Tensor"
+
+
 # -- alignment -------------------------------------------------------------------------------
 
 def _lcs(a, b):
@@ -469,3 +505,38 @@ def test_upcast_is_judged_at_the_precision_of_its_input(tmp_path):
     f = r.first_beyond_tolerance
     assert f.a["op"] == "aten::exp" and f.inputs_match is False
     assert "beyond tolerance" in f.inputs_reason and "aten::_to_copy" in f.inputs_reason
+
+
+@pytest.mark.parametrize("differs", [0, 1, 2])
+def test_introduced_or_inherited_looks_at_every_input(tmp_path, differs):
+    """An op of three inputs (dataflow edges) whose output differs: inherited when any one
+    of them differs (the first, a middle or the last), each named; introduced when none
+    does. The same for the values an event stores as its own inputs (a call's arguments)."""
+    from tracediff.diff.differ import BITWISE, TOLERANCE, Differ
+
+    xs = [np.array([1.0, 2.0], F32), np.array([3.0, 4.0], F32), np.array([5.0, 6.0], F32)]
+
+    def events(changed):
+        ins = [x * F32(1.5) if i == changed else x for i, x in enumerate(xs)]
+        out = ins[0] * ins[1] + ins[2] + (F32(1) if changed == "out" else F32(0))
+        evs = [dict(kind=schema.KIND_INPUT, op="input", outs=[x]) for x in ins]
+        evs.append(dict(op="aten::addcmul", outs=[out], ins=[(0, 2, 0), (1, 0, 0), (2, 1, 0)]))
+        evs.append(dict(kind=schema.KIND_CALL, op="jit:f", outs=[out], in_values=ins))
+        return evs
+
+    a = synth.write(str(tmp_path / "a.h5"), events(None))
+    b = synth.write(str(tmp_path / "b.h5"), events(differs))
+    c = synth.write(str(tmp_path / "c.h5"), events("out"))
+    slot_of = {2: 0, 0: 1, 1: 2}      # input event -> the op's slot that reads it
+    with tracediff.load(a) as ta, tracediff.load(b) as tb, tracediff.load(c) as tc:
+        d = Differ(ta, tb)
+        for level in (BITWISE, TOLERANCE):
+            ok, why, bad = d.inputs_match(3, 3, level)
+            assert ok is False and why.startswith("1 of its inputs differ"), (level, why)
+            assert [x["input"] for x in bad] == [slot_of[differs]]
+            assert bad[0]["producer_a"] == bad[0]["producer_b"] == differs
+            ok, why, bad = d.inputs_match(4, 4, level)        # the call's own input values
+            assert ok is False and [x["input"] for x in bad] == [str(differs)], (level, why)
+        d = Differ(ta, tc)
+        for e in (3, 4):
+            assert d.inputs_match(e, e, BITWISE)[0] is True
