@@ -238,3 +238,39 @@ def test_explain_event_argument_and_bad_event(dot):
     assert an["replay"]["reproduces"] == "both"   # each side's mul from its own inputs
     proc = run_cli("explain", a, b, "999")
     assert proc.returncode == 2 and "no event 999" in proc.stderr
+
+
+def test_the_high_precision_reference_is_computed_in_float64(tmp_path):
+    """1 + 2**-30 is 1 in float32 and exact in float64: the replay's `upcast=True` run
+    (torch and JAX) returns the float64 sum, not a float32 result widened, and the replay
+    verdict measures each side against it (a's correctly rounded 1.0 is 3/128 of a
+    float32 ULP from the exact sum: 0 against a float32 reference)."""
+    from tracediff.diff.differ import Differ
+    from tracediff.diff.verdict import replay_verdict
+    from tracediff.trace import schema
+
+    from . import synth
+
+    x = np.array([1.0, 1.0], F32)
+    y = np.array([2.0 ** -30, 3 * 2.0 ** -30], F32)
+    exact = x.astype(np.float64) + y.astype(np.float64)
+    assert (x + y).tolist() == [1.0, 1.0] and exact[1] != 1.0
+    for framework, op in (("torch", "aten::add.Tensor"), ("jax", "add")):
+        call = replay.build_call(framework, op, "", 2)
+        low, high = call.run([x, y])[0], call.run([x, y], upcast=True)[0]
+        assert np.asarray(low).dtype == F32 and np.asarray(low).tolist() == [1.0, 1.0]
+        assert np.asarray(high).dtype == np.float64 and np.asarray(high).tolist() == exact.tolist()
+
+    def events(out):
+        return [dict(kind=schema.KIND_INPUT, op="input", outs=[x]),
+                dict(kind=schema.KIND_INPUT, op="input", outs=[y]),
+                dict(op="aten::add.Tensor", outs=[out], ins=[(0, 0, 0), (1, 1, 0)])]
+
+    a = synth.write(str(tmp_path / "a.h5"), events(x + y))
+    b = synth.write(str(tmp_path / "b.h5"), events(np.nextafter(x + y, F32(2))))
+    with tracediff.load(a) as ta, tracediff.load(b) as tb:
+        res = replay_verdict(Differ(ta, tb), 2, 2)
+    assert res.oracle.computed_by == "float64" and res.reproduces == "a"
+    assert res.a.from_oracle.max_ulp == 0 and res.b.from_oracle.max_ulp == 1
+    assert res.a.from_oracle.max_ulp_exact == pytest.approx(3 / 128)
+    assert res.closer == "a"
