@@ -340,3 +340,38 @@ def test_locate_quiet_verbose_and_no_color(synthetic):
     assert "\x1b[" not in piped.stdout
     proc = run_cli("locate", "-q", "-v", a, b)
     assert proc.returncode == 2 and "pick one" in proc.stderr
+
+
+def test_a_pipe_in_a_trace_string_stays_in_its_markdown_table_cell(synthetic):
+    """`|` in an op, a module path and an environment value: rendered as GitHub renders
+    Markdown (CommonMark plus tables), every row keeps its header's cell count and each
+    string is one cell, shown whole with its pipe."""
+    from markdown_it import MarkdownIt
+
+    a, b, _ = synthetic
+    result = tracediff.locate(a, b)
+    f = result.first_beyond_tolerance
+    f.a.op, f.a.name_stack, f.b.op = "aten::a|b", "enc|dec", "aten::c||d"
+    result.env_diff.append({"key": "env.PIPE", "category": "env", "a": "x|y", "b": None})
+    text = markdown.render(result, report_context(result))
+    tokens = MarkdownIt("commonmark").enable("table").parse(text)
+    tables, cells, spans, in_table = [], [], [], False
+    for t in tokens:
+        if t.type == "table_open":
+            tables.append([])
+            in_table = True
+        elif t.type == "table_close":
+            in_table = False
+        elif t.type == "tr_open":
+            tables[-1].append(0)
+        elif t.type in ("td_open", "th_open"):
+            tables[-1][-1] += 1
+        elif t.type == "inline":
+            code = [c.content for c in t.children or () if c.type == "code_inline"]
+            (cells if in_table else spans).extend(code)
+    assert len(tables) >= 2
+    for rows in tables:     # every row as many cells as the header
+        assert len(set(rows)) == 1, rows
+    for s in ("enc|dec", "aten::c||d", "x|y"):        # table cells, whole
+        assert s in cells, (s, cells)
+    assert "aten::a|b" in spans
