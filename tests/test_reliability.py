@@ -314,6 +314,47 @@ def test_full_disk_stops_recording_not_the_script(tmp_path):
         _check_values(t)
 
 
+MOVING = """
+    import os, sys, torch
+    x = torch.ones(3)
+    os.chdir(sys.argv[1])          # a folder of the script's own, with its own t.h5
+    for _ in range(3):
+        x = torch.sin(x)
+    print(repr(x.sum().item()))
+"""
+
+
+def test_a_relative_output_stays_where_record_started_when_the_script_chdirs(tmp_path):
+    """`-o t.h5` is fixed at start: the close-time rewrite never replaces the t.h5 of the
+    folder the script moved to, and the size printed is the real trace's."""
+    from tracediff.report.common import fmt_bytes
+
+    script = _script(tmp_path, "moving.py", MOVING)
+    start, elsewhere = tmp_path / "start", tmp_path / "elsewhere"
+    start.mkdir()
+    elsewhere.mkdir()
+    theirs = elsewhere / "t.h5"    # a trace of the script's own, that the rewrite could take
+    from tracediff.trace.writer import TraceWriter
+    w = TraceWriter(theirs, {"script": {"name": "theirs"}})
+    w.add_value(w.add_event(framework=2, kind=3, op="theirs"), 0, np.arange(5.0))
+    w.close()
+    content = theirs.read_bytes()
+    theirs.chmod(0o444)
+    before = os.stat(theirs)
+    proc = run_cli("record", "-o", "t.h5", script, elsewhere, cwd=start)
+    assert proc.returncode == 0, proc.stderr
+    after = os.stat(theirs)
+    assert theirs.read_bytes() == content
+    assert (after.st_ino, after.st_mode, after.st_mtime_ns) == \
+        (before.st_ino, before.st_mode, before.st_mtime_ns)
+    trace = start / "t.h5"
+    with tracediff.load(trace) as t:
+        assert t.complete and [t.event(i)["op"] for i in range(len(t))].count("aten::sin") == 3
+        _check_values(t)
+    assert os.path.getsize(trace) < 512 << 10     # rewritten without its chunks' empty tails
+    assert f"({'level full'}, {fmt_bytes(os.path.getsize(trace))})" in proc.stderr, proc.stderr
+
+
 # -- never perturb ---------------------------------------------------------------------------
 
 # A new recording level is one entry here: (level, loops).

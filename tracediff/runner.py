@@ -201,7 +201,9 @@ class Recording:
 
     def start(self):
         self.pid = os.getpid()
-        self.output = output_path_for(self.output)
+        # absolute: the script may chdir, and the close-time rewrite and the size printed
+        # must be the trace's, never a file of the same name in the script's new folder
+        self.output = os.path.abspath(output_path_for(self.output))
         check_output_path(self.output)
         manifest = base_manifest(self.script, self.argv,
                                  {"tool": self.tool, **self.options.as_dict()})

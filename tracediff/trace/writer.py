@@ -120,7 +120,7 @@ class TraceWriter:
 
     @_signals_deferred
     def __init__(self, path, manifest):
-        self.path = os.fspath(path)
+        self.path = os.path.abspath(path)   # the script may chdir
         self._file = TraceFile(self.path)
         try:
             self._f = h5py.File(self._file, "w", libver="earliest")
@@ -658,7 +658,7 @@ class TraceWriter:
                 self._manifest["recording_error"] = self.error
                 if not self.unclosed and self._file.at_path():
                     try:
-                        with h5py.File(self.path, "r+", libver="earliest") as f:
+                        with h5py.File(self._file.path, "r+", libver="earliest") as f:
                             f["manifest"][()] = self._manifest_text()
                     except Exception:
                         pass
@@ -689,7 +689,7 @@ class TraceWriter:
         (`write_finished`, replacing it atomically). Any failure keeps the chunked
         original, which is just as valid, so a problem here never costs the trace."""
         try:
-            with h5py.File(self.path, "r", locking=False) as src:
+            with h5py.File(self._file.path, "r", locking=False) as src:
                 tables = {}
                 for name in list(schema.TABLES) + ["blob", "strings"]:
                     ds = src[name]
@@ -698,7 +698,7 @@ class TraceWriter:
                 attrs = dict(src.attrs)
             if self._file.check_path():   # the path changed hands meanwhile: leave it
                 return
-            write_finished(self.path, tables, manifest, attrs, replace=True)
+            write_finished(self._file.path, tables, manifest, attrs, replace=True)
             self.compacted = True
         except Exception:
             pass
