@@ -355,6 +355,66 @@ def test_a_relative_output_stays_where_record_started_when_the_script_chdirs(tmp
     assert f"({'level full'}, {fmt_bytes(os.path.getsize(trace))})" in proc.stderr, proc.stderr
 
 
+FILLS_THE_DISK = """
+    import subprocess, sys, torch
+    x = torch.ones(1 << 16)        # 256 KiB a value: the first flush comes after 4 ops
+    for _ in range(8):
+        x = torch.sin(x)
+    # another process fills the disk the trace is on (a 20 MB tmpfs; 64 MiB at most)
+    subprocess.run([sys.executable, "-c", "import sys\\n"
+                    "with open(sys.argv[1], 'wb') as f:\\n"
+                    "    for _ in range(1024): f.write(bytes(1 << 16)); f.flush()",
+                    sys.argv[1] + "/fill"], stderr=subprocess.DEVNULL)
+    for _ in range(40):            # 10 MiB more: the next flush does not fit
+        x = torch.cos(x)
+    print("finished", x.shape[0])
+"""
+
+
+def _in_a_small_tmpfs(tmp_path, command):
+    """Run COMMAND (a /bin/sh line; $DISK is a 20 MB tmpfs mounted for it alone, in a mount
+    namespace of its own) and return the CompletedProcess."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    ns = ["unshare", "--mount", "--propagation", "private"] if os.geteuid() == 0 else \
+        ["unshare", "--user", "--map-root-user", "--mount"]
+    line = f'mount -t tmpfs -o size=20m tmpfs "$DISK" || exit 99\n{command}'
+    try:
+        proc = subprocess.run([*ns, "sh", "-c", line], env=_env({"DISK": str(disk),
+                              "TRACEDIFF_MIN_FREE_MB": "1"}), cwd=ROOT, text=True,
+                              capture_output=True, timeout=300)
+    except FileNotFoundError:
+        proc = None
+    if proc is None or proc.returncode == 99:
+        pytest.skip("cannot mount a tmpfs here (needs root or user namespaces)")
+    return proc
+
+
+def test_a_disk_filled_by_another_process_keeps_every_committed_event(tmp_path):
+    """Another process fills the disk mid-recording: the script ends as it would plainly,
+    `record` says the recording stopped early, and the trace still opens with every event
+    committed before (it used to be damaged by the close that followed: "trace written",
+    exit 0, and nothing readable)."""
+    script = _script(tmp_path, "fills.py", FILLS_THE_DISK)
+    kept = tmp_path / "kept.h5"
+    proc = _in_a_small_tmpfs(tmp_path, f"""
+        {sys.executable} -m tracediff record -o "$DISK/t.h5" {script} "$DISK"
+        rc=$?
+        cp "$DISK/t.h5" {kept}     # as it is on the full disk
+        exit $rc""")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "finished 65536\n"
+    assert "recording stopped early" in proc.stderr and "disk full" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    with tracediff.load(kept) as t:
+        assert not t.complete
+        ops = [t.event(i)["op"] for i in range(len(t))]
+        # the commits before the disk filled (1 MiB, then 2 MiB of values), all readable
+        assert len(ops) >= 5 and ops == ["aten::ones"] + ["aten::sin"] * (len(ops) - 1), ops
+        assert f"truncated after {len(t)} events" in proc.stderr
+        assert _check_values(t) == len(t)
+
+
 # -- never perturb ---------------------------------------------------------------------------
 
 # A new recording level is one entry here: (level, loops).

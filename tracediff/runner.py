@@ -189,6 +189,7 @@ class Recording:
         self.script, self.argv, self.tool = script, argv, tool
         self.script_dir = script_dir or (os.path.dirname(script) if script else None)
         self.writer = self.session = self.watcher = None
+        self.incomplete = None   # why a trace whose recording stopped early does not open
         self._old_gc = None
         self._stopped = False
         self.pid = os.getpid()
@@ -264,6 +265,13 @@ class Recording:
             if report_lost:
                 print(f"tracediff: error: recording lost: {self.writer.lost}", file=sys.stderr)
             return
+        if self.writer.error:
+            # a write error (full disk): the trace must still open, or the run says so
+            self.incomplete = _why_unreadable(self.output)
+            if self.incomplete:
+                if report_lost:
+                    print(f"tracediff: error: {self.incomplete_message()}", file=sys.stderr)
+                return
         if self.writer.reopened:
             print(f"tracediff: warning: the script closed the trace's file descriptor; "
                   f"{self.output} was opened again and the trace is complete", file=sys.stderr)
@@ -273,6 +281,10 @@ class Recording:
                   f"truncated after {self.writer.committed_events} events "
                   f"({self.writer.error})", file=sys.stderr)
 
+
+    def incomplete_message(self):
+        return (f"recording incomplete: {self.writer.error}, and the trace {self.output} "
+                f"does not open ({self.incomplete})")
 
     def _recording_summary(self):
         """The manifest's `recording` section completed with what the windows and the byte
@@ -350,6 +362,12 @@ def record_script(script, args, output, options=None, frameworks=("jax", "torch"
     if rec.lost:
         raise TraceError(f"recording lost: {rec.lost} (the script exited with status "
                          f"{end['exit_code']})")
+    if rec.incomplete:
+        message = f"{rec.incomplete_message()} (the script exited with status {end['exit_code']})"
+        if not rec.writer.unclosed:
+            raise TraceError(message)
+        print(f"tracediff: error: {message}", file=sys.stderr)
+        end = {"exit_code": 2}   # as the CLI's own errors; exits below without HDF5's close
     if rec.writer is not None and rec.writer.unclosed:
         # A write failed mid-flush: HDF5 can crash closing that file (at exit too), which
         # would replace the script's exit code. The trace keeps its last commit.
@@ -396,6 +414,19 @@ class _LostInterrupts:
     def _raise(self):
         self.writer.before_event = None
         raise self.lost()
+
+
+def _why_unreadable(path):
+    """Why the trace at PATH does not open, or None (it opens: its committed events are
+    all readable)."""
+    from .trace.reader import Trace
+
+    try:
+        with Trace(path) as t:
+            len(t)
+    except Exception as exc:
+        return str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+    return None
 
 
 def _main_thread():
