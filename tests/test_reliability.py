@@ -52,7 +52,10 @@ LOOPING = """
 
 @pytest.mark.parametrize("sig, code, status", [(signal.SIGINT, 130, "interrupted (SIGINT)"),
                                                (signal.SIGTERM, 143, "terminated (SIGTERM)")])
-def test_signal_leaves_a_complete_trace_and_the_shell_exit_code(tmp_path, sig, code, status):
+def test_signal_leaves_a_complete_trace_and_dies_by_that_signal(tmp_path, sig, code, status):
+    """The plain script dies by the signal (Python re-raises an uncaught Ctrl-C's SIGINT
+    once finalized; SIGTERM's default action kills): so does `record`, once the trace is
+    written, so a parent sees -SIG (a shell 128+SIG), as it would without tracediff."""
     script = _script(tmp_path, "loop.py", LOOPING)
     out = tmp_path / "sig.h5"
     # A suite started as a background job (`cmd &` in a script) ignores SIGINT, and a child
@@ -69,7 +72,8 @@ def test_signal_leaves_a_complete_trace_and_the_shell_exit_code(tmp_path, sig, c
     time.sleep(0.3)
     proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == code, stderr
+    assert proc.returncode == -sig, stderr
+    assert "trace written" in stderr
     assert "Traceback" not in stderr
     with tracediff.load(out) as t:
         assert t.complete and len(t) > 10
@@ -110,6 +114,35 @@ def test_ctrl_c_lost_in_a_weakref_callback_still_stops_the_script(tmp_path):
     with tracediff.load(out) as t:
         assert t.complete and t.manifest["end"]["status"] == "interrupted (SIGINT)"
         assert "lost.py" in t.manifest["end"]["traceback"]
+
+
+ENDS_ABRUPTLY = """
+    import os, sys, torch
+    x = torch.ones(3)
+    for _ in range(50):
+        x = torch.sin(x)
+    print("before", flush=True)
+    if sys.argv[1] == "os._exit":
+        os._exit(7)
+    os.execv(sys.executable, [sys.executable, "-c", "print('exec ran'); raise SystemExit(5)"])
+"""
+
+
+@pytest.mark.parametrize("how, code, stdout", [("os._exit", 7, "before\n"),
+                                               ("exec", 5, "before\nexec ran\n")])
+def test_os_exit_and_exec_close_the_trace_first(tmp_path, how, code, stdout):
+    """os._exit and os.exec* end the process without unwinding: the trace is closed first,
+    with every op recorded before them (it kept only the last flush: 1 of 51 events), and
+    the exit status is the plain run's (os._exit's code; the exec'd program's)."""
+    script = _script(tmp_path, "abrupt.py", ENDS_ABRUPTLY)
+    out = tmp_path / "abrupt.h5"
+    proc = run_cli("record", "-o", out, script, how)
+    assert (proc.returncode, proc.stdout) == (code, stdout), proc.stderr
+    with tracediff.load(out) as t:
+        assert t.complete and t.manifest["end"]["status"] == how
+        ops = [t.event(i)["op"] for i in range(len(t))]
+        assert ops == ["aten::ones"] + ["aten::sin"] * 50
+        _check_values(t)
 
 
 # -- SIGKILL at random points ----------------------------------------------------------------

@@ -301,6 +301,10 @@ def record(output, loops, frameworks, level, steps, ops, modules, max_bytes, pro
     extra = f" (level {level}" + (f", steps {steps}" if steps else "") + \
         (f", {_sizes(at)}" if os.path.isfile(at) else "") + ")"
     click.echo(f"tracediff: trace written to {written}{extra}", err=True)
+    if code < 0:   # the plain script dies by this signal: so does record, trace written
+        from .runner import exit_by_signal
+
+        exit_by_signal(-code)
     sys.exit(code)
 
 

@@ -304,7 +304,9 @@ class Recording:
 
 
 def record_script(script, args, output, options=None, frameworks=("jax", "torch")):
-    """Record `script args...` into `output`; returns the script's exit status.
+    """Record `script args...` into `output`; returns the script's exit status, or -N when
+    the plain script would have died by signal N (Ctrl-C, SIGTERM: `exit_by_signal`).
+    `os._exit` and `os.exec*` in the script close (exec: flush) the trace first.
 
     Raises TraceError when the trace was lost (the script deleted or replaced it, or
     closed its descriptor and the path no longer holds it). In a child the script
@@ -324,7 +326,7 @@ def record_script(script, args, output, options=None, frameworks=("jax", "torch"
     if old_term is not None:
         _term_before.append(old_term)
     try:
-        with _LostInterrupts(rec.writer):
+        with _LostInterrupts(rec.writer), _ProcessEnds(rec):
             runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         end = {"status": "sys.exit", "exit_code": exit_status(exc.code, sys.stderr)}
@@ -334,7 +336,7 @@ def record_script(script, args, output, options=None, frameworks=("jax", "torch"
     except KeyboardInterrupt as exc:
         tb = _script_traceback(exc)
         end = {"status": "interrupted (SIGINT)", "exit_code": 130, "exception": "KeyboardInterrupt",
-               "traceback": tb[-20000:]}
+               "traceback": tb[-20000:], "signal": int(signal.SIGINT)}
         print("KeyboardInterrupt", file=sys.stderr)
     except UnsupportedJax as exc:   # JAX imported by the script, outside the supported range
         print(f"tracediff: error: {exc}", file=sys.stderr)
@@ -342,7 +344,8 @@ def record_script(script, args, output, options=None, frameworks=("jax", "torch"
                "message": str(exc)[:2000]}
     except _Terminated as exc:
         end = {"status": "terminated (SIGTERM)", "exit_code": 143, "exception": "SIGTERM",
-               "traceback": _script_traceback(exc, "Terminated by SIGTERM\n")[-20000:]}
+               "traceback": _script_traceback(exc, "Terminated by SIGTERM\n")[-20000:],
+               "signal": int(signal.SIGTERM)}
     except BaseException as exc:  # the script's own error: report it as Python would
         tb = _script_traceback(exc)
         sys.stderr.write(tb)
@@ -373,8 +376,101 @@ def record_script(script, args, output, options=None, frameworks=("jax", "torch"
         # would replace the script's exit code. The trace keeps its last commit.
         sys.stdout.flush()
         sys.stderr.flush()
+        if end.get("signal"):
+            exit_by_signal(end["signal"], finalize=False)
         os._exit(end["exit_code"])
-    return end["exit_code"]
+    return -end["signal"] if end.get("signal") else end["exit_code"]
+
+
+def exit_by_signal(signum, finalize=True):
+    """End this process killed by SIGNUM, as the plain script's would have ended (a parent
+    sees -SIGNUM, a shell 128+SIGNUM). SIGINT: as Python ends on an uncaught
+    KeyboardInterrupt, after joining threads and running atexit handlers; SIGTERM's
+    default action ends a process at once. Never returns."""
+    if finalize and signum == signal.SIGINT:
+        import atexit
+        import threading
+
+        try:
+            threading._shutdown()
+        except Exception:
+            pass
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    try:
+        signal.signal(signum, signal.SIG_DFL)
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+        os.kill(os.getpid(), signum)
+    except (OSError, ValueError):
+        pass
+    os._exit(128 + signum)
+
+
+class _ProcessEnds:
+    """`os._exit` and `os.exec*` end the process without unwinding (no finally, no
+    atexit), which would leave the trace with only what the last flush committed.
+    While the script runs they first stop the recording (the trace is closed and
+    complete; its end says how), then do what they do. A forked child's calls go straight
+    through (the trace is its parent's). `os.execl*`/`execvp*` call `os.execv`/`execve`."""
+
+    def __init__(self, rec):
+        self.rec = rec
+        self.saved = {}
+
+    def __enter__(self):
+        for name, wrap in (("_exit", self._exit), ("execv", self._exec("execv")),
+                           ("execve", self._exec("execve"))):
+            if hasattr(os, name):
+                self.saved[name] = getattr(os, name)
+                setattr(os, name, wrap)
+        return self
+
+    def __exit__(self, *exc):
+        for name, real in self.saved.items():
+            setattr(os, name, real)
+
+    def _ours(self):
+        return os.getpid() == self.rec.pid and not self.rec._stopped
+
+    def _exit(self, status):
+        if self._ours():
+            code = status if isinstance(status, int) and not isinstance(status, bool) else 1
+            self._stop({"status": "os._exit", "exit_code": code & 0xFF})
+        self.saved["_exit"](status)
+
+    def _exec(self, name):
+        def exec_(path, args, *env):
+            if not self._ours():
+                return self.saved[name](path, args, *env)
+            self._stop({"status": "exec", "exit_code": None,
+                        "message": f"os.{name}({os.fsdecode(path)!r}, ...)"[:2000]})
+            try:
+                return self.saved[name](path, args, *env)
+            except BaseException:
+                print(f"tracediff: warning: os.{name} failed after the trace was closed; "
+                      f"the rest of the script is not recorded", file=sys.stderr)
+                raise
+        return exec_
+
+    def _stop(self, end):
+        rec = self.rec
+        try:
+            rec.stop(end)
+            if not rec.lost and not rec.incomplete:
+                print(f"tracediff: trace written to {rec.output} ({end['status']})",
+                      file=sys.stderr)
+        except Exception as exc:   # never keep the script from ending as it asked
+            print(f"tracediff: error: closing the trace at {end['status']}: {exc}", file=sys.stderr)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
 
 
 class _LostInterrupts:
