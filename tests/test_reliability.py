@@ -109,7 +109,7 @@ def test_ctrl_c_lost_in_a_weakref_callback_still_stops_the_script(tmp_path):
     script = _script(tmp_path, "lost.py", LOST_CTRL_C)
     out = tmp_path / "lost.h5"
     proc = run_cli("record", "-o", out, script)
-    assert proc.returncode == 130, proc.stderr
+    assert proc.returncode == -signal.SIGINT, proc.stderr   # dies by it, as Python does
     assert "finished" not in proc.stdout and "Exception ignored" not in proc.stderr
     with tracediff.load(out) as t:
         assert t.complete and t.manifest["end"]["status"] == "interrupted (SIGINT)"
@@ -484,6 +484,33 @@ def perturb_runs(recorded):
 def test_recording_never_changes_the_script_output(framework, level, loops, perturb_runs):
     # the fixtures print repr() of their float results: equal text is bitwise equal
     assert perturb_runs[(framework, level, loops)] == perturb_runs[framework]
+
+
+DEEP = """
+    import sys, torch
+    x = torch.ones(3)
+    def down(n):
+        return torch.sin(x) if n == 0 else down(n - 1)
+    y = down(sys.getrecursionlimit() - 20)    # a torch op 20 frames short of the limit
+    print(repr(y.sum().item()), sys.getrecursionlimit())
+"""
+
+
+def test_the_recorders_frames_do_not_count_against_the_scripts_recursion_budget(tmp_path):
+    """The frames below the script (CLI, runpy) and the recorder's own above each op are
+    not the script's: an op that runs plainly 20 frames short of the limit runs recorded,
+    is recorded, and the script reads its own limit."""
+    script = _script(tmp_path, "deep.py", DEEP)
+    plain = subprocess.run([sys.executable, str(script)], env=_env(), capture_output=True,
+                           text=True, timeout=300)    # a fresh interpreter: no frames below
+    assert plain.returncode == 0, plain.stderr
+    out = tmp_path / "deep.h5"
+    proc = record(str(script), out, check=False)
+    assert (proc.returncode, proc.stdout) == (0, plain.stdout), proc.stderr
+    with tracediff.load(out) as t:
+        (sin,) = [i for i in range(len(t)) if t.event(i)["op"] == "aten::sin"]
+        assert t.event(sin)["source"].endswith("deep.py:5")
+        _check_values(t)
 
 
 # -- multi-process ---------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import traceback
 
-from .capture import RecordOptions, Session, start_captures
+from .capture import RecordOptions, Session, budget, start_captures
 from .errors import TraceError, UnsupportedJax
 from .trace.manifest import base_manifest, native_libraries
 from .trace.writer import TraceWriter
@@ -326,7 +326,9 @@ def record_script(script, args, output, options=None, frameworks=("jax", "torch"
     if old_term is not None:
         _term_before.append(old_term)
     try:
-        with _LostInterrupts(rec.writer), _ProcessEnds(rec):
+        # the frames below the script and the recorder's own never count against the
+        # script's recursion budget (capture/budget.py)
+        with _LostInterrupts(rec.writer), _ProcessEnds(rec), budget.Shift(budget.below_script()):
             runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         end = {"status": "sys.exit", "exit_code": exit_status(exc.code, sys.stderr)}
