@@ -52,7 +52,10 @@ LOOPING = """
 
 @pytest.mark.parametrize("sig, code, status", [(signal.SIGINT, 130, "interrupted (SIGINT)"),
                                                (signal.SIGTERM, 143, "terminated (SIGTERM)")])
-def test_signal_leaves_a_complete_trace_and_the_shell_exit_code(tmp_path, sig, code, status):
+def test_signal_leaves_a_complete_trace_and_dies_by_that_signal(tmp_path, sig, code, status):
+    """The plain script dies by the signal (Python re-raises an uncaught Ctrl-C's SIGINT
+    once finalized; SIGTERM's default action kills): so does `record`, once the trace is
+    written, so a parent sees -SIG (a shell 128+SIG), as it would without tracediff."""
     script = _script(tmp_path, "loop.py", LOOPING)
     out = tmp_path / "sig.h5"
     # A suite started as a background job (`cmd &` in a script) ignores SIGINT, and a child
@@ -69,7 +72,8 @@ def test_signal_leaves_a_complete_trace_and_the_shell_exit_code(tmp_path, sig, c
     time.sleep(0.3)
     proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == code, stderr
+    assert proc.returncode == -sig, stderr
+    assert "trace written" in stderr
     assert "Traceback" not in stderr
     with tracediff.load(out) as t:
         assert t.complete and len(t) > 10
@@ -105,11 +109,40 @@ def test_ctrl_c_lost_in_a_weakref_callback_still_stops_the_script(tmp_path):
     script = _script(tmp_path, "lost.py", LOST_CTRL_C)
     out = tmp_path / "lost.h5"
     proc = run_cli("record", "-o", out, script)
-    assert proc.returncode == 130, proc.stderr
+    assert proc.returncode == -signal.SIGINT, proc.stderr   # dies by it, as Python does
     assert "finished" not in proc.stdout and "Exception ignored" not in proc.stderr
     with tracediff.load(out) as t:
         assert t.complete and t.manifest["end"]["status"] == "interrupted (SIGINT)"
         assert "lost.py" in t.manifest["end"]["traceback"]
+
+
+ENDS_ABRUPTLY = """
+    import os, sys, torch
+    x = torch.ones(3)
+    for _ in range(50):
+        x = torch.sin(x)
+    print("before", flush=True)
+    if sys.argv[1] == "os._exit":
+        os._exit(7)
+    os.execv(sys.executable, [sys.executable, "-c", "print('exec ran'); raise SystemExit(5)"])
+"""
+
+
+@pytest.mark.parametrize("how, code, stdout", [("os._exit", 7, "before\n"),
+                                               ("exec", 5, "before\nexec ran\n")])
+def test_os_exit_and_exec_close_the_trace_first(tmp_path, how, code, stdout):
+    """os._exit and os.exec* end the process without unwinding: the trace is closed first,
+    with every op recorded before them (it kept only the last flush: 1 of 51 events), and
+    the exit status is the plain run's (os._exit's code; the exec'd program's)."""
+    script = _script(tmp_path, "abrupt.py", ENDS_ABRUPTLY)
+    out = tmp_path / "abrupt.h5"
+    proc = run_cli("record", "-o", out, script, how)
+    assert (proc.returncode, proc.stdout) == (code, stdout), proc.stderr
+    with tracediff.load(out) as t:
+        assert t.complete and t.manifest["end"]["status"] == how
+        ops = [t.event(i)["op"] for i in range(len(t))]
+        assert ops == ["aten::ones"] + ["aten::sin"] * 50
+        _check_values(t)
 
 
 # -- SIGKILL at random points ----------------------------------------------------------------
@@ -314,6 +347,107 @@ def test_full_disk_stops_recording_not_the_script(tmp_path):
         _check_values(t)
 
 
+MOVING = """
+    import os, sys, torch
+    x = torch.ones(3)
+    os.chdir(sys.argv[1])          # a folder of the script's own, with its own t.h5
+    for _ in range(3):
+        x = torch.sin(x)
+    print(repr(x.sum().item()))
+"""
+
+
+def test_a_relative_output_stays_where_record_started_when_the_script_chdirs(tmp_path):
+    """`-o t.h5` is fixed at start: the close-time rewrite never replaces the t.h5 of the
+    folder the script moved to, and the size printed is the real trace's."""
+    from tracediff.report.common import fmt_bytes
+
+    script = _script(tmp_path, "moving.py", MOVING)
+    start, elsewhere = tmp_path / "start", tmp_path / "elsewhere"
+    start.mkdir()
+    elsewhere.mkdir()
+    theirs = elsewhere / "t.h5"    # a trace of the script's own, that the rewrite could take
+    from tracediff.trace.writer import TraceWriter
+    w = TraceWriter(theirs, {"script": {"name": "theirs"}})
+    w.add_value(w.add_event(framework=2, kind=3, op="theirs"), 0, np.arange(5.0))
+    w.close()
+    content = theirs.read_bytes()
+    theirs.chmod(0o444)
+    before = os.stat(theirs)
+    proc = run_cli("record", "-o", "t.h5", script, elsewhere, cwd=start)
+    assert proc.returncode == 0, proc.stderr
+    after = os.stat(theirs)
+    assert theirs.read_bytes() == content
+    assert (after.st_ino, after.st_mode, after.st_mtime_ns) == \
+        (before.st_ino, before.st_mode, before.st_mtime_ns)
+    trace = start / "t.h5"
+    with tracediff.load(trace) as t:
+        assert t.complete and [t.event(i)["op"] for i in range(len(t))].count("aten::sin") == 3
+        _check_values(t)
+    assert os.path.getsize(trace) < 512 << 10     # rewritten without its chunks' empty tails
+    assert f"({'level full'}, {fmt_bytes(os.path.getsize(trace))})" in proc.stderr, proc.stderr
+
+
+FILLS_THE_DISK = """
+    import subprocess, sys, torch
+    x = torch.ones(1 << 16)        # 256 KiB a value: the first flush comes after 4 ops
+    for _ in range(8):
+        x = torch.sin(x)
+    # another process fills the disk the trace is on (a 20 MB tmpfs; 64 MiB at most)
+    subprocess.run([sys.executable, "-c", "import sys\\n"
+                    "with open(sys.argv[1], 'wb') as f:\\n"
+                    "    for _ in range(1024): f.write(bytes(1 << 16)); f.flush()",
+                    sys.argv[1] + "/fill"], stderr=subprocess.DEVNULL)
+    for _ in range(40):            # 10 MiB more: the next flush does not fit
+        x = torch.cos(x)
+    print("finished", x.shape[0])
+"""
+
+
+def _in_a_small_tmpfs(tmp_path, command):
+    """Run COMMAND (a /bin/sh line; $DISK is a 20 MB tmpfs mounted for it alone, in a mount
+    namespace of its own) and return the CompletedProcess."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    ns = ["unshare", "--mount", "--propagation", "private"] if os.geteuid() == 0 else \
+        ["unshare", "--user", "--map-root-user", "--mount"]
+    line = f'mount -t tmpfs -o size=20m tmpfs "$DISK" || exit 99\n{command}'
+    try:
+        proc = subprocess.run([*ns, "sh", "-c", line], env=_env({"DISK": str(disk),
+                              "TRACEDIFF_MIN_FREE_MB": "1"}), cwd=ROOT, text=True,
+                              capture_output=True, timeout=300)
+    except FileNotFoundError:
+        proc = None
+    if proc is None or proc.returncode == 99:
+        pytest.skip("cannot mount a tmpfs here (needs root or user namespaces)")
+    return proc
+
+
+def test_a_disk_filled_by_another_process_keeps_every_committed_event(tmp_path):
+    """Another process fills the disk mid-recording: the script ends as it would plainly,
+    `record` says the recording stopped early, and the trace still opens with every event
+    committed before (it used to be damaged by the close that followed: "trace written",
+    exit 0, and nothing readable)."""
+    script = _script(tmp_path, "fills.py", FILLS_THE_DISK)
+    kept = tmp_path / "kept.h5"
+    proc = _in_a_small_tmpfs(tmp_path, f"""
+        {sys.executable} -m tracediff record -o "$DISK/t.h5" {script} "$DISK"
+        rc=$?
+        cp "$DISK/t.h5" {kept}     # as it is on the full disk
+        exit $rc""")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "finished 65536\n"
+    assert "recording stopped early" in proc.stderr and "disk full" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    with tracediff.load(kept) as t:
+        assert not t.complete
+        ops = [t.event(i)["op"] for i in range(len(t))]
+        # the commits before the disk filled (1 MiB, then 2 MiB of values), all readable
+        assert len(ops) >= 5 and ops == ["aten::ones"] + ["aten::sin"] * (len(ops) - 1), ops
+        assert f"truncated after {len(t)} events" in proc.stderr
+        assert _check_values(t) == len(t)
+
+
 # -- never perturb ---------------------------------------------------------------------------
 
 # A new recording level is one entry here: (level, loops).
@@ -350,6 +484,33 @@ def perturb_runs(recorded):
 def test_recording_never_changes_the_script_output(framework, level, loops, perturb_runs):
     # the fixtures print repr() of their float results: equal text is bitwise equal
     assert perturb_runs[(framework, level, loops)] == perturb_runs[framework]
+
+
+DEEP = """
+    import sys, torch
+    x = torch.ones(3)
+    def down(n):
+        return torch.sin(x) if n == 0 else down(n - 1)
+    y = down(sys.getrecursionlimit() - 20)    # a torch op 20 frames short of the limit
+    print(repr(y.sum().item()), sys.getrecursionlimit())
+"""
+
+
+def test_the_recorders_frames_do_not_count_against_the_scripts_recursion_budget(tmp_path):
+    """The frames below the script (CLI, runpy) and the recorder's own above each op are
+    not the script's: an op that runs plainly 20 frames short of the limit runs recorded,
+    is recorded, and the script reads its own limit."""
+    script = _script(tmp_path, "deep.py", DEEP)
+    plain = subprocess.run([sys.executable, str(script)], env=_env(), capture_output=True,
+                           text=True, timeout=300)    # a fresh interpreter: no frames below
+    assert plain.returncode == 0, plain.stderr
+    out = tmp_path / "deep.h5"
+    proc = record(str(script), out, check=False)
+    assert (proc.returncode, proc.stdout) == (0, plain.stdout), proc.stderr
+    with tracediff.load(out) as t:
+        (sin,) = [i for i in range(len(t)) if t.event(i)["op"] == "aten::sin"]
+        assert t.event(sin)["source"].endswith("deep.py:5")
+        _check_values(t)
 
 
 # -- multi-process ---------------------------------------------------------------------------

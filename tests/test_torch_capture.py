@@ -127,6 +127,27 @@ def test_broken_dot_records_zero_with_identical_inputs(dot, broken_dot):
     assert _out(bad, b["index"])[1] == np.float32(0.0)
 
 
+def test_an_input_links_to_the_output_slot_that_produced_it(recorded):
+    """max(dim) returns (values, indices): the op reading the indices links to slot 1,
+    the one reading the values to slot 0 (truth: torch.max run here)."""
+    out, proc = _record(recorded, "torch_max_dim.py")
+    torch.manual_seed(0)
+    x = torch.randn(4, 5)
+    values, indices = torch.max(x, dim=1)
+    with Trace(out) as t:
+        (mx,) = [e["index"] for e in _ops(t, "aten::max.dim")]
+        assert np.array_equal(_out(t, mx, 0)[1], values.numpy())
+        assert np.array_equal(_out(t, mx, 1)[1], indices.numpy())
+        (unsqueeze,) = [e["index"] for e in _ops(t, "aten::unsqueeze")]   # indices[:, None]
+        assert _inputs(t, unsqueeze) == [(mx, 1)]
+        assert np.array_equal(_out(t, unsqueeze)[1], indices[:, None].numpy())
+        first_sum = _ops(t, "aten::sum")[0]["index"]                      # values.sum()
+        assert _inputs(t, first_sum) == [(mx, 0)]
+        (gather,) = [e["index"] for e in _ops(t, "aten::gather")]
+        (randn,) = [e["index"] for e in _ops(t, "aten::randn")]
+        assert _inputs(t, gather) == [(randn, 0), (unsqueeze, 0)]
+
+
 # -- GRU + Adam ---------------------------------------------------------------------------
 def test_gru_recording_leaves_output_bitwise_identical(gru, recorded):
     _, proc = gru

@@ -305,11 +305,16 @@ def record(output, loops, frameworks, level, steps, ops, modules, max_bytes, pro
                                jax_values=jax_values)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    code = record_script(script, list(args), output, options, frameworks or ("jax", "torch"))
     written = output_path_for(output)
+    at = os.path.abspath(written)   # fixed before the script runs: it may chdir
+    code = record_script(script, list(args), output, options, frameworks or ("jax", "torch"))
     extra = f" (level {level}" + (f", steps {steps}" if steps else "") + \
-        (f", {_sizes(written)}" if os.path.isfile(written) else "") + ")"
+        (f", {_sizes(at)}" if os.path.isfile(at) else "") + ")"
     click.echo(f"tracediff: trace written to {written}{extra}", err=True)
+    if code < 0:   # the plain script dies by this signal: so does record, trace written
+        from .runner import exit_by_signal
+
+        exit_by_signal(-code)
     sys.exit(code)
 
 
@@ -832,7 +837,10 @@ def check(golden, script, args, rtol, atol, output, update, report_path, loops, 
                              f"{command('tracediff', 'check', '--update', golden, script, *args)}")
     if report_path:
         _report_format(report_path, None)
-    target = golden if update else output
+    # fixed before the script runs (it may chdir); messages keep the names as given
+    golden_at = os.path.abspath(golden)
+    report_at = os.path.abspath(report_path) if report_path else None
+    target = golden_at if update else (os.path.abspath(output) if output else None)
     tmp = None
     if target is None:
         fd, tmp = tempfile.mkstemp(prefix="tracediff-check-", suffix=".h5")
@@ -853,9 +861,9 @@ def check(golden, script, args, rtol, atol, output, update, report_path, loops, 
     from .diff.locate import locate as _locate
 
     try:
-        result = _locate(golden, target, rtol=rtol, atol=atol)
+        result = _locate(golden_at, target, rtol=rtol, atol=atol)
         if report_path:
-            write_report(golden, target, report_path, None, rtol, atol)
+            write_report(golden_at, target, report_at, None, rtol, atol)
     except BaseException:
         if tmp:
             os.unlink(tmp)

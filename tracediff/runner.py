@@ -17,7 +17,7 @@ import sys
 import tempfile
 import traceback
 
-from .capture import RecordOptions, Session, start_captures
+from .capture import RecordOptions, Session, budget, start_captures
 from .errors import TraceError, UnsupportedJax
 from .trace.manifest import base_manifest, native_libraries
 from .trace.writer import TraceWriter
@@ -189,6 +189,7 @@ class Recording:
         self.script, self.argv, self.tool = script, argv, tool
         self.script_dir = script_dir or (os.path.dirname(script) if script else None)
         self.writer = self.session = self.watcher = None
+        self.incomplete = None   # why a trace whose recording stopped early does not open
         self._old_gc = None
         self._stopped = False
         self.pid = os.getpid()
@@ -201,7 +202,9 @@ class Recording:
 
     def start(self):
         self.pid = os.getpid()
-        self.output = output_path_for(self.output)
+        # absolute: the script may chdir, and the close-time rewrite and the size printed
+        # must be the trace's, never a file of the same name in the script's new folder
+        self.output = os.path.abspath(output_path_for(self.output))
         check_output_path(self.output)
         manifest = base_manifest(self.script, self.argv,
                                  {"tool": self.tool, **self.options.as_dict()})
@@ -262,6 +265,13 @@ class Recording:
             if report_lost:
                 print(f"tracediff: error: recording lost: {self.writer.lost}", file=sys.stderr)
             return
+        if self.writer.error:
+            # a write error (full disk): the trace must still open, or the run says so
+            self.incomplete = _why_unreadable(self.output)
+            if self.incomplete:
+                if report_lost:
+                    print(f"tracediff: error: {self.incomplete_message()}", file=sys.stderr)
+                return
         if self.writer.reopened:
             print(f"tracediff: warning: the script closed the trace's file descriptor; "
                   f"{self.output} was opened again and the trace is complete", file=sys.stderr)
@@ -271,6 +281,10 @@ class Recording:
                   f"truncated after {self.writer.committed_events} events "
                   f"({self.writer.error})", file=sys.stderr)
 
+
+    def incomplete_message(self):
+        return (f"recording incomplete: {self.writer.error}, and the trace {self.output} "
+                f"does not open ({self.incomplete})")
 
     def _recording_summary(self):
         """The manifest's `recording` section completed with what the windows and the byte
@@ -290,7 +304,9 @@ class Recording:
 
 
 def record_script(script, args, output, options=None, frameworks=("jax", "torch")):
-    """Record `script args...` into `output`; returns the script's exit status.
+    """Record `script args...` into `output`; returns the script's exit status, or -N when
+    the plain script would have died by signal N (Ctrl-C, SIGTERM: `exit_by_signal`).
+    `os._exit` and `os.exec*` in the script close (exec: flush) the trace first.
 
     Raises TraceError when the trace was lost (the script deleted or replaced it, or
     closed its descriptor and the path no longer holds it). In a child the script
@@ -310,7 +326,9 @@ def record_script(script, args, output, options=None, frameworks=("jax", "torch"
     if old_term is not None:
         _term_before.append(old_term)
     try:
-        with _LostInterrupts(rec.writer):
+        # the frames below the script and the recorder's own never count against the
+        # script's recursion budget (capture/budget.py)
+        with _LostInterrupts(rec.writer), _ProcessEnds(rec), budget.Shift(budget.below_script()):
             runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         end = {"status": "sys.exit", "exit_code": exit_status(exc.code, sys.stderr)}
@@ -320,7 +338,7 @@ def record_script(script, args, output, options=None, frameworks=("jax", "torch"
     except KeyboardInterrupt as exc:
         tb = _script_traceback(exc)
         end = {"status": "interrupted (SIGINT)", "exit_code": 130, "exception": "KeyboardInterrupt",
-               "traceback": tb[-20000:]}
+               "traceback": tb[-20000:], "signal": int(signal.SIGINT)}
         print("KeyboardInterrupt", file=sys.stderr)
     except UnsupportedJax as exc:   # JAX imported by the script, outside the supported range
         print(f"tracediff: error: {exc}", file=sys.stderr)
@@ -328,7 +346,8 @@ def record_script(script, args, output, options=None, frameworks=("jax", "torch"
                "message": str(exc)[:2000]}
     except _Terminated as exc:
         end = {"status": "terminated (SIGTERM)", "exit_code": 143, "exception": "SIGTERM",
-               "traceback": _script_traceback(exc, "Terminated by SIGTERM\n")[-20000:]}
+               "traceback": _script_traceback(exc, "Terminated by SIGTERM\n")[-20000:],
+               "signal": int(signal.SIGTERM)}
     except BaseException as exc:  # the script's own error: report it as Python would
         tb = _script_traceback(exc)
         sys.stderr.write(tb)
@@ -348,13 +367,112 @@ def record_script(script, args, output, options=None, frameworks=("jax", "torch"
     if rec.lost:
         raise TraceError(f"recording lost: {rec.lost} (the script exited with status "
                          f"{end['exit_code']})")
+    if rec.incomplete:
+        message = f"{rec.incomplete_message()} (the script exited with status {end['exit_code']})"
+        if not rec.writer.unclosed:
+            raise TraceError(message)
+        print(f"tracediff: error: {message}", file=sys.stderr)
+        end = {"exit_code": 2}   # as the CLI's own errors; exits below without HDF5's close
     if rec.writer is not None and rec.writer.unclosed:
         # A write failed mid-flush: HDF5 can crash closing that file (at exit too), which
         # would replace the script's exit code. The trace keeps its last commit.
         sys.stdout.flush()
         sys.stderr.flush()
+        if end.get("signal"):
+            exit_by_signal(end["signal"], finalize=False)
         os._exit(end["exit_code"])
-    return end["exit_code"]
+    return -end["signal"] if end.get("signal") else end["exit_code"]
+
+
+def exit_by_signal(signum, finalize=True):
+    """End this process killed by SIGNUM, as the plain script's would have ended (a parent
+    sees -SIGNUM, a shell 128+SIGNUM). SIGINT: as Python ends on an uncaught
+    KeyboardInterrupt, after joining threads and running atexit handlers; SIGTERM's
+    default action ends a process at once. Never returns."""
+    if finalize and signum == signal.SIGINT:
+        import atexit
+        import threading
+
+        try:
+            threading._shutdown()
+        except Exception:
+            pass
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    try:
+        signal.signal(signum, signal.SIG_DFL)
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+        os.kill(os.getpid(), signum)
+    except (OSError, ValueError):
+        pass
+    os._exit(128 + signum)
+
+
+class _ProcessEnds:
+    """`os._exit` and `os.exec*` end the process without unwinding (no finally, no
+    atexit), which would leave the trace with only what the last flush committed.
+    While the script runs they first stop the recording (the trace is closed and
+    complete; its end says how), then do what they do. A forked child's calls go straight
+    through (the trace is its parent's). `os.execl*`/`execvp*` call `os.execv`/`execve`."""
+
+    def __init__(self, rec):
+        self.rec = rec
+        self.saved = {}
+
+    def __enter__(self):
+        for name, wrap in (("_exit", self._exit), ("execv", self._exec("execv")),
+                           ("execve", self._exec("execve"))):
+            if hasattr(os, name):
+                self.saved[name] = getattr(os, name)
+                setattr(os, name, wrap)
+        return self
+
+    def __exit__(self, *exc):
+        for name, real in self.saved.items():
+            setattr(os, name, real)
+
+    def _ours(self):
+        return os.getpid() == self.rec.pid and not self.rec._stopped
+
+    def _exit(self, status):
+        if self._ours():
+            code = status if isinstance(status, int) and not isinstance(status, bool) else 1
+            self._stop({"status": "os._exit", "exit_code": code & 0xFF})
+        self.saved["_exit"](status)
+
+    def _exec(self, name):
+        def exec_(path, args, *env):
+            if not self._ours():
+                return self.saved[name](path, args, *env)
+            self._stop({"status": "exec", "exit_code": None,
+                        "message": f"os.{name}({os.fsdecode(path)!r}, ...)"[:2000]})
+            try:
+                return self.saved[name](path, args, *env)
+            except BaseException:
+                print(f"tracediff: warning: os.{name} failed after the trace was closed; "
+                      f"the rest of the script is not recorded", file=sys.stderr)
+                raise
+        return exec_
+
+    def _stop(self, end):
+        rec = self.rec
+        try:
+            rec.stop(end)
+            if not rec.lost and not rec.incomplete:
+                print(f"tracediff: trace written to {rec.output} ({end['status']})",
+                      file=sys.stderr)
+        except Exception as exc:   # never keep the script from ending as it asked
+            print(f"tracediff: error: closing the trace at {end['status']}: {exc}", file=sys.stderr)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
 
 
 class _LostInterrupts:
@@ -394,6 +512,19 @@ class _LostInterrupts:
     def _raise(self):
         self.writer.before_event = None
         raise self.lost()
+
+
+def _why_unreadable(path):
+    """Why the trace at PATH does not open, or None (it opens: its committed events are
+    all readable)."""
+    from .trace.reader import Trace
+
+    try:
+        with Trace(path) as t:
+            len(t)
+    except Exception as exc:
+        return str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+    return None
 
 
 def _main_thread():

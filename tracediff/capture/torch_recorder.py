@@ -75,6 +75,7 @@ import weakref
 import numpy as np
 
 from . import Capture, torch_device
+from .budget import HEADROOM, get_limit, set_limit
 from ..trace import schema
 from ..trace.sources import LIB_SEP
 
@@ -972,6 +973,25 @@ def _disabled_once_dynamo_loads(dispatch):
     return __torch_dispatch__
 
 
+def _with_headroom(dispatch):
+    """`dispatch` with `budget.HEADROOM` more frames of recursion limit: the recorder's
+    own frames above an op never count against the script's budget (capture/budget.py).
+    Its first frame is the only one the script's budget pays for."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        limit = get_limit()
+        set_limit(limit + HEADROOM)
+        try:
+            return dispatch(self, func, types, args, kwargs)
+        finally:
+            try:
+                set_limit(limit)
+            except RecursionError:   # this frame stands at the limit itself: stay higher
+                pass
+
+    return __torch_dispatch__
+
+
 def _make_mode(capture):
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -983,7 +1003,8 @@ def _make_mode(capture):
     lazy = skip is not None and skip()
 
     class _TraceMode(TorchDispatchMode):
-        __torch_dispatch__ = _disabled_once_dynamo_loads(dispatch) if lazy else dispatch
+        __torch_dispatch__ = _with_headroom(_disabled_once_dynamo_loads(dispatch) if lazy
+                                            else dispatch)
 
         @classmethod
         def _should_skip_dynamo(cls):

@@ -120,7 +120,7 @@ class TraceWriter:
 
     @_signals_deferred
     def __init__(self, path, manifest):
-        self.path = os.fspath(path)
+        self.path = os.path.abspath(path)   # the script may chdir
         self._file = TraceFile(self.path)
         try:
             self._f = h5py.File(self._file, "w", libver="earliest")
@@ -574,12 +574,13 @@ class TraceWriter:
         return None
 
     def _stop_cleanly(self, reason):
-        """Stop recording while the disk still has room to close the file properly."""
+        """Stop recording before a flush that may not fit, writing nothing more: HDF5's
+        close goes nowhere (`TraceFile.discard`), so the file stays exactly as its last
+        commit left it. (Closing it for real writes metadata; on a disk another process
+        is filling, that write failed half-way and left a file that no longer opened.)"""
         self.error = reason
-        self._rows = {name: [] for name in schema.TABLES}
-        self._blob = bytearray()
-        self._new_strings = []
-        self._pstats, self._pstats_bytes = {}, 0
+        self._drop_buffers()
+        self._file.discard()
         try:
             self._f.close()
         except Exception:
@@ -635,10 +636,8 @@ class TraceWriter:
         self.error = one_line(exc, 200, with_type=True)
         self.closed = True
         self.unclosed = True
-        self._rows = {name: [] for name in schema.TABLES}
-        self._blob = bytearray()
-        self._new_strings = []
-        self._pstats, self._pstats_bytes = {}, 0
+        self._file.discard()     # whatever HDF5 writes from now on would go half-way
+        self._drop_buffers()
 
     @_signals_deferred
     def close(self, **manifest_fields):
@@ -657,11 +656,7 @@ class TraceWriter:
                 self._manifest.update(manifest_fields)
                 self._manifest["recording_error"] = self.error
                 if not self.unclosed and self._file.at_path():
-                    try:
-                        with h5py.File(self.path, "r+", libver="earliest") as f:
-                            f["manifest"][()] = self._manifest_text()
-                    except Exception:
-                        pass
+                    self._note_error()
             return
         self.flush()
         if self.closed:  # the flush failed
@@ -684,21 +679,41 @@ class TraceWriter:
             self._compact()
         self._file.close()
 
-    def _compact(self):
-        """Rewrite the finished trace without the empty tails of its chunks
-        (`write_finished`, replacing it atomically). Any failure keeps the chunked
-        original, which is just as valid, so a problem here never costs the trace."""
+    def _note_error(self):
+        """Put the final manifest (how the run ended, `recording_error`) into a trace whose
+        recording stopped early, never at the cost of its last commit: the disk may be full,
+        and a write failing half-way through the file would leave it unreadable. A small
+        trace is rewritten beside itself and moved over it (`_compact`: a failed copy leaves
+        the original); a large one is updated in place only with room to spare."""
+        path, text = self._file.path, self._manifest_text()
         try:
-            with h5py.File(self.path, "r", locking=False) as src:
+            size = os.path.getsize(path)
+            free = shutil.disk_usage(os.path.dirname(path)).free
+            if size <= COMPACT_BELOW:
+                if free >= size + RESERVE_BYTES:
+                    self._compact(manifest=text)
+            elif free >= RESERVE_BYTES + 4 * len(text):
+                with h5py.File(path, "r+", libver="earliest") as f:
+                    f["manifest"][()] = text
+        except Exception:
+            pass
+
+    def _compact(self, manifest=None):
+        """Rewrite the finished trace without the empty tails of its chunks
+        (`write_finished`, replacing it atomically), with `manifest` (JSON text) if given.
+        Any failure keeps the chunked original, which is just as valid, so a problem here
+        never costs the trace."""
+        try:
+            with h5py.File(self._file.path, "r", locking=False) as src:
                 tables = {}
                 for name in list(schema.TABLES) + ["blob", "strings"]:
                     ds = src[name]
                     tables[name] = ds[:int(src.attrs.get(f"committed_{name}", ds.shape[0]))]
-                manifest = src["manifest"][()]
+                manifest = src["manifest"][()] if manifest is None else manifest
                 attrs = dict(src.attrs)
             if self._file.check_path():   # the path changed hands meanwhile: leave it
                 return
-            write_finished(self.path, tables, manifest, attrs, replace=True)
+            write_finished(self._file.path, tables, manifest, attrs, replace=True)
             self.compacted = True
         except Exception:
             pass
