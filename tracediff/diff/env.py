@@ -16,7 +16,8 @@ IGNORED_PREFIX = ("end.", "counts.", "stats.", "frameworks.jax.replay_vs_compile
 # leaf names that are recording statistics or notes, not environment
 IGNORED_LEAF = {"calls", "calls_not_replayed", "eager_primitives", "equations", "optimizer_steps",
                 "replay_errors", "ops", "input_snapshots", "mode", "supported", "threads_note",
-                "compile", "events", "bytes_recorded", "captured", "loops", "producer_fallbacks"}
+                "compile", "events", "bytes_recorded", "captured", "loops", "producer_fallbacks",
+                "missed", "captured_late"}
 
 CATEGORY_OF_TOP = {"packages": "package", "cpu": "cpu", "env": "env", "jax": "jax-config",
                    "torch": "torch-config", "threads": "threads", "python": "python",
@@ -100,7 +101,7 @@ def env_diff(ma, mb):
     out = []
     # a framework used on one side only: one line, not one per setting
     fwa, fwb = dict(ma.get("frameworks") or {}), dict(mb.get("frameworks") or {})
-    for fw in sorted((set(fwa) | set(fwb)) - {"captured"}):
+    for fw in sorted((set(fwa) | set(fwb)) - {"captured", "missed", "captured_late"}):
         if (fw in fwa) != (fw in fwb):
             ver = (fwa.get(fw) or fwb.get(fw) or {}).get("version", "")
             out.append({"key": f"frameworks.{fw}", "category": f"{fw}-config",
