@@ -187,3 +187,17 @@ def test_a_framework_loaded_but_not_captured_is_said_and_never_a_match(tmp_path)
     assert loc.returncode == 2, loc.stdout + loc.stderr
     assert "lacks torch, which its script loaded but the recording did not capture" in loc.stderr
     assert "Traceback" not in loc.stderr
+
+
+def test_one_sided_native_libraries_are_no_environment_difference(recorded):
+    """A Flax script and its torch port: JAX loads libjax and scipy's libraries, torch its
+    own; between traces of different frameworks none of them is an environment difference."""
+    paths = recorded.many({"flax": ("flax_dense.py", (), None),
+                           "torch": ("torch_linear.py", (), None)})
+    with Trace(str(paths["flax"])) as ta, Trace(str(paths["torch"])) as tb:
+        la, lb = set(ta.manifest["libraries"]), set(tb.manifest["libraries"])
+        assert la - lb and lb - la
+    d = json.loads(run_cli("locate", paths["flax"], paths["torch"], "--json", "--no-explain").stdout)
+    assert [e["key"] for e in d["env_diff"] if e["key"].startswith("libraries.")
+            and (e["a"] is None or e["b"] is None)] == []
+    assert {e["key"] for e in d["env_diff"]} >= {"frameworks.jax", "frameworks.torch"}

@@ -218,9 +218,12 @@ class Session:
         """events.source from (file, line) frames, innermost first: the innermost frame of
         the user's code, as "LIB ← USER" when the op runs inside library code (flax, optax,
         a pip package: LIB is the innermost frame outside jax, tracediff and Python's
-        standard library; trace/sources.py). Each file is classified once."""
+        standard library; trace/sources.py). When LIB is a framework's own layer code
+        (flax.linen's Dense) called by a model library (transformers' modeling_flax_bert),
+        USER is that library's frame: the line that says which layer (`model_site`).
+        Each file is classified once."""
         kinds = self._site_kinds
-        lib = None
+        lib = model = None
         for fn, line in frames:
             k = kinds.get(fn)
             if k is None:
@@ -228,19 +231,39 @@ class Session:
             if k:
                 here = f"{self.short_path(fn)}:{line}"
                 if k == 2:
-                    return join_site(here, lib)
+                    return join_site(model or here, lib)
                 if lib is None:
-                    lib = here
-        return lib
+                    lib, in_framework = here, k == 1
+                elif k == 3 and model is None and in_framework:
+                    model = here
+        return join_site(model, lib) if model else lib
+
+    # the frameworks' own packages (layers, optimizers): an op inside them is named by the
+    # model code that called them when that code is a library (`jax_site`)
+    FRAMEWORK_PACKAGES = ("flax", "optax", "torch", "jax", "jaxlib", "chex", "haiku",
+                          "equinox", "torchvision", "functorch")
 
     def _site_kind(self, fn):
-        """0: never named (tracediff, jax, the standard library, <frozen ...>); 1: library
-        code; 2: the user's code (`is_user_file`)."""
+        """0: never named (tracediff, jax, the standard library, <frozen ...>); 1: a
+        framework's library code (flax, optax, torch); 3: other library code
+        (transformers, a pip package); 2: the user's code (`is_user_file`)."""
         if fn.startswith(self.tool_dirs) or fn.startswith(self.site_skip) or \
                 fn.startswith(("<frozen", "<string>")) or \
                 (fn.startswith(_STDLIB) and "-packages" not in fn):
             return 0
-        return 2 if self.is_user_file(fn) else 1
+        if self.is_user_file(fn):
+            return 2
+        return 1 if self.in_framework(fn) else 3
+
+    def in_framework(self, filename):
+        """True for a file of a framework's own package (`FRAMEWORK_PACKAGES`), read from
+        the folder after site-packages / dist-packages."""
+        for marker in ("site-packages" + os.sep, "dist-packages" + os.sep):
+            i = filename.rfind(marker)
+            if i >= 0:
+                top = filename[i + len(marker):].split(os.sep, 1)[0]
+                return top.split(".", 1)[0] in self.FRAMEWORK_PACKAGES
+        return False
 
     def short_path(self, filename):
         """A source path as shown in reports: relative to the script's folder when inside it."""

@@ -122,10 +122,18 @@ def env_diff(ma, mb):
     if "frameworks" in mb:
         mb["frameworks"] = fwb
     fa, fb = _flatten(ma), _flatten(mb)
+    # traces of different frameworks (a Flax model and its torch port): each framework
+    # loads native libraries of its own (libtorch, libjax, scipy's); one loaded on one side
+    # only computes nothing on the other, so it is no environment difference between them
+    ca, cb = fwa.get("captured"), fwb.get("captured")
+    own_libraries = isinstance(ca, list) and isinstance(cb, list) and set(map(str, ca)) != \
+        set(map(str, cb))
     for key in sorted(set(fa) | set(fb)):
         if key in IGNORED or key.startswith(IGNORED_PREFIX) or key.startswith("cpu.isa_flags"):
             continue
         if key.rsplit(".", 1)[-1] in IGNORED_LEAF:
+            continue
+        if own_libraries and key.startswith("libraries.") and (key in fa) != (key in fb):
             continue
         va, vb = fa.get(key), fb.get(key)
         if va == vb:
