@@ -129,11 +129,11 @@ def test_modules_map_themselves_and_a_qk_swap_is_named(runs):
 
 
 def test_two_scripts_no_one_sided_library_difference(runs):
-    """The Flax script loads JAX's native libraries (and scipy's, through JAX), the torch
-    script torch's: neither computes anything on the other side."""
+    """transformers imports both frameworks in each script; scipy's extension modules
+    (`_decomp_interpolative`) are loaded in one of them only: no environment difference."""
     with Trace(str(runs["flax"]["trace"])) as ta, Trace(str(runs["torch"]["trace"])) as tb:
         la, lb = set(ta.manifest.get("libraries") or {}), set(tb.manifest.get("libraries") or {})
-        assert la - lb and lb - la            # the case is there: one-sided libraries
+        assert la ^ lb                        # the case is there: one-sided libraries
     proc = run_cli("locate", runs["flax"]["trace"], runs["torch"]["trace"], "--json",
                    "--no-explain")
     assert proc.returncode in (0, 1), proc.stderr

@@ -94,6 +94,13 @@ def _isa_entry(a, b):
             "numeric_only_in_a": numeric_a, "numeric_only_in_b": numeric_b}
 
 
+def _extension_module(desc):
+    """True for a Python extension module (`_decomp_update.cpython-311-x86_64-linux-gnu.so`,
+    scipy's, loaded by an import on one side): a module the script imported, not a native
+    library the recorded ops call (those are listed by their own names: libscipy_openblas)."""
+    return isinstance(desc, str) and re.search(r"\.(cpython-\d+|abi3|pypy\d*)[-.]", desc) is not None
+
+
 def env_diff(ma, mb):
     """List of {key, category, a, b}, numerically relevant first. Hostname is kept as
     informative (last); timestamps and pids are never listed."""
@@ -124,7 +131,8 @@ def env_diff(ma, mb):
     fa, fb = _flatten(ma), _flatten(mb)
     # traces of different frameworks (a Flax model and its torch port): each framework
     # loads native libraries of its own (libtorch, libjax, scipy's); one loaded on one side
-    # only computes nothing on the other, so it is no environment difference between them
+    # only computes nothing on the other, so it is no environment difference between them;
+    # nor is an extension module one side imported (scipy.linalg's, through a library)
     ca, cb = fwa.get("captured"), fwb.get("captured")
     own_libraries = isinstance(ca, list) and isinstance(cb, list) and set(map(str, ca)) != \
         set(map(str, cb))
@@ -133,7 +141,8 @@ def env_diff(ma, mb):
             continue
         if key.rsplit(".", 1)[-1] in IGNORED_LEAF:
             continue
-        if own_libraries and key.startswith("libraries.") and (key in fa) != (key in fb):
+        if key.startswith("libraries.") and (key in fa) != (key in fb) and \
+                (own_libraries or _extension_module(fa.get(key, fb.get(key)))):
             continue
         va, vb = fa.get(key), fb.get(key)
         if va == vb:
