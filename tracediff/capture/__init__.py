@@ -1,7 +1,7 @@
 """Capture: one recorder per framework behind one small interface.
 
-A `Capture` is installed when its framework is first imported by the recorded script
-(or at once if it already is), writes events through the shared `Session`, and adds its
+A `Capture` is installed when its framework is first loaded by the recorded script
+(or at once if it already is; `ImportWatcher`: on the load, never on a lookup), writes events through the shared `Session`, and adds its
 framework's configuration to the manifest when the run ends.
 """
 
