@@ -66,6 +66,10 @@ def test_swapped_query_and_key_are_named(swapped):
     assert {m["a_module"] for m in rest} >= {"Model/block/attn/value", "Model/block/attn/out",
                                              "Model/block/fc1", "Model/block/fc2", "Model/head"}
     assert all(m["module_rule"] == "root Model dropped" for m in rest)
+    # the first finding (the attention scores, computed from the swapped projections) says so
+    f = r.first_beyond_tolerance
+    assert f is not None and f.layer["a_module"] == "Model/block/attn", f.layer
+    assert "upstream values pair across names: values of" in f.note, f.note
     proc = run_cli("locate", swapped, env={"NO_COLOR": "1", "COLUMNS": "250"})
     assert proc.returncode in (0, 1), proc.stderr
     assert "modules paired by name:" in proc.stdout and "root Model dropped" in proc.stdout

@@ -40,7 +40,8 @@ def _record(out, folder, *args):
 def runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("hf_capture")
     out = {}
-    for name, args in (("one", ()), ("qk", ("--swap-qk",)), ("torch", ("--side", "torch")),
+    for name, args in (("one", ()), ("qk", ("--swap-qk",)),
+                       ("qk_sdpa", ("--swap-qk", "--attn", "sdpa")), ("torch", ("--side", "torch")),
                        ("flax", ("--side", "flax"))):
         folder = d / ("two" if name in ("torch", "flax") else name)
         folder.mkdir(exist_ok=True)
@@ -141,3 +142,14 @@ def test_two_scripts_no_one_sided_library_difference(runs):
     one_sided = [e["key"] for e in env if e["key"].startswith("libraries.")
                  and (e["a"] is None or e["b"] is None)]
     assert one_sided == []
+
+
+def test_qk_swap_finding_says_upstream_values_cross_names(runs):
+    """SDPA attention: the swap is found at layer 1's attention (where the injected swap
+    is), and the finding says the values it reads pair across names."""
+    r = tracediff.locate(str(runs["qk_sdpa"]["trace"]), explain=False)
+    f = r.first_beyond_tolerance
+    assert f is not None
+    assert f.layer["b_module"] == "encoder/layer/1/attention/self", f.layer
+    assert f.layer["a_module"].startswith("FlaxBertModule/encoder/layer/1/attention/self"), f.layer
+    assert "upstream values pair across names: values of query pair with key's" in f.note, f.note

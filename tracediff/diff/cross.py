@@ -391,8 +391,11 @@ class CrossDiffer(Differ):
         ua, ub = self.ga.units[pr.a], self.gb.units[pr.b]
         cross_text = self.names(pr)["names_cross"]
         ns = lambda t, e: t.string(t.events[e]["name_stack"])  # noqa: E731
+        upstream = self._crossed_upstream(pr)
         return ((f"names cross: {cross_text} (a {ns(self.ta, ua.rep)}, b "
                  f"{ns(self.tb, ub.rep)}); " if cross_text else "") +
+                (f"upstream values pair across names: {', '.join(upstream[:4])}; " if upstream
+                 else "") +
                 f"a: {ua.label} (events {', '.join(map(str, ua.events))}) paired with "
                 f"b: {ub.label} (events {', '.join(map(str, ub.events))}) by {pr.by}, "
                 f"op family {ua.family}: {pr.how}")
@@ -409,6 +412,27 @@ class CrossDiffer(Differ):
                 "a_module": ua.module, "b_module": ub.module, **names,
                 "a_source": split_site(self.ta.string(self.ta.events[ua.rep]["source"]))[0],
                 "b_source": split_site(self.tb.string(self.tb.events[ub.rep]["source"]))[0]}
+
+    def _crossed_upstream(self, pr, hops=4, limit=64):
+        """names_cross of the pairs that made what this pair reads, a few paired hops back
+        (a q/k swap two ops before the softmax where the values first differ)."""
+        out, seen, frontier = [], set(), [pr]
+        for _ in range(hops):
+            nxt = []
+            for q in frontier:
+                for _, _, _, key in self.p.region_inputs(0, q.a):
+                    if not key or key[0] != "pair" or key[1] in seen or len(seen) >= limit:
+                        continue
+                    seen.add(key[1])
+                    up = self.p.pairs[key[1]]
+                    text = self.names(up)["names_cross"]
+                    if text:
+                        if text not in out:
+                            out.append(text)
+                    else:
+                        nxt.append(up)
+            frontier = nxt
+        return out
 
     def names(self, pr):
         """How the module paths of a pair correspond (modnames.py): `module_rule` (the
