@@ -252,6 +252,11 @@ class Recording:
             except Exception as exc:
                 frameworks_manifest.setdefault("capture_errors", []).append(repr(exc))
         frameworks_manifest["captured"] = [c.framework for c in self.session.captures]
+        missed, late = self._unrecorded()
+        if missed:
+            frameworks_manifest["missed"] = missed
+        if late:
+            frameworks_manifest["captured_late"] = late
         try:
             self.writer.close(end=end, frameworks=frameworks_manifest, events=self.writer.n_events,
                               libraries=native_libraries(),   # loaded by the end of the run
@@ -261,6 +266,15 @@ class Recording:
             if self._old_gc is not None:
                 gc.set_threshold(*self._old_gc)
                 self._old_gc = None
+        for fw in missed:
+            print(f"tracediff: WARNING: the script loaded {fw} but the trace holds none of its "
+                  f"operations: {fw} was not recorded (the manifest says so under "
+                  f"frameworks.missed; locate will not call this trace a match)",
+                  file=sys.stderr)
+        for fw in late:
+            print(f"tracediff: warning: {fw} was found loaded only after its import finished "
+                  f"(loaded outside the import system); what it ran before that is not in the "
+                  f"trace", file=sys.stderr)
         if self.writer.lost:
             if report_lost:
                 print(f"tracediff: error: recording lost: {self.writer.lost}", file=sys.stderr)
@@ -285,6 +299,19 @@ class Recording:
     def incomplete_message(self):
         return (f"recording incomplete: {self.writer.error}, and the trace {self.output} "
                 f"does not open ({self.incomplete})")
+
+    def _unrecorded(self):
+        """(frameworks the script loaded that have no capture, frameworks captured only
+        once the watcher found them loaded by other means): never silent (issue #26)."""
+        w = self.watcher
+        if w is None:
+            return [], []
+        names = getattr(w, "frameworks", {})
+        have = {c.framework for c in self.session.captures}
+        missed = [names.get(m, m) for m in w.loaded_unwatched()]
+        missed = sorted(set(missed) - have)
+        late = sorted({names.get(m, m) for m in w.late} & have)
+        return missed, late
 
     def _recording_summary(self):
         """The manifest's `recording` section completed with what the windows and the byte

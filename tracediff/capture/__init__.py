@@ -1,7 +1,7 @@
 """Capture: one recorder per framework behind one small interface.
 
-A `Capture` is installed when its framework is first imported by the recorded script
-(or at once if it already is), writes events through the shared `Session`, and adds its
+A `Capture` is installed when its framework is first loaded by the recorded script
+(or at once if it already is; `ImportWatcher`: on the load, never on a lookup), writes events through the shared `Session`, and adds its
 framework's configuration to the manifest when the run ends.
 """
 
@@ -218,9 +218,12 @@ class Session:
         """events.source from (file, line) frames, innermost first: the innermost frame of
         the user's code, as "LIB ← USER" when the op runs inside library code (flax, optax,
         a pip package: LIB is the innermost frame outside jax, tracediff and Python's
-        standard library; trace/sources.py). Each file is classified once."""
+        standard library; trace/sources.py). When LIB is a framework's own layer code
+        (flax.linen's Dense) called by a model library (transformers' modeling_flax_bert),
+        USER is that library's frame: the line that says which layer (`model_site`).
+        Each file is classified once."""
         kinds = self._site_kinds
-        lib = None
+        lib = model = None
         for fn, line in frames:
             k = kinds.get(fn)
             if k is None:
@@ -228,19 +231,39 @@ class Session:
             if k:
                 here = f"{self.short_path(fn)}:{line}"
                 if k == 2:
-                    return join_site(here, lib)
+                    return join_site(model or here, lib)
                 if lib is None:
-                    lib = here
-        return lib
+                    lib, in_framework = here, k == 1
+                elif k == 3 and model is None and in_framework:
+                    model = here
+        return join_site(model, lib) if model else lib
+
+    # the frameworks' own packages (layers, optimizers): an op inside them is named by the
+    # model code that called them when that code is a library (`jax_site`)
+    FRAMEWORK_PACKAGES = ("flax", "optax", "torch", "jax", "jaxlib", "chex", "haiku",
+                          "equinox", "torchvision", "functorch")
 
     def _site_kind(self, fn):
-        """0: never named (tracediff, jax, the standard library, <frozen ...>); 1: library
-        code; 2: the user's code (`is_user_file`)."""
+        """0: never named (tracediff, jax, the standard library, <frozen ...>); 1: a
+        framework's library code (flax, optax, torch); 3: other library code
+        (transformers, a pip package); 2: the user's code (`is_user_file`)."""
         if fn.startswith(self.tool_dirs) or fn.startswith(self.site_skip) or \
                 fn.startswith(("<frozen", "<string>")) or \
                 (fn.startswith(_STDLIB) and "-packages" not in fn):
             return 0
-        return 2 if self.is_user_file(fn) else 1
+        if self.is_user_file(fn):
+            return 2
+        return 1 if self.in_framework(fn) else 3
+
+    def in_framework(self, filename):
+        """True for a file of a framework's own package (`FRAMEWORK_PACKAGES`), read from
+        the folder after site-packages / dist-packages."""
+        for marker in ("site-packages" + os.sep, "dist-packages" + os.sep):
+            i = filename.rfind(marker)
+            if i >= 0:
+                top = filename[i + len(marker):].split(os.sep, 1)[0]
+                return top.split(".", 1)[0] in self.FRAMEWORK_PACKAGES
+        return False
 
     def short_path(self, filename):
         """A source path as shown in reports: relative to the script's folder when inside it."""
@@ -267,27 +290,74 @@ class Capture:
 
 
 class _Loader(importlib.abc.Loader):
-    def __init__(self, inner, callback):
-        self.inner, self.callback = inner, callback
+    """The module's own loader, and the watcher's callback once the module has run."""
+
+    def __init__(self, inner, fire):
+        self.inner, self.fire = inner, fire
 
     def create_module(self, spec):
         return self.inner.create_module(spec)
 
     def exec_module(self, module):
         self.inner.exec_module(module)
-        self.callback()
+        self.fire()
+
+    def __getattr__(self, name):   # get_resource_reader, is_package, get_source, ...
+        if name in ("inner", "fire"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+def _loaded(name):
+    """True when module `name` is in sys.modules and has finished executing (a module
+    still importing is in sys.modules already, with `__spec__._initializing` set when the
+    import system runs it)."""
+    mod = sys.modules.get(name)
+    if mod is None or getattr(getattr(mod, "__spec__", None), "_initializing", False):
+        return False
+    # a loader called by hand sets no flag: the module's own code still on the stack
+    own = getattr(mod, "__dict__", None)
+    f = sys._getframe(1)
+    while f is not None:
+        if f.f_globals is own:
+            return False
+        f = f.f_back
+    return True
 
 
 class ImportWatcher(importlib.abc.MetaPathFinder):
-    """Runs a callback right after a watched top-level module finishes importing."""
+    """Runs a callback once, right after a watched module is *loaded* (has executed).
+
+    Why on the load and not on the lookup: libraries look a framework up before they
+    import it (transformers calls `importlib.util.find_spec("jax")`), and a lookup need
+    not be followed by a load through that spec. So every spec handed out carries the
+    callback until one of them runs; `import`, `importlib.import_module`, lazy modules
+    and imports inside functions or libraries all load through a spec. A module loaded
+    some other way (a loader called by hand) is caught on the next import of anything
+    (sys.modules is checked then: `late`), and `loaded_unwatched()` names what is loaded
+    with its callback never run, for the end of a recording."""
 
     def __init__(self, callbacks):
         self.callbacks = dict(callbacks)
+        self.late = []   # watched modules found loaded by the sys.modules check
         self._busy = set()
 
+    def _fire(self, name):
+        cb = self.callbacks.pop(name, None)
+        if cb is not None:
+            cb()
+
+    def _check_loaded(self):
+        for name in [n for n in self.callbacks if _loaded(n)]:
+            if name in self.callbacks:
+                self.late.append(name)
+                self._fire(name)
+
     def find_spec(self, fullname, path=None, target=None):
-        cb = self.callbacks.get(fullname)
-        if cb is None or fullname in self._busy:
+        if not self.callbacks:
+            return None
+        self._check_loaded()
+        if fullname not in self.callbacks or fullname in self._busy:
             return None
         self._busy.add(fullname)
         try:
@@ -296,14 +366,17 @@ class ImportWatcher(importlib.abc.MetaPathFinder):
             self._busy.discard(fullname)
         if spec is None or spec.loader is None:
             return None
-        del self.callbacks[fullname]
-        spec.loader = _Loader(spec.loader, cb)
+        spec.loader = _Loader(spec.loader, lambda: self._fire(fullname))
         return spec
+
+    def loaded_unwatched(self):
+        """Watched modules that are loaded while their callback never ran."""
+        return [n for n in self.callbacks if _loaded(n)]
 
     def install(self):
         for name in list(self.callbacks):
             if name in sys.modules:
-                self.callbacks.pop(name)()
+                self._fire(name)
         if self.callbacks:
             sys.meta_path.insert(0, self)
 
@@ -340,6 +413,7 @@ def start_captures(session, frameworks=("jax", "torch")):
 
         callbacks[trigger] = _install
     watcher = ImportWatcher(callbacks)
+    watcher.frameworks = {RECORDERS[fw][0]: fw for fw in frameworks}
     watcher.install()
     return watcher
 

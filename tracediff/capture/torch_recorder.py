@@ -452,11 +452,13 @@ class TorchCapture(Capture):
         """events.source of the op being recorded: the innermost frame of the user's code,
         as "LIB ← USER" when the op runs inside library code (torch.nn, transformers, a pip
         package: LIB is the innermost frame outside tracediff and Python's standard library;
-        trace/sources.py). Each code object is classified once (`_code_kind`), so the walk
-        costs a dict lookup per frame, as before."""
+        trace/sources.py); torch.nn's code called by a model library is named by that
+        library's frame as USER (the line that says which layer, `Session.jax_site`).
+        Each code object is classified once (`_code_kind`), so the walk costs a dict
+        lookup per frame, as before."""
         f = sys._getframe(2)
         kinds = self._code_kind
-        lib = None
+        lib = model = None
         while f is not None:
             code = f.f_code
             k = kinds.get(code)
@@ -468,21 +470,26 @@ class TorchCapture(Capture):
                 if short is None:
                     short = self._short[fn] = self.session.short_path(fn)
                 if k == 2:
-                    return f"{short}:{f.f_lineno}" if lib is None else \
-                        f"{lib}{LIB_SEP}{short}:{f.f_lineno}"
+                    user = model or f"{short}:{f.f_lineno}"
+                    return user if lib is None else f"{lib}{LIB_SEP}{user}"
                 if lib is None:
-                    lib = f"{short}:{f.f_lineno}"
+                    lib, in_framework = f"{short}:{f.f_lineno}", k == 1
+                elif k == 3 and model is None and in_framework:
+                    model = f"{short}:{f.f_lineno}"   # transformers calling torch.nn
             f = f.f_back
-        return lib
+        return f"{lib}{LIB_SEP}{model}" if model else lib
 
     def _kind(self, fn):
         """0: a frame never named (tracediff, the standard library, <frozen ...>, torch's
-        dispatch plumbing); 1: library code (torch, site-packages); 2: the user's code."""
+        dispatch plumbing); 1: a framework's library code (torch, flax, ...); 3: other
+        library code (transformers, a pip package); 2: the user's code."""
         if fn.startswith(self.tool_prefixes) or fn in self.plumbing or (
                 fn.startswith(self.stdlib) and "-packages" not in fn):
             return 0
-        if fn.startswith(self.torch_dir) or not self.session.is_user_file(fn):
+        if fn.startswith(self.torch_dir):
             return 1
+        if not self.session.is_user_file(fn):
+            return 1 if self.session.in_framework(fn) else 3
         return 2
 
     # -- values ---------------------------------------------------------------------------

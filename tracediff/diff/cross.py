@@ -30,6 +30,7 @@ from ..trace.sources import split_site
 from ..trace.values import parse_shape
 from . import align as _align
 from . import compare
+from . import modnames
 from . import optroles
 from . import pairing as _pairing
 from .differ import BITWISE, Differ, comparable
@@ -446,7 +447,14 @@ class CrossDiffer(Differ):
 
     def _note(self, pr):
         ua, ub = self.ga.units[pr.a], self.gb.units[pr.b]
-        return (f"a: {ua.label} (events {', '.join(map(str, ua.events))}) paired with "
+        cross_text = self.names(pr)["names_cross"]
+        ns = lambda t, e: t.string(t.events[e]["name_stack"])  # noqa: E731
+        upstream = self._crossed_upstream(pr)
+        return ((f"names cross: {cross_text} (a {ns(self.ta, ua.rep)}, b "
+                 f"{ns(self.tb, ub.rep)}); " if cross_text else "") +
+                (f"upstream values pair across names: {', '.join(upstream[:4])}; " if upstream
+                 else "") +
+                f"a: {ua.label} (events {', '.join(map(str, ua.events))}) paired with "
                 f"b: {ub.label} (events {', '.join(map(str, ub.events))}) by {pr.by}, "
                 f"op family {ua.family}: {pr.how}")
 
@@ -456,10 +464,43 @@ class CrossDiffer(Differ):
         fam = next((f for f in (ua.family, ub.family) if f in _pairing.LAYER_KIND), ua.family)
         a = _pairing.layer_text(ua, self.fw_a, fam, self._region_label(0, pr.a))
         b = _pairing.layer_text(ub, self.fw_b, fam, self._region_label(1, pr.b))
-        return {"a": a, "b": b, "text": f"{a} <-> {b}", "family": fam,
-                "a_module": ua.module, "b_module": ub.module,
+        names = self.names(pr)
+        cross_text = f"; names cross: {names['names_cross']}" if names["names_cross"] else ""
+        return {"a": a, "b": b, "text": f"{a} <-> {b}{cross_text}", "family": fam,
+                "a_module": ua.module, "b_module": ub.module, **names,
                 "a_source": split_site(self.ta.string(self.ta.events[ua.rep]["source"]))[0],
                 "b_source": split_site(self.tb.string(self.tb.events[ub.rep]["source"]))[0]}
+
+    def _crossed_upstream(self, pr, hops=4, limit=64):
+        """names_cross of the pairs that made what this pair reads, a few paired hops back
+        (a q/k swap two ops before the softmax where the values first differ)."""
+        out, seen, frontier = [], set(), [pr]
+        for _ in range(hops):
+            nxt = []
+            for q in frontier:
+                for _, _, _, key in self.p.region_inputs(0, q.a):
+                    if not key or key[0] != "pair" or key[1] in seen or len(seen) >= limit:
+                        continue
+                    seen.add(key[1])
+                    up = self.p.pairs[key[1]]
+                    text = self.names(up)["names_cross"]
+                    if text:
+                        if text not in out:
+                            out.append(text)
+                    else:
+                        nxt.append(up)
+            frontier = nxt
+        return out
+
+    def names(self, pr):
+        """How the module paths of a pair correspond (modnames.py): `module_rule` (the
+        conventions that map one name to the other: 'same name', 'root FlaxBertModule
+        dropped; layers_0 = layers.0'; None when they do not), `names_cross` ('values of
+        query pair with key's' when the values pair across different names, else None)."""
+        ua, ub = self.ga.units[pr.a], self.gb.units[pr.b]
+        ok, rules = modnames.match(ua.module, ub.module)
+        rule = ("; ".join(rules) or "same name") if ok else None
+        return {"module_rule": rule, "names_cross": modnames.crossing(ua.module, ub.module)}
 
     def _region_label(self, s, k, limit=6):
         """The ops of a unit and of the composite it ends: 'sub + mul + rsqrt + add'."""
@@ -486,7 +527,8 @@ class CrossDiffer(Differ):
                         "phase": "backward" if ua.phase == _pairing.PHASE_BWD else "forward",
                         "a_name_stack": ta.string(ta.events[ea]["name_stack"]),
                         "b_name_stack": tb.string(tb.events[ub.rep]["name_stack"]),
-                        "a_module": ua.module, "b_module": ub.module, "layer": lay["text"]})
+                        "a_module": ua.module, "b_module": ub.module, "layer": lay["text"],
+                        "module_rule": lay["module_rule"], "names_cross": lay["names_cross"]})
             for _, _, _, key in self.p.region_inputs(0, pr.a):
                 if key and key[0] == "atom":
                     used_atoms.add(key[1])

@@ -16,7 +16,8 @@ IGNORED_PREFIX = ("end.", "counts.", "stats.", "frameworks.jax.replay_vs_compile
 # leaf names that are recording statistics or notes, not environment
 IGNORED_LEAF = {"calls", "calls_not_replayed", "eager_primitives", "equations", "optimizer_steps",
                 "replay_errors", "ops", "input_snapshots", "mode", "supported", "threads_note",
-                "compile", "events", "bytes_recorded", "captured", "loops", "producer_fallbacks"}
+                "compile", "events", "bytes_recorded", "captured", "loops", "producer_fallbacks",
+                "missed", "captured_late"}
 
 CATEGORY_OF_TOP = {"packages": "package", "cpu": "cpu", "env": "env", "jax": "jax-config",
                    "torch": "torch-config", "threads": "threads", "python": "python",
@@ -93,6 +94,13 @@ def _isa_entry(a, b):
             "numeric_only_in_a": numeric_a, "numeric_only_in_b": numeric_b}
 
 
+def _extension_module(desc):
+    """True for a Python extension module (`_decomp_update.cpython-311-x86_64-linux-gnu.so`,
+    scipy's, loaded by an import on one side): a module the script imported, not a native
+    library the recorded ops call (those are listed by their own names: libscipy_openblas)."""
+    return isinstance(desc, str) and re.search(r"\.(cpython-\d+|abi3|pypy\d*)[-.]", desc) is not None
+
+
 def env_diff(ma, mb):
     """List of {key, category, a, b}, numerically relevant first. Hostname is kept as
     informative (last); timestamps and pids are never listed."""
@@ -100,7 +108,7 @@ def env_diff(ma, mb):
     out = []
     # a framework used on one side only: one line, not one per setting
     fwa, fwb = dict(ma.get("frameworks") or {}), dict(mb.get("frameworks") or {})
-    for fw in sorted((set(fwa) | set(fwb)) - {"captured"}):
+    for fw in sorted((set(fwa) | set(fwb)) - {"captured", "missed", "captured_late"}):
         if (fw in fwa) != (fw in fwb):
             ver = (fwa.get(fw) or fwb.get(fw) or {}).get("version", "")
             out.append({"key": f"frameworks.{fw}", "category": f"{fw}-config",
@@ -121,10 +129,20 @@ def env_diff(ma, mb):
     if "frameworks" in mb:
         mb["frameworks"] = fwb
     fa, fb = _flatten(ma), _flatten(mb)
+    # traces of different frameworks (a Flax model and its torch port): each framework
+    # loads native libraries of its own (libtorch, libjax, scipy's); one loaded on one side
+    # only computes nothing on the other, so it is no environment difference between them;
+    # nor is an extension module one side imported (scipy.linalg's, through a library)
+    ca, cb = fwa.get("captured"), fwb.get("captured")
+    own_libraries = isinstance(ca, list) and isinstance(cb, list) and set(map(str, ca)) != \
+        set(map(str, cb))
     for key in sorted(set(fa) | set(fb)):
         if key in IGNORED or key.startswith(IGNORED_PREFIX) or key.startswith("cpu.isa_flags"):
             continue
         if key.rsplit(".", 1)[-1] in IGNORED_LEAF:
+            continue
+        if key.startswith("libraries.") and (key in fa) != (key in fb) and \
+                (own_libraries or _extension_module(fa.get(key, fb.get(key)))):
             continue
         va, vb = fa.get(key), fb.get(key)
         if va == vb:

@@ -88,6 +88,27 @@ def _script_warnings(ta, tb):
     return w
 
 
+def missed_frameworks(t):
+    """Frameworks the recorded script loaded that the trace did not capture (the
+    manifest's `frameworks.missed`, written by the runner; issue #26)."""
+    fws = t.manifest.get("frameworks")
+    missed = fws.get("missed") if isinstance(fws, dict) else None
+    if not isinstance(missed, list):
+        return []
+    return [x for x in ("jax", "torch") if x in missed]   # known names only: untrusted
+
+
+def _missed_text(ta, tb):
+    parts = []
+    for t, name in ((ta, "a"), (tb, "b")) if ta is not tb else ((ta, "the trace"),):
+        fws = missed_frameworks(t)
+        if fws:
+            parts.append(f"{'trace ' + name if name in ('a', 'b') else name} "
+                         f"({os.path.basename(t.path)}) lacks {' and '.join(fws)}, which its "
+                         f"script loaded but the recording did not capture")
+    return "; ".join(parts)
+
+
 def _frameworks(t):
     return set(np.unique(t.events["framework"]).tolist()) - {0}
 
@@ -139,6 +160,13 @@ def run(ta, tb, rtol=None, atol=None, differ=None, mapping=None) -> LocateResult
             f"{stats['only_in_b']} only in b (first: {gap['length']} events of {gap['side']} from "
             f"#{gap['start']}: {', '.join(ops[:5])}{' ...' if len(ops) > 5 else ''}); "
             f"only paired events are compared")
+    missed = _missed_text(ta, tb)
+    if missed and first_tol is None:
+        raise TraceError(f"not comparable: {missed}; the two traces agree on what they hold, "
+                         f"but that is not the whole run: record again (this tracediff "
+                         f"captures a framework whenever it is loaded)")
+    if missed:
+        warnings.append(f"{missed}: what that framework computed is not compared")
     levels, level_warnings = _levels.annotate(first_bit, first_tol, ta, tb, d)
     return LocateResult(
         path_a=ta.path, path_b=tb.path,
@@ -239,9 +267,13 @@ def _locate(a, b, rtol, atol, map_file, ulp, noise, progress, explain, full, eve
         if b is None:
             tb = ta
             if _cross.sides(ta, ta) is None:
+                lost = missed_frameworks(ta)
                 raise TraceError(f"{ta.path}: locate needs two traces, or one trace that "
                                  f"recorded both JAX and PyTorch (this one holds "
-                                 f"{' and '.join(sorted(_names(ta))) or 'no events'})")
+                                 f"{' and '.join(sorted(_names(ta))) or 'no events'}" +
+                                 (f"; its script also loaded {' and '.join(lost)}, which the "
+                                  f"recording did not capture: record again" if lost else "")
+                                 + ")")
         else:
             tb = b if isinstance(b, Trace) else Trace(b)
             if tb is not b:

@@ -23,6 +23,8 @@ import re
 
 import numpy as np
 
+from . import modnames
+
 STATE_ROLES = {"mu": "exp_avg", "nu": "exp_avg_sq", "trace": "momentum_buffer",
                "momentum": "momentum_buffer", "sum_of_squares": "sum"}
 LEAF = {"kernel": "weight", "scale": "weight", "embedding": "weight", "weight": "weight",
@@ -102,6 +104,18 @@ def match_params(keys_a, keys_b, sizes_a, sizes_b, module_map=None):
     rest = []
     for ka in keys_a:
         if not take(ka, lambda kb: _norm(kb[0]) == _norm(ka[0]) and kb[1] == ka[1], "by path"):
+            rest.append(ka)
+    # the usual conventions (modnames.py): `layers_0` = `layers.0`, a root module's name
+    rest, named = [], rest
+    for ka in named:
+        ok = False
+        for kb in list(left_b):
+            hit, rules = modnames.match(ka[0], kb[0])
+            if hit and kb[1] == ka[1] and take(ka, lambda x, kb=kb: x is kb,
+                                               f"by name ({'; '.join(rules)})"):
+                ok = True
+                break
+        if not ok:
             rest.append(ka)
     rest2 = []
     for ka in rest:

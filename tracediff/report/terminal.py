@@ -226,6 +226,7 @@ def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bo
                           f"({markup(m['family'])}, by {markup(m['by'])})")
         if len(r.mapping) > MAX_PAIRS:
             console.print(f"  ... {len(r.mapping) - MAX_PAIRS} more pairs (--json for all)")
+        _module_names(console, r.mapping)
     if r.optimizer_steps:
         diff = [s for s in r.optimizer_steps if not s.bitwise_equal]
         if diff:
@@ -277,6 +278,27 @@ def _source_context(path, source, source_dir=None):
     except Exception:  # context only: never fail the report over it
         recorded = manifest = None
     return source_context(source, recorded, source_dir, manifest)
+
+
+def _module_names(console, mapping, limit=4):
+    """Across frameworks: the naming rules under which the paired modules' paths agree
+    (the mapping used, no --map needed), and the pairs whose values cross names."""
+    rules, named, crossed = {}, set(), {}
+    for m in mapping:
+        if m.get("module_rule") and m.get("a_module") and m.get("b_module"):
+            named.add((m["a_module"], m["b_module"]))
+            for rule in str(m["module_rule"]).split("; "):
+                rules[rule] = rules.get(rule, 0) + 1
+        if m.get("names_cross"):
+            crossed.setdefault((m.get("a_name_stack"), m.get("b_name_stack")), m["names_cross"])
+    if named:
+        console.print(f"modules paired by name: {len(named)} "
+                      f"({markup(', '.join(sorted(rules)))})")
+    for (ma, mb), text in list(crossed.items())[:limit]:
+        console.print(f"  [bold yellow]names cross[/]: {markup(text)}  "
+                      f"(a {markup(ma or '-')} <-> b {markup(mb or '-')})")
+    if len(crossed) > limit:
+        console.print(f"  ... {len(crossed) - limit} more module pairs across names (--json)")
 
 
 def _extras(console, r, verbose=False):
