@@ -364,6 +364,28 @@ class CrossDiffer(Differ):
                 self._layout[key] = p
         return xb if p is None else _pairing.apply_perm(xb, xa.shape, p)
 
+    def _out_pairs(self, ea, eb):
+        """Outputs of two paired units by slot; where one side computes several values in
+        one op and the other one (torch's fused attention backward: the grads of q, k and v,
+        against a JAX `dot_general`), the one output against the value of the other side
+        that meets it (the smallest relative L2 among those of its size)."""
+        ra = self.ta.value_rows(ea, schema.ROLE_OUT)
+        rb = self.tb.value_rows(eb, schema.ROLE_OUT)
+        if self.sa.kind[ea] == schema.KIND_OPTIM or len(ra) == len(rb) or \
+                min(len(ra), len(rb)) != 1:
+            return super()._out_pairs(ea, eb)
+        one, many, a_is_one = (ra[0], rb, True) if len(ra) == 1 else (rb[0], ra, False)
+        best, best_rel = None, None
+        for r in many:
+            if int(r["nbytes"]) != int(one["nbytes"]):
+                continue
+            nw = self._normwise(one, r) if a_is_one else self._normwise(r, one)
+            if nw is not None and nw[0] is not None and (best_rel is None or nw[0] < best_rel):
+                best, best_rel = r, nw[0]
+        if best is None:
+            return super()._out_pairs(ea, eb)
+        return [(int(one["slot"]), one, best)] if a_is_one else [(int(best["slot"]), best, one)]
+
     def compare_rows(self, row_a, row_b, tol_dtype=None):
         if row_a is None or row_b is None:
             return None

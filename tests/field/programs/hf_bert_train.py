@@ -90,6 +90,8 @@ def main():
             dump[f"flax/{step}/{'/'.join(path)}"] = np.asarray(v)
 
     # torch
+    for name, v in tmodel.named_parameters():
+        dump[f"torch/init/{name}"] = v.detach().numpy().copy()
     opt = torch.optim.AdamW(tmodel.parameters(), lr=LR, weight_decay=WD)
     tids, tmask = torch.from_numpy(ids), torch.from_numpy(mask)
     for step in range(args.steps):
