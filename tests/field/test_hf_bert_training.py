@@ -90,13 +90,35 @@ def _first_beyond(tr):
     return None, None
 
 
+@pytest.fixture(scope="module")
+def two_scripts(tmp_path_factory):
+    """The decay-mask port as two scripts, one trace each: (flax trace, torch trace, dump of
+    the flax side, dump of the torch side)."""
+    d = tmp_path_factory.mktemp("bert_train_two")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    procs, out = [], []
+    for side, fw, extra in (("flax", "jax", ("--bug", "decay_mask")), ("torch", "torch", ())):
+        trace, dump = str(d / f"{side}.h5"), str(d / f"{side}.npz")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "tracediff", "record", "--framework", fw, "-o", trace,
+             PROGRAM, "--side", side, *extra, "--dump", dump], env=env, cwd=str(d),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        out += [trace, dump]
+    for p in procs:
+        text, _ = p.communicate(timeout=900)
+        assert p.returncode == 0, text[-3000:]
+    merged = str(d / "both.npz")       # the truth reads one dump holding both sides
+    np.savez(merged, **{**dict(np.load(out[1])), **dict(np.load(out[3]))})
+    return out[0], out[2], merged
+
+
 _RESULTS = {}
 
 
-def _locate(path):
-    if path not in _RESULTS:
-        _RESULTS[path] = tracediff.locate(path)
-    return _RESULTS[path]
+def _locate(path, other=None):
+    if (path, other) not in _RESULTS:
+        _RESULTS[path, other] = tracediff.locate(path, other)
+    return _RESULTS[path, other]
 
 
 def test_correct_port_optimizer_by_role_no_false_positive(runs):
@@ -166,3 +188,16 @@ def test_decay_mask_names_the_parameter_and_the_step(runs, tmp_path):
     js = json.loads(run_cli("locate", "--json", trace).stdout)
     assert js["first_parameter"]["parameter"] == name and js["first_parameter"]["step"] == step
     assert js["optimizer_steps"][0]["first_beyond"]["parameter"] == name
+
+
+def test_decay_mask_two_scripts(two_scripts):
+    """The same bug, Flax and torch recorded by two scripts: the same parameter and step."""
+    flax_trace, torch_trace, dump = two_scripts
+    tr = truth(dump)
+    step, (name, rel, _, _, _) = _first_beyond(tr)
+    r = _locate(flax_trace, torch_trace)
+    p = r.first_parameter
+    assert p is not None and r.exit_code == 1
+    assert (p.step, p.parameter, p.role) == (step, name, "params")
+    assert p.rel_l2 == pytest.approx(rel, rel=0.05) and p.weight_decay is True
+    assert set(p.decay_parameters) == {n for n, _, beyond, _, _ in tr[step] if beyond}

@@ -4,10 +4,12 @@ converter, then `optax.adamw` against `torch.optim.AdamW` with the same hyper-pa
 the same batch (loss: mean of squares of the last hidden state over the tokens that are not padding).
 
     python hf_bert_train.py [--attn sdpa|eager] [--bug none|decay_mask] [--steps N] [--dump F]
+                            [--side both|flax|torch]
 
 --bug decay_mask: the HF Flax examples' weight-decay mask (no decay on biases and LayerNorm
 scales) on the Flax side only. --dump F: the parameters of both sides after every step
-(numpy, each side in its own layout and names) into F.npz.
+(numpy, each side in its own layout and names) into F.npz. --side flax / torch: one
+framework's training only (two scripts: record each with --framework jax / torch).
 """
 import argparse
 import types
@@ -40,6 +42,7 @@ def main():
     ap.add_argument("--bug", choices=("none", "decay_mask"), default="none")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--dump", default=None)
+    ap.add_argument("--side", choices=("both", "flax", "torch"), default="both")
     args = ap.parse_args()
 
     config = BertConfig(vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -83,7 +86,7 @@ def main():
         return optax.apply_updates(p, updates), opt_state, loss
 
     p = params
-    for step in range(args.steps):
+    for step in range(args.steps if args.side != "torch" else 0):
         p, opt_state, loss = train_step(p, opt_state)
         print(f"flax step {step}: loss {float(loss):.9f}")
         for path, v in traverse_util.flatten_dict(p).items():
@@ -94,7 +97,7 @@ def main():
         dump[f"torch/init/{name}"] = v.detach().numpy().copy()
     opt = torch.optim.AdamW(tmodel.parameters(), lr=LR, weight_decay=WD)
     tids, tmask = torch.from_numpy(ids), torch.from_numpy(mask)
-    for step in range(args.steps):
+    for step in range(args.steps if args.side != "flax" else 0):
         opt.zero_grad()
         h = tmodel(tids, attention_mask=tmask).last_hidden_state
         loss = (h ** 2 * tmask[:, :, None]).sum() / (tmask.sum() * h.shape[-1])
