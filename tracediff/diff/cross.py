@@ -34,11 +34,14 @@ from . import modnames
 from . import optroles
 from . import pairing as _pairing
 from .differ import BITWISE, Differ, comparable
-from .result import OptimizerStep
+from .result import OptimizerStep, ParamDivergence
 from .pairing import op_family  # noqa: F401  (the op families, for callers and tests)
 
 MAX_MAPPING = 200
 SAMPLE = 2048          # elements compared to choose a layout
+AMPLIFIED = 10.0       # output rel L2 up to 10x the inputs': their rounding, carried
+DECAY_RESIDUAL = 0.05  # (a - b) within 5% of c * parameter: decoupled weight decay
+DECAY_SPREAD = 0.05    # parameters with the same c (within 5%): one weight decay, one mask
 
 
 def sides(ta, tb):
@@ -252,41 +255,147 @@ class CrossDiffer(Differ):
             return None, None
         return reader.read(r), t.string(r["dtype"])
 
+    def _role_layout(self, xa_name, xb_name, xa, xb):
+        """b's value laid out like a's by role: a Flax kernel against a torch weight is
+        transposed whatever its shape (a square projection too), anything else as
+        `transform_b` lays it out."""
+        xa, xb = np.asarray(xa), np.asarray(xb)
+        perm = optroles.kernel_perm(xa_name, self._fw_name(self.fw_a), xb_name,
+                                    self._fw_name(self.fw_b), xb.ndim)
+        if perm is not None and xb.ndim == xa.ndim and \
+                tuple(xb.shape[i] for i in perm) == xa.shape:
+            return np.transpose(xb, perm)
+        return self.transform_b(None, None, xa, xb)
+
+    def _before_step(self, xa_name, xb_name, na, nb, xa):
+        """The parameter before the step, laid out like a: optax's snapshot holds it
+        (`params/...`, what `update` was given); None when neither side is optax."""
+        if isinstance(xa_name, tuple):
+            r = na.get(xa_name[0])
+            return self.ra.read(r) if r is not None and comparable(r) else None
+        if isinstance(xb_name, tuple):
+            r = nb.get(xb_name[0])
+            if r is None or not comparable(r):
+                return None
+            return self._role_layout(xa_name, xb_name, xa, self.rb.read(r))
+        return None
+
+    def _param_rank(self, xa_name, xb_name, na, nb):
+        """Where a parameter stands in the model's order: torch's snapshot lists them as
+        `named_parameters()` does (optax's pytree is sorted by name)."""
+        names, x = (nb, xb_name) if self._fw_name(self.fw_b) == "torch" else (na, xa_name)
+        x = x[0] if isinstance(x, tuple) else x
+        for i, k in enumerate(names):
+            if k == x:
+                return i
+        return 1 << 30
+
     def optimizer_steps(self):
-        """Per optimizer step: the parameters, grads and optimizer state paired by role."""
+        """Per optimizer step: the parameters, grads and optimizer state paired by role (b
+        laid out like a by role, `_role_layout`), each judged per tensor; the first value
+        beyond tolerance of each step (`OptimizerStep.first_beyond`) and of the run
+        (`self.first_parameter`)."""
         rows = []
+        self.first_parameter = None
+        fa, fb = self._fw_name(self.fw_a), self._fw_name(self.fw_b)
         for ea, eb in self.optim:
             na, nb, pairs = self._roles(ea, eb, self.p.module_map)
+            step = int(self.ta.events["step"][ea])
             worst_rel, worst_abs, worst_name, bit, n = 0.0, 0.0, None, True, 0
             worst_l2 = worst_tabs = None
             l2 = compare.RelL2()
+            judged = []
+            order = {}
             for role, xa_name, xb_name, _ in pairs:
                 xa, da = self._snapshot_value(self.ta, self.ra, na, xa_name)
                 xb, db = self._snapshot_value(self.tb, self.rb, nb, xb_name)
                 if xa is None or xb is None:
                     continue
-                m = self.compare_values(xa, xb, da, db)
+                xb_t = self._role_layout(xa_name, xb_name, xa, xb)
+                m = self.compare_values(xa, xb_t, da, db)
                 n += 1
                 bit &= m["bitwise_equal"]
-                rel = _num(m.get("max_rel"))
-                if role != "params":
+                if role == "count":
                     continue
-                xb_t = self.transform_b(None, None, np.asarray(xa), np.asarray(xb))
-                l2.add(xa, xb_t)
-                own = compare.RelL2()   # this tensor's ||a - b|| / ||a||: names the worst
+                own = compare.RelL2()   # this tensor's ||a - b|| / ||a||
                 own.add(xa, xb_t)
-                v = own.value() if not m["bitwise_equal"] else None
-                worst_rel, worst_abs = max(worst_rel, rel), max(worst_abs, _num(m.get("max_abs")))
-                if v is not None and (worst_name is None or v > worst_l2):
-                    worst_l2, worst_tabs = v, _num(m.get("max_abs"))
-                    worst_name = (f"{optroles.after_step_name(xa_name)} <-> "
-                                  f"{optroles.after_step_name(xb_name)}")
-            rows.append(OptimizerStep(step=int(self.ta.events["step"][ea]), a=ea, b=eb,
+                v = own.value() if not m["bitwise_equal"] else 0.0
+                pname = optroles.param_name(xa_name, fa, xb_name, fb)
+                if role == "params":   # the model's order: torch's named_parameters()
+                    order[pname] = self._param_rank(xa_name, xb_name, na, nb)
+                    l2.add(xa, xb_t)
+                    worst_rel = max(worst_rel, _num(m.get("max_rel")))
+                    worst_abs = max(worst_abs, _num(m.get("max_abs")))
+                    if v and (worst_name is None or v > worst_l2):
+                        worst_l2, worst_tabs = v, _num(m.get("max_abs"))
+                        worst_name = (f"{optroles.after_step_name(xa_name)} <-> "
+                                      f"{optroles.after_step_name(xb_name)}")
+                floats = [x for x in (da, db) if compare.is_floating(x)] or [da]
+                rtol, atol = compare.tolerance(max(floats, key=lambda x: compare.tolerance(x)[0]),
+                                               self.rtol, self.atol)
+                beyond = bool(np.sqrt(own.diff) > rtol * np.sqrt(own.ref) +
+                              atol * np.sqrt(np.asarray(xa).size))
+                judged.append(dict(role=role, pname=pname, xa_name=xa_name, xb_name=xb_name,
+                                   xa=xa, xb=xb_t, rel=v, max_abs=_num(m.get("max_abs")),
+                                   rtol=rtol, atol=atol, beyond=beyond))
+            first = self._first_beyond(step, ea, eb, na, nb, judged, order)
+            if first is not None and self.first_parameter is None:
+                self.first_parameter = first
+            rows.append(OptimizerStep(step=step, a=ea, b=eb,
                                       bitwise_equal=bool(bit), max_rel=worst_rel,
                                       max_abs=worst_abs, worst=worst_name, compared=n,
                                       by="role", rel_l2=l2.value() if n else None,
-                                      worst_rel_l2=worst_l2, worst_max_abs=worst_tabs))
+                                      worst_rel_l2=worst_l2, worst_max_abs=worst_tabs,
+                                      beyond=sum(j["beyond"] for j in judged),
+                                      first_beyond=first))
         return rows
+
+    def _first_beyond(self, step, ea, eb, na, nb, judged, order):
+        """The `ParamDivergence` of one step: its first value beyond tolerance, the roles in
+        the order a step computes them (grads, state, parameters after the step), the
+        parameters in the model's order; for parameters after the step whose grads and
+        state match, whether decoupled weight decay explains the difference."""
+        bad = [j for j in judged if j["beyond"]]
+        if not bad:
+            return None
+        rank = {r: i for i, r in enumerate(optroles.ROLE_ORDER)}
+        bad.sort(key=lambda j: (rank.get(j["role"], len(rank)), order.get(j["pname"], 1 << 30)))
+        j = bad[0]
+        upstream = [u for u in judged if u["pname"] == j["pname"] and u["role"] != "params"]
+        res = ParamDivergence(
+            step=step, parameter=j["pname"], role=j["role"].split(":")[-1],
+            a=optroles.after_step_name(j["xa_name"]), b=optroles.after_step_name(j["xb_name"]),
+            a_event=ea, b_event=eb, rel_l2=float(j["rel"]), max_abs=float(j["max_abs"]),
+            rtol=float(j["rtol"]), atol=float(j["atol"]),
+            upstream_match=(not any(u["beyond"] for u in upstream)) if upstream else None)
+        if j["role"] != "params":
+            res.note = (f"the {res.role} differ before the optimizer updates anything: the "
+                        f"divergence is upstream (the forward or backward pass)")
+            return res
+        fa, fb = self._fw_name(self.fw_a), self._fw_name(self.fw_b)
+        fits = {}
+        for p in judged:
+            if p["role"] != "params" or not p["beyond"]:
+                continue
+            before = self._before_step(p["xa_name"], p["xb_name"], na, nb, p["xa"])
+            if before is None:
+                continue
+            c, resid = optroles.decay_fit(np.asarray(p["xa"], np.float64) -
+                                          np.asarray(p["xb"], np.float64), before)
+            if c is not None and resid < DECAY_RESIDUAL:
+                fits[p["pname"]] = (c, p)
+        if j["pname"] not in fits:
+            res.weight_decay = False
+            res.note = ("the parameter differs after the step" +
+                        (" while its grads and optimizer state match: the update rule differs"
+                         if res.upstream_match else ""))
+            return res
+        c0 = fits[j["pname"]][0]
+        same = [name for name, (c, _) in fits.items() if abs(c - c0) <= DECAY_SPREAD * abs(c0)]
+        same.sort(key=lambda x: order.get(x, 1 << 30))
+        res.weight_decay, res.decay, res.decay_parameters = True, c0, same
+        res.note = _decay_note(c0, same, judged, fa, fb, res.upstream_match)
+        return res
 
     # -- comparison ------------------------------------------------------------------------
     def _sync_content(self):
@@ -313,6 +422,28 @@ class CrossDiffer(Differ):
             if key:
                 self._layout[key] = p
         return xb if p is None else _pairing.apply_perm(xb, xa.shape, p)
+
+    def _out_pairs(self, ea, eb):
+        """Outputs of two paired units by slot; where one side computes several values in
+        one op and the other one (torch's fused attention backward: the grads of q, k and v,
+        against a JAX `dot_general`), the one output against the value of the other side
+        that meets it (the smallest relative L2 among those of its size)."""
+        ra = self.ta.value_rows(ea, schema.ROLE_OUT)
+        rb = self.tb.value_rows(eb, schema.ROLE_OUT)
+        if self.sa.kind[ea] == schema.KIND_OPTIM or len(ra) == len(rb) or \
+                min(len(ra), len(rb)) != 1:
+            return super()._out_pairs(ea, eb)
+        one, many, a_is_one = (ra[0], rb, True) if len(ra) == 1 else (rb[0], ra, False)
+        best, best_rel = None, None
+        for r in many:
+            if int(r["nbytes"]) != int(one["nbytes"]):
+                continue
+            nw = self._normwise(one, r) if a_is_one else self._normwise(r, one)
+            if nw is not None and nw[0] is not None and (best_rel is None or nw[0] < best_rel):
+                best, best_rel = r, nw[0]
+        if best is None:
+            return super()._out_pairs(ea, eb)
+        return [(int(one["slot"]), one, best)] if a_is_one else [(int(best["slot"]), best, one)]
 
     def compare_rows(self, row_a, row_b, tol_dtype=None):
         if row_a is None or row_b is None:
@@ -382,14 +513,13 @@ class CrossDiffer(Differ):
         text = f"{t.string(t.events[src]['op'])} [{shape}] (event {src}"
         return text + (f" via {t.string(t.events[e]['op'])} {e})" if src != e else ")")
 
-    def inputs_match(self, ea, eb, level):
-        ka, kb = int(self.ga.unit_of[ea]), int(self.gb.unit_of[eb])
-        if ka < 0 or kb < 0:
-            return super().inputs_match(ea, eb, level)
+    def _input_pairs(self, ka, kb):
+        """[(row a, row b or None, key)]: what units ka and kb (and their composites) read
+        from outside, matched: the same atom or made by paired units, else the same bytes,
+        else the same size."""
         ins_a = _dedupe(self.p.region_inputs(0, ka))
         ins_b = _dedupe(self.p.region_inputs(1, kb))
-        used = set()
-        bad, unknown, matched = [], [], []
+        used, out = set(), []
         for _, _, row, key in ins_a:
             j = None
             if key is not None:
@@ -400,12 +530,21 @@ class CrossDiffer(Differ):
                 if j is None:
                     j = next((i for i, x in enumerate(ins_b) if i not in used and x[2] is not None
                               and x[3] is None and int(x[2]["nbytes"]) == int(row["nbytes"])), None)
+            if j is not None:
+                used.add(j)
+            out.append((row, None if j is None else ins_b[j][2], key))
+        return out
+
+    def inputs_match(self, ea, eb, level):
+        ka, kb = int(self.ga.unit_of[ea]), int(self.gb.unit_of[eb])
+        if ka < 0 or kb < 0:
+            return super().inputs_match(ea, eb, level)
+        bad, unknown, matched = [], [], []
+        for row, rb, key in self._input_pairs(ka, kb):
             label = self._label(self.ta, self.sa, row)
-            if j is None:
+            if rb is None:
                 unknown.append(f"{label}: no counterpart among the inputs of b")
                 continue
-            used.add(j)
-            rb = ins_b[j][2]
             m = self.compare_rows(row, rb) if row is not None and rb is not None else None
             if m is None:
                 unknown.append(f"{label}: not stored")
@@ -435,15 +574,67 @@ class CrossDiffer(Differ):
 
     # -- search ----------------------------------------------------------------------------
     def search(self, level):
+        self.rounding_inherited = []
         for ea, k in self.pairs_list:
             pr = self.p.pairs[k]
             eb = self.gb.units[pr.b].rep
             if self.equal_at(ea, eb, level):
                 continue
+            if level != BITWISE and self._rounding_inherited(pr):
+                self.rounding_inherited.append((ea, eb))
+                continue
             f = self.finding(ea, eb, level, note=self._note(pr))
             f.layer = self.layer(pr)
             return f, None
         return None, None
+
+    def _normwise(self, row_a, row_b):
+        """(||a - b|| / ||a||, within rtol * ||a|| + atol * sqrt(n)) of two values, b laid
+        out like a; None when they cannot be compared."""
+        if row_a is None or row_b is None or not comparable(row_a) or not comparable(row_b):
+            return None
+        xa = np.asarray(self.ra.read(row_a))
+        xb = self.transform_b(row_a, row_b, xa, np.asarray(self.rb.read(row_b)))
+        if xa.shape != np.asarray(xb).shape or xa.dtype.kind != "f":
+            return None
+        l2 = compare.RelL2()
+        l2.add(xa, xb)
+        rtol, atol = compare.tolerance(self.ta.string(row_a["dtype"]), self.rtol, self.atol)
+        return l2.value(), bool(np.sqrt(l2.diff) <= rtol * np.sqrt(l2.ref) +
+                                atol * np.sqrt(xa.size))
+
+    def _rounding_inherited(self, pr):
+        """A pair beyond tolerance only element by element, where its values cancel (a
+        residual add near zero), from inputs that differ by rounding alone: every input
+        within tolerance (element-wise or as a whole: ||a - b|| <= rtol ||a|| + atol sqrt(n))
+        but not all bitwise, every output within tolerance as a whole, and its relative L2
+        at most `AMPLIFIED` times its inputs'. Across
+        frameworks after an optimizer step every parameter differs by rounding, and such
+        an element is not where anything diverged (a port bug adds more than it reads)."""
+        ua, ub = self.ga.units[pr.a], self.gb.units[pr.b]
+        ins = self._input_pairs(pr.a, pr.b)
+        rel_in, bitwise = 0.0, True
+        for row, rb, _ in ins:
+            if row is None or rb is None:
+                return False
+            m = self.compare_rows(row, rb)
+            if m is None:
+                return False
+            if not m["bitwise_equal"]:
+                bitwise = False
+                nw = self._normwise(row, rb)
+                if not m["within_tolerance"] and (nw is None or not nw[1]):
+                    return False
+                rel_in = max(rel_in, nw[0] if nw else 0.0)
+        if bitwise or not ins or rel_in == 0.0:
+            return False
+        rows_a = self.ta.value_rows(ua.rep, schema.ROLE_OUT)
+        rows_b = self.tb.value_rows(ub.rep, schema.ROLE_OUT)
+        for ra_, rb_ in zip(rows_a, rows_b):
+            nw = self._normwise(ra_, rb_)
+            if nw is None or not nw[1] or nw[0] > AMPLIFIED * rel_in:
+                return False
+        return bool(len(rows_a))
 
     def _note(self, pr):
         ua, ub = self.ga.units[pr.a], self.gb.units[pr.b]
@@ -551,6 +742,31 @@ class CrossDiffer(Differ):
                             "phase": "optimizer", "a_name_stack": "", "b_name_stack": "",
                             "a_module": "", "b_module": "", "layer": ""})
         return out[:limit]
+
+
+def _decay_note(c, same, judged, fw_a, fw_b, upstream_match):
+    """'a (jax) applies no decoupled weight decay to its biases and LayerNorm scales (b
+    decays them: the difference is 0.0001 x the parameter before the step, lr * wd): a
+    weight-decay mask on one side'."""
+    less, more = ("a", "b") if c > 0 else ("b", "a")
+    fw = {"a": fw_a, "b": fw_b}
+    kinds_all, kinds_same = {}, {}
+    for j in judged:
+        if j["role"] != "params":
+            continue
+        k = optroles.leaf_kind(j["xa_name"], fw_a, j["xb_name"], fw_b)
+        kinds_all[k] = kinds_all.get(k, 0) + 1
+        if j["pname"] in same:
+            kinds_same[k] = kinds_same.get(k, 0) + 1
+    what = []
+    for k, cnt in sorted(kinds_same.items(), key=lambda kv: -kv[1]):
+        word = optroles.MASK_WORDS.get(k, k)
+        what.append(f"its {word}" if cnt == kinds_all.get(k) else f"{cnt} of its {kinds_all[k]} {word}")
+    return (f"{less} ({fw[less]}) applies {abs(c):.3g} less decoupled weight decay than {more} "
+            f"({fw[more]}) to {' and '.join(what)} ({len(same)} parameters; the difference is "
+            f"{abs(c):.3g} x the parameter before the step, lr * weight_decay"
+            f"{', while grads and optimizer state match' if upstream_match else ''}): "
+            f"a weight-decay mask on one side")
 
 
 def _dedupe(ins):

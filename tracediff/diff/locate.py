@@ -168,9 +168,11 @@ def run(ta, tb, rtol=None, atol=None, differ=None, mapping=None) -> LocateResult
     if missed:
         warnings.append(f"{missed}: what that framework computed is not compared")
     levels, level_warnings = _levels.annotate(first_bit, first_tol, ta, tb, d)
+    first_param = getattr(d, "first_parameter", None)   # two frameworks: optimizer by role
     return LocateResult(
         path_a=ta.path, path_b=tb.path,
-        verdict="diverged" if first_tol is not None else "match",
+        verdict="diverged" if first_tol is not None or first_param is not None else "match",
+        first_parameter=first_param,
         first_difference=first_bit, first_beyond_tolerance=first_tol, replay_only=replay_only,
         alignment=d.al.stats(), gaps=d.al.gaps(), env_diff=env_diff(ta.manifest, tb.manifest),
         optimizer_steps=steps, warnings=warnings + level_warnings,

@@ -298,3 +298,85 @@ def op_label(t, ev, snapshot_cache=None):
                 nxt.append(c)
         frontier = nxt
     return None
+
+
+# -- layouts and decoupled weight decay (the per-step comparison, cross.py) --------------------
+
+ROLE_ORDER = ("grads", "state:exp_avg", "state:momentum_buffer", "state:exp_avg_sq", "state:sum",
+              "params")   # the order a step computes them: a difference upstream comes first
+
+
+def _leaf_path(name, fw):
+    """The parameter path of a snapshot value name, leaf unmapped ('fc1/kernel',
+    'fc1.weight'); None for the step counter."""
+    name = name[0] if isinstance(name, tuple) else name
+    parts = name.split("/")
+    if fw == "jax":
+        if parts[0] == "state":
+            parts = parts[2:]
+        elif parts[0] in ("params", "grads", "updates"):
+            parts = parts[1:]
+        p = _jax_param("/".join(parts))
+        return p[2] if p else None
+    if parts[0] == "state" and len(parts) == 3:
+        return parts[1]
+    return parts[1] if len(parts) == 2 else None
+
+
+def kernel_perm(name_a, fw_a, name_b, fw_b, ndim):
+    """The axis order that lays b's value out like a's when one side is a Flax `kernel`
+    (Dense `(in, out)`, Conv HWIO) and the other a torch `weight` (`(out, in)`, OIHW):
+    decided by role, never by shape (a square 64x64 projection is transposed too). None
+    when no transposition is due (biases, scales, embeddings, two of one framework)."""
+    if fw_a == fw_b or ndim < 2:
+        return None
+    pa, pb = _leaf_path(name_a, fw_a), _leaf_path(name_b, fw_b)
+    if pa is None or pb is None:
+        return None
+    jax_path, torch_path = (pa, pb) if fw_a == "jax" else (pb, pa)
+    if jax_path.rsplit("/", 1)[-1] != "kernel" or torch_path.rsplit(".", 1)[-1] != "weight":
+        return None
+    to_flax = tuple(range(2, ndim)) + (1, 0)          # torch (O, I, *k) -> flax (*k, I, O)
+    return to_flax if fw_a == "jax" else tuple(int(i) for i in np.argsort(to_flax))
+
+
+def param_name(name_a, fw_a, name_b, fw_b):
+    """The parameter as a user names it: torch's `named_parameters()` name when one side
+    is torch ('embeddings.LayerNorm.weight'), else a's path."""
+    if fw_b == "torch":
+        return _leaf_path(name_b, fw_b) or after_step_name(name_b)
+    if fw_a == "torch":
+        return _leaf_path(name_a, fw_a) or after_step_name(name_a)
+    return _leaf_path(name_a, fw_a) or after_step_name(name_a)
+
+
+def leaf_kind(name_a, fw_a, name_b, fw_b):
+    """'bias', 'scale' (a LayerNorm / BatchNorm gain), 'embedding' or 'kernel' (a weight
+    matrix): what a weight-decay mask usually tells apart."""
+    jax_name, fw = (name_a, fw_a) if fw_a == "jax" else (name_b, fw_b)
+    path = _leaf_path(jax_name, fw) or ""
+    leaf = path.rsplit("/" if fw == "jax" else ".", 1)[-1]
+    if fw != "jax" and leaf == "weight":
+        low = path.lower()
+        leaf = "scale" if ("norm" in low or ".ln" in low or low.startswith("ln")) else "kernel"
+    return {"kernel": "kernel", "scale": "scale", "embedding": "embedding",
+            "bias": "bias"}.get(leaf, leaf)
+
+
+MASK_WORDS = {"bias": "biases", "scale": "LayerNorm scales", "embedding": "embeddings",
+              "kernel": "weight matrices"}
+
+
+def decay_fit(diff, before):
+    """(c, residual): `diff` (a - b after the step) as c times the parameter before the
+    step, least squares, and ||diff - c * before|| / ||diff||. Decoupled weight decay
+    (AdamW: p <- p - lr * (update + wd * p)) applied on one side only leaves exactly
+    lr * wd * p; a residual near 0 says that is the whole difference."""
+    d = np.asarray(diff, np.float64).reshape(-1)
+    p = np.asarray(before, np.float64).reshape(-1)
+    pp = float(p @ p)
+    dd = float(np.sqrt(d @ d))
+    if pp == 0.0 or dd == 0.0 or d.shape != p.shape:
+        return None, None
+    c = float(d @ p) / pp
+    return c, float(np.linalg.norm(d - c * p)) / dd

@@ -291,7 +291,63 @@ class SideGraph:
         unit_of = np.full(n, -1, np.int64)
         for k, u in enumerate(merged):
             unit_of[u.events] = k
+        if self.fw == schema.FW_JAX:
+            self._derivative_units(merged)
         return merged, unit_of
+
+    def _derivative_units(self, units):
+        """Mark as backward the JAX units that `jvp` computes in the forward pass only for
+        the backward: residuals such as the loss derivative's `2 * h` of `jnp.mean(h ** 2)`
+        or a LayerNorm's `rsqrt` derivative, read by `transpose(...)` equations alone (through
+        byte-moving ops). Torch computes them in its backward ops; left in the forward they
+        join a forward class and end a composite (a LayerNorm paired at `2 * h`)."""
+        t, n = self.t, self.n
+        ns = t.events["name_stack"]
+        stacks = {int(x): t.string(x) for x in np.unique(ns[self.mask]).tolist()}
+        jvp = {k for k, v in stacks.items() if "jvp(" in v and "transpose(" not in v}
+        if not jvp:
+            return
+        bwd_stack = {k for k, v in stacks.items() if "transpose(" in v}
+        inp = t.inputs
+        order = np.argsort(inp["producer"], kind="stable")
+        prod, cons = inp["producer"][order], inp["event"][order]
+
+        def consumers(e):
+            lo, hi = np.searchsorted(prod, [e, e + 1])
+            return np.unique(cons[lo:hi]).tolist()
+
+        memo = {}
+
+        def only_backward(e, depth=0):
+            """True when every computing reader of e's outputs is a backward equation
+            (None: nothing reads them)."""
+            if e in memo:
+                return memo[e]
+            memo[e] = None
+            seen_any, ok = False, True
+            for c in consumers(e):
+                if not self.mask[c] or c == e:
+                    continue
+                if int(ns[c]) in bwd_stack or self.phase[c] == schema.PHASE_BWD:
+                    seen_any = True
+                    continue
+                if self.fam_of.get(int(t.events["op"][c])) is None and depth < 8 and \
+                        self.kind[c] == schema.KIND_EQN and not self.has_kids[c]:
+                    r = only_backward(c, depth + 1)   # a byte-moving op: its readers
+                    if r is None:
+                        continue
+                    seen_any |= r
+                    ok &= r
+                else:
+                    ok = False
+                if not ok:
+                    break
+            memo[e] = (seen_any and ok) if seen_any or not ok else None
+            return memo[e]
+
+        for u in units:
+            if u.phase == PHASE_FWD and int(ns[u.rep]) in jvp and only_backward(u.rep):
+                u.phase = PHASE_BWD
 
     def shape(self, row):
         k = int(row["shape"])

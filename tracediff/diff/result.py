@@ -430,6 +430,35 @@ class OptimizerStep(_ByKey):
     rel_l2: Optional[float] = None    # ||a - b|| / ||a|| over every parameter compared
     worst_rel_l2: Optional[float] = None   # ||a - b|| / ||a|| of the `worst` tensor alone
     worst_max_abs: Optional[float] = None  # max |a - b| of the `worst` tensor
+    beyond: Optional[int] = None      # two frameworks: values beyond tolerance (by role)
+    first_beyond: Optional["ParamDivergence"] = None   # the first of them (optroles.ROLE_ORDER)
+
+
+@dataclass(repr=False)
+class ParamDivergence(_ByKey):
+    """The first parameter whose gradient, optimizer state or value after the step differs
+    beyond tolerance between two frameworks (roles in the order a step computes them,
+    parameters in the model's order), judged per tensor: ||a - b|| > rtol * ||a|| + atol *
+    sqrt(n), b laid out like a by role (a Flax kernel against the torch weight transposed).
+    `weight_decay`: the difference is `decay` times the parameter before the step, the
+    signature of decoupled weight decay applied on one side only (a decay mask)."""
+
+    step: int
+    parameter: str               # as the user names it: torch's name when one side is torch
+    role: str                    # "grads", "exp_avg", "exp_avg_sq", "params" (after the step)
+    a: str                       # the snapshot values compared
+    b: str
+    a_event: int
+    b_event: int
+    rel_l2: float                # ||a - b|| / ||a|| of this tensor
+    max_abs: float
+    rtol: float
+    atol: float
+    upstream_match: Optional[bool] = None   # grads (and state) of this parameter within tolerance
+    weight_decay: Optional[bool] = None     # the difference is decay * parameter before the step
+    decay: Optional[float] = None           # (a - b) / parameter: lr * wd that a lacks (>0)
+    decay_parameters: list = field(default_factory=list)   # every parameter with that signature
+    note: str = ""
 
 
 @dataclass(repr=False)
@@ -574,6 +603,7 @@ class LocateResult:
     chain: Optional[list] = None                   # [Hop | Gap]: origin -> outputs, collapsed
     noise: Optional[Noise] = None
     levels: Optional[Levels] = None
+    first_parameter: Optional[ParamDivergence] = None   # two frameworks: optimizer by role
 
     @property
     def exit_code(self) -> int:

@@ -7,7 +7,9 @@ replay_only, alignment {events_a, events_b, matched, only_in_a, only_in_b,
 anchors_matched, fallback_regions, gaps}, optimizer_steps (per compared step: step, a, b,
 bitwise_equal, max_rel, max_abs, rel_l2, worst (the parameter with the largest relative L2 of
 its own), worst_rel_l2, worst_max_abs; long runs keep the first 20, each new worst, the
-last), optimizer_steps_total, env_diff, mapping, next_steps, levels; when computed:
+last; across frameworks also beyond and first_beyond), optimizer_steps_total, first_parameter
+(across frameworks: the first parameter beyond tolerance by role, `ParamDivergence`), env_diff,
+mapping, next_steps, levels; when computed:
 explain (the replay verdict of the origin: verdict, event, summary, a_ulp_from_exact,
 b_ulp_from_exact, exact_by, reproduced_here, likely_cause; mechanism, one line, when
 hypotheses were tested), chain (links {a, b, metrics, input_rel, amplification, role} from the origin to the
@@ -213,9 +215,12 @@ def build(r: LocateResult) -> dict:
         "first_beyond_tolerance": finding_json(r.first_beyond_tolerance),
         "replay_only": finding_json(r.replay_only),
         "alignment": {**r.alignment, "gaps": r.gaps},
-        "optimizer_steps": [{k: v for k, v in _plain(s).items()
-                             if v is not None or k not in ("compared", "by")}
+        "optimizer_steps": [{k: (_plain(v) if k == "first_beyond" and v is not None else v)
+                             for k, v in _plain(s).items()
+                             if v is not None or k not in ("compared", "by", "beyond",
+                                                           "first_beyond")}
                             for s in r.optimizer_steps],
+        "first_parameter": _plain(r.first_parameter) if r.first_parameter is not None else None,
         "optimizer_steps_total": r.optimizer_steps_total,
         "env_diff": r.env_diff,
         "mapping": r.mapping,

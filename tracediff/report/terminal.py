@@ -157,6 +157,19 @@ def _pct(x):
     return _fmt(100 * x) if isinstance(x, float) else "-"
 
 
+def _first_parameter(console, p):
+    """The first parameter beyond tolerance across frameworks (the optimizer by role)."""
+    role = "after the step" if p.role == "params" else p.role
+    up = {True: "; its grads and optimizer state match", False: "",
+          None: ""}[p.upstream_match if p.role == "params" else None]
+    console.print(f"[bold]first parameter beyond tolerance[/]: step {p.step}, "
+                  f"{markup(p.parameter)} ({markup(role)}): a {markup(p.a)} <-> b {markup(p.b)}; "
+                  f"relative L2 {_fmt(p.rel_l2)} (rtol {_fmt(p.rtol)}), max abs "
+                  f"{_fmt(p.max_abs)}{up}")
+    if p.note:
+        console.print(f"  {markup(p.note)}")
+
+
 def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bool = False,
                  source_dir: Optional[str] = None) -> None:
     """Print `r` (a locate result). With `verbose`, the culprit's code as trace a recorded
@@ -201,6 +214,8 @@ def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bo
             _finding(console, "first bitwise difference", fd, verbose, context_a)
     elif r.first_beyond_tolerance is None:
         console.print("every compared value is bitwise identical")
+    if r.first_parameter is not None:
+        _first_parameter(console, r.first_parameter)
     if r.replay_only is not None and r.first_beyond_tolerance is None:
         f = r.replay_only
         console.print(f"replay-only difference beyond tolerance (not seen by the script): "

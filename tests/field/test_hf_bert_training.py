@@ -1,0 +1,203 @@
+"""HF transformers 4.57.6 BERT trained 2 steps in both frameworks in one process
+(tests/field/programs/hf_bert_train.py: torch weights converted into Flax by transformers'
+converter, optax.adamw against torch.optim.AdamW, the same hyper-parameters), recorded as a
+user records it, and located in the one trace.
+
+Truth, independently of tracediff: the script dumps both frameworks' parameters after every
+step; here they are mapped (Flax path <-> torch name, kernels transposed) and compared with
+numpy, per tensor (||flax - torch|| against rtol ||flax|| + atol sqrt(n), float32's 1e-5 and
+1e-6: Adam's g / (|g| + eps) turns rounding in a near-zero gradient into 1e-6 absolute
+element differences, so an element-wise test flags a correct port).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tracediff
+
+from ..helpers import ROOT, run_cli
+
+PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "hf_bert_train.py")
+RTOL, ATOL = 1e-5, 1e-6
+CASES = {"ok": (), "mask": ("--bug", "decay_mask")}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """{case: (trace, dump)}, both recordings at once."""
+    d = tmp_path_factory.mktemp("bert_train")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    procs, out = {}, {}
+    for name, args in CASES.items():
+        trace, dump = str(d / f"{name}.h5"), str(d / f"{name}.npz")
+        procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "tracediff", "record", "-o", trace, PROGRAM, *args,
+             "--dump", dump], env=env, cwd=str(d), stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True)
+        out[name] = (trace, dump)
+    for name, p in procs.items():
+        text, _ = p.communicate(timeout=900)
+        assert p.returncode == 0, text[-3000:]
+    return out
+
+
+def _flax_path(torch_name, flax_keys):
+    """embeddings.LayerNorm.weight -> embeddings/LayerNorm/scale (and whether to transpose)."""
+    mod, leaf = torch_name.rsplit(".", 1)
+    base = mod.replace(".", "/")
+    if leaf == "bias":
+        return base + "/bias", False
+    for cand, transpose in (("kernel", True), ("scale", False), ("embedding", False)):
+        if f"{base}/{cand}" in flax_keys:
+            return f"{base}/{cand}", transpose
+    raise AssertionError(torch_name)
+
+
+def truth(dump):
+    """{step: [(torch name, rel L2, beyond, flax - torch, torch before the step)]}, the
+    parameters in torch's named_parameters() order."""
+    z = np.load(dump)
+    names = [k.split("/", 2)[2] for k in z.files if k.startswith("torch/init/")]
+    steps = sorted({int(k.split("/")[1]) for k in z.files if k.startswith("torch/")
+                    and k.split("/")[1] != "init"})
+    out = {}
+    for s in steps:
+        flax_keys = {k.split("/", 2)[2] for k in z.files if k.startswith(f"flax/{s}/")}
+        rows = []
+        for n in names:
+            path, transpose = _flax_path(n, flax_keys)
+            f = z[f"flax/{s}/{path}"].astype(np.float64)
+            f = f.T if transpose else f
+            t = z[f"torch/{s}/{n}"].astype(np.float64)
+            before = z[f"torch/{s - 1}/{n}" if s else f"torch/init/{n}"].astype(np.float64)
+            diff = np.linalg.norm(f - t)
+            rows.append((n, diff / np.linalg.norm(f), diff > RTOL * np.linalg.norm(f) +
+                         ATOL * np.sqrt(f.size), f - t, before))
+        out[s] = rows
+    return out
+
+
+def _first_beyond(tr):
+    for s in sorted(tr):
+        for row in tr[s]:
+            if row[2]:
+                return s, row
+    return None, None
+
+
+@pytest.fixture(scope="module")
+def two_scripts(tmp_path_factory):
+    """The decay-mask port as two scripts, one trace each: (flax trace, torch trace, dump of
+    the flax side, dump of the torch side)."""
+    d = tmp_path_factory.mktemp("bert_train_two")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    procs, out = [], []
+    for side, fw, extra in (("flax", "jax", ("--bug", "decay_mask")), ("torch", "torch", ())):
+        trace, dump = str(d / f"{side}.h5"), str(d / f"{side}.npz")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "tracediff", "record", "--framework", fw, "-o", trace,
+             PROGRAM, "--side", side, *extra, "--dump", dump], env=env, cwd=str(d),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        out += [trace, dump]
+    for p in procs:
+        text, _ = p.communicate(timeout=900)
+        assert p.returncode == 0, text[-3000:]
+    merged = str(d / "both.npz")       # the truth reads one dump holding both sides
+    np.savez(merged, **{**dict(np.load(out[1])), **dict(np.load(out[3]))})
+    return out[0], out[2], merged
+
+
+_RESULTS = {}
+
+
+def _locate(path, other=None):
+    if (path, other) not in _RESULTS:
+        _RESULTS[path, other] = tracediff.locate(path, other)
+    return _RESULTS[path, other]
+
+
+def test_correct_port_optimizer_by_role_no_false_positive(runs):
+    trace, dump = runs["ok"]
+    tr = truth(dump)
+    assert _first_beyond(tr) == (None, None)         # the port is right (truth)
+    r = _locate(trace)
+    assert r.first_parameter is None
+    assert [s.step for s in r.optimizer_steps] == sorted(tr)
+    for s in r.optimizer_steps:
+        assert s.by == "role" and s.beyond == 0 and s.first_beyond is None
+        # every 64x64 projection compared transposed by role: the worst tensor agrees as
+        # the truth's worst does (was "relative L2 1.41" untransposed)
+        worst_truth = max(row[1] for row in tr[s.step])
+        assert s.worst_rel_l2 is not None and s.worst_rel_l2 < 1e-5
+        assert worst_truth / 3 < s.worst_rel_l2 < worst_truth * 3
+
+
+def test_correct_port_forward_pairs_layer_norm_not_the_loss_derivative(runs):
+    """Under jax.value_and_grad the last LayerNorm pairs at its output, not at the loss
+    derivative's 2*h that jvp computes beside it (a false 'max abs 3.38' before)."""
+    trace, _ = runs["ok"]
+    r = _locate(trace)
+    last_ln = [m for m in r.mapping if m["phase"] == "forward"
+               and m["b_module"] == "encoder/layer/1/output/LayerNorm"]
+    assert last_ln, [m["b_module"] for m in r.mapping]
+    with tracediff.load(trace) as t:
+        for m in last_ln:
+            xa, xb = t.outputs(m["a"])[0], t.outputs(m["b"])[0]
+            assert xa.shape == xb.shape
+            assert np.linalg.norm(xa - xb) <= RTOL * np.linalg.norm(xb)
+
+
+def test_correct_port_exit_0(runs):
+    """No finding at all: the residual adds of step 1 (their terms cancel, the parameters
+    differ by rounding after step 0) and torch's fused attention backward (three grads in
+    one op, against JAX's dot_generals) are not divergences."""
+    r = _locate(runs["ok"][0])
+    assert r.first_beyond_tolerance is None and r.first_parameter is None
+    assert r.verdict == "match" and r.exit_code == 0
+    assert run_cli("locate", runs["ok"][0]).returncode == 0
+
+
+def test_decay_mask_names_the_parameter_and_the_step(runs, tmp_path):
+    trace, dump = runs["mask"]
+    tr = truth(dump)
+    step, (name, rel, _, diff, before) = _first_beyond(tr)
+    r = _locate(trace)
+    p = r.first_parameter
+    assert p is not None and r.exit_code == 1
+    assert (p.step, p.parameter, p.role) == (step, name, "params")
+    assert p.rel_l2 == pytest.approx(rel, rel=0.05)
+    # the difference is decoupled weight decay on one side: c * parameter before the step
+    c_truth = float(diff.ravel() @ before.ravel() / (before.ravel() @ before.ravel()))
+    assert p.upstream_match is True and p.weight_decay is True
+    assert p.decay == pytest.approx(c_truth, rel=0.02)
+    masked = {n for n, _, beyond, _, _ in tr[step] if beyond}
+    assert set(p.decay_parameters) == masked
+    assert "a (jax) applies" in p.note and "biases" in p.note and "LayerNorm scales" in p.note
+    # the forward of the next step reads the parameters that differ: inherited there
+    f = r.first_beyond_tolerance
+    assert f is None or (f.a.step > step and f.inputs_match is False)
+    # rendered: terminal and JSON
+    res = run_cli("locate", trace)
+    assert res.returncode == 1
+    assert f"first parameter beyond tolerance: step {step}, {name}" in res.stdout
+    js = json.loads(run_cli("locate", "--json", trace).stdout)
+    assert js["first_parameter"]["parameter"] == name and js["first_parameter"]["step"] == step
+    assert js["optimizer_steps"][0]["first_beyond"]["parameter"] == name
+
+
+def test_decay_mask_two_scripts(two_scripts):
+    """The same bug, Flax and torch recorded by two scripts: the same parameter and step."""
+    flax_trace, torch_trace, dump = two_scripts
+    tr = truth(dump)
+    step, (name, rel, _, _, _) = _first_beyond(tr)
+    r = _locate(flax_trace, torch_trace)
+    p = r.first_parameter
+    assert p is not None and r.exit_code == 1
+    assert (p.step, p.parameter, p.role) == (step, name, "params")
+    assert p.rel_l2 == pytest.approx(rel, rel=0.05) and p.weight_decay is True
+    assert set(p.decay_parameters) == {n for n, _, beyond, _, _ in tr[step] if beyond}
