@@ -93,9 +93,13 @@ def test_terminal_output(runs):
             f"{FAULT_STEP}  {FAULT_LINE}") in proc.stdout
 
 
-def test_one_trace_without_devices_is_consistent(runs):
+def test_one_trace_without_devices_has_nothing_to_compare(runs):
+    """Nothing replicated to check is said as such, never "CONSISTENT: 0 compared"."""
     r = json.loads(run_cli("replicas", runs["faulty"] / "rank2.h5", "--json").stdout)
-    assert r["verdict"] == "consistent" and "no per-device values" in r["note"]
+    assert r["verdict"] == "nothing_to_compare" and r["checked"] == 0
+    assert r["exit_code"] == 0 and "no per-device values" in r["note"]
+    shown = run_cli("replicas", runs["faulty"] / "rank2.h5").stdout
+    assert "NOTHING TO COMPARE" in shown and "CONSISTENT" not in shown
 
 
 @pytest.mark.parametrize("case", ["one_rank", "missing", "not_a_trace"])

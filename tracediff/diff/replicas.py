@@ -50,6 +50,9 @@ REPLICATED_COLLECTIVES = ("c10d::allreduce_", "c10d::broadcast_", "c10d::allgath
 # ops that overwrite their first argument: its old value does not matter
 OVERWRITE_OPS = ("aten::copy_",)
 JAX_REPLICATED = ("psum", "pmean", "pmax", "pmin", "all_gather", "psum2")
+# across the processes of a jax.distributed run, also the check_vma forms
+JAX_ACROSS = JAX_REPLICATED + ("psum_invariant", "all_gather_invariant")
+NOTHING = "nothing_to_compare"
 MAX_DEPARTURES = 50
 
 
@@ -97,6 +100,43 @@ def replicated_mask(t: Trace) -> np.ndarray:
     return rep
 
 
+def jax_replicated_mask(t: Trace) -> np.ndarray:
+    """Bool per event of t, one process of a jax.distributed run: its outputs must be
+    equal on every process. A global array replicated over devices of several processes
+    (each stored it whole, its shards rows whole copies), the per-device result of a
+    replicated collective in a `shard_map` body replayed per device, and a body equation
+    computed only from such values and constants. All False for a single process."""
+    n = len(t.events)
+    rep = np.zeros(n, bool)
+    d = t.manifest.get("distributed")
+    count = d.get("process_count") if isinstance(d, dict) else None
+    if not isinstance(count, int) or count < 2 or not t.has_devices():
+        return rep
+    sh = t.shard_rows
+    whole = [i for i in np.unique(sh["index"]) if t.string(int(i)) == ""]
+    sel = (sh["role"] == schema.ROLE_OUT) & np.isin(sh["index"], whole)
+    rep[sh["event"][sel].astype(np.int64)] = True
+    ops = t.events["op"]
+    seeds = {int(i) for i in np.unique(ops) if t.string(int(i)) in JAX_ACROSS}
+    inp = t.inputs
+    order = np.argsort(inp["event"], kind="stable")
+    ev, prod = inp["event"][order], inp["producer"][order]
+    bounds = np.searchsorted(ev, np.arange(n + 1))
+    kind = t.events["kind"]
+    for e in np.flatnonzero(kind == schema.KIND_EQN).tolist():
+        if not t.event_device(e):
+            continue
+        if int(ops[e]) in seeds:
+            rep[e] = True
+            continue
+        ps = prod[bounds[e]:bounds[e + 1]]
+        known = ps[(ps >= 0) & (ps < e)]
+        consts = (ps == schema.PRODUCER_LITERAL) | (ps == schema.PRODUCER_CONST)
+        if len(known) and len(known) + int(consts.sum()) == len(ps) and rep[known].all():
+            rep[e] = True
+    return rep
+
+
 def check_rank(ref_path: str, path: str, rank: int) -> tuple:
     """(rank, [(reference event, this rank's event)] of the replicated events whose
     copies differ (the first MAX_DEPARTURES, in order), replicated events compared): one
@@ -106,7 +146,7 @@ def check_rank(ref_path: str, path: str, rank: int) -> tuple:
     with Trace(ref_path) as ref, Trace(path) as t:
         check_rank_of(t, rank)
         d = Differ(ref, t)
-        mask = replicated_mask(ref)
+        mask = replicated_mask(ref) | jax_replicated_mask(ref)
         ia, ib = d.pairs()
         keep = mask[ia] & (d.sa.n_out[ia] > 0)
         ia, ib = ia[keep], ib[keep]
@@ -322,6 +362,13 @@ def _device_departure(t, e, device, checked):
 def replicas(spec, workers: Optional[int] = None, scheduler=None) -> ReplicasResult:
     """Python API: check one run's replicas: a directory or glob of per-rank traces
     (across ranks, then each rank's devices) or one trace (its devices)."""
+    r = _replicas(spec, workers, scheduler)
+    if r.verdict == "consistent" and not r.checked:   # not "consistent": nothing was
+        r.verdict = NOTHING                             # compared at all
+    return r
+
+
+def _replicas(spec, workers, scheduler) -> ReplicasResult:
     s = os.fspath(spec)
     if is_rank_set(s):
         ranks = rank_traces(s)

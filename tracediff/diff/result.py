@@ -656,7 +656,7 @@ class ReplicasResult:
     """One run's replicas checked (`diff/replicas.py`): consistent, or the first
     departure and who departed."""
 
-    verdict: str                                  # "consistent" / "diverged"
+    verdict: str                                  # "consistent" / "diverged" / "nothing_to_compare"
     checked: int                                  # replicated values compared
     ranks: list                                   # the ranks checked ([] within one trace)
     reference_rank: Optional[int] = None

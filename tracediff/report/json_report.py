@@ -371,7 +371,8 @@ def ranks_build(rr: RanksResult) -> dict:
 
 
 def replicas_build(r: ReplicasResult) -> dict:
-    """`tracediff replicas --json`: verdict ("consistent" | "diverged"), exit_code,
+    """`tracediff replicas --json`: verdict ("consistent" | "diverged" |
+    "nothing_to_compare": no replicated value was found, checked 0), exit_code,
     first ({device, rank, step, op, source, event, name_stack, phase} or null), checked
     (replicated values compared), ranks, reference_rank, departed (ranks), devices,
     note."""

@@ -75,7 +75,11 @@ def print_replicas(r: ReplicasResult, console: Optional[Console] = None) -> None
     console = _console(console)
     across = (f"{len(r.ranks)} ranks (reference rank {markup(r.reference_rank)})"
               if r.ranks else "the devices of one trace")
-    if r.verdict == "consistent":
+    if r.verdict == "nothing_to_compare":
+        console.print(f"[bold yellow]NOTHING TO COMPARE[/]: no replicated values found across "
+                      f"{across} (no replicated collective result, no value replicated over "
+                      f"several devices or processes): nothing was checked")
+    elif r.verdict == "consistent":
         console.print(f"[bold green]CONSISTENT[/]: {markup(r.checked)} replicated values "
                       f"compared across {across}; every copy is bitwise equal")
     else:
