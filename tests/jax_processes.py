@@ -34,12 +34,13 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start(out_dir, mode):
+def start(out_dir, mode, options=()):
     """Both processes of one run, started together: `JAX_PROCESS_ID=i JAX_NUM_PROCESSES=2
-    tracediff record -o OUT_DIR/ jax_distributed_dp.py i PORT MODE`."""
+    tracediff record OPTIONS -o OUT_DIR/ jax_distributed_dp.py i PORT MODE`."""
     port = str(free_port())
     return [subprocess.Popen(
-        [sys.executable, "-m", "tracediff", "record", "-o", f"{out_dir}{os.sep}", SCRIPT,
+        [sys.executable, "-m", "tracediff", "record", *options, "-o", f"{out_dir}{os.sep}",
+         SCRIPT,
          str(i), port, mode],
         env=script_env({"JAX_PROCESS_ID": str(i), "JAX_NUM_PROCESSES": str(NPROC),
                         "OMP_NUM_THREADS": "1"}),
@@ -47,11 +48,14 @@ def start(out_dir, mode):
         for i in range(NPROC)]
 
 
-def record_runs(folder, modes):
-    """{mode: folder/mode} of per-process traces (rank0.h5, rank1.h5), the runs of all
-    `modes` started at once; a process that has not finished in TIMEOUT seconds is killed
-    (with its partner) and the test fails with what they printed."""
-    procs = {m: start(folder / m, m) for m in modes}
+def record_runs(folder, modes, options=None):
+    """{name: folder/name} of per-process traces (rank0.h5, rank1.h5), the runs of all
+    `modes` started at once (`options`: {name: (mode, record options)} for more); a
+    process that has not finished in TIMEOUT seconds is killed (with every other) and the
+    test fails with what they printed."""
+    runs = {m: (m, ()) for m in modes}
+    runs.update(options or {})
+    procs = {name: start(folder / name, m, opts) for name, (m, opts) in runs.items()}
     failed = []
     for m, ps in procs.items():
         for i, p in enumerate(ps):
@@ -66,7 +70,7 @@ def record_runs(folder, modes):
             if p.returncode != 0:
                 failed.append(f"{m} process {i}: exit {p.returncode}: {err[-3000:]}")
     assert not failed, "\n".join(failed)
-    return {m: folder / m for m in modes}
+    return {name: folder / name for name in runs}
 
 
 def data():

@@ -133,7 +133,16 @@ class Differ:
                                "beyond_tolerance_fraction": 0.0, "rtol": r, "atol": t})
                     continue
                 xa, xb = v.value(), w.value()
-                if xa is None or xb is None or xa.shape != xb.shape:
+                if xa is None or xb is None:   # digests only (--level stats): undecided
+                    r, t = compare.tolerance(tol_dtype or dtype, self.rtol, self.atol)
+                    shape = self.ta.string(row_a["shape"])
+                    one = _levels.stats_metrics(None, None, dtype, dtype, shape, shape, r, t)
+                    one["note"] = ("this process's shards differ (digests; their bytes were "
+                                   "not stored, --level full stores them)")
+                    _levels._counts(self)["stats_undecided"] += 1
+                    ms.append(one)
+                    continue
+                if xa.shape != xb.shape:
                     ms = None
                     break
                 one = compare.compare_arrays(xa, xb, dtype, self.rtol, self.atol,
