@@ -125,3 +125,18 @@ def test_zoom_commands_start_every_process_with_its_id(runs):
         assert ln.rstrip(" &wait").endswith(f" {k} {port} clean"), ln
     assert lines[1].endswith(" ".join(argv1[1:]) + " & wait")
     assert z.then.split()[-2:] == [z.a.trace, z.b.trace]
+
+
+def test_report_reproduces_the_run_with_every_process(runs, tmp_path):
+    out = tmp_path / "r.md"
+    done = run_cli("report", runs["clean"] / "rank1.h5", runs["bad"] / "rank1.h5", "-o", out)
+    assert done.returncode in (0, 1), done.stderr
+    lines = out.read_text().splitlines()
+    for side, mode in (("a", "clean"), ("b", "bad")):
+        mine = [ln for ln in lines if f" -o run_{side}/ " in ln]
+        assert [ln.split()[:2] for ln in mine] == [
+            ["JAX_NUM_PROCESSES=2", f"JAX_PROCESS_ID={k}"] for k in range(2)]
+        for k, ln in enumerate(mine):   # its own process id, the run's coordinator port
+            assert ln.split()[-4:] == [str(k), mine[0].split()[-3], mode, "&"], ln
+        assert lines[lines.index(mine[-1]) + 1] == "wait"
+    assert "tracediff locate run_a/ run_b/" in lines

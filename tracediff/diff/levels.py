@@ -214,7 +214,7 @@ def _recipe(ta, tb, ra, rb, s, suffix, title, extra=()):
     ea, eb = ta.manifest.get("env"), tb.manifest.get("env")
     for side, t, rec, env in (("a", ta, ra, shell.env_differences(ea, eb)),
                               ("b", tb, rb, shell.env_differences(eb, ea))):
-        procs = jax_processes(t)
+        procs = jax_processes(t.manifest, t.path)
         if procs is not None:
             sides[side] = _process_zoom(t, rec, s, suffix, env, extra, procs)
             continue
@@ -232,10 +232,10 @@ _RANK_FILE = re.compile(r"^(.*?)(^|\.)rank(\d{1,6})\.h5$")
 MAX_PROCESS_COMMANDS = 64
 
 
-def _process_count(t):
+def _process_count(manifest):
     """(this process's index, the process count) of one process of a jax.distributed run
     of several, else None."""
-    d = t.manifest.get("distributed")
+    d = manifest.get("distributed") if isinstance(manifest, dict) else None
     if not isinstance(d, dict):
         return None
     r, n = d.get("process_index"), d.get("process_count")
@@ -245,21 +245,22 @@ def _process_count(t):
     return r, n
 
 
-def jax_processes(t):
-    """[(process id, argv)] of every process of the jax.distributed run that recorded
-    trace t, from the per-rank traces beside it (`rank{K}.h5`, `NAME.rank{K}.h5`, as
-    `tracediff record` names them): each process has its own command line (its process
-    id, the coordinator). Only t's own entry when a sibling is missing or disagrees (more
-    than MAX_PROCESS_COMMANDS processes: t's alone); None when t is not one process of
-    several."""
+def jax_processes(manifest, path):
+    """[(process id, argv)] of every process of the jax.distributed run that recorded the
+    trace at `path` (its `manifest`), from the per-rank traces beside it (`rank{K}.h5`,
+    `NAME.rank{K}.h5`, as `tracediff record` names them): each process has its own
+    command line (its process id, the coordinator). Only this trace's own entry when a
+    sibling is missing or disagrees (more than MAX_PROCESS_COMMANDS processes: its alone);
+    None when the trace is not one process of several."""
     from ..trace.reader import Trace
 
-    rn = _process_count(t)
+    rn = _process_count(manifest)
     if rn is None:
         return None
     r, n = rn
-    own = [(r, shell.script_argv(t.manifest))]
-    m = _RANK_FILE.match(os.path.basename(t.path))
+    own = [(r, shell.script_argv(manifest))]
+    path = os.fspath(path)
+    m = _RANK_FILE.match(os.path.basename(path))
     if m is None or n > MAX_PROCESS_COMMANDS:
         return own
     out = []
@@ -267,10 +268,10 @@ def jax_processes(t):
         if k == r:
             out.append(own[0])
             continue
-        path = os.path.join(os.path.dirname(t.path), f"{m.group(1)}{m.group(2)}rank{k}.h5")
+        sibling = os.path.join(os.path.dirname(path), f"{m.group(1)}{m.group(2)}rank{k}.h5")
         try:
-            with Trace(path) as other:
-                if _process_count(other) != (k, n):
+            with Trace(sibling) as other:
+                if _process_count(other.manifest) != (k, n):
                     return own
                 out.append((k, shell.script_argv(other.manifest)))
         except Exception:   # missing or unreadable: this process's command only
@@ -282,7 +283,7 @@ def _process_zoom(t, rec, s, suffix, env, extra, procs):
     """The zoom `ZoomSide` of a jax.distributed run: one `record` line per process (its
     JAX_PROCESS_ID, its own command line), all started together into one folder; the
     last line waits for them."""
-    r, n = _process_count(t)
+    r, n = _process_count(t.manifest)
     m = _RANK_FILE.match(os.path.basename(t.path))
     folder = os.path.dirname(os.path.abspath(t.path))
     if m is not None and m.group(1):
@@ -299,13 +300,18 @@ def _process_zoom(t, rec, s, suffix, env, extra, procs):
             f"every other process (its command line is in its own trace's manifest) at the "
             f"same time; one alone blocks at jax.distributed.initialize"))
     for i, (k, argv) in enumerate(procs):
-        penv = dict(env, JAX_PROCESS_ID=str(k), JAX_NUM_PROCESSES=str(n))
+        penv = dict(env, **process_env(k, n))
         notes, cmd = _zoom_cmd(t, rec, s, s + 1, out, penv, extra) if argv is None else \
             _zoom_argv(argv, rec, s, out, penv, extra)
         lines += notes + [cmd + " &"]
     *notes, last = lines
     return ZoomSide(trace=out, command=last + " wait", notes=notes,
                     on=t.manifest.get("hostname"))
+
+
+def process_env(k, n):
+    """The variables that make `tracediff record` process k of n (docs/multiprocess.md)."""
+    return {"JAX_PROCESS_ID": str(k), "JAX_NUM_PROCESSES": str(n)}
 
 
 def _zoom_argv(argv, rec, s, out, env, extra):
