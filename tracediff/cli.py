@@ -508,7 +508,8 @@ def replicas(trace, as_json, quiet, workers, scheduler):
     per-device collective results, across devices.
 
     \b
-    Exit code: 0 consistent, 1 diverged, 2 error.
+    Exit code: 0 consistent (or nothing to compare: no replicated value), 1 diverged,
+    2 error.
 
     \b
     Examples:

@@ -17,6 +17,13 @@ inputs with the mesh's axis names, which gives each device the collective's resu
 is recorded per device with its per-device inputs and outputs. The equation's global
 outputs come from running the `shard_map` itself on the global inputs, as without
 per-device capture.
+
+Several processes (`jax.distributed`): a process sees only its own devices' shards (a
+global array is recorded as its shards; its global value has no bytes here). The body is
+replayed on this process's devices; a collective first gathers every process's
+per-device inputs (`process_allgather`, a copy: no arithmetic) and then computes every
+device's result as above. Every process replays the same body, so all gather the same
+collectives in the same order.
 """
 
 import numpy as np
