@@ -94,11 +94,11 @@ def test_terminal_output(runs):
 
 
 def test_one_trace_without_devices_is_nothing_to_compare(runs):
-    """Nothing compared is never CONSISTENT (it said so, exit 0): "empty", exit 2."""
+    """Nothing compared is never CONSISTENT (it said so, exit 0): "nothing_to_compare", exit 2."""
     proc = run_cli("replicas", runs["faulty"] / "rank2.h5", "--json")
     assert proc.returncode == 2, proc.stderr
     r = json.loads(proc.stdout)
-    assert (r["verdict"], r["exit_code"], r["checked"]) == ("empty", 2, 0)
+    assert (r["verdict"], r["exit_code"], r["checked"]) == ("nothing_to_compare", 2, 0)
     assert r["note"].startswith("no per-device values in this trace")
     shown = run_cli("replicas", runs["faulty"] / "rank2.h5", env={"NO_COLOR": "1"})
     assert shown.returncode == 2 and "CONSISTENT" not in shown.stdout
@@ -144,7 +144,7 @@ def test_mixed_world_sizes_or_a_missing_rank_are_refused(runs, tmp_path):
 
 def test_ranks_without_a_replicated_collective_are_nothing_to_compare(runs, tmp_path):
     """The clean run with its collectives renamed (nothing is replicated by definition):
-    "empty", exit 2, saying why."""
+    "nothing_to_compare", exit 2, saying why."""
     import h5py
 
     run = tmp_path / "run"
@@ -162,7 +162,7 @@ def test_ranks_without_a_replicated_collective_are_nothing_to_compare(runs, tmp_
     proc = run_cli("replicas", run, "--json", "--workers", "1")
     assert proc.returncode == 2, proc.stderr
     r = json.loads(proc.stdout)
-    assert (r["verdict"], r["checked"], r["ranks"]) == ("empty", 0, [0, 1, 2])
+    assert (r["verdict"], r["checked"], r["ranks"]) == ("nothing_to_compare", 0, [0, 1, 2])
     assert r["note"] == ("no replicated value in these 3 ranks' traces: no replicated collective "
                          "(all-reduce, broadcast, all-gather) in rank 0's trace and no per-device "
                          "values")

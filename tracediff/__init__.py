@@ -73,7 +73,7 @@ def locate_ranks(a, b, rtol: Optional[float] = None, atol: Optional[float] = Non
 def replicas(run, workers: Optional[int] = None, scheduler=None) -> "ReplicasResult":
     """Check one run's replicas with no reference, as `tracediff replicas`: a directory or
     glob of per-rank traces, or one trace with per-device values; returns a
-    `ReplicasResult` (`verdict` "consistent" / "diverged" / "empty" (nothing compared),
+    `ReplicasResult` (`verdict` "consistent" / "diverged" / "nothing_to_compare" (nothing compared),
     `first`: rank, device, step, op, source, event of the first copy that departs)."""
     from .diff.replicas import replicas as _replicas
 

@@ -17,6 +17,13 @@ inputs with the mesh's axis names, which gives each device the collective's resu
 is recorded per device with its per-device inputs and outputs. The equation's global
 outputs come from running the `shard_map` itself on the global inputs, as without
 per-device capture.
+
+Several processes (`jax.distributed`): a process sees only its own devices' shards (a
+global array is recorded as its shards; its global value has no bytes here). The body is
+replayed on this process's devices; a collective first gathers every process's
+per-device inputs (`process_allgather`, a copy: no arithmetic) and then computes every
+device's result as above. Every process replays the same body, so all gather the same
+collectives in the same order.
 """
 
 import numpy as np
@@ -132,6 +139,11 @@ class BodyReplay:
         body = getattr(body, "jaxpr", body)
         grid = np.asarray(mesh.devices)
         positions = list(np.ndindex(grid.shape))
+        here = _process_index()
+        # several processes (jax.distributed): this process replays its own devices only
+        remote = any(getattr(grid[pos], "process_index", here) != here for pos in positions)
+        if remote:
+            positions = [pos for pos in positions if grid[pos].process_index == here]
         devices = [grid[pos] for pos in positions]
         names = [device_name(d) for d in devices]
         blocks, brefs = [], []
@@ -139,7 +151,7 @@ class BodyReplay:
             blocks.append([self._block(x, spec, mesh, pos, d) for pos, d in zip(positions, devices)])
             brefs.append([ref] * len(devices))
         self.bodies += 1
-        ctx = _Lockstep(self, mesh, devices, names, call_id, it)
+        ctx = _Lockstep(self, mesh, devices, names, call_id, it, remote)
         outs, _ = ctx.run(body, consts, blocks, brefs, [parent] * len(devices), ns, src)
         try:   # the global outputs, assembled from the devices' outputs as shard_map does
             return [_assemble(o, spec, mesh, devices) for o, spec in zip(outs, p["out_specs"])]
@@ -154,7 +166,7 @@ class BodyReplay:
 
         shape = tuple(getattr(x, "shape", ()))
         idx = _spec_index(spec, shape, mesh, pos)
-        for s in getattr(x, "addressable_shards", ()):
+        for s in _local_shards(x):
             if s.device == d and tuple(s.data.shape) == tuple(
                     len(range(*sl.indices(n))) for sl, n in zip(idx, shape)) and \
                     all(sl.indices(n) == si.indices(n) for sl, si, n in zip(idx, s.index, shape)):
@@ -165,9 +177,10 @@ class BodyReplay:
 class _Lockstep:
     """Runs a body jaxpr on every device at once, equation by equation."""
 
-    def __init__(self, owner, mesh, devices, names, call_id, it):
+    def __init__(self, owner, mesh, devices, names, call_id, it, remote=False):
         self.owner, self.cap = owner, owner.cap
         self.mesh, self.devices, self.names = mesh, devices, names
+        self.remote = remote   # the mesh spans other processes: collectives gather from them
         self.axis_names = set(mesh.axis_names)
         self.call_id, self.it = call_id, it
         # Where each device's equations run. Accelerators: on that device (a chip that
@@ -261,14 +274,20 @@ class _Lockstep:
 
         grid = np.asarray(self.mesh.devices).shape
         axis_names = list(self.mesh.axis_names)
-        mapped = [not _same_for_all(xs) for xs in per_input]
-        args = []
-        for xs, m in zip(per_input, mapped):
-            if m:
-                host = np.stack([np.asarray(x) for x in xs])
-                args.append(host.reshape(grid + host.shape[1:]))
-            else:
-                args.append(xs[0])
+        if self.remote:   # every device's input, this process's and the others'
+            stacked, mine = self._gather(per_input)
+            mapped = [True] * len(per_input)
+            args = [h.reshape(grid + h.shape[1:]) for h in stacked]
+        else:
+            mine = None
+            mapped = [not _same_for_all(xs) for xs in per_input]
+            args = []
+            for xs, m in zip(per_input, mapped):
+                if m:
+                    host = np.stack([np.asarray(x) for x in xs])
+                    args.append(host.reshape(grid + host.shape[1:]))
+                else:
+                    args.append(xs[0])
         cap = self.cap
 
         def f(*xs):
@@ -278,10 +297,33 @@ class _Lockstep:
             f = jax.vmap(f, in_axes=tuple(0 if m else None for m in mapped), axis_name=name,
                          axis_size=size)
         outs = f(*args)
-        n = len(self.devices)
-        flat = [np.asarray(o).reshape((n,) + np.asarray(o).shape[len(grid):]) for o in outs]
-        return [[jax.device_put(o[k], self.run_on or self.devices[k]) for o in flat]
-                for k in range(n)]
+        total = int(np.prod(grid, dtype=np.int64))
+        flat = [np.asarray(o).reshape((total,) + np.asarray(o).shape[len(grid):]) for o in outs]
+        rows = mine if mine is not None else range(len(self.devices))
+        return [[jax.device_put(o[g], self.run_on or self.devices[k]) for o in flat]
+                for k, g in enumerate(rows)]
+
+    def _gather(self, per_input):
+        """Several processes: every device's value of each input, stacked in mesh order
+        (row-major over the mesh), gathered from all processes (`process_allgather`, a
+        copy: no arithmetic), and the mesh-order rows of this process's devices. Every
+        process replays the same body, so all gather the same collectives in order."""
+        from jax.experimental import multihost_utils
+
+        grid = np.asarray(self.mesh.devices)
+        order = [grid[pos] for pos in np.ndindex(grid.shape)]
+        here = _process_index()
+        local = [np.stack([np.asarray(x) for x in xs]) for xs in per_input]
+        procs, got = multihost_utils.process_allgather((np.int32(here), local))
+        row_of = {int(p): i for i, p in enumerate(np.asarray(procs).reshape(-1))}
+        seen, where = {}, []
+        for d in order:   # the j-th device of process p sits at got[row_of[p]][j]
+            p = int(d.process_index)
+            j = seen[p] = seen.get(p, -1) + 1
+            where.append((row_of[p], j))
+        stacked = [np.stack([np.asarray(g)[r][j] for r, j in where]) for g in got]
+        mine = [i for i, d in enumerate(order) if int(d.process_index) == here]
+        return stacked, mine
 
 
 def _assemble(per_device, spec, mesh, devices):
@@ -301,6 +343,24 @@ def _assemble(per_device, spec, mesh, devices):
     arrays = [jax.device_put(x, d) for x, d in zip(per_device, devices)]
     return jax.make_array_from_single_device_arrays(tuple(shape), NamedSharding(mesh, spec),
                                                     arrays)
+
+
+def _local_shards(x):
+    """x.addressable_shards, [] when it has none or cannot list them (jax 0.10.2: a
+    `device_put` onto a replicated sharding across processes raises there)."""
+    try:
+        return list(getattr(x, "addressable_shards", ()))
+    except Exception:
+        return []
+
+
+def _process_index():
+    import jax
+
+    try:
+        return int(jax.process_index())
+    except Exception:   # no backend: one process
+        return 0
 
 
 def _same_for_all(xs):

@@ -156,6 +156,7 @@ def prepare(trace, strings):
     comparable |= ((out["flags"] & schema.VFLAG_STATS) != 0) & ((out["flags"] & schema.VFLAG_UNINIT) == 0)
     content = np.zeros(n, np.uint64)
     np.add.at(content, ev_of[comparable], mix(slot_key[comparable], out["hash"][comparable]))
+    _shard_content(trace, out, comparable, gid, sidx, content)
     n_out = np.bincount(ev_of, minlength=n) if n else np.zeros(0, np.int64)
     sig = mix(ev["framework"], kind, op, ns, outsig) if n else np.zeros(0, np.uint64)
     keys = Side.key(vals["event"], vals["role"], vals["slot"])
@@ -163,6 +164,26 @@ def prepare(trace, strings):
     return Side(trace=trace, gid=gid, sig=sig, content=content, n_out=n_out, kind=kind,
                 call=ev["call"].astype(np.int64), parent=ev["parent"].astype(np.int64),
                 vkey=keys[order], vrow=order, ns=ns)
+
+
+def _shard_content(trace, out, comparable, gid, sidx, content):
+    """A value with no global bytes whose per-device shards were stored (a global array
+    over several processes: each records its own shards) counts by those shards'
+    digests, keyed by device, index and replica."""
+    sh = getattr(trace, "shard_rows", None)
+    if sh is None or not len(sh):
+        return
+    missing = ~comparable & ((out["flags"] & (schema.VFLAG_UNINIT | schema.VFLAG_STATS)) == 0)
+    if not missing.any():
+        return
+    keys = Side.key(out["event"][missing], schema.ROLE_OUT, out["slot"][missing])
+    sh = sh[sh["role"] == schema.ROLE_OUT]
+    sel = np.isin(Side.key(sh["event"], schema.ROLE_OUT, sh["slot"]), keys)
+    sh = sh[sel]
+    if len(sh):
+        np.add.at(content, sh["event"].astype(np.int64),
+                  mix(sh["slot"].astype(np.int64), gid[sidx(sh["device"])],
+                      gid[sidx(sh["index"])], sh["replica"].astype(np.int64), sh["hash"]))
 
 
 # -- Myers diff --------------------------------------------------------------------------

@@ -31,10 +31,29 @@ def spread(ta, tb, ea, eb, max_rows=64):
             differs = w is None or not v.digest or w.digest != v.digest
             diffs.append(DeviceDiff(slot=slot, device=v.device, shard=v.shard,
                                     replica=v.replica, differs=differs))
-        if not summary and any(d.differs for d in diffs) and len(da) > 1:
+        if not summary and any(d.differs for d in diffs) and _process_local(ta, ea, slot):
+            summary = _local_summary(diffs)
+        elif not summary and any(d.differs for d in diffs) and len(da) > 1:
             summary = _summary(diffs, shards)
         rows.extend(diffs)
     return rows[:max_rows], summary
+
+
+def _process_local(t, e, slot):
+    """Is output `slot` of event e a global value whose bytes this trace does not hold,
+    only its own devices' shards (a jax.Array spread over several processes)?"""
+    rows = t.value_rows(int(e), schema.ROLE_OUT)
+    rows = rows[rows["slot"] == slot]
+    return bool(len(rows)) and rows[0]["offset"] < 0 and bool(
+        rows[0]["flags"] & schema.VFLAG_NOT_STORED) and not (rows[0]["flags"] & schema.VFLAG_STATS)
+
+
+def _local_summary(diffs):
+    bad = [d for d in diffs if d.differs]
+    shown = ", ".join(f"{d.shard or 'whole'} on {d.device}" for d in bad[:4])
+    return (f"differs in this process's own shard{'s' if len(bad) > 1 else ''} ({shown}; "
+            f"{len(bad)} of the {len(diffs)} it holds); the rest of the global value lives "
+            f"on other processes, each recording its own")
 
 
 def _summary(diffs, shards):

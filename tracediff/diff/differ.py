@@ -76,7 +76,7 @@ class Differ:
             # --level stats/calls: hash first, then statistics (levels.py)
             if _levels.hashed(row_a) and _levels.hashed(row_b):
                 return _levels.compare_hashed(self, row_a, row_b, tol_dtype)
-            return None
+            return self._compare_shards(row_a, row_b, tol_dtype)
         key = (int(row_a["offset"]), int(row_b["offset"]), int(row_a["nbytes"]), tol_dtype)
         hit = self._cmp_val.get(key)
         if hit is not None:
@@ -101,6 +101,62 @@ class Differ:
                                       np.asarray(xa).tobytes() == np.asarray(xb_cmp).tobytes())
             if m["bitwise_equal"]:
                 m["within_tolerance"] = True
+        self._cmp_val[key] = m
+        return m
+
+    def _compare_shards(self, row_a, row_b, tol_dtype=None):
+        """Metrics of a value whose global bytes neither side stored, through the
+        per-device shards both stored (a global array spread over several processes:
+        each process records only its own shards), paired by device, index and replica;
+        None when they do not pair up or a differing shard has no bytes."""
+        skip = schema.VFLAG_UNINIT | schema.VFLAG_STATS
+        if row_a is None or row_b is None or (int(row_a["flags"]) | int(row_b["flags"])) & skip:
+            return None
+        if not self.ta.has_devices() or not self.tb.has_devices():
+            return None
+        ident = (int(row_a["event"]), int(row_a["slot"]), int(row_a["role"]))
+        key = ("shards",) + ident + (int(row_b["event"]), tol_dtype)
+        if key in self._cmp_val:
+            return self._cmp_val[key]
+        da = self.ta.device_values(*ident)
+        db = self.tb.device_values(int(row_b["event"]), int(row_b["slot"]), int(row_b["role"]))
+        by_key = {(v.device, v.shard, v.replica): v for v in db}
+        dtype = self.ta.string(row_a["dtype"])
+        ms, m = [], None
+        # shards rows only (each has a digest): a device-tied event's own unstored value
+        # reads as one copy without a digest, and is not compared
+        if da and len(da) == len(db) and all(v.digest for v in da + db) and \
+                all((v.device, v.shard, v.replica) in by_key for v in da):
+            for v in da:
+                w = by_key[(v.device, v.shard, v.replica)]
+                if v.digest and v.digest == w.digest:
+                    r, t = compare.tolerance(tol_dtype or dtype, self.rtol, self.atol)
+                    ms.append({"bitwise_equal": True, "within_tolerance": True, "max_abs": 0.0,
+                               "max_rel": 0.0, "max_ulp": 0.0, "mismatch_fraction": 0.0,
+                               "beyond_tolerance_fraction": 0.0, "rtol": r, "atol": t})
+                    continue
+                xa, xb = v.value(), w.value()
+                if xa is None or xb is None:   # digests only (--level stats): undecided
+                    r, t = compare.tolerance(tol_dtype or dtype, self.rtol, self.atol)
+                    shape = self.ta.string(row_a["shape"])
+                    one = _levels.stats_metrics(None, None, dtype, dtype, shape, shape, r, t)
+                    one["note"] = ("this process's shards differ (digests; their bytes were "
+                                   "not stored, --level full stores them)")
+                    _levels._counts(self)["stats_undecided"] += 1
+                    ms.append(one)
+                    continue
+                if xa.shape != xb.shape:
+                    ms = None
+                    break
+                one = compare.compare_arrays(xa, xb, dtype, self.rtol, self.atol,
+                                             tol_dtype=tol_dtype, ulp=self.ulp)
+                one["bitwise_equal"] = xa.tobytes() == xb.tobytes()
+                one["within_tolerance"] = one["within_tolerance"] or one["bitwise_equal"]
+                ms.append(one)
+            if ms:
+                m = compare.worst(ms)
+                m["bitwise_equal"] = all(x["bitwise_equal"] for x in ms)
+                m["shards_only"] = len(ms)
         self._cmp_val[key] = m
         return m
 

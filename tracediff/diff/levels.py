@@ -208,11 +208,16 @@ def probe_pattern(op):
 
 def _recipe(ta, tb, ra, rb, s, suffix, title, extra=()):
     """The pair of `record` commands (one per machine, with the environment variables that
-    differ between the runs) and the `locate` that follows them, as a `Zoom`."""
+    differ between the runs) and the `locate` that follows them, as a `Zoom`. One process
+    of a jax.distributed run: every process's command (`jax_processes`), into a folder."""
     sides = {}
     ea, eb = ta.manifest.get("env"), tb.manifest.get("env")
     for side, t, rec, env in (("a", ta, ra, shell.env_differences(ea, eb)),
                               ("b", tb, rb, shell.env_differences(eb, ea))):
+        procs = jax_processes(t.manifest, t.path)
+        if procs is not None:
+            sides[side] = _process_zoom(t, rec, s, suffix, env, extra, procs)
+            continue
         root, ext = os.path.splitext(t.path)
         out = f"{root}.{suffix}{ext or '.h5'}"
         notes, cmd = _zoom_cmd(t, rec, s, s + 1, out, env, extra)
@@ -221,6 +226,100 @@ def _recipe(ta, tb, ra, rb, s, suffix, title, extra=()):
     return Zoom(a=sides["a"], b=sides["b"],
                 then=shell.command("tracediff", "locate", sides["a"].trace, sides["b"].trace),
                 step=s, title=title)
+
+
+_RANK_FILE = re.compile(r"^(.*?)(^|\.)rank(\d{1,6})\.h5$")
+MAX_PROCESS_COMMANDS = 64
+
+
+def _process_count(manifest):
+    """(this process's index, the process count) of one process of a jax.distributed run
+    of several, else None."""
+    d = manifest.get("distributed") if isinstance(manifest, dict) else None
+    if not isinstance(d, dict):
+        return None
+    r, n = d.get("process_index"), d.get("process_count")
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (r, n)) or \
+            not 0 <= r < n or n < 2:
+        return None
+    return r, n
+
+
+def jax_processes(manifest, path):
+    """[(process id, argv)] of every process of the jax.distributed run that recorded the
+    trace at `path` (its `manifest`), from the per-rank traces beside it (`rank{K}.h5`,
+    `NAME.rank{K}.h5`, as `tracediff record` names them): each process has its own
+    command line (its process id, the coordinator). Only this trace's own entry when a
+    sibling is missing or disagrees (more than MAX_PROCESS_COMMANDS processes: its alone);
+    None when the trace is not one process of several."""
+    from ..trace.reader import Trace
+
+    rn = _process_count(manifest)
+    if rn is None:
+        return None
+    r, n = rn
+    own = [(r, shell.script_argv(manifest))]
+    path = os.fspath(path)
+    m = _RANK_FILE.match(os.path.basename(path))
+    if m is None or n > MAX_PROCESS_COMMANDS:
+        return own
+    out = []
+    for k in range(n):
+        if k == r:
+            out.append(own[0])
+            continue
+        sibling = os.path.join(os.path.dirname(path), f"{m.group(1)}{m.group(2)}rank{k}.h5")
+        try:
+            with Trace(sibling) as other:
+                if _process_count(other.manifest) != (k, n):
+                    return own
+                out.append((k, shell.script_argv(other.manifest)))
+        except Exception:   # missing or unreadable: this process's command only
+            return own
+    return out
+
+
+def _process_zoom(t, rec, s, suffix, env, extra, procs):
+    """The zoom `ZoomSide` of a jax.distributed run: one `record` line per process (its
+    JAX_PROCESS_ID, its own command line), all started together into one folder; the
+    last line waits for them."""
+    r, n = _process_count(t.manifest)
+    m = _RANK_FILE.match(os.path.basename(t.path))
+    folder = os.path.dirname(os.path.abspath(t.path))
+    if m is not None and m.group(1):
+        folder = os.path.join(folder, m.group(1))
+    out = f"{folder}.{suffix}/"
+    lines = []
+    if len(procs) == n:
+        lines.append(shell.comment(
+            f"a jax.distributed run of {n} processes: start them together, each with its "
+            f"own process id and command line (one alone blocks at initialize)"))
+    else:
+        lines.append(shell.comment(
+            f"process {r} of {n} of a jax.distributed run: run the matching command of "
+            f"every other process (its command line is in its own trace's manifest) at the "
+            f"same time; one alone blocks at jax.distributed.initialize"))
+    for i, (k, argv) in enumerate(procs):
+        penv = dict(env, **process_env(k, n))
+        notes, cmd = _zoom_cmd(t, rec, s, s + 1, out, penv, extra) if argv is None else \
+            _zoom_argv(argv, rec, s, out, penv, extra)
+        lines += notes + [cmd + " &"]
+    *notes, last = lines
+    return ZoomSide(trace=out, command=last + " wait", notes=notes,
+                    on=t.manifest.get("hostname"))
+
+
+def process_env(k, n):
+    """The variables that make `tracediff record` process k of n (docs/multiprocess.md)."""
+    return {"JAX_PROCESS_ID": str(k), "JAX_NUM_PROCESSES": str(n)}
+
+
+def _zoom_argv(argv, rec, s, out, env, extra):
+    options = ["--level", "full", *extra, "--steps", f"{s}:{s + 1}"]
+    if rec.get("loops") and rec.get("loops") != "opaque":
+        options += ["--loops", str(rec["loops"])]
+    *notes, cmd = shell.record_command(argv, out, env, options)
+    return notes, cmd
 
 
 def zoom_lines(result):

@@ -28,6 +28,10 @@ from .locate import locate
 from .result import RankSummary, RanksResult, Spread
 
 COLLECTIVE_PREFIX = "c10d::"
+# JAX collectives (a shard_map body replayed per device on each process, jax.distributed)
+JAX_COLLECTIVES = frozenset({"psum", "psum_invariant", "psum2", "pmax", "pmin", "all_gather",
+                             "all_gather_invariant", "ppermute", "all_to_all",
+                             "reduce_scatter", "psum_scatter", "pbroadcast"})
 _GLOB_CHARS = "*?["
 _RANK_NAME = re.compile(r"(?:^|\.)rank(\d{1,6})\.h5$")
 
@@ -105,14 +109,27 @@ def _ranks_text(d):
     return "rank" + ("s " if len(rs) != 1 else " ") + ", ".join(map(str, rs))
 
 
+def is_collective(op: str) -> bool:
+    """A torch `c10d::*` collective or a JAX collective equation."""
+    return op.startswith(COLLECTIVE_PREFIX) or op in JAX_COLLECTIVES
+
+
 def collectives_before(t: Trace, index: int) -> int:
-    """How many collectives (`c10d::*` events) trace t holds before event `index`."""
+    """How many collectives (`c10d::*` events; JAX collective equations, counted on one
+    device of the process, since each is replayed once per device) trace t holds before
+    event `index`."""
     ops = np.asarray(t.events["op"][:index])
     if not len(ops):
         return 0
-    ids, counts = np.unique(ops, return_counts=True)
-    return int(sum(c for i, c in zip(ids, counts)
-                   if t.string(int(i)).startswith(COLLECTIVE_PREFIX)))
+    ids = [int(i) for i in np.unique(ops)]
+    torch = [i for i in ids if t.string(i).startswith(COLLECTIVE_PREFIX)]
+    jax = [i for i in ids if t.string(i) in JAX_COLLECTIVES]
+    n = int(np.isin(ops, torch).sum()) if torch else 0
+    if jax:
+        at = np.flatnonzero(np.isin(ops, jax))
+        devs = [t.event_device(int(e)) for e in at]
+        n += sum(1 for d in devs if d == devs[0])
+    return n
 
 
 def locate_pair(rank: int, path_a: str, path_b: str, options: dict) -> tuple:
@@ -132,7 +149,7 @@ def locate_pair(rank: int, path_a: str, path_b: str, options: dict) -> tuple:
             op=e.op, source=e.source, name_stack=e.name_stack, step=e.step,
             device=getattr(e, "device", "") or "", inputs_match=f.inputs_match,
             collective=collectives_before(ta, e.index),
-            at_collective=e.op.startswith(COLLECTIVE_PREFIX))
+            at_collective=is_collective(e.op))
     return summary, result
 
 

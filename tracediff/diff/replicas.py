@@ -51,6 +51,9 @@ REPLICATED_COLLECTIVES = ("c10d::allreduce_", "c10d::broadcast_", "c10d::allgath
 # ops that overwrite their first argument: its old value does not matter
 OVERWRITE_OPS = ("aten::copy_",)
 JAX_REPLICATED = ("psum", "pmean", "pmax", "pmin", "all_gather", "psum2")
+# across the processes of a jax.distributed run, also the check_vma forms
+JAX_ACROSS = JAX_REPLICATED + ("psum_invariant", "all_gather_invariant")
+NOTHING = "nothing_to_compare"
 MAX_DEPARTURES = 50
 
 
@@ -98,6 +101,43 @@ def replicated_mask(t: Trace) -> np.ndarray:
     return rep
 
 
+def jax_replicated_mask(t: Trace) -> np.ndarray:
+    """Bool per event of t, one process of a jax.distributed run: its outputs must be
+    equal on every process. A global array replicated over devices of several processes
+    (each stored it whole, its shards rows whole copies), the per-device result of a
+    replicated collective in a `shard_map` body replayed per device, and a body equation
+    computed only from such values and constants. All False for a single process."""
+    n = len(t.events)
+    rep = np.zeros(n, bool)
+    d = t.manifest.get("distributed")
+    count = d.get("process_count") if isinstance(d, dict) else None
+    if not isinstance(count, int) or count < 2 or not t.has_devices():
+        return rep
+    sh = t.shard_rows
+    whole = [i for i in np.unique(sh["index"]) if t.string(int(i)) == ""]
+    sel = (sh["role"] == schema.ROLE_OUT) & np.isin(sh["index"], whole)
+    rep[sh["event"][sel].astype(np.int64)] = True
+    ops = t.events["op"]
+    seeds = {int(i) for i in np.unique(ops) if t.string(int(i)) in JAX_ACROSS}
+    inp = t.inputs
+    order = np.argsort(inp["event"], kind="stable")
+    ev, prod = inp["event"][order], inp["producer"][order]
+    bounds = np.searchsorted(ev, np.arange(n + 1))
+    kind = t.events["kind"]
+    for e in np.flatnonzero(kind == schema.KIND_EQN).tolist():
+        if not t.event_device(e):
+            continue
+        if int(ops[e]) in seeds:
+            rep[e] = True
+            continue
+        ps = prod[bounds[e]:bounds[e + 1]]
+        known = ps[(ps >= 0) & (ps < e)]
+        consts = (ps == schema.PRODUCER_LITERAL) | (ps == schema.PRODUCER_CONST)
+        if len(known) and len(known) + int(consts.sum()) == len(ps) and rep[known].all():
+            rep[e] = True
+    return rep
+
+
 def check_rank(ref_path: str, path: str, rank: int) -> tuple:
     """(rank, [(reference event, this rank's event)] of the replicated events whose
     copies differ (the first MAX_DEPARTURES, in order), replicated events compared): one
@@ -108,7 +148,7 @@ def check_rank(ref_path: str, path: str, rank: int) -> tuple:
         check_rank_of(t, rank)
         check_same_run(ref, t)
         d = Differ(ref, t)
-        mask = replicated_mask(ref)
+        mask = replicated_mask(ref) | jax_replicated_mask(ref)
         ia, ib = d.pairs()
         keep = mask[ia] & (d.sa.n_out[ia] > 0)
         ia, ib = ia[keep], ib[keep]
@@ -359,6 +399,10 @@ def _device_departure(t, e, device, checked):
 def replicas(spec, workers: Optional[int] = None, scheduler=None) -> ReplicasResult:
     """Python API: check one run's replicas: a directory or glob of per-rank traces
     (across ranks, then each rank's devices) or one trace (its devices)."""
+    return _nothing_is_not_consistent(_replicas(spec, workers, scheduler))
+
+
+def _replicas(spec, workers, scheduler) -> ReplicasResult:
     s = os.fspath(spec)
     if is_rank_set(s):
         ranks = rank_traces(s)
@@ -384,8 +428,9 @@ def replicas(spec, workers: Optional[int] = None, scheduler=None) -> ReplicasRes
 
 
 def _nothing_is_not_consistent(result: ReplicasResult) -> ReplicasResult:
-    """A check that compared no value says so ("empty", exit code 2), never "consistent"."""
+    """A check that compared no value says so ("nothing_to_compare", exit code 2: a gate that
+    checked nothing must not pass), never "consistent"."""
     if result.verdict == "consistent" and not result.checked:
-        return dataclasses.replace(result, verdict="empty",
+        return dataclasses.replace(result, verdict=NOTHING,
                                    note=result.note or "no replicated value to compare")
     return result

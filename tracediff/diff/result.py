@@ -684,10 +684,10 @@ class ReplicaDeparture(_ByKey):
 @dataclass
 class ReplicasResult:
     """One run's replicas checked (`diff/replicas.py`): consistent, the first departure
-    and who departed, or "empty" (no replicated value to compare; `note` says why)."""
+    and who departed, or "nothing_to_compare" (no replicated value to compare; `note` says why)."""
 
-    verdict: str                                  # "consistent" / "diverged" / "empty"
-    checked: int                                  # replicated values compared (0: "empty")
+    verdict: str                                  # "consistent" / "diverged" / "nothing_to_compare"
+    checked: int                                  # replicated values compared (0: "nothing_to_compare")
     ranks: list                                   # the ranks checked ([] within one trace)
     reference_rank: Optional[int] = None
     first: Optional[ReplicaDeparture] = None
@@ -698,4 +698,4 @@ class ReplicasResult:
     @property
     def exit_code(self) -> int:
         """0 consistent, 1 diverged, 2 nothing to compare (as an error: never a pass)."""
-        return {"diverged": 1, "empty": 2}.get(self.verdict, 0)
+        return {"diverged": 1, "nothing_to_compare": 2}.get(self.verdict, 0)

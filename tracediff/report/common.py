@@ -20,6 +20,7 @@ from typing import Optional
 from ..diff.result import EventRef, Finding, Gap, LocateResult, Replay
 from ..diff.mechanisms import FAR_ULP
 from ..diff.verdict import meaningful_ulp
+from ..diff import levels
 from ..trace import sources
 from ..trace.sources import parse_source
 from ..untrusted import md_code, md_text
@@ -328,6 +329,7 @@ class TraceFile:
     tool: Optional[str] = None
     end: object = None
     world_size: Optional[int] = None   # ranks of a torchrun job (manifest `distributed`)
+    processes: Optional[tuple] = None  # jax.distributed: (count, [(id, argv)]) (levels.jax_processes)
 
 
 @dataclasses.dataclass
@@ -366,6 +368,10 @@ def _trace_context(path, source=None):
     if dist.get("launcher") == "torchrun" and isinstance(n, int) and \
             not isinstance(n, bool) and 1 < n <= 1 << 20:
         info.world_size = n
+    else:   # one process of a jax.distributed run: every process's own command line
+        procs = levels.jax_processes(m, path)
+        if procs is not None:
+            info.processes = (m["distributed"]["process_count"], procs)
     return info, m, recorded
 
 
@@ -388,8 +394,11 @@ def reproduction(result: LocateResult, traces: dict) -> list:
             cmds.append(shell.comment(f"{side}: recorded with {c.tool or 'tracediff'} "
                                       f"(no script command line)"))
             continue
-        if c.world_size:   # one rank of a torchrun job: record every rank into a folder
+        if c.world_size or c.processes:   # one rank of several: every rank into a folder
             name = names[side] = f"run_{side}/"
+        if c.processes:   # jax.distributed: each process started with its id, together
+            cmds += _process_commands(c.processes, name, shell.env_differences(mine, other))
+            continue
         cmds += shell.record_command([os.path.basename(argv[0]), *argv[1:]], name,
                                      shell.env_differences(mine, other),
                                      nproc=c.world_size)
@@ -401,6 +410,29 @@ def reproduction(result: LocateResult, traces: dict) -> list:
             shown = f"{shown}rank{f.a.rank}.h5"
         cmds.append(shell.command("tracediff", "show", shown, f.a.index))
     return cmds
+
+
+def _process_commands(processes, name, env):
+    """The `record` lines of every process of a jax.distributed run (levels.jax_processes),
+    started together into folder `name`; a note when a process's command line is unknown."""
+    from .. import shell
+
+    n, processes = processes
+    lines = [shell.comment(f"a jax.distributed run: start every process together, each with "
+                           f"its own process id and command line (one alone blocks at "
+                           f"initialize)")]
+    if len(processes) < n or any(argv is None for _, argv in processes):
+        lines.append(shell.comment("the command line of some process is not known here: run "
+                                   "the matching command of every process (its trace's "
+                                   "manifest has it)"))
+    for k, argv in processes:
+        if not argv:
+            continue
+        *notes, cmd = shell.record_command([os.path.basename(argv[0]), *argv[1:]], name,
+                                           dict(env, **levels.process_env(k, n)))
+        lines += notes + [cmd + " &"]
+    lines.append("wait")
+    return lines
 
 
 def report_context(result: LocateResult, source_dir: Optional[str] = None) -> ReportContext:

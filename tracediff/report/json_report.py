@@ -376,7 +376,7 @@ def ranks_build(rr: RanksResult) -> dict:
 
 
 def replicas_build(r: ReplicasResult) -> dict:
-    """`tracediff replicas --json`: verdict ("consistent" | "diverged" | "empty": nothing
+    """`tracediff replicas --json`: verdict ("consistent" | "diverged" | "nothing_to_compare": nothing
     to compare, exit code 2), exit_code,
     first ({device, rank, step, op, source, event, name_stack, phase} or null), checked
     (replicated values compared), ranks, reference_rank, departed (ranks), devices,

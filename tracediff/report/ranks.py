@@ -78,7 +78,7 @@ def print_replicas(r: ReplicasResult, console: Optional[Console] = None) -> None
     if r.verdict == "consistent":
         console.print(f"[bold green]CONSISTENT[/]: {markup(r.checked)} replicated values "
                       f"compared across {across}; every copy is bitwise equal")
-    elif r.verdict == "empty":
+    elif r.verdict == "nothing_to_compare":
         console.print(f"[bold yellow]NOTHING TO COMPARE[/]: no replicated value across "
                       f"{across}; nothing was checked")
     else:
