@@ -7,14 +7,22 @@ atol (compare.py). An op that divides by something as small (AdamW's
 and everything that reads it (the parameter, the next step's forward) carries it on.
 None of it is a difference between the programs.
 
-`judge(d, ea, eb)` decides, for a paired event beyond tolerance, whether every output
-element beyond tolerance sits where an input it reads element for element (same number
-of elements, or broadcast) is noise: within tolerance only by atol (its relative
-difference is beyond rtol: the value is noise near zero), or the noise of an earlier op
-judged so. Values judged noise are remembered by their two content hashes, so an
-optimizer snapshot of the same tensor, or an op reading it, is judged the same way; a
-data-movement op (args.DATA_MOVEMENT) with equal arguments moves noise and makes none.
-An op whose inputs are bitwise equal introduced its difference and is never noise.
+`judge(d, ea, eb, inputs)` decides, for a paired event beyond tolerance that reads some
+differing input (an op whose inputs are bitwise equal introduced its difference and is
+never noise), whether every output element beyond tolerance is noise:
+
+* `ELEMENTWISE` ops: it sits where an input (same shape, or broadcast) is noise: within
+  tolerance only by atol (its relative difference is beyond rtol: a value near zero), or
+  the noise of an earlier op judged so;
+* `CONTRACTIONS` (addmm, mm, bmm, mv, dot): |a - b| is within tolerance of the magnitudes
+  that produced the element (|bias| + |x| @ |w|, from a's inputs): a value tiny against
+  them, its inputs' rounding cancelled to near zero;
+* data movement (`args.DATA_MOVEMENT`, equal arguments): it moves noise and makes none;
+* an optimizer snapshot: each differing tensor is a value judged noise.
+
+Values judged noise are remembered by their two content hashes, so a snapshot of the same
+tensor, or an op reading it, is judged the same way. Any input beyond tolerance that is
+not noise makes the event a real (inherited) difference.
 """
 
 from __future__ import annotations
@@ -22,9 +30,23 @@ from __future__ import annotations
 import numpy as np
 
 from ..trace import schema
+from ..trace.values import has_bytes as comparable, parse_shape
 from . import args as _args
 from . import compare
-from ..trace.values import has_bytes as comparable, parse_shape
+
+
+# ops whose output element i reads input element i (same shape, or broadcast): the only
+# ones whose outputs are judged element by element against their inputs' noise
+ELEMENTWISE = frozenset("""
+    add sub rsub mul div addcdiv addcmul lerp neg abs exp expm1 log log1p sqrt rsqrt pow
+    tanh sigmoid logistic relu gelu silu elu leaky_relu clamp clamp_min clamp_max maximum
+    minimum max min where select_n sign reciprocal square sin cos erf sgn
+    threshold_backward gelu_backward tanh_backward sigmoid_backward silu_backward
+    integer_pow
+""".split())
+# contractions judged against the magnitudes that produce each output element
+# (|bias| + |x| @ |w|), without alpha/beta/other parameters
+CONTRACTIONS = frozenset("addmm mm bmm mv dot".split())
 
 
 def _read(d, side, row):
@@ -71,10 +93,9 @@ def _numel(d, row):
 
 
 def _to_output(mask, in_shape, out_shape):
-    """An input's element mask in the output's shape: same number of elements (a view,
-    an elementwise op) or broadcast; None when the input is not read element for element."""
-    n_out = int(np.prod(out_shape)) if out_shape else 1
-    if mask.size == n_out:
+    """An input's element mask in the output's shape (the same shape, or broadcast);
+    None when it does not broadcast."""
+    if tuple(in_shape) == tuple(out_shape):
         return mask
     try:
         return np.broadcast_to(mask.reshape(in_shape), out_shape).ravel()
@@ -126,13 +147,19 @@ def judge(d, ea, eb, pairs_in):
     if kind not in (schema.KIND_OP, schema.KIND_EAGER):
         return None
     op = d.ta.string(d.ta.events[ea]["op"])
-    moves = _args.base_name(op) in _args.DATA_MOVEMENT and not d._arguments(ea, eb)
-    noisy_inputs, covered, reads = [], {}, False
+    base = _args.base_name(op)
+    moves = base in _args.DATA_MOVEMENT and not d._arguments(ea, eb)
+    contracts = base in CONTRACTIONS and not d.ta.string(d.ta.events[ea]["params"])
+    if not (moves or contracts or base in ELEMENTWISE):
+        return None   # its outputs do not read its inputs element for element
+    noisy_inputs, covered, reads, arrays = [], {}, False, []
     for slot, ra, rb in pairs_in:
         if ra is not None and rb is None and not _numel(d, ra):
             continue   # an empty value (a cache before its first entry) with no counterpart
         if ra is None or rb is None:
             return None
+        if contracts:
+            arrays.append(_read(d, "a", ra))
         if int(ra["hash"]) == int(rb["hash"]):
             continue
         reads = True
@@ -148,8 +175,8 @@ def judge(d, ea, eb, pairs_in):
         if not noise.any():
             continue
         noisy_inputs.append(slot)
-        if moves:
-            continue   # a view, a split, a copy: its values are its inputs' elements
+        if moves or contracts:
+            continue   # moved values / judged by the magnitudes of the contraction
         for k, ra_o, _, _ in beyond_out:
             mapped = _to_output(noise, _shape(d, ra), _shape(d, ra_o))
             if mapped is None:
@@ -157,8 +184,27 @@ def judge(d, ea, eb, pairs_in):
                     return None   # noise it does not read element for element: unknown
                 continue
             covered[k] = mapped if k not in covered else (covered[k] | mapped)
-    if not reads or not noisy_inputs:
-        return None   # its inputs are bitwise equal (or carry no noise): introduced here
+    if not reads:
+        return None   # its inputs are bitwise equal: it introduced the difference
+    if contracts:
+        if len(beyond_out) != 1:
+            return None
+        _, ra_o, rb_o, (beyond, _) = beyond_out[0]
+        scale = _contraction_scale(base, arrays)
+        if scale is None or scale.size != beyond.size:
+            return None
+        xa, xb = _read(d, "a", ra_o).astype(np.float64).ravel(), \
+            _read(d, "b", rb_o).astype(np.float64).ravel()
+        r, t = _tol(d, ra_o)
+        with np.errstate(all="ignore"):
+            if (beyond & ~(np.abs(xa - xb) <= t + r * scale)).any():
+                return None   # beyond tolerance of the magnitudes that produced it
+        return _remember(state, beyond_out, (
+            "its outputs differ beyond tolerance only where they are tiny against the "
+            "magnitudes that produced them (|a - b| within tolerance of |bias| + |x| @ |w|): "
+            "its differing inputs' rounding, cancelled to near zero"))
+    if not noisy_inputs:
+        return None   # its inputs carry no noise: the difference is its own
     if not moves:
         for k, _, _, (beyond, _) in beyond_out:
             m = covered.get(k)
@@ -169,6 +215,18 @@ def judge(d, ea, eb, pairs_in):
         f"{'it moves' if moves else 'its outputs differ beyond tolerance only where'} "
         f"{words} {'which carries' if moves else 'carries'} rounding noise around zero "
         f"(values within tolerance only by atol, or an earlier op's noise)"))
+
+
+def _contraction_scale(base, xs):
+    """The magnitudes that produce each output element of a contraction, flat:
+    |bias| + |x| @ |w| (addmm), |x| @ |w| (mm, bmm, mv, dot); None for other arities."""
+    xs = [np.abs(np.asarray(x, dtype=np.float64)) for x in xs]
+    with np.errstate(all="ignore"):
+        if base == "addmm" and len(xs) == 3:
+            return (xs[0] + xs[1] @ xs[2]).ravel()
+        if base in ("mm", "bmm", "mv", "dot") and len(xs) == 2:
+            return np.atleast_1d(np.matmul(xs[0], xs[1])).ravel()
+    return None
 
 
 def _remember(state, beyond_out, reason):
