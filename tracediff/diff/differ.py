@@ -642,9 +642,9 @@ class Differ:
                        origin=schema.ORIGIN_NAMES.get(int(self.ta.events[ea]["origin"]), ""),
                        note=note, pair_by=self.pair_by.get(ea, "structure"),
                        devices=per_device, device_note=device_note,
-                       optimizer=self._op_label(ea), arguments=self._arguments(ea, eb))
+                       optimizer=self._op_label(ea), arguments=self.arguments(ea, eb))
 
-    def _arguments(self, ea, eb):
+    def arguments(self, ea, eb):
         """The non-tensor arguments that differ between two paired events of one op
         (`args.differing`); [] across ops, kinds or frameworks (their arguments are not
         the same arguments)."""

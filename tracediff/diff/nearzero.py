@@ -148,7 +148,7 @@ def judge(d, ea, eb, pairs_in):
         return None
     op = d.ta.string(d.ta.events[ea]["op"])
     base = _args.base_name(op)
-    moves = base in _args.DATA_MOVEMENT and not d._arguments(ea, eb)
+    moves = base in _args.DATA_MOVEMENT and not d.arguments(ea, eb)
     contracts = base in CONTRACTIONS and not d.ta.string(d.ta.events[ea]["params"])
     if not (moves or contracts or base in ELEMENTWISE):
         return None   # its outputs do not read its inputs element for element

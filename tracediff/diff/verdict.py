@@ -257,10 +257,9 @@ def _not_judged(d, res, ea, eb, sides, dtypes):
     an integer op, `args.judged_by_float64`): no float64 comparison, no numeric
     mechanisms; what changed is its arguments, when they differ, or its inputs."""
     op = res.op
-    what = ("computes on integers, exactly" if dtypes and not any(
-        compare.is_floating(t) for t in dtypes) else
-        "selects, moves or converts values and rounds nothing")
-    diffs = d._arguments(ea, eb) if hasattr(d, "_arguments") else []
+    what = ("selects, moves or converts values and rounds nothing"
+            if _args.base_name(op) in _args.DATA_MOVEMENT else "computes on integers, exactly")
+    diffs = d.arguments(ea, eb)
     text = f"not judged against float64: {op} {what}"
     if diffs:
         text += f"; the op's arguments differ: {_args.text(diffs)}"
