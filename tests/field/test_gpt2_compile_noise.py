@@ -46,7 +46,7 @@ SCRIPT = textwrap.dedent('''
         def keep(name):
             def hook(module, inputs, output):
                 out = output[0] if isinstance(output, tuple) else output
-                if name not in seen:
+                if isinstance(out, torch.Tensor) and name not in seen:
                     seen[name] = out.detach().clone()
             return hook
 

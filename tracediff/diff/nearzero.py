@@ -12,8 +12,8 @@ differing input (an op whose inputs are bitwise equal introduced its difference 
 never noise), whether every output element beyond tolerance is noise:
 
 * `ELEMENTWISE` ops: it sits where an input (same shape, or broadcast) is noise: within
-  tolerance only by atol (its relative difference is beyond rtol: a value near zero), or
-  the noise of an earlier op judged so;
+  tolerance only by atol, with a relative difference beyond sqrt(rtol) (float32: 3.2e-3:
+  half its digits are rounding residue), or the noise of an earlier op judged so;
 * `CONTRACTIONS` (addmm, mm, bmm, mv, dot): |a - b| is within tolerance of the magnitudes
   that produced the element (|bias| + |x| @ |w|, from a's inputs): a value tiny against
   them, its inputs' rounding cancelled to near zero;
@@ -60,8 +60,9 @@ def _tol(d, row):
 
 def _masks(d, ra, rb):
     """(beyond, noise) flat bool masks of a value pair: elements beyond tolerance, and
-    elements within tolerance only by atol (their relative difference beyond rtol); None
-    when the values cannot be read as floats of one shape."""
+    noise near zero: within tolerance only by atol, their relative difference beyond
+    sqrt(rtol) (float32: 3.2e-3; half the digits differ: what is left is the rounding of a
+    cancellation); None when the values cannot be read as floats of one shape."""
     dt = d.ta.string(ra["dtype"])
     if not (comparable(ra) and comparable(rb)) or not compare.is_floating(dt) or \
             dt.startswith("complex") or dt != d.tb.string(rb["dtype"]):
@@ -76,7 +77,8 @@ def _masks(d, ra, rb):
         scale = np.maximum(np.abs(pa), np.abs(pb))
         same = (pa == pb) | (np.isnan(pa) & np.isnan(pb))
         beyond = ~same & ~(np.isfinite(diff) & (diff <= t + r * scale))
-        noise = ~same & ~beyond & (diff > r * scale)
+        # within tolerance only through atol, and half its digits or more differ
+        noise = ~same & ~beyond & (diff > np.sqrt(r) * scale)
     return beyond, noise
 
 
