@@ -220,3 +220,15 @@ def test_no_renderer_takes_a_dict(pair):
     with pytest.raises(TypeError, match="Analysis"):
         analysis_json(analysis_json(analysis))
     assert isinstance(result, LocateResult)
+
+
+def test_every_renderer_names_the_differing_argument(pair):
+    # the perturbation is the pow's scalar exponent: the finding says so, everywhere
+    _, _, result, _, profile = pair
+    f = result.first_beyond_tolerance
+    assert [(d.name, d.a, d.b) for d in f.arguments] == [("exponent", "3.0", "3.001")]
+    out = _renderings(result, profile)
+    for name in ("terminal", "markdown", "html"):
+        assert "arguments differ" in out[name] and "exponent 3.0 vs 3.001" in out[name], name
+    doc = json.loads(out["json"])["first_beyond_tolerance"]
+    assert doc["arguments_differ"] == [{"name": "exponent", "a": "3.0", "b": "3.001"}]

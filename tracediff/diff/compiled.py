@@ -30,7 +30,7 @@ import numpy as np
 
 from ..trace import schema
 from . import align as _align
-from .differ import BITWISE, Differ, comparable
+from .differ import BITWISE, TOLERANCE, Differ, comparable
 
 CROSS = "decomposition"
 MAX_CLOSENESS_PAIRS = 64      # values of one dtype and shape paired by closeness, at most
@@ -662,6 +662,24 @@ class EagerCompiledDiffer(Differ):
         return True, (f"its input matches ({word})" if checked == 1 else
                       f"all {checked} inputs match ({word})") + extra, []
 
+    def input_pairs(self, ea, eb):
+        """For an eager op against a decomposition: the values the unit reads from outside,
+        paired as `inputs_match` pairs them (None rows where one has no counterpart)."""
+        if not self._is_cross(ea, eb):
+            return super().input_pairs(ea, eb)
+        by_b = {}
+        for kb, jb, pb in self._externals("b", eb):
+            by_b.setdefault(kb, []).append((jb, pb))
+        out = []
+        for slot, (ka, ia, _) in enumerate(self._externals("a", ea)):
+            kb = int(self.ual.a2b[ka]) if ka >= 0 else -1
+            jb = dict(self.output_map(ka, kb)).get(ia) if kb >= 0 and ia >= 0 else None
+            hit = next((c for c in by_b.get(kb, []) if c[0] == jb), None) \
+                if jb is not None else None
+            row_a = self._unit_rows("a", ka)[ia][2] if ka >= 0 and ia >= 0 else None
+            out.append((slot, row_a, None if hit is None else self._unit_rows("b", kb)[hit[0]][2]))
+        return out
+
     def _equal_hashes(self, ea, eb):
         """Every paired value has the same hash (and dtype, shape): bitwise equal, cheaply."""
         pairs = self._out_pairs(ea, eb)
@@ -690,6 +708,8 @@ class EagerCompiledDiffer(Differ):
                 continue
             if self.equal_at(ea, eb, level) or self._is_noise(ea):
                 continue
+            if level == TOLERANCE and self.near_zero(ea, eb):
+                continue   # rounding noise around zero (nearzero.py)
             return self.finding(ea, eb, level), None
         return None, None
 

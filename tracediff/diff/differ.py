@@ -17,8 +17,10 @@ from ..trace import schema
 from ..trace.blob import ValueReader
 from ..trace.values import has_bytes, parse_shape
 from . import align as _align
+from . import args as _args
 from . import compare
 from . import devices as _devices
+from . import nearzero as _nearzero
 from . import optroles
 from . import levels as _levels
 from .result import (CallRef, EventRef, Finding, Metrics, OptimizerStep, ValueComparison,
@@ -471,10 +473,52 @@ class Differ:
 
     def _search_event(self, ea, eb, s):
         """What the script saw (eager primitive, torch op, optimizer snapshot, input):
-        reported as is when it differs."""
+        reported as is when it differs (beyond tolerance: unless it is rounding noise
+        around zero, `near_zero`)."""
         if self.equal_at(ea, eb, s.level):
             return None
+        if s.level == TOLERANCE and self.near_zero(ea, eb):
+            return None
         return self.finding(ea, eb, s.level)
+
+    near_zero_state = None   # nearzero.NearZero of the tolerance search
+
+    def near_zero(self, ea, eb):
+        """True (and remembered) when paired event ea, beyond tolerance, is rounding noise
+        around zero (`nearzero.judge`): skipped by the tolerance search, shown apart."""
+        if self.near_zero_state is None:
+            self.near_zero_state = _nearzero.NearZero()
+        st = self.near_zero_state
+        try:
+            why = _nearzero.judge(self, ea, eb, self.input_pairs(ea, eb))
+        except (ValueError, TypeError):   # odd values: judged as they are
+            why = None
+        if why is None:
+            return False
+        st.count += 1
+        if st.first is None:
+            st.first = (int(ea), int(eb), why)
+        return True
+
+    def input_pairs(self, ea, eb):
+        """[(slot, row_a, row_b)] of the dataflow inputs of two paired events (the
+        values `inputs_match` compares; None rows where a side has none)."""
+        rows_b = {}
+        for r in self.tb.input_rows(eb):
+            rows_b.setdefault(int(r["slot"]), r)
+        out = []
+        for r in self.ta.input_rows(ea):
+            slot, p, ps = int(r["slot"]), int(r["producer"]), int(r["producer_slot"])
+            if p in (schema.PRODUCER_LITERAL, schema.PRODUCER_CONST):
+                continue
+            rb = rows_b.get(slot)
+            if p < 0 or rb is None or int(rb["producer"]) < 0:
+                out.append((slot, None, None))
+                continue
+            out.append((slot, input_value_row(self.sa, self.ta, ea, p, ps),
+                        input_value_row(self.sb, self.tb, eb, int(rb["producer"]),
+                                        int(rb["producer_slot"]))))
+        return out
 
     def _search_eqn(self, ea, eb, s):
         """A replayed equation: judged through its compiled call. Its call differing, it
@@ -654,7 +698,18 @@ class Differ:
                        origin=schema.ORIGIN_NAMES.get(int(self.ta.events[ea]["origin"]), ""),
                        note=note, pair_by=self.pair_by.get(ea, "structure"),
                        devices=per_device, device_note=device_note,
-                       optimizer=self._op_label(ea))
+                       optimizer=self._op_label(ea), arguments=self.arguments(ea, eb))
+
+    def arguments(self, ea, eb):
+        """The non-tensor arguments that differ between two paired events of one op
+        (`args.differing`); [] across ops, kinds or frameworks (their arguments are not
+        the same arguments)."""
+        a, b = self.ta.events[ea], self.tb.events[eb]
+        sa, sb = self.ta.string, self.tb.string
+        if sa(a["op"]) != sb(b["op"]) or int(a["kind"]) != int(b["kind"]) or \
+                int(a["framework"]) != int(b["framework"]):
+            return []
+        return _args.differing(sa(a["params"]), sb(b["params"]))
 
     def _op_label(self, ea):
         """optroles.op_label of an event of a (never fails a finding)."""

@@ -24,7 +24,10 @@ inputs, which explains but is not what the script computed):
    match), but it never decides the verdict: the tolerance search skips it and keeps
    the first such case in `replay_only` for information.
 3. Every other kind (eager primitive, torch op, optimizer snapshot, input) is what the
-   script saw and is reported as is.
+   script saw and is reported as is; at the tolerance level, unless it is rounding noise
+   around zero (`nearzero.py`: beyond tolerance only where an input it reads element for
+   element is noise near zero): the first such event is kept in `near_zero`, never the
+   verdict.
 
 The verdict is about values: events that have no counterpart (the two runs executed
 different ops, or one trace is truncated) are counted in `alignment`, named in a warning,
@@ -169,6 +172,7 @@ def run(ta, tb, rtol=None, atol=None, differ=None, mapping=None) -> LocateResult
         warnings.append(f"{missed}: what that framework computed is not compared")
     levels, level_warnings = _levels.annotate(first_bit, first_tol, ta, tb, d)
     first_param = getattr(d, "first_parameter", None)   # two frameworks: optimizer by role
+    near_zero, near_zero_total = _near_zero(d)
     return LocateResult(
         path_a=ta.path, path_b=tb.path,
         verdict="diverged" if first_tol is not None or first_param is not None else "match",
@@ -181,7 +185,20 @@ def run(ta, tb, rtol=None, atol=None, differ=None, mapping=None) -> LocateResult
                                                               compare.DEFAULT_TOLERANCES.items()},
                    **({"ulp": d.ulp} if d.ulp is not None else {})},
         mapping=mapping or [], optimizer_steps_total=n_steps,
-        noise=_noise_info(d), levels=levels)
+        noise=_noise_info(d), levels=levels, near_zero=near_zero,
+        near_zero_total=near_zero_total)
+
+
+def _near_zero(d):
+    """(the first event the tolerance search passed over as rounding noise around zero,
+    as a `Finding` whose note says why; how many it passed over)."""
+    st = d.near_zero_state
+    if st is None or st.first is None:
+        return None, 0
+    ea, eb, why = st.first
+    f = d.finding(ea, eb, TOLERANCE, note=(
+        f"rounding noise around zero, not counted as beyond tolerance: {why}"))
+    return f, st.count
 
 
 def _noise_info(d):

@@ -192,6 +192,16 @@ class CallRef(_ByKey):
 
 
 @dataclass(repr=False)
+class ArgDiff(_ByKey):
+    """One non-tensor argument whose recorded value differs between the paired ops
+    (`diff/args.py`): its name and the two values as recorded (None: not on that side)."""
+
+    name: str
+    a: Optional[str]
+    b: Optional[str]
+
+
+@dataclass(repr=False)
 class Finding(_ByKey):
     """One located divergence: the paired events, how their outputs differ, and whether
     the event introduced the difference (its inputs match) or inherited it."""
@@ -220,6 +230,8 @@ class Finding(_ByKey):
     # an optimizer-internal op: its optimizer, state and leaf (optroles.op_label), e.g.
     # "torch Adam: exp_avg of fc1.weight"
     optimizer: Optional[str] = None
+    # the op's non-tensor arguments that differ ([ArgDiff]: "start 8 vs 9"), diff/args.py
+    arguments: list = field(default_factory=list)
 
 
 # -- the chain from the origin to the outputs (chain.py) -----------------------------------------
@@ -362,6 +374,8 @@ class ReplayRun(_ByKey):
     machine: Optional[dict] = None               # what this machine replays with
     mechanism: Optional[str] = None              # one line (mechanisms.summary)
     mechanisms: list = field(default_factory=list)   # [Mechanism] (diff/mechanisms.py)
+    # why no float64 verdict: the op rounds nothing (diff/args.py), and what differs instead
+    not_judged: Optional[str] = None
 
 
 # -- the rest of `tracediff explain` -----------------------------------------------------------
@@ -590,6 +604,10 @@ class LocateResult:
     first_difference: Optional[Finding] = None
     first_beyond_tolerance: Optional[Finding] = None
     replay_only: Optional[Finding] = None
+    # the first event beyond tolerance by relative error alone that is rounding noise
+    # around zero (diff/nearzero.py): not counted, shown apart; how many events were
+    near_zero: Optional[Finding] = None
+    near_zero_total: int = 0
     alignment: dict = field(default_factory=dict)  # align.Alignment.stats()
     gaps: list = field(default_factory=list)
     env_diff: list = field(default_factory=list)   # [{key, category, a, b, ...}] (env.py)

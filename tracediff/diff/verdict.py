@@ -15,6 +15,7 @@ import os
 import numpy as np
 
 from ..trace import schema
+from . import args as _args
 from . import compare
 from . import mechanisms as _mechanisms
 from . import replay as _replay
@@ -187,6 +188,9 @@ def replay_verdict(d, ea: int, eb: int) -> ReplayRun:
     # the oracle: from the side whose op covers most of the computation (most inputs)
     src = max(ok, key=lambda s: (sides[s]["n_inputs"], s == "a"))
     S = sides[src]
+    dtypes = [np.asarray(r).dtype.name for s in ok for r in sides[s]["recorded"] if r is not None]
+    if not any(_args.judged_by_float64(ev[s]["op"], dtypes) for s in ok):
+        return _not_judged(d, res, ea, eb, sides, dtypes)
     out_dtype = next((np.asarray(r).dtype.name for r in S["recorded"] if r is not None), "")
     oracle, how = None, None
     # mechanisms (diff/mechanisms.py): candidate numerics re-run on each side's inputs; a
@@ -244,6 +248,26 @@ def replay_verdict(d, ea: int, eb: int) -> ReplayRun:
     res.machine = _machine(sides[src]["framework"])
     res.mechanisms = _mechanisms.hypotheses(cases)
     res.mechanism = _mechanisms.summary(res.mechanisms, {s: sides[s]["op"] for s in ("a", "b")})
+    res.verdict = _verdict_text(res)
+    return res
+
+
+def _not_judged(d, res, ea, eb, sides, dtypes):
+    """The verdict of an op that rounds nothing (a selection, view, copy or conversion;
+    an integer op, `args.judged_by_float64`): no float64 comparison, no numeric
+    mechanisms; what changed is its arguments, when they differ, or its inputs."""
+    op = res.op
+    what = ("selects, moves or converts values and rounds nothing"
+            if _args.base_name(op) in _args.DATA_MOVEMENT else "computes on integers, exactly")
+    diffs = d.arguments(ea, eb)
+    text = f"not judged against float64: {op} {what}"
+    if diffs:
+        text += f"; the op's arguments differ: {_args.text(diffs)}"
+    res.not_judged = text
+    ra, rb = res.a.reproduced_here, res.b.reproduced_here
+    res.reproduces = ("both" if ra and rb else "a" if ra else "b" if rb else
+                      "neither" if ra is False or rb is False else None)
+    res.machine = _machine(sides["a" if "call" in sides["a"] else "b"]["framework"])
     res.verdict = _verdict_text(res)
     return res
 
@@ -314,7 +338,7 @@ def _worst_ulp(f: FromOracle) -> float:
 
 
 def _verdict_text(res):
-    parts = []
+    parts = [res.not_judged] if res.not_judged else []
     fa, fb = res.a.from_oracle, res.b.from_oracle
     if fa and fb:
         oracle = res.oracle

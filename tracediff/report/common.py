@@ -17,6 +17,7 @@ import math
 import os
 from typing import Optional
 
+from ..diff.args import text as args_text
 from ..diff.result import EventRef, Finding, Gap, LocateResult, Replay
 from ..diff.mechanisms import FAR_ULP
 from ..diff.verdict import meaningful_ulp
@@ -152,6 +153,8 @@ def finding_rows(f: Finding, code, text, strong) -> list:
         rows.append(("devices", text(f.device_note)))
     if f.optimizer:   # an optimizer-internal op: its optimizer, state and leaf
         rows.append(("optimizer", text(f.optimizer)))
+    if f.arguments:   # the op's non-tensor arguments that differ (diff/args.py)
+        rows.append(("arguments differ", code(args_text(f.arguments))))
     if b.op != a.op or b.framework != a.framework:
         rows.append(("paired with", f"{event_label(b, code, text)} in b "
                                     f"(by {text(f.pair_by)})"))

@@ -393,6 +393,10 @@ def render(result: LocateResult, ctx: Optional[ReportContext] = None, profile=No
     fd = result.first_difference
     if fd is not None and f is not None and fd.a.index != f.a.index:
         body.append(_finding(fd, "First bitwise difference (earlier, within tolerance)"))
+    if result.near_zero is not None:   # passed over by the tolerance search (nearzero.py)
+        body.append(_finding(result.near_zero, f"Rounding noise around zero (not counted as "
+                                               f"beyond tolerance; {result.near_zero_total} "
+                                               f"event(s))"))
     if profile is not None:
         rows, classes, total = _events_rows(profile, result)
         note = (f' <span class="muted">(the first {len(rows)} of {fmt(total)} differing '

@@ -3,7 +3,8 @@
 
 `build(result)` of a `LocateResult`. Top-level fields: verdict ("match" | "diverged"),
 exit_code, traces {a, b}, warnings, tolerance, first_difference, first_beyond_tolerance,
-replay_only, alignment {events_a, events_b, matched, only_in_a, only_in_b,
+replay_only, near_zero (only when the tolerance search passed over rounding noise around
+zero: the first such finding, its note saying why) with near_zero_total, alignment {events_a, events_b, matched, only_in_a, only_in_b,
 anchors_matched, fallback_regions, gaps}, optimizer_steps (per compared step: step, a, b,
 bitwise_equal, max_rel, max_abs, rel_l2, worst (the parameter with the largest relative L2 of
 its own), worst_rel_l2, worst_max_abs; long runs keep the first 20, each new worst, the
@@ -17,7 +18,8 @@ outputs, collapsed to ~10, a `Gap` written as the string "... N more hops"), noi
 --noise floor: nondeterministic_events, skipped).
 
 A finding is null or {level, a, b, metrics, inputs_match, inputs_reason, origin, note,
-call, paired_by, values, and device_note + devices [{slot, device, shard, replica,
+call, paired_by, values, arguments_differ [{name, a, b}] (the op's non-tensor arguments
+whose recorded values differ: "start" "8" vs "9") when some do, and device_note + devices [{slot, device, shard, replica,
 differs}] when its values were recorded per device}; a and b hold index, op, name_stack,
 source, step, kind, framework, phase, origin, node, call, shapes, dtypes, rank (the
 trace's rank in a multi-process run, else null), device ("cpu:3") for an event tied
@@ -137,6 +139,8 @@ def finding_json(f):
         "optimizer": f.optimizer,
         "values": [value_json(v) for v in f.values[:MAX_VALUES]],
         "values_total": len(f.values),
+        # the op's non-tensor arguments that differ (diff/args.py), only when some do
+        **({"arguments_differ": [_plain(x) for x in f.arguments]} if f.arguments else {}),
         # per-device copies (only when recorded per device, capture/jax_devices.py)
         **({"device_note": f.device_note,
             "devices": [_plain(d) for d in f.devices]} if f.devices or f.device_note else {}),
@@ -214,6 +218,8 @@ def build(r: LocateResult) -> dict:
         "first_difference": finding_json(r.first_difference),
         "first_beyond_tolerance": finding_json(r.first_beyond_tolerance),
         "replay_only": finding_json(r.replay_only),
+        **({"near_zero": finding_json(r.near_zero), "near_zero_total": r.near_zero_total}
+           if r.near_zero is not None else {}),
         "alignment": {**r.alignment, "gaps": r.gaps},
         "optimizer_steps": [{k: (_plain(v) if k == "first_beyond" and v is not None else v)
                              for k, v in _plain(s).items()

@@ -174,6 +174,9 @@ def render(result: LocateResult, ctx: Optional[ReportContext] = None) -> str:
     fd = result.first_difference
     if fd is not None and f is not None and fd is not f and fd.a.index != f.a.index:
         _finding(lines, fd, "First bitwise difference (earlier, within tolerance)")
+    if result.near_zero is not None:   # passed over by the tolerance search (nearzero.py)
+        _finding(lines, result.near_zero, f"Rounding noise around zero (not counted as beyond "
+                                          f"tolerance; {result.near_zero_total} event(s))")
     ro = result.replay_only
     if ro is not None and result.verdict == "match":
         lines += ["## Replay-only difference", "",

@@ -21,7 +21,7 @@ from rich.console import Console
 
 from ..diff.result import Finding, Gap, LocateResult
 from ..untrusted import markup
-from .common import site, typed, ulp_cell
+from .common import args_text, site, typed, ulp_cell
 from .json_report import next_steps
 
 MAX_ENV = 15
@@ -104,6 +104,8 @@ def _finding(console, title, f: Finding, verbose=False, context=None):
         console.print(f"  devices: {markup(f.device_note)}")
     if f.optimizer:
         console.print(f"  optimizer: {markup(f.optimizer)}")
+    if f.arguments:   # the op's non-tensor arguments that differ (diff/args.py)
+        console.print(f"  [bold]arguments differ[/]: {markup(args_text(f.arguments))}")
     if f.b.op != f.a.op or f.b.framework != f.a.framework:
         console.print(f"  paired with b: {_where(f.b)} (by {markup(f.pair_by)})")
     m = f.metrics
@@ -216,6 +218,15 @@ def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bo
         console.print("every compared value is bitwise identical")
     if r.first_parameter is not None:
         _first_parameter(console, r.first_parameter)
+    if r.near_zero is not None:   # passed over by the tolerance search (nearzero.py)
+        f, fm = r.near_zero, r.near_zero.metrics
+        more = r.near_zero_total - 1
+        console.print(f"[bold]rounding noise around zero[/] (not counted as beyond tolerance): "
+                      f"{_where(f.a)} (a #{f.a.index}, b #{f.b.index})"
+                      f"{'  ' + markup(f.optimizer) if f.optimizer else ''}; max abs "
+                      f"{_fmt(fm.max_abs if fm else None)}, max rel "
+                      f"{_fmt(fm.max_rel if fm else None)}: {markup(f.note.split(': ', 1)[-1])}"
+                      f"{f'; {more} more event(s) carry it on' if more > 0 else ''}")
     if r.replay_only is not None and r.first_beyond_tolerance is None:
         f = r.replay_only
         console.print(f"replay-only difference beyond tolerance (not seen by the script): "
