@@ -179,7 +179,8 @@ class Differ:
         for side, s, t, own, ev, slot, other, oslot in (
                 ("b", self.sb, self.tb, self.al.b2a, q, qs, p, ps),
                 ("a", self.sa, self.ta, self.al.a2b, p, ps, q, qs)):
-            if ev < 0 or ev >= len(own) or own[ev] >= 0 or not s.transparent[ev] or other < 0:
+            if ev < 0 or ev >= len(own) or own[ev] >= 0 or other < 0 or \
+                    getattr(s, "transparent", None) is None or not s.transparent[ev]:
                 continue
             rows = [r for r in t.input_rows(ev) if int(r["slot"]) == 0]
             if not rows or int(rows[0]["producer"]) < 0:
