@@ -58,7 +58,7 @@ def dtype_note(ta, tb, ea, eb, dtypes_a, dtypes_b):
     on = [(side, autocast_at(t, e)) for side, t, e in (("a", ta, ea), ("b", tb, eb))]
     why = "; ".join(f"autocast on {side} ({state})" for side, state in on if state)
     if not why:
-        known = recorded(ta) and recorded(tb)
-        why = "autocast off on both sides: an explicit cast" if known else \
-            "a cast (no autocast state recorded)"
+        if not (recorded(ta) and recorded(tb)):   # JAX, or an older trace: dtypes alone
+            return f"{da} vs {db}"
+        why = "autocast off on both sides: the program casts"
     return f"{da} vs {db}: {why}"
