@@ -54,7 +54,8 @@ def test_autocast_names_the_first_bfloat16_linear_and_says_why(runs):
     assert env["frameworks.torch.autocast.used"] == ("never", "cpu bfloat16")
     # the attention block both runs computed is compared, not hidden in a gap
     assert r["alignment"]["only_in_b"] - r["alignment"]["only_in_a"] < 60
-    out = run_cli("locate", runs["fp32"], runs["bf16"], env={"NO_COLOR": "1", "COLUMNS": "200"})
+    out = run_cli("locate", runs["fp32"], runs["bf16"], "--no-explain",
+                  env={"NO_COLOR": "1", "COLUMNS": "200"})
     assert "dtype: float32 vs bfloat16: autocast on b (cpu bfloat16)" in out.stdout
 
 
@@ -76,7 +77,7 @@ def test_the_autocast_regions_are_in_the_manifest(runs):
 
 
 def test_an_op_only_one_run_has_is_the_finding(runs):
-    r = locate_json(runs["fp32"], runs["scaled"])
+    r = locate_json(runs["fp32"], runs["scaled"], "--no-explain")
     st = r["structural"]
     assert r["verdict"] == "diverged" and r["exit_code"] == 1
     assert st["first"] is True and st["side"] == "b"
