@@ -23,9 +23,10 @@ def sides(two_jax_versions):
 
 
 def _flat(side, ns=True):
-    """The side as one region: no calls or optimizer steps to anchor on."""
+    """The side as one region: no calls or optimizer steps to anchor on (without `ns`: no
+    module paths, and no second pass over the gaps either: pairing by position alone)."""
     return dataclasses.replace(side, kind=np.full(len(side.kind), schema.KIND_OP),
-                               ns=side.ns if ns else None)
+                               ns=side.ns if ns else None, lsig=side.lsig if ns else None)
 
 
 def test_a_region_too_different_for_one_diff_is_aligned_by_module_first(sides):

@@ -293,6 +293,9 @@ class TorchCapture(Capture):
         from .torch_collectives import Collectives
 
         self.collectives = Collectives(self, torch)
+        from .torch_autocast import AutocastLog
+
+        self.autocast = AutocastLog(self, torch)
 
     def hook_optimizer(self, wrap):
         """(Re-)register the global optimizer step hooks, each passed through `wrap` when
@@ -350,6 +353,8 @@ class TorchCapture(Capture):
         compile_rec = getattr(self, "compile", None)
         if compile_rec is not None:
             compile_rec.uninstall()
+        if getattr(self, "autocast", None) is not None:
+            self.autocast.uninstall()
         try:
             if self.mode_on:
                 self.mode_on = False
@@ -384,6 +389,8 @@ class TorchCapture(Capture):
              "statistics": "torch ops on the value's device (capture/torch_stats.py)"}
         if getattr(self, "collectives", None) is not None:
             m["collectives"] = self.collectives.manifest()
+        if getattr(self, "autocast", None) is not None:
+            m["autocast"] = self.autocast.manifest()
         if getattr(self, "failed", None):
             m["recording_error"] = self.failed
             m["recording_stopped_at_event"] = self.failed_at_event

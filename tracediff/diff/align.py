@@ -29,6 +29,13 @@ diff is remembered by the contents of the two regions and a repeated region cost
 Real traces (a few to a few hundred edits per distinct region) stay far inside the budget,
 so their alignment is exactly Myers'; a hostile pair of many maximally different regions
 costs at most the pool plus a linear term (seconds), not minutes.
+
+4. Gaps (a run of unmatched events on both sides between the same two matched events) are
+   aligned once more (`refine_gaps`): ops that only convert dtype or layout (`_to_copy`,
+   `to`, `contiguous`, a JAX `convert_element_type`: `TRANSPARENT_OPS`) are set aside, and
+   the rest are paired by a signature without output dtypes (`Side.lsig`). Mixed precision
+   inserts casts and changes every dtype after them; without this the region both sides
+   computed would be hidden in a gap (the ops are compared, and their dtypes reported).
 """
 
 import dataclasses
@@ -113,6 +120,8 @@ class Side:
     vkey: np.ndarray         # sorted lookup keys of the values table
     vrow: np.ndarray         # values-table row for each key
     ns: np.ndarray = None    # global id of each event's name stack (module path)
+    lsig: np.ndarray = None  # signature without output dtypes (refine_gaps)
+    transparent: np.ndarray = None   # bool: the op only converts dtype or layout
 
     # key layout: event << 21 | role << 20 | slot
     @staticmethod
@@ -151,6 +160,8 @@ def prepare(trace, strings):
     shape_sig = mix(slot_key, gid[sidx(out["dtype"])], gid[sidx(out["shape"])])
     outsig = np.zeros(n, np.uint64)
     np.add.at(outsig, ev_of, shape_sig)
+    loose = np.zeros(n, np.uint64)
+    np.add.at(loose, ev_of, mix(slot_key, gid[sidx(out["shape"])]))
     comparable = (out["offset"] >= 0) & ((out["flags"] & (schema.VFLAG_UNINIT | schema.VFLAG_NOT_STORED)) == 0)
     # stats-only values (--level stats/calls) carry the hash of their exact bytes too
     comparable |= ((out["flags"] & schema.VFLAG_STATS) != 0) & ((out["flags"] & schema.VFLAG_UNINIT) == 0)
@@ -159,11 +170,22 @@ def prepare(trace, strings):
     _shard_content(trace, out, comparable, gid, sidx, content)
     n_out = np.bincount(ev_of, minlength=n) if n else np.zeros(0, np.int64)
     sig = mix(ev["framework"], kind, op, ns, outsig) if n else np.zeros(0, np.uint64)
+    lsig = mix(ev["framework"], kind, op, ns, loose) if n else np.zeros(0, np.uint64)
+    ids = [strings.ids[name] for name in TRANSPARENT_OPS if name in strings.ids]
+    transparent = np.isin(op, ids) if ids else np.zeros(n, bool)
     keys = Side.key(vals["event"], vals["role"], vals["slot"])
     order = np.argsort(keys, kind="stable")
     return Side(trace=trace, gid=gid, sig=sig, content=content, n_out=n_out, kind=kind,
                 call=ev["call"].astype(np.int64), parent=ev["parent"].astype(np.int64),
-                vkey=keys[order], vrow=order, ns=ns)
+                vkey=keys[order], vrow=order, ns=ns, lsig=lsig, transparent=transparent)
+
+
+# ops that only convert dtype or layout: transparent to alignment (refine_gaps), never a
+# structural difference of their own (an inserted cast is what autocast does)
+TRANSPARENT_OPS = ("aten::_to_copy", "aten::to.dtype", "aten::to.dtype_layout",
+                   "aten::to.device", "aten::to.other", "aten::contiguous",
+                   "aten::_autocast_to_reduced_precision", "aten::_autocast_to_full_precision",
+                   "aten::view.dtype", "aten::type_as", "convert_element_type")
 
 
 def _shard_content(trace, out, comparable, gid, sidx, content):
@@ -394,7 +416,39 @@ def align(sa, sb, max_edits=MAX_EDITS, budget=None):
         fallbacks += fb
         a2b[pa + lo_a] = pb + lo_b
         b2a[pb + lo_b] = pa + lo_a
+    if getattr(sa, "lsig", None) is not None and getattr(sb, "lsig", None) is not None:
+        refine_gaps(sa, sb, a2b, b2a, max_edits, budget)
     return Alignment(a2b, b2a, fallbacks, len(ma))
+
+
+def gap_regions(a2b, b2a):
+    """[(lo_a, hi_a, lo_b, hi_b)]: the runs of unmatched events that lie between the same
+    two matched pairs on both sides (each side non-empty)."""
+    ma = np.flatnonzero(a2b >= 0)
+    mb = a2b[ma]
+    if len(ma) and np.any(np.diff(mb) <= 0):
+        return []   # crossed pairs (not from a sequence alignment): nothing to refine
+    bounds_a = np.concatenate([[-1], ma, [len(a2b)]])
+    bounds_b = np.concatenate([[-1], mb, [len(b2a)]])
+    ga = bounds_a[1:] - bounds_a[:-1] > 1
+    gb = bounds_b[1:] - bounds_b[:-1] > 1
+    return [(int(bounds_a[i]) + 1, int(bounds_a[i + 1]), int(bounds_b[i]) + 1, int(bounds_b[i + 1]))
+            for i in np.flatnonzero(ga & gb).tolist()]
+
+
+def refine_gaps(sa, sb, a2b, b2a, max_edits=MAX_EDITS, budget=None):
+    """Pair the events of each gap (`gap_regions`) that differ only in output dtypes, the
+    dtype and layout conversions set aside (module docstring, 4); in place."""
+    budget = budget if budget is not None else Budget()
+    for lo_a, hi_a, lo_b, hi_b in gap_regions(a2b, b2a):
+        ia = np.arange(lo_a, hi_a)[~sa.transparent[lo_a:hi_a]]
+        ib = np.arange(lo_b, hi_b)[~sb.transparent[lo_b:hi_b]]
+        if not len(ia) or not len(ib):
+            continue
+        pa, pb, _ = align_arrays(sa.lsig[ia], sb.lsig[ib], max_edits, budget)
+        if len(pa):
+            a2b[ia[pa]] = ib[pb]
+            b2a[ib[pb]] = ia[pa]
 
 
 def _runs(ns):

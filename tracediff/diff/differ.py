@@ -21,6 +21,7 @@ from . import args as _args
 from . import compare
 from . import devices as _devices
 from . import nearzero as _nearzero
+from . import dtypes as _dtypes
 from . import optroles
 from . import levels as _levels
 from .result import (CallRef, EventRef, Finding, Metrics, OptimizerStep, ValueComparison,
@@ -99,6 +100,8 @@ class Differ:
             if da != db:
                 m["dtype_mismatch"] = [da, db]
                 m["within_tolerance"] = False if not compare.is_floating(da) else m["within_tolerance"]
+                if _cast_only(xa, xb_cmp):
+                    m["cast_only"] = True
             m["bitwise_equal"] = bool(da == db and xa.shape == np.asarray(xb_cmp).shape and
                                       np.asarray(xa).tobytes() == np.asarray(xb_cmp).tobytes())
             if m["bitwise_equal"]:
@@ -227,6 +230,45 @@ class Differ:
             return None
         return max(names, key=lambda n: compare.tolerance(n)[0])
 
+    def _read_through_cast(self, p, ps, q, qs):
+        """"float32 -> bfloat16" when one side's producer (p of a, q of b) is a dtype or
+        layout conversion that only that side ran (`align.TRANSPARENT_OPS`, unpaired) and
+        what it converted is bitwise the value the other side read; else None."""
+        for side, s, t, own, ev, slot, other, oslot in (
+                ("b", self.sb, self.tb, self.al.b2a, q, qs, p, ps),
+                ("a", self.sa, self.ta, self.al.a2b, p, ps, q, qs)):
+            if ev < 0 or ev >= len(own) or own[ev] >= 0 or other < 0 or \
+                    getattr(s, "transparent", None) is None or not s.transparent[ev]:
+                continue
+            rows = [r for r in t.input_rows(ev) if int(r["slot"]) == 0]
+            if not rows or int(rows[0]["producer"]) < 0:
+                continue
+            src, src_slot = int(rows[0]["producer"]), int(rows[0]["producer_slot"])
+            mine, theirs = (self.sb, self.sa) if side == "b" else (self.sa, self.sb)
+            row_o = theirs.value_row(other, oslot)
+            row_s, row_c = mine.value_row(src, src_slot), mine.value_row(ev, slot)
+            ta_, tb_ = (row_o, row_s) if side == "b" else (row_s, row_o)
+            if ta_ is None or tb_ is None or row_c is None:
+                continue
+            m = self.compare_rows(ta_, tb_)
+            if m is None or not m["bitwise_equal"]:
+                continue
+            before, after = t.string(row_s["dtype"]), t.string(row_c["dtype"])
+            return f"{before} -> {after}" if before != after else f"{before}, {t.string(t.events[ev]['op'])}"
+        return None
+
+    def cast_only(self, ea, eb):
+        """True when the paired outputs differ in dtype and each differing one is exactly
+        the other side's value converted to its dtype (a view or copy of a cast input):
+        the precision changed, no op computed differently yet (`_cast_only`)."""
+        if self.sa.n_out[ea] == 0 or self.sa.content[ea] == self.sb.content[eb]:
+            return False
+        r = self.compare_event(ea, eb)
+        ms = [v["metrics"] for v in r["values"] if v.get("compared")]
+        differing = [m for m in ms if not m["bitwise_equal"]]
+        return bool(differing) and len(ms) == len(r["values"]) and \
+            all(m.get("cast_only") for m in differing)
+
     def equal_at(self, ea, eb, level):
         r = self.compare_event(ea, eb)
         return r["bitwise_equal"] if level == BITWISE else r["within_tolerance"]
@@ -245,9 +287,14 @@ class Differ:
                _pair_rows(self.ta, self.tb, ina, inb, by_name=False)}
         edges = {int(r["slot"]) for r in self.ta.input_rows(ea) if int(r["producer"]) >= 0}
 
+        casts = []
+
         def judge(key, m, extra):
             nonlocal checked
             checked += 1
+            if m.get("cast_only"):   # the same value in another dtype: a cast, not a difference
+                casts.append(f"{key} ({m['dtype_mismatch'][0]} -> {m['dtype_mismatch'][1]})")
+                return
             if not (m["bitwise_equal"] if level == BITWISE else m["within_tolerance"]):
                 bad.append(dict(extra, input=key, metrics=m))
 
@@ -291,6 +338,11 @@ class Differ:
             q, qs = (int(rb["producer"]), int(rb["producer_slot"])) if rb is not None else (-1, 0)
             va = input_value_row(self.sa, self.ta, ea, p, ps)
             vb = input_value_row(self.sb, self.tb, eb, q, qs) if q >= 0 else None
+            cast = self._read_through_cast(p, ps, q, qs)
+            if cast is not None:   # one side casts what both read: a cast, not a difference
+                casts.append(f"{slot} ({cast})")
+                checked += 1
+                continue
             m = self.compare_rows(va, vb) if va is not None and vb is not None else None
             if m is None:
                 if own_value(slot):
@@ -308,6 +360,9 @@ class Differ:
             return None, "; ".join(unknown[:3]) + (" ..." if len(unknown) > 3 else ""), []
         if checked == 0:
             return True, "it reads no recorded inputs", []
+        if casts:
+            return True, (f"its inputs match up to a dtype cast of input "
+                          f"{', '.join(casts[:3])}{' ...' if len(casts) > 3 else ''}"), []
         return True, (f"its input matches ({_level_word(level)})" if checked == 1 else
                       f"all {checked} inputs match ({_level_word(level)})"), []
 
@@ -465,6 +520,8 @@ class Differ:
                 continue  # tracediff's own extra program: searched only through its call
             if self.noisy is not None and self._is_noise(ea):
                 continue
+            if self.cast_only(ea, eb):
+                continue  # only the dtype changed (a cast): not where values part
             handler = self.SEARCH_BY_KIND.get(int(self.sa.kind[ea]), Differ._search_event)
             found = handler(self, ea, eb, state)
             if found is not None:
@@ -691,14 +748,17 @@ class Differ:
                 f"input {d['input']}" + (f" from {d['producer_op']} (event {d['producer_a']})"
                                          if "producer_op" in d else "") for d in bad[:3])
         per_device, device_note = _devices.spread(self.ta, self.tb, ea, eb)
-        return Finding(level=level, a=_event(self.ta, ea, self.sa), b=_event(self.tb, eb, self.sb),
+        ref_a, ref_b = _event(self.ta, ea, self.sa), _event(self.tb, eb, self.sb)
+        return Finding(level=level, a=ref_a, b=ref_b,
                        metrics=Metrics.from_dict(r["metrics"]),
                        values=[_value_comparison(v) for v in r["values"]], inputs_match=ok,
                        inputs_reason=reason,
                        origin=schema.ORIGIN_NAMES.get(int(self.ta.events[ea]["origin"]), ""),
                        note=note, pair_by=self.pair_by.get(ea, "structure"),
                        devices=per_device, device_note=device_note,
-                       optimizer=self._op_label(ea), arguments=self.arguments(ea, eb))
+                       optimizer=self._op_label(ea), arguments=self.arguments(ea, eb),
+                       dtype_note=_dtypes.dtype_note(self.ta, self.tb, ea, eb, ref_a.dtypes,
+                                                     ref_b.dtypes))
 
     def arguments(self, ea, eb):
         """The non-tensor arguments that differ between two paired events of one op
@@ -775,6 +835,21 @@ class _Search:
 
     def __init__(self, level, probe):
         self.level, self.probe, self.replay_only = level, probe, None
+
+
+def _cast_only(xa, xb):
+    """True when float arrays xa and xb (different dtypes, same shape) are one value in two
+    precisions: the more precise one converted to the other's dtype is the other, bitwise."""
+    xa, xb = np.asarray(xa), np.asarray(xb)
+    if xa.shape != xb.shape or xa.dtype == xb.dtype or xa.dtype.kind not in "fV" or \
+            xb.dtype.kind not in "fV":
+        return False
+    wide, narrow = (xa, xb) if xa.dtype.itemsize >= xb.dtype.itemsize else (xb, xa)
+    try:
+        with np.errstate(all="ignore"):
+            return wide.astype(narrow.dtype).tobytes() == narrow.tobytes()
+    except (TypeError, ValueError):
+        return False
 
 
 def _resolve(trace, idx):

@@ -17,7 +17,7 @@ IGNORED_PREFIX = ("end.", "counts.", "stats.", "frameworks.jax.replay_vs_compile
 IGNORED_LEAF = {"calls", "calls_not_replayed", "eager_primitives", "equations", "optimizer_steps",
                 "replay_errors", "ops", "input_snapshots", "mode", "supported", "threads_note",
                 "compile", "events", "bytes_recorded", "captured", "loops", "producer_fallbacks",
-                "missed", "captured_late"}
+                "missed", "captured_late", "regions", "regions_truncated"}
 
 CATEGORY_OF_TOP = {"packages": "package", "cpu": "cpu", "env": "env", "jax": "jax-config",
                    "torch": "torch-config", "threads": "threads", "python": "python",
@@ -32,7 +32,7 @@ RANK = {"kernel-override": 0, "package": 0, "startup": 1, "library": 1, "cpu": 1
 
 # within a category, keys matching this rank first (numerically relevant)
 _HOT = re.compile(r"(jax|jaxlib|torch|numpy|mkl|openblas|xla|x64|precision|tf32|matmul|"
-                  r"deterministic|flush|denormal|fast_math|threads|OMP_|MKL_|XLA_FLAGS|model|"
+                  r"deterministic|flush|denormal|fast_math|threads|OMP_|MKL_|XLA_FLAGS|model|autocast|"
                   r"PYTHONPATH|LD_PRELOAD|LD_LIBRARY_PATH|blas|lapack|onednn)",
                   re.IGNORECASE)
 _NUMERIC_ISA = re.compile(r"^(avx|fma|sse|amx|f16c|ssse|neon|asimd|sve|fp16|bf16|vnni|"

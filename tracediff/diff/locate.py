@@ -60,6 +60,7 @@ from . import compiled as _compiled
 from . import cross as _cross
 from . import devices as _devices
 from . import levels as _levels
+from . import structure as _structure
 from .differ import BITWISE, TOLERANCE, Differ
 from .env import env_diff
 from .result import LocateResult, Noise, Replay, TraceInfo
@@ -173,10 +174,12 @@ def run(ta, tb, rtol=None, atol=None, differ=None, mapping=None) -> LocateResult
     levels, level_warnings = _levels.annotate(first_bit, first_tol, ta, tb, d)
     first_param = getattr(d, "first_parameter", None)   # two frameworks: optimizer by role
     near_zero, near_zero_total = _near_zero(d)
+    structural = _structural(d, first_bit) if not mapping else None
     return LocateResult(
         path_a=ta.path, path_b=tb.path,
-        verdict="diverged" if first_tol is not None or first_param is not None else "match",
-        first_parameter=first_param,
+        verdict="diverged" if first_tol is not None or first_param is not None
+        or structural is not None else "match",
+        first_parameter=first_param, structural=structural,
         first_difference=first_bit, first_beyond_tolerance=first_tol, replay_only=replay_only,
         alignment=d.al.stats(), gaps=d.al.gaps(), env_diff=env_diff(ta.manifest, tb.manifest),
         optimizer_steps=steps, warnings=warnings + level_warnings,
@@ -199,6 +202,19 @@ def _near_zero(d):
     f = d.finding(ea, eb, TOLERANCE, note=(
         f"rounding noise around zero, not counted as beyond tolerance: {why}"))
     return f, st.count
+
+
+def _structural(d, first_bit):
+    """The earliest op only one run has that changed the values after it, when it comes
+    before the first value difference (structure.py: `first`); None for two
+    frameworks or eager against compiled (their pairing is not a sequence alignment)."""
+    if isinstance(d, (_cross.CrossDiffer, _compiled.EagerCompiledDiffer)) or \
+            getattr(d.sa, "transparent", None) is None:
+        return None
+    s = _structure.first_inserted(d, None if first_bit is None else first_bit.a.index)
+    if s is not None:
+        s.first = True
+    return s
 
 
 def _noise_info(d):
@@ -376,5 +392,11 @@ def _explained(result, d, full=False, event=None):
         replay = Replay(verdict=f"no explanation: {type(exc).__name__}: {str(exc)[:160]}")
         return dataclasses.replace(result, explain=replay), None
     explain, chain = _analysis.short(analysis)
+    o = analysis.origin
+    if o is not None and o.dtype_note and explain is not None:
+        # a change of dtype explains the origin before any numeric mechanism does
+        cast = f"computed in another dtype ({o.dtype_note})"
+        explain = dataclasses.replace(
+            explain, mechanism=cast + (f"; {explain.mechanism}" if explain.mechanism else ""))
     return (dataclasses.replace(result, explain=explain, chain=chain),
             analysis if full else None)

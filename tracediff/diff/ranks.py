@@ -7,9 +7,12 @@ on the pool of `pool.py`: in this process, a local process pool, or a Dask clust
 the per-rank first divergences are ordered: by optimizer step, then by position along the
 collectives (every rank runs the same sequence of collectives, so "the k-th collective"
 means the same exchange on each rank), and at the same position a divergence before a
-collective comes before one that the collective itself delivers. The earliest is where
-it started; a rank whose first divergence is a collective whose inputs still match
-received it from another rank through that collective.
+collective comes before one that the collective itself delivers. Each rank's first
+difference is the earliest of its structural difference (an op only one run has,
+`structure.py`) and its first value difference of any size: a rank whose loss is off by a
+few ULP went first even when only what the all-reduce delivers to the others is beyond
+tolerance. The earliest is where it started; a rank whose first divergence is a
+collective whose inputs still match received it from another rank through that collective.
 """
 
 from __future__ import annotations
@@ -139,7 +142,20 @@ def locate_pair(rank: int, path_a: str, path_b: str, options: dict) -> tuple:
         check_rank_of(ta, rank)
         check_rank_of(tb, rank)
         result = locate(ta, tb, **options)
-        f = result.first_beyond_tolerance
+        st = result.structural
+        if st is not None and st.first:
+            # an op only one run has, before any value differs: where this rank departs
+            e = st.event
+            return RankSummary(
+                rank=rank, path_a=path_a, path_b=path_b, verdict=result.verdict,
+                index=e.index, op=e.op, source=e.source, name_stack=e.name_stack, step=e.step,
+                device=getattr(e, "device", "") or "", inputs_match=True,
+                collective=collectives_before(ta if st.side == "a" else tb, e.index),
+                at_collective=e.op.startswith(COLLECTIVE_PREFIX), structural=st.text), result
+        # the first difference of any size: a rank whose values part by a few ULP before
+        # a collective went first, even if only what the collective delivers is beyond
+        # tolerance on the others
+        f = result.first_difference or result.first_beyond_tolerance
         if f is None:
             return RankSummary(rank=rank, path_a=path_a, path_b=path_b,
                                verdict=result.verdict), result
@@ -176,9 +192,11 @@ def combine(done) -> RanksResult:
     earliest divergence, and how it reached the other ranks."""
     summaries = [s for s, _ in done]
     results = {s.rank: res for s, res in done}
-    diverged = sorted((s for s in summaries if s.verdict == "diverged"), key=_order)
-    if not diverged:
+    if not any(s.verdict == "diverged" for s in summaries):
         return RanksResult(verdict="match", ranks=summaries, result=results[summaries[0].rank])
+    # ordered by each rank's first difference (structural or value, any size): the rank
+    # that departed first, then those that received it
+    diverged = sorted((s for s in summaries if s.index is not None), key=_order)
     first = diverged[0]
     spread, note = [], ""
     for s in diverged[1:]:

@@ -123,6 +123,7 @@ class Metrics(_ByKey):
     compared_by: Optional[str] = None            # "hash" / "stats" (levels.py); None: bytes
     decided: Optional[bool] = None               # stats: beyond tolerance proven
     max_abs_is_lower_bound: Optional[bool] = None
+    cast_only: Optional[bool] = None             # other dtype, same value: only a cast
     note: Optional[str] = None                   # stats: why (not) decided
     tolerance_of: Optional[str] = None           # judged by a less precise input dtype
     ulp: Optional[float] = None                  # --ulp
@@ -232,6 +233,24 @@ class Finding(_ByKey):
     optimizer: Optional[str] = None
     # the op's non-tensor arguments that differ ([ArgDiff]: "start 8 vs 9"), diff/args.py
     arguments: list = field(default_factory=list)
+    # the paired outputs differ in dtype: the dtypes (a vs b) and why, put first
+    # ("float32 vs bfloat16: autocast on b (cpu bfloat16)"; diff/dtypes.py)
+    dtype_note: str = ""
+
+
+@dataclass(repr=False)
+class Structural(_ByKey):
+    """An op one run executed and the other did not, which changed what the run computed
+    after it (`diff/structure.py`): the event, the paired events it feeds whose inputs
+    differ, where it sits in trace a's order, and the run of unpaired events around it."""
+
+    side: str                                    # "a" or "b": the run that has the op
+    event: EventRef
+    consumers: list = field(default_factory=list)   # [EventRef] of that run
+    position: float = 0.0                        # in trace a's order (x.5: between events)
+    gap: dict = field(default_factory=dict)      # {side, start, length}
+    text: str = ""                               # "only in b: aten::mul.Tensor at f.py:9, rank 2"
+    first: bool = False                          # before the first value difference
 
 
 # -- the chain from the origin to the outputs (chain.py) -----------------------------------------
@@ -622,6 +641,7 @@ class LocateResult:
     noise: Optional[Noise] = None
     levels: Optional[Levels] = None
     first_parameter: Optional[ParamDivergence] = None   # two frameworks: optimizer by role
+    structural: Optional[Structural] = None        # an op only one run has (structure.py)
 
     @property
     def exit_code(self) -> int:
@@ -648,6 +668,7 @@ class RankSummary(_ByKey):
     inputs_match: Optional[bool] = None
     collective: Optional[int] = None      # collectives (c10d::*) before the event in trace a
     at_collective: bool = False           # the event is itself a collective
+    structural: str = ""                  # its first difference is an op only one run has
 
 
 @dataclass(repr=False)

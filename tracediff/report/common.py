@@ -133,7 +133,7 @@ def finding_rows(f: Finding, code, text, strong) -> list:
     `code` and `text` turn trace strings into safe cells of the output format, `strong`
     emphasises text that is already rendered."""
     a, b = f.a, f.b
-    rows = []
+    rows = [("dtype", text(f.dtype_note))] if f.dtype_note else []
     if a.rank is not None or b.rank is not None:   # a multi-process run: whose trace
         rk = text(a.rank if a.rank is not None else "-")
         if b.rank != a.rank:

@@ -372,6 +372,13 @@ def render(result: LocateResult, ctx: Optional[ReportContext] = None, profile=No
     if steps:
         body.append(f'<h2>Per optimizer step ({fmt(result.optimizer_steps_total or len(steps))} '
                     f'compared)</h2><div class="card">{step_plot(steps)}</div>')
+    st = result.structural
+    if st is not None:   # an op only one run has, before any value differs
+        body.append(f'<h2>First difference: an op only one run has</h2><div class="card"><p>'
+                    f'{e(st.text)} (step {e(st.event.step)}, event #{st.event.index} of '
+                    f'{e(st.side)}); feeds ' + (", ".join(f"{code(c.op)} (#{c.index})"
+                                                         for c in st.consumers[:3]) or "-")
+                    + "</p></div>")
     f, ftitle = culprit(result)
     if f is not None:
         body.append("<h2>Culprit</h2>")

@@ -144,6 +144,7 @@ def finding_json(f):
         # per-device copies (only when recorded per device, capture/jax_devices.py)
         **({"device_note": f.device_note,
             "devices": [_plain(d) for d in f.devices]} if f.devices or f.device_note else {}),
+        **({"dtype_note": f.dtype_note} if f.dtype_note else {}),
     }
 
 
@@ -241,6 +242,11 @@ def build(r: LocateResult) -> dict:
         out["chain"] = [hop_json(h) for h in r.chain]
     if r.noise is not None:
         out["noise"] = _plain(r.noise)
+    if r.structural is not None:   # an op only one run has (diff/structure.py)
+        st = r.structural
+        out["structural"] = {"side": st.side, "text": st.text, "first": st.first,
+                             "event": event_json(st.event), "gap": dict(st.gap),
+                             "consumers": [event_json(e) for e in st.consumers]}
     return strict(out)
 
 

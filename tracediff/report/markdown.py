@@ -164,6 +164,12 @@ def render(result: LocateResult, ctx: Optional[ReportContext] = None) -> str:
         lines.append(f"> **Warning:** {md_text(w)}")
     if result.warnings:
         lines.append("")
+    st = result.structural
+    if st is not None:   # an op only one run has, before any value differs
+        lines += ["## First difference: an op only one run has", "",
+                  f"{md_text(st.text)} (step {fmt(st.event.step)}, event #{st.event.index} of "
+                  f"{st.side}); feeds " + (", ".join(f"{md_code(c.op)} (#{c.index})"
+                                                     for c in st.consumers[:3]) or "-"), ""]
     f, title = culprit(result)
     if f is not None:
         _finding(lines, f, title, ctx.source if ctx is not None else None)

@@ -58,12 +58,13 @@ def print_ranks(rr: RanksResult, console: Optional[Console] = None, verbose: boo
             console.print(f"  note: {markup(rr.note)}")
     console.print("ranks:")
     for s in rr.ranks:
-        if s.verdict != "diverged":
+        if s.verdict != "diverged" and (s.index is None or rr.verdict == "match"):
             console.print(f"  rank {markup(s.rank):>3}  match")
             continue
         kind = "at collective" if s.at_collective else "after collective"
+        small = ", within tolerance" if s.verdict != "diverged" else ""
         console.print(f"  rank {markup(s.rank):>3}  {_where(s)}  (event #{markup(s.index)}, "
-                      f"{kind} #{markup(s.collective)})")
+                      f"{kind} #{markup(s.collective)}{small})")
     console.print(f"[dim]--- rank {markup(rr.first_rank if rr.first_rank is not None else rr.ranks[0].rank)}"
                   f" in full ---[/]")
     print_locate(rr.result, console=console, verbose=verbose, source_dir=source_dir)

@@ -83,6 +83,8 @@ def _what(f):
 def _finding(console, title, f: Finding, verbose=False, context=None):
     console.print(f"[bold]{title}[/]: {_what(f)}  (a #{f.a.index}, b #{f.b.index}"
                   f"{', ' + markup(f.origin) if f.origin else ''})")
+    if f.dtype_note:   # a dtype change explains a difference before anything else does
+        console.print(f"  [bold]dtype[/]: {markup(f.dtype_note)}")
     if f.a.name_stack or f.b.name_stack:
         ns = markup(f.a.name_stack or "-")
         if f.b.name_stack and f.b.name_stack != f.a.name_stack:
@@ -192,6 +194,15 @@ def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bo
     tol_txt = ("per-dtype defaults" if tol.get("rtol") is None and tol.get("atol") is None else
                f"rtol {tol.get('rtol') if tol.get('rtol') is not None else 'default'}, "
                f"atol {tol.get('atol') if tol.get('atol') is not None else 'default'}")
+    st = r.structural
+    if st is not None:
+        users = ", ".join(f"{markup(e.op)} ({side} #{e.index})" for e, side in
+                          ((e, st.side) for e in st.consumers[:3]))
+        console.print(f"[bold]{'first difference' if st.first else 'structural difference'}[/]: "
+                      f"{markup(st.text)} (step {markup(st.event.step)}, {st.side} #{st.event.index}"
+                      f"; {st.gap.get('length', 1)} events only in {st.side} from "
+                      f"#{st.gap.get('start', st.event.index)})"
+                      + (f"; feeds {users}" if users else ""))
     if r.first_beyond_tolerance is not None:
         _finding(console, f"first divergence beyond tolerance ({tol_txt})",
                  r.first_beyond_tolerance, verbose, context_a)
