@@ -37,6 +37,8 @@ from .pairing import op_family  # noqa: F401  (the op families, for callers and 
 
 MAX_MAPPING = 200
 SAMPLE = 2048          # elements compared to choose a layout
+# pairs whose two sides are regions of different ops, compared as one unit
+REGION_PAIRS = ("module output", "dataflow (values meet)", "dataflow (composite)")
 
 
 def sides(ta, tb):
@@ -121,7 +123,9 @@ class CrossDiffer(Differ):
         ga = _pairing.SideGraph(ta, sa, self.fw_a, "a", self.ra)
         gb = _pairing.SideGraph(tb, sb, self.fw_b, "b", self.rb)
         self.optim = self._optim_pairs(ta, tb, sa, sb)
-        self.p = _pairing.Pairing(ga, gb, load_map(map_file), self._role_rows(None))
+        self._layout = {}
+        self.p = _pairing.Pairing(ga, gb, load_map(map_file), self._role_rows(None),
+                                  agree=self._values_meet)
         self.ga, self.gb = ga, gb
         a2b = np.full(len(ta), -1, np.int64)
         b2a = np.full(len(tb), -1, np.int64)
@@ -130,10 +134,15 @@ class CrossDiffer(Differ):
             a2b[ea], b2a[eb] = eb, ea
         self.al = CrossAlignment(a2b, b2a, [u.rep for u in ga.units],
                                  [u.rep for u in gb.units], len(self.p.atom_rows))
-        self._layout = {}
         self.pair_by = {ga.units[pr.a].rep: pr.by for pr in self.p.pairs}
         self.pairs_list = sorted((ga.units[pr.a].rep, k) for k, pr in enumerate(self.p.pairs))
         self._sync_content()
+
+    def _values_meet(self, row_a, row_b):
+        """Two values the two sides reach by different ops agree within tolerance (where
+        pairing.py may pair them: the values meet)."""
+        m = self.compare_rows(row_a, row_b)
+        return bool(m is not None and m.get("within_tolerance"))
 
     # -- the optimizer snapshots ------------------------------------------------------------
     def _optim_pairs(self, ta, tb, sa, sb):
@@ -330,9 +339,18 @@ class CrossDiffer(Differ):
         ins_a = _dedupe(self.p.region_inputs(0, ka))
         ins_b = _dedupe(self.p.region_inputs(1, kb))
         used = set()
-        bad, unknown, matched = [], [], []
+        bad, unknown, matched, own = [], [], [], []
+        region = self.p.pairs[self.p.pair_of[0][ka]].by in REGION_PAIRS \
+            if ka in self.p.pair_of[0] else False
+        keys_b = {x[3] for x in ins_b if x[3] is not None}
         for _, _, row, key in ins_a:
             j = None
+            if region and key is not None and key[0] == "atom" and key not in keys_b:
+                # a module's own computation that reads a parameter or constant the other
+                # side's does not (Flax's head mask of ones): nothing to differ, and a
+                # difference it makes is introduced inside this module
+                own.append(self._label(self.ta, self.sa, row))
+                continue
             if key is not None:
                 j = next((i for i, x in enumerate(ins_b) if i not in used and x[3] == key), None)
             if j is None and row is not None:   # same bytes, then same size
@@ -342,6 +360,9 @@ class CrossDiffer(Differ):
                     j = next((i for i, x in enumerate(ins_b) if i not in used and x[2] is not None
                               and x[3] is None and int(x[2]["nbytes"]) == int(row["nbytes"])), None)
             label = self._label(self.ta, self.sa, row)
+            if j is None and region:
+                own.append(label)
+                continue
             if j is None:
                 unknown.append(f"{label}: no counterpart among the inputs of b")
                 continue
@@ -371,18 +392,31 @@ class CrossDiffer(Differ):
         if unknown:
             return None, "; ".join(unknown[:3]), []
         word = "bitwise" if level == BITWISE else "within tolerance"
+        extra = f"; a's module also reads {', '.join(own[:3])}, which b's does not" if own else ""
         return True, (f"all {len(matched)} inputs and parameters match ({word}): " +
-                      ", ".join(f"{d['input']} = b {d['b']}" for d in matched[:4])), []
+                      ", ".join(f"{d['input']} = b {d['b']}" for d in matched[:4]) + extra), []
 
     # -- search ----------------------------------------------------------------------------
     def search(self, level):
-        for ea, k in self.pairs_list:
+        for i, (ea, k) in enumerate(self.pairs_list):
             pr = self.p.pairs[k]
             eb = self.gb.units[pr.b].rep
             if self.equal_at(ea, eb, level):
                 continue
             f = self.finding(ea, eb, level, note=self._note(pr))
             f.layer = self.layer(pr)
+            mod = self.module_output(i)
+            if mod is not None:
+                f.layer["module"] = mod
+                f.note += (f"; the output of module {mod['a'] or '(top level)'} <-> "
+                           f"{mod['b'] or '(top level)'} (a event {mod['a_event']}, b event "
+                           f"{mod['b_event']}): max abs {_num(mod['max_abs']):.3g}")
+            ins = self.inside(pr, level)
+            if ins is not None:
+                f.layer["inside"] = ins
+                f.note += (f"; inside, the first comparable ops that differ: a {ins['a_op']} "
+                           f"(event {ins['a']}) <-> b {ins['b_op']} (event {ins['b']}), max abs "
+                           f"{_num(ins['max_abs']):.3g}")
             return f, None
         return None, None
 
@@ -392,14 +426,65 @@ class CrossDiffer(Differ):
                 f"b: {ub.label} (events {', '.join(map(str, ub.events))}) by {pr.by}, "
                 f"op family {ua.family}: {pr.how}")
 
+    def module_output(self, i):
+        """The module a finding's pair (the i-th of `pairs_list`) lies in, and its output:
+        the last pair after it, in a's order, whose units are still inside that module on
+        both sides. {'a', 'b' (module paths), 'a_event', 'b_event', 'max_abs', 'max_rel'}."""
+        pr = self.p.pairs[self.pairs_list[i][1]]
+        ma, mb = pr.modules or (self.p.unit_module(0, pr.a), self.p.unit_module(1, pr.b))
+
+        def within(m, top):
+            return not top or m == top or m.startswith(top + "/")
+
+        last = pr
+        for _, k in self.pairs_list[i + 1:]:
+            q = self.p.pairs[k]
+            if not within(self.p.unit_module(0, q.a), ma):
+                break
+            if within(self.p.unit_module(1, q.b), mb):
+                last = q
+        ea, eb = self.ga.units[last.a].rep, self.gb.units[last.b].rep
+        m = self.compare_event(ea, eb)["metrics"]
+        return {"a": ma, "b": mb, "a_event": int(ea), "b_event": int(eb),
+                "max_abs": _finite(m.get("max_abs")), "max_rel": _finite(m.get("max_rel"))}
+
+    def inside(self, pr, level):
+        """In a region compared as one unit (values meet, module output): the first pair of
+        comparable ops inside it (the same op family and size, in order on each side)
+        whose outputs differ at `level`: {'a', 'b' (events), 'a_op', 'b_op', 'metrics'};
+        None when the two sides have no such ops (fused against unfused attention)."""
+        if pr.by not in REGION_PAIRS:
+            return None
+        ra, rb = self.p.region(0, pr.a), self.p.region(1, pr.b)
+        ga, gb = self.ga, self.gb
+        queues = {}
+        for k in rb:
+            queues.setdefault((gb.units[k].family, gb.units[k].size), []).append(k)
+        for k in ra:
+            q = queues.get((ga.units[k].family, ga.units[k].size))
+            if not q:
+                continue
+            kb = q.pop(0)
+            ea, eb = ga.units[k].rep, gb.units[kb].rep
+            if self.equal_at(ea, eb, level):
+                continue
+            m = self.compare_event(ea, eb)["metrics"]
+            return {"a": int(ea), "b": int(eb), "a_op": ga.units[k].label,
+                    "b_op": gb.units[kb].label, "max_abs": _finite(m.get("max_abs")),
+                    "max_rel": _finite(m.get("max_rel"))}
+        return None
+
     def layer(self, pr):
         """The layer a pair computes, named on both sides, with module paths and sources."""
         ua, ub = self.ga.units[pr.a], self.gb.units[pr.b]
         fam = next((f for f in (ua.family, ub.family) if f in _pairing.LAYER_KIND), ua.family)
-        a = _pairing.layer_text(ua, self.fw_a, fam, self._region_label(0, pr.a))
-        b = _pairing.layer_text(ub, self.fw_b, fam, self._region_label(1, pr.b))
+        a = _pairing.layer_text(ua, self.fw_a, fam, self._region_label(0, pr.a), pr.modules and
+                                pr.modules[0])
+        b = _pairing.layer_text(ub, self.fw_b, fam, self._region_label(1, pr.b), pr.modules and
+                                pr.modules[1])
+        ma, mb = pr.modules or (ua.module, ub.module)
         return {"a": a, "b": b, "text": f"{a} <-> {b}", "family": fam,
-                "a_module": ua.module, "b_module": ub.module,
+                "a_module": ma, "b_module": mb,
                 "a_source": split_site(self.ta.string(self.ta.events[ua.rep]["source"]))[0],
                 "b_source": split_site(self.tb.string(self.tb.events[ub.rep]["source"]))[0]}
 
@@ -470,6 +555,11 @@ def _as_f64(x):
         return x.astype(np.float64) if x.dtype.kind in "fiub" else None
     except (TypeError, ValueError):
         return None
+
+
+def _finite(x):
+    """A metric for the JSON-bound `layer` dict: a finite float, or None."""
+    return float(x) if x is not None and np.isfinite(x) else None
 
 
 def _num(x):
