@@ -414,8 +414,8 @@ class CrossDiffer(Differ):
             ins = self.inside(pr, level)
             if ins is not None:
                 f.layer["inside"] = ins
-                f.note += (f"; inside, the first comparable ops that differ: a {ins['a_op']} "
-                           f"(event {ins['a']}) <-> b {ins['b_op']} (event {ins['b']}), max abs "
+                f.note += (f"; inside, the first op of a that meets none of b: a {ins['a_op']} "
+                           f"(event {ins['a']}), closest to b {ins['b_op']} (event {ins['b']}), max abs "
                            f"{_num(ins['max_abs']):.3g}")
             return f, None
         return None, None
@@ -449,29 +449,41 @@ class CrossDiffer(Differ):
                 "max_abs": _finite(m.get("max_abs")), "max_rel": _finite(m.get("max_rel"))}
 
     def inside(self, pr, level):
-        """In a region compared as one unit (values meet, module output): the first pair of
-        comparable ops inside it (the same op family and size, in order on each side)
-        whose outputs differ at `level`: {'a', 'b' (events), 'a_op', 'b_op', 'metrics'};
-        None when the two sides have no such ops (fused against unfused attention)."""
+        """In a region compared as one unit (values meet, composite, module output): the
+        first op of a's region, in order, of a family b's region has too, that agrees with
+        no op of the same size in b's region, and the op of b's it comes closest to (the
+        same family first on a tie; torch eager's scaled scores are a `div`, not the `bmm`):
+        {'a', 'b' (events), 'a_op', 'b_op', 'max_abs', 'max_rel'}; None when every op of a
+        meets one of b or b has none of its size (fused against unfused attention)."""
         if pr.by not in REGION_PAIRS:
             return None
-        ra, rb = self.p.region(0, pr.a), self.p.region(1, pr.b)
         ga, gb = self.ga, self.gb
-        queues = {}
-        for k in rb:
-            queues.setdefault((gb.units[k].family, gb.units[k].size), []).append(k)
-        for k in ra:
-            q = queues.get((ga.units[k].family, ga.units[k].size))
-            if not q:
-                continue
-            kb = q.pop(0)
-            ea, eb = ga.units[k].rep, gb.units[kb].rep
-            if self.equal_at(ea, eb, level):
-                continue
-            m = self.compare_event(ea, eb)["metrics"]
-            return {"a": int(ea), "b": int(eb), "a_op": ga.units[k].label,
-                    "b_op": gb.units[kb].label, "max_abs": _finite(m.get("max_abs")),
-                    "max_rel": _finite(m.get("max_rel"))}
+        rb = self.p.region(1, pr.b)
+        families_b = {gb.units[kb].family for kb in rb}
+        for k in self.p.region(0, pr.a):
+            ua = ga.units[k]
+            if ua.family not in families_b:
+                continue          # no comparable op on b's side (a composite's equations)
+            best = None
+            for kb in rb:
+                ub = gb.units[kb]
+                if ub.size != ua.size or ub.dtype != ua.dtype:
+                    continue
+                ea, eb = ua.rep, ub.rep
+                if self.equal_at(ea, eb, level):
+                    best = None
+                    break
+                m = self.compare_event(ea, eb)["metrics"]
+                rank = (_num(m.get("max_abs")), ub.family != ua.family)
+                if best is None or rank < best[0]:
+                    best = (rank, kb, m)
+            else:
+                if best is None:
+                    continue
+                _, kb, m = best
+                return {"a": int(ua.rep), "b": int(gb.units[kb].rep), "a_op": ua.label,
+                        "b_op": gb.units[kb].label, "max_abs": _finite(m.get("max_abs")),
+                        "max_rel": _finite(m.get("max_rel"))}
         return None
 
     def layer(self, pr):
