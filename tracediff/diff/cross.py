@@ -42,6 +42,8 @@ SAMPLE = 2048          # elements compared to choose a layout
 AMPLIFIED = 10.0       # output rel L2 up to 10x the inputs': their rounding, carried
 DECAY_RESIDUAL = 0.05  # (a - b) within 5% of c * parameter: decoupled weight decay
 DECAY_SPREAD = 0.05    # parameters with the same c (within 5%): one weight decay, one mask
+# pairs whose two sides are regions of different ops, compared as one unit
+REGION_PAIRS = ("module output", "dataflow (values meet)", "dataflow (composite)")
 
 
 def sides(ta, tb):
@@ -183,7 +185,9 @@ class CrossDiffer(Differ):
         ga = _pairing.SideGraph(ta, sa, self.fw_a, "a", self.ra)
         gb = _pairing.SideGraph(tb, sb, self.fw_b, "b", self.rb)
         self.optim = self._optim_pairs(ta, tb, sa, sb)
-        self.p = _pairing.Pairing(ga, gb, load_map(map_file), self._role_rows(None))
+        self._layout = {}
+        self.p = _pairing.Pairing(ga, gb, load_map(map_file), self._role_rows(None),
+                                  agree=self._values_meet)
         self.ga, self.gb = ga, gb
         a2b = np.full(len(ta), -1, np.int64)
         b2a = np.full(len(tb), -1, np.int64)
@@ -192,10 +196,15 @@ class CrossDiffer(Differ):
             a2b[ea], b2a[eb] = eb, ea
         self.al = CrossAlignment(a2b, b2a, [u.rep for u in ga.units],
                                  [u.rep for u in gb.units], len(self.p.atom_rows))
-        self._layout = {}
         self.pair_by = {ga.units[pr.a].rep: pr.by for pr in self.p.pairs}
         self.pairs_list = sorted((ga.units[pr.a].rep, k) for k, pr in enumerate(self.p.pairs))
         self._sync_content()
+
+    def _values_meet(self, row_a, row_b):
+        """Two values the two sides reach by different ops agree within tolerance (where
+        pairing.py may pair them: the values meet)."""
+        m = self.compare_rows(row_a, row_b)
+        return bool(m is not None and m.get("within_tolerance"))
 
     # -- the optimizer snapshots ------------------------------------------------------------
     def _optim_pairs(self, ta, tb, sa, sb):
@@ -513,14 +522,21 @@ class CrossDiffer(Differ):
         text = f"{t.string(t.events[src]['op'])} [{shape}] (event {src}"
         return text + (f" via {t.string(t.events[e]['op'])} {e})" if src != e else ")")
 
-    def _input_pairs(self, ka, kb):
-        """[(row a, row b or None, key)]: what units ka and kb (and their composites) read
-        from outside, matched: the same atom or made by paired units, else the same bytes,
-        else the same size."""
+    def _input_pairs(self, ka, kb, region=False):
+        """[(row a, row b or None, key, own)]: what units ka and kb (and their composites)
+        read from outside, matched: the same atom or made by paired units, else the same
+        bytes, else the same size. In a `region` pair (two different op sequences compared
+        as one unit) an input of a with no counterpart in b is the module's own (`own`
+        True: Flax's head mask of ones, a parameter or constant b's computation does not
+        read): nothing to differ, and a difference it makes is introduced inside."""
         ins_a = _dedupe(self.p.region_inputs(0, ka))
         ins_b = _dedupe(self.p.region_inputs(1, kb))
+        keys_b = {x[3] for x in ins_b if x[3] is not None}
         used, out = set(), []
         for _, _, row, key in ins_a:
+            if region and key is not None and key[0] == "atom" and key not in keys_b:
+                out.append((row, None, key, True))
+                continue
             j = None
             if key is not None:
                 j = next((i for i, x in enumerate(ins_b) if i not in used and x[3] == key), None)
@@ -532,16 +548,21 @@ class CrossDiffer(Differ):
                               and x[3] is None and int(x[2]["nbytes"]) == int(row["nbytes"])), None)
             if j is not None:
                 used.add(j)
-            out.append((row, None if j is None else ins_b[j][2], key))
+            out.append((row, None if j is None else ins_b[j][2], key, j is None and region))
         return out
 
     def inputs_match(self, ea, eb, level):
         ka, kb = int(self.ga.unit_of[ea]), int(self.gb.unit_of[eb])
         if ka < 0 or kb < 0:
             return super().inputs_match(ea, eb, level)
-        bad, unknown, matched = [], [], []
-        for row, rb, key in self._input_pairs(ka, kb):
+        region = self.p.pairs[self.p.pair_of[0][ka]].by in REGION_PAIRS \
+            if ka in self.p.pair_of[0] else False
+        bad, unknown, matched, own = [], [], [], []
+        for row, rb, key, is_own in self._input_pairs(ka, kb, region):
             label = self._label(self.ta, self.sa, row)
+            if is_own:
+                own.append(label)
+                continue
             if rb is None:
                 unknown.append(f"{label}: no counterpart among the inputs of b")
                 continue
@@ -569,13 +590,14 @@ class CrossDiffer(Differ):
         if unknown:
             return None, "; ".join(unknown[:3]), []
         word = "bitwise" if level == BITWISE else "within tolerance"
+        extra = f"; a's module also reads {', '.join(own[:3])}, which b's does not" if own else ""
         return True, (f"all {len(matched)} inputs and parameters match ({word}): " +
-                      ", ".join(f"{d['input']} = b {d['b']}" for d in matched[:4])), []
+                      ", ".join(f"{d['input']} = b {d['b']}" for d in matched[:4]) + extra), []
 
     # -- search ----------------------------------------------------------------------------
     def search(self, level):
         self.rounding_inherited = []
-        for ea, k in self.pairs_list:
+        for i, (ea, k) in enumerate(self.pairs_list):
             pr = self.p.pairs[k]
             eb = self.gb.units[pr.b].rep
             if self.equal_at(ea, eb, level):
@@ -585,6 +607,18 @@ class CrossDiffer(Differ):
                 continue
             f = self.finding(ea, eb, level, note=self._note(pr))
             f.layer = self.layer(pr)
+            mod = self.module_output(i)
+            if mod is not None:
+                f.layer["module"] = mod
+                f.note += (f"; the output of module {mod['a'] or '(top level)'} <-> "
+                           f"{mod['b'] or '(top level)'} (a event {mod['a_event']}, b event "
+                           f"{mod['b_event']}): max abs {_num(mod['max_abs']):.3g}")
+            ins = self.inside(pr, level)
+            if ins is not None:
+                f.layer["inside"] = ins
+                f.note += (f"; inside, the first op of a that meets none of b: a {ins['a_op']} "
+                           f"(event {ins['a']}), closest to b {ins['b_op']} (event {ins['b']}), max abs "
+                           f"{_num(ins['max_abs']):.3g}")
             return f, None
         return None, None
 
@@ -614,7 +648,7 @@ class CrossDiffer(Differ):
         ua, ub = self.ga.units[pr.a], self.gb.units[pr.b]
         ins = self._input_pairs(pr.a, pr.b)
         rel_in, bitwise = 0.0, True
-        for row, rb, _ in ins:
+        for row, rb, _, _ in ins:
             if row is None or rb is None:
                 return False
             m = self.compare_rows(row, rb)
@@ -649,16 +683,79 @@ class CrossDiffer(Differ):
                 f"b: {ub.label} (events {', '.join(map(str, ub.events))}) by {pr.by}, "
                 f"op family {ua.family}: {pr.how}")
 
+    def module_output(self, i):
+        """The module a finding's pair (the i-th of `pairs_list`) lies in, and its output:
+        the last pair after it, in a's order, whose units are still inside that module on
+        both sides. {'a', 'b' (module paths), 'a_event', 'b_event', 'max_abs', 'max_rel'}."""
+        pr = self.p.pairs[self.pairs_list[i][1]]
+        ma, mb = pr.modules or (self.p.unit_module(0, pr.a), self.p.unit_module(1, pr.b))
+
+        def within(m, top):
+            return not top or m == top or m.startswith(top + "/")
+
+        last = pr
+        for _, k in self.pairs_list[i + 1:]:
+            q = self.p.pairs[k]
+            if not within(self.p.unit_module(0, q.a), ma):
+                break
+            if within(self.p.unit_module(1, q.b), mb):
+                last = q
+        ea, eb = self.ga.units[last.a].rep, self.gb.units[last.b].rep
+        m = self.compare_event(ea, eb)["metrics"]
+        return {"a": ma, "b": mb, "a_event": int(ea), "b_event": int(eb),
+                "max_abs": _finite(m.get("max_abs")), "max_rel": _finite(m.get("max_rel"))}
+
+    def inside(self, pr, level):
+        """In a region compared as one unit (values meet, composite, module output): the
+        first op of a's region, in order, of a family b's region has too, that agrees with
+        no op of the same size in b's region, and the op of b's it comes closest to (the
+        same family first on a tie; torch eager's scaled scores are a `div`, not the `bmm`):
+        {'a', 'b' (events), 'a_op', 'b_op', 'max_abs', 'max_rel'}; None when every op of a
+        meets one of b or b has none of its size (fused against unfused attention)."""
+        if pr.by not in REGION_PAIRS:
+            return None
+        ga, gb = self.ga, self.gb
+        rb = self.p.region(1, pr.b)
+        families_b = {gb.units[kb].family for kb in rb}
+        for k in self.p.region(0, pr.a):
+            ua = ga.units[k]
+            if ua.family not in families_b:
+                continue          # no comparable op on b's side (a composite's equations)
+            best = None
+            for kb in rb:
+                ub = gb.units[kb]
+                if ub.size != ua.size or ub.dtype != ua.dtype:
+                    continue
+                ea, eb = ua.rep, ub.rep
+                if self.equal_at(ea, eb, level):
+                    best = None
+                    break
+                m = self.compare_event(ea, eb)["metrics"]
+                rank = (_num(m.get("max_abs")), ub.family != ua.family)
+                if best is None or rank < best[0]:
+                    best = (rank, kb, m)
+            else:
+                if best is None:
+                    continue
+                _, kb, m = best
+                return {"a": int(ua.rep), "b": int(gb.units[kb].rep), "a_op": ua.label,
+                        "b_op": gb.units[kb].label, "max_abs": _finite(m.get("max_abs")),
+                        "max_rel": _finite(m.get("max_rel"))}
+        return None
+
     def layer(self, pr):
         """The layer a pair computes, named on both sides, with module paths and sources."""
         ua, ub = self.ga.units[pr.a], self.gb.units[pr.b]
         fam = next((f for f in (ua.family, ub.family) if f in _pairing.LAYER_KIND), ua.family)
-        a = _pairing.layer_text(ua, self.fw_a, fam, self._region_label(0, pr.a))
-        b = _pairing.layer_text(ub, self.fw_b, fam, self._region_label(1, pr.b))
+        a = _pairing.layer_text(ua, self.fw_a, fam, self._region_label(0, pr.a), pr.modules and
+                                pr.modules[0])
+        b = _pairing.layer_text(ub, self.fw_b, fam, self._region_label(1, pr.b), pr.modules and
+                                pr.modules[1])
+        ma, mb = pr.modules or (ua.module, ub.module)
         names = self.names(pr)
         cross_text = f"; names cross: {names['names_cross']}" if names["names_cross"] else ""
         return {"a": a, "b": b, "text": f"{a} <-> {b}{cross_text}", "family": fam,
-                "a_module": ua.module, "b_module": ub.module, **names,
+                "a_module": ma, "b_module": mb, **names,
                 "a_source": split_site(self.ta.string(self.ta.events[ua.rep]["source"]))[0],
                 "b_source": split_site(self.tb.string(self.tb.events[ub.rep]["source"]))[0]}
 
@@ -689,9 +786,10 @@ class CrossDiffer(Differ):
         dropped; layers_0 = layers.0'; None when they do not), `names_cross` ('values of
         query pair with key's' when the values pair across different names, else None)."""
         ua, ub = self.ga.units[pr.a], self.gb.units[pr.b]
-        ok, rules = modnames.match(ua.module, ub.module)
+        ma, mb = pr.modules or (ua.module, ub.module)
+        ok, rules = modnames.match(ma, mb)
         rule = ("; ".join(rules) or "same name") if ok else None
-        return {"module_rule": rule, "names_cross": modnames.crossing(ua.module, ub.module)}
+        return {"module_rule": rule, "names_cross": modnames.crossing(ma, mb)}
 
     def _region_label(self, s, k, limit=6):
         """The ops of a unit and of the composite it ends: 'sub + mul + rsqrt + add'."""
@@ -786,6 +884,11 @@ def _as_f64(x):
         return x.astype(np.float64) if x.dtype.kind in "fiub" else None
     except (TypeError, ValueError):
         return None
+
+
+def _finite(x):
+    """A metric for the JSON-bound `layer` dict: a finite float, or None."""
+    return float(x) if x is not None and np.isfinite(x) else None
 
 
 def _num(x):

@@ -92,6 +92,8 @@ MAX_FINGERPRINT_BYTES = 256 << 20   # values read to fingerprint permuted arrays
 MAX_PERM_DIMS = 5
 GRADS_TAG = "tracediff:optax/grads/"
 MAX_SUPPORT_ELEMENTS = 20_000_000   # atoms held by the distinct supports of one side
+MAX_FORWARD_PASSES = 4              # sweeps over the forward classes (a later class may feed one)
+MAX_MEET_COMPARISONS = 2000         # value comparisons per class to find where two sides meet
 
 
 def op_family(op):
@@ -511,15 +513,19 @@ def _first_out(t):
 class Pair:
     a: int            # unit index on a
     b: int            # unit index on b
-    by: str           # "dataflow", "dataflow (composite)", "user map", "structure"
-    how: str
+    by: str           # "dataflow", "dataflow (values meet)", "module output",
+    how: str          # "dataflow (composite)", "user map", "structure"
+    modules: tuple = None   # (a module, b module) whose outputs a "module output" pair is
 
 
 class Pairing:
     """The pairs of two `SideGraph`s (see the module docstring)."""
 
-    def __init__(self, ga, gb, user_map=None, role_rows=()):
+    def __init__(self, ga, gb, user_map=None, role_rows=(), agree=None):
         self.ga, self.gb = ga, gb
+        self.agree = agree         # agree(row a, row b): equal within tolerance (values meet)
+        self._mod_pairs = {}       # a module -> b module, from the paths of paired units
+        self._same_value = [None, None]   # per side: (hash, dtype, shape) -> units
         self.user_map = list((user_map or {}).items())
         self.atoms = {}            # fingerprint -> atom id
         self.atom_rows = {}        # atom id -> (row a, row b, how)
@@ -531,7 +537,7 @@ class Pairing:
         self.pairs = []
         self.pair_of = [dict(), dict()]   # unit index -> pair index, per side
         self.groups = [self._groups(ga, 0), self._groups(gb, 1)]
-        self._pair_phase(PHASE_FWD)
+        self._pair_forward()
         self.module_map = self._module_map()
         self._pair_phase(PHASE_BWD)
         self._pair_user_leftovers()
@@ -755,6 +761,264 @@ class Pairing:
                               f"the last of {len(xs)} op(s) of a and {len(ys)} of b computed "
                               f"from the same {n_atoms} paired input(s) and parameter(s)")
 
+    # -- the forward: what the two sides compute ----------------------------------------
+    def _pair_forward(self):
+        """Forward units pair by what they compute, not by their op sequences. Inside each
+        class (units computed from the same atoms), repeatedly:
+
+        1. strict: units of the same symbol whose direct inputs pair (the same atoms,
+           values made by paired units); a unit that reads an unpaired unit's value waits;
+        2. values meet: where the two sides reach one value by different op sequences
+           (Flax `(q/sqrt d) k^T` against torch's `(q k^T)/sqrt d`, a LayerNorm's equations
+           against `native_layer_norm`), units of the same size whose outputs agree within
+           tolerance pair, and what lies between them and the last pairs is one region;
+        3. module output: where nothing inside meets (a port bug, fused against unfused
+           attention), the last units of two corresponding modules pair, their region
+           compared as one unit.
+
+        Never two ops whose inputs do not pair: a pair made by 2 or 3 compares its region's
+        inputs (`region_inputs`), and consumers pair strictly after it."""
+        for _ in range(MAX_FORWARD_PASSES):
+            before = len(self.pairs)
+            for sup, (la, lb) in self._classes(PHASE_FWD):
+                n_atoms = sum(1 for x in sup if x[0] == "a")
+                while self._pair_strict(la, lb, n_atoms) or self._pair_meeting(la, lb, n_atoms) \
+                        or self._pair_composite(la, lb, n_atoms) \
+                        or self._pair_module_output(la, lb, n_atoms):
+                    pass
+            if len(self.pairs) == before:
+                break
+
+    def _classes(self, phase):
+        """[(support, ([a units], [b units]))] of the units of one phase (paired ones too: the
+        last pair of a class bounds what is left over), in the order of a's first unit;
+        units that read a value only one side has are left out."""
+        classes = collections.OrderedDict()
+        for g, s in ((self.ga, 0), (self.gb, 1)):
+            for k, u in enumerate(g.units):
+                if u.phase != phase:
+                    continue
+                sup = g.support[k]
+                if not sup or any(x[0] == "l" for x in sup):
+                    continue
+                classes.setdefault(sup, ([], []))[s].append(k)
+        return [(sup, lists) for sup, lists in
+                sorted(classes.items(), key=lambda c: c[1][0][0] if c[1][0] else 1 << 62)
+                if lists[0] and lists[1]]
+
+    def _pair_strict(self, la, lb, n_atoms):
+        by_sym = collections.defaultdict(lambda: ([], []))
+        for s, lst, g in ((0, la, self.ga), (1, lb, self.gb)):
+            for k in lst:
+                if k not in self.pair_of[s]:
+                    by_sym[self._symbol(g, s, k, False)][s].append(k)
+        new = False
+        for xs, ys in by_sym.values():
+            if not xs or not ys:
+                continue
+            keyed = ({}, {})
+            for s, lst in ((0, xs), (1, ys)):
+                for k in lst:
+                    keys = self._complete_keys(s, k)
+                    if keys is not None:
+                        keyed[s].setdefault(keys, []).append(k)
+            for keys, xl in keyed[0].items():
+                # several with the same inputs: the k-th from the end with the k-th from the
+                # end (an init-time forward on the same inputs precedes the apply-time one)
+                for x, y in zip(reversed(xl), reversed(keyed[1].get(keys, []))):
+                    self._add(x, y, "dataflow",
+                              f"same op family and size, computed from the same {n_atoms} paired "
+                              f"input(s) and parameter(s); its {len(keys)} direct input(s) are "
+                              f"the same values or made by paired ops")
+                    new = True
+        return new
+
+    def _pair_meeting(self, la, lb, n_atoms):
+        """Step 2 of `_pair_forward`: the latest unpaired unit of a whose output agrees
+        with an unpaired unit of b of the same size (latest first), within tolerance."""
+        if self.agree is None:
+            return False
+        left = collections.defaultdict(lambda: ([], []))
+        for s, lst, g in ((0, la, self.ga), (1, lb, self.gb)):
+            for k in lst:
+                if self.pair_key(s, k) is None:
+                    u = g.units[k]
+                    left[(u.size, int(self.groups[s][k]))][s].append(k)
+        budget = MAX_MEET_COMPARISONS
+        for xs, ys in left.values():
+            for x in reversed(xs):
+                ra = self.out_row(0, x)
+                if ra is None or not comparable(ra):
+                    continue
+                for y in reversed(ys):
+                    rb = self.out_row(1, y)
+                    if rb is None or not comparable(rb):
+                        continue
+                    budget -= 1
+                    if budget < 0:
+                        return False
+                    if self.agree(ra, rb):
+                        na, nb = len(self.region(0, x)), len(self.region(1, y))
+                        self._add(x, y, "dataflow (values meet)",
+                                  f"the two sides reach this value by different ops ({na} of a, "
+                                  f"{nb} of b since the last pairs): their outputs agree within "
+                                  f"tolerance, computed from the same {n_atoms} paired input(s) "
+                                  f"and parameter(s)")
+                        return True
+        return False
+
+    def _pair_composite(self, la, lb, n_atoms):
+        """Step 2b of `_pair_forward`, where no values meet (a difference inherited from
+        earlier, or made here): the last unpaired unit of a with the last of b of the same
+        size (a LayerNorm's equations against `native_layer_norm`, the scores `(q/sqrt d) k^T`
+        against `(q k^T)/sqrt d`); values one side recomputes (`pair_key`) are not left over."""
+        left = collections.defaultdict(lambda: ([], []))
+        for s, lst, g in ((0, la, self.ga), (1, lb, self.gb)):
+            # only what follows the class's last pair: a unit before it was passed by the
+            # other side's ops on the way to a value both reach (torch eager's unscaled scores)
+            start = max((k for k in lst if k in self.pair_of[s]), default=-1)
+            for k in lst:
+                if k > start and self.pair_key(s, k) is None:
+                    u = g.units[k]
+                    left[(u.size, u.dtype, int(self.groups[s][k]))][s].append(k)
+        for xs, ys in left.values():
+            if xs and ys:
+                self._add(xs[-1], ys[-1], "dataflow (composite)",
+                          f"the last of {len(xs)} op(s) of a and {len(ys)} of b computed from the "
+                          f"same {n_atoms} paired input(s) and parameter(s); their values do not "
+                          f"meet")
+                return True
+        return False
+
+    def _pair_module_output(self, la, lb, n_atoms):
+        """Step 3 of `_pair_forward`: the last unpaired unit of a module on a with the last
+        of its counterpart on b (the deepest module both end), sizes equal."""
+        xs = [k for k in la if self.pair_key(0, k) is None]
+        ys = [k for k in lb if self.pair_key(1, k) is None]
+        ends_b = {y: self._module_ends(1, y) for y in ys}
+        for x in reversed(xs):
+            ux = self.ga.units[x]
+            for ma in self._module_ends(0, x):
+                mb = self.counterpart(ma)
+                if mb is None:
+                    continue
+                y = next((y for y in reversed(ys) if mb in ends_b[y] and
+                          self.gb.units[y].size == ux.size and
+                          self.groups[1][y] == self.groups[0][x]), None)
+                if y is None:
+                    continue
+                na, nb = len(self.region(0, x)), len(self.region(1, y))
+                self._add(x, y, "module output",
+                          f"the output of module {ma or '(top level)'!r} <-> "
+                          f"{mb or '(top level)'!r}: nothing inside meets ({na} op(s) of a, "
+                          f"{nb} of b since the last pairs), compared as one unit, computed "
+                          f"from the same {n_atoms} paired input(s) and parameter(s)",
+                          modules=(ma, mb))
+                return True
+        return False
+
+    def _complete_keys(self, s, k):
+        """What unit k reads directly, as a sorted tuple of ('a', atom) / ('p', pair), or
+        None while it reads a value of an unpaired unit. 0-d values and constants add
+        nothing."""
+        g = self.ga if s == 0 else self.gb
+        keys = []
+        for _, _, nd in g.input_nodes(g.units[k]):
+            row = g.nodes[nd][0]
+            if row is not None and not len(g.shape(row)):
+                continue
+            a = self.atom(s, row)
+            if a is not None:
+                keys.append(("a", a))
+                continue
+            for v in self._producers(g, s, nd):
+                pr = self.pair_key(s, v)
+                if pr is not None:
+                    keys.append(("p", pr))
+                elif g.support[v]:
+                    return None
+        return tuple(sorted(set(keys)))
+
+    def pair_key(self, s, k):
+        """The pair index of unit k of side s, or of a paired unit of that side that computed
+        the same value from the same atoms (Flax recomputes the attention mask's bias in
+        every layer, torch computes it once); None."""
+        pr = self.pair_of[s].get(k)
+        if pr is not None:
+            return pr
+        g = self.ga if s == 0 else self.gb
+        idx = self._same_value[s]
+        if idx is None:
+            idx = self._same_value[s] = collections.defaultdict(list)
+            for j in range(len(g.units)):
+                row = self.out_row(s, j)
+                if row is not None and int(row["hash"]):
+                    idx[(int(row["hash"]), int(row["dtype"]), int(row["shape"]))].append(j)
+        row = self.out_row(s, k)
+        if row is None or not int(row["hash"]):
+            return None
+        for j in idx.get((int(row["hash"]), int(row["dtype"]), int(row["shape"])), ()):
+            pr = self.pair_of[s].get(j)
+            if pr is not None and g.support[j] == g.support[k]:
+                return pr
+        return None
+
+    def out_row(self, s, k):
+        g = self.ga if s == 0 else self.gb
+        return g.side.value_row(g.units[k].rep, 0)
+
+    # -- modules ------------------------------------------------------------------------
+    def unit_module(self, s, k):
+        """The module path of a unit, without the name scopes that are not modules (jnp.einsum's
+        '...qhd,...khd->...hqk')."""
+        g = self.ga if s == 0 else self.gb
+        return "/".join(c for c in g.units[k].module.split("/")
+                        if c and "->" not in c and "," not in c)
+
+    def _learn_modules(self, ma, mb):
+        """Paired units in 'M/encoder/layer/0/attention/self/query' and
+        'encoder/layer/0/attention/self/query': each ancestor pairs with the ancestor at the
+        same distance from the common end ('M' with the top level)."""
+        ca, cb = ma.split("/") if ma else [], mb.split("/") if mb else []
+        n = 0
+        while n < len(ca) and n < len(cb) and ca[-1 - n] == cb[-1 - n]:
+            n += 1
+        if not n and (ca or cb):
+            return
+        for i in range(n + 1):
+            self._mod_pairs.setdefault("/".join(ca[:len(ca) - i]), "/".join(cb[:len(cb) - i]))
+
+    def counterpart(self, ma):
+        """b's module for a's module `ma`: learned from paired units, or its parent's
+        counterpart with the same last name; None."""
+        hit = self._mod_pairs.get(ma)
+        if hit is not None:
+            return hit
+        if not ma:
+            return None
+        parent, _, last = ma.rpartition("/")
+        up = self.counterpart(parent) if parent != ma else None
+        if up is None:
+            return None
+        return f"{up}/{last}" if up else last
+
+    def _module_ends(self, s, k):
+        """The modules (deepest first) whose run of units ends at unit k of side s: the next
+        forward unit of that side is outside them."""
+        g = self.ga if s == 0 else self.gb
+        m = self.unit_module(s, k)
+        nxt = next((j for j in range(k + 1, len(g.units)) if g.units[j].phase == PHASE_FWD),
+                   None)
+        mn = self.unit_module(s, nxt) if nxt is not None else None
+        out, cur = [], m
+        while True:
+            if mn is None or not (cur == "" or mn == cur or mn.startswith(cur + "/")):
+                out.append(cur)
+            if not cur:
+                break
+            cur = cur.rpartition("/")[0]
+        return out
+
     MAX_SCORED = 10000
 
     def _assign(self, xs, ys):
@@ -799,14 +1063,15 @@ class Pairing:
                     keys.add(("p", pr))
         return keys
 
-    def _add(self, ka, kb, by, how):
+    def _add(self, ka, kb, by, how, modules=None):
         ga_ = self.groups[0][ka]
         if ga_ >= 0:
             by, how = "user map", f"{how}; within the modules the map names " \
                                   f"({self.user_map[ga_][0]!r} -> {self.user_map[ga_][1]!r})"
         self.pair_of[0][ka] = len(self.pairs)
         self.pair_of[1][kb] = len(self.pairs)
-        self.pairs.append(Pair(ka, kb, by, how))
+        self.pairs.append(Pair(ka, kb, by, how, modules))
+        self._learn_modules(self.unit_module(0, ka), self.unit_module(1, kb))
 
     def _module_map(self):
         out = {}
@@ -855,8 +1120,8 @@ class Pairing:
             u = stack.pop()
             for _, _, nd in g.input_nodes(g.units[u]):
                 for v in self._producers(g, s, nd):
-                    if v not in out and v not in self.pair_of[s] and g.support[v] is not None \
-                            and g.support[v] <= sup:
+                    if v not in out and self.pair_key(s, v) is None and \
+                            g.support[v] is not None and g.support[v] <= sup:
                         out.add(v)
                         stack.append(v)
         return sorted(out)
@@ -892,7 +1157,7 @@ class Pairing:
                 prods = self._producers(g, s, nd)
                 if prods and all(p in inside for p in prods):
                     continue
-                pk = [self.pair_of[s].get(p) for p in prods]
+                pk = [self.pair_key(s, p) for p in prods]
                 key = ("pair", pk[0]) if len(pk) == 1 and pk[0] is not None else None
                 out.append((e, slot, row, key))
         return out
@@ -908,9 +1173,13 @@ def _union(parts):
     return frozenset().union(*parts)
 
 
-def layer_text(unit, framework, family=None, label=None):
+def layer_text(unit, framework, family=None, label=None, module=None):
     """'Dense MLP/fc1 (dot_general + add)' for a unit of this framework; `family`: the
-    pair's (a composite takes its kind from the single op on the other side)."""
+    pair's (a composite takes its kind from the single op on the other side); `module`: the
+    module whose output a "module output" pair is ('module encoder/layer/0/attention/self
+    (...)')."""
+    if module is not None:
+        return f"module {module or '(top level)'} ({label or unit.label})"
     family = family or unit.family
     kinds = LAYER_KIND.get(family)
     kind = ""

@@ -1,0 +1,181 @@
+"""HF transformers' BertModel against its FlaxBertModel port (tests/field/programs/hf_bert.py:
+random weights converted by transformers' own converter, a padded batch), recorded as a user
+records it, in one process and in two scripts, in torch's eager and SDPA attention, correct
+and with one port bug each (LayerNorm epsilon, GELU approximation, q/k swapped in layer 1,
+no attention scale in layer 1).
+
+The truth is computed here, independently of tracediff: torch `register_forward_hook` on every
+module and Flax `capture_intermediates`, paired by module path; the first module (in the order
+torch's modules finish, children before parents) whose output differs beyond float32
+tolerance. Every module finished before it agrees, so its inputs agree. tracediff's module,
+op and magnitude are asserted against it; a correct port exits 0 (MATCH) in both modes.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tracediff
+
+from ..helpers import ROOT
+
+PROGRAM = os.path.join(ROOT, "tests", "field", "programs", "hf_bert.py")
+RTOL, ATOL = 1e-5, 1e-6     # float32 (compare.DEFAULT_TOLERANCES)
+
+# name: (attention, bug, one trace or two)
+CASES = {
+    "eager": ("eager", "none", 1), "sdpa": ("sdpa", "none", 1), "eager_2": ("eager", "none", 2),
+    "eps": ("eager", "eps", 1), "gelu": ("eager", "gelu", 1), "qk": ("eager", "qk", 1),
+    "scale": ("eager", "scale", 1), "scale_sdpa": ("sdpa", "scale", 1),
+    "gelu_2": ("eager", "gelu", 2),
+}
+
+
+def _program():
+    spec = importlib.util.spec_from_file_location("hf_bert_program", PROGRAM)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _record(out, *args, cwd):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop("XLA_FLAGS", None)
+    r = subprocess.run([sys.executable, "-m", "tracediff", "record", "-o", out, PROGRAM, *args],
+                       cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hf_bert")
+    out = {}
+    for name, (attn, bug, n) in CASES.items():
+        args = ["--attn", attn, "--bug", bug]
+        if n == 1:
+            out[name] = (_record(str(d / f"{name}.h5"), *args, cwd=d),)
+        else:
+            w = str(d / f"{name}.npz")
+            tb = _record(str(d / f"{name}_torch.h5"), *args, "--side", "torch", "--weights", w, cwd=d)
+            ta = _record(str(d / f"{name}_flax.h5"), *args, "--side", "flax", "--weights", w, cwd=d)
+            out[name] = (ta, tb)
+    return out
+
+
+def _first(x):
+    """The first array of a module's output (a tuple, a transformers ModelOutput)."""
+    while isinstance(x, (tuple, list)) or hasattr(x, "to_tuple"):
+        x = x.to_tuple()[0] if hasattr(x, "to_tuple") else x[0]
+    return np.asarray(x.detach().numpy() if hasattr(x, "detach") else x, np.float64)
+
+
+def truth(attn, bug):
+    """[(module path, max abs, differs)] in the order torch's modules finish, and the first
+    that differs beyond tolerance: {'module', 'max_abs'}."""
+    import jax
+    import torch
+    prog = _program()
+    ids, mask = prog.batch()
+    tmodel, state = prog.torch_model(attn, bug)
+    outs = {}
+    order = []
+
+    def hook(name):
+        def fn(_module, _inputs, output):
+            outs[name] = _first(output)
+            order.append(name)
+        return fn
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in tmodel.named_modules() if n]
+    with torch.no_grad():
+        tmodel(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
+    for h in handles:
+        h.remove()
+    fmodel, params = prog.flax_model(state, bug)
+    _, inter = fmodel.module.apply({"params": params}, ids.astype(np.int32),
+                                   mask.astype(np.int32), np.zeros_like(ids, np.int32),
+                                   np.broadcast_to(np.arange(ids.shape[1]), ids.shape).astype(np.int32),
+                                   None, capture_intermediates=True, mutable=["intermediates"])
+    flat = {}
+    for path, v in jax.tree_util.tree_flatten_with_path(inter["intermediates"],
+                                                       is_leaf=lambda x: isinstance(x, tuple))[0]:
+        keys = [getattr(k, "key", getattr(k, "idx", None)) for k in path]
+        if keys and keys[-1] == "__call__":
+            flat[".".join(str(k) for k in keys[:-1])] = _first(v)
+    rows = []
+    for name in order:
+        if name not in flat:
+            continue
+        a, b = flat[name], outs[name]
+        if a.size != b.size:
+            continue
+        a, b = a.reshape(b.shape), b
+        diff = np.abs(a - b)
+        rows.append((name, float(diff.max()), bool((diff > ATOL + RTOL * np.abs(b)).any())))
+    first = next((r for r in rows if r[2]), None)
+    return rows, (None if first is None else {"module": first[0], "max_abs": first[1]})
+
+
+def _locate(paths):
+    return tracediff.locate(*paths) if len(paths) == 2 else tracediff.locate(paths[0])
+
+
+@pytest.mark.parametrize("case", ["eager", "sdpa", "eager_2"])
+def test_correct_port_matches(traces, case):
+    attn, bug, _ = CASES[case]
+    rows, first = truth(attn, bug)
+    assert first is None and len(rows) > 20, rows   # every paired module agrees
+    r = _locate(traces[case])
+    assert r.verdict == "match" and r.exit_code == 0, r.first_beyond_tolerance
+    from tracediff.cli import main as cli
+    from click.testing import CliRunner
+    res = CliRunner().invoke(cli, ["locate", *traces[case]])
+    assert res.exit_code == 0, res.output
+
+
+# case: (the module tracediff names, as a torch path; the op on torch's side or inside)
+EXPECT = {
+    "eps": ("embeddings.LayerNorm", "native_layer_norm"),
+    "gelu": ("encoder.layer.0.intermediate", "gelu"),
+    "gelu_2": ("encoder.layer.0.intermediate", "gelu"),
+    "scale": ("encoder.layer.1.attention.self", "inside"),
+    "scale_sdpa": ("encoder.layer.1.attention.self", "scaled_dot_product"),
+    # by path the truth is the query projection (Flax's holds the key's parameters); values
+    # pair Flax's query with torch's key, so the first computation that differs is the
+    # attention they feed
+    "qk": ("encoder.layer.1.attention.self", "inside"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EXPECT))
+def test_port_bug_named_at_its_module(traces, case):
+    attn, bug, _ = CASES[case]
+    rows, first = truth(attn, bug)
+    assert first is not None
+    module, op = EXPECT[case]
+    r = _locate(traces[case])
+    assert r.verdict == "diverged" and r.exit_code == 1
+    f = r.first_beyond_tolerance
+    mod = f.layer["module"]           # the module whose output differs, then the op inside
+    assert mod["b"].replace("/", ".").startswith(module), (f.layer, first)
+    assert mod["a"].replace("/", ".").endswith(module), f.layer
+    assert f.inputs_match is True, f.inputs_reason
+    if op == "inside":     # the score matmul inside the attention, where both have matmuls
+        assert f.layer["inside"]["a_op"] == "dot_general", f.layer
+    else:
+        assert op in f.b.op, (f.b.op, f.layer)
+    truth_abs = dict((n, m) for n, m, _ in rows)[module]
+    if case == "qk":
+        assert first["module"] == "encoder.layer.1.attention.self.query", first
+        # Flax's query projection is paired with torch's key projection: equal values
+        pairs = [(m["a_module"], m["b_module"]) for m in r.mapping if m["b_module"]]
+        assert ("FlaxBertModule/encoder/layer/1/attention/self/query",
+                "encoder/layer/1/attention/self/key") in pairs
+    else:
+        assert first["module"] == module, (first, rows)
+    assert mod["max_abs"] == pytest.approx(truth_abs, rel=1e-3), (mod, truth_abs)
