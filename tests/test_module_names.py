@@ -30,6 +30,7 @@ def test_conventions():
     assert modnames.match("M/attn/...qhd,...khd->...hqk", "attn")[0]
     # different modules never match; a submodule computing its parent's value never crosses
     assert modnames.match("M/layers_0", "layers.1") == (False, [])
+    assert modnames.match("block/fc1", "fc1") == (False, [])    # a submodule is no root
     assert modnames.crossing("M/block/attn/query", "block.attn.key") == \
         "values of query pair with key's"
     assert modnames.crossing("M/encoder/layer/0/attention/self", "encoder.layer.1.attention.self") \

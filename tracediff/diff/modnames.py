@@ -54,9 +54,11 @@ def match(path_a, path_b, leaf=False):
     ca, cb = canonical(path_a, leaf), canonical(path_b, leaf)
     rules = []
     if ca != cb:
-        if len(ca) == len(cb) + 1 and ca[1:] == cb:
+        # a root module is named by its class (`FlaxBertModule`, `MLP`), a submodule by
+        # its attribute (`block`): only the former is dropped
+        if len(ca) == len(cb) + 1 and ca[1:] == cb and ca[0][:1].isupper():
             rules.append(f"root {components(path_a)[0]} dropped")
-        elif len(cb) == len(ca) + 1 and cb[1:] == ca:
+        elif len(cb) == len(ca) + 1 and cb[1:] == ca and cb[0][:1].isupper():
             rules.append(f"root {components(path_b)[0]} dropped")
         else:
             return False, []
