@@ -289,15 +289,11 @@ class CrossDiffer(Differ):
             return self._role_layout(xa_name, xb_name, xa, self.rb.read(r))
         return None
 
-    def _param_rank(self, xa_name, xb_name, na, nb):
-        """Where a parameter stands in the model's order: torch's snapshot lists them as
-        `named_parameters()` does (optax's pytree is sorted by name)."""
-        names, x = (nb, xb_name) if self._fw_name(self.fw_b) == "torch" else (na, xa_name)
-        x = x[0] if isinstance(x, tuple) else x
-        for i, k in enumerate(names):
-            if k == x:
-                return i
-        return 1 << 30
+    def _param_ranks(self, na, nb):
+        """{value name: position} of the side that lists parameters in the model's order:
+        torch's snapshot, as `named_parameters()` does (optax's pytree is sorted by name)."""
+        names = nb if self._fw_name(self.fw_b) == "torch" else na
+        return {k: i for i, k in enumerate(names)}
 
     def optimizer_steps(self):
         """Per optimizer step: the parameters, grads and optimizer state paired by role (b
@@ -314,7 +310,8 @@ class CrossDiffer(Differ):
             worst_l2 = worst_tabs = None
             l2 = compare.RelL2()
             judged = []
-            order = {}
+            order, ranks = {}, self._param_ranks(na, nb)
+            side_b = self._fw_name(self.fw_b) == "torch"
             for role, xa_name, xb_name, _ in pairs:
                 xa, da = self._snapshot_value(self.ta, self.ra, na, xa_name)
                 xb, db = self._snapshot_value(self.tb, self.rb, nb, xb_name)
@@ -331,7 +328,8 @@ class CrossDiffer(Differ):
                 v = own.value() if not m["bitwise_equal"] else 0.0
                 pname = optroles.param_name(xa_name, fa, xb_name, fb)
                 if role == "params":   # the model's order: torch's named_parameters()
-                    order[pname] = self._param_rank(xa_name, xb_name, na, nb)
+                    x = xb_name if side_b else xa_name
+                    order[pname] = ranks.get(x[0] if isinstance(x, tuple) else x, 1 << 30)
                     l2.add(xa, xb_t)
                     worst_rel = max(worst_rel, _num(m.get("max_rel")))
                     worst_abs = max(worst_abs, _num(m.get("max_abs")))
@@ -344,10 +342,16 @@ class CrossDiffer(Differ):
                                                self.rtol, self.atol)
                 beyond = bool(np.sqrt(own.diff) > rtol * np.sqrt(own.ref) +
                               atol * np.sqrt(np.asarray(xa).size))
+                fit = (None, None)
+                if role == "params" and beyond:   # decoupled weight decay? (no arrays kept)
+                    before = self._before_step(xa_name, xb_name, na, nb, xa)
+                    if before is not None:
+                        fit = optroles.decay_fit(np.asarray(xa, np.float64) -
+                                                 np.asarray(xb_t, np.float64), before)
                 judged.append(dict(role=role, pname=pname, xa_name=xa_name, xb_name=xb_name,
-                                   xa=xa, xb=xb_t, rel=v, max_abs=_num(m.get("max_abs")),
-                                   rtol=rtol, atol=atol, beyond=beyond))
-            first = self._first_beyond(step, ea, eb, na, nb, judged, order)
+                                   rel=v, max_abs=_num(m.get("max_abs")), rtol=rtol,
+                                   atol=atol, beyond=beyond, fit=fit))
+            first = self._first_beyond(step, ea, eb, judged, order)
             if first is not None and self.first_parameter is None:
                 self.first_parameter = first
             rows.append(OptimizerStep(step=step, a=ea, b=eb,
@@ -359,7 +363,7 @@ class CrossDiffer(Differ):
                                       first_beyond=first))
         return rows
 
-    def _first_beyond(self, step, ea, eb, na, nb, judged, order):
+    def _first_beyond(self, step, ea, eb, judged, order):
         """The `ParamDivergence` of one step: its first value beyond tolerance, the roles in
         the order a step computes them (grads, state, parameters after the step), the
         parameters in the model's order; for parameters after the step whose grads and
@@ -384,14 +388,8 @@ class CrossDiffer(Differ):
         fa, fb = self._fw_name(self.fw_a), self._fw_name(self.fw_b)
         fits = {}
         for p in judged:
-            if p["role"] != "params" or not p["beyond"]:
-                continue
-            before = self._before_step(p["xa_name"], p["xb_name"], na, nb, p["xa"])
-            if before is None:
-                continue
-            c, resid = optroles.decay_fit(np.asarray(p["xa"], np.float64) -
-                                          np.asarray(p["xb"], np.float64), before)
-            if c is not None and resid < DECAY_RESIDUAL:
+            c, resid = p["fit"]
+            if p["role"] == "params" and p["beyond"] and c is not None and resid < DECAY_RESIDUAL:
                 fits[p["pname"]] = (c, p)
         if j["pname"] not in fits:
             res.weight_decay = False
