@@ -148,6 +148,38 @@ def test_an_input_links_to_the_output_slot_that_produced_it(recorded):
         assert _inputs(t, gather) == [(randn, 0), (unsqueeze, 0)]
 
 
+def test_a_parameter_written_through_data_links_to_that_write(recorded):
+    """`p.data.normal_()` shares p's storage but not its version counter: the op that then
+    reads p must see the new values (linked to the write), not the constructor's (the
+    recorder kept the stale producer; HF models initialise their weights this way)."""
+    out, proc = _record(recorded, "torch_data_init.py")
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 3)
+    with torch.no_grad():
+        lin.weight.data.normal_(mean=0.0, std=0.5)
+        lin.bias.data.fill_(0.25)
+    with Trace(out) as t:
+        (addmm,) = [e["index"] for e in _ops(t, "aten::addmm")]
+        (normal,) = [e["index"] for e in _ops(t, "aten::normal_")]
+        (fill,) = [e["index"] for e in _ops(t, "aten::fill_.Scalar")]
+        rows = t.input_rows(addmm)
+        bias, weight_t = rows[0], rows[2]
+        assert np.array_equal(t.read_value(t.value_rows(int(bias["producer"]),
+                                                        role=schema.ROLE_OUT)[0]),
+                              lin.bias.detach().numpy())
+        # the bias's producer is the fill_ (or a snapshot taken after it, parented to it)
+        pb = t.event(int(bias["producer"]))
+        assert int(bias["producer"]) == fill or pb["parent"] == fill
+        # the weight reaches addmm through aten::t: its producer reads normal_'s values
+        (tr,) = [e["index"] for e in _ops(t, "aten::t")]
+        assert int(weight_t["producer"]) == tr
+        (w_in,) = t.input_rows(tr)
+        pw = int(w_in["producer"])
+        assert pw == normal or t.event(pw)["parent"] == normal
+        assert np.array_equal(t.read_value(t.value_rows(pw, role=schema.ROLE_OUT)[0]),
+                              lin.weight.detach().numpy())
+
+
 # -- GRU + Adam ---------------------------------------------------------------------------
 def test_gru_recording_leaves_output_bitwise_identical(gru, recorded):
     _, proc = gru

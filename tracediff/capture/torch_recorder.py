@@ -232,6 +232,11 @@ class TorchCapture(Capture):
         self.producer = {}       # id(tensor) -> (weakref, event, slot, version or None/-1)
         self.pending = []        # (id, weakref) of the last op's outputs, version read lazily
         self.last_writer = {}    # storage data_ptr -> (event, slot, weakref, uninit)
+        # storage data_ptr -> the last event that wrote it in place (an op with an is_write
+        # argument): catches a write through another tensor object that shares the
+        # storage but not the version counter (`p.data.normal_()`, as HF's _init_weights
+        # does), which leaves p's own version and producer entry unchanged
+        self.storage_writes = {}
         # autograd
         self.seq2fwd = {}        # (thread id, seq nr) -> (event, module path, source)
         self.last_seq = {}       # thread id -> sequence number after the previous forward op
@@ -362,6 +367,7 @@ class TorchCapture(Capture):
         finally:
             self.producer.clear()
             self.last_writer.clear()
+            self.storage_writes.clear()
             self.pending = []
 
     def manifest(self):
@@ -580,7 +586,8 @@ class TorchCapture(Capture):
         known = e is not None and e[0]() is t
         if known:
             v = e[3]
-            if v is None or v == -1 or t.is_inference() or v == t._version:
+            if (v is None or v == -1 or t.is_inference() or v == t._version) and \
+                    not self._written_since(t, e[1]):
                 return e[1], e[2]
         self.n_fallback += 1
         try:
@@ -611,6 +618,19 @@ class TorchCapture(Capture):
         self._store(eid, 0, t, uninit=uninit)
         self.producer[id(t)] = (weakref.ref(t), eid, 0, -1 if t.is_inference() else t._version)
         return eid, 0
+
+    def _written_since(self, t, eid):
+        """Did an in-place op write t's storage after event eid through another tensor
+        object (`.data`, a detached alias)? Only leaves are checked (parameters and
+        buffers are what such writes touch), and only once any in-place write happened."""
+        if not self.storage_writes or not t.is_leaf:
+            return False
+        try:
+            ptr = t.untyped_storage().data_ptr()
+        except Exception:
+            return False
+        w = self.storage_writes.get(ptr)
+        return w is not None and w > eid
 
     # -- the op hook ----------------------------------------------------------------------
     def on_op(self, func, args, kwargs):
@@ -728,6 +748,7 @@ class TorchCapture(Capture):
                     w.add_value(eid, 0, np.asarray(out), flags=schema.VFLAG_SCALAR, store=keep)
                 return
             producer, pending, last_writer = self.producer, self.pending, self.last_writer
+            writes = self.storage_writes if (info.write_pos or info.write_kw) else None
             uninit = info.uninit
             dtypes = self._dtypes
             for slot, o in enumerate(outs):
@@ -756,6 +777,8 @@ class TorchCapture(Capture):
                             st_uninit = o.numel() * o.element_size() < \
                                 o.untyped_storage().nbytes()
                     last_writer[ptr] = (eid, slot, wr, st_uninit)
+                    if writes is not None:
+                        writes[ptr] = eid
                 if not keep:  # outside the --ops/--modules window: metadata only
                     w.add_meta_value(eid, slot, self._dtype_info(o.dtype)[0], tuple(o.shape))
                     continue
@@ -909,6 +932,8 @@ class TorchCapture(Capture):
             self.producer = {k: v for k, v in self.producer.items() if v[0]() is not None}
         if len(self.last_writer) > 200_000:
             self.last_writer = {k: v for k, v in self.last_writer.items() if v[2]() is not None}
+            self.storage_writes = {k: v for k, v in self.storage_writes.items()
+                                   if k in self.last_writer}
 
     def _snapshot_optimizer(self, opt):
         torch = _torch
