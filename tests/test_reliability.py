@@ -443,8 +443,8 @@ def test_a_disk_filled_by_another_process_keeps_every_committed_event(tmp_path):
     with tracediff.load(kept) as t:
         assert not t.complete
         ops = [t.event(i)["op"] for i in range(len(t))]
-        # the commits before the disk filled (1 MiB, then 2 MiB of values), all readable
-        assert len(ops) >= 5 and ops == ["aten::ones"] + ["aten::sin"] * (len(ops) - 1), ops
+        # the commits before the disk filled (the first by 1 MiB of values or 2 s), readable
+        assert len(ops) >= 1 and ops == ["aten::ones"] + ["aten::sin"] * (len(ops) - 1), ops
         assert f"truncated after {len(t)} events" in proc.stderr
         assert _check_values(t) == len(t)
 
