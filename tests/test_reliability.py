@@ -411,16 +411,17 @@ def _in_a_small_tmpfs(tmp_path, command):
     disk.mkdir()
     ns = ["unshare", "--mount", "--propagation", "private"] if os.geteuid() == 0 else \
         ["unshare", "--user", "--map-root-user", "--mount"]
-    line = f'mount -t tmpfs -o size=20m tmpfs "$DISK" || exit 99\n{command}'
+    env = _env({"DISK": str(disk), "TRACEDIFF_MIN_FREE_MB": "1"})
+    mount = 'mount -t tmpfs -o size=20m tmpfs "$DISK"'
     try:
-        proc = subprocess.run([*ns, "sh", "-c", line], env=_env({"DISK": str(disk),
-                              "TRACEDIFF_MIN_FREE_MB": "1"}), cwd=ROOT, text=True,
-                              capture_output=True, timeout=300)
+        probe = subprocess.run([*ns, "sh", "-c", mount], env=env, capture_output=True,
+                               timeout=60)
     except FileNotFoundError:
-        proc = None
-    if proc is None or proc.returncode == 99:
+        probe = None
+    if probe is None or probe.returncode != 0:
         pytest.skip("cannot mount a tmpfs here (needs root or user namespaces)")
-    return proc
+    return subprocess.run([*ns, "sh", "-c", f"{mount} || exit 99\n{command}"], env=env,
+                          cwd=ROOT, text=True, capture_output=True, timeout=300)
 
 
 def test_a_disk_filled_by_another_process_keeps_every_committed_event(tmp_path):
@@ -442,8 +443,8 @@ def test_a_disk_filled_by_another_process_keeps_every_committed_event(tmp_path):
     with tracediff.load(kept) as t:
         assert not t.complete
         ops = [t.event(i)["op"] for i in range(len(t))]
-        # the commits before the disk filled (1 MiB, then 2 MiB of values), all readable
-        assert len(ops) >= 5 and ops == ["aten::ones"] + ["aten::sin"] * (len(ops) - 1), ops
+        # the commits before the disk filled (the first by 1 MiB of values or 2 s), readable
+        assert len(ops) >= 1 and ops == ["aten::ones"] + ["aten::sin"] * (len(ops) - 1), ops
         assert f"truncated after {len(t)} events" in proc.stderr
         assert _check_values(t) == len(t)
 
