@@ -44,6 +44,7 @@ JOBS = [
     ("conv", "port_conv.py", "jax,torch", ()),
     ("nnx", "port_nnx.py", "jax,torch", ()),
     ("shared", "port_shared.py", "jax,torch", ()),
+    ("tr_after", "port_transformer.py", "jax,torch", ("--torch-scale", "after")),
     ("tr32", "port_transformer.py", "jax,torch", (), TF32),
 ]
 BATCH = r"""
@@ -427,7 +428,7 @@ def test_transformer_every_layer_paired_tf32_names_the_query_projection(traces):
     assert f.layer["text"] == ("Dense Model/block/attn/query (dot_general + add) <-> "
                                "Linear block/attn/query (addmm)")
     assert f.inputs_match is True and 1e-4 < f.metrics["max_rel"]
-    assert f.b["source"] == _line("port_transformer.py", "q = split(self.query(x))")
+    assert f.b["source"] == _line("port_transformer.py", "q, k, v = split(self.query(x))")
     # exact comparison: the first bitwise difference comes earlier, introduced there
     r0 = _locate(traces["tr32"], rtol=0, atol=0)
     f0 = r0.first_difference
@@ -482,3 +483,15 @@ def test_nnx_paths_leave_the_computation_unchanged():
     finally:
         paths.uninstall()
     assert stacks() == before and "linear1" not in before
+
+
+def test_reordered_scale_pairs_where_values_meet(traces):
+    """Flax scales the query before the score matmul, the port the scores after it (torch
+    eager attention): the same value by other ops. A correct port: MATCH, and the scaled
+    scores pair with torch's `div` (where the values meet), not with the unscaled `bmm`
+    (the old pairing said "DIVERGED ... (sqrt + div + dot_general) <-> block/attn (bmm)")."""
+    r = _locate(traces["tr_after"])
+    assert r.verdict == "match" and r.first_beyond_tolerance is None, r.first_beyond_tolerance
+    scores = [m for m in r.mapping if m["a_op"].endswith("dot_general") and "div" in m["a_op"]]
+    assert len(scores) == 1, [(m["a_op"], m["b_op"]) for m in r.mapping]
+    assert scores[0]["b_op"].endswith("div") and scores[0]["by"] == "dataflow (values meet)", scores
