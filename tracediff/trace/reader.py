@@ -580,6 +580,23 @@ class Trace:
         own = sh[sh["offset"] >= 0]
         if len(own) and ((own["nbytes"] < 0) | (own["offset"] > self.blob_size - own["nbytes"])).any():
             raise bad("shard bytes lie outside the stored data")
+        # every index is well formed (bounded before it is parsed) and agrees with the
+        # shard's own shape where it names both ends: a malformed index would otherwise
+        # pair with nothing in the other trace and its difference go unseen
+        pairs = np.unique(np.stack([sh["index"].astype(np.int64), sh["shape"].astype(np.int64)],
+                                   axis=1), axis=0)
+        for idx, shp in pairs.tolist():
+            text = self.string(idx)
+            try:
+                parts = values.shard_index_parts(text, MAX_DIMS)
+                dims = values.parse_shape(self.string(shp), MAX_DIMS) if parts else ()
+            except ValueError as exc:
+                raise bad(f"shards: {exc}") from None
+            if len(parts) > len(dims) or any(
+                    (lo or 0) > hi or (hi - (lo or 0)) != d
+                    for (lo, hi), d in zip(parts, dims) if hi is not None):
+                raise bad(f"shards: shard index {text[:40]!r} does not match the shard's "
+                          f"shape {tuple(dims)}")
 
     # -- per-device values --------------------------------------------------------------------
     def has_devices(self) -> bool:
