@@ -349,6 +349,12 @@ def test_adamw_square_layer_and_decay_mask_by_role(traces):
     assert p.weight_decay and p.upstream_match and p.decay == pytest.approx(1e-2 * 0.1, rel=0.05)
     assert set(p.decay_parameters) == {n for s, n, b in truth if s == step and b}
     assert "a (jax) applies" in p.note and "its biases" in p.note
+    from tracediff.report import html, markdown
+    from tracediff.report.common import report_context
+
+    ctx = report_context(r)
+    for text in (markdown.render(r, ctx), html.render(r, ctx)):   # every renderer names it
+        assert "First parameter beyond tolerance" in text and "fc1.bias" in text
 
 
 def test_mlp_map_restricts_modules(traces, tmp_path):

@@ -105,6 +105,19 @@ def culprit(result: LocateResult) -> tuple:
     return None, None
 
 
+def first_parameter_text(p, code=md_code, text=md_text) -> str:
+    """One line for `LocateResult.first_parameter` (two frameworks: the first parameter
+    whose grads, optimizer state or value after a step differs beyond tolerance), for the
+    document formats; `code`/`text` escape the trace's strings for the format."""
+    role = "after the step" if p.role == "params" else p.role
+    up = "; its grads and optimizer state match" if p.role == "params" and p.upstream_match \
+        else ""
+    line = (f"step {fmt(p.step)}, {code(p.parameter)} ({text(role)}): a {code(p.a)} <-> b "
+            f"{code(p.b)}; relative L2 {fmt(p.rel_l2)} (rtol {fmt(p.rtol)}), max abs "
+            f"{fmt(p.max_abs)}{up}")
+    return line + (f". {text(p.note)}" if p.note else "")
+
+
 def event_label(e: EventRef, code=md_code, text=md_text) -> str:
     """'jax eqn `tanh`' style label of an event; `code` and `text` render trace strings
     for the output format (Markdown by default)."""

@@ -23,7 +23,8 @@ from .._version import __version__
 from ..diff.result import Finding, LocateResult
 from ..untrusted import printable
 from .common import (GITHUB_ATTACH_LIMIT, MATCHES, NO_LINES, RECORDED, ReportContext,
-                     chain_items, culprit, event_label, explain_parts, finding_rows, fmt,
+                     chain_items, culprit, event_label, explain_parts, finding_rows,
+                     first_parameter_text, fmt,
                      fmt_bytes, fmt_pct, summary, typed, ulp_cell, worst_detail)
 
 MAX_POINTS = 2500          # wider runs are binned (max per bin) to keep the page small
@@ -400,6 +401,9 @@ def render(result: LocateResult, ctx: Optional[ReportContext] = None, profile=No
     fd = result.first_difference
     if fd is not None and f is not None and fd.a.index != f.a.index:
         body.append(_finding(fd, "First bitwise difference (earlier, within tolerance)"))
+    if result.first_parameter is not None:   # two frameworks: the optimizer by role
+        body.append('<h2>First parameter beyond tolerance</h2><div class="card"><p>' +
+                    first_parameter_text(result.first_parameter, code, e) + "</p></div>")
     if result.near_zero is not None:   # passed over by the tolerance search (nearzero.py)
         body.append(_finding(result.near_zero, f"Rounding noise around zero (not counted as "
                                                f"beyond tolerance; {result.near_zero_total} "

@@ -23,7 +23,8 @@ from .._version import __version__
 from ..diff.result import Finding, LocateResult
 from ..untrusted import md_code, md_text, printable
 from .common import (GITHUB_ATTACH_LIMIT, MATCHES, NO_LINES, RECORDED, ReportContext,
-                     chain_items, culprit, event_label, explain_parts, finding_rows, fmt,
+                     chain_items, culprit, event_label, explain_parts, finding_rows,
+                     first_parameter_text, fmt,
                      fmt_bytes, fmt_pct, summary, typed, ulp_cell, worst_detail)
 from .json_report import MAX_VALUES
 
@@ -180,6 +181,9 @@ def render(result: LocateResult, ctx: Optional[ReportContext] = None) -> str:
     fd = result.first_difference
     if fd is not None and f is not None and fd is not f and fd.a.index != f.a.index:
         _finding(lines, fd, "First bitwise difference (earlier, within tolerance)")
+    if result.first_parameter is not None:   # two frameworks: the optimizer by role
+        lines += ["## First parameter beyond tolerance", "",
+                  first_parameter_text(result.first_parameter), ""]
     if result.near_zero is not None:   # passed over by the tolerance search (nearzero.py)
         _finding(lines, result.near_zero, f"Rounding noise around zero (not counted as beyond "
                                           f"tolerance; {result.near_zero_total} event(s))")
