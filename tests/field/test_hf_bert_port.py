@@ -24,6 +24,7 @@ import tracediff
 from ..helpers import ROOT
 
 PROGRAM = os.path.join(ROOT, "tests", "field", "programs", "hf_bert.py")
+GPT2 = os.path.join(ROOT, "tests", "field", "programs", "hf_gpt2.py")
 RTOL, ATOL = 1e-5, 1e-6     # float32 (compare.DEFAULT_TOLERANCES)
 
 # name: (attention, bug, one trace or two)
@@ -35,17 +36,17 @@ CASES = {
 }
 
 
-def _program():
-    spec = importlib.util.spec_from_file_location("hf_bert_program", PROGRAM)
+def _program(path=PROGRAM):
+    spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3] + "_program", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-def _record(out, *args, cwd):
+def _record(out, *args, cwd, program=PROGRAM):
     env = dict(os.environ, PYTHONPATH=ROOT)
     env.pop("XLA_FLAGS", None)
-    r = subprocess.run([sys.executable, "-m", "tracediff", "record", "-o", out, PROGRAM, *args],
+    r = subprocess.run([sys.executable, "-m", "tracediff", "record", "-o", out, program, *args],
                        cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return out
@@ -64,6 +65,9 @@ def traces(tmp_path_factory):
             tb = _record(str(d / f"{name}_torch.h5"), *args, "--side", "torch", "--weights", w, cwd=d)
             ta = _record(str(d / f"{name}_flax.h5"), *args, "--side", "flax", "--weights", w, cwd=d)
             out[name] = (ta, tb)
+    for attn in ("eager", "sdpa"):
+        out[f"gpt2_{attn}"] = (_record(str(d / f"gpt2_{attn}.h5"), "--attn", attn, cwd=d,
+                                       program=GPT2),)
     return out
 
 
@@ -74,12 +78,12 @@ def _first(x):
     return np.asarray(x.detach().numpy() if hasattr(x, "detach") else x, np.float64)
 
 
-def truth(attn, bug):
+def truth(attn, bug, program=PROGRAM):
     """[(module path, max abs, differs)] in the order torch's modules finish, and the first
     that differs beyond tolerance: {'module', 'max_abs'}."""
     import jax
     import torch
-    prog = _program()
+    prog = _program(program)
     ids, mask = prog.batch()
     tmodel, state = prog.torch_model(attn, bug)
     outs = {}
@@ -97,10 +101,8 @@ def truth(attn, bug):
     for h in handles:
         h.remove()
     fmodel, params = prog.flax_model(state, bug)
-    _, inter = fmodel.module.apply({"params": params}, ids.astype(np.int32),
-                                   mask.astype(np.int32), np.zeros_like(ids, np.int32),
-                                   np.broadcast_to(np.arange(ids.shape[1]), ids.shape).astype(np.int32),
-                                   None, capture_intermediates=True, mutable=["intermediates"])
+    _, inter = fmodel.module.apply({"params": params}, *prog.flax_args(ids, mask),
+                                   capture_intermediates=True, mutable=["intermediates"])
     flat = {}
     for path, v in jax.tree_util.tree_flatten_with_path(inter["intermediates"],
                                                        is_leaf=lambda x: isinstance(x, tuple))[0]:
@@ -136,6 +138,16 @@ def test_correct_port_matches(traces, case):
     from click.testing import CliRunner
     res = CliRunner().invoke(cli, ["locate", *traces[case]])
     assert res.exit_code == 0, res.output
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_gpt2_correct_port_matches(traces, attn):
+    """A second family: HF GPT2Model (Conv1D layers: `addmm` on (in, out) weights) against
+    FlaxGPT2Model, the causal mask and the padding mask combined differently on each side."""
+    rows, first = truth(attn, "none", GPT2)
+    assert first is None and len(rows) > 10, rows
+    r = _locate(traces[f"gpt2_{attn}"])
+    assert r.verdict == "match" and r.exit_code == 0, r.first_beyond_tolerance
 
 
 # case: (the module tracediff names, as a torch path; the op on torch's side or inside)

@@ -21,11 +21,13 @@ Values anchor the pairing instead, and dataflow carries it forward:
    back through byte-moving ops and other units and stopping at atoms; a value only one
    side has (a PRNG key, the ones of an init-time forward) adds a token of its own side,
    so what reads it cannot pair.
-4. Classes. Units with the same support and phase compute from the same atoms. Inside a
-   class they are aligned by (op family, size, dtype) with Myers' diff from the end (an
-   init-time forward on the same inputs precedes the apply-time one), and what is left
-   between two aligned pairs pairs by its last unit (a composite: LayerNorm's add with
-   aten::native_layer_norm). Backward units also carry the module pairs of the forward.
+4. Classes. Units with the same support and phase compute from the same atoms. In the
+   forward (`_pair_forward`), units of the same (op family, size, dtype) pair only when
+   their direct inputs pair; where the two sides reach one value by other ops (scale
+   before or after a matmul, a composite against one aten op), the points where values
+   meet pair, else the last units after the class's last pair, else two modules' outputs,
+   each region between compared as one unit. Backward units pair by symbol and direct
+   inputs (ties to the latest), carrying the module pairs of the forward.
 5. A user map (`{"MLP/fc1": "fc1"}`) confines the units of the modules it names to each
    other, never across op families, and pairs what dataflow left there by structure.
 

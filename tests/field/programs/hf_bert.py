@@ -110,6 +110,12 @@ def flax_model(state, bug):
     return model, params
 
 
+def flax_args(ids, mask):
+    """FlaxBertModule's positional arguments (for the test's capture_intermediates)."""
+    return (ids.astype(np.int32), mask.astype(np.int32), np.zeros_like(ids, np.int32),
+            np.broadcast_to(np.arange(ids.shape[1]), ids.shape).astype(np.int32), None)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--side", choices=("both", "torch", "flax"), default="both")
