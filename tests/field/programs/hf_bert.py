@@ -14,11 +14,7 @@ import argparse
 import copy
 import math
 
-# Workaround until capture/__init__.py arms on the load, not the lookup (issue 26 item 1,
-# t26a): transformers calls importlib.util.find_spec("jax"/"torch") before importing them,
-# which today disarms the recorders. Remove these two lines once that fix is merged.
-import jax  # noqa: F401
-import torch  # noqa: F401
+import torch
 
 import numpy as np
 

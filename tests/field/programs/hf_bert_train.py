@@ -14,17 +14,15 @@ framework's training only (two scripts: record each with --framework jax / torch
 import argparse
 import types
 
-# jax and torch before transformers: transformers probes importlib.util.find_spec("jax")
-# first, which today hides JAX from the recorder (issue #26, item 1); remove once fixed.
-import jax
-import torch
-
-import jax.numpy as jnp
 import numpy as np
-import optax
-from flax import traverse_util
 from transformers import BertConfig, BertModel, FlaxBertModel
 from transformers.modeling_flax_pytorch_utils import convert_pytorch_state_dict_to_flax
+
+import jax
+import jax.numpy as jnp
+import optax
+import torch
+from flax import traverse_util
 
 LR, WD = 1e-3, 0.1
 

@@ -8,11 +8,7 @@ transformers' own converter, run forward on the same padded batch.
 import argparse
 import copy
 
-# Workaround until capture/__init__.py arms on the load, not the lookup (issue 26 item 1,
-# t26a): transformers calls importlib.util.find_spec("jax"/"torch") before importing them.
-# Remove these two lines once that fix is merged.
-import jax  # noqa: F401
-import torch  # noqa: F401
+import torch
 
 import numpy as np
 
