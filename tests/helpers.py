@@ -12,6 +12,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "fixtures")
 
 
+def fixture_line(script, text):
+    """`script:N`: the line of fixtures/`script` holding `text`, as a recorded source
+    (so a test follows edits of the fixture)."""
+    with open(os.path.join(FIXTURES, script)) as fh:
+        for n, line in enumerate(fh, 1):
+            if text in line:
+                return f"{script}:{n}"
+    raise AssertionError(f"{text!r} is not in {script}")
+
+
+def line_in(path, marker):
+    """The number of the first line of `path` (a test's own __file__) that holds `marker`
+    outside a `def` line: where a test's inline program records its op."""
+    with open(path) as fh:
+        return next(i for i, text in enumerate(fh, 1) if marker in text and "def " not in text)
+
+
 # Commands that run a user's script (or a recorder) need a process of their own; every
 # other command only reads traces, so it runs in this process through click's CliRunner:
 # the same code path as `python -m tracediff`, without paying ~3-5 s of interpreter, jax and

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from .helpers import FIXTURES, ROOT, script_env
+from .helpers import FIXTURES, ROOT, fixture_line, script_env
 
 SCRIPT = os.path.join(FIXTURES, "jax_distributed_dp.py")
 NPROC = 2
@@ -21,11 +21,7 @@ BAD_PROCESS, BAD_ROW, BAD_COL = 1, 2, 1   # the element process 1 perturbs in it
 
 def line_of(text):
     """`jax_distributed_dp.py:N`, the fixture's line holding `text`."""
-    with open(SCRIPT) as fh:
-        for n, line in enumerate(fh, 1):
-            if text in line:
-                return f"jax_distributed_dp.py:{n}"
-    raise AssertionError(text)
+    return fixture_line("jax_distributed_dp.py", text)
 
 
 def free_port():

@@ -13,19 +13,12 @@ import tracediff
 from tracediff.diff import devices as diff_devices
 from tracediff.errors import TraceError
 
-from .helpers import FIXTURES, locate_json, run_cli
+from .helpers import FIXTURES, fixture_line, locate_json, run_cli
 
 EIGHT = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
 SCRIPTS = {"sm": "jax_shard_map_pmean.py", "pmap": "jax_pmap.py", "dp": "jax_sharded_dp.py"}
 
 
-def _line(script, text):
-    """The line number of `text` in a fixture (so the test follows edits of it)."""
-    with open(os.path.join(FIXTURES, script)) as fh:
-        for n, line in enumerate(fh, 1):
-            if text in line:
-                return f"{script}:{n}"
-    raise AssertionError(text)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +43,7 @@ def test_shard_map_fault_is_named_at_the_op_inside_the_body_with_its_device(repo
     for f in (r["first_difference"], r["first_beyond_tolerance"]):
         a = f["a"]
         assert (a["op"], a["device"], a["step"], a["kind"]) == ("mul", "cpu:3", 1, "eqn")
-        assert a["source"] == _line("jax_shard_map_pmean.py", 'lax.axis_index("data") == 3')
+        assert a["source"] == fixture_line("jax_shard_map_pmean.py", 'lax.axis_index("data") == 3')
         assert f["b"]["device"] == "cpu:3"
         assert f["call"]["op"] == "jit:train_step"
 
@@ -93,7 +86,7 @@ def test_pmap_fault_is_named_on_its_device(reports, runs):
     f = reports["pmap"]["first_beyond_tolerance"]
     a = f["a"]
     assert (a["op"], a["device"], a["kind"], a["origin"]) == ("mul", "cpu:5", "eqn", "replay")
-    assert a["source"] == _line("jax_pmap.py", 'lax.axis_index("dev") == 5')
+    assert a["source"] == fixture_line("jax_pmap.py", 'lax.axis_index("dev") == 5')
     assert a["step"] == 0   # no optimizer: every event is step 0; the call tells the steps
     with tracediff.load(runs["pmap_a"]) as t:
         calls = [i for i in range(len(t)) if t.event(i)["kind"] == "call"]
@@ -108,7 +101,7 @@ def test_sharded_data_parallel_fault_in_one_devices_loader(reports, runs):
     a = f["a"]
     # the loader's wrong scale, a literal of the program, converted on device 3 only
     assert (a["op"], a["device"], a["step"]) == ("convert_element_type", "cpu:3", 1)
-    assert a["source"] == _line("jax_sharded_dp.py", "blocks.append((xb - 1.0) / scale)")
+    assert a["source"] == fixture_line("jax_sharded_dp.py", "blocks.append((xb - 1.0) / scale)")
     assert f["call"]["op"] == "jit:true_divide"
     # the sharded batch the jitted step got: only device 3's block differs
     with tracediff.load(runs["dp_a"]) as ta, tracediff.load(runs["dp_b"]) as tb:
@@ -156,7 +149,7 @@ def test_replicas_names_the_device_step_op_and_line_inside_the_body(runs):
     # the op inside the shard_map body that took device 3's copy away from the pmean's
     # result, not the shard_map call around it
     assert (first["device"], first["step"], first["op"]) == ("cpu:3", 1, "mul")
-    assert first["source"] == _line("jax_shard_map_pmean.py", AFTER_LINE)
+    assert first["source"] == fixture_line("jax_shard_map_pmean.py", AFTER_LINE)
     with tracediff.load(runs["sm_after"]) as t:
         ev = t.event(first["event"])
         assert ev["device"] == "cpu:3" and t.event(ev["parent"])["op"] == "shard_map"
@@ -166,7 +159,7 @@ def test_replicas_names_the_device_step_op_and_line_inside_the_body(runs):
     shown = run_cli("replicas", runs["sm_after"], env={"NO_COLOR": "1", "COLUMNS": "200"})
     assert shown.returncode == 1
     assert ("replicas part on device cpu:3 at mul (forward) step 1  "
-            + _line("jax_shard_map_pmean.py", AFTER_LINE)) in shown.stdout
+            + fixture_line("jax_shard_map_pmean.py", AFTER_LINE)) in shown.stdout
 
 
 def test_replicas_of_the_clean_run_and_of_a_fault_before_the_pmean_are_consistent(runs):
@@ -197,7 +190,7 @@ def test_locate_names_the_same_device_step_and_line_on_dask(runs, tmp_path):
     r = json.loads(proc.stdout)
     a = r["first_difference"]["a"]
     assert (a["device"], a["step"], a["op"]) == ("cpu:3", 1, "mul")
-    assert a["source"] == _line("jax_shard_map_pmean.py", AFTER_LINE)
+    assert a["source"] == fixture_line("jax_shard_map_pmean.py", AFTER_LINE)
     assert r["ranks"][0]["device"] == "cpu:3"
     # the global value of the call matches; its copy on device 3 does not: the script saw it
     assert "copy on cpu:3 differs" in r["first_beyond_tolerance"]["note"]
@@ -216,7 +209,7 @@ def test_spread_names_the_device_of_each_ranks_divergence(runs):
     assert rr.first_rank == 0 and [s.device for s in rr.ranks] == ["cpu:3", "cpu:3"]
     (sp,) = rr.spread
     assert (sp.rank, sp.device, sp.step, sp.via) == (1, "cpu:3", 1, None)
-    assert sp.source == _line("jax_shard_map_pmean.py", AFTER_LINE)
+    assert sp.source == fixture_line("jax_shard_map_pmean.py", AFTER_LINE)
     assert tracediff.to_json(rr)["spread"][0]["device"] == "cpu:3"
     console = Console(record=True, width=200, color_system=None)
     print_ranks(rr, console=console)

@@ -9,26 +9,19 @@ input and weights that the float32 run does not have); the extra multiply sits o
 fixture's `loss * opts.loss_scale` line and changes every gradient after it.
 """
 
-import os
 
 import pytest
 
-from .helpers import FIXTURES, locate_json, run_cli
+from .helpers import fixture_line, locate_json, run_cli
 
 SCRIPT = "torch_autocast.py"
 
 
-def _line(text):
-    with open(os.path.join(FIXTURES, SCRIPT)) as fh:
-        for n, line in enumerate(fh, 1):
-            if text in line:
-                return f"{SCRIPT}:{n}"
-    raise AssertionError(text)
 
 
-C_ATTN_LINE = _line("self.c_attn(self.ln_1(x))")
-SCALE_LINE = _line("loss = loss * opts.loss_scale")
-LOSS_LINE = _line("loss = F.cross_entropy")
+C_ATTN_LINE = fixture_line(SCRIPT, "self.c_attn(self.ln_1(x))")
+SCALE_LINE = fixture_line(SCRIPT, "loss = loss * opts.loss_scale")
+LOSS_LINE = fixture_line(SCRIPT, "loss = F.cross_entropy")
 
 
 @pytest.fixture(scope="module")

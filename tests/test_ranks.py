@@ -21,24 +21,17 @@ import tracediff
 from tracediff.runner import output_path_for
 from tracediff.trace import schema
 
-from .helpers import FIXTURES, ROOT, run_cli, script_env, shared_folder
+from .helpers import FIXTURES, ROOT, fixture_line, run_cli, script_env, shared_folder
 
 SCRIPT = os.path.join(FIXTURES, "torch_ddp.py")
 NPROC = 3   # a majority of two against the fault rank (tests/test_replicas.py)
 FAULT_RANK, FAULT_STEP = 2, 0
 
 
-def _line(text):
-    """The fixture's line holding `text`, as a recorded source (`torch_ddp.py:N`)."""
-    with open(SCRIPT) as fh:
-        for n, line in enumerate(fh, 1):
-            if text in line:
-                return f"torch_ddp.py:{n}"
-    raise AssertionError(text)
 
 
-FAULT_LINE = _line("grad.mul_(grad_scale)")
-BACKWARD_LINE = _line("loss.backward()")
+FAULT_LINE = fixture_line("torch_ddp.py", "grad.mul_(grad_scale)")
+BACKWARD_LINE = fixture_line("torch_ddp.py", "loss.backward()")
 
 _RUNS = {}
 _LOCK = threading.Lock()

@@ -29,7 +29,7 @@ from tracediff.report.json_report import analysis_json, build
 from tracediff.report.terminal import print_locate
 from tracediff.trace.reader import Trace
 
-from .helpers import render_terminal
+from .helpers import line_in, render_terminal
 
 torch = pytest.importorskip("torch")
 
@@ -58,8 +58,7 @@ class Net(torch.nn.Module):
 
 
 def _line(marker):
-    with open(__file__) as fh:
-        return next(i for i, text in enumerate(fh, 1) if marker in text and "def " not in text)
+    return line_in(__file__, marker)
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from tracediff.report.common import report_context
 from tracediff.report.json_report import build
 from tracediff.report.terminal import print_locate
 
-from .helpers import render_terminal
+from .helpers import line_in, render_terminal
 
 torch = pytest.importorskip("torch")
 
@@ -76,8 +76,7 @@ def _adamw_step(scale):
 
 
 def _line(marker):
-    with open(__file__) as fh:
-        return next(i for i, text in enumerate(fh, 1) if marker in text and "def " not in text)
+    return line_in(__file__, marker)
 
 
 @pytest.fixture(scope="module")

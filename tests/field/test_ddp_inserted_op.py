@@ -12,18 +12,12 @@ import os
 
 import pytest
 
-from ..helpers import FIXTURES, run_cli
+from ..helpers import fixture_line, run_cli
 from ..test_ranks import _torchrun
 
 NPROC, FAULT_RANK = 4, 2
 
 
-def _line(text):
-    with open(os.path.join(FIXTURES, "torch_ddp.py")) as fh:
-        for n, line in enumerate(fh, 1):
-            if text in line:
-                return f"torch_ddp.py:{n}"
-    raise AssertionError(text)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +37,7 @@ def test_the_rank_with_the_extra_op_is_named_first(runs):
     proc = run_cli("locate", *runs, "--json", "--workers", "1", "--no-explain")
     assert proc.returncode == 1, proc.stderr
     r = json.loads(proc.stdout)
-    line = _line("loss = loss * (1 + 1e-6)")
+    line = fixture_line("torch_ddp.py", "loss = loss * (1 + 1e-6)")
     assert r["first_rank"] == FAULT_RANK
     st = r["structural"]
     assert st["first"] and st["side"] == "b"
