@@ -5,10 +5,22 @@ import os
 import shutil
 import subprocess
 import tempfile
+from pathlib import Path
 
 import pytest
 
 from .helpers import FIXTURES, ROOT, Recordings, shared_folder, stop_zygotes
+
+def pytest_ignore_collect(collection_path, config):
+    """The field suite (tests/field: third-party programs, their own CI stage) is not even
+    collected unless the run selects it (`-m field`): README's test command (`-m "not field"`
+    from pyproject's addopts) neither imports transformers nor counts its modules."""
+    if collection_path.name == "field" and collection_path.parent == Path(__file__).parent:
+        expr = config.getoption("markexpr") or ""
+        if "field" not in expr or "not field" in expr:
+            return True
+    return None
+
 
 def pytest_configure(config):
     """In the run's first pytest process (not an xdist worker), before the workers start

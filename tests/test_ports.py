@@ -22,7 +22,7 @@ from tracediff.cli import main as cli
 from tracediff.diff.locate import open_differ
 from tracediff.trace import schema
 
-from .helpers import FIXTURES, ROOT
+from .helpers import FIXTURES, ROOT, fixture_line
 
 TF32 = os.path.join(ROOT, "tests", "perturb", "tf32_addmm")
 
@@ -99,15 +99,6 @@ def _locate(a, b=None, **kw):
     return _RESULTS[key]
 
 
-def _line(script, text):
-    """'script.py:N' of the first line of a fixture holding `text`."""
-    with open(os.path.join(FIXTURES, script), encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if text in line:
-                return f"{script}:{n}"
-    raise AssertionError(f"{text!r} not in {script}")
-
-
 def _units(result):
     return [m for m in result.mapping if m["by"] not in ("value", "role")]
 
@@ -159,8 +150,8 @@ def test_reporter_one_process_names_the_apply_time_matmul(traces):
     assert (f.a["index"], f.b["index"]) == (add, addmm)
     assert f.layer["text"] == "Dense dense (dot_general + add) <-> Linear (top level) (addmm)"
     assert f.layer["a_module"] == "dense" and f.layer["b_module"] == ""
-    assert f.a["source"] == f.layer["a_source"] == _line("port_dense_linear.py", "dense.apply(params, x)")
-    assert f.b["source"] == _line("port_dense_linear.py", "torch_dense(torch_x)")
+    assert f.a["source"] == f.layer["a_source"] == fixture_line("port_dense_linear.py", "dense.apply(params, x)")
+    assert f.b["source"] == fixture_line("port_dense_linear.py", "torch_dense(torch_x)")
     assert f.inputs_match is True and f.inputs_reason.startswith("all 3 inputs and parameters match")
     assert f.metrics["max_abs"] == pytest.approx(float(np.abs(jax_out - torch_out).max()))
     assert 0 < f.metrics["max_abs"] < 1e-4           # ULPs, not the 4.18 of a wrong pairing
@@ -233,8 +224,8 @@ def test_mlp_adam_first_difference_is_the_first_layer(traces):
         assert (f.a["index"], f.b["index"]) == (fc1["a"], fc1["b"])
         assert f.layer["text"] == "Dense MLP/fc1 (dot_general + add) <-> Linear fc1 (addmm)"
         assert f.a["step"] == 0 and f.inputs_match is True and f.metrics["max_abs"] > 0
-        assert f.a["source"] == _line("port_mlp_adam.py", 'nn.Dense(args.hidden, name="fc1")')
-        assert f.b["source"] == _line("port_mlp_adam.py", "return self.fc2(torch.relu(self.fc1(x)))")
+        assert f.a["source"] == fixture_line("port_mlp_adam.py", 'nn.Dense(args.hidden, name="fc1")')
+        assert f.b["source"] == fixture_line("port_mlp_adam.py", "return self.fc2(torch.relu(self.fc1(x)))")
         assert r.explain["verdict"].split(": ", 1)[1].startswith(("a is closer", "b is closer"))
     else:
         assert f is None or f.a["index"] > fc1["a"]
@@ -434,7 +425,7 @@ def test_transformer_every_layer_paired_tf32_names_the_query_projection(traces):
     assert f.layer["text"] == ("Dense Model/block/attn/query (dot_general + add) <-> "
                                "Linear block/attn/query (addmm)")
     assert f.inputs_match is True and 1e-4 < f.metrics["max_rel"]
-    assert f.b["source"] == _line("port_transformer.py", "q, k, v = split(self.query(x))")
+    assert f.b["source"] == fixture_line("port_transformer.py", "q, k, v = split(self.query(x))")
     # exact comparison: the first bitwise difference comes earlier, introduced there
     r0 = _locate(traces["tr32"], rtol=0, atol=0)
     f0 = r0.first_difference

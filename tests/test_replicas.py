@@ -12,8 +12,8 @@ import pytest
 
 import tracediff
 
-from .helpers import run_cli, shared_folder
-from .test_ranks import (FAULT_LINE, FAULT_RANK, FAULT_STEP, NPROC, _line, _torchrun,
+from .helpers import fixture_line, run_cli, shared_folder
+from .test_ranks import (FAULT_LINE, FAULT_RANK, FAULT_STEP, NPROC, _torchrun,
                          record_ddp_runs)
 
 
@@ -62,7 +62,7 @@ def test_torchrun_with_a_file_name_writes_one_trace_per_rank_beside_it(rank0_dep
         assert result.alignment["matched"] == len(t)
     first = result.first_difference
     assert first.a.op == first.b.op == "aten::randn.generator" and first.inputs_match
-    assert first.a.source == _line("x = torch.randn(4, 8, generator=gen)")
+    assert first.a.source == fixture_line("torch_ddp.py", "x = torch.randn(4, 8, generator=gen)")
 
 
 def test_rank_0_departing_is_named_by_the_majority(rank0_departs):
