@@ -12,7 +12,6 @@ instead of BERT's 1e-12), `gelu` (Flax `gelu_new`, the tanh approximation, inste
 """
 import argparse
 import copy
-import math
 
 import torch
 
