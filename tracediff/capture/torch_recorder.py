@@ -232,10 +232,10 @@ class TorchCapture(Capture):
         self.producer = {}       # id(tensor) -> (weakref, event, slot, version or None/-1)
         self.pending = []        # (id, weakref) of the last op's outputs, version read lazily
         self.last_writer = {}    # storage data_ptr -> (event, slot, weakref, uninit)
-        # storage data_ptr -> the last event that wrote it in place (an op with an is_write
-        # argument): catches a write through another tensor object that shares the
-        # storage but not the version counter (`p.data.normal_()`, as HF's _init_weights
-        # does), which leaves p's own version and producer entry unchanged
+        # storage data_ptr -> (event, slot, shape, stride, offset, dtype) of the last op that
+        # wrote it in place (an is_write argument): catches a write through another tensor
+        # object that shares the storage but not the version counter (`p.data.normal_()`,
+        # as HF's _init_weights does), which leaves p's own version and producer unchanged
         self.storage_writes = {}
         # autograd
         self.seq2fwd = {}        # (thread id, seq nr) -> (event, module path, source)
@@ -586,9 +586,16 @@ class TorchCapture(Capture):
         known = e is not None and e[0]() is t
         if known:
             v = e[3]
-            if (v is None or v == -1 or t.is_inference() or v == t._version) and \
-                    not self._written_since(t, e[1]):
-                return e[1], e[2]
+            if v is None or v == -1 or t.is_inference() or v == t._version:
+                w = self._written_since(t, e[1])
+                if w is None:
+                    return e[1], e[2]
+                if w[2] == tuple(t.shape) and w[3] == t.stride() and w[4] == \
+                        t.storage_offset() and w[5] == t.dtype:
+                    # the write covered exactly t: its recorded output is t's value now
+                    self.producer[id(t)] = (e[0], w[0], w[1], v)
+                    return w[0], w[1]
+                # else: written through another geometry; snapshot it below
         self.n_fallback += 1
         try:
             ptr = t.untyped_storage().data_ptr()
@@ -620,17 +627,18 @@ class TorchCapture(Capture):
         return eid, 0
 
     def _written_since(self, t, eid):
-        """Did an in-place op write t's storage after event eid through another tensor
-        object (`.data`, a detached alias)? Only leaves are checked (parameters and
-        buffers are what such writes touch), and only once any in-place write happened."""
+        """The in-place write of t's storage after event eid through another tensor object
+        (`.data`, a detached alias), as storage_writes holds it, or None. Only leaves are
+        checked (parameters and buffers are what such writes touch), and only once any
+        in-place write happened."""
         if not self.storage_writes or not t.is_leaf:
-            return False
+            return None
         try:
             ptr = t.untyped_storage().data_ptr()
         except Exception:
-            return False
+            return None
         w = self.storage_writes.get(ptr)
-        return w is not None and w > eid
+        return w if w is not None and w[0] > eid else None
 
     # -- the op hook ----------------------------------------------------------------------
     def on_op(self, func, args, kwargs):
@@ -778,7 +786,8 @@ class TorchCapture(Capture):
                                 o.untyped_storage().nbytes()
                     last_writer[ptr] = (eid, slot, wr, st_uninit)
                     if writes is not None:
-                        writes[ptr] = eid
+                        writes[ptr] = (eid, slot, tuple(o.shape), o.stride(),
+                                       o.storage_offset(), o.dtype)
                 if not keep:  # outside the --ops/--modules window: metadata only
                     w.add_meta_value(eid, slot, self._dtype_info(o.dtype)[0], tuple(o.shape))
                     continue
