@@ -354,7 +354,8 @@ class EagerCompiledDiffer(Differ):
                         b0, b1, kb = rb[x]
                         rep_a = any(ua.replay[ua.reps[k]] for k in range(a0, a1 + 1))
                         rep_b = any(ub.replay[ub.reps[k]] for k in range(b0, b1 + 1))
-                        if kb == key and rep_a != rep_b:
+                        if kb == key and rep_a != rep_b and \
+                                self._run_shape(ua, a1) == self._run_shape(ub, b1):
                             runs_a.append((a0, a1))
                             runs_b.append((b0, b1))
                             pairs.append((a0, b0))
@@ -372,6 +373,15 @@ class EagerCompiledDiffer(Differ):
         for i, j in pairs:
             a2b[ma[i]], b2a[mb[j]] = mb[j], ma[i]
         return _align.Alignment(a2b, b2a, ual.fallback_regions, ual.anchors_matched)
+
+    @staticmethod
+    def _run_shape(u, k):
+        """The first output's shape of unit k's last event: two runs stand for one op
+        written two ways only when what they end in has one shape (an eager
+        `native_layer_norm_backward` + the residual's `add` at one line ends in the
+        activation's gradient, a decomposition of the backward alone in a bias's)."""
+        row = u.side.value_row(int(u.reps[k]), 0)
+        return None if row is None else u.side.trace.string(row["shape"])
 
     # -- which value stands for an event -------------------------------------------------------
     def _units(self, which):
