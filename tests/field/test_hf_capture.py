@@ -1,4 +1,4 @@
-"""HF transformers 4.57.6 BERT, torch and Flax (tests/field/hf_capture_bert.py): what the
+"""HF transformers 4.57.6 BERT, torch and Flax (tests/field/programs/hf_capture_bert.py): what the
 recording captures and how the two sides' names are shown (issue #26, items 1 and 3, and
 the source-line and environment bullets).
 
@@ -23,7 +23,8 @@ from tracediff.trace.reader import Trace
 
 from ..helpers import ROOT, run_cli, script_env
 
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_capture_bert.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs",
+                      "hf_capture_bert.py")
 LAYERS = 2
 DENSE = LAYERS * 6 + 1        # query, key, value, attention output, intermediate, output; pooler
 
