@@ -128,6 +128,7 @@ class Differ:
         by_key = {(v.device, v.shard, v.replica): v for v in db}
         dtype = self.ta.string(row_a["dtype"])
         ms, m = [], None
+        r, t = compare.tolerance(tol_dtype or dtype, self.rtol, self.atol)
         # shards rows only (each has a digest): a device-tied event's own unstored value
         # reads as one copy without a digest, and is not compared
         if da and len(da) == len(db) and all(v.digest for v in da + db) and \
@@ -135,14 +136,12 @@ class Differ:
             for v in da:
                 w = by_key[(v.device, v.shard, v.replica)]
                 if v.digest and v.digest == w.digest:
-                    r, t = compare.tolerance(tol_dtype or dtype, self.rtol, self.atol)
                     ms.append({"bitwise_equal": True, "within_tolerance": True, "max_abs": 0.0,
                                "max_rel": 0.0, "max_ulp": 0.0, "mismatch_fraction": 0.0,
                                "beyond_tolerance_fraction": 0.0, "rtol": r, "atol": t})
                     continue
                 xa, xb = v.value(), w.value()
                 if xa is None or xb is None:   # digests only (--level stats): undecided
-                    r, t = compare.tolerance(tol_dtype or dtype, self.rtol, self.atol)
                     shape = self.ta.string(row_a["shape"])
                     one = _levels.stats_metrics(None, None, dtype, dtype, shape, shape, r, t)
                     one["note"] = ("this process's shards differ (digests; their bytes were "
