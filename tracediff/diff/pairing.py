@@ -305,7 +305,7 @@ class SideGraph:
         or a LayerNorm's `rsqrt` derivative, read by `transpose(...)` equations alone (through
         byte-moving ops). Torch computes them in its backward ops; left in the forward they
         join a forward class and end a composite (a LayerNorm paired at `2 * h`)."""
-        t, n = self.t, self.n
+        t = self.t
         ns = t.events["name_stack"]
         stacks = {int(x): t.string(x) for x in np.unique(ns[self.mask]).tolist()}
         jvp = {k for k, v in stacks.items() if "jvp(" in v and "transpose(" not in v}

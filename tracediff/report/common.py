@@ -434,9 +434,9 @@ def _process_commands(processes, name, env):
     from .. import shell
 
     n, processes = processes
-    lines = [shell.comment(f"a jax.distributed run: start every process together, each with "
-                           f"its own process id and command line (one alone blocks at "
-                           f"initialize)")]
+    lines = [shell.comment("a jax.distributed run: start every process together, each with "
+                           "its own process id and command line (one alone blocks at "
+                           "initialize)")]
     if len(processes) < n or any(argv is None for _, argv in processes):
         lines.append(shell.comment("the command line of some process is not known here: run "
                                    "the matching command of every process (its trace's "
