@@ -520,7 +520,7 @@ class CrossDiffer(Differ):
         text = f"{t.string(t.events[src]['op'])} [{shape}] (event {src}"
         return text + (f" via {t.string(t.events[e]['op'])} {e})" if src != e else ")")
 
-    def _input_pairs(self, ka, kb, region=False):
+    def _unit_input_pairs(self, ka, kb, region=False):
         """[(row a, row b or None, key, own)]: what units ka and kb (and their composites)
         read from outside, matched: the same atom or made by paired units, else the same
         bytes, else the same size. In a `region` pair (two different op sequences compared
@@ -556,7 +556,7 @@ class CrossDiffer(Differ):
         region = self.p.pairs[self.p.pair_of[0][ka]].by in REGION_PAIRS \
             if ka in self.p.pair_of[0] else False
         bad, unknown, matched, own = [], [], [], []
-        for row, rb, key, is_own in self._input_pairs(ka, kb, region):
+        for row, rb, key, is_own in self._unit_input_pairs(ka, kb, region):
             label = self._label(self.ta, self.sa, row)
             if is_own:
                 own.append(label)
@@ -644,7 +644,7 @@ class CrossDiffer(Differ):
         frameworks after an optimizer step every parameter differs by rounding, and such
         an element is not where anything diverged (a port bug adds more than it reads)."""
         ua, ub = self.ga.units[pr.a], self.gb.units[pr.b]
-        ins = self._input_pairs(pr.a, pr.b)
+        ins = self._unit_input_pairs(pr.a, pr.b)
         rel_in, bitwise = 0.0, True
         for row, rb, _, _ in ins:
             if row is None or rb is None:
