@@ -407,3 +407,59 @@ def test_a_string_index_one_past_the_strings_table_is_refused(seeds, tmp_path, t
     with pytest.raises(TraceError, match=rf"damaged trace \({table}\.{col} refers to a string "
                                          r"that does not exist\)"):
         tracediff.load(str(path))
+
+
+def _manifest_edits(manifest, depth=3):
+    """Every field of the manifest down to `depth`, renamed (a flipped bit in its key) and,
+    for sections and lists, replaced by the other kind of container ({} <-> [], also one
+    bit each way): (what, edited manifest)."""
+    def walk(obj, path):
+        if len(path) >= depth or not isinstance(obj, dict):
+            return
+        for key, value in obj.items():
+            yield path + (key,), value
+            yield from walk(value, path + (key,))
+
+    for path, value in walk(manifest, ()):
+        edits = [("renamed", lambda parent, k: parent.__setitem__(k + "x", parent.pop(k)))]
+        if isinstance(value, dict):
+            edits.append(("a list", lambda parent, k: parent.__setitem__(k, list(parent[k].values()))))
+        elif isinstance(value, list):
+            edits.append(("an object", lambda parent, k: parent.__setitem__(
+                k, {str(i): v for i, v in enumerate(parent[k])})))
+        for what, edit in edits:
+            m = json.loads(json.dumps(manifest))
+            parent = m
+            for k in path[:-1]:
+                parent = parent[k]
+            edit(parent, path[-1])
+            yield f"{'.'.join(path)} {what}", m
+
+
+def test_every_manifest_field_renamed_or_of_the_other_kind_ends_in_trace_error_or_a_result(
+        seeds, tmp_path):
+    """What a flipped bit does to the manifest's JSON and stays valid JSON: a key's name
+    changes ("captured" -> "capturad" made it look like a framework's section, and the
+    environment comparison called .get on a list), or "{}" becomes "[]"."""
+    failures, cases = [], 0
+    for key, (src, _) in seeds.items():
+        with h5py.File(src, "r") as f:
+            manifest = json.loads(f["manifest"][()])
+        for what, edited in _manifest_edits(manifest):
+            if what.startswith(("libraries.", "packages.", "env.")):
+                continue   # free-form maps of names: a renamed entry is just another name
+            cases += 1
+            work = tmp_path / "case.h5"
+            shutil.copyfile(src, work)
+            with h5py.File(work, "r+") as f:
+                del f["manifest"]
+                f.create_dataset("manifest", data=json.dumps(edited), dtype=h5py.string_dtype())
+            try:
+                with contextlib.redirect_stderr(io.StringIO()):
+                    _exercise(str(work), src)
+            except TraceError:
+                pass
+            except Exception as exc:  # noqa: BLE001 - this is what the test is looking for
+                failures.append(f"{key} trace, manifest field {what}: {type(exc).__name__}: {exc}")
+    assert cases > 100
+    assert not failures, "\n".join(failures)

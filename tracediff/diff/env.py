@@ -110,7 +110,8 @@ def env_diff(ma, mb):
     fwa, fwb = dict(ma.get("frameworks") or {}), dict(mb.get("frameworks") or {})
     for fw in sorted((set(fwa) | set(fwb)) - {"captured", "missed", "captured_late"}):
         if (fw in fwa) != (fw in fwb):
-            ver = (fwa.get(fw) or fwb.get(fw) or {}).get("version", "")
+            section = fwa.get(fw) if fw in fwa else fwb.get(fw)
+            ver = section.get("version", "") if isinstance(section, dict) else ""
             out.append({"key": f"frameworks.{fw}", "category": f"{fw}-config",
                         "a": f"{fw} {ver}".strip() if fw in fwa else None,
                         "b": f"{fw} {ver}".strip() if fw in fwb else None})
