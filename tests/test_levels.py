@@ -247,3 +247,21 @@ def test_jax_locate_across_levels(jax_runs):
     assert first is not None and first["a"]["op"].startswith("jit:") and first["a"]["step"] == 0
     assert rep["levels"]["zoom"] and rep["levels"]["zoom"][0]["step"] == 0
     assert any("calls level" in n for n in rep["levels"]["not_decided"])
+
+
+def test_torch_optimizer_steps_at_stats_level_never_read_as_zero(torch_runs):
+    """Two stats traces whose parameters differ bitwise: the step's size is known only by
+    what the statistics prove (max abs a lower bound), never "relative L2 0, max abs 0"."""
+    runs, _, _ = torch_runs
+    rep = locate_json(runs["stats"][0], runs["sse_stats"][0])
+    steps = [s for s in rep["optimizer_steps"] if not s["bitwise_equal"]]
+    assert steps, "the SSE run's parameters differ bitwise from step 0 on"
+    for s in steps:
+        assert s["max_abs_is_lower_bound"] is True
+        assert s["rel_l2"] is None and s["max_rel"] is None
+    full = locate_json(runs["full"][0], runs["sse_full"][0])
+    s0 = next(s for s in full["optimizer_steps"] if not s["bitwise_equal"])
+    assert s0["max_abs_is_lower_bound"] is None and s0["rel_l2"] > 0 and s0["max_abs"] > 0
+    out = run_cli("locate", runs["stats"][0], runs["sse_stats"][0]).stdout
+    line = next(ln for ln in out.splitlines() if ln.startswith("optimizer steps:"))
+    assert "relative L2 0," not in line and "hashes differ, recorded without bytes" in line, line

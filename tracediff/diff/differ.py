@@ -789,6 +789,7 @@ class Differ:
             max_rel, max_abs, bit = 0.0, 0.0, True
             worst = (-1.0, None, None, None)   # (own rel L2, name, max abs, max rel)
             l2, read, same, by_rel = compare.RelL2(), False, [], None
+            unmeasured = False   # a differing tensor known only by hash and statistics
             for k, row_a, row_b in names:
                 if row_a is None or row_b is None:
                     continue
@@ -802,6 +803,7 @@ class Differ:
                     by_rel = str(k)   # named when no differing tensor has bytes to compare
                 max_rel, max_abs = max(max_rel, rel), max(max_abs, dabs)
                 if not (comparable(row_a) and comparable(row_b)):
+                    unmeasured |= not m["bitwise_equal"]
                     continue
                 if m["bitwise_equal"]:   # only its ||a|| counts in the step's figure
                     same.append(row_a)
@@ -820,11 +822,12 @@ class Differ:
                     xa = self.ra.read(row_a)
                     l2.add(xa, xa)
             rows.append(OptimizerStep(step=int(self.ta.events[ea]["step"]), a=ea, b=eb,
-                                      bitwise_equal=bool(bit), max_rel=max_rel,
+                                      bitwise_equal=bool(bit), max_rel=None if unmeasured else max_rel,
                                       max_abs=max_abs, worst=worst[1] or by_rel,
-                                      rel_l2=l2.value() if read else None,
+                                      rel_l2=l2.value() if read and not unmeasured else None,
                                       worst_rel_l2=worst[0] if worst[1] is not None else None,
-                                      worst_max_abs=worst[2]))
+                                      worst_max_abs=worst[2],
+                                      max_abs_is_lower_bound=True if unmeasured else None))
         return rows
 
 

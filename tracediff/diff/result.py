@@ -465,6 +465,9 @@ class OptimizerStep(_ByKey):
     worst_max_abs: Optional[float] = None  # max |a - b| of the `worst` tensor
     beyond: Optional[int] = None      # two frameworks: values beyond tolerance (by role)
     first_beyond: Optional["ParamDivergence"] = None   # the first of them (optroles.ROLE_ORDER)
+    # --level stats/calls: a differing parameter known only by hash and statistics; max_abs
+    # is then what the statistics prove (a lower bound), rel_l2 and max_rel are unknown (None)
+    max_abs_is_lower_bound: Optional[bool] = None
 
 
 @dataclass(repr=False)

@@ -421,7 +421,7 @@ def render(result: LocateResult, ctx: Optional[ReportContext] = None, profile=No
             body.append('<p class="muted">Every aligned event is bitwise equal.</p>')
     if steps:
         rows = [(str(s.step), "yes" if s.bitwise_equal else "no", e(fmt(s.rel_l2)),
-                 e(fmt(s.max_abs)), e(fmt(s.max_rel)),
+                 e(("≥ " if s.max_abs_is_lower_bound else "") + fmt(s.max_abs)), e(fmt(s.max_rel)),
                  f"<code>{e(s.worst or '-')}</code>{e(worst_detail(s))}")
                 for s in steps]
         body.append("<h2>Optimizer steps</h2>")

@@ -7,7 +7,8 @@ replay_only, near_zero (only when the tolerance search passed over rounding nois
 zero: the first such finding, its note saying why) with near_zero_total, alignment {events_a, events_b, matched, only_in_a, only_in_b,
 anchors_matched, fallback_regions, gaps}, optimizer_steps (per compared step: step, a, b,
 bitwise_equal, max_rel, max_abs, rel_l2, worst (the parameter with the largest relative L2 of
-its own), worst_rel_l2, worst_max_abs; long runs keep the first 20, each new worst, the
+its own), worst_rel_l2, worst_max_abs, max_abs_is_lower_bound (no bytes: max_abs a lower
+bound, max_rel and rel_l2 null); long runs keep the first 20, each new worst, the
 last; across frameworks also beyond and first_beyond), optimizer_steps_total, first_parameter
 (across frameworks: the first parameter beyond tolerance by role, `ParamDivergence`), env_diff,
 mapping, next_steps, levels; when computed:

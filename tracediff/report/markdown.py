@@ -203,7 +203,7 @@ def render(result: LocateResult, ctx: Optional[ReportContext] = None) -> str:
         total = result.optimizer_steps_total or len(steps)
         lines += [f"## Optimizer steps ({total} compared)", ""]
         rows = [(str(s.step), "yes" if s.bitwise_equal else "no", fmt(s.rel_l2),
-                 fmt(s.max_abs), fmt(s.max_rel), _code(s.worst or "-") + worst_detail(s))
+                 ("≥ " if s.max_abs_is_lower_bound else "") + fmt(s.max_abs), fmt(s.max_rel), _code(s.worst or "-") + worst_detail(s))
                 for s in steps]
         table = _table(["step", "bitwise equal", "relative L2", "max abs", "max rel",
                         "worst parameter (relative L2)"],
