@@ -1,6 +1,6 @@
 """The comparison engine: two aligned traces, their values compared event by event.
 
-`Differ` holds both traces, their alignment (`align.py`) and cached comparisons; it
+`Differ` holds both traces, their alignment (`align/sequence.py`) and cached comparisons; it
 answers "are these outputs equal (bitwise / within tolerance)?", "do this event's
 inputs match?" and searches the first divergence in the order of trace a (the rules are
 in `locate.py`'s docstring). `cross.CrossDiffer` is the same engine for traces of two
@@ -16,18 +16,18 @@ import numpy as np
 from ..trace import schema
 from ..trace.blob import ValueReader
 from ..trace.values import has_bytes, parse_shape
-from . import align as _align
-from . import args as _args
-from . import compare
-from . import devices as _devices
-from . import nearzero as _nearzero
-from . import dtypes as _dtypes
-from . import optroles
-from . import levels as _levels
+from .align import sequence as _align
+from .compare import args as _args
+from .compare import values as compare
+from .compare import devices as _devices
+from .compare import nearzero as _nearzero
+from .compare import dtypes as _dtypes
+from .align import optroles
+from .compare import levels as _levels
 from .result import (CallRef, EventRef, Finding, Metrics, OptimizerStep, ValueComparison,
                      ValueDesc)
 
-BITWISE, TOLERANCE = "bitwise", "tolerance"
+BITWISE, TOLERANCE = compare.BITWISE, compare.TOLERANCE   # re-exported: callers take them from here
 
 
 comparable = has_bytes   # a value whose numbers can be compared
@@ -76,7 +76,7 @@ class Differ:
         """Metrics of two value rows; None when either cannot be compared. `tol_dtype`:
         judge by the tolerance of this (less precise) dtype instead of the value's own."""
         if not comparable(row_a) or not comparable(row_b):
-            # --level stats/calls: hash first, then statistics (levels.py)
+            # --level stats/calls: hash first, then statistics (compare/levels.py)
             if _levels.hashed(row_a) and _levels.hashed(row_b):
                 return _levels.compare_hashed(self, row_a, row_b, tol_dtype)
             return self._compare_shards(row_a, row_b, tol_dtype)
@@ -422,7 +422,7 @@ class Differ:
     def scan_single_outputs(self, ia, ib, max_bytes, chunk_bytes, progress=False):
         """(done, max_rel, beyond) per pair of (ia, ib), vectorised in chunks: for pairs with
         one float/complex output on each side (same dtype and shape, bytes stored, at most
-        `max_bytes`) the max relative difference (`compare.py`'s, inf for NaN against a
+        `max_bytes`) the max relative difference (`compare/values.py`'s, inf for NaN against a
         number) and whether an element is beyond rtol/atol (not --ulp); `done` False for
         every other pair (the caller's exact per-event path). The one implementation of the
         scan (locate's tolerance pre-check and the HTML profile both use it); only the

@@ -19,8 +19,8 @@ import re
 
 import numpy as np
 
-from ..trace import schema
-from .result import LocateResult, Loss, StepRow
+from ...trace import schema
+from ..result import LocateResult, Loss, StepRow
 
 _SEED = re.compile(r"^(aten::)?ones_like")
 _JVP = re.compile(r"(^|/)jvp\(")

@@ -36,6 +36,9 @@ import math
 
 import numpy as np
 
+# the two levels of difference every finding is judged at
+BITWISE, TOLERANCE = "bitwise", "tolerance"
+
 DEFAULT_TOLERANCES = {
     "float64": (1e-12, 1e-14), "complex128": (1e-12, 1e-14),
     "float32": (1e-5, 1e-6), "complex64": (1e-5, 1e-6),

@@ -3,13 +3,13 @@ rank went first.
 
 The traces of each run (a directory, a glob, or one file) are paired by the rank in their
 manifests (`distributed.rank`), each pair is located by the one engine (`locate.locate`,
-on the pool of `pool.py`: in this process, a local process pool, or a Dask cluster), and
+on the pool of `distributed/pool.py`: in this process, a local process pool, or a Dask cluster), and
 the per-rank first divergences are ordered: by optimizer step, then by position along the
 collectives (every rank runs the same sequence of collectives, so "the k-th collective"
 means the same exchange on each rank), and at the same position a divergence before a
 collective comes before one that the collective itself delivers. Each rank's first
 difference is the earliest of its structural difference (an op only one run has,
-`structure.py`) and its first value difference of any size: a rank whose loss is off by a
+`align/structure.py`) and its first value difference of any size: a rank whose loss is off by a
 few ULP went first even when only what the all-reduce delivers to the others is beyond
 tolerance. The earliest is where it started; a rank whose first divergence is a
 collective whose inputs still match received it from another rank through that collective.
@@ -24,11 +24,11 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import TraceError
-from ..trace.reader import Trace
+from ...errors import TraceError
+from ...trace.reader import Trace
 from . import pool
-from .locate import locate
-from .result import RankSummary, RanksResult, Spread
+from ..locate import locate
+from ..result import RankSummary, RanksResult, Spread
 
 COLLECTIVE_PREFIX = "c10d::"
 # JAX collectives (a shard_map body replayed per device on each process, jax.distributed)
@@ -180,7 +180,7 @@ def locate_ranks(a, b, rtol: Optional[float] = None, atol: Optional[float] = Non
                  workers: Optional[int] = None, scheduler=None) -> RanksResult:
     """Python API: compare two multi-rank runs (directories, globs or files of per-rank
     traces) rank by rank; `workers` / `scheduler` say where the per-rank work runs
-    (`pool.py`)."""
+    (`distributed/pool.py`)."""
     pairs = pair_ranks(a, b)
     options = {"rtol": rtol, "atol": atol, "ulp": ulp, "explain": explain}
     jobs = [(r, os.path.abspath(pa), os.path.abspath(pb), options) for r, pa, pb in pairs]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from typing import Callable, Optional, Sequence
 
-from ..errors import TraceError
+from ...errors import TraceError
 
 
 def default_workers(n_jobs: int) -> int:

@@ -4,8 +4,8 @@
 
 import numpy as np
 
-from ..trace import schema
-from .result import DeviceDiff
+from ...trace import schema
+from ..result import DeviceDiff
 
 
 def spread(ta, tb, ea, eb, max_rows=64):

@@ -14,9 +14,9 @@ through their calls.
 
 import numpy as np
 
-from ..trace import schema
-from .differ import BITWISE
-from .result import EventRef, Structural
+from ...trace import schema
+from ..compare.values import BITWISE
+from ..result import EventRef, Structural
 
 KINDS = (schema.KIND_OP, schema.KIND_EAGER)
 MAX_CANDIDATES = 2000   # unpaired events examined per side (a trace is untrusted)

@@ -28,9 +28,9 @@ eager op's inputs (by dtype and shape when the counts differ).
 
 import numpy as np
 
-from ..trace import schema
-from . import align as _align
-from .differ import BITWISE, TOLERANCE, Differ, comparable
+from ...trace import schema
+from ..align import sequence as _align
+from ..differ import BITWISE, TOLERANCE, Differ, comparable
 
 CROSS = "decomposition"
 MAX_CLOSENESS_PAIRS = 64      # values of one dtype and shape paired by closeness, at most
@@ -719,7 +719,7 @@ class EagerCompiledDiffer(Differ):
             if self.equal_at(ea, eb, level) or self._is_noise(ea):
                 continue
             if level == TOLERANCE and self.near_zero(ea, eb):
-                continue   # rounding noise around zero (nearzero.py)
+                continue   # rounding noise around zero (compare/nearzero.py)
             return self.finding(ea, eb, level), None
         return None, None
 

@@ -25,12 +25,12 @@ import math
 import os
 import re
 
-from .. import shell
-from ..trace import schema
-from ..untrusted import printable
-from ..trace.values import STAT_FIELDS, has_bytes
-from . import compare
-from .result import Levels, LevelSide, Zoom, ZoomSide
+from ... import shell
+from ...trace import schema
+from ...untrusted import printable
+from ...trace.values import STAT_FIELDS, has_bytes
+from . import values as compare
+from ..result import Levels, LevelSide, Zoom, ZoomSide
 
 def hashed(row):
     """True when the row's hash describes its exact bytes (bytes or stats stored)."""
@@ -252,7 +252,7 @@ def jax_processes(manifest, path):
     command line (its process id, the coordinator). Only this trace's own entry when a
     sibling is missing or disagrees (more than MAX_PROCESS_COMMANDS processes: its alone);
     None when the trace is not one process of several."""
-    from ..trace.reader import Trace
+    from ...trace.reader import Trace
 
     rn = _process_count(manifest)
     if rn is None:

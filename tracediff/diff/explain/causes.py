@@ -5,7 +5,7 @@ The op is classed (`op_class`: matmul, transcendental, reduction, linear algebra
 elementwise); package versions of its framework and the settings known to change that
 class (a kernel replaced from Python, start-up code and native libraries, instruction
 set, TF32, BLAS, threads, fast math, x64) are picked from the manifest
-differences (`env.py`), each with the reason. Nothing is listed that is not in the
+differences (`explain/env.py`), each with the reason. Nothing is listed that is not in the
 manifests; with none, the answer says the cause is elsewhere (hardware, a library loaded
 at run time).
 """
@@ -16,7 +16,7 @@ import dataclasses
 import re
 from typing import Optional
 
-from .result import Cause, Causes, Inner, ReplayRun
+from ..result import Cause, Causes, Inner, ReplayRun
 
 MATMUL = re.compile(r"^(aten::)?(dot|vdot|mm|addmm|bmm|baddbmm|addbmm|matmul|mv|addmv|linear|"
                     r"einsum|tensordot|dot_general|conv\w*|_convolution\w*|addr|outer)(\.|$)")

@@ -10,7 +10,7 @@ about them (`judged_by_float64`).
 
 from __future__ import annotations
 
-from .result import ArgDiff
+from ..result import ArgDiff
 
 MAX_SHOWN = 6        # differing arguments kept on a finding
 MAX_VALUE_CHARS = 40

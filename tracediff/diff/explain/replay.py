@@ -44,8 +44,8 @@ import re
 
 import numpy as np
 
-from ..trace import schema
-from ..trace import values as _values
+from ...trace import schema
+from ...trace import values as _values
 
 MAX_OUTPUT_BYTES = 256 << 20   # what one replay run may produce, whatever was recorded
 

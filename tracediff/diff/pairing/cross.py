@@ -1,7 +1,7 @@
 """Compare a run of one framework with a run of another (a Flax model and its PyTorch
 port), in two traces or in one trace that recorded both.
 
-The pairs come from `pairing.py` (dataflow, dtype and role; see its docstring); this
+The pairs come from `pairing/dataflow.py` (dataflow, dtype and role; see its docstring); this
 module turns them into the `Differ` the rest of `diff/` uses:
 
 * values of two dtypes are compared by value: int32 tokens equal int64 tokens, optax's
@@ -11,7 +11,7 @@ module turns them into the `Differ` the rest of `diff/` uses:
   permutation such as NCHW -> NHWC), choosing the layout under which they agree best;
 * "introduced here" compares what the two units (or composites) read, input by input,
   matched through the pairing (same atom, or made by paired units);
-* optimizer snapshots are compared by role (optroles.py) in the per-step table;
+* optimizer snapshots are compared by role (align/optroles.py) in the per-step table;
 * a finding names the layer on both sides ("Dense MLP/fc1 (dot_general + add) <-> Linear
   fc1 (addmm)", `Finding.layer`).
 
@@ -24,18 +24,18 @@ import os
 
 import numpy as np
 
-from ..errors import TraceError
-from ..trace import schema
-from ..trace.sources import split_site
-from ..trace.values import parse_shape
-from . import align as _align
-from . import compare
-from . import modnames
-from . import optroles
-from . import pairing as _pairing
-from .differ import BITWISE, Differ, comparable
-from .result import OptimizerStep, ParamDivergence
-from .pairing import op_family  # noqa: F401  (the op families, for callers and tests)
+from ...errors import TraceError
+from ...trace import schema
+from ...trace.sources import split_site
+from ...trace.values import parse_shape
+from ..align import sequence as _align
+from ..compare import values as compare
+from ..align import modnames
+from ..align import optroles
+from . import dataflow as _pairing
+from ..differ import BITWISE, Differ, comparable
+from ..result import OptimizerStep, ParamDivergence
+from .dataflow import op_family  # noqa: F401  (the op families, for callers and tests)
 
 MAX_MAPPING = 200
 SAMPLE = 2048          # elements compared to choose a layout
@@ -166,7 +166,7 @@ class CrossAlignment(_align.Alignment):
 
 
 class CrossDiffer(Differ):
-    """A `Differ` whose pairs come from `pairing.py`, for two frameworks."""
+    """A `Differ` whose pairs come from `pairing/dataflow.py`, for two frameworks."""
 
     def __init__(self, ta, tb, rtol=None, atol=None, map_file=None, frameworks=None):
         fws = frameworks or sides(ta, tb)
@@ -202,7 +202,7 @@ class CrossDiffer(Differ):
 
     def _values_meet(self, row_a, row_b):
         """Two values the two sides reach by different ops agree within tolerance (where
-        pairing.py may pair them: the values meet)."""
+        pairing/dataflow.py may pair them: the values meet)."""
         m = self.compare_rows(row_a, row_b)
         return bool(m is not None and m.get("within_tolerance"))
 
@@ -407,7 +407,7 @@ class CrossDiffer(Differ):
     # -- comparison ------------------------------------------------------------------------
     def _sync_content(self):
         """Make the content hashes of paired events agree exactly when their values do
-        (chain.py and others use them as a fast "differs" test)."""
+        (explain/chain.py and others use them as a fast "differs" test)."""
         sa, sb = self.sa, self.sb
         sb.content = sb.content.copy()
         for ea, k in self.pairs_list:
@@ -779,7 +779,7 @@ class CrossDiffer(Differ):
         return out
 
     def names(self, pr):
-        """How the module paths of a pair correspond (modnames.py): `module_rule` (the
+        """How the module paths of a pair correspond (align/modnames.py): `module_rule` (the
         conventions that map one name to the other: 'same name', 'root FlaxBertModule
         dropped; layers_0 = layers.0'; None when they do not), `names_cross` ('values of
         query pair with key's' when the values pair across different names, else None)."""

@@ -1,10 +1,10 @@
 """The replay verdict: which machine computed the origin op right.
 
-The origin op is re-executed here from each side's recorded inputs (`replay.py`: an
+The origin op is re-executed here from each side's recorded inputs (`explain/replay.py`: an
 allow-list of ops, parameters parsed as literals), in its own dtype (does this machine
 reproduce a, b, neither?) and in higher precision (float64 for float32/16 ops; numpy long
 double for float64 ops), and each side's recorded output is measured in ULP from that
-oracle. Kept apart from the analysis that uses it because the reproducer (`repro.py`)
+oracle. Kept apart from the analysis that uses it because the reproducer (`explain/repro.py`)
 reads inputs the same way.
 """
 
@@ -14,13 +14,13 @@ import os
 
 import numpy as np
 
-from ..trace import schema
-from . import args as _args
-from . import compare
+from ...trace import schema
+from ..compare import args as _args
+from ..compare import values as compare
 from . import mechanisms as _mechanisms
 from . import replay as _replay
-from .differ import comparable, input_value_row
-from .result import FromOracle, Oracle, ReplayRun, SideReplay
+from ..differ import comparable, input_value_row
+from ..result import FromOracle, Oracle, ReplayRun, SideReplay
 
 MAX_REPLAY_BYTES = 64 << 20
 # the metric that decides which side is closer to the exact result (ReplayRun.closer_by):
@@ -141,7 +141,7 @@ def replay_verdict(d, ea: int, eb: int) -> ReplayRun:
         res.verdict = f"not replayed: {ev['a']['op']} is a compiled call"
         return res
     sides = {}
-    cross = getattr(d, "cross_outputs", None)   # eager vs torch.compile (compiled.py)
+    cross = getattr(d, "cross_outputs", None)   # eager vs torch.compile (pairing/compiled.py)
     for side, e, idx in (("a", ev["a"], ea), ("b", ev["b"], eb)):
         info = {"op": e["op"], "framework": e["framework"]}
         decomposed = cross(side, idx) if cross is not None else None
@@ -193,7 +193,7 @@ def replay_verdict(d, ea: int, eb: int) -> ReplayRun:
         return _not_judged(d, res, ea, eb, sides, dtypes)
     out_dtype = next((np.asarray(r).dtype.name for r in S["recorded"] if r is not None), "")
     oracle, how = None, None
-    # mechanisms (diff/mechanisms.py): candidate numerics re-run on each side's inputs; a
+    # mechanisms (diff/explain/mechanisms.py): candidate numerics re-run on each side's inputs; a
     # fused (compiled-probe) origin is judged against its whole expression, exactly
     cases = _mechanisms.cases(d, {"a": ea, "b": eb}, sides, event_inputs)
     expr = getattr(cases.get(src), "expr", None)

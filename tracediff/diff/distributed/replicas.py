@@ -12,7 +12,7 @@ each other rank is aligned with it by the one engine (`Differ`) and the replicat
 are compared bitwise (their content hashes). The earliest replicated event where a rank's
 copy differs names the rank, step, op and source line; when every other rank agrees
 against the reference, the reference is the one that departed (with two ranks it cannot
-be told: the other rank is named). Each rank's check runs where `pool.py` puts it,
+be told: the other rank is named). Each rank's check runs where `distributed/pool.py` puts it,
 opening its files there.
 
 Within one trace (JAX, `Trace.device_values`): the copies of one value that a sharding
@@ -36,12 +36,12 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import TraceError
-from ..trace import schema
-from ..trace.reader import Trace
+from ...errors import TraceError
+from ...trace import schema
+from ...trace.reader import Trace
 from . import pool
 from .ranks import check_rank_of, is_rank_set, rank_traces
-from .result import ReplicaDeparture, ReplicasResult
+from ..result import ReplicaDeparture, ReplicasResult
 
 # collectives whose result is the same on every rank of the group
 REPLICATED_COLLECTIVES = ("c10d::allreduce_", "c10d::broadcast_", "c10d::allgather_",
@@ -142,7 +142,7 @@ def check_rank(ref_path: str, path: str, rank: int) -> tuple:
     """(rank, [(reference event, this rank's event)] of the replicated events whose
     copies differ (the first MAX_DEPARTURES, in order), replicated events compared): one
     rank against the reference, run where `pool.run` puts it."""
-    from .differ import Differ
+    from ..differ import Differ
 
     with Trace(ref_path) as ref, Trace(path) as t:
         check_rank_of(t, rank)

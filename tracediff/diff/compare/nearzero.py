@@ -2,7 +2,7 @@
 
 A value that is mathematically zero comes out as rounding noise (a gradient of ~1e-11
 that cancels to nothing, both runs' digits random); it passes the tolerance only through
-atol (compare.py). An op that divides by something as small (AdamW's
+atol (compare/values.py). An op that divides by something as small (AdamW's
 `exp_avg / (sqrt(exp_avg_sq) + eps)`) turns that noise into an output beyond tolerance,
 and everything that reads it (the parameter, the next step's forward) carries it on.
 None of it is a difference between the programs.
@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..trace import schema
-from ..trace.values import has_bytes as comparable, parse_shape
+from ...trace import schema
+from ...trace.values import has_bytes as comparable, parse_shape
 from . import args as _args
-from . import compare
+from . import values as compare
 
 
 # ops whose output element i reads input element i (same shape, or broadcast): the only

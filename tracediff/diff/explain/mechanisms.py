@@ -1,6 +1,6 @@
 """Mechanism hypotheses: which candidate numerics reproduce each side of a divergence.
 
-The replay verdict (replay.py, verdict.py) says whether *this machine* reproduces a or b.
+The replay verdict (explain/replay.py, explain/verdict.py) says whether *this machine* reproduces a or b.
 A mechanism says *how* a side computed its value: candidate numerics of the origin op are
 re-executed here, in numpy, on each side's own recorded inputs, and each candidate is
 compared with that side's recorded output, bitwise or in ULP of the output dtype:
@@ -33,10 +33,10 @@ import dataclasses
 
 import numpy as np
 
-from ..trace import schema
-from . import compare
+from ...trace import schema
+from ..compare import values as compare
 from . import replay as _replay
-from .result import Mechanism
+from ..result import Mechanism
 
 MAX_ELEMENTS = 512         # output elements compared per hypothesis (evenly spaced sample)
 MAX_LOOP_WORK = 1 << 21    # elements x steps of the Python-loop variants (FMA, lanes)

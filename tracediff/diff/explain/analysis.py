@@ -7,15 +7,15 @@ It puts together what the modules beside it compute:
 * origin: the event to explain (EVENT, or the first bitwise difference when its inputs
   match, else the first difference beyond tolerance when its inputs do: the op that
   introduced it).
-* chain (`chain.py`): dataflow path origin -> first beyond tolerance -> last differing
+* chain (`explain/chain.py`): dataflow path origin -> first beyond tolerance -> last differing
   event, with the amplification at each hop.
-* replay (`verdict.py`): the origin op re-executed here from each side's inputs; which
+* replay (`explain/verdict.py`): the origin op re-executed here from each side's inputs; which
   side is closer to the exact result, which one this machine reproduces; the mechanism
-  hypotheses (`mechanisms.py`) that name how each side computed its value.
+  hypotheses (`explain/mechanisms.py`) that name how each side computed its value.
 * compiled call / inner structure: a divergence no single replayed equation explains,
   and how the equations inside a jit origin pair up.
-* environment (`causes.py`): the manifest differences that can change this kind of op.
-* steps (`steps.py`): parameters and loss per optimizer step.
+* environment (`explain/causes.py`): the manifest differences that can change this kind of op.
+* steps (`explain/steps.py`): parameters and loss per optimizer step.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import TraceError
-from ..shell import command
+from ...errors import TraceError
+from ...shell import command
 from . import chain as _chain
-from . import levels as _levels
+from ..compare import levels as _levels
 from .causes import environment
-from .result import (Analysis, Chain, CompiledCall, Finding, Inner, LocateResult, Replay)
+from ..result import (Analysis, Chain, CompiledCall, Finding, Inner, LocateResult, Replay)
 from .steps import steps_table
 from .verdict import fmt, meaningful_ulp, replay_verdict
 
@@ -74,7 +74,7 @@ def analyse(result: LocateResult, d, event: Optional[int] = None) -> Analysis:
     except Exception as exc:  # never fail the analysis over the chain
         out.chain = Chain(error=f"{type(exc).__name__}: {exc}"[:200])
     out.replay = rv = replay_verdict(d, ea, eb)
-    out.mechanisms = rv.mechanisms   # diff/mechanisms.py: how each side computed its value
+    out.mechanisms = rv.mechanisms   # diff/explain/mechanisms.py: how each side computed its value
     if f.compiled:
         step = int(f.a.step)
         probe = command("tracediff", "record", "--probe", _levels.probe_pattern(f.a.op),
@@ -229,7 +229,7 @@ def short(analysis: Analysis) -> tuple:
         ex.exact_by = rv.oracle.computed_by
     if rv.reproduces:
         ex.reproduced_here = rv.reproduces
-    if rv.mechanism:   # diff/mechanisms.py: which candidate numerics reproduce each side
+    if rv.mechanism:   # diff/explain/mechanisms.py: which candidate numerics reproduce each side
         ex.mechanism, ex.mechanisms = rv.mechanism, list(rv.mechanisms)
     causes = analysis.environment.causes
     if causes:

@@ -19,9 +19,9 @@ from typing import Optional
 
 import numpy as np
 
-from ..trace import schema
-from .differ import BITWISE
-from .result import Chain, EventRef, Gap, Hop, Metrics, Strongest
+from ...trace import schema
+from ..differ import BITWISE
+from ..result import Chain, EventRef, Gap, Hop, Metrics, Strongest
 
 MAX_LINKS = 200        # hops kept
 SHOWN = 10             # hops shown by the renderers after collapsing

@@ -105,7 +105,7 @@ def match_params(keys_a, keys_b, sizes_a, sizes_b, module_map=None):
     for ka in keys_a:
         if not take(ka, lambda kb: _norm(kb[0]) == _norm(ka[0]) and kb[1] == ka[1], "by path"):
             rest.append(ka)
-    # the usual conventions (modnames.py): `layers_0` = `layers.0`, a root module's name
+    # the usual conventions (align/modnames.py): `layers_0` = `layers.0`, a root module's name
     rest, named = [], rest
     for ka in named:
         ok = False
@@ -197,7 +197,7 @@ def op_label(t, ev, snapshot_cache=None):
     a torch optimizer op that wrote none, the first one its output flows into ('torch
     Adam: in the computation of exp_avg_sq of fc1.weight'). None when no snapshot value
     comes from it."""
-    from ..trace import schema
+    from ...trace import schema
 
     ev = int(ev)
     events = t.events
@@ -300,7 +300,7 @@ def op_label(t, ev, snapshot_cache=None):
     return None
 
 
-# -- layouts and decoupled weight decay (the per-step comparison, cross.py) --------------------
+# -- layouts and decoupled weight decay (the per-step comparison, pairing/cross.py) --------------------
 
 ROLE_ORDER = ("grads", "state:exp_avg", "state:momentum_buffer", "state:exp_avg_sq", "state:sum",
               "params")   # the order a step computes them: a difference upstream comes first

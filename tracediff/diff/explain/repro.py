@@ -7,7 +7,7 @@ alone with those inputs, prints each output, its sha256 and whether it equals th
 output recorded in the trace. It is what to attach to an upstream bug report: run it
 on both machines and compare the hashes.
 
-The call is rebuilt as for `replay.py` (allow-listed ops only, parameters from the
+The call is rebuilt as for `explain/replay.py` (allow-listed ops only, parameters from the
 params summary); an op that cannot be rebuilt gives a clear error, not a script.
 
 The trace is untrusted, and the user runs the script: nothing from the trace reaches its
@@ -22,12 +22,12 @@ import secrets
 
 import numpy as np
 
-from .. import shell
-from .._version import __version__
-from ..errors import TraceError
-from ..untrusted import printable, py_str
-from ..trace import schema
-from . import align as _align
+from ... import shell
+from ..._version import __version__
+from ...errors import TraceError
+from ...untrusted import printable, py_str
+from ...trace import schema
+from ..align import sequence as _align
 from . import replay as _replay
 
 
@@ -151,9 +151,9 @@ def write_repro(trace_path, event, out_dir, force=False):
     """Write DIR/repro.py and DIR/inputs.npz for event `event` of a trace; returns a dict
     {script, npz, op, framework, n_inputs, call}. Raises TraceError when it cannot, and
     when either file exists already, unless `force` (see `_write_new`)."""
-    from ..trace.reader import Trace
+    from ...trace.reader import Trace
     from .verdict import trace_inputs
-    from ..trace.blob import ValueReader
+    from ...trace.blob import ValueReader
 
     with Trace(trace_path) as t:
         if not 0 <= event < len(t):

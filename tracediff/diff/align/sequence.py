@@ -42,8 +42,8 @@ import dataclasses
 
 import numpy as np
 
-from ..trace import schema
-from ..trace.sources import LIB_SEP, split_site
+from ...trace import schema
+from ...trace.sources import LIB_SEP, split_site
 
 MAX_EDITS = 2000
 POOL_STEPS = 4_000_000        # Myers steps shared by all regions of one alignment (~2 full regions)
@@ -71,7 +71,7 @@ def normalise_op(op):
     """Primitive names that changed between versions: `pjit` is `jit` since jax 0.7
     (also when a recorder suffixes the function name: `pjit:f` is `jit:f`). A source
     "LIB ← USER" is its user site: the library's line numbers change between library
-    versions, and a compiled graph names the user's line only (diff/compiled.py)."""
+    versions, and a compiled graph names the user's line only (diff/pairing/compiled.py)."""
     if LIB_SEP in op:
         return split_site(op)[0]
     if op == "pjit":

@@ -8,7 +8,7 @@ Values anchor the pairing instead, and dataflow carries it forward:
 
 1. Units. The computing ops of each side (byte-moving ops skipped), a matmul or conv
    merged with the bias add that reads it, a jitted `gelu`/`softmax`/... kept whole.
-   Optimizer ops are left to the snapshots (optroles.py); forward and backward are
+   Optimizer ops are left to the snapshots (align/optroles.py); forward and backward are
    paired separately.
 2. Atoms. Every value a unit reads (and the values it was moved from) is fingerprinted:
    dtype and exact bytes, whatever the shape (a reshape or transpose view keeps the
@@ -42,10 +42,10 @@ import re
 
 import numpy as np
 
-from ..trace import schema
-from ..trace.values import digest, parse_shape
-from . import align as _align
-from .differ import comparable
+from ...trace import schema
+from ...trace.values import digest, parse_shape
+from ..align import sequence as _align
+from ..differ import comparable
 
 PASSTHROUGH = {
     "stage", "reshape", "broadcast_in_dim", "convert_element_type", "transpose", "squeeze",
