@@ -23,12 +23,13 @@ LAYERS = [
 APART = [("tracediff.diff", "tracediff.capture"), ("tracediff.capture", "tracediff.diff")]
 
 # diff/ as a pipeline (issue #29), lowest first: the result types; value comparison; which
-# event / name corresponds to which; the engine; the pairings beyond sequence alignment and
+# event / name corresponds to which; the engine's parts, then the engine; the pairings beyond sequence alignment and
 # the root cause, side by side; locate; then what runs locate many times or over a whole run
 DIFF_LAYERS = [
     {"tracediff.diff", "tracediff.diff.result"},
     {"tracediff.diff.compare"},
     {"tracediff.diff.align"},
+    {"tracediff.diff.engine"},
     {"tracediff.diff.differ"},
     {"tracediff.diff.pairing", "tracediff.diff.explain"},
     {"tracediff.diff.locate"},
@@ -51,7 +52,6 @@ LONG_CLASSES = {
     "tracediff.trace.writer.TraceWriter",
     "tracediff.trace.reader.Trace",
     # diff/: being split in this branch
-    "tracediff.diff.differ.Differ",
     "tracediff.diff.pairing.compiled.EagerCompiledDiffer",
     "tracediff.diff.pairing.cross.CrossDiffer",
     "tracediff.diff.pairing.dataflow.Pairing",

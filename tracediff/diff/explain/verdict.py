@@ -19,7 +19,8 @@ from ..compare import args as _args
 from ..compare import values as compare
 from . import mechanisms as _mechanisms
 from . import replay as _replay
-from ..differ import comparable, input_value_row
+from ..differ import comparable
+from ..engine.inputs import input_value_row
 from ..result import FromOracle, Oracle, ReplayRun, SideReplay
 
 MAX_REPLAY_BYTES = 64 << 20
