@@ -53,7 +53,6 @@ LONG_CLASSES = {
     "tracediff.trace.reader.Trace",
     # diff/: being split in this branch
     "tracediff.diff.pairing.compiled.EagerCompiledDiffer",
-    "tracediff.diff.pairing.cross.CrossDiffer",
     "tracediff.diff.pairing.dataflow.Pairing",
 }
 

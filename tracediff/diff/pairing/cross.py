@@ -11,9 +11,10 @@ module turns them into the `Differ` the rest of `diff/` uses:
   permutation such as NCHW -> NHWC), choosing the layout under which they agree best;
 * "introduced here" compares what the two units (or composites) read, input by input,
   matched through the pairing (same atom, or made by paired units);
-* optimizer snapshots are compared by role (align/optroles.py) in the per-step table;
+* optimizer snapshots are compared by role (align/optroles.py) in the per-step table
+  (`roles.py`);
 * a finding names the layer on both sides ("Dense MLP/fc1 (dot_general + add) <-> Linear
-  fc1 (addmm)", `Finding.layer`).
+  fc1 (addmm)", `Finding.layer`; `layers.py`).
 
 One trace, two frameworks: `CrossDiffer(t, t)` compares the JAX events (a) with the
 torch events (b) of the same file; event numbers stay those of the file.
@@ -26,24 +27,17 @@ import numpy as np
 
 from ...errors import TraceError
 from ...trace import schema
-from ...trace.sources import split_site
 from ...trace.values import parse_shape
 from ..align import sequence as _align
 from ..compare import values as compare
-from ..align import modnames
-from ..align import optroles
 from . import dataflow as _pairing
 from ..differ import BITWISE, Differ, comparable
-from ..result import OptimizerStep, ParamDivergence
 from .dataflow import op_family  # noqa: F401  (the op families, for callers and tests)
+from .layers import REGION_PAIRS, LayerNames, _num
+from .roles import RoleSteps
 
-MAX_MAPPING = 200
 SAMPLE = 2048          # elements compared to choose a layout
 AMPLIFIED = 10.0       # output rel L2 up to 10x the inputs': their rounding, carried
-DECAY_RESIDUAL = 0.05  # (a - b) within 5% of c * parameter: decoupled weight decay
-DECAY_SPREAD = 0.05    # parameters with the same c (within 5%): one weight decay, one mask
-# pairs whose two sides are regions of different ops, compared as one unit
-REGION_PAIRS = ("module output", "dataflow (values meet)", "dataflow (composite)")
 
 
 def sides(ta, tb):
@@ -165,8 +159,9 @@ class CrossAlignment(_align.Alignment):
         return out
 
 
-class CrossDiffer(Differ):
-    """A `Differ` whose pairs come from `pairing/dataflow.py`, for two frameworks."""
+class CrossDiffer(LayerNames, RoleSteps, Differ):
+    """A `Differ` whose pairs come from `pairing/dataflow.py`, for two frameworks; the
+    optimizer steps by role are in `roles.py`, the layer names and the mapping in `layers.py`."""
 
     def __init__(self, ta, tb, rtol=None, atol=None, map_file=None, frameworks=None):
         fws = frameworks or sides(ta, tb)
@@ -205,204 +200,6 @@ class CrossDiffer(Differ):
         pairing/dataflow.py may pair them: the values meet)."""
         m = self.compare_rows(row_a, row_b)
         return bool(m is not None and m.get("within_tolerance"))
-
-    # -- the optimizer snapshots ------------------------------------------------------------
-    def _optim_pairs(self, ta, tb, sa, sb):
-        ea = np.flatnonzero((sa.kind == schema.KIND_OPTIM) & (ta.events["framework"] == self.fw_a))
-        eb = np.flatnonzero((sb.kind == schema.KIND_OPTIM) & (tb.events["framework"] == self.fw_b))
-        return list(zip(ea.tolist(), eb.tolist()))
-
-    @staticmethod
-    def _named(t, e):
-        return {t.string(r["name"]): r for r in t.value_rows(e, schema.ROLE_OUT) if r["name"] >= 0}
-
-    def _fw_name(self, fw):
-        return schema.FW_NAMES.get(fw, "")
-
-    def _roles(self, ea, eb, module_map):
-        na, nb = self._named(self.ta, ea), self._named(self.tb, eb)
-        sizes_a = {k: int(np.prod(parse_shape(self.ta.string(r["shape"])) or (1,))) for k, r in na.items()}
-        sizes_b = {k: int(np.prod(parse_shape(self.tb.string(r["shape"])) or (1,))) for k, r in nb.items()}
-        return na, nb, optroles.role_pairs(list(na), self._fw_name(self.fw_a), list(nb),
-                                           self._fw_name(self.fw_b), sizes_a, sizes_b, module_map)
-
-    def _role_rows(self, module_map):
-        """Value rows of the same parameter after each optimizer step on both sides: optax
-        snapshots the params before its step (the next snapshot holds them after), torch
-        after."""
-        ta, tb = self.ta, self.tb
-        out = []
-        for k, (ea, eb) in enumerate(self.optim):
-            na, nb, pairs = self._roles(ea, eb, module_map)
-            nxt = self.optim[k + 1] if k + 1 < len(self.optim) else None
-            for role, xa, xb, _ in pairs:
-                if role != "params" or nxt is None:
-                    continue
-                if isinstance(xa, tuple):
-                    ra = self._named(ta, nxt[0]).get(xa[0])
-                    rb = nb.get(xb)
-                elif isinstance(xb, tuple):
-                    ra = na.get(xa)
-                    rb = self._named(tb, nxt[1]).get(xb[0])
-                else:
-                    ra, rb = na.get(xa), nb.get(xb)
-                if ra is not None and rb is not None:
-                    out.append((ra, rb))
-        return out
-
-    def _snapshot_value(self, t, reader, named, name):
-        """A snapshot value by name; for optax (params, updates): params + updates, the
-        parameters after the step (what optax.apply_updates computes)."""
-        if isinstance(name, tuple):
-            p, u = (named.get(n) for n in name)
-            if p is None or u is None or not comparable(p) or not comparable(u):
-                return None, None
-            xp, xu = reader.read(p), reader.read(u)
-            return np.asarray(xp + xu).astype(xp.dtype), t.string(p["dtype"])
-        r = named.get(name)
-        if r is None or not comparable(r):
-            return None, None
-        return reader.read(r), t.string(r["dtype"])
-
-    def _role_layout(self, xa_name, xb_name, xa, xb):
-        """b's value laid out like a's by role: a Flax kernel against a torch weight is
-        transposed whatever its shape (a square projection too), anything else as
-        `transform_b` lays it out."""
-        xa, xb = np.asarray(xa), np.asarray(xb)
-        perm = optroles.kernel_perm(xa_name, self._fw_name(self.fw_a), xb_name,
-                                    self._fw_name(self.fw_b), xb.ndim)
-        if perm is not None and xb.ndim == xa.ndim and \
-                tuple(xb.shape[i] for i in perm) == xa.shape:
-            return np.transpose(xb, perm)
-        return self.transform_b(None, None, xa, xb)
-
-    def _before_step(self, xa_name, xb_name, na, nb, xa):
-        """The parameter before the step, laid out like a: optax's snapshot holds it
-        (`params/...`, what `update` was given); None when neither side is optax."""
-        if isinstance(xa_name, tuple):
-            r = na.get(xa_name[0])
-            return self.ra.read(r) if r is not None and comparable(r) else None
-        if isinstance(xb_name, tuple):
-            r = nb.get(xb_name[0])
-            if r is None or not comparable(r):
-                return None
-            return self._role_layout(xa_name, xb_name, xa, self.rb.read(r))
-        return None
-
-    def _param_ranks(self, na, nb):
-        """{value name: position} of the side that lists parameters in the model's order:
-        torch's snapshot, as `named_parameters()` does (optax's pytree is sorted by name)."""
-        names = nb if self._fw_name(self.fw_b) == "torch" else na
-        return {k: i for i, k in enumerate(names)}
-
-    def optimizer_steps(self):
-        """Per optimizer step: the parameters, grads and optimizer state paired by role (b
-        laid out like a by role, `_role_layout`), each judged per tensor; the first value
-        beyond tolerance of each step (`OptimizerStep.first_beyond`) and of the run
-        (`self.first_parameter`)."""
-        rows = []
-        self.first_parameter = None
-        fa, fb = self._fw_name(self.fw_a), self._fw_name(self.fw_b)
-        for ea, eb in self.optim:
-            na, nb, pairs = self._roles(ea, eb, self.p.module_map)
-            step = int(self.ta.events["step"][ea])
-            worst_rel, worst_abs, worst_name, bit, n = 0.0, 0.0, None, True, 0
-            worst_l2 = worst_tabs = None
-            l2 = compare.RelL2()
-            judged = []
-            order, ranks = {}, self._param_ranks(na, nb)
-            side_b = self._fw_name(self.fw_b) == "torch"
-            for role, xa_name, xb_name, _ in pairs:
-                xa, da = self._snapshot_value(self.ta, self.ra, na, xa_name)
-                xb, db = self._snapshot_value(self.tb, self.rb, nb, xb_name)
-                if xa is None or xb is None:
-                    continue
-                xb_t = self._role_layout(xa_name, xb_name, xa, xb)
-                m = self.compare_values(xa, xb_t, da, db)
-                n += 1
-                bit &= m["bitwise_equal"]
-                if role == "count":
-                    continue
-                own = compare.RelL2()   # this tensor's ||a - b|| / ||a||
-                own.add(xa, xb_t)
-                v = own.value() if not m["bitwise_equal"] else 0.0
-                pname = optroles.param_name(xa_name, fa, xb_name, fb)
-                if role == "params":   # the model's order: torch's named_parameters()
-                    x = xb_name if side_b else xa_name
-                    order[pname] = ranks.get(x[0] if isinstance(x, tuple) else x, 1 << 30)
-                    l2.add(xa, xb_t)
-                    worst_rel = max(worst_rel, _num(m.get("max_rel")))
-                    worst_abs = max(worst_abs, _num(m.get("max_abs")))
-                    if v and (worst_name is None or v > worst_l2):
-                        worst_l2, worst_tabs = v, _num(m.get("max_abs"))
-                        worst_name = (f"{optroles.after_step_name(xa_name)} <-> "
-                                      f"{optroles.after_step_name(xb_name)}")
-                floats = [x for x in (da, db) if compare.is_floating(x)] or [da]
-                rtol, atol = compare.tolerance(max(floats, key=lambda x: compare.tolerance(x)[0]),
-                                               self.rtol, self.atol)
-                beyond = bool(np.sqrt(own.diff) > rtol * np.sqrt(own.ref) +
-                              atol * np.sqrt(np.asarray(xa).size))
-                fit = (None, None)
-                if role == "params" and beyond:   # decoupled weight decay? (no arrays kept)
-                    before = self._before_step(xa_name, xb_name, na, nb, xa)
-                    if before is not None:
-                        fit = optroles.decay_fit(np.asarray(xa, np.float64) -
-                                                 np.asarray(xb_t, np.float64), before)
-                judged.append(dict(role=role, pname=pname, xa_name=xa_name, xb_name=xb_name,
-                                   rel=v, max_abs=_num(m.get("max_abs")), rtol=rtol,
-                                   atol=atol, beyond=beyond, fit=fit))
-            first = self._first_beyond(step, ea, eb, judged, order)
-            if first is not None and self.first_parameter is None:
-                self.first_parameter = first
-            rows.append(OptimizerStep(step=step, a=ea, b=eb,
-                                      bitwise_equal=bool(bit), max_rel=worst_rel,
-                                      max_abs=worst_abs, worst=worst_name, compared=n,
-                                      by="role", rel_l2=l2.value() if n else None,
-                                      worst_rel_l2=worst_l2, worst_max_abs=worst_tabs,
-                                      beyond=sum(j["beyond"] for j in judged),
-                                      first_beyond=first))
-        return rows
-
-    def _first_beyond(self, step, ea, eb, judged, order):
-        """The `ParamDivergence` of one step: its first value beyond tolerance, the roles in
-        the order a step computes them (grads, state, parameters after the step), the
-        parameters in the model's order; for parameters after the step whose grads and
-        state match, whether decoupled weight decay explains the difference."""
-        bad = [j for j in judged if j["beyond"]]
-        if not bad:
-            return None
-        rank = {r: i for i, r in enumerate(optroles.ROLE_ORDER)}
-        bad.sort(key=lambda j: (rank.get(j["role"], len(rank)), order.get(j["pname"], 1 << 30)))
-        j = bad[0]
-        upstream = [u for u in judged if u["pname"] == j["pname"] and u["role"] != "params"]
-        res = ParamDivergence(
-            step=step, parameter=j["pname"], role=j["role"].split(":")[-1],
-            a=optroles.after_step_name(j["xa_name"]), b=optroles.after_step_name(j["xb_name"]),
-            a_event=ea, b_event=eb, rel_l2=float(j["rel"]), max_abs=float(j["max_abs"]),
-            rtol=float(j["rtol"]), atol=float(j["atol"]),
-            upstream_match=(not any(u["beyond"] for u in upstream)) if upstream else None)
-        if j["role"] != "params":
-            res.note = (f"the {res.role} differ before the optimizer updates anything: the "
-                        f"divergence is upstream (the forward or backward pass)")
-            return res
-        fa, fb = self._fw_name(self.fw_a), self._fw_name(self.fw_b)
-        fits = {}
-        for p in judged:
-            c, resid = p["fit"]
-            if p["role"] == "params" and p["beyond"] and c is not None and resid < DECAY_RESIDUAL:
-                fits[p["pname"]] = (c, p)
-        if j["pname"] not in fits:
-            res.weight_decay = False
-            res.note = ("the parameter differs after the step" +
-                        (" while its grads and optimizer state match: the update rule differs"
-                         if res.upstream_match else ""))
-            return res
-        c0 = fits[j["pname"]][0]
-        same = [name for name, (c, _) in fits.items() if abs(c - c0) <= DECAY_SPREAD * abs(c0)]
-        same.sort(key=lambda x: order.get(x, 1 << 30))
-        res.weight_decay, res.decay, res.decay_parameters = True, c0, same
-        res.note = _decay_note(c0, same, judged, fa, fb, res.upstream_match)
-        return res
 
     # -- comparison ------------------------------------------------------------------------
     def _sync_content(self):
@@ -668,202 +465,6 @@ class CrossDiffer(Differ):
                 return False
         return bool(len(rows_a))
 
-    def _note(self, pr):
-        ua, ub = self.ga.units[pr.a], self.gb.units[pr.b]
-        cross_text = self.names(pr)["names_cross"]
-        ns = lambda t, e: t.string(t.events[e]["name_stack"])  # noqa: E731
-        upstream = self._crossed_upstream(pr)
-        return ((f"names cross: {cross_text} (a {ns(self.ta, ua.rep)}, b "
-                 f"{ns(self.tb, ub.rep)}); " if cross_text else "") +
-                (f"upstream values pair across names: {', '.join(upstream[:4])}; " if upstream
-                 else "") +
-                f"a: {ua.label} (events {', '.join(map(str, ua.events))}) paired with "
-                f"b: {ub.label} (events {', '.join(map(str, ub.events))}) by {pr.by}, "
-                f"op family {ua.family}: {pr.how}")
-
-    def module_output(self, i):
-        """The module a finding's pair (the i-th of `pairs_list`) lies in, and its output:
-        the last pair after it, in a's order, whose units are still inside that module on
-        both sides. {'a', 'b' (module paths), 'a_event', 'b_event', 'max_abs', 'max_rel'}."""
-        pr = self.p.pairs[self.pairs_list[i][1]]
-        ma, mb = pr.modules or (self.p.unit_module(0, pr.a), self.p.unit_module(1, pr.b))
-
-        def within(m, top):
-            return not top or m == top or m.startswith(top + "/")
-
-        last = pr
-        for _, k in self.pairs_list[i + 1:]:
-            q = self.p.pairs[k]
-            if not within(self.p.unit_module(0, q.a), ma):
-                break
-            if within(self.p.unit_module(1, q.b), mb):
-                last = q
-        ea, eb = self.ga.units[last.a].rep, self.gb.units[last.b].rep
-        m = self.compare_event(ea, eb)["metrics"]
-        return {"a": ma, "b": mb, "a_event": int(ea), "b_event": int(eb),
-                "max_abs": _finite(m.get("max_abs")), "max_rel": _finite(m.get("max_rel"))}
-
-    def inside(self, pr, level):
-        """In a region compared as one unit (values meet, composite, module output): the
-        first op of a's region, in order, of a family b's region has too, that agrees with
-        no op of the same size in b's region, and the op of b's it comes closest to (the
-        same family first on a tie; torch eager's scaled scores are a `div`, not the `bmm`):
-        {'a', 'b' (events), 'a_op', 'b_op', 'max_abs', 'max_rel'}; None when every op of a
-        meets one of b or b has none of its size (fused against unfused attention)."""
-        if pr.by not in REGION_PAIRS:
-            return None
-        ga, gb = self.ga, self.gb
-        rb = self.p.region(1, pr.b)
-        families_b = {gb.units[kb].family for kb in rb}
-        for k in self.p.region(0, pr.a):
-            ua = ga.units[k]
-            if ua.family not in families_b:
-                continue          # no comparable op on b's side (a composite's equations)
-            best = None
-            for kb in rb:
-                ub = gb.units[kb]
-                if ub.size != ua.size or ub.dtype != ua.dtype:
-                    continue
-                ea, eb = ua.rep, ub.rep
-                if self.equal_at(ea, eb, level):
-                    best = None
-                    break
-                m = self.compare_event(ea, eb)["metrics"]
-                rank = (_num(m.get("max_abs")), ub.family != ua.family)
-                if best is None or rank < best[0]:
-                    best = (rank, kb, m)
-            else:
-                if best is None:
-                    continue
-                _, kb, m = best
-                return {"a": int(ua.rep), "b": int(gb.units[kb].rep), "a_op": ua.label,
-                        "b_op": gb.units[kb].label, "max_abs": _finite(m.get("max_abs")),
-                        "max_rel": _finite(m.get("max_rel"))}
-        return None
-
-    def layer(self, pr):
-        """The layer a pair computes, named on both sides, with module paths and sources."""
-        ua, ub = self.ga.units[pr.a], self.gb.units[pr.b]
-        fam = next((f for f in (ua.family, ub.family) if f in _pairing.LAYER_KIND), ua.family)
-        a = _pairing.layer_text(ua, self.fw_a, fam, self._region_label(0, pr.a), pr.modules and
-                                pr.modules[0])
-        b = _pairing.layer_text(ub, self.fw_b, fam, self._region_label(1, pr.b), pr.modules and
-                                pr.modules[1])
-        ma, mb = pr.modules or (ua.module, ub.module)
-        names = self.names(pr)
-        cross_text = f"; names cross: {names['names_cross']}" if names["names_cross"] else ""
-        return {"a": a, "b": b, "text": f"{a} <-> {b}{cross_text}", "family": fam,
-                "a_module": ma, "b_module": mb, **names,
-                "a_source": split_site(self.ta.string(self.ta.events[ua.rep]["source"]))[0],
-                "b_source": split_site(self.tb.string(self.tb.events[ub.rep]["source"]))[0]}
-
-    def _crossed_upstream(self, pr, hops=4, limit=64):
-        """names_cross of the pairs that made what this pair reads, a few paired hops back
-        (a q/k swap two ops before the softmax where the values first differ)."""
-        out, seen, frontier = [], set(), [pr]
-        for _ in range(hops):
-            nxt = []
-            for q in frontier:
-                for _, _, _, key in self.p.region_inputs(0, q.a):
-                    if not key or key[0] != "pair" or key[1] in seen or len(seen) >= limit:
-                        continue
-                    seen.add(key[1])
-                    up = self.p.pairs[key[1]]
-                    text = self.names(up)["names_cross"]
-                    if text:
-                        if text not in out:
-                            out.append(text)
-                    else:
-                        nxt.append(up)
-            frontier = nxt
-        return out
-
-    def names(self, pr):
-        """How the module paths of a pair correspond (align/modnames.py): `module_rule` (the
-        conventions that map one name to the other: 'same name', 'root FlaxBertModule
-        dropped; layers_0 = layers.0'; None when they do not), `names_cross` ('values of
-        query pair with key's' when the values pair across different names, else None)."""
-        ua, ub = self.ga.units[pr.a], self.gb.units[pr.b]
-        ma, mb = pr.modules or (ua.module, ub.module)
-        ok, rules = modnames.match(ma, mb)
-        rule = ("; ".join(rules) or "same name") if ok else None
-        return {"module_rule": rule, "names_cross": modnames.crossing(ma, mb)}
-
-    def _region_label(self, s, k, limit=6):
-        """The ops of a unit and of the composite it ends: 'sub + mul + rsqrt + add'."""
-        g = self.ga if s == 0 else self.gb
-        region = self.p.region(s, k)
-        labels = [g.units[v].label for v in region]
-        if len(labels) > limit:
-            labels = labels[:2] + [f"{len(labels) - 3} more"] + labels[-1:]
-        return " + ".join(labels)
-
-    def mapping(self, limit=MAX_MAPPING):
-        """Every pair and how it was made: the units, the values paired by value (inputs
-        and parameters read by paired units), the optimizer state by role."""
-        out = []
-        ta, tb = self.ta, self.tb
-        used_atoms = set()
-        for ea, k in self.pairs_list:
-            pr = self.p.pairs[k]
-            ua, ub = self.ga.units[pr.a], self.gb.units[pr.b]
-            lay = self.layer(pr)
-            out.append({"a": ea, "b": ub.rep, "by": pr.by, "how": pr.how,
-                        "a_op": self._region_label(0, pr.a), "b_op": self._region_label(1, pr.b),
-                        "family": lay["family"],
-                        "phase": "backward" if ua.phase == _pairing.PHASE_BWD else "forward",
-                        "a_name_stack": ta.string(ta.events[ea]["name_stack"]),
-                        "b_name_stack": tb.string(tb.events[ub.rep]["name_stack"]),
-                        "a_module": ua.module, "b_module": ub.module, "layer": lay["text"],
-                        "module_rule": lay["module_rule"], "names_cross": lay["names_cross"]})
-            for _, _, _, key in self.p.region_inputs(0, pr.a):
-                if key and key[0] == "atom":
-                    used_atoms.add(key[1])
-        for aid in sorted(used_atoms):
-            ra, rb, how = self.p.atom_rows[aid]
-            ea, eb = int(ra["event"]), int(rb["event"])
-            out.append({"a": ea, "b": eb, "by": "value", "how": how,
-                        "a_op": f"{ta.string(ta.events[ea]['op'])} [{ta.string(ra['shape'])}]",
-                        "b_op": f"{tb.string(tb.events[eb]['op'])} [{tb.string(rb['shape'])}]",
-                        "family": "input", "phase": "forward",
-                        "a_name_stack": ta.string(ta.events[ea]["name_stack"]),
-                        "b_name_stack": tb.string(tb.events[eb]["name_stack"]),
-                        "a_module": "", "b_module": "", "layer": ""})
-        if self.optim:
-            ea, eb = self.optim[0]
-            for role, xa, xb, how in self._roles(ea, eb, self.p.module_map)[2]:
-                out.append({"a": ea, "b": eb, "by": "role", "how": f"{role}, parameter {how}",
-                            "a_op": optroles.after_step_name(xa),
-                            "b_op": optroles.after_step_name(xb), "family": "optimizer",
-                            "phase": "optimizer", "a_name_stack": "", "b_name_stack": "",
-                            "a_module": "", "b_module": "", "layer": ""})
-        return out[:limit]
-
-
-def _decay_note(c, same, judged, fw_a, fw_b, upstream_match):
-    """'a (jax) applies no decoupled weight decay to its biases and LayerNorm scales (b
-    decays them: the difference is 0.0001 x the parameter before the step, lr * wd): a
-    weight-decay mask on one side'."""
-    less, more = ("a", "b") if c > 0 else ("b", "a")
-    fw = {"a": fw_a, "b": fw_b}
-    kinds_all, kinds_same = {}, {}
-    for j in judged:
-        if j["role"] != "params":
-            continue
-        k = optroles.leaf_kind(j["xa_name"], fw_a, j["xb_name"], fw_b)
-        kinds_all[k] = kinds_all.get(k, 0) + 1
-        if j["pname"] in same:
-            kinds_same[k] = kinds_same.get(k, 0) + 1
-    what = []
-    for k, cnt in sorted(kinds_same.items(), key=lambda kv: -kv[1]):
-        word = optroles.MASK_WORDS.get(k, k)
-        what.append(f"its {word}" if cnt == kinds_all.get(k) else f"{cnt} of its {kinds_all[k]} {word}")
-    return (f"{less} ({fw[less]}) applies {abs(c):.3g} less decoupled weight decay than {more} "
-            f"({fw[more]}) to {' and '.join(what)} ({len(same)} parameters; the difference is "
-            f"{abs(c):.3g} x the parameter before the step, lr * weight_decay"
-            f"{', while grads and optimizer state match' if upstream_match else ''}): "
-            f"a weight-decay mask on one side")
-
 
 def _dedupe(ins):
     seen, out = set(), []
@@ -882,16 +483,6 @@ def _as_f64(x):
         return x.astype(np.float64) if x.dtype.kind in "fiub" else None
     except (TypeError, ValueError):
         return None
-
-
-def _finite(x):
-    """A metric for the JSON-bound `layer` dict: a finite float, or None."""
-    return float(x) if x is not None and np.isfinite(x) else None
-
-
-def _num(x):
-    """A metric as a float for ranking (metrics are floats; None, when not computed, is 0)."""
-    return 0.0 if x is None else float(x)
 
 
 def best_layout(xa, xb):
