@@ -51,9 +51,6 @@ LONG_CLASSES = {
     "tracediff.capture.torch_compile.CompileRecorder",
     "tracediff.trace.writer.TraceWriter",
     "tracediff.trace.reader.Trace",
-    # diff/: being split in this branch
-    "tracediff.diff.pairing.compiled.EagerCompiledDiffer",
-    "tracediff.diff.pairing.dataflow.Pairing",
 }
 
 

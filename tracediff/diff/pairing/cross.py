@@ -31,8 +31,9 @@ from ...trace.values import parse_shape
 from ..align import sequence as _align
 from ..compare import values as compare
 from . import dataflow as _pairing
+from . import graph as _graph
 from ..differ import BITWISE, Differ, comparable
-from .dataflow import op_family  # noqa: F401  (the op families, for callers and tests)
+from .graph import op_family  # noqa: F401  (the op families, for callers and tests)
 from .layers import REGION_PAIRS, LayerNames, _num
 from .roles import RoleSteps
 
@@ -177,8 +178,8 @@ class CrossDiffer(LayerNames, RoleSteps, Differ):
                          sides=(sa, sb))
         if ta is tb:
             self.rb = self.ra      # one byte arena for both sides
-        ga = _pairing.SideGraph(ta, sa, self.fw_a, "a", self.ra)
-        gb = _pairing.SideGraph(tb, sb, self.fw_b, "b", self.rb)
+        ga = _graph.SideGraph(ta, sa, self.fw_a, "a", self.ra)
+        gb = _graph.SideGraph(tb, sb, self.fw_b, "b", self.rb)
         self.optim = self._optim_pairs(ta, tb, sa, sb)
         self._layout = {}
         self.p = _pairing.Pairing(ga, gb, load_map(map_file), self._role_rows(None),
@@ -225,7 +226,7 @@ class CrossDiffer(LayerNames, RoleSteps, Differ):
             p = best_layout(xa, xb)
             if key:
                 self._layout[key] = p
-        return xb if p is None else _pairing.apply_perm(xb, xa.shape, p)
+        return xb if p is None else _graph.apply_perm(xb, xa.shape, p)
 
     def _out_pairs(self, ea, eb):
         """Outputs of two paired units by slot; where one side computes several values in
@@ -487,9 +488,9 @@ def _as_f64(x):
 
 def best_layout(xa, xb):
     """The axis order under which b's array agrees best with a's (see
-    `pairing.permutations_to`), judged on a sample of elements; None if none fits."""
+    `graph.permutations_to`), judged on a sample of elements; None if none fits."""
     xa, xb = np.asarray(xa), np.asarray(xb)
-    perms = _pairing.permutations_to(xa.shape, xb.shape)
+    perms = _graph.permutations_to(xa.shape, xb.shape)
     if not perms:
         return None
     if len(perms) == 1:

@@ -9,7 +9,7 @@ import numpy as np
 from ...trace.sources import split_site
 from ..align import modnames
 from ..align import optroles
-from . import dataflow as _pairing
+from . import graph as _graph
 
 MAX_MAPPING = 200
 # pairs whose two sides are regions of different ops, compared as one unit
@@ -95,10 +95,10 @@ class LayerNames:
     def layer(self, pr):
         """The layer a pair computes, named on both sides, with module paths and sources."""
         ua, ub = self.ga.units[pr.a], self.gb.units[pr.b]
-        fam = next((f for f in (ua.family, ub.family) if f in _pairing.LAYER_KIND), ua.family)
-        a = _pairing.layer_text(ua, self.fw_a, fam, self._region_label(0, pr.a), pr.modules and
+        fam = next((f for f in (ua.family, ub.family) if f in _graph.LAYER_KIND), ua.family)
+        a = _graph.layer_text(ua, self.fw_a, fam, self._region_label(0, pr.a), pr.modules and
                                 pr.modules[0])
-        b = _pairing.layer_text(ub, self.fw_b, fam, self._region_label(1, pr.b), pr.modules and
+        b = _graph.layer_text(ub, self.fw_b, fam, self._region_label(1, pr.b), pr.modules and
                                 pr.modules[1])
         ma, mb = pr.modules or (ua.module, ub.module)
         names = self.names(pr)
@@ -162,7 +162,7 @@ class LayerNames:
             out.append({"a": ea, "b": ub.rep, "by": pr.by, "how": pr.how,
                         "a_op": self._region_label(0, pr.a), "b_op": self._region_label(1, pr.b),
                         "family": lay["family"],
-                        "phase": "backward" if ua.phase == _pairing.PHASE_BWD else "forward",
+                        "phase": "backward" if ua.phase == _graph.PHASE_BWD else "forward",
                         "a_name_stack": ta.string(ta.events[ea]["name_stack"]),
                         "b_name_stack": tb.string(tb.events[ub.rep]["name_stack"]),
                         "a_module": ua.module, "b_module": ub.module, "layer": lay["text"],
