@@ -34,7 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import tracediff  # noqa: E402
-from tracediff.diff import align as _align  # noqa: E402
+from tracediff.diff.align import sequence as _align  # noqa: E402
 from tracediff.trace import schema  # noqa: E402
 from tracediff.trace.reader import Trace  # noqa: E402
 

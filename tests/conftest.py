@@ -41,7 +41,7 @@ def _xla_cache():
     every recording they start inherit it): the same fixture recorded four ways compiles
     its programs once. The cache is keyed by jaxlib version, XLA flags and program, so
     values are the ones an uncached run computes; `locate` does not list these variables
-    as environment differences (diff/env.py). A fresh folder per run: nothing carries
+    as environment differences (diff/explain/env.py). A fresh folder per run: nothing carries
     over from a previous run."""
     folder = tempfile.mkdtemp(prefix="tracediff-tests-xla-")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = folder

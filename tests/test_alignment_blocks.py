@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tracediff.diff import align
+from tracediff.diff.align import sequence as align
 from tracediff.trace import schema
 from tracediff.trace.reader import Trace
 

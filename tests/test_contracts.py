@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import tracediff
-from tracediff.diff import compare, levels
+from tracediff.diff.compare import values as compare
+from tracediff.diff.compare import levels
 from tracediff.diff.differ import BITWISE, Differ
 from tracediff.errors import TraceError
 from tracediff.trace import schema

@@ -7,7 +7,7 @@ import os
 import pytest
 
 import tracediff
-from tracediff.diff.cross import op_family
+from tracediff.diff.pairing.cross import op_family
 from tracediff.diff.differ import BITWISE
 from tracediff.diff.locate import open_differ
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tracediff
-from tracediff.diff import devices as diff_devices
+from tracediff.diff.compare import devices as diff_devices
 from tracediff.errors import TraceError
 
 from .helpers import FIXTURES, fixture_line, locate_json, run_cli
@@ -199,7 +199,7 @@ def test_locate_names_the_same_device_step_and_line_on_dask(runs, tmp_path):
 def test_spread_names_the_device_of_each_ranks_divergence(runs):
     """Two per-rank results combined as `locate DIR DIR` combines them (the recordings
     are single-process: rank 0 = the fault before the pmean, rank 1 = after it)."""
-    from tracediff.diff import ranks as diff_ranks
+    from tracediff.diff.distributed import ranks as diff_ranks
     from tracediff.report.ranks import print_ranks
     from rich.console import Console
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import tracediff
-from tracediff.diff import compare, replay
+from tracediff.diff.compare import values as compare
+from tracediff.diff.explain import replay
 from tracediff.trace import schema
 
 from . import synth
@@ -246,7 +247,7 @@ def test_the_high_precision_reference_is_computed_in_float64(tmp_path):
     verdict measures each side against it (a's correctly rounded 1.0 is 3/128 of a
     float32 ULP from the exact sum: 0 against a float32 reference)."""
     from tracediff.diff.differ import Differ
-    from tracediff.diff.verdict import replay_verdict
+    from tracediff.diff.explain.verdict import replay_verdict
     from tracediff.trace import schema
 
     from . import synth

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tracediff
-from tracediff.diff import levels
+from tracediff.diff.compare import levels
 
 from .helpers import run_cli
 from .jax_processes import (BAD_PROCESS, bad_element, data, first_step_params, line_of,
@@ -98,7 +98,7 @@ def test_replicas_compares_the_replicated_parameters_across_processes(runs):
         assert r.checked >= 10
         shown = run_cli("replicas", runs[run], "--workers", "1")
         assert shown.returncode == 0 and "CONSISTENT" in shown.stdout
-    from tracediff.diff.replicas import jax_replicated_mask
+    from tracediff.diff.distributed.replicas import jax_replicated_mask
 
     with tracediff.load(runs["bad"] / "rank0.h5") as t:
         mask = jax_replicated_mask(t)

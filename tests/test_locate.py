@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 import tracediff
-from tracediff.diff import align, compare
+from tracediff.diff.align import sequence as align
+from tracediff.diff.compare import values as compare
 from tracediff.report.json_report import strict
-from tracediff.diff.env import env_diff
+from tracediff.diff.explain.env import env_diff
 from tracediff.trace import schema
 
 from . import synth

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 import tracediff
-from tracediff.diff.env import env_diff
+from tracediff.diff.explain.env import env_diff
 from tracediff.trace import manifest
 
 from .conftest import BROKEN_DOT, PERTURB

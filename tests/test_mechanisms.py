@@ -1,4 +1,4 @@
-"""Mechanism hypotheses (diff/mechanisms.py) and exact references of fused expressions,
+"""Mechanism hypotheses (diff/explain/mechanisms.py) and exact references of fused expressions,
 on real divergences: XLA's FMA contraction (compiled probe, default ISA vs SSE4.2), a
 TF32-rounded addmm and MKL's reproducible (CBWR) code path (torch), division across JAX
 versions (x / y vs x * (1/y)). Each side's mechanism is asserted by name. The recordings
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import tracediff
-from tracediff.diff import mechanisms
+from tracediff.diff.explain import mechanisms
 
 from .conftest import MKL_SSE, OTHER_JAX, TF32_ADDMM, TORCH_GRU_STEPS, XLA_SSE4
 from .helpers import FIXTURES, ROOT

@@ -10,7 +10,8 @@ import json
 import pytest
 
 import tracediff
-from tracediff.diff import modnames, optroles
+from tracediff.diff.align import modnames
+from tracediff.diff.align import optroles
 
 from .helpers import run_cli
 

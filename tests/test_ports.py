@@ -264,7 +264,7 @@ def test_mlp_adam_no_verdict_from_equal_values_and_optimizer_by_role(traces):
 def test_optimizer_roles_sgd_momentum_and_adamw():
     """The names the recorders write for optax.sgd(momentum) / optax.adamw and torch's SGD /
     AdamW (as recorded from those optimizers) pair by role."""
-    from tracediff.diff import optroles
+    from tracediff.diff.align import optroles
 
     jax_names = ["grads/params/fc1/bias", "grads/params/fc1/kernel", "params/params/fc1/bias",
                  "params/params/fc1/kernel", "updates/params/fc1/bias", "updates/params/fc1/kernel"]

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from tracediff.diff import steps as _steps
-from tracediff.diff import verdict
+from tracediff.diff.explain import steps as _steps
+from tracediff.diff.explain import verdict
 from tracediff.diff.locate import locate_with_analysis, open_differ
 from tracediff.diff.profile import event_profile
 from tracediff.diff.result import FromOracle, Oracle, ReplayRun, SideReplay
@@ -232,7 +232,7 @@ def test_torch_adam_op_is_labelled_with_its_parameter(gru):
     assert f"(a #{f.a.index}, step {f.a.step}; {label})" in out["explain"]
     # the ops that compute it name the same parameter; the forward's do not
     with Trace(a) as t:
-        from tracediff.diff import optroles
+        from tracediff.diff.align import optroles
         (sqrt,) = [i for i in range(f.a.index - 4, f.a.index) if t.event(i)["op"] == "aten::sqrt"]
         assert optroles.op_label(t, sqrt) == (f"torch Adam: in the computation of "
                                               f"{name[len('params/'):]} after the step")
@@ -240,7 +240,7 @@ def test_torch_adam_op_is_labelled_with_its_parameter(gru):
 
 
 def test_optax_op_is_labelled_with_its_state_and_leaf(jax_gru):
-    from tracediff.diff import optroles
+    from tracediff.diff.align import optroles
 
     a, _ = jax_gru["a"]
     with Trace(a) as t:

@@ -301,7 +301,7 @@ def test_a_scheduler_that_accepts_and_never_answers_is_given_up_on(monkeypatch):
     import threading
 
     pytest.importorskip("distributed")
-    from tracediff.diff import pool
+    from tracediff.diff.distributed import pool
     from tracediff.errors import TraceError
 
     server = socket.socket()

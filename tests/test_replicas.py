@@ -173,7 +173,7 @@ def test_the_device_that_departs_is_the_one_against_the_majority(tmp_path):
     cpu:0, not the copies that agree (a vote, not "differs from the first copy")."""
     import numpy as np
 
-    from tracediff.diff.replicas import _minority, check_devices
+    from tracediff.diff.distributed.replicas import _minority, check_devices
     from tracediff.trace.writer import TraceWriter
 
     w0 = np.linspace(-1, 1, 8, dtype=np.float32).reshape(4, 2)

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 
 from tests.helpers import FIXTURES, ROOT  # noqa: E402
 import tracediff  # noqa: E402
-from tracediff.diff.levels import probe_pattern  # noqa: E402
+from tracediff.diff.compare.levels import probe_pattern  # noqa: E402
 from tracediff.trace import schema  # noqa: E402
 from tracediff.trace.reader import Trace  # noqa: E402
 

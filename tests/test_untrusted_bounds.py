@@ -263,7 +263,7 @@ def test_repro_refuses_an_output_larger_than_recorded(dot, tmp_path):
 def test_replay_cap_holds_whatever_the_recording_claims(dot, tmp_path):
     """A recorded output that claims the same huge shape (metadata, not stored) does not
     lift the budget: the 256 MiB cap holds."""
-    from tracediff.diff import replay
+    from tracediff.diff.explain import replay
 
     a, b = tmp_path / "a.h5", tmp_path / "b.h5"
     expand_op(dot, a, b)
@@ -329,7 +329,7 @@ def test_string_count_and_length_limits(dot, tmp_path):
 
 
 def _side(sig, kind):
-    from tracediff.diff import align
+    from tracediff.diff.align import sequence as align
 
     return align.Side(trace=None, gid=None, sig=np.asarray(sig, np.uint64), content=None,
                       n_out=None, kind=np.asarray(kind, np.int64), call=None, parent=None,
@@ -349,7 +349,7 @@ def test_alignment_budget_spares_repeated_regions_and_bounds_distinct_ones():
     edits (more than the pool could pay 60 times; a small pool here, to keep the test
     fast) still align exactly, because a repeated region is diffed once. 60 distinct such
     regions exhaust the pool: the rest fall back (bounded work), none is mis-paired."""
-    from tracediff.diff import align
+    from tracediff.diff.align import sequence as align
 
     rng = np.random.default_rng(0)
     body_a = rng.permutation(np.arange(1, 601))

@@ -23,7 +23,8 @@ from click.testing import CliRunner
 
 import tracediff
 from tracediff.cli import main
-from tracediff.diff import levels, replay
+from tracediff.diff.compare import levels
+from tracediff.diff.explain import replay
 from tracediff.report.common import report_context
 from tracediff.report.json_report import next_steps
 

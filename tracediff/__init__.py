@@ -64,7 +64,7 @@ def locate_ranks(a, b, rtol: Optional[float] = None, atol: Optional[float] = Non
     (`RankSummary` per rank), `spread` (how the divergence reached the other ranks), and
     `result`, the first rank's `LocateResult`. `workers`: local processes (1: this
     process); `scheduler`: a Dask scheduler address or `distributed.Client`."""
-    from .diff.ranks import locate_ranks as _locate_ranks
+    from .diff.distributed.ranks import locate_ranks as _locate_ranks
 
     return _locate_ranks(a, b, rtol=rtol, atol=atol, ulp=ulp, explain=explain,
                          workers=workers, scheduler=scheduler)
@@ -75,7 +75,7 @@ def replicas(run, workers: Optional[int] = None, scheduler=None) -> "ReplicasRes
     glob of per-rank traces, or one trace with per-device values; returns a
     `ReplicasResult` (`verdict` "consistent" / "diverged" / "nothing_to_compare" (nothing compared),
     `first`: rank, device, step, op, source, event of the first copy that departs)."""
-    from .diff.replicas import replicas as _replicas
+    from .diff.distributed.replicas import replicas as _replicas
 
     return _replicas(run, workers=workers, scheduler=scheduler)
 

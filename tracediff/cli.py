@@ -89,7 +89,7 @@ def _user_map(spec):
     (bounded; a FIFO or device refused at once): the dict, or None."""
     if spec is None:
         return None
-    from .diff.cross import load_map
+    from .diff.pairing.cross import load_map
 
     return load_map(spec)
 
@@ -448,7 +448,7 @@ def locate(trace_a, trace_b, rtol, atol, map_file, as_json, verbose, quiet, ulp,
       NO_COLOR=1 tracediff locate a.h5 b.h5 > locate.txt
     """
     from .diff.locate import locate as _locate
-    from .diff.ranks import is_rank_set
+    from .diff.distributed.ranks import is_rank_set
 
     if verbose and quiet:
         raise click.UsageError("--verbose and --quiet contradict each other; pick one")
@@ -475,8 +475,8 @@ def locate(trace_a, trace_b, rtol, atol, map_file, as_json, verbose, quiet, ulp,
 
 def _locate_ranks(trace_a, trace_b, rtol, atol, map_file, as_json, verbose, quiet, ulp,
                   noise, no_explain, source_dir, workers, scheduler):
-    """`locate DIR_A DIR_B`: per-rank traces of two runs (diff/ranks.py)."""
-    from .diff.ranks import locate_ranks
+    """`locate DIR_A DIR_B`: per-rank traces of two runs (diff/distributed/ranks.py)."""
+    from .diff.distributed.ranks import locate_ranks
 
     if trace_b is None:
         raise click.UsageError("give two directories (or globs) of per-rank traces: "
@@ -535,7 +535,7 @@ def replicas(trace, as_json, quiet, workers, scheduler):
       tracediff replicas run/ --scheduler tcp://scheduler:8786
       tracediff replicas sharded.h5
     """
-    from .diff.replicas import replicas as _replicas
+    from .diff.distributed.replicas import replicas as _replicas
 
     if not os.path.exists(trace) and not any(c in trace for c in "*?["):
         raise TraceError(f"{trace}: no such directory or trace file")
@@ -632,7 +632,7 @@ def repro(trace, event, out_dir, force):
     Examples:
       tracediff repro b.h5 1 -o dot_repro && python dot_repro/repro.py
     """
-    from .diff.repro import write_repro
+    from .diff.explain.repro import write_repro
 
     _need_trace(trace)
     info = write_repro(trace, event, out_dir, force)

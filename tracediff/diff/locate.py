@@ -5,7 +5,7 @@ Two findings are reported, each as a `Finding`:
 * `first_difference`: the first aligned event (in the order of trace a) whose outputs
   are not bitwise equal.
 * `first_beyond_tolerance`: the first aligned event whose outputs differ beyond the
-  tolerance (see `compare.py`). It decides the verdict and the exit code.
+  tolerance (see `compare/values.py`). It decides the verdict and the exit code.
 
 Rule for JAX compiled calls and replayed equations (the script saw the *compiled*
 outputs of a `call`; its `eqn` events are an op-by-op replay from the call's real
@@ -25,7 +25,7 @@ inputs, which explains but is not what the script computed):
    the first such case in `replay_only` for information.
 3. Every other kind (eager primitive, torch op, optimizer snapshot, input) is what the
    script saw and is reported as is; at the tolerance level, unless it is rounding noise
-   around zero (`nearzero.py`: beyond tolerance only where an input it reads element for
+   around zero (`compare/nearzero.py`: beyond tolerance only where an input it reads element for
    element is noise near zero): the first such event is kept in `near_zero`, never the
    verdict.
 
@@ -53,16 +53,16 @@ import numpy as np
 from ..errors import TraceError
 from ..trace import schema
 from ..trace.reader import Trace
-from . import align as _align
-from . import analysis as _analysis
-from . import compare
-from . import compiled as _compiled
-from . import cross as _cross
-from . import devices as _devices
-from . import levels as _levels
-from . import structure as _structure
+from .align import sequence as _align
+from .explain import analysis as _analysis
+from .compare import values as compare
+from .pairing import compiled as _compiled
+from .pairing import cross as _cross
+from .compare import devices as _devices
+from .compare import levels as _levels
+from .align import structure as _structure
 from .differ import BITWISE, TOLERANCE, Differ
-from .env import env_diff
+from .explain.env import env_diff
 from .result import LocateResult, Noise, Replay, TraceInfo
 
 MAX_OPTIM_ROWS = 200
@@ -206,7 +206,7 @@ def _near_zero(d):
 
 def _structural(d, first_bit):
     """The earliest op only one run has that changed the values after it, when it comes
-    before the first value difference (structure.py: `first`); None for two
+    before the first value difference (align/structure.py: `first`); None for two
     frameworks or eager against compiled (their pairing is not a sequence alignment)."""
     if isinstance(d, (_cross.CrossDiffer, _compiled.EagerCompiledDiffer)) or \
             getattr(d.sa, "transparent", None) is None:
@@ -262,7 +262,7 @@ def locate(a, b=None, rtol: Optional[float] = None, atol: Optional[float] = None
     """Python API: compare two trace files (paths or open `Trace` objects).
 
     Traces of different frameworks (or a `map_file`) go through the cross-framework
-    pairing of `cross.py`; so does one trace that recorded both (`b` None: its JAX
+    pairing of `pairing/cross.py`; so does one trace that recorded both (`b` None: its JAX
     events are a, its torch events b). `ulp`: elements within this many ULP are within tolerance
     (alone, or in addition to rtol/atol when those are given). `noise`: two traces
     recorded on a's machine; events that differ between them are never blamed.

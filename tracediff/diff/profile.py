@@ -1,7 +1,7 @@
 """Per-event difference magnitude along the whole aligned run (for plots).
 
 `event_profile(differ)` gives, for every aligned pair of events in the order of trace a,
-the worst relative difference of its outputs (the `max_rel` of `compare.py`:
+the worst relative difference of its outputs (the `max_rel` of `compare/values.py`:
 |a - b| / max(|a|, |b|), 0 where equal, inf for NaN against a number) and whether it
 is beyond tolerance. Pairs whose content hashes are equal are 0 without reading a
 value. Pairs with one float or complex output of the same dtype and shape on both sides are

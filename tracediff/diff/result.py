@@ -105,9 +105,9 @@ class EventRef(_ByKey):
 
 @dataclass(repr=False)
 class Metrics(_ByKey):
-    """How far apart two values (or the worst of an event's values) are (`compare.py`).
+    """How far apart two values (or the worst of an event's values) are (`compare/values.py`).
     Real floats: `math.inf` where a NaN meets a number or an infinity differs; None where
-    not computed (values known only by statistics, `levels.py`)."""
+    not computed (values known only by statistics, `compare/levels.py`)."""
 
     max_abs: Optional[float] = None
     max_rel: Optional[float] = None
@@ -120,7 +120,7 @@ class Metrics(_ByKey):
     bitwise_equal: Optional[bool] = None
     dtype_mismatch: Optional[list] = None        # [dtype a, dtype b]
     shape_mismatch: Optional[bool] = None
-    compared_by: Optional[str] = None            # "hash" / "stats" (levels.py); None: bytes
+    compared_by: Optional[str] = None            # "hash" / "stats" (compare/levels.py); None: bytes
     decided: Optional[bool] = None               # stats: beyond tolerance proven
     max_abs_is_lower_bound: Optional[bool] = None
     cast_only: Optional[bool] = None             # other dtype, same value: only a cast
@@ -131,7 +131,7 @@ class Metrics(_ByKey):
     worst_index: Optional[int] = None            # flat index of the largest difference
     worst_a: Any = None                          # the two values there, for the headline
     worst_b: Any = None                          # (float, complex for complex dtypes)
-    stats_a: Optional[dict] = None               # the statistics compared (levels.py)
+    stats_a: Optional[dict] = None               # the statistics compared (compare/levels.py)
     stats_b: Optional[dict] = None
 
     @classmethod
@@ -171,7 +171,7 @@ class ValueComparison(_ByKey):
 
 @dataclass(repr=False)
 class DeviceDiff(_ByKey):
-    """One device's copy of a finding's output value (`diff/devices.py`): its device,
+    """One device's copy of a finding's output value (`diff/compare/devices.py`): its device,
     shard index ("0:4,:"; "" = whole value), replica number, and whether it differs."""
 
     slot: int
@@ -195,7 +195,7 @@ class CallRef(_ByKey):
 @dataclass(repr=False)
 class ArgDiff(_ByKey):
     """One non-tensor argument whose recorded value differs between the paired ops
-    (`diff/args.py`): its name and the two values as recorded (None: not on that side)."""
+    (`diff/compare/args.py`): its name and the two values as recorded (None: not on that side)."""
 
     name: str
     a: Optional[str]
@@ -231,17 +231,17 @@ class Finding(_ByKey):
     # an optimizer-internal op: its optimizer, state and leaf (optroles.op_label), e.g.
     # "torch Adam: exp_avg of fc1.weight"
     optimizer: Optional[str] = None
-    # the op's non-tensor arguments that differ ([ArgDiff]: "start 8 vs 9"), diff/args.py
+    # the op's non-tensor arguments that differ ([ArgDiff]: "start 8 vs 9"), diff/compare/args.py
     arguments: list = field(default_factory=list)
     # the paired outputs differ in dtype: the dtypes (a vs b) and why, put first
-    # ("float32 vs bfloat16: autocast on b (cpu bfloat16)"; diff/dtypes.py)
+    # ("float32 vs bfloat16: autocast on b (cpu bfloat16)"; diff/compare/dtypes.py)
     dtype_note: str = ""
 
 
 @dataclass(repr=False)
 class Structural(_ByKey):
     """An op one run executed and the other did not, which changed what the run computed
-    after it (`diff/structure.py`): the event, the paired events it feeds whose inputs
+    after it (`diff/align/structure.py`): the event, the paired events it feeds whose inputs
     differ, where it sits in trace a's order, and the run of unpaired events around it."""
 
     side: str                                    # "a" or "b": the run that has the op
@@ -253,7 +253,7 @@ class Structural(_ByKey):
     first: bool = False                          # before the first value difference
 
 
-# -- the chain from the origin to the outputs (chain.py) -----------------------------------------
+# -- the chain from the origin to the outputs (explain/chain.py) -----------------------------------------
 
 @dataclass(repr=False)
 class Hop(_ByKey):
@@ -307,7 +307,7 @@ class Chain(_ByKey):
 @dataclass(repr=False)
 class Mechanism(_ByKey):
     """One candidate numeric mechanism re-executed on a side's recorded inputs
-    (diff/mechanisms.py): does it reproduce that side's recorded output bitwise, and if
+    (diff/explain/mechanisms.py): does it reproduce that side's recorded output bitwise, and if
     not, how far is it (max ULP in the output dtype)."""
 
     side: str                  # "a" or "b"
@@ -392,8 +392,8 @@ class ReplayRun(_ByKey):
     reproduces: Optional[str] = None             # "a", "b", "both", "neither"
     machine: Optional[dict] = None               # what this machine replays with
     mechanism: Optional[str] = None              # one line (mechanisms.summary)
-    mechanisms: list = field(default_factory=list)   # [Mechanism] (diff/mechanisms.py)
-    # why no float64 verdict: the op rounds nothing (diff/args.py), and what differs instead
+    mechanisms: list = field(default_factory=list)   # [Mechanism] (diff/explain/mechanisms.py)
+    # why no float64 verdict: the op rounds nothing (diff/compare/args.py), and what differs instead
     not_judged: Optional[str] = None
 
 
@@ -459,7 +459,7 @@ class OptimizerStep(_ByKey):
     max_abs: float
     worst: Optional[str]
     compared: Optional[int] = None    # two frameworks: values compared by role
-    by: Optional[str] = None          # two frameworks: "role" (optroles.py)
+    by: Optional[str] = None          # two frameworks: "role" (align/optroles.py)
     rel_l2: Optional[float] = None    # ||a - b|| / ||a|| over every parameter compared
     worst_rel_l2: Optional[float] = None   # ||a - b|| / ||a|| of the `worst` tensor alone
     worst_max_abs: Optional[float] = None  # max |a - b| of the `worst` tensor
@@ -566,7 +566,7 @@ class Analysis:
     mechanisms: list = field(default_factory=list)   # [Mechanism] of the origin's replay
 
 
-# -- recording levels (levels.py) ------------------------------------------------------------
+# -- recording levels (compare/levels.py) ------------------------------------------------------------
 
 @dataclass(repr=False)
 class LevelSide(_ByKey):
@@ -627,12 +627,12 @@ class LocateResult:
     first_beyond_tolerance: Optional[Finding] = None
     replay_only: Optional[Finding] = None
     # the first event beyond tolerance by relative error alone that is rounding noise
-    # around zero (diff/nearzero.py): not counted, shown apart; how many events were
+    # around zero (diff/compare/nearzero.py): not counted, shown apart; how many events were
     near_zero: Optional[Finding] = None
     near_zero_total: int = 0
     alignment: dict = field(default_factory=dict)  # align.Alignment.stats()
     gaps: list = field(default_factory=list)
-    env_diff: list = field(default_factory=list)   # [{key, category, a, b, ...}] (env.py)
+    env_diff: list = field(default_factory=list)   # [{key, category, a, b, ...}] (explain/env.py)
     optimizer_steps: list = field(default_factory=list)   # [OptimizerStep]
     warnings: list = field(default_factory=list)
     traces: dict = field(default_factory=dict)     # {"a": TraceInfo, "b": TraceInfo}
@@ -644,14 +644,14 @@ class LocateResult:
     noise: Optional[Noise] = None
     levels: Optional[Levels] = None
     first_parameter: Optional[ParamDivergence] = None   # two frameworks: optimizer by role
-    structural: Optional[Structural] = None        # an op only one run has (structure.py)
+    structural: Optional[Structural] = None        # an op only one run has (align/structure.py)
 
     @property
     def exit_code(self) -> int:
         return 1 if self.verdict == "diverged" else 0
 
 
-# -- many ranks: `tracediff locate DIR_A DIR_B` (diff/ranks.py) ---------------------------------
+# -- many ranks: `tracediff locate DIR_A DIR_B` (diff/distributed/ranks.py) ---------------------------------
 
 @dataclass(repr=False)
 class RankSummary(_ByKey):
@@ -690,7 +690,7 @@ class Spread(_ByKey):
 
 @dataclass
 class RanksResult:
-    """Per-rank traces of two runs compared rank by rank (`diff/ranks.py`): the earliest
+    """Per-rank traces of two runs compared rank by rank (`diff/distributed/ranks.py`): the earliest
     divergence across ranks (`result`, the full `LocateResult` of that rank's pair, with
     `first_rank`), every rank's summary, and how the divergence spread."""
 
@@ -706,7 +706,7 @@ class RanksResult:
         return 1 if self.verdict == "diverged" else 0
 
 
-# -- replicas: `tracediff replicas TRACE_OR_DIR` (diff/replicas.py) ---------------------------
+# -- replicas: `tracediff replicas TRACE_OR_DIR` (diff/distributed/replicas.py) ---------------------------
 
 @dataclass(repr=False)
 class ReplicaDeparture(_ByKey):
@@ -725,7 +725,7 @@ class ReplicaDeparture(_ByKey):
 
 @dataclass
 class ReplicasResult:
-    """One run's replicas checked (`diff/replicas.py`): consistent, the first departure
+    """One run's replicas checked (`diff/distributed/replicas.py`): consistent, the first departure
     and who departed, or "nothing_to_compare" (no replicated value to compare; `note` says why)."""
 
     verdict: str                                  # "consistent" / "diverged" / "nothing_to_compare"

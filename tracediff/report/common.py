@@ -17,11 +17,11 @@ import math
 import os
 from typing import Optional
 
-from ..diff.args import text as args_text
+from ..diff.compare.args import text as args_text
 from ..diff.result import EventRef, Finding, Gap, LocateResult, Replay
-from ..diff.mechanisms import FAR_ULP
-from ..diff.verdict import meaningful_ulp
-from ..diff import levels
+from ..diff.explain.mechanisms import FAR_ULP
+from ..diff.explain.verdict import meaningful_ulp
+from ..diff.compare import levels
 from ..trace import sources
 from ..trace.sources import parse_source
 from ..untrusted import md_code, md_text
@@ -166,7 +166,7 @@ def finding_rows(f: Finding, code, text, strong) -> list:
         rows.append(("devices", text(f.device_note)))
     if f.optimizer:   # an optimizer-internal op: its optimizer, state and leaf
         rows.append(("optimizer", text(f.optimizer)))
-    if f.arguments:   # the op's non-tensor arguments that differ (diff/args.py)
+    if f.arguments:   # the op's non-tensor arguments that differ (diff/compare/args.py)
         rows.append(("arguments differ", code(args_text(f.arguments))))
     if b.op != a.op or b.framework != a.framework:
         rows.append(("paired with", f"{event_label(b, code, text)} in b "

@@ -12,10 +12,10 @@ from typing import Optional
 
 from rich.console import Console
 
-from ..diff.analysis import short_value
-from ..diff.chain import collapse
+from ..diff.explain.analysis import short_value
+from ..diff.explain.chain import collapse
 from ..diff.result import Analysis, Gap
-from ..diff.verdict import fmt, ulp_text
+from ..diff.explain.verdict import fmt, ulp_text
 from ..untrusted import markup
 from .common import site, typed, ulp_cell, worst_detail
 
@@ -102,7 +102,7 @@ def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) ->
                     f", max rel {fmt(fo.max_rel)}"
             c.print(f"  {side}: {markup(s.op or '')} {rep}{dist}"
                     f"{' (' + markup(s.reason) + ')' if s.reason else ''}")
-    if rv.mechanism:   # diff/mechanisms.py
+    if rv.mechanism:   # diff/explain/mechanisms.py
         c.print(f"[bold]mechanism[/]: {markup(rv.mechanism)}")
     if an.compiled_call is not None:
         cc = an.compiled_call

@@ -43,7 +43,7 @@ import math
 from typing import Optional
 
 from .._version import __version__
-from ..diff.levels import zoom_lines
+from ..diff.compare.levels import zoom_lines
 from ..diff.result import Analysis, Gap, LocateResult, RanksResult, ReplicasResult
 from ..shell import command, comment, with_comment
 from .common import typed
@@ -140,7 +140,7 @@ def finding_json(f):
         "optimizer": f.optimizer,
         "values": [value_json(v) for v in f.values[:MAX_VALUES]],
         "values_total": len(f.values),
-        # the op's non-tensor arguments that differ (diff/args.py), only when some do
+        # the op's non-tensor arguments that differ (diff/compare/args.py), only when some do
         **({"arguments_differ": [_plain(x) for x in f.arguments]} if f.arguments else {}),
         # per-device copies (only when recorded per device, capture/jax_devices.py)
         **({"device_note": f.device_note,
@@ -235,7 +235,7 @@ def build(r: LocateResult) -> dict:
         "next_steps": next_steps(r),
         "levels": levels_json(r.levels),
     }
-    # root cause (diff/analysis.py): short replay verdict of the origin, the chain from the
+    # root cause (diff/explain/analysis.py): short replay verdict of the origin, the chain from the
     # origin to the outputs, the noise floor; present only when computed
     if r.explain is not None:
         out["explain"] = replay_json(r.explain)
@@ -243,7 +243,7 @@ def build(r: LocateResult) -> dict:
         out["chain"] = [hop_json(h) for h in r.chain]
     if r.noise is not None:
         out["noise"] = _plain(r.noise)
-    if r.structural is not None:   # an op only one run has (diff/structure.py)
+    if r.structural is not None:   # an op only one run has (diff/align/structure.py)
         st = r.structural
         out["structural"] = {"side": st.side, "text": st.text, "first": st.first,
                              "event": event_json(st.event), "gap": dict(st.gap),
@@ -344,7 +344,7 @@ def analysis_json(an: Optional[Analysis]) -> dict:
     out["chain"] = [hop_json(h) for h in an.chain.hops]
     out["chain_info"] = _chain_info(an.chain)
     out["replay"] = replay_run_json(an.replay)
-    out["mechanisms"] = [_plain(m) for m in an.mechanisms]   # diff/mechanisms.py
+    out["mechanisms"] = [_plain(m) for m in an.mechanisms]   # diff/explain/mechanisms.py
     if an.compiled_call is not None:
         out["compiled_call"] = _compiled_call(an.compiled_call)
     if an.inner is not None:

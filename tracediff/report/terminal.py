@@ -118,7 +118,7 @@ def _finding(console, title, f: Finding, verbose=False, context=None):
         console.print(f"  devices: {markup(f.device_note)}")
     if f.optimizer:
         console.print(f"  optimizer: {markup(f.optimizer)}")
-    if f.arguments:   # the op's non-tensor arguments that differ (diff/args.py)
+    if f.arguments:   # the op's non-tensor arguments that differ (diff/compare/args.py)
         console.print(f"  [bold]arguments differ[/]: {markup(args_text(f.arguments))}")
     if f.b.op != f.a.op or f.b.framework != f.a.framework:
         console.print(f"  paired with b: {_where(f.b)} (by {markup(f.pair_by)})")
@@ -356,7 +356,7 @@ def _extras(console, r, verbose=False):
     if r.explain is not None:
         head = r.explain.verdict or r.explain.summary
         console.print(f"[bold]replay verdict[/]: {markup(str(head))}")
-        if r.explain.mechanism:   # diff/mechanisms.py
+        if r.explain.mechanism:   # diff/explain/mechanisms.py
             console.print(f"[bold]mechanism[/]: {markup(r.explain.mechanism)}")
     if r.chain:
         # short: the hops with a role (origin, first beyond tolerance, last), the others

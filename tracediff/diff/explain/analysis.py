@@ -1,0 +1,239 @@
+"""Root cause of a divergence: the whole of `tracediff explain`, and locate's short form.
+
+`analyse(result, differ, event=None)` returns an `Analysis`; `short(analysis)` is the part
+`locate` adds to its own result (`explain`: a `Replay`, `chain`: the chain collapsed).
+It puts together what the modules beside it compute:
+
+* origin: the event to explain (EVENT, or the first bitwise difference when its inputs
+  match, else the first difference beyond tolerance when its inputs do: the op that
+  introduced it).
+* chain (`explain/chain.py`): dataflow path origin -> first beyond tolerance -> last differing
+  event, with the amplification at each hop.
+* replay (`explain/verdict.py`): the origin op re-executed here from each side's inputs; which
+  side is closer to the exact result, which one this machine reproduces; the mechanism
+  hypotheses (`explain/mechanisms.py`) that name how each side computed its value.
+* compiled call / inner structure: a divergence no single replayed equation explains,
+  and how the equations inside a jit origin pair up.
+* environment (`explain/causes.py`): the manifest differences that can change this kind of op.
+* steps (`explain/steps.py`): parameters and loss per optimizer step.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from ...errors import TraceError
+from ...shell import command
+from . import chain as _chain
+from ..compare import levels as _levels
+from .causes import environment
+from ..result import (Analysis, Chain, CompiledCall, Finding, Inner, LocateResult, Replay)
+from .steps import steps_table
+from .verdict import fmt, meaningful_ulp, replay_verdict
+
+
+def _culprit(result):
+    """The origin to explain: the first bitwise difference when it is introduced there
+    (inputs bitwise equal), else the first difference beyond tolerance when its inputs
+    are within tolerance, else the first difference."""
+    f, fd = result.first_beyond_tolerance, result.first_difference
+    if fd is not None and fd.inputs_match is True:
+        return fd
+    if f is not None and f.inputs_match is True:
+        return f
+    return fd or f
+
+
+def analyse(result: LocateResult, d, event: Optional[int] = None) -> Analysis:
+    """The full analysis of a located result (see the module docstring); `event`: an
+    event of trace a to explain instead of the origin."""
+    out = Analysis(verdict=result.verdict, traces=result.traces, tolerance=result.tolerance)
+    if event is not None:
+        if not 0 <= event < len(d.ta):
+            raise TraceError(f"no event {event} in trace a (it has events 0 to {len(d.ta) - 1})")
+        eb = int(d.al.a2b[event])
+        if eb < 0:
+            raise TraceError(f"event {event} of a has no counterpart in b (the runs executed "
+                             f"different ops there); pick a paired event")
+        f = d.finding(event, eb, "bitwise")
+        f.note = "chosen on the command line"
+    else:
+        f = _culprit(result)
+    if f is None:
+        out.summary = "the traces match bitwise: nothing to explain"
+        out.steps = steps_table(d, result)
+        return out
+    ea, eb = f.a.index, f.b.index
+    out.origin = f
+    fb = result.first_beyond_tolerance
+    target = fb.a.index if fb is not None else None
+    try:
+        out.chain = _chain.build(d, ea, target)
+    except Exception as exc:  # never fail the analysis over the chain
+        out.chain = Chain(error=f"{type(exc).__name__}: {exc}"[:200])
+    out.replay = rv = replay_verdict(d, ea, eb)
+    out.mechanisms = rv.mechanisms   # diff/explain/mechanisms.py: how each side computed its value
+    if f.compiled:
+        step = int(f.a.step)
+        probe = command("tracediff", "record", "--probe", _levels.probe_pattern(f.a.op),
+                        "--steps", f"{step}:{step + 1}")
+        out.compiled_call = CompiledCall(
+            call=f.a.op, event=ea,
+            explanation="the compiled outputs differ while every replayed equation matches: "
+                        "the difference comes from how the program was compiled (fusion, "
+                        "algebraic rewrites, fast math), not from any single op",
+            narrow=f"record the call's compiled probe on both machines ({probe} ..., the "
+                   f"commands are in locate's next steps) and locate again: it names "
+                   f"the equation whose compiled value differs"
+                   if f.compiled == "replay matches" else
+                   "done: the call's compiled probe was recorded on both sides and matches, so "
+                   "the difference lies in how the whole program was fused, not in any one "
+                   "equation's compiled value")
+    elif f.call is not None and f.call.probe_a is not None:
+        alone = {"a": "b's", "b": "a's"}.get(rv.reproduces)
+        out.compiled_call = CompiledCall(
+            call=f.call.op, event=f.call.a, probe=f.call.probe_a,
+            narrowed_op=f.a.op, narrowed_event=ea,
+            explanation=f"every replayed equation of {f.call.op} matches; its compiled "
+                        f"probe narrows the difference to {f.a.op} (a #{ea}), whose "
+                        f"compiled value differs while its inputs match" +
+                        (f". Run alone, {f.a.op} gives {rv.reproduces}'s value here: "
+                         f"{alone} compiled program computes it differently (fused with "
+                         f"its neighbours, e.g. a multiply-add contracted into one FMA, "
+                         f"or vectorised code that rounds differently)" if alone else ""),
+            narrow="done: the probe values are compiled intermediates (origin probe)")
+    if f.a.kind in ("eqn", "call") and f.a.op.startswith("jit:"):
+        out.inner = _inner_structure(d, ea, eb)
+    env_op, env_fw = f.a.op, f.a.framework
+    if rv.oracle is not None and rv.oracle.side == "b":   # b's op covers more (addmm vs add)
+        env_op, env_fw = f.b.op, f.b.framework
+    out.environment = environment(result.env_diff, env_op, env_fw, f.inputs_match, rv,
+                                  out.inner)
+    if fb is not None and fb.a.index != ea and fb.inputs_match is True:
+        out.tolerance_origin = fb
+    out.steps = steps_table(d, result)
+    out.noise = result.noise
+    out.summary = _summary(out, f)
+    return out
+
+
+def _inner_structure(d, ea, eb):
+    """How the equations inside a (nested) jit origin pair up: unpaired ones mean the
+    function's jaxpr differs between the runs (another library version's implementation)."""
+    def descendants(side, ev):
+        out, frontier = [], np.array([ev])
+        for _ in range(32):
+            kids = np.flatnonzero(np.isin(side.parent, frontier))
+            kids = kids[kids != ev]
+            if not len(kids):
+                break
+            out.append(kids)
+            frontier = kids
+        return np.unique(np.concatenate(out)) if out else np.zeros(0, np.int64)
+
+    in_a, in_b = descendants(d.sa, ea), descendants(d.sb, eb)
+    only_a = int(np.count_nonzero(d.al.a2b[in_a] < 0)) if len(in_a) else 0
+    only_b = int(np.count_nonzero(d.al.b2a[in_b] < 0)) if len(in_b) else 0
+    paired = in_a[d.al.a2b[in_a] >= 0] if len(in_a) else in_a
+    diff = _chain.differing_mask(d)
+    differing = sum(1 for e in paired.tolist() if diff[e])
+    if only_a or only_b:
+        text = (f"its equations differ between the runs ({len(in_a)} in a, {len(in_b)} in b; "
+                f"{only_a} only in a, {only_b} only in b): the function itself is implemented "
+                f"differently")
+    elif differing:
+        text = f"{differing} of its {len(in_a)} equations differ (see the chain)"
+    else:
+        text = (f"all {len(in_a)} equations inside it pair up and match: the difference comes "
+                f"from how it was compiled")
+    return Inner(equations_a=int(len(in_a)), equations_b=int(len(in_b)), only_in_a=only_a,
+                 only_in_b=only_b, differing=differing, text=text)
+
+
+def _differ_by(m):
+    """abs and rel first; the ULP count only where it means something."""
+    if m is None:
+        return "not compared"
+    u = meaningful_ulp(m)
+    return (f"max abs {fmt(m.max_abs)}, max rel {fmt(m.max_rel)}" +
+            (f", {fmt(u)} ULP" if u is not None else ""))
+
+
+def _summary(out: Analysis, f: Finding) -> str:
+    e = f.a
+    where = f"{e.op} (a #{e.index}, step {e.step}" + (f", {e.source}" if e.source else "") + ")"
+    words = []
+    if f.inputs_match is True:
+        words.append(f"{where} introduced the difference: its inputs are "
+                     f"{'bitwise equal' if f.level == 'bitwise' else 'within tolerance'} and "
+                     f"its outputs differ ({_differ_by(f.metrics)})")
+    elif f.inputs_match is False:
+        words.append(f"{where} differs but inherits the difference from its inputs")
+    else:
+        words.append(f"{where} differs; whether it introduced the difference is unknown "
+                     f"({f.inputs_reason})")
+    to = out.tolerance_origin
+    if to is not None:
+        words.append(f"it first exceeds tolerance at {to.a.op} (a #{to.a.index}, step "
+                     f"{to.a.step}), whose inputs are within tolerance: that op magnified it to "
+                     f"{fmt(to.metrics.max_rel if to.metrics is not None else None)}")
+    chain = out.chain
+    st = chain.strongest
+    if st:
+        words.append(f"{st.op} (a #{st.index}) amplified a {fmt(st.input_rel)} "
+                     f"difference to {fmt(st.output_rel)}")
+    if chain.reaches_target is False:
+        words.append("the first difference beyond tolerance is not reached from it through "
+                     "the recorded dataflow")
+    if out.inner:
+        words.append(f"{e.op}: {out.inner.text}")
+    rv = out.replay
+    if rv.verdict:
+        words.append(f"replay: {rv.verdict}")
+    if out.compiled_call:
+        cc = out.compiled_call
+        words.append(f"compiled-call divergence: every replayed equation of {cc.call} "
+                     f"matches" + (f"; the compiled probe narrows it to {e.op}"
+                                   if cc.probe is not None else ""))
+    env = out.environment
+    if env.causes:
+        c = env.causes[0]
+        words.append(f"most likely cause: {c.key} ({short_value(c.a)} vs {short_value(c.b)})")
+    return ". ".join(words) + "."
+
+
+def short_value(v) -> str:
+    """An environment value in one short line (60 characters at most)."""
+    s = "(unset)" if v is None else str(v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def short(analysis: Analysis) -> tuple:
+    """(Replay, [Hop | Gap]) for a `locate` result; (None, None) with no origin."""
+    if analysis is None or analysis.origin is None:
+        return None, None
+    rv = analysis.replay
+    o = analysis.origin.a
+    ex = Replay(verdict=f"{o.op} (a #{o.index}): {rv.verdict or analysis.summary}",
+                event=f"{o.op} (a #{o.index})", event_index=o.index,
+                event_index_b=analysis.origin.b.index, replayable=bool(rv.replayed),
+                summary=analysis.summary)
+    for side in ("a", "b"):
+        s = getattr(rv, side)
+        fo = s.from_oracle if s is not None else None
+        if fo:
+            setattr(ex, f"{side}_ulp_from_exact", fo.max_ulp)
+    if rv.oracle:
+        ex.exact_by = rv.oracle.computed_by
+    if rv.reproduces:
+        ex.reproduced_here = rv.reproduces
+    if rv.mechanism:   # diff/explain/mechanisms.py: which candidate numerics reproduce each side
+        ex.mechanism, ex.mechanisms = rv.mechanism, list(rv.mechanisms)
+    causes = analysis.environment.causes
+    if causes:
+        ex.likely_cause = f"{causes[0].key}: {causes[0].reason}"
+    if analysis.compiled_call:
+        ex.compiled_call = analysis.compiled_call.explanation
+    return ex, _chain.collapse(analysis.chain.hops)

@@ -1,0 +1,331 @@
+"""Pair the computations of two runs of different frameworks (a Flax model and its
+PyTorch port) by dataflow, dtype and role.
+
+Why: the two programs run different ops in a different order (an init-time forward on
+`jnp.ones`, a bias add vs `addmm`, eight LayerNorm equations vs one aten op, transposed
+and permuted weights), so pairing by sequence or by equal bytes pairs the wrong things.
+Values anchor the pairing instead, and dataflow carries it forward:
+
+1. Units. The computing ops of each side (byte-moving ops skipped), a matmul or conv
+   merged with the bias add that reads it, a jitted `gelu`/`softmax`/... kept whole.
+   Optimizer ops are left to the snapshots (align/optroles.py); forward and backward are
+   paired separately.
+2. Atoms. Every value a unit reads (and the values it was moved from) is fingerprinted:
+   dtype and exact bytes, whatever the shape (a reshape or transpose view keeps the
+   bytes); integers by value in any width (int32 tokens == int64 tokens, never == a
+   float); arrays of 2+ dims left over by the multiset of their elements, confirmed by an
+   axis permutation (HWIO kernel == OIHW weight). A fingerprint seen on both sides is an
+   atom: the same input or parameter. 0-d values (seeds, counters, hyper-parameters)
+   are never atoms. The optimizer's updated parameters are atoms by role.
+3. Support. A unit's support is the set of atoms it depends on, following the dataflow
+   back through byte-moving ops and other units and stopping at atoms; a value only one
+   side has (a PRNG key, the ones of an init-time forward) adds a token of its own side,
+   so what reads it cannot pair.
+4. Classes. Units with the same support and phase compute from the same atoms. In the
+   forward (`_pair_forward`), units of the same (op family, size, dtype) pair only when
+   their direct inputs pair; where the two sides reach one value by other ops (scale
+   before or after a matmul, a composite against one aten op), the points where values
+   meet pair, else the last units after the class's last pair, else two modules' outputs,
+   each region between compared as one unit. Backward units pair by symbol and direct
+   inputs (ties to the latest), carrying the module pairs of the forward.
+5. A user map (`{"MLP/fc1": "fc1"}`) confines the units of the modules it names to each
+   other, never across op families, and pairs what dataflow left there by structure.
+
+Every pair says how it was made (`by`, `how`).
+"""
+
+import collections
+import dataclasses
+
+import numpy as np
+
+from ..align import sequence as _align
+from ..differ import comparable
+from .atoms import Atoms
+from .graph import PHASE_BWD, PHASE_FWD
+from .modules import ModuleCorrespondence
+from .reads import Reads
+
+MAX_FORWARD_PASSES = 4              # sweeps over the forward classes (a later class may feed one)
+MAX_MEET_COMPARISONS = 2000         # value comparisons per class to find where two sides meet
+
+
+@dataclasses.dataclass
+class Pair:
+    a: int            # unit index on a
+    b: int            # unit index on b
+    by: str           # "dataflow", "dataflow (values meet)", "module output",
+    how: str          # "dataflow (composite)", "user map", "structure"
+    modules: tuple = None   # (a module, b module) whose outputs a "module output" pair is
+
+
+class Pairing(Atoms, ModuleCorrespondence, Reads):
+    """The pairs of two `SideGraph`s (see the module docstring); its parts: atoms and
+    supports (`atoms.py`), module correspondence and the user map (`modules.py`), what a
+    unit or region reads (`reads.py`)."""
+
+    def __init__(self, ga, gb, user_map=None, role_rows=(), agree=None):
+        self.ga, self.gb = ga, gb
+        self.agree = agree         # agree(row a, row b): equal within tolerance (values meet)
+        self._mod_pairs = {}       # a module -> b module, from the paths of paired units
+        self._same_value = [None, None]   # per side: (hash, dtype, shape) -> units
+        self.user_map = list((user_map or {}).items())
+        self.atoms = {}            # fingerprint -> atom id
+        self.atom_rows = {}        # atom id -> (row a, row b, how)
+        self.row_atom = [{}, {}]   # per side: (event, slot, role) -> atom id (permuted matches)
+        self.layouts = {}          # (a row key, b row key) -> axis order found for an atom
+        self._build_atoms(role_rows)
+        for g, s in ((ga, 0), (gb, 1)):
+            self._supports(g, s)
+        self.pairs = []
+        self.pair_of = [dict(), dict()]   # unit index -> pair index, per side
+        self.groups = [self._groups(ga, 0), self._groups(gb, 1)]
+        self._pair_forward()
+        self.module_map = self._module_map()
+        self._pair_phase(PHASE_BWD)
+        self._pair_user_leftovers()
+
+    # -- pairing ----------------------------------------------------------------------------
+    def _symbol(self, g, s, k, with_module):
+        u = g.units[k]
+        return (u.family, u.size, u.dtype, int(self.groups[s][k]),
+                self._module_id(s, u.module) if with_module else "")
+
+    def _pair_phase(self, phase):
+        ga, gb = self.ga, self.gb
+        classes = collections.OrderedDict()
+        for g, s in ((ga, 0), (gb, 1)):
+            for k, u in enumerate(g.units):
+                if u.phase != phase or k in self.pair_of[s]:
+                    continue
+                sup = g.support[k]
+                if not sup or any(x[0] == "l" for x in sup):
+                    continue
+                classes.setdefault(sup, ([], []))[s].append(k)
+        bwd = phase == PHASE_BWD
+        for sup, (la, lb) in sorted(classes.items(), key=lambda c: c[1][0][0] if c[1][0] else 1 << 62):
+            if not la or not lb:
+                continue
+            n_atoms = sum(1 for x in sup if x[0] == "a")
+            # the same symbol on both sides: the k-th from the end with the k-th from the end
+            # (an init-time forward on the same inputs precedes the apply-time one)
+            by_sym = collections.defaultdict(lambda: ([], []))
+            for s, lst, g in ((0, la, ga), (1, lb, gb)):
+                for k in lst:
+                    by_sym[self._symbol(g, s, k, bwd)][s].append(k)
+            for xs, ys in sorted(by_sym.values(), key=lambda v: v[0][0] if v[0] else 1 << 62):
+                for ka, kb, score in self._assign(xs, ys):
+                    self._add(ka, kb, "dataflow",
+                              f"same op family and size, computed from the same {n_atoms} "
+                              f"paired input(s) and parameter(s)" +
+                              ("" if score is None else
+                               f"; {score} of its direct inputs are the same values or made "
+                               f"by paired ops"))
+            # what is left: a composite on one side or both (LayerNorm's equations vs
+            # aten::native_layer_norm), paired by its last unit
+            left = collections.defaultdict(lambda: ([], []))
+            for s, lst, g in ((0, la, ga), (1, lb, gb)):
+                for k in lst:
+                    if k not in self.pair_of[s]:
+                        u = g.units[k]
+                        left[(u.size, u.dtype, int(self.groups[s][k]),
+                              self._module_id(s, u.module) if bwd else "")][s].append(k)
+            for xs, ys in left.values():
+                if xs and ys:
+                    self._add(xs[-1], ys[-1], "dataflow (composite)",
+                              f"the last of {len(xs)} op(s) of a and {len(ys)} of b computed "
+                              f"from the same {n_atoms} paired input(s) and parameter(s)")
+
+    # -- the forward: what the two sides compute ----------------------------------------
+    def _pair_forward(self):
+        """Forward units pair by what they compute, not by their op sequences. Inside each
+        class (units computed from the same atoms), repeatedly:
+
+        1. strict: units of the same symbol whose direct inputs pair (the same atoms,
+           values made by paired units); a unit that reads an unpaired unit's value waits;
+        2. values meet: where the two sides reach one value by different op sequences
+           (Flax `(q/sqrt d) k^T` against torch's `(q k^T)/sqrt d`, a LayerNorm's equations
+           against `native_layer_norm`), units of the same size whose outputs agree within
+           tolerance pair, and what lies between them and the last pairs is one region;
+        3. module output: where nothing inside meets (a port bug, fused against unfused
+           attention), the last units of two corresponding modules pair, their region
+           compared as one unit.
+
+        Never two ops whose inputs do not pair: a pair made by 2 or 3 compares its region's
+        inputs (`region_inputs`), and consumers pair strictly after it."""
+        for _ in range(MAX_FORWARD_PASSES):
+            before = len(self.pairs)
+            for sup, (la, lb) in self._classes(PHASE_FWD):
+                n_atoms = sum(1 for x in sup if x[0] == "a")
+                while self._pair_strict(la, lb, n_atoms) or self._pair_meeting(la, lb, n_atoms) \
+                        or self._pair_composite(la, lb, n_atoms) \
+                        or self._pair_module_output(la, lb, n_atoms):
+                    pass
+            if len(self.pairs) == before:
+                break
+
+    def _classes(self, phase):
+        """[(support, ([a units], [b units]))] of the units of one phase (paired ones too: the
+        last pair of a class bounds what is left over), in the order of a's first unit;
+        units that read a value only one side has are left out."""
+        classes = collections.OrderedDict()
+        for g, s in ((self.ga, 0), (self.gb, 1)):
+            for k, u in enumerate(g.units):
+                if u.phase != phase:
+                    continue
+                sup = g.support[k]
+                if not sup or any(x[0] == "l" for x in sup):
+                    continue
+                classes.setdefault(sup, ([], []))[s].append(k)
+        return [(sup, lists) for sup, lists in
+                sorted(classes.items(), key=lambda c: c[1][0][0] if c[1][0] else 1 << 62)
+                if lists[0] and lists[1]]
+
+    def _pair_strict(self, la, lb, n_atoms):
+        by_sym = collections.defaultdict(lambda: ([], []))
+        for s, lst, g in ((0, la, self.ga), (1, lb, self.gb)):
+            for k in lst:
+                if k not in self.pair_of[s]:
+                    by_sym[self._symbol(g, s, k, False)][s].append(k)
+        new = False
+        for xs, ys in by_sym.values():
+            if not xs or not ys:
+                continue
+            keyed = ({}, {})
+            for s, lst in ((0, xs), (1, ys)):
+                for k in lst:
+                    keys = self._complete_keys(s, k)
+                    if keys is not None:
+                        keyed[s].setdefault(keys, []).append(k)
+            for keys, xl in keyed[0].items():
+                # several with the same inputs: the k-th from the end with the k-th from the
+                # end (an init-time forward on the same inputs precedes the apply-time one)
+                for x, y in zip(reversed(xl), reversed(keyed[1].get(keys, []))):
+                    self._add(x, y, "dataflow",
+                              f"same op family and size, computed from the same {n_atoms} paired "
+                              f"input(s) and parameter(s); its {len(keys)} direct input(s) are "
+                              f"the same values or made by paired ops")
+                    new = True
+        return new
+
+    def _pair_meeting(self, la, lb, n_atoms):
+        """Step 2 of `_pair_forward`: the latest unpaired unit of a whose output agrees
+        with an unpaired unit of b of the same size (latest first), within tolerance."""
+        if self.agree is None:
+            return False
+        left = collections.defaultdict(lambda: ([], []))
+        for s, lst, g in ((0, la, self.ga), (1, lb, self.gb)):
+            for k in lst:
+                if self.pair_key(s, k) is None:
+                    u = g.units[k]
+                    left[(u.size, int(self.groups[s][k]))][s].append(k)
+        budget = MAX_MEET_COMPARISONS
+        for xs, ys in left.values():
+            for x in reversed(xs):
+                ra = self.out_row(0, x)
+                if ra is None or not comparable(ra):
+                    continue
+                for y in reversed(ys):
+                    rb = self.out_row(1, y)
+                    if rb is None or not comparable(rb):
+                        continue
+                    budget -= 1
+                    if budget < 0:
+                        return False
+                    if self.agree(ra, rb):
+                        na, nb = len(self.region(0, x)), len(self.region(1, y))
+                        self._add(x, y, "dataflow (values meet)",
+                                  f"the two sides reach this value by different ops ({na} of a, "
+                                  f"{nb} of b since the last pairs): their outputs agree within "
+                                  f"tolerance, computed from the same {n_atoms} paired input(s) "
+                                  f"and parameter(s)")
+                        return True
+        return False
+
+    def _pair_composite(self, la, lb, n_atoms):
+        """Step 2b of `_pair_forward`, where no values meet (a difference inherited from
+        earlier, or made here): the last unpaired unit of a with the last of b of the same
+        size (a LayerNorm's equations against `native_layer_norm`, the scores `(q/sqrt d) k^T`
+        against `(q k^T)/sqrt d`); values one side recomputes (`pair_key`) are not left over."""
+        left = collections.defaultdict(lambda: ([], []))
+        for s, lst, g in ((0, la, self.ga), (1, lb, self.gb)):
+            # only what follows the class's last pair: a unit before it was passed by the
+            # other side's ops on the way to a value both reach (torch eager's unscaled scores)
+            start = max((k for k in lst if k in self.pair_of[s]), default=-1)
+            for k in lst:
+                if k > start and self.pair_key(s, k) is None:
+                    u = g.units[k]
+                    left[(u.size, u.dtype, int(self.groups[s][k]))][s].append(k)
+        for xs, ys in left.values():
+            if xs and ys:
+                self._add(xs[-1], ys[-1], "dataflow (composite)",
+                          f"the last of {len(xs)} op(s) of a and {len(ys)} of b computed from the "
+                          f"same {n_atoms} paired input(s) and parameter(s); their values do not "
+                          f"meet")
+                return True
+        return False
+
+    def _pair_module_output(self, la, lb, n_atoms):
+        """Step 3 of `_pair_forward`: the last unpaired unit of a module on a with the last
+        of its counterpart on b (the deepest module both end), sizes equal."""
+        xs = [k for k in la if self.pair_key(0, k) is None]
+        ys = [k for k in lb if self.pair_key(1, k) is None]
+        ends_b = {y: self._module_ends(1, y) for y in ys}
+        for x in reversed(xs):
+            ux = self.ga.units[x]
+            for ma in self._module_ends(0, x):
+                mb = self.counterpart(ma)
+                if mb is None:
+                    continue
+                y = next((y for y in reversed(ys) if mb in ends_b[y] and
+                          self.gb.units[y].size == ux.size and
+                          self.groups[1][y] == self.groups[0][x]), None)
+                if y is None:
+                    continue
+                na, nb = len(self.region(0, x)), len(self.region(1, y))
+                self._add(x, y, "module output",
+                          f"the output of module {ma or '(top level)'!r} <-> "
+                          f"{mb or '(top level)'!r}: nothing inside meets ({na} op(s) of a, "
+                          f"{nb} of b since the last pairs), compared as one unit, computed "
+                          f"from the same {n_atoms} paired input(s) and parameter(s)",
+                          modules=(ma, mb))
+                return True
+        return False
+
+    def _add(self, ka, kb, by, how, modules=None):
+        ga_ = self.groups[0][ka]
+        if ga_ >= 0:
+            by, how = "user map", f"{how}; within the modules the map names " \
+                                  f"({self.user_map[ga_][0]!r} -> {self.user_map[ga_][1]!r})"
+        self.pair_of[0][ka] = len(self.pairs)
+        self.pair_of[1][kb] = len(self.pairs)
+        self.pairs.append(Pair(ka, kb, by, how, modules))
+        self._learn_modules(self.unit_module(0, ka), self.unit_module(1, kb))
+
+    def _pair_user_leftovers(self):
+        """Units of mapped modules that dataflow did not pair: by structure, in order from
+        the end, never across op families."""
+        for i in range(len(self.user_map)):
+            la = [k for k in np.flatnonzero(self.groups[0] == i).tolist() if k not in self.pair_of[0]]
+            lb = [k for k in np.flatnonzero(self.groups[1] == i).tolist() if k not in self.pair_of[1]]
+            if not la or not lb:
+                continue
+            for phase in (PHASE_FWD, PHASE_BWD):
+                pa = [k for k in la if self.ga.units[k].phase == phase]
+                pb = [k for k in lb if self.gb.units[k].phase == phase]
+                ids = {}
+                sym_a = np.array([ids.setdefault((self.ga.units[k].family, self.ga.units[k].size),
+                                                 len(ids)) for k in pa], np.uint64)
+                sym_b = np.array([ids.setdefault((self.gb.units[k].family, self.gb.units[k].size),
+                                                 len(ids)) for k in pb], np.uint64)
+                if not len(sym_a) or not len(sym_b):
+                    continue
+                ia, ib, _ = _align.align_arrays(sym_a[::-1], sym_b[::-1])
+                for x, y in zip((len(pa) - 1 - ia)[::-1].tolist(), (len(pb) - 1 - ib)[::-1].tolist()):
+                    self.pair_of[0][pa[x]] = len(self.pairs)
+                    self.pair_of[1][pb[y]] = len(self.pairs)
+                    self.pairs.append(Pair(pa[x], pb[y], "user map",
+                                           f"by structure (op family and size) within the "
+                                           f"modules the map names ({self.user_map[i][0]!r} -> "
+                                           f"{self.user_map[i][1]!r}); their inputs were not "
+                                           f"paired by value"))
