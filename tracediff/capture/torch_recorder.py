@@ -156,9 +156,10 @@ class _OpInfo:
     """Per-aten-overload facts computed once: name, argument names, writes, uninit."""
 
     __slots__ = ("name", "arg_names", "write_pos", "write_kw", "uninit", "skip", "collective",
-                 "view")
+                 "view", "func")
 
     def __init__(self, func):
+        self.func = func   # held: the recorder's cache is keyed by id(func)
         sch = func._schema
         self.name = sch.name if func._overloadname == "default" else f"{sch.name}.{func._overloadname}"
         self.arg_names = [a.name for a in sch.arguments]
@@ -245,7 +246,7 @@ class TorchCapture(Capture):
         self.roots = []
         self.mod_stack = []
         # caches
-        self._opinfo = {}
+        self._opinfo = {}        # id(aten overload) -> _OpInfo (which holds the overload)
         self._dtypes = {}
         self._strided = torch.strided
         self.forked = False
@@ -255,7 +256,8 @@ class TorchCapture(Capture):
         _live_captures.add(self)
         self._names, self._names_key = {}, None
         self._cur_source = None
-        self._code_kind = {}     # code object -> _kind of its file
+        self._code_kind = {}     # id(code object) -> (code, _kind of its file, short name)
+        self._sites = {}         # (id(code object), f_lasti) -> "short:line"
         self._short = {}
         self._ids = {}           # interned ids: node names, (op, params, module, source)
         self._pcache = {}        # (op info, non-tensor arguments) -> params summary
@@ -467,30 +469,48 @@ class TorchCapture(Capture):
         package: LIB is the innermost frame outside tracediff and Python's standard library;
         trace/sources.py); torch.nn's code called by a model library is named by that
         library's frame as USER (the line that says which layer, `Session.jax_site`).
-        Each code object is classified once (`_code_kind`), so the walk costs a dict
-        lookup per frame, as before."""
+        Each code object is classified once (`_code_entry`) and each instruction's
+        "file:line" formatted once (`_sites`), so the walk costs a dict lookup or two per
+        frame."""
         f = sys._getframe(2)
         kinds = self._code_kind
+        sites = self._sites
         lib = model = None
         while f is not None:
             code = f.f_code
-            k = kinds.get(code)
-            if k is None:
-                k = kinds[code] = self._kind(code.co_filename)
-            if k:
-                fn = code.co_filename
-                short = self._short.get(fn)
-                if short is None:
-                    short = self._short[fn] = self.session.short_path(fn)
+            c = id(code)
+            e = kinds.get(c)
+            if e is None:
+                e = self._code_entry(code)
+            if e[1]:
+                site = sites.get((c, f.f_lasti))
+                if site is None:
+                    site = sites[(c, f.f_lasti)] = f"{e[2]}:{f.f_lineno}"
+                k = e[1]
                 if k == 2:
-                    user = model or f"{short}:{f.f_lineno}"
+                    user = model or site
                     return user if lib is None else f"{lib}{LIB_SEP}{user}"
                 if lib is None:
-                    lib, in_framework = f"{short}:{f.f_lineno}", k == 1
+                    lib, in_framework = site, k == 1
                 elif k == 3 and model is None and in_framework:
-                    model = f"{short}:{f.f_lineno}"   # transformers calling torch.nn
+                    model = site   # transformers calling torch.nn
             f = f.f_back
         return f"{lib}{LIB_SEP}{model}" if model else lib
+
+    def _code_entry(self, code):
+        """(code, kind, short file name) of a code object, cached by id(code): a code
+        object's own hash is recomputed on every lookup (it hashes its constants, nested
+        code objects included: ~10 us for a module's code); the entry holds the code
+        object, so its id cannot be reused while cached."""
+        fn = code.co_filename
+        k = self._kind(fn)
+        short = None
+        if k:
+            short = self._short.get(fn)
+            if short is None:
+                short = self._short[fn] = self.session.short_path(fn)
+        e = self._code_kind[id(code)] = (code, k, short)
+        return e
 
     def _kind(self, fn):
         """0: a frame never named (tracediff, the standard library, <frozen ...>, torch's
@@ -655,9 +675,9 @@ class TorchCapture(Capture):
         if self.compiled_depth or self.forked or self.failed or self.writer.closed:
             return func(*args, **kwargs)
         try:
-            info = self._opinfo.get(func)
+            info = self._opinfo.get(id(func))   # OpOverload.__hash__ is Python code
             if info is None:
-                info = self._opinfo[func] = _OpInfo(func)
+                info = self._opinfo[id(func)] = _OpInfo(func)
             if info.skip:
                 return func(*args, **kwargs)
             node = self._cur_node()
@@ -997,40 +1017,40 @@ def _strip_compiled(name):
     return name.replace("_orig_mod.", "")
 
 
-def _disabled_once_dynamo_loads(dispatch):
-    """`dispatch` behind `torch._dynamo.disable` once Dynamo is imported, called directly
-    until then.
+def _dispatch_entry(capture, dispatch, lazy):
+    """The mode's `__torch_dispatch__`: `dispatch` with `budget.HEADROOM` more frames of
+    recursion limit, kept out of Dynamo when Dynamo could see it, in one frame.
 
-    torch wraps a dispatch mode's `__torch_dispatch__` in `_disable_dynamo`, which imports
-    Dynamo at the first call (~2.5 CPU-s) and then enters and leaves Dynamo's disabled
-    context on every op. Dynamo only needs keeping out of the recorder while it exists:
-    before the script imports it (an eager script without an optimizer never does), no
-    frame can be compiled or traced. From the first op after its import has finished,
-    this is torch's own wrapper."""
+    - Headroom: the recorder's own frames above an op never count against the script's
+      budget (capture/budget.py); this frame is the only one the script's budget pays for.
+    - Dynamo (`lazy`: torch versions that wrap a mode's dispatch in `_disable_dynamo`):
+      torch's wrapper imports Dynamo at the first call (~2.5 CPU-s) and then enters and
+      leaves Dynamo's disabled context on every op (~10 us of Python a tiny op). Its only
+      effect is that no eval-frame callback runs inside the recorder; when none is set
+      (an eager program: Dynamo not imported, or imported but not compiling or running a
+      compiled frame right now) calling `dispatch` directly is the same thing. Otherwise
+      (inside a compiled call, while Dynamo traces) this is torch's own wrapper."""
     disabled = None
+    get_callback = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        nonlocal disabled
-        if disabled is None:
-            dynamo = sys.modules.get("torch._dynamo")
-            if dynamo is None or getattr(getattr(dynamo, "__spec__", None), "_initializing", False):
-                return dispatch(self, func, types, args, kwargs)
-            disabled = sys.modules["torch"]._disable_dynamo(dispatch, recursive=True)
-        return disabled(self, func, types, args, kwargs)
-
-    return __torch_dispatch__
-
-
-def _with_headroom(dispatch):
-    """`dispatch` with `budget.HEADROOM` more frames of recursion limit: the recorder's
-    own frames above an op never count against the script's budget (capture/budget.py).
-    Its first frame is the only one the script's budget pays for."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        nonlocal disabled, get_callback
         limit = get_limit()
         set_limit(limit + HEADROOM)
         try:
-            return dispatch(self, func, types, args, kwargs)
+            if not lazy:
+                return capture.on_op(func, args, kwargs or {})
+            if get_callback is None:
+                dynamo = sys.modules.get("torch._dynamo")
+                if dynamo is None or getattr(getattr(dynamo, "__spec__", None), "_initializing",
+                                             False):
+                    return capture.on_op(func, args, kwargs or {})
+                torch = sys.modules["torch"]
+                disabled = torch._disable_dynamo(dispatch, recursive=True)
+                get_callback = torch._C._dynamo.eval_frame.get_eval_frame_callback
+            if get_callback() is None:
+                return capture.on_op(func, args, kwargs or {})
+            return disabled(self, func, types, args, kwargs)
         finally:
             try:
                 set_limit(limit)
@@ -1051,8 +1071,7 @@ def _make_mode(capture):
     lazy = skip is not None and skip()
 
     class _TraceMode(TorchDispatchMode):
-        __torch_dispatch__ = _with_headroom(_disabled_once_dynamo_loads(dispatch) if lazy
-                                            else dispatch)
+        __torch_dispatch__ = _dispatch_entry(capture, dispatch, lazy)
 
         @classmethod
         def _should_skip_dynamo(cls):
