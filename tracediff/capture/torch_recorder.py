@@ -694,10 +694,29 @@ class TorchCapture(Capture):
             if kwargs:
                 _flat(kwargs.values(), ins)
             with self.lock:
-                if self.pending:
-                    self._fix_pending()
-                ref = self._ref
-                refs = [ref(t) for t in ins]
+                producer = self.producer
+                pending = self.pending
+                if pending:   # `_fix_pending`, inlined
+                    for key, wr in pending:
+                        t = wr()
+                        if t is not None:
+                            e = producer.get(key)
+                            if e is not None and e[0] is wr:
+                                producer[key] = (wr, e[1], e[2],
+                                                 -1 if t.is_inference() else t._version)
+                    self.pending = []
+                # `_ref`'s common case inlined: a known tensor, its version unchanged (an
+                # inference tensor's is -1: it has none), no aliasing write to check
+                refs = []
+                checked = bool(self.storage_writes)
+                for t in ins:
+                    e = producer.get(id(t))
+                    if e is not None and e[0]() is t and not (checked and t.is_leaf):
+                        v = e[3]
+                        if v is None or v == -1 or v == t._version:
+                            refs.append((e[1], e[2]))
+                            continue
+                    refs.append(self._ref(t))
                 self.hold = None
         except Exception as exc:
             self._fail(exc)
