@@ -249,6 +249,7 @@ class TorchCapture(Capture):
         self._opinfo = {}        # id(aten overload) -> _OpInfo (which holds the overload)
         self._dtypes = {}
         self._strided = torch.strided
+        self._Tensor = torch.Tensor
         self.forked = False
         self.failed = None
         self.failed_at_event = None
@@ -597,7 +598,11 @@ class TorchCapture(Capture):
             if t is not None:
                 e = producer.get(key)
                 if e is not None and e[0] is wr:
-                    producer[key] = (wr, e[1], e[2], -1 if t.is_inference() else t._version)
+                    try:
+                        v = t._version
+                    except RuntimeError:   # an inference tensor has none
+                        v = -1
+                    producer[key] = (wr, e[1], e[2], v)
         self.pending = []
 
     def _ref(self, t):
@@ -690,7 +695,19 @@ class TorchCapture(Capture):
             else:
                 seq_now = src = mod = None
             self._cur_source = src
-            ins = _flat(args, [])
+            # `_flat`, inlined; `simple`: every argument is a tensor (no parameters)
+            Tensor = self._Tensor
+            ins = []
+            simple = not kwargs
+            for x in args:
+                if isinstance(x, Tensor):
+                    ins.append(x)
+                else:
+                    simple = False
+                    if isinstance(x, (list, tuple)):
+                        for y in x:
+                            if isinstance(y, Tensor):
+                                ins.append(y)
             if kwargs:
                 _flat(kwargs.values(), ins)
             with self.lock:
@@ -702,20 +719,33 @@ class TorchCapture(Capture):
                         if t is not None:
                             e = producer.get(key)
                             if e is not None and e[0] is wr:
-                                producer[key] = (wr, e[1], e[2],
-                                                 -1 if t.is_inference() else t._version)
+                                try:
+                                    v = t._version
+                                except RuntimeError:   # an inference tensor has none
+                                    v = -1
+                                producer[key] = (wr, e[1], e[2], v)
                     self.pending = []
                 # `_ref`'s common case inlined: a known tensor, its version unchanged (an
-                # inference tensor's is -1: it has none), no aliasing write to check
+                # inference tensor's is -1: it has none), no later write through another
+                # alias of its storage (`_written_since`, leaves only)
                 refs = []
-                checked = bool(self.storage_writes)
+                writes = self.storage_writes
                 for t in ins:
                     e = producer.get(id(t))
-                    if e is not None and e[0]() is t and not (checked and t.is_leaf):
+                    if e is not None and e[0]() is t:
                         v = e[3]
                         if v is None or v == -1 or v == t._version:
-                            refs.append((e[1], e[2]))
-                            continue
+                            if not writes or not t.is_leaf:
+                                refs.append((e[1], e[2]))
+                                continue
+                            try:
+                                ptr = t.untyped_storage().data_ptr()
+                            except Exception:
+                                ptr = 0
+                            sw = writes.get(ptr) if ptr else None
+                            if sw is None or sw[0] <= e[1]:
+                                refs.append((e[1], e[2]))
+                                continue
                     refs.append(self._ref(t))
                 self.hold = None
         except Exception as exc:
@@ -726,7 +756,7 @@ class TorchCapture(Capture):
                                         (info, None, node, seq_now, src, mod, refs))
         out = func(*args, **kwargs)
         try:
-            self._after(info, node, seq_now, src, mod, refs, args, kwargs, out)
+            self._after(info, node, seq_now, src, mod, refs, args, kwargs, out, simple)
         except Exception as exc:
             self._fail(exc)
         return out
@@ -737,7 +767,7 @@ class TorchCapture(Capture):
         print(f"tracediff: torch capture stopped at event {self.failed_at_event}: {self.failed}",
               file=sys.stderr)
 
-    def _after(self, info, node, seq_now, src, mod, refs, args, kwargs, out):
+    def _after(self, info, node, seq_now, src, mod, refs, args, kwargs, out, simple=False):
         """Write the op's event, input links and output values."""
         Tensor = _torch.Tensor
         if out is None:
@@ -752,7 +782,7 @@ class TorchCapture(Capture):
         parent = -1
         node_id = -1
         phase = self.phase
-        params = self._params_cached(info, args, kwargs)
+        params = None if simple else self._params_cached(info, args, kwargs)
         w = self.writer
         if node is not None:
             phase = schema.PHASE_BWD
