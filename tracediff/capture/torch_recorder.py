@@ -156,10 +156,16 @@ class _OpInfo:
     """Per-aten-overload facts computed once: name, argument names, writes, uninit."""
 
     __slots__ = ("name", "arg_names", "write_pos", "write_kw", "uninit", "skip", "collective",
-                 "view", "func")
+                 "view", "func", "call")
 
     def __init__(self, func):
         self.func = func   # held: the recorder's cache is keyed by id(func)
+        # what `func(*args)` calls: a plain OpOverload's __call__ is one Python frame
+        # around its C++ `_op`, called directly (a subclass keeps its own __call__)
+        op_cls = getattr(getattr(_torch, "_ops", None), "OpOverload", None)
+        direct = getattr(func, "_op", None)
+        self.call = direct if (direct is not None and op_cls is not None and
+                               type(func).__call__ is op_cls.__call__) else func
         sch = func._schema
         self.name = sch.name if func._overloadname == "default" else f"{sch.name}.{func._overloadname}"
         self.arg_names = [a.name for a in sch.arguments]
@@ -754,7 +760,7 @@ class TorchCapture(Capture):
         if info.collective:   # c10d: inputs before, outputs after its Work (torch_collectives)
             return self.collectives.run(func, args, kwargs,
                                         (info, None, node, seq_now, src, mod, refs))
-        out = func(*args, **kwargs)
+        out = info.call(*args, **kwargs)
         try:
             self._after(info, node, seq_now, src, mod, refs, args, kwargs, out, simple)
         except Exception as exc:
