@@ -140,6 +140,10 @@ def _short_repr(v):
 
 
 _PLAIN = (bool, int, float, complex, str, type(None))
+# the hot path's globals, looked up once (module attributes cost a lookup each)
+_wref = weakref.ref
+_get_ident = threading.get_ident
+_FW_TORCH, _KIND_OP, _ORIGIN_EAGER = schema.FW_TORCH, schema.KIND_OP, schema.ORIGIN_EAGER
 _KEY_T = object()   # stands for a tensor in `_params_cached`'s keys
 _MISS = object()
 _TORCH_PLAIN = None
@@ -796,7 +800,7 @@ class TorchCapture(Capture):
             node_id = self._ids.get(node_name)
             if node_id is None:
                 node_id = self._ids[node_name] = w.intern(node_name)
-            fwd = self.seq2fwd.get((threading.get_ident(), node._sequence_nr()))
+            fwd = self.seq2fwd.get((_get_ident(), node._sequence_nr()))
             if fwd is not None:
                 parent, mod, src = fwd
             elif node_name == "AccumulateGrad":
@@ -811,13 +815,13 @@ class TorchCapture(Capture):
             ev = ids[key] = (w.intern(info.name), w.intern(params), w.intern(mod),
                              w.source_id(src))
         with self.lock:
-            eid = w.add_event_ids(schema.FW_TORCH, schema.KIND_OP, phase, schema.ORIGIN_EAGER,
+            eid = w.add_event_ids(_FW_TORCH, _KIND_OP, phase, _ORIGIN_EAGER,
                                   ev[0], ev[1], ev[2], ev[3], node_id, -1, parent, self.step)
             self.n_ops += 1
             if refs:
                 w._rows["inputs"].extend([(eid, slot, r[0], r[1]) for slot, r in enumerate(refs)])
             if node is None:
-                tid = threading.get_ident()
+                tid = _get_ident()
                 last = self.last_seq.get(tid, seq_now)
                 if last != seq_now:
                     entry = (eid, mod, src)
@@ -835,7 +839,7 @@ class TorchCapture(Capture):
             uninit = info.uninit
             dtypes = self._dtypes
             for slot, o in enumerate(outs):
-                wr = weakref.ref(o)
+                wr = _wref(o)
                 key = id(o)
                 producer[key] = (wr, eid, slot, None)
                 pending.append((key, wr))
