@@ -836,13 +836,24 @@ class TorchCapture(Capture):
                 return
             producer, pending, last_writer = self.producer, self.pending, self.last_writer
             writes = self.storage_writes if (info.write_pos or info.write_kw) else None
+            # An op that writes an argument or returns an alias: autograd bumps the
+            # version after this returns, so it is read at the next op (`pending`). A
+            # fresh output's version is final now.
+            lazy = writes is not None or info.view
             uninit = info.uninit
             dtypes = self._dtypes
             for slot, o in enumerate(outs):
                 wr = _wref(o)
                 key = id(o)
-                producer[key] = (wr, eid, slot, None)
-                pending.append((key, wr))
+                if lazy:
+                    producer[key] = (wr, eid, slot, None)
+                    pending.append((key, wr))
+                else:
+                    try:
+                        v = o._version
+                    except RuntimeError:   # an inference tensor has none
+                        v = -1
+                    producer[key] = (wr, eid, slot, v)
                 try:
                     ptr = o.data_ptr()     # the storage's start: data_ptr less the offset
                     if ptr:
