@@ -63,7 +63,12 @@ Design (see the design notes, torch-capture-notes.md, for the measurements behin
   the module hooks do nothing while Dynamo traces them (`torch.compiler.is_compiling()`),
   so the compiled graphs are those of an unrecorded run.
 - Cost: no pytree in the hot path (hand-written flatten), values go straight into the
-  writer's buffered byte arena; the runner raises the GC threshold.
+  writer's buffered byte arena; the runner raises the GC threshold. Per op, the mode's
+  one entry frame skips Dynamo's disable wrapper while no eval-frame callback is set
+  (`_dispatch_entry`), a plain OpOverload runs through its C++ `_op`, op facts and
+  code objects are cached by id (their own hashes are Python code, or hash every
+  constant), "file:line" strings are formatted once per instruction, and known
+  inputs' producers are resolved inline (benchmarks/dispatch_floor.py --levels).
 """
 
 import os
