@@ -63,7 +63,12 @@ Design (see the design notes, torch-capture-notes.md, for the measurements behin
   the module hooks do nothing while Dynamo traces them (`torch.compiler.is_compiling()`),
   so the compiled graphs are those of an unrecorded run.
 - Cost: no pytree in the hot path (hand-written flatten), values go straight into the
-  writer's buffered byte arena; the runner raises the GC threshold.
+  writer's buffered byte arena; the runner raises the GC threshold. Per op, the mode's
+  one entry frame skips Dynamo's disable wrapper while no eval-frame callback is set
+  (`_dispatch_entry`), a plain OpOverload runs through its C++ `_op`, op facts and
+  code objects are cached by id (their own hashes are Python code, or hash every
+  constant), "file:line" strings are formatted once per instruction, and known
+  inputs' producers are resolved inline (benchmarks/dispatch_floor.py --levels).
 """
 
 import os
@@ -140,6 +145,10 @@ def _short_repr(v):
 
 
 _PLAIN = (bool, int, float, complex, str, type(None))
+# the hot path's globals, looked up once (module attributes cost a lookup each)
+_wref = weakref.ref
+_get_ident = threading.get_ident
+_FW_TORCH, _KIND_OP, _ORIGIN_EAGER = schema.FW_TORCH, schema.KIND_OP, schema.ORIGIN_EAGER
 _KEY_T = object()   # stands for a tensor in `_params_cached`'s keys
 _MISS = object()
 _TORCH_PLAIN = None
@@ -156,9 +165,16 @@ class _OpInfo:
     """Per-aten-overload facts computed once: name, argument names, writes, uninit."""
 
     __slots__ = ("name", "arg_names", "write_pos", "write_kw", "uninit", "skip", "collective",
-                 "view")
+                 "view", "func", "call")
 
     def __init__(self, func):
+        self.func = func   # held: the recorder's cache is keyed by id(func)
+        # what `func(*args)` calls: a plain OpOverload's __call__ is one Python frame
+        # around its C++ `_op`, called directly (a subclass keeps its own __call__)
+        op_cls = getattr(getattr(_torch, "_ops", None), "OpOverload", None)
+        direct = getattr(func, "_op", None)
+        self.call = direct if (direct is not None and op_cls is not None and
+                               type(func).__call__ is op_cls.__call__) else func
         sch = func._schema
         self.name = sch.name if func._overloadname == "default" else f"{sch.name}.{func._overloadname}"
         self.arg_names = [a.name for a in sch.arguments]
@@ -245,9 +261,10 @@ class TorchCapture(Capture):
         self.roots = []
         self.mod_stack = []
         # caches
-        self._opinfo = {}
+        self._opinfo = {}        # id(aten overload) -> _OpInfo (which holds the overload)
         self._dtypes = {}
         self._strided = torch.strided
+        self._Tensor = torch.Tensor
         self.forked = False
         self.failed = None
         self.failed_at_event = None
@@ -255,7 +272,8 @@ class TorchCapture(Capture):
         _live_captures.add(self)
         self._names, self._names_key = {}, None
         self._cur_source = None
-        self._code_kind = {}     # code object -> _kind of its file
+        self._code_kind = {}     # id(code object) -> (code, _kind of its file, short name)
+        self._sites = {}         # (id(code object), f_lasti) -> "short:line"
         self._short = {}
         self._ids = {}           # interned ids: node names, (op, params, module, source)
         self._pcache = {}        # (op info, non-tensor arguments) -> params summary
@@ -467,30 +485,48 @@ class TorchCapture(Capture):
         package: LIB is the innermost frame outside tracediff and Python's standard library;
         trace/sources.py); torch.nn's code called by a model library is named by that
         library's frame as USER (the line that says which layer, `Session.jax_site`).
-        Each code object is classified once (`_code_kind`), so the walk costs a dict
-        lookup per frame, as before."""
+        Each code object is classified once (`_code_entry`) and each instruction's
+        "file:line" formatted once (`_sites`), so the walk costs a dict lookup or two per
+        frame."""
         f = sys._getframe(2)
         kinds = self._code_kind
+        sites = self._sites
         lib = model = None
         while f is not None:
             code = f.f_code
-            k = kinds.get(code)
-            if k is None:
-                k = kinds[code] = self._kind(code.co_filename)
-            if k:
-                fn = code.co_filename
-                short = self._short.get(fn)
-                if short is None:
-                    short = self._short[fn] = self.session.short_path(fn)
+            c = id(code)
+            e = kinds.get(c)
+            if e is None:
+                e = self._code_entry(code)
+            if e[1]:
+                site = sites.get((c, f.f_lasti))
+                if site is None:
+                    site = sites[(c, f.f_lasti)] = f"{e[2]}:{f.f_lineno}"
+                k = e[1]
                 if k == 2:
-                    user = model or f"{short}:{f.f_lineno}"
+                    user = model or site
                     return user if lib is None else f"{lib}{LIB_SEP}{user}"
                 if lib is None:
-                    lib, in_framework = f"{short}:{f.f_lineno}", k == 1
+                    lib, in_framework = site, k == 1
                 elif k == 3 and model is None and in_framework:
-                    model = f"{short}:{f.f_lineno}"   # transformers calling torch.nn
+                    model = site   # transformers calling torch.nn
             f = f.f_back
         return f"{lib}{LIB_SEP}{model}" if model else lib
+
+    def _code_entry(self, code):
+        """(code, kind, short file name) of a code object, cached by id(code): a code
+        object's own hash is recomputed on every lookup (it hashes its constants, nested
+        code objects included: ~10 us for a module's code); the entry holds the code
+        object, so its id cannot be reused while cached."""
+        fn = code.co_filename
+        k = self._kind(fn)
+        short = None
+        if k:
+            short = self._short.get(fn)
+            if short is None:
+                short = self._short[fn] = self.session.short_path(fn)
+        e = self._code_kind[id(code)] = (code, k, short)
+        return e
 
     def _kind(self, fn):
         """0: a frame never named (tracediff, the standard library, <frozen ...>, torch's
@@ -577,7 +613,11 @@ class TorchCapture(Capture):
             if t is not None:
                 e = producer.get(key)
                 if e is not None and e[0] is wr:
-                    producer[key] = (wr, e[1], e[2], -1 if t.is_inference() else t._version)
+                    try:
+                        v = t._version
+                    except RuntimeError:   # an inference tensor has none
+                        v = -1
+                    producer[key] = (wr, e[1], e[2], v)
         self.pending = []
 
     def _ref(self, t):
@@ -655,9 +695,9 @@ class TorchCapture(Capture):
         if self.compiled_depth or self.forked or self.failed or self.writer.closed:
             return func(*args, **kwargs)
         try:
-            info = self._opinfo.get(func)
+            info = self._opinfo.get(id(func))   # OpOverload.__hash__ is Python code
             if info is None:
-                info = self._opinfo[func] = _OpInfo(func)
+                info = self._opinfo[id(func)] = _OpInfo(func)
             if info.skip:
                 return func(*args, **kwargs)
             node = self._cur_node()
@@ -670,14 +710,58 @@ class TorchCapture(Capture):
             else:
                 seq_now = src = mod = None
             self._cur_source = src
-            ins = _flat(args, [])
+            # `_flat`, inlined; `simple`: every argument is a tensor (no parameters)
+            Tensor = self._Tensor
+            ins = []
+            simple = not kwargs
+            for x in args:
+                if isinstance(x, Tensor):
+                    ins.append(x)
+                else:
+                    simple = False
+                    if isinstance(x, (list, tuple)):
+                        for y in x:
+                            if isinstance(y, Tensor):
+                                ins.append(y)
             if kwargs:
                 _flat(kwargs.values(), ins)
             with self.lock:
-                if self.pending:
-                    self._fix_pending()
-                ref = self._ref
-                refs = [ref(t) for t in ins]
+                producer = self.producer
+                pending = self.pending
+                if pending:   # `_fix_pending`, inlined
+                    for key, wr in pending:
+                        t = wr()
+                        if t is not None:
+                            e = producer.get(key)
+                            if e is not None and e[0] is wr:
+                                try:
+                                    v = t._version
+                                except RuntimeError:   # an inference tensor has none
+                                    v = -1
+                                producer[key] = (wr, e[1], e[2], v)
+                    self.pending = []
+                # `_ref`'s common case inlined: a known tensor, its version unchanged (an
+                # inference tensor's is -1: it has none), no later write through another
+                # alias of its storage (`_written_since`, leaves only)
+                refs = []
+                writes = self.storage_writes
+                for t in ins:
+                    e = producer.get(id(t))
+                    if e is not None and e[0]() is t:
+                        v = e[3]
+                        if v is None or v == -1 or v == t._version:
+                            if not writes or not t.is_leaf:
+                                refs.append((e[1], e[2]))
+                                continue
+                            try:
+                                ptr = t.untyped_storage().data_ptr()
+                            except Exception:
+                                ptr = 0
+                            sw = writes.get(ptr) if ptr else None
+                            if sw is None or sw[0] <= e[1]:
+                                refs.append((e[1], e[2]))
+                                continue
+                    refs.append(self._ref(t))
                 self.hold = None
         except Exception as exc:
             self._fail(exc)
@@ -685,9 +769,9 @@ class TorchCapture(Capture):
         if info.collective:   # c10d: inputs before, outputs after its Work (torch_collectives)
             return self.collectives.run(func, args, kwargs,
                                         (info, None, node, seq_now, src, mod, refs))
-        out = func(*args, **kwargs)
+        out = info.call(*args, **kwargs)
         try:
-            self._after(info, node, seq_now, src, mod, refs, args, kwargs, out)
+            self._after(info, node, seq_now, src, mod, refs, args, kwargs, out, simple)
         except Exception as exc:
             self._fail(exc)
         return out
@@ -698,7 +782,7 @@ class TorchCapture(Capture):
         print(f"tracediff: torch capture stopped at event {self.failed_at_event}: {self.failed}",
               file=sys.stderr)
 
-    def _after(self, info, node, seq_now, src, mod, refs, args, kwargs, out):
+    def _after(self, info, node, seq_now, src, mod, refs, args, kwargs, out, simple=False):
         """Write the op's event, input links and output values."""
         Tensor = _torch.Tensor
         if out is None:
@@ -713,7 +797,7 @@ class TorchCapture(Capture):
         parent = -1
         node_id = -1
         phase = self.phase
-        params = self._params_cached(info, args, kwargs)
+        params = None if simple else self._params_cached(info, args, kwargs)
         w = self.writer
         if node is not None:
             phase = schema.PHASE_BWD
@@ -721,7 +805,7 @@ class TorchCapture(Capture):
             node_id = self._ids.get(node_name)
             if node_id is None:
                 node_id = self._ids[node_name] = w.intern(node_name)
-            fwd = self.seq2fwd.get((threading.get_ident(), node._sequence_nr()))
+            fwd = self.seq2fwd.get((_get_ident(), node._sequence_nr()))
             if fwd is not None:
                 parent, mod, src = fwd
             elif node_name == "AccumulateGrad":
@@ -736,13 +820,13 @@ class TorchCapture(Capture):
             ev = ids[key] = (w.intern(info.name), w.intern(params), w.intern(mod),
                              w.source_id(src))
         with self.lock:
-            eid = w.add_event_ids(schema.FW_TORCH, schema.KIND_OP, phase, schema.ORIGIN_EAGER,
+            eid = w.add_event_ids(_FW_TORCH, _KIND_OP, phase, _ORIGIN_EAGER,
                                   ev[0], ev[1], ev[2], ev[3], node_id, -1, parent, self.step)
             self.n_ops += 1
             if refs:
                 w._rows["inputs"].extend([(eid, slot, r[0], r[1]) for slot, r in enumerate(refs)])
             if node is None:
-                tid = threading.get_ident()
+                tid = _get_ident()
                 last = self.last_seq.get(tid, seq_now)
                 if last != seq_now:
                     entry = (eid, mod, src)
@@ -757,13 +841,24 @@ class TorchCapture(Capture):
                 return
             producer, pending, last_writer = self.producer, self.pending, self.last_writer
             writes = self.storage_writes if (info.write_pos or info.write_kw) else None
+            # An op that writes an argument or returns an alias: autograd bumps the
+            # version after this returns, so it is read at the next op (`pending`). A
+            # fresh output's version is final now.
+            lazy = writes is not None or info.view
             uninit = info.uninit
             dtypes = self._dtypes
             for slot, o in enumerate(outs):
-                wr = weakref.ref(o)
+                wr = _wref(o)
                 key = id(o)
-                producer[key] = (wr, eid, slot, None)
-                pending.append((key, wr))
+                if lazy:
+                    producer[key] = (wr, eid, slot, None)
+                    pending.append((key, wr))
+                else:
+                    try:
+                        v = o._version
+                    except RuntimeError:   # an inference tensor has none
+                        v = -1
+                    producer[key] = (wr, eid, slot, v)
                 try:
                     ptr = o.data_ptr()     # the storage's start: data_ptr less the offset
                     if ptr:
@@ -794,9 +889,11 @@ class TorchCapture(Capture):
                 dinfo = dtypes.get(o.dtype)
                 if dinfo is not None and dinfo[1] and not view_uninit:
                     # .numpy() refuses what the fast path cannot take as is (another
-                    # device, sparse, requires_grad, conj/neg bits): those take _store
+                    # device, sparse, conj/neg bits): those take _store. A tensor that
+                    # requires grad is detached first: numpy()'s refusal costs ~27 us
+                    # (a C++ exception with its backtrace), the detach ~1.
                     try:
-                        arr = o.numpy()
+                        arr = (o.detach() if o.requires_grad else o).numpy()
                     except (RuntimeError, TypeError):
                         arr = None
                     if arr is not None:
@@ -997,40 +1094,40 @@ def _strip_compiled(name):
     return name.replace("_orig_mod.", "")
 
 
-def _disabled_once_dynamo_loads(dispatch):
-    """`dispatch` behind `torch._dynamo.disable` once Dynamo is imported, called directly
-    until then.
+def _dispatch_entry(capture, dispatch, lazy):
+    """The mode's `__torch_dispatch__`: `dispatch` with `budget.HEADROOM` more frames of
+    recursion limit, kept out of Dynamo when Dynamo could see it, in one frame.
 
-    torch wraps a dispatch mode's `__torch_dispatch__` in `_disable_dynamo`, which imports
-    Dynamo at the first call (~2.5 CPU-s) and then enters and leaves Dynamo's disabled
-    context on every op. Dynamo only needs keeping out of the recorder while it exists:
-    before the script imports it (an eager script without an optimizer never does), no
-    frame can be compiled or traced. From the first op after its import has finished,
-    this is torch's own wrapper."""
+    - Headroom: the recorder's own frames above an op never count against the script's
+      budget (capture/budget.py); this frame is the only one the script's budget pays for.
+    - Dynamo (`lazy`: torch versions that wrap a mode's dispatch in `_disable_dynamo`):
+      torch's wrapper imports Dynamo at the first call (~2.5 CPU-s) and then enters and
+      leaves Dynamo's disabled context on every op (~10 us of Python a tiny op). Its only
+      effect is that no eval-frame callback runs inside the recorder; when none is set
+      (an eager program: Dynamo not imported, or imported but not compiling or running a
+      compiled frame right now) calling `dispatch` directly is the same thing. Otherwise
+      (inside a compiled call, while Dynamo traces) this is torch's own wrapper."""
     disabled = None
+    get_callback = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        nonlocal disabled
-        if disabled is None:
-            dynamo = sys.modules.get("torch._dynamo")
-            if dynamo is None or getattr(getattr(dynamo, "__spec__", None), "_initializing", False):
-                return dispatch(self, func, types, args, kwargs)
-            disabled = sys.modules["torch"]._disable_dynamo(dispatch, recursive=True)
-        return disabled(self, func, types, args, kwargs)
-
-    return __torch_dispatch__
-
-
-def _with_headroom(dispatch):
-    """`dispatch` with `budget.HEADROOM` more frames of recursion limit: the recorder's
-    own frames above an op never count against the script's budget (capture/budget.py).
-    Its first frame is the only one the script's budget pays for."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        nonlocal disabled, get_callback
         limit = get_limit()
         set_limit(limit + HEADROOM)
         try:
-            return dispatch(self, func, types, args, kwargs)
+            if not lazy:
+                return capture.on_op(func, args, kwargs or {})
+            if get_callback is None:
+                dynamo = sys.modules.get("torch._dynamo")
+                if dynamo is None or getattr(getattr(dynamo, "__spec__", None), "_initializing",
+                                             False):
+                    return capture.on_op(func, args, kwargs or {})
+                torch = sys.modules["torch"]
+                disabled = torch._disable_dynamo(dispatch, recursive=True)
+                get_callback = torch._C._dynamo.eval_frame.get_eval_frame_callback
+            if get_callback() is None:
+                return capture.on_op(func, args, kwargs or {})
+            return disabled(self, func, types, args, kwargs)
         finally:
             try:
                 set_limit(limit)
@@ -1051,8 +1148,7 @@ def _make_mode(capture):
     lazy = skip is not None and skip()
 
     class _TraceMode(TorchDispatchMode):
-        __torch_dispatch__ = _with_headroom(_disabled_once_dynamo_loads(dispatch) if lazy
-                                            else dispatch)
+        __torch_dispatch__ = _dispatch_entry(capture, dispatch, lazy)
 
         @classmethod
         def _should_skip_dynamo(cls):
