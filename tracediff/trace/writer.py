@@ -143,7 +143,7 @@ class TraceWriter:
         self._new_strings = []
         self._rows = {name: [] for name in schema.TABLES}
         self._counts = {name: 0 for name in schema.TABLES}   # rows on disk
-        self._blob = bytearray()
+        self._blob = _ByteBuffer()   # value bytes not yet written
         self._blob_size = 0        # bytes recorded, buffered ones included
         self._blob_written = 0     # bytes on disk
         self._n_strings = 0        # strings on disk
@@ -318,8 +318,8 @@ class TraceWriter:
                 self.capped_at_event is None and self.bytes_recorded + nbytes <= self.max_bytes)):
             offset = self._blob_size
             if nbytes:
-                self._blob += data if isinstance(data, (bytes, bytearray, memoryview)) \
-                    else values.as_bytes(data)
+                self._blob.append(data if isinstance(data, (bytes, bytearray, memoryview))
+                                  else values.as_bytes(data))
             self._blob_size += nbytes
             self.bytes_recorded += nbytes
             return offset
@@ -498,7 +498,7 @@ class TraceWriter:
                 self.capped_at_event is None and self.bytes_recorded + c.nbytes <= self.max_bytes)):
             offset, nbytes = self._blob_size, c.nbytes
             if nbytes:
-                self._blob += values.as_bytes(c)
+                self._blob.append(values.as_bytes(c))
             self._blob_size += nbytes
             self.bytes_recorded += nbytes
         else:
@@ -603,8 +603,9 @@ class TraceWriter:
             n, k = self._blob_written, len(self._blob)
             ds = f["blob"]
             ds.resize((n + k,))
-            ds[n:n + k] = np.frombuffer(self._blob, dtype="u1")
-            self._blob_written, self._blob = n + k, bytearray()
+            ds[n:n + k] = self._blob.view()
+            self._blob_written = n + k
+            self._blob.clear()
         for name, dt in schema.TABLES.items():
             rows = self._rows[name]
             if not rows:
@@ -743,7 +744,7 @@ class TraceWriter:
 
     def _drop_buffers(self):
         self._rows = {name: [] for name in schema.TABLES}
-        self._blob = bytearray()
+        self._blob = _ByteBuffer()
         self._new_strings = []
         self._pstats, self._pstats_bytes = {}, 0
 
@@ -756,6 +757,45 @@ class TraceWriter:
         self.before_event = None
         self._file.discard()
         self._drop_buffers()
+
+
+class _ByteBuffer:
+    """The value bytes of the next flush, in one buffer that is reused from flush to flush.
+
+    A fresh `bytearray` per flush cost ~1.6 s per GB recorded (measured on the JAX MLP at
+    full): its growth reallocates, and each new buffer's pages fault in again. Here the
+    pages are touched once; an append is one memcpy."""
+
+    __slots__ = ("_arr", "_mem", "_len")
+
+    def __init__(self):
+        self._arr = np.empty(0, "u1")
+        self._mem = memoryview(self._arr)
+        self._len = 0
+
+    def __len__(self):
+        return self._len
+
+    def __bool__(self):
+        return self._len > 0
+
+    def append(self, data):
+        """Copy `data` (bytes or a 1-byte-format buffer) after the bytes held."""
+        k = len(data)
+        end = self._len + k
+        if end > len(self._arr):
+            grown = np.empty(max(end, 2 * len(self._arr), FIRST_FLUSH_BYTES), "u1")
+            grown[:self._len] = self._arr[:self._len]
+            self._arr, self._mem = grown, memoryview(grown)
+        self._mem[self._len:end] = data
+        self._len = end
+
+    def view(self):
+        """The bytes held, as a uint8 array (valid until the next append or clear)."""
+        return self._arr[:self._len]
+
+    def clear(self):
+        self._len = 0
 
 
 def write_finished(path, tables, manifest, attrs, replace=False):
