@@ -51,7 +51,7 @@ import h5py
 import numpy as np
 
 from ..errors import one_line
-from . import schema, values
+from . import codec as codecs, schema, values
 from .values import digest
 from .sources import LIB_SEP, split_site
 
@@ -119,7 +119,9 @@ class TraceWriter:
     (`error` then says why); captures stop recording when it does."""
 
     @_signals_deferred
-    def __init__(self, path, manifest):
+    def __init__(self, path, manifest, codec="none"):
+        """`codec`: "none" or "zstd", the byte arena's compression (trace/codec.py)."""
+        self._blob_filter = codecs.blob_filter(codec)   # ValueError before any file is made
         self.path = os.path.abspath(path)   # the script may chdir
         self._file = TraceFile(self.path)
         try:
@@ -134,7 +136,8 @@ class TraceWriter:
         f.attrs["complete"] = False
         for name, dt in schema.TABLES.items():
             f.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dt, chunks=(CHUNK_ROWS,))
-        f.create_dataset("blob", shape=(0,), maxshape=(None,), dtype="u1", chunks=(CHUNK_BYTES,))
+        f.create_dataset("blob", shape=(0,), maxshape=(None,), dtype="u1", chunks=(CHUNK_BYTES,),
+                         **self._blob_filter)
         f.create_dataset("strings", shape=(0,), maxshape=(None,),
                          dtype=h5py.string_dtype("utf-8"), chunks=(4096,))
         self._manifest = dict(manifest)
@@ -714,7 +717,8 @@ class TraceWriter:
                 attrs = dict(src.attrs)
             if self._file.check_path():   # the path changed hands meanwhile: leave it
                 return
-            write_finished(self._file.path, tables, manifest, attrs, replace=True)
+            write_finished(self._file.path, tables, manifest, attrs, replace=True,
+                           blob_filter=self._blob_filter)
             self.compacted = True
         except Exception:
             pass
@@ -798,14 +802,15 @@ class _ByteBuffer:
         self._len = 0
 
 
-def write_finished(path, tables, manifest, attrs, replace=False):
+def write_finished(path, tables, manifest, attrs, replace=False, blob_filter=None):
     """Write a finished trace in one go: `tables` maps each table (schema.TABLES) and
     "blob" / "strings" to its rows, `manifest` is the JSON text, `attrs` the root
     attributes (the committed_* counts are set from the rows). Each dataset is one chunk of
     about its size (appendable like a recorded trace, no empty tails).
 
     Written to a temporary file beside `path`, fsynced, then moved there atomically: with
-    `replace`, over whatever is there; without, only if nothing is (FileExistsError)."""
+    `replace`, over whatever is there; without, only if nothing is (FileExistsError).
+    `blob_filter`: the codec's dataset options for "blob" (trace/codec.py), or None."""
     path = os.fspath(path)
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
@@ -819,7 +824,8 @@ def write_finished(path, tables, manifest, attrs, replace=False):
                 rows = np.zeros(0, dt) if rows is None else (
                     np.asarray(rows, dtype=object) if name == "strings" else np.asarray(rows, dt))
                 chunk = max(len(rows), 4096 // max(np.dtype(dt).itemsize, 1), 1)
-                f.create_dataset(name, data=rows, dtype=dt, maxshape=(None,), chunks=(chunk,))
+                f.create_dataset(name, data=rows, dtype=dt, maxshape=(None,), chunks=(chunk,),
+                                 **((blob_filter or {}) if name == "blob" else {}))
                 f.attrs[f"committed_{name}"] = len(rows)
             f.create_dataset("manifest", data=manifest, dtype=h5py.string_dtype("utf-8"))
         fd = os.open(tmp, os.O_RDONLY)
