@@ -152,6 +152,8 @@ class TraceWriter:
         self._n_strings = 0        # strings on disk
         self._last_flush = time.monotonic()
         self._flush_bytes = FIRST_FLUSH_BYTES
+        self._synced = None        # (counts, _Fsync) of data written, not yet committed
+        self._committed_events = 0
         self.before_event = None   # callable run before each event is appended, or None
         # callable(source) -> (first line, lines text, file sha256) or None, run once per
         # new events.source string: the `sources` table (trace/sources.py)
@@ -207,7 +209,7 @@ class TraceWriter:
     @property
     def committed_events(self):
         """Events on disk as of the last commit (what a reader of a killed run gets)."""
-        return self._counts["events"]
+        return self._committed_events
 
     @property
     def n_events(self):
@@ -231,7 +233,7 @@ class TraceWriter:
             self._rows["devices"].append((eid, s(device)))
         if len(self._rows["events"]) >= FLUSH_ROWS or \
                 time.monotonic() - self._last_flush >= FLUSH_SECONDS:
-            self.flush()
+            self._auto_flush()
         return eid
 
     def forget_slices(self):
@@ -252,7 +254,7 @@ class TraceWriter:
         rows.append((framework, kind, phase, origin, op_id, params_id, ns_id, src_id, node_id,
                      call, parent, step, it))
         if len(rows) >= FLUSH_ROWS or time.monotonic() - self._last_flush >= FLUSH_SECONDS:
-            self.flush()
+            self._auto_flush()
         return eid
 
     def source_id(self, source):
@@ -311,7 +313,7 @@ class TraceWriter:
                                      nbytes, h))
         if len(self._blob) >= self._flush_bytes or len(self._rows["values"]) >= FLUSH_ROWS or \
                 self._pstats_bytes >= FLUSH_BYTES:
-            self.flush()
+            self._auto_flush()
 
     def _keep_bytes(self, event, data, nbytes):
         """Append a value's bytes (a buffer, or a C-contiguous array) to the blob when the
@@ -379,7 +381,7 @@ class TraceWriter:
         rows.append((event, slot, role, flags, ids[0], ids[0], sid, name_id, offset, nbytes, h))
         if len(self._blob) >= self._flush_bytes or len(rows) >= FLUSH_ROWS or \
                 self._pstats_bytes >= FLUSH_BYTES:
-            self.flush()
+            self._auto_flush()
 
     def _strings_rev(self, idx):
         """The string of an interned id (-1: None); rare paths only (linear)."""
@@ -536,18 +538,36 @@ class TraceWriter:
     @_signals_deferred
     def flush(self):
         """Write buffered rows and bytes, then advance the committed counts (see the module
-        docstring). A write error stops recording; it is never raised to the caller."""
+        docstring). A write error stops recording; it is never raised to the caller.
+        Everything recorded so far is committed when it returns."""
+        self._flush(wait=True)
+
+    @_signals_deferred
+    def _auto_flush(self):
+        """The flush the buffers' thresholds ask for, pipelined with the disk: the data is
+        written and its fsync started in a thread, and its commit (phase 2) waits for the
+        next flush, so the program runs on while the disk writes (a commit still only
+        ever counts data already on disk)."""
+        self._flush(wait=not FSYNC)
+
+    def _flush(self, wait):
         if self.closed or self._check_file():
             return
         for hook in self.flush_hooks:
             hook()
+        try:
+            self._commit_synced()    # the previous flush's data, once its fsync is done
+        except Exception as exc:
+            self._fail(exc)
+            return
         short = self._no_room()
         if short:
             self._stop_cleanly(short)
             return
         try:
             self._write_pending()
-            self._commit()
+            if wait:
+                self._commit_synced()
         except Exception as exc:  # disk full, file size limit, I/O error
             self._fail(exc)
         if self._file.lost:       # the flush went nowhere: stop now, not at the next one
@@ -619,8 +639,8 @@ class TraceWriter:
             ds[n:n + k] = np.array(rows, dtype=dt)
             self._counts[name], self._rows[name] = n + k, []
         f.flush()
-        if FSYNC:
-            self._file.sync()
+        counts = dict(self._counts, blob=self._blob_written, strings=self._n_strings)
+        self._synced = (counts, _Fsync(self._file) if FSYNC else None)
 
     def _write_blob(self, ds, n, data):
         """Write `data` at byte `n` of the blob. Whole chunks of an unfiltered blob go to
@@ -639,15 +659,27 @@ class TraceWriter:
         if head + whole < k:
             ds[n + head + whole:n + k] = data[head + whole:]
 
-    def _commit(self):
+    def _commit_synced(self):
+        """Phase 2 of the last `_write_pending`, if not done yet: wait for its fsync
+        (raising the fsync's error), then write the counts a reader trusts."""
+        if self._synced is None:
+            return
+        counts, sync = self._synced
+        if sync is not None:
+            sync.wait()
+        self._synced = None
+        self._commit(counts)
+
+    def _commit(self, counts):
         # Phase 2: the counts a reader trusts, written only once phase 1 is on disk.
         f = self._f
         for name in schema.TABLES:
-            f.attrs[f"committed_{name}"] = self._counts[name]
-        f.attrs["committed_blob"] = self._blob_written
-        f.attrs["committed_strings"] = self._n_strings
+            f.attrs[f"committed_{name}"] = counts[name]
+        f.attrs["committed_blob"] = counts["blob"]
+        f.attrs["committed_strings"] = counts["strings"]
         f.attrs["last_flush_unix"] = time.time()
         f.flush()
+        self._committed_events = counts["events"]
         self.flushes += 1
 
     def _fail(self, exc):
@@ -764,6 +796,7 @@ class TraceWriter:
         return True
 
     def _drop_buffers(self):
+        self._synced = None
         self._rows = {name: [] for name in schema.TABLES}
         self._blob = _ByteBuffer()
         self._new_strings = []
@@ -778,6 +811,46 @@ class TraceWriter:
         self.before_event = None
         self._file.discard()
         self._drop_buffers()
+
+
+class _Fsync:
+    """An fsync of the trace running in a thread (os.fsync lets go of the GIL), on a
+    duplicate of its descriptor: the script may close ours meanwhile. `wait` returns once
+    the data is on disk, raising what fsync raised; where no thread or duplicate can be
+    had, the fsync happens at once."""
+
+    def __init__(self, trace_file):
+        self.error = None
+        self.thread = None
+        fd = trace_file._fd()
+        if fd is None:      # discarding: nothing of ours to sync
+            return
+        try:
+            dup = os.dup(fd)
+        except OSError:
+            trace_file.sync()
+            return
+        self.thread = threading.Thread(target=self._run, args=(dup,), daemon=True,
+                                       name="tracediff-fsync")
+        try:
+            self.thread.start()
+        except RuntimeError:   # interpreter shutting down
+            self.thread = None
+            self._run(dup)
+
+    def _run(self, fd):
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            self.error = exc
+        finally:
+            os.close(fd)
+
+    def wait(self):
+        if self.thread is not None:
+            self.thread.join()
+        if self.error is not None:
+            raise self.error
 
 
 class _ByteBuffer:
