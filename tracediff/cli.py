@@ -182,7 +182,7 @@ def _sizes(*paths):
 
 
 def _bytes_per_step(path):
-    """"; values: 205 MB a step over 30 steps (...)" for a trace just recorded at full:
+    """"; values: 205 MB a step (median of 30 steps)..." for a trace just recorded at full:
     what the level costs per optimizer step, and the way to record long runs. Read with
     plain h5py (our own file, just written); "" when it cannot be told."""
     try:
@@ -190,16 +190,20 @@ def _bytes_per_step(path):
         import numpy as np
 
         with h5py.File(path, "r", locking=False) as f:
-            stored = int(f.attrs["committed_blob"])
             n = int(f.attrs["committed_events"])
-            steps = len(np.unique(f["events"].fields("step")[:n])) if n else 0
+            step = f["events"].fields("step")[:n]
+            rows = f["values"].fields(["event", "nbytes"])[:int(f.attrs["committed_values"])]
+        rows = rows[(rows["event"] >= 0) & (rows["event"] < n)]
+        per = np.bincount(step[rows["event"]] - step.min(), weights=rows["nbytes"]) \
+            if len(rows) else np.zeros(0)
+        per = per[per > 0]
     except Exception:
         return ""
-    if not stored or not steps:
+    if not len(per):
         return ""
-    return (f"; values: {fmt_bytes(stored / steps)} a step over {steps} "
-            f"step{'s' if steps != 1 else ''}. Long runs: --level stats, then --level full "
-            f"--steps A:B around the step that matters")
+    return (f"; values: {fmt_bytes(float(np.median(per)))} a step (median of {len(per)} "
+            f"step{'s' if len(per) != 1 else ''}). Long runs: --level stats, then --level "
+            f"full --steps A:B around the step that matters")
 
 
 def _source_dir_option(fn):
