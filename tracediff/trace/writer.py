@@ -11,7 +11,9 @@ power loss, full disk), so the file on disk must be consistent at every instant:
 - `flush` writes in two phases: first the new data (strings, blob, tables) and an
   `H5Fflush` (and an `fsync`), then the `committed_*` counts on the root and a second
   `H5Fflush`. A reader trusts only committed rows, so a writer killed during phase one
-  leaves the previous commit intact, one killed during phase two the new one;
+  leaves the previous commit intact, one killed during phase two the new one. The
+  flushes the buffers' thresholds start are pipelined with the disk (`_auto_flush`): the
+  fsync runs in a thread and phase two waits for it at the next flush;
 - `flush` restarts from the committed counts, so an exception raised into it (Ctrl-C,
   SIGTERM) and a later retry cannot leave gaps or duplicated rows;
 - besides the row and byte thresholds, `flush` runs at least every `FLUSH_SECONDS` while
@@ -830,6 +832,7 @@ class _Fsync:
         except OSError:
             trace_file.sync()
             return
+        self.ident = trace_file.ident
         self.thread = threading.Thread(target=self._run, args=(dup,), daemon=True,
                                        name="tracediff-fsync")
         try:
@@ -843,8 +846,14 @@ class _Fsync:
             os.fsync(fd)
         except OSError as exc:
             self.error = exc
-        finally:
-            os.close(fd)
+        # closed only while it is still the trace's: a script that closed every descriptor
+        # (os.closerange) may have got this number back for a file of its own
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) == self.ident:
+                os.close(fd)
+        except OSError:
+            pass
 
     def wait(self):
         if self.thread is not None:
