@@ -39,7 +39,8 @@ class record:
     ("opaque" or "stepped"), the windows `steps` ("30:40"), `ops` (regex), `modules`
     (globs), `max_bytes` ("2GB"), `probe` (regex on jit function names), `devices`
     (JAX per-device capture, default True), `jax_values` ("replay" or "compiled": where
-    JAX equation values come from), and `frameworks` (default: jax and torch, each
+    JAX equation values come from), `codec` ("none" or "zstd": compression of the stored
+    value bytes), and `frameworks` (default: jax and torch, each
     captured once it is imported). A bad
     option raises ValueError. Source lines are shown relative to the folder of the file
     that opens the block.
@@ -49,12 +50,12 @@ class record:
                  loops: str = "opaque", steps: Optional[str] = None, ops: Optional[str] = None,
                  modules: Optional[Union[str, Iterable[str]]] = None,
                  max_bytes: Optional[Union[str, int]] = None, probe: Optional[str] = None,
-                 jax_values: str = "replay",
+                 jax_values: str = "replay", codec: str = "none",
                  frameworks: Iterable[str] = ("jax", "torch"), devices: bool = True) -> None:
         self.path = os.fspath(path)
         self.options = RecordOptions(level=level, loops=loops, steps=steps, ops=ops,
                                      modules=modules, max_bytes=max_bytes, probe=probe,
-                                     devices=devices, jax_values=jax_values)
+                                     devices=devices, jax_values=jax_values, codec=codec)
         self.frameworks = tuple(frameworks)
         for fw in self.frameworks:
             if fw not in ("jax", "torch"):

@@ -181,6 +181,31 @@ def _sizes(*paths):
     return fmt_bytes(sum(os.path.getsize(p) for p in paths if os.path.isfile(p)))
 
 
+def _bytes_per_step(path):
+    """"; values: 205 MB a step (median of 30 steps)..." for a trace just recorded at full:
+    what the level costs per optimizer step, and the way to record long runs. Read with
+    plain h5py (our own file, just written); "" when it cannot be told."""
+    try:
+        import h5py
+        import numpy as np
+
+        with h5py.File(path, "r", locking=False) as f:
+            n = int(f.attrs["committed_events"])
+            step = f["events"].fields("step")[:n]
+            rows = f["values"].fields(["event", "nbytes"])[:int(f.attrs["committed_values"])]
+        rows = rows[(rows["event"] >= 0) & (rows["event"] < n)]
+        per = np.bincount(step[rows["event"]] - step.min(), weights=rows["nbytes"]) \
+            if len(rows) else np.zeros(0)
+        per = per[per > 0]
+    except Exception:
+        return ""
+    if not len(per):
+        return ""
+    return (f"; values: {fmt_bytes(float(np.median(per)))} a step (median of {len(per)} "
+            f"step{'s' if len(per) != 1 else ''}). Long runs: --level stats, then --level "
+            f"full --steps A:B around the step that matters")
+
+
 def _source_dir_option(fn):
     """--source-dir: the only way a local source file is read (the trace's recorded lines
     are shown otherwise); see report/common.py `source_context`."""
@@ -268,11 +293,17 @@ def main():
                    "primitive, slow on long runs). compiled: the call's jaxpr compiled once "
                    "with every intermediate as an output (fast; values of a program XLA may "
                    "fuse differently, recorded as origin=probe).")
+@click.option("--codec", type=click.Choice(["none", "zstd"]), default="none", show_default=True,
+              help="Compress the stored value bytes (level full) with Zstandard, through the "
+                   "hdf5plugin package (pip install tracediff-ml[codec]). Measured on a JAX "
+                   "MLP's intermediates: 91% of the bytes, at ~300 MB/s of one core; it pays "
+                   "only where the disk is slower than that or the values repeat. Reading "
+                   "such a trace needs hdf5plugin too.")
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @_guard
 def record(output, loops, frameworks, level, steps, ops, modules, max_bytes, probe, devices,
-           jax_values,
+           jax_values, codec,
            script, args):
     """Run SCRIPT [ARGS...] unmodified and record every operation into a trace.
 
@@ -302,7 +333,7 @@ def record(output, loops, frameworks, level, steps, ops, modules, max_bytes, pro
     try:
         options = RecordOptions(level=level, loops=loops, steps=steps, ops=ops, modules=modules,
                                max_bytes=max_bytes, probe=probe, devices=devices,
-                               jax_values=jax_values)
+                               jax_values=jax_values, codec=codec)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     written = output_path_for(output)
@@ -310,6 +341,8 @@ def record(output, loops, frameworks, level, steps, ops, modules, max_bytes, pro
     code = record_script(script, list(args), output, options, frameworks or ("jax", "torch"))
     extra = f" (level {level}" + (f", steps {steps}" if steps else "") + \
         (f", {_sizes(at)}" if os.path.isfile(at) else "") + ")"
+    if level == "full" and os.path.isfile(at):
+        extra += _bytes_per_step(at)
     click.echo(f"tracediff: trace written to {written}{extra}", err=True)
     if code < 0:   # the plain script dies by this signal: so does record, trace written
         from .runner import exit_by_signal

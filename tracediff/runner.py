@@ -210,7 +210,8 @@ class Recording:
                                  {"tool": self.tool, **self.options.as_dict()})
         manifest["distributed"] = distributed_rank()
         try:
-            self.writer = TraceWriter(self.output, manifest)
+            self.writer = TraceWriter(self.output, manifest,
+                                      codec=self.options.codec)
         except OSError as exc:
             raise TraceError(f"cannot write {self.output}: {exc.strerror or exc}") from None
         # --level stats/calls store hash + statistics instead of bytes; --max-bytes caps bytes

@@ -82,10 +82,15 @@ class RecordOptions:
     shard_map/pmap bodies per device (capture/jax_devices.py).
     `jax_values`: "replay" (every equation re-run op by op: faithful to each primitive)
     or "compiled" (each call's jaxpr compiled once with every intermediate as an output:
-    fast, the values of a program XLA may fuse differently; docs/performance.md)."""
+    fast, the values of a program XLA may fuse differently; docs/performance.md).
+    `codec`: "none" or "zstd", compression of the stored value bytes (trace/codec.py)."""
 
     def __init__(self, level="full", loops="opaque", steps=None, ops=None, modules=None,
-                 max_bytes=None, probe=None, devices=True, jax_values="replay"):
+                 max_bytes=None, probe=None, devices=True, jax_values="replay", codec="none"):
+        from ..trace.codec import blob_filter
+
+        blob_filter(codec)   # ValueError: unknown codec, or hdf5plugin missing
+        self.codec = codec or "none"
         if jax_values not in ("replay", "compiled"):
             raise ValueError(f"unknown JAX values mode {jax_values!r} (choose replay or compiled)")
         self.jax_values = jax_values
@@ -169,7 +174,8 @@ class RecordOptions:
                            "stats": "hash of the exact bytes and statistics per value, no bytes",
                            "calls": "top-level calls and optimizer steps only: hash and "
                                     "statistics per value"}[self.level],
-                **({"jax_values": self.jax_values} if self.jax_values != "replay" else {})}
+                **({"jax_values": self.jax_values} if self.jax_values != "replay" else {}),
+                **({"codec": self.codec} if self.codec != "none" else {})}
 
 
 class Session:

@@ -22,7 +22,7 @@ import h5py
 import numpy as np
 
 from ..errors import TraceError, one_line
-from . import schema, values
+from . import codec, schema, values
 from .sources import LIB_SEP, parse_source, split_site
 
 MAX_MANIFEST_BYTES = 16 << 20
@@ -120,9 +120,10 @@ def _int_attr(f, name, default):
     return int(value)
 
 
-def _dataset(f, name):
+def _dataset(f, name, codec_ok=False):
     """A plain dataset of this file: no external links, external storage, virtual
-    mappings or filters (which could read other files or load filter plugins)."""
+    mappings or filters (which could read other files or load filter plugins);
+    `codec_ok`: the one filter of `record --codec` is allowed (trace/codec.py)."""
     link = f.get(name, getlink=True)
     if link is None:
         raise TraceError(f"missing dataset {name!r}")
@@ -132,8 +133,10 @@ def _dataset(f, name):
     if not isinstance(ds, h5py.Dataset):
         raise TraceError(f"{name!r} is not a dataset")
     plist = ds.id.get_create_plist()
-    if plist.get_nfilters() or plist.get_external_count() or ds.is_virtual:
+    if (plist.get_nfilters() and not codec_ok) or plist.get_external_count() or ds.is_virtual:
         raise TraceError(f"dataset {name!r} uses filters, external or virtual storage")
+    if codec_ok:
+        codec.blob_codec(ds)   # no filter but the codec's
     if ds.chunks is not None and int(np.prod(ds.chunks, dtype=object)) * ds.dtype.itemsize > MAX_CHUNK_BYTES:
         raise TraceError(f"dataset {name!r} has implausibly large chunks")
     return ds
@@ -381,9 +384,13 @@ class Trace:
         self.device_rows = tables["devices"]  # the device of per-device events (empty: none)
         self.shard_rows = tables["shards"]    # per-device copies of global values (empty: none)
         self.strings = self._load_strings(_dataset(f, "strings"), _int_attr(f, "committed_strings", 0))
-        blob = _dataset(f, "blob")
+        blob = _dataset(f, "blob", codec_ok=True)
         if blob.dtype != np.uint8 or blob.ndim != 1:
             raise TraceError(f"{self.path}: the value bytes have an unexpected layout")
+        self.codec = codec.blob_codec(blob)
+        if self.codec != "none":   # compressed: bounded by its checked chunks, not the file
+            codec.need_plugin(self.path)
+            budget = codec.check_blob_chunks(blob, self.path, self.file_size) * blob.chunks[0]
         self.blob_size = max(0, min(_int_attr(f, "committed_blob", 0), blob.shape[0]))
         self._blob = blob   # kept: looking a dataset up by name costs more than a small read
         if self.blob_size > budget:
