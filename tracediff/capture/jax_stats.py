@@ -9,7 +9,7 @@ numbers per value instead of making four passes over its bytes (it still hashes 
 Numerics: sums accumulate in the widest float JAX has enabled (float32 unless
 `jax_enable_x64`), in XLA's reduction order; the host (numpy) statistics of small values
 accumulate in float64. Both are the same definitions; locate bounds mean and L2
-differences with an allowance for float32 accumulation (diff/levels.py).
+differences with an allowance for float32 accumulation (diff/compare/levels.py).
 """
 
 import numpy as np

@@ -4,8 +4,8 @@
 Read only when it changes: `torch.autocast`'s `__enter__`/`__exit__` are wrapped while the
 recorder is installed, and each change opens a region of event indices; nothing is read
 per op. The regions go into the manifest (`frameworks.torch.autocast`): `used` (one line,
-listed by `diff/env.py` when the runs differ) and `regions` ([first event, end event,
-device type, dtype]; `diff/dtypes.py` reads an event's state from them).
+listed by `diff/explain/env.py` when the runs differ) and `regions` ([first event, end event,
+device type, dtype]; `diff/compare/dtypes.py` reads an event's state from them).
 """
 
 MAX_REGIONS = 10000

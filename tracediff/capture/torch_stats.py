@@ -11,7 +11,7 @@ tests compare the two on the same recorded values):
 - many small values back to back (host batches: numpy's `reduceat`, faster on CPU;
   device batches: `tensor_segment_stats`): float64 sums;
 - one large float32/float64 value: a sum and a dot in its own dtype (pairwise/blocked,
-  relative error near eps*log2(n); `diff/levels.py` allows for that), min and max from
+  relative error near eps*log2(n); `diff/compare/levels.py` allows for that), min and max from
   one `aminmax` pass: three passes over memory instead of numpy's four;
 - NaN/Inf anywhere: the masked definitions (min/max ignore NaN, mean/L2 finite only).
 """

@@ -176,7 +176,7 @@ def segment_stats(flat, starts, counts, logical):
 
     # One large float32 value (the expensive case) accumulates in float32: numpy's
     # pairwise summation keeps the relative error near eps * log2(n); locate allows for
-    # that when it bounds differences by mean and L2 (diff/levels.py). Batches of small
+    # that when it bounds differences by mean and L2 (diff/compare/levels.py). Batches of small
     # values go through reduceat, which sums sequentially, so they accumulate in float64.
     acc = None if (one and nums.dtype == np.float32) else np.float64
     with np.errstate(invalid="ignore", over="ignore"):
