@@ -726,20 +726,9 @@ class TorchCapture(Capture):
             if kwargs:
                 _flat(kwargs.values(), ins)
             with self.lock:
+                if self.pending:   # outputs of writing or aliasing ops only: rare
+                    self._fix_pending()
                 producer = self.producer
-                pending = self.pending
-                if pending:   # `_fix_pending`, inlined
-                    for key, wr in pending:
-                        t = wr()
-                        if t is not None:
-                            e = producer.get(key)
-                            if e is not None and e[0] is wr:
-                                try:
-                                    v = t._version
-                                except RuntimeError:   # an inference tensor has none
-                                    v = -1
-                                producer[key] = (wr, e[1], e[2], v)
-                    self.pending = []
                 # `_ref`'s common case inlined: a known tensor, its version unchanged (an
                 # inference tensor's is -1: it has none), no later write through another
                 # alias of its storage (`_written_since`, leaves only)
