@@ -35,16 +35,12 @@ def _worst(step):
         f" (relative L2 {_fmt(step.worst_rel_l2)}, max abs {_fmt(step.worst_max_abs)})"
 
 
-def _step_size(s, short=False):
-    """How far a step's parameters differ; at --level stats/calls (no bytes) only what the
-    statistics prove, never a figure that reads as "0"."""
-    if s.max_abs_is_lower_bound:
-        return (f"hashes differ, recorded without bytes: max abs at least {_fmt(s.max_abs)}, "
-                f"the rest unknown")
-    if short:
-        return f"relative L2 {_fmt(s.rel_l2)}, max abs {_fmt(s.max_abs)}"
-    return (f"relative L2 {_fmt(s.rel_l2)}, max abs {_fmt(s.max_abs)}, max rel "
-            f"{_fmt(s.max_rel)}")
+def _unmeasured(s):
+    """A step whose differing parameters were recorded without bytes (--level stats/calls):
+    only what the statistics prove, never a figure that reads as "0"; None when measured."""
+    if not s.max_abs_is_lower_bound:
+        return None
+    return f"hashes differ, recorded without bytes: max abs at least {_fmt(s.max_abs)}, the rest unknown"
 
 
 def _fmt(x):
@@ -281,20 +277,20 @@ def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bo
         if diff:
             s0 = diff[0]
             last = r.optimizer_steps[-1]
-            size = (f"{_step_size(s0)}; worst {markup(str(s0.worst))}{_worst(s0)}"
-                    if s0.max_abs_is_lower_bound else
-                    f"relative L2 {_fmt(s0.rel_l2)}, max abs {_fmt(s0.max_abs)}; worst "
-                    f"{markup(str(s0.worst))}{_worst(s0)}; max rel {_fmt(s0.max_rel)}")
+            worst = f"worst {markup(str(s0.worst))}{_worst(s0)}"
+            size = (f"{_unmeasured(s0)}; {worst}" if _unmeasured(s0) else
+                    f"relative L2 {_fmt(s0.rel_l2)}, max abs {_fmt(s0.max_abs)}; {worst}; max rel "
+                    f"{_fmt(s0.max_rel)}")
             console.print(f"optimizer steps: {r.optimizer_steps_total} compared; parameters first "
                           f"differ in the snapshot of step {s0.step} ({size}); last step "
-                          f"{last.step}: {_step_size(last, short=True)}")
+                          f"{last.step}: {_unmeasured(last) or f'relative L2 {_fmt(last.rel_l2)}, max abs {_fmt(last.max_abs)}'}")
         else:
             console.print(f"optimizer steps: {r.optimizer_steps_total} compared, parameters "
                           f"bitwise identical")
         if verbose and diff:
             for s in r.optimizer_steps:
                 console.print(f"  step {s.step:>5}  "
-                              f"{'equal' if s.bitwise_equal else _step_size(s)}"
+                              f"{'equal' if s.bitwise_equal else _unmeasured(s) or 'relative L2 ' + _fmt(s.rel_l2) + ', max abs ' + _fmt(s.max_abs) + ', max rel ' + _fmt(s.max_rel)}"
                               f"{'' if s.bitwise_equal else '  in ' + markup(str(s.worst)) + _worst(s)}")
     if r.env_diff:
         console.print("environment differences (a -> b):")
