@@ -303,3 +303,29 @@ def test_small_values_statistics_are_reduced_in_cache_sized_batches(tmp_path):
             for f in values.STAT_FIELDS:
                 assert got[f] == pytest.approx(want[f], rel=1e-5, abs=1e-6 * scale), \
                     (row["event"], f)
+
+
+def test_a_large_value_repeated_takes_its_statistics_from_the_first_copy(tmp_path):
+    """Stats level: a large value whose bytes (hash), size and dtype equal an earlier one's
+    is not reduced again (a JAX step stores ~half its bytes twice: optax tags, optimizer
+    snapshots); each row still holds its own value's statistics."""
+    from tracediff.trace import writer as W
+
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((256, 256)).astype(np.float32)   # 256 KB: reduced on its own
+    b = a.copy()
+    b[0, 0] += 1.0
+    w = W.TraceWriter(str(tmp_path / "big.h5"), {"script": {"name": "big"}})
+    w.level = "stats"
+    reduced = []
+    reducer = w.stats_reducer
+    w.stats_reducer = lambda flat, *rest: reduced.append(flat.size) or reducer(flat, *rest)
+    for x in (a, a.copy(), b, a.astype(np.float64), a.reshape(-1).copy()):
+        e = w.add_event(framework=schema.FW_JAX, kind=schema.KIND_EQN, op="name")
+        w.add_value(e, 0, x)
+    w.close()
+    assert reduced == [a.size] * 3   # a, b, a as float64; the copies of a took a's
+    with tracediff.load(tmp_path / "big.h5") as t:
+        means = [t.value_stats(row)["mean"] for row in t.values]
+    assert means[0] == means[1] == means[4] != means[2]
+    assert means[3] == pytest.approx(means[0], rel=1e-5)

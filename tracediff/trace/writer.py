@@ -65,6 +65,7 @@ FLUSH_BYTES = 64 << 20
 # touches of fresh pages cost up to ~8 us a page on this VM (the GRU loop at stats:
 # 2.8 s of 5.3 in four reductions).
 STATS_BATCH_BYTES = 1 << 20
+STATS_MEMO_VALUES = 4096   # large values whose statistics are kept by hash (_add_stats)
 FIRST_FLUSH_BYTES = 1 << 20
 FLUSH_SECONDS = 2.0
 CHUNK_ROWS = 8192
@@ -184,6 +185,7 @@ class TraceWriter:
         self.stats_values = 0
         self._pstats = {}          # (storage, logical) -> [bytearray, rows, starts, counts]
         self._pstats_bytes = 0
+        self._stats_memo = {}
         self._shape_ids = {}
         self._slice_digests = {}   # add_shard: digests of the last global value's slices
         self._dtype_ids = {}       # numpy dtype -> (interned name, storage name) for add_array
@@ -307,7 +309,7 @@ class TraceWriter:
             if offset < 0:
                 flags |= schema.VFLAG_NOT_STORED | schema.VFLAG_STATS
                 if stats is None:
-                    self._add_stats(c, storage, dtype_name)
+                    self._add_stats(c, storage, dtype_name, h=h)
                 else:
                     self.stats_values += 1
                     self._rows["stats"].append((self._counts["values"] + len(self._rows["values"]),
@@ -367,7 +369,7 @@ class TraceWriter:
         if offset < 0:
             flags = schema.VFLAG_NOT_STORED | schema.VFLAG_STATS
             if nbytes >= self.STATS_DIRECT_BYTES:
-                self._add_stats(a, ids[1], ids[1])
+                self._add_stats(a, ids[1], ids[1], h=h)
             else:  # `_add_stats` inlined: a small value's bytes join its dtype's batch
                 self.stats_values += 1
                 p = self._pstats.get(ids[2])
@@ -427,7 +429,7 @@ class TraceWriter:
         if offset < 0:
             flags |= schema.VFLAG_NOT_STORED | schema.VFLAG_STATS
             if stats is None:
-                self._add_stats(c, storage, logical, row=self._counts["values"] + handle)
+                self._add_stats(c, storage, logical, row=self._counts["values"] + handle, h=h)
             else:
                 self.stats_values += 1
                 self._rows["stats"].append((self._counts["values"] + handle, *stats[:4],
@@ -436,19 +438,33 @@ class TraceWriter:
 
     STATS_DIRECT_BYTES = 1 << 16
 
-    def _add_stats(self, c, storage, logical, row=None):
+    def _add_stats(self, c, storage, logical, row=None, h=None):
         """Queue the statistics of the value about to be appended (row = next values row).
-        Small values are copied into one buffer per dtype and reduced together at flush
+        Small values are copied into one buffer per dtype and reduced in batches
         (reductions on tiny arrays cost more than the copy); large ones now. Both go
-        through `stats_reducer` (the capture's framework ops, else numpy)."""
+        through `stats_reducer` (the capture's framework ops, else numpy).
+
+        A large value whose hash `h`, size and dtype equal a recent one's takes that
+        one's statistics: equal hashes already stand for equal bytes in every comparison
+        (values.digest), and a JAX step holds many copies (optax's tags, the optimizer
+        snapshot, a call's outputs beside its equations': ~half the MLP's 220 MB a step)."""
         if row is None:
             row = self._counts["values"] + len(self._rows["values"])
         self.stats_values += 1
         nbytes = c.nbytes
         if nbytes >= self.STATS_DIRECT_BYTES:
-            flat = c.reshape(-1)
-            st = self.stats_reducer(flat, [0], [flat.size], logical)[0]
-            self._rows["stats"].append((row, *st[:4], int(st[4]), int(st[5])))
+            memo = self._stats_memo
+            key = (h, nbytes, storage, logical) if h is not None else None
+            st = memo.get(key) if key is not None else None
+            if st is None:
+                flat = c.reshape(-1)
+                st = self.stats_reducer(flat, [0], [flat.size], logical)[0]
+                st = (*st[:4], int(st[4]), int(st[5]))
+                if key is not None:
+                    if len(memo) >= STATS_MEMO_VALUES:
+                        memo.clear()
+                    memo[key] = st
+            self._rows["stats"].append((row, *st))
             return
         key = (storage, logical)
         p = self._pstats.get(key)
