@@ -9,8 +9,10 @@ OMP_NUM_THREADS=1):
   torch_gru fixtures/torch_gru_adam.py, 100 steps (~34k tiny ops): full / stats
 
 For every full row the script also writes the trace's byte count with
-`dd if=/dev/zero of=FILE bs=1M count=N conv=fsync` in the same folder, right after the
-recording, and prints the disk's speed and the ratio issue #30 asks about: the recording's
+`dd if=/dev/zero of=FILE bs=1M count=N conv=fsync oflag=nocache` in the same folder,
+right after the recording (nocache: dd drops its pages from the page cache as it goes, as
+the trace writer does after each fsync; without it dd's speed here swung 157-1145 MB/s with
+whether the VM's free pages had been touched before), and prints the disk's speed and the ratio issue #30 asks about: the recording's
 time beyond the plain loop (loop wall seconds, recorded minus plain) over dd's time for
 the bytes written inside the timed loop (the trace's bytes x (N-1)/N for the JAX MLP,
 whose timer starts after the first step). Only the JAX fixture prints its loop's wall
@@ -70,11 +72,13 @@ def run(cmd, env):
 
 
 def dd_seconds(folder, nbytes):
-    """Seconds `dd ... conv=fsync` takes to write `nbytes` (whole MiB) into `folder`."""
+    """Seconds `dd ... conv=fsync oflag=nocache` takes to write `nbytes` (whole MiB) into
+    `folder`."""
     count = max(1, nbytes >> 20)
     path = os.path.join(folder, "dd.bin")
     start = time.perf_counter()
-    subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=1M", f"count={count}", "conv=fsync"],
+    subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=1M", f"count={count}", "conv=fsync",
+                    "oflag=nocache"],
                    check=True, capture_output=True)
     seconds = time.perf_counter() - start
     os.unlink(path)
