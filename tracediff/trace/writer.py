@@ -62,7 +62,7 @@ FLUSH_BYTES = 64 << 20
 # Small values queued for statistics are reduced once their bytes reach this (not at the
 # flush): batches that stay in the CPU's cache, and temporaries that malloc reuses. At
 # 64 MB a batch's float64 temporaries were fresh pages on every reduction, and first
-# touches of fresh pages cost up to ~8 us a page on this VM (the GRU loop at stats:
+# touches of fresh pages cost ~30-50 us a page on this VM (the GRU loop at stats:
 # 2.8 s of 5.3 in four reductions).
 STATS_BATCH_BYTES = 1 << 20
 STATS_MEMO_VALUES = 4096   # large values whose statistics are kept by hash (_add_stats)
