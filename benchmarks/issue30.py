@@ -12,10 +12,11 @@ For every full row the script also writes the trace's byte count with
 `dd if=/dev/zero of=FILE bs=1M count=N conv=fsync oflag=nocache` in the same folder,
 right after the recording (nocache: dd drops its pages from the page cache as it goes, as
 the trace writer does after each fsync; without it dd's speed here swung 157-1145 MB/s with
-whether the VM's free pages had been touched before), and prints the disk's speed and the ratio issue #30 asks about: the recording's
-time beyond the plain loop (loop wall seconds, recorded minus plain) over dd's time for
-the bytes written inside the timed loop (the trace's bytes x (N-1)/N for the JAX MLP,
-whose timer starts after the first step). Only the JAX fixture prints its loop's wall
+whether the VM's free pages had been touched before), and prints the disk's speed and the
+ratio issue #30 asks about: the recording's time beyond the plain loop (loop wall
+seconds, recorded minus plain) over dd's time for the bytes written inside the timed
+loop (the trace's bytes x (N-1)/N for the JAX MLP, whose timer starts after the first
+step). Only the JAX fixture prints its loop's wall
 time; the torch rows give CPU ratios.
 
 The issue's JAX rows are 30 steps (a 6.1 GB trace at full); `--jax-steps` makes them
