@@ -121,6 +121,47 @@ def test_manifest_says_how_and_where_it_was_recorded(gru):
     assert m["cpu"]["count"] >= 1 and "python" in m
 
 
+
+def test_replay_fidelity_is_measured_over_every_element():
+    """The manifest's max relative difference between replayed and compiled outputs: the
+    recorder compares only the elements that differ, in float64; the truth here is one
+    complex128 pass over whole arrays (numpy), with NaN, inf, -0.0 and complex values."""
+    from tracediff.capture.jax_recorder import _max_rel_difference, _same_bytes
+
+    def truth(r, c):
+        if r.tobytes() == c.tobytes():
+            return None
+        with np.errstate(all="ignore"):
+            rel = np.abs(r.astype(np.complex128) - c) / np.maximum(np.abs(c), np.finfo(r.dtype).tiny)
+            return max(0.0, float(np.nanmax(np.abs(rel)))) if not np.isnan(rel).all() else 0.0
+
+    rng = np.random.default_rng(0)
+    cases = []
+    for dtype in (np.float32, np.float64, np.float16, np.complex64):
+        c = rng.standard_normal((64, 33)).astype(dtype)
+        if dtype == np.complex64:
+            c = (c + 1j * rng.standard_normal((64, 33))).astype(dtype)
+        r = c.copy()
+        r.flat[5] = r.flat[5] + 0.1234567   # the largest difference, not a round ratio
+        r.flat[7] = np.nan
+        r.flat[9] = r.flat[9] * 1.0001
+        cases.append((r, c))
+        cases.append((c.copy(), c))                              # equal
+    c = rng.standard_normal((200, 200)).astype(np.float32)        # more than one chunk
+    cases.append(((c * np.float32(1.0001)).astype(np.float32), c))
+    z = np.zeros(4, np.float32)
+    cases.append((-z, z))                                        # only the bytes differ
+    cases.append((np.full(3, np.nan, np.float32), np.ones(3, np.float32)))   # all NaN
+    cases.append((np.array([np.inf, 1.0], np.float32), np.array([np.inf, 2.0], np.float32)))
+    for r, c in cases:
+        expected = truth(r, c)
+        assert _same_bytes(r, c) == (expected is None)
+        if expected is not None:
+            assert _max_rel_difference(r, c) == expected, (r.dtype, expected)
+    ints = np.arange(6, dtype=np.int64)
+    assert _same_bytes(ints, ints.copy()) and not _same_bytes(ints, ints[::-1].copy())
+
+
 def test_control_flow_is_stepped_into(flow):
     proc, opaque, _, stepped = flow
     assert proc.stdout.count("debug value 4") == 1, "a debug print ran twice under replay"
