@@ -126,7 +126,8 @@ def test_replay_fidelity_is_measured_over_every_element():
     """The manifest's max relative difference between replayed and compiled outputs: the
     recorder compares only the elements that differ, in float64; the truth here is one
     complex128 pass over whole arrays (numpy), with NaN, inf, -0.0 and complex values."""
-    from tracediff.capture.jax_recorder import _max_rel_difference, _same_bytes
+    from tracediff.capture.jax_recorder import _max_rel_difference
+    from tracediff.trace.values import same_bytes as _same_bytes
 
     def truth(r, c):
         if r.tobytes() == c.tobytes():

@@ -21,7 +21,7 @@ import re
 
 import numpy as np
 
-from ..trace import schema
+from ..trace import schema, values
 from . import jax_internals, jax_stats
 from .optax_tags import OPTAX_TAG
 
@@ -182,4 +182,4 @@ def _same_bytes(x, y):
         x, y = np.asarray(x), np.asarray(y)
     except Exception:   # tokens: nothing to compare
         return True
-    return x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+    return x.dtype == y.dtype and x.shape == y.shape and values.same_bytes(x, y)

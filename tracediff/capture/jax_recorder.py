@@ -28,7 +28,7 @@ import weakref
 
 import numpy as np
 
-from ..trace import schema
+from ..trace import schema, values
 from . import Capture, ImportWatcher, jax_devices, jax_internals, jax_probe, nnx_paths, optax_tags
 from .optax_tags import OPTAX_TAG
 
@@ -575,7 +575,7 @@ class JaxCapture(Capture):
                 r, c = np.asarray(r), np.asarray(c)
             except Exception:  # PRNG keys, tokens: not numbers to compare
                 continue
-            if r.shape != c.shape or r.dtype != c.dtype or _same_bytes(r, c):
+            if r.shape != c.shape or r.dtype != c.dtype or values.same_bytes(r, c):
                 continue
             differs = True
             if r.dtype.kind in "fc" and r.size:
@@ -758,17 +758,6 @@ class JaxCapture(Capture):
         if patch is not None:
             patch.uninstall()
             self._optax_patch = None
-
-
-def _same_bytes(a, b):
-    """Do two arrays of one shape and dtype hold the same bytes? Compared as unsigned
-    words of their item size, without the two `tobytes()` copies (a train step's call
-    outputs are its parameters and optimizer state: megabytes, every call)."""
-    size = a.dtype.itemsize
-    if size in (1, 2, 4, 8) and a.flags.c_contiguous and b.flags.c_contiguous:
-        word = np.dtype(f"u{size}")
-        return bool(np.array_equal(a.reshape(-1).view(word), b.reshape(-1).view(word)))
-    return a.tobytes() == b.tobytes()
 
 
 def _max_rel_difference(r, c, chunk=1 << 15):
