@@ -33,6 +33,7 @@ DIFF_LAYERS = [
     {"tracediff.diff.engine"},
     {"tracediff.diff.differ"},
     {"tracediff.diff.pairing", "tracediff.diff.explain"},
+    {"tracediff.diff.coverage"},
     {"tracediff.diff.locate"},
     {"tracediff.diff.profile", "tracediff.diff.distributed"},
 ]

@@ -61,6 +61,7 @@ from .pairing import cross as _cross
 from .compare import devices as _devices
 from .compare import levels as _levels
 from .align import structure as _structure
+from . import coverage as _coverage
 from .differ import BITWISE, TOLERANCE, Differ
 from .explain.env import env_diff
 from .result import LocateResult, Noise, Replay, TraceInfo
@@ -175,10 +176,14 @@ def run(ta, tb, rtol=None, atol=None, differ=None, mapping=None) -> LocateResult
     first_param = getattr(d, "first_parameter", None)   # two frameworks: optimizer by role
     near_zero, near_zero_total = _near_zero(d)
     structural = _structural(d, first_bit) if not mapping else None
+    cov = _coverage.measure(d)
+    diverged = first_tol is not None or first_param is not None or structural is not None
+    if not diverged and not cov.sufficient:
+        warnings.append("INCONCLUSIVE: every compared value agrees, but too little was "
+                        "compared for a match: " + "; ".join(cov.reasons[:3]))
     return LocateResult(
-        path_a=ta.path, path_b=tb.path,
-        verdict="diverged" if first_tol is not None or first_param is not None
-        or structural is not None else "match",
+        path_a=ta.path, path_b=tb.path, coverage=cov,
+        verdict="diverged" if diverged else "match" if cov.sufficient else "inconclusive",
         first_parameter=first_param, structural=structural,
         first_difference=first_bit, first_beyond_tolerance=first_tol, replay_only=replay_only,
         alignment=d.al.stats(), gaps=d.al.gaps(), env_diff=env_diff(ta.manifest, tb.manifest),

@@ -237,6 +237,9 @@ def summary(result: LocateResult, code=md_code, text=md_text) -> str:
                    f"{fmt(_metric(fd, 'max_abs'))}){_ulp_words(fd)}.")
     else:
         out.append(f"{runs}{hosts} are bitwise identical in every compared value.")
+    if result.verdict == "inconclusive":
+        out.append(f"That is no match: too little was compared "
+                   f"({text('; '.join(result.coverage.reasons[:2]))}).")
     ex = result.explain
     if ex is not None and ex.event:
         verdict = f" ({text(str(ex.verdict).split(';')[0])})" if ex.verdict else ""
@@ -255,6 +258,41 @@ def summary(result: LocateResult, code=md_code, text=md_text) -> str:
     else:
         out.append("The recorded environments are identical.")
     return " ".join(out)
+
+
+def _side_coverage(s) -> str:
+    pct = lambda x: f"{x / s.events:.0%}" if s.events else "-"  # noqa: E731
+    phases = ", ".join(f"{k} {v['compared']}/{v['events']}" for k, v in s.by_phase.items())
+    return (f"{s.side}{' (' + s.framework + ')' if s.framework else ''}"
+            f"{' rank ' + str(s.rank) if s.rank is not None else ''}: {s.paired:,} of "
+            f"{s.events:,} {s.counted} paired ({pct(s.paired)}), {s.compared:,} compared "
+            f"({pct(s.compared)}){' [' + phases + ']' if phases else ''}"
+            f"{f' (+{s.setup:,} setup units not counted: RNG, initialisers)' if s.setup else ''}; "
+            f"{s.values_with_data:,} of {s.values:,} values with bytes or hash "
+            f"({fmt_bytes(s.bytes)})")
+
+
+def coverage_lines(result: LocateResult) -> list:
+    """What the comparison compared, in plain lines (each renderer escapes them: they hold
+    module names and ops from the traces): per side, then why it is not enough for a
+    match, the largest unpaired regions and the next step (diff/coverage.py)."""
+    cov = result.coverage
+    if cov is None:
+        return []
+    out = [f"coverage: {_side_coverage(cov.a)}", f"          {_side_coverage(cov.b)}"]
+    if not cov.sufficient:
+        what = ("below the bar for a match (the divergence stands; what was not compared may "
+                "hold an earlier one)" if result.verdict == "diverged" else "not enough for a match")
+        out.append(f"{what} (the bar: {cov.bar:.0%} of each side's computing events paired and "
+                   f"compared, no capture stopped): " + "; ".join(cov.reasons))
+    for r in cov.unpaired:
+        if not cov.sufficient or r.length > 1:
+            out.append(f"unpaired: {r.length:,} {'units' if cov.a.counted != 'events' else 'events'}"
+                       f" of {r.side} from #{r.start} ({r.op}"
+                       f"{' in ' + r.module if r.module else ''}{' at ' + r.source if r.source else ''})")
+    if cov.next_step and not cov.sufficient:
+        out.append(f"next step: {cov.next_step}")
+    return out
 
 
 # What a report says about the code context (report/markdown.py, html.py, terminal.py).

@@ -21,7 +21,7 @@ from rich.console import Console
 
 from ..diff.result import Finding, Gap, LocateResult
 from ..untrusted import markup
-from .common import args_text, site, typed, ulp_cell
+from .common import args_text, coverage_lines, site, typed, ulp_cell
 from .json_report import next_steps
 
 MAX_ENV = 15
@@ -194,6 +194,9 @@ def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bo
         head = "[bold green]MATCH[/]: no divergence beyond tolerance"
         if r.first_difference is not None:
             head += " (but bitwise differences exist)"
+    elif r.verdict == "inconclusive":
+        head = ("[bold yellow]INCONCLUSIVE[/]: no divergence in what was compared, but too "
+                "little was compared for a match (exit code 3)")
     else:
         head = "[bold red]DIVERGED[/]"
     side = lambda t: f" ({markup(t.framework)})" if t.framework else ""  # noqa: E731
@@ -256,6 +259,8 @@ def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bo
                   f"a {al['events_a']} "
                   f"({al['only_in_a']} only in a), b {al['events_b']} ({al['only_in_b']} only in b)"
                   f"{'; ' + str(al['fallback_regions']) + ' regions aligned by fallback' if al.get('fallback_regions') else ''}")
+    for line in coverage_lines(r):
+        console.print(markup(line))
     if verbose and r.gaps:
         for g in r.gaps[:20]:
             console.print(f"  gap: {markup(str(g))}")

@@ -50,6 +50,7 @@ class Atoms:
         # a value both sides compute (a layer's output that happens to be equal) is not a
         # cut: what reads it depends on what computed it, as on the other side
         self.computed = computed[0] & computed[1]
+        self.computed_on = computed      # per side: keys of values a unit of that side computed
         for k, row in seen[0].items():
             rb = seen[1].get(k)
             if rb is not None:
