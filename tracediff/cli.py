@@ -246,7 +246,8 @@ def main():
       tracediff check golden.h5 train.py --steps 3    # CI: compare with a golden
 
     \b
-    Exit codes: 0 match, 1 diverged, 2 error (the message says how to fix it).
+    Exit codes: 0 match, 1 diverged, 2 error (the message says how to fix it), 3
+    inconclusive (nothing differs in what was compared, but too little was compared).
     `tracediff demo` runs the whole workflow on a bundled example.
     `tracediff COMMAND -h` explains each command.
     """
@@ -468,7 +469,9 @@ def locate(trace_a, trace_b, rtol, atol, map_file, as_json, verbose, quiet, ulp,
     which collective the others inherited it.
 
     \b
-    Exit code: 0 match (within tolerance), 1 diverged, 2 error.
+    Exit code: 0 match (within tolerance), 1 diverged, 2 error, 3 inconclusive: no
+    divergence in what was compared, but too little was compared for a match (the
+    coverage lines say what, and the next step).
 
     \b
     Examples:
@@ -611,7 +614,7 @@ def explain(trace_a, trace_b, event, rtol, atol, ulp, noise, map_file, as_json):
     - per optimizer step, the largest relative difference of the parameters and loss.
 
     \b
-    Exit code: 0 match, 1 diverged (as locate), 2 error.
+    Exit code: 0 match, 1 diverged (as locate), 2 error, 3 inconclusive (as locate).
 
     \b
     Examples:
@@ -835,7 +838,8 @@ def check(golden, script, args, rtol, atol, output, update, report_path, loops, 
     own output goes to stderr, the report to stdout.
 
     \b
-    Exit code: 0 match, 1 diverged, 2 error (including the script failing).
+    Exit code: 0 match, 1 diverged, 2 error (including the script failing), 3
+    inconclusive (too little compared, as locate).
 
     \b
     Examples:

@@ -6,7 +6,8 @@ Fixtures:
 * `tracediff_check(golden, script, *args, rtol=None, atol=None)`: records
   `python SCRIPT ARGS...` under `tracediff record` in a subprocess (a clean process, as
   in production) and compares it with the golden trace; the test fails with the
-  terminal report when they diverge. Returns the `LocateResult`.
+  terminal report when they diverge, or when the comparison is inconclusive (too little
+  compared, `diff/coverage.py`). Returns the `LocateResult`.
 * `tracediff_golden(golden, rtol=None, atol=None)`: a context manager recording the
   code inside the `with` block in the test process (`tracediff.record`) and comparing
   it with the golden trace when the block ends.
@@ -92,6 +93,10 @@ class _Golden:
             pytest.fail(f"tracediff: the run diverges from the golden trace {golden}\n\n"
                         f"{_render(result)}\nnew trace: {new}\n(if the new numbers are right: "
                         f"pytest {UPDATE_OPTION})", pytrace=False)
+        if result.verdict == "inconclusive":   # a match on too little evidence is no pass
+            pytest.fail(f"tracediff: inconclusive against the golden trace {golden}: nothing "
+                        f"differs in what was compared, but too little was compared\n\n"
+                        f"{_render(result)}\nnew trace: {new}", pytrace=False)
         return result
 
 

@@ -66,6 +66,18 @@ def _has_value(t):
     return has
 
 
+def _has_output(t):
+    """Bool per event: an output value that could ever be compared (not uninitialised
+    memory, `torch.empty`): events without one are no evidence either way."""
+    n = len(t)
+    v = t.values
+    out = v[(v["role"] == schema.ROLE_OUT) & ((v["flags"] & schema.VFLAG_UNINIT) == 0)]
+    ev = out["event"].astype(np.int64)
+    has = np.zeros(n, bool)
+    has[ev[(ev >= 0) & (ev < n)]] = True
+    return has
+
+
 def _value_counts(t, events):
     """(output values of `events`, those with bytes or a hash, bytes stored)."""
     v = t.values
@@ -259,9 +271,9 @@ def _counted(d, side):
         paired = (ual.a2b if side == "a" else ual.b2a) >= 0
         return (reps, paired, [_phase(ph[e], kind[e]) for e in reps.tolist()],
                 "computing units", 0, _runs(reps.tolist(), paired.tolist()))
-    reps = np.arange(len(t), dtype=np.int64)
-    paired = m >= 0
-    return (reps, paired, [_phase(p, k) for p, k in zip(ph.tolist(), kind.tolist())], "events",
+    reps = np.flatnonzero(_has_output(t))      # events with something to compare
+    paired = m[reps] >= 0
+    return (reps, paired, [_phase(ph[e], kind[e]) for e in reps.tolist()], "events",
             0, _runs(reps.tolist(), paired.tolist()))
 
 

@@ -752,7 +752,7 @@ class RanksResult:
     divergence across ranks (`result`, the full `LocateResult` of that rank's pair, with
     `first_rank`), every rank's summary, and how the divergence spread."""
 
-    verdict: str                          # "match" / "diverged"
+    verdict: str                          # "match" / "diverged" / "inconclusive"
     ranks: list                           # [RankSummary], by rank
     result: LocateResult                  # the first rank's (rank 0's when all match)
     first_rank: Optional[int] = None
@@ -761,7 +761,7 @@ class RanksResult:
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.verdict == "diverged" else 0
+        return EXIT_CODES.get(self.verdict, 0)
 
 
 # -- replicas: `tracediff replicas TRACE_OR_DIR` (diff/distributed/replicas.py) ---------------------------

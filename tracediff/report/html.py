@@ -23,7 +23,7 @@ from .._version import __version__
 from ..diff.result import Finding, LocateResult
 from ..untrusted import printable
 from .common import (GITHUB_ATTACH_LIMIT, MATCHES, NO_LINES, RECORDED, ReportContext,
-                     chain_items, culprit, event_label, explain_parts, finding_rows,
+                     chain_items, coverage_lines, culprit, event_label, explain_parts, finding_rows,
                      first_parameter_text, fmt,
                      fmt_bytes, fmt_pct, summary, typed, ulp_cell, worst_detail)
 
@@ -43,7 +43,7 @@ h1{font-size:22px;margin:6px 0 10px}h2{font-size:17px;margin:26px 0 8px;border-b
 .card{background:#fff;border:1px solid #d0d7de;border-radius:8px;padding:12px 16px;margin:10px 0}
 .badge{display:inline-block;padding:2px 10px;border-radius:12px;font-weight:600;color:#fff;
  font-size:13px;vertical-align:middle;margin-left:8px}
-.diverged{background:#cf222e}.match{background:#1a7f37}
+.diverged{background:#cf222e}.match{background:#1a7f37}.inconclusive{background:#9a6700}
 code,pre{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12.5px}
 code{background:#eff1f3;padding:1px 4px;border-radius:4px}
 pre{background:#f6f8fa;border:1px solid #d0d7de;border-radius:6px;padding:8px 10px;overflow-x:auto}
@@ -444,6 +444,10 @@ def render(result: LocateResult, ctx: Optional[ReportContext] = None, profile=No
         body.append(f'<h2>Alignment</h2><p>{fmt(al.get("matched"))} events matched; a has '
                     f'{fmt(al.get("events_a"))} ({fmt(al.get("only_in_a"))} only in a), b has '
                     f'{fmt(al.get("events_b"))} ({fmt(al.get("only_in_b"))} only in b).</p>')
+    cov = coverage_lines(result)
+    if cov:
+        body.append("<h2>Coverage: what was compared</h2><ul>" +
+                    "".join(f"<li>{e(x.strip())}</li>" for x in cov) + "</ul>")
     if ctx is not None and ctx.commands:
         body.append("<h2>Reproduce</h2><pre>" + "\n".join(e(c) for c in ctx.commands) + "</pre>")
     if ctx is not None and ctx.traces:

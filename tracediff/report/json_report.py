@@ -1,7 +1,8 @@
 """The JSON edge: the only place results become JSON (`tracediff locate --json`,
 `tracediff explain --json`, `tracediff.to_json`).
 
-`build(result)` of a `LocateResult`. Top-level fields: verdict ("match" | "diverged"),
+`build(result)` of a `LocateResult`. Top-level fields: verdict ("match" | "diverged" |
+"inconclusive": no divergence in what was compared, too little compared; exit code 3), coverage,
 exit_code, traces {a, b}, warnings, tolerance, first_difference, first_beyond_tolerance,
 replay_only, near_zero (only when the tolerance search passed over rounding noise around
 zero: the first such finding, its note saying why) with near_zero_total, alignment {events_a, events_b, matched, only_in_a, only_in_b,
@@ -181,6 +182,16 @@ def levels_json(lv):
                       "title": z.title} for z in lv.zoom]}
 
 
+def coverage_json(c):
+    """What the comparison compared (diff/coverage.py): a, b, bar, sufficient, reasons,
+    unpaired, next_step."""
+    if c is None:
+        return None
+    return {"a": _plain(c.a), "b": _plain(c.b), "bar": c.bar, "sufficient": c.sufficient,
+            "reasons": list(c.reasons), "unpaired": [_plain(u) for u in c.unpaired],
+            "next_step": c.next_step}
+
+
 def next_steps(r):
     out = []
     f = r.first_beyond_tolerance or r.first_difference
@@ -234,6 +245,7 @@ def build(r: LocateResult) -> dict:
         "mapping": r.mapping,
         "next_steps": next_steps(r),
         "levels": levels_json(r.levels),
+        "coverage": coverage_json(r.coverage),
     }
     # root cause (diff/explain/analysis.py): short replay verdict of the origin, the chain from the
     # origin to the outputs, the noise floor; present only when computed

@@ -23,7 +23,7 @@ from .._version import __version__
 from ..diff.result import Finding, LocateResult
 from ..untrusted import md_code, md_text, printable
 from .common import (GITHUB_ATTACH_LIMIT, MATCHES, NO_LINES, RECORDED, ReportContext,
-                     chain_items, culprit, event_label, explain_parts, finding_rows,
+                     chain_items, coverage_lines, culprit, event_label, explain_parts, finding_rows,
                      first_parameter_text, fmt,
                      fmt_bytes, fmt_pct, summary, typed, ulp_cell, worst_detail)
 from .json_report import MAX_VALUES
@@ -156,7 +156,10 @@ def render(result: LocateResult, ctx: Optional[ReportContext] = None) -> str:
     typed(ctx, ReportContext, optional=True)
     lines = ["# tracediff report", "", summary(result), ""]
     verdict = {"diverged": "**Verdict: DIVERGED** (exit code 1)",
-               "match": "**Verdict: MATCH** (exit code 0)"}.get(result.verdict, result.verdict)
+               "match": "**Verdict: MATCH** (exit code 0)",
+               "inconclusive": "**Verdict: INCONCLUSIVE** (exit code 3: no divergence in what "
+                               "was compared, but too little was compared)"
+               }.get(result.verdict, md_text(result.verdict))
     tol = result.tolerance or {}
     tol_txt = ("per-dtype default tolerances" if tol.get("rtol") is None and tol.get("atol") is None
                else f"rtol {fmt(tol.get('rtol'))}, atol {fmt(tol.get('atol'))}")
@@ -198,6 +201,9 @@ def render(result: LocateResult, ctx: Optional[ReportContext] = None) -> str:
                   f"{fmt(al.get('matched'))} events matched; a has {fmt(al.get('events_a'))} "
                   f"({fmt(al.get('only_in_a'))} only in a), b has {fmt(al.get('events_b'))} "
                   f"({fmt(al.get('only_in_b'))} only in b).", ""]
+    cov = coverage_lines(result)
+    if cov:
+        lines += ["## Coverage: what was compared", ""] + [f"- {md_text(x.strip())}" for x in cov] + [""]
     steps = result.optimizer_steps
     if steps:
         total = result.optimizer_steps_total or len(steps)

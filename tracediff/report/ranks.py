@@ -38,6 +38,12 @@ def print_ranks(rr: RanksResult, console: Optional[Console] = None, verbose: boo
     if rr.verdict == "match":
         console.print(f"[bold green]MATCH[/]: {n} rank{'s' if n != 1 else ''} compared, "
                       f"no divergence beyond tolerance")
+    elif rr.verdict == "inconclusive":
+        thin = [str(s.rank) for s in rr.ranks if s.verdict == "inconclusive"]
+        console.print(f"[bold yellow]INCONCLUSIVE[/]: {n} rank{'s' if n != 1 else ''} "
+                      f"compared, no divergence beyond tolerance, but too little was compared "
+                      f"on rank{'s' if len(thin) != 1 else ''} {markup(', '.join(thin))} (exit "
+                      f"code 3)")
     else:
         first = next(s for s in rr.ranks if s.rank == rr.first_rank)
         how = {True: "introduced there", False: "inherited from its inputs",
@@ -58,8 +64,8 @@ def print_ranks(rr: RanksResult, console: Optional[Console] = None, verbose: boo
             console.print(f"  note: {markup(rr.note)}")
     console.print("ranks:")
     for s in rr.ranks:
-        if s.verdict != "diverged" and (s.index is None or rr.verdict == "match"):
-            console.print(f"  rank {markup(s.rank):>3}  match")
+        if s.verdict != "diverged" and (s.index is None or rr.verdict != "diverged"):
+            console.print(f"  rank {markup(s.rank):>3}  {markup(s.verdict)}")
             continue
         kind = "at collective" if s.at_collective else "after collective"
         small = ", within tolerance" if s.verdict != "diverged" else ""

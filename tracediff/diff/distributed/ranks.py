@@ -193,7 +193,10 @@ def combine(done) -> RanksResult:
     summaries = [s for s, _ in done]
     results = {s.rank: res for s, res in done}
     if not any(s.verdict == "diverged" for s in summaries):
-        return RanksResult(verdict="match", ranks=summaries, result=results[summaries[0].rank])
+        # a rank compared on too little evidence makes the whole run inconclusive
+        thin = [s for s in summaries if s.verdict == "inconclusive"]
+        return RanksResult(verdict="inconclusive" if thin else "match", ranks=summaries,
+                           result=results[(thin or summaries)[0].rank])
     # ordered by each rank's first difference (structural or value, any size): the rank
     # that departed first, then those that received it
     diverged = sorted((s for s in summaries if s.index is not None), key=_order)
