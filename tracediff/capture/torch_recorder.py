@@ -381,12 +381,26 @@ class TorchCapture(Capture):
         try:
             if self.mode_on:
                 self.mode_on = False
-                self.mode.__exit__(None, None, None)
+                if self._mode_removed():
+                    self.failed = self.failed or (
+                        "the script removed tracediff's dispatch mode from torch's mode stack: "
+                        "the ops it ran after that were not recorded")
+                else:
+                    self.mode.__exit__(None, None, None)
         finally:
             self.producer.clear()
             self.last_writer.clear()
             self.storage_writes.clear()
             self.pending = []
+
+    def _mode_removed(self):
+        """True when our dispatch mode is no longer on this thread's mode stack (a script
+        or library popped it): capture stopped silently at that point."""
+        try:
+            from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+            return not any(m is self.mode for m in _get_current_dispatch_mode_stack())
+        except Exception:   # a torch without the helper: nothing to tell
+            return False
 
     def manifest(self):
         from ..trace import manifest as _manifest

@@ -110,9 +110,11 @@ def capture_problems(t) -> list:
             out.append(f"{name}: {fw} capture stopped" +
                        (f" at event {at}" if isinstance(at, int) else "") +
                        f": {str(sec['recording_error'])[:200]}")
-        lost = sec.get("values_lost")
+        sub = sec.get("subclasses")
+        lost = sub.get("unreadable_values") if isinstance(sub, dict) else None
         if isinstance(lost, int) and not isinstance(lost, bool) and lost > 0:
-            out.append(f"{name}: {fw} capture could not read {lost:,} values")
+            out.append(f"{name}: {fw} capture could not read {lost:,} values (tensor "
+                       f"subclasses whose bytes it cannot reach)")
     errs = fws.get("capture_errors")
     if isinstance(errs, list) and errs:
         out.append(f"{name}: a capture could not start: {str(errs[0])[:200]}")
@@ -222,7 +224,7 @@ def _port_units(g, m, external):
     first = min((u.rep for u, p in zip(units, paired) if p), default=None)
     readers = _Readers(g)
     for k in sorted(range(len(units)), key=lambda k: -units[k].rep):
-        if not paired[k] and (first is None or units[k].rep < first or not (
+        if not paired[k] and ((first is not None and units[k].rep < first) or not (
                 g.support[k] and external & g.support[k])):
             continue
         counted[k] = True

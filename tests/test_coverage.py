@@ -1,0 +1,164 @@
+"""Coverage (diff/coverage.py): every result says what it compared, and a MATCH on too
+little evidence is INCONCLUSIVE (exit code 3), never a pass.
+
+Real recordings throughout: two runs of one script (everything paired and compared), a
+port whose modules the user's map keeps from pairing while its query and key really are
+swapped (the truth: `--swap-qk`), a golden whose values were all recorded as metadata only,
+a recording killed before its first commit, a script that stops torch capture by removing
+its dispatch mode, and the Flax init / RNG units a port does not count.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+import tracediff
+from tracediff.diff import coverage as _coverage
+from tracediff.trace import schema
+
+from .helpers import ROOT
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def _cli(*args, cwd=None):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, "-m", "tracediff", *args], capture_output=True,
+                          text=True, timeout=600, cwd=cwd, env=env)
+
+
+@pytest.fixture(scope="module")
+def mlp_runs(recorded):
+    return recorded("torch_mlp.py"), recorded("torch_mlp.py", tag="again")
+
+
+def test_two_runs_of_one_script_match_with_everything_compared(mlp_runs):
+    r = tracediff.locate(*mlp_runs)
+    assert r.verdict == "match" and r.exit_code == 0
+    c = r.coverage
+    assert c.sufficient and not c.reasons and not c.unpaired
+    for s in (c.a, c.b):
+        assert s.counted == "events" and s.framework == "torch"
+        assert s.events > 100 and s.paired == s.events and s.compared == s.events
+        assert set(s.by_phase) == {"forward", "backward", "optimizer"}
+        assert all(p["compared"] == p["events"] > 0 for p in s.by_phase.values())
+        assert s.values_with_data == s.values and s.bytes > 0 and not s.capture
+    j = tracediff.to_json(r)["coverage"]
+    assert j["sufficient"] is True and j["a"]["compared"] == c.a.compared and j["bar"] == 0.8
+
+
+def test_a_golden_of_metadata_only_values_is_inconclusive(mlp_runs, tmp_path):
+    """Every value of the golden marked metadata only (no bytes, no hash), as a recorder
+    that could not read them leaves them: nothing can be compared, so no MATCH."""
+    golden = tmp_path / "golden.h5"
+    shutil.copy(mlp_runs[0], golden)
+    os.chmod(golden, 0o644)
+    with h5py.File(golden, "r+") as f:
+        v = f["values"][...]
+        v["flags"] = (v["flags"] | schema.VFLAG_NOT_STORED) & ~np.uint8(schema.VFLAG_STATS)
+        v["offset"] = -1
+        f["values"][...] = v
+    r = tracediff.locate(str(golden), mlp_runs[1])
+    assert r.verdict == "inconclusive" and r.exit_code == 3
+    assert r.coverage.a.compared == 0 and r.coverage.a.paired == r.coverage.a.events
+    assert any("nothing was compared" in x for x in r.coverage.reasons)
+    assert "--level" in r.coverage.next_step
+    cli = _cli("locate", str(golden), mlp_runs[1], "--no-explain")
+    assert cli.returncode == 3, cli.stderr
+    assert cli.stdout.startswith("INCONCLUSIVE") and "nothing was compared" in cli.stdout
+
+
+def test_a_recording_killed_before_its_first_commit_is_never_a_match(mlp_runs, tmp_path):
+    script = tmp_path / "killed.py"
+    script.write_text("import os, signal\nimport torch\n"
+                      "x = torch.ones(3) * 2\n"
+                      "os.kill(os.getpid(), signal.SIGKILL)\n")
+    out = tmp_path / "killed.h5"
+    rec = _cli("record", "-o", str(out), str(script))
+    assert rec.returncode != 0 and out.exists()
+    for pair in ((str(out), mlp_runs[0]), (mlp_runs[0], str(out))):
+        cli = _cli("locate", *pair, "--no-explain", "--json")
+        assert cli.returncode in (1, 2, 3), cli.stdout + cli.stderr   # never 0: MATCH
+        if cli.returncode == 3:
+            j = json.loads(cli.stdout)
+            assert j["verdict"] == "inconclusive"
+            assert any("did not finish" in x for x in j["coverage"]["reasons"])
+
+
+@pytest.fixture(scope="module")
+def swapped(recorded):
+    return recorded("port_transformer.py", "--swap-qk")
+
+
+def test_a_port_the_map_keeps_from_pairing_is_inconclusive_where_it_was_match(swapped):
+    """The truth: query and key are swapped (--swap-qk), the port diverges. A map that
+    sends every module to one that does not exist leaves nothing paired: the old answer
+    was MATCH; the honest one is INCONCLUSIVE, naming the unpaired regions."""
+    assert tracediff.locate(swapped, explain=False).verdict == "diverged"   # the premise
+    r = tracediff.locate(swapped, map_file='{"*": "nowhere"}', explain=False)
+    assert r.verdict == "inconclusive" and r.exit_code == 3
+    c = r.coverage
+    assert c.a.counted == "computing units" and c.a.framework == "jax" and c.b.framework == "torch"
+    assert c.b.paired < 0.8 * c.b.events
+    assert c.unpaired and c.unpaired[0].length > 1 and c.unpaired[0].op
+    assert "--map" in c.next_step
+    cli = _cli("locate", swapped, "--map", '{"*": "nowhere"}', "--no-explain")
+    assert cli.returncode == 3 and "INCONCLUSIVE" in cli.stdout and "unpaired:" in cli.stdout
+
+
+def test_a_correct_port_counts_only_what_both_sides_compute(recorded):
+    """Flax's RNG, initialisers and `init` forward are not the torch side's work: they are
+    counted apart (setup); every unit of the model's forward, backward and optimizer is
+    paired or inside a paired module (a LayerNorm's reductions)."""
+    r = tracediff.locate(recorded("port_mlp_adam.py"), explain=False)
+    assert r.verdict == "match"
+    a, b = r.coverage.a, r.coverage.b
+    assert a.setup > 0 and b.setup == 0
+    assert a.paired == a.events and b.paired == b.events
+    assert set(a.by_phase) == {"forward", "backward", "optimizer"}
+    assert a.by_phase["optimizer"]["compared"] == b.by_phase["optimizer"]["compared"] == 2
+
+
+def test_a_script_that_removes_the_dispatch_mode_is_never_a_match(tmp_path):
+    """Later ops go unrecorded once the script pops torch's dispatch mode: the trace says
+    capture stopped, and two such runs are INCONCLUSIVE, not a MATCH on two events."""
+    script = tmp_path / "popmode.py"
+    script.write_text("import torch\n"
+                      "from torch.utils._python_dispatch import _pop_mode, "
+                      "_get_current_dispatch_mode_stack\n"
+                      "x = torch.ones(3) * 2\n"
+                      "if _get_current_dispatch_mode_stack():\n"
+                      "    _pop_mode()\n"
+                      "print(float((x + 1).sum()))\n")
+    traces = [str(tmp_path / f"{n}.h5") for n in "ab"]
+    for t in traces:
+        rec = _cli("record", "-o", t, str(script))
+        assert rec.returncode == 0 and "9.0" in rec.stdout, rec.stderr
+    r = tracediff.locate(*traces, explain=False)
+    assert r.verdict == "inconclusive" and r.exit_code == 3
+    assert any("removed tracediff's dispatch mode" in x for x in r.coverage.a.capture)
+
+
+def test_the_bar_reads_each_side(tmp_path):
+    """assess(): a side below the bar in pairs, or with values on too few, or a capture
+    problem, each alone makes the coverage insufficient."""
+    from tracediff.diff.result import CoverageSide
+
+    full = dict(events=100, paired=100, compared=100)
+    ok = _coverage.assess(CoverageSide("a", "a.h5", **full), CoverageSide("b", "b.h5", **full), [])
+    assert ok.sufficient
+    low = _coverage.assess(CoverageSide("a", "a.h5", **full),
+                           CoverageSide("b", "b.h5", events=100, paired=79, compared=79), [])
+    assert not low.sufficient and "79 of 100" in low.reasons[0]
+    unval = _coverage.assess(CoverageSide("a", "a.h5", **full),
+                             CoverageSide("b", "b.h5", events=100, paired=100, compared=50), [])
+    assert not unval.sufficient and "compared" in unval.reasons[0]
+    stop = _coverage.assess(CoverageSide("a", "a.h5", capture=["a.h5: torch capture stopped"],
+                                         **full), CoverageSide("b", "b.h5", **full), [])
+    assert not stop.sufficient and stop.reasons == ["a.h5: torch capture stopped"]
