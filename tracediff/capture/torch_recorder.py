@@ -966,8 +966,10 @@ class TorchCapture(Capture):
                     if writes is not None:
                         writes[ptr] = (eid, slot, tuple(o.shape), o.stride(),
                                        o.storage_offset(), o.dtype)
-                        if self.subclasses.param_shards:   # a DTensor parameter's shard
-                            self.subclasses.tag_write(eid, slot, ptr)
+                    if (lazy and self.subclasses.param_shards
+                            and ptr in self.subclasses.param_shards):
+                        # a write to, or a view of, a DTensor parameter's local shard
+                        self.subclasses.tag_write(eid, slot, ptr, o)
                 if not keep:  # outside the --ops/--modules window: metadata only
                     w.add_meta_value(eid, slot, self._dtype_info(o.dtype)[0], tuple(o.shape))
                     continue

@@ -154,14 +154,15 @@ class Subclasses:
                     continue
                 place = self.placement(p)
                 if ptr and place is not None:
-                    shards[ptr] = place + (n,)
+                    shards[ptr] = place + (n, tuple(p._local_tensor.shape))
         if shards or self.param_shards:
             self.param_shards = shards
 
-    def tag_write(self, eid, slot, ptr):
-        """An op wrote a DTensor parameter's local shard in place: say which."""
+    def tag_write(self, eid, slot, ptr, out):
+        """An op wrote, or viewed whole, a DTensor parameter's local shard (through a
+        plain tensor: `p.to_local().add_()`): say which parameter and where."""
         hit = self.param_shards.get(ptr)
-        if hit is not None:
+        if hit is not None and tuple(out.shape) == hit[6]:
             self.cap.writer.add_placement(eid, slot, schema.ROLE_OUT, *hit[:5], param=hit[5])
 
     def manifest(self):
