@@ -104,8 +104,14 @@ class Subclasses:
                     param = name.split("/", 1)[1] if name and "/" in name else None
                     cap.writer.add_placement(eid, slot, role, *place, param=param)
                 return
-        self.unreadable += 1
         tn = type(t).__name__
+        if tn == "AsyncCollectiveTensor":
+            # a functional collective's result before `wait_tensor` (recorded with the
+            # received value): not defined yet, so not a lost value
+            cap.writer.add_meta_value(eid, slot, cap._dtype_info(t.dtype)[0], tuple(t.shape),
+                                      role=role, name=name, flags=schema.VFLAG_UNINIT)
+            return
+        self.unreadable += 1
         if tn in self.unreadable_types or len(self.unreadable_types) < _MAX_TYPES:
             self.unreadable_types[tn] = self.unreadable_types.get(tn, 0) + 1
         try:
