@@ -368,3 +368,29 @@ def test_a_recorder_failure_never_reaches_the_script(tmp_path, monkeypatch):
     assert manifest["recording_error"].startswith("ZeroDivisionError")
     with Trace(tmp_path / "fail.h5") as t:
         assert len(_ops(t, "aten::dot")) == 1
+
+
+def test_a_wrapper_subclass_never_stops_capture(recorded):
+    """Issue #36: a tensor subclass whose bytes `.numpy()` refuses stopped the whole
+    capture ("not supported for tensor subclasses"). Its values are now metadata only,
+    counted in the manifest and warned about by `record` and `info`; every op after it
+    is still recorded."""
+    from tests.helpers import run_cli
+
+    path, proc = _record(recorded, "torch_wrapper_subclass.py")
+    assert "16.0 6.0" in proc.stdout
+    assert "3 torch values of tensor subclasses (Wrap) recorded without their bytes" in \
+        proc.stderr
+    with Trace(path) as t:
+        fw = t.manifest["frameworks"]["torch"]
+        assert "recording_error" not in fw, fw.get("recording_error")
+        assert fw["subclasses"]["unreadable_values"] == 3
+        assert fw["subclasses"]["unreadable_types"] == {"Wrap": 3}
+        ones = _ops(t, "aten::ones")
+        assert len(ones) == 1     # the op after the subclass's ops was recorded
+        mul = [e for e in _ops(t, "aten::mul.Tensor") if e["index"] > ones[0]["index"]]
+        assert mul and _out(t, mul[0]["index"])[1].tolist() == [2.0, 2.0, 2.0]
+        unread = [r for r in t.values if r["flags"] & schema.VFLAG_NOT_STORED]
+        assert len(unread) == 3 and all(t.string(r["shape"]) == "4" for r in unread)
+    out = run_cli("info", str(path), env={"NO_COLOR": "1", "COLUMNS": "200"})
+    assert "capture: 3 torch values of tensor subclasses (Wrap)" in out.stdout

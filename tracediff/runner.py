@@ -18,6 +18,7 @@ import tempfile
 import traceback
 
 from .capture import RecordOptions, Session, budget, start_captures
+from .trace.manifest import capture_losses
 from .errors import TraceError, UnsupportedJax
 from .trace.manifest import base_manifest, native_libraries
 from .trace.writer import TraceWriter
@@ -272,6 +273,8 @@ class Recording:
                   f"operations: {fw} was not recorded (the manifest says so under "
                   f"frameworks.missed; locate will not call this trace a match)",
                   file=sys.stderr)
+        for line in capture_losses(frameworks_manifest):
+            print(f"tracediff: WARNING: {line}", file=sys.stderr)
         for fw in late:
             print(f"tracediff: warning: {fw} was found loaded only after its import finished "
                   f"(loaded outside the import system); what it ran before that is not in the "

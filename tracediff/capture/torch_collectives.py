@@ -79,6 +79,15 @@ class Collectives:
             self._written[func] = w
         return w
 
+    def _outbufs(self, func, args, kwargs):
+        """ids of the tensors passed as `output*` arguments only (never read by the
+        collective), when the collective has separate input arguments."""
+        w = [x for x in self._writes(func) if x[1].startswith("output")]
+        if not w:
+            return ()
+        return {id(t) for t in _deep([args[i] if i < len(args) else kwargs.get(n)
+                                      for i, n in w], [], self.torch)}
+
     def _group(self, obj):
         """{"name", "ranks", "backend"} of a ProcessGroup script object (None if unreadable)."""
         try:
@@ -168,8 +177,12 @@ class Collectives:
             for slot, (pe, ps) in enumerate(refs):
                 w.add_input(eid, slot, pe, ps)
             keep = cap.keeps(info.name, mod)
+            # an output buffer only (all_gather_into_tensor's `output_tensor`): what it
+            # held before is not what the rank sent, often uninitialised memory
+            outbuf = self._outbufs(func, args, kwargs)
             for slot, t in enumerate(ins):
-                cap.store(eid, slot, t, keep=keep, role=schema.ROLE_IN)
+                cap.store(eid, slot, t, keep=keep, role=schema.ROLE_IN,
+                          uninit=id(t) in outbuf)
         return eid, keep, info, group
 
     def _after(self, rec, func, args, kwargs):

@@ -88,6 +88,19 @@ SUPPORTED = "torch >= 2.1 (tested 2.13)"
 
 _UNINIT_OPS = frozenset({"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
                          "aten::new_empty_strided", "aten::empty_permuted"})
+# outputs of custom ops that are (partly) uninitialised memory: FSDP2's all-gather buffer,
+# of which the op fills only this rank's part (the all-gather after it fills the rest)
+_UNINIT_OUTPUTS = {"fsdp::all_gather_copy_in": frozenset({1})}
+_FUNCOL = "_c10d_functional::"
+_FUNCOL_DONE = frozenset({"_c10d_functional::wait_tensor"})
+
+
+class _Every:
+    def __contains__(self, slot):
+        return True
+
+
+_EVERY_SLOT = _Every()
 _SCALAR_TYPES = (bool, int, float, complex)
 _SKIP_FILE_PREFIXES = ("<frozen", "<string>")
 _PLUMBING = ("_ops.py", "overrides.py", "utils/_python_dispatch.py", "utils/_contextlib.py",
@@ -165,7 +178,7 @@ class _OpInfo:
     """Per-aten-overload facts computed once: name, argument names, writes, uninit."""
 
     __slots__ = ("name", "arg_names", "write_pos", "write_kw", "uninit", "skip", "collective",
-                 "view", "func", "call")
+                 "view", "func", "call", "uninit_slots")
 
     def __init__(self, func):
         self.func = func   # held: the recorder's cache is keyed by id(func)
@@ -183,6 +196,11 @@ class _OpInfo:
             if a.alias_info is not None and a.alias_info.is_write:
                 (self.write_kw if a.kwarg_only else self.write_pos).append((i, a.name))
         self.uninit = sch.name in _UNINIT_OPS
+        self.uninit_slots = _UNINIT_OUTPUTS.get(sch.name)
+        if sch.name.startswith(_FUNCOL) and sch.name not in _FUNCOL_DONE:
+            # a functional collective's result is defined only once `wait_tensor` returns
+            # (recorded as its own op, with the received value): never compared before
+            self.uninit_slots = _EVERY_SLOT
         # a view (as_strided, slice, view...) of uninitialised memory is uninitialised too
         # (DDP carves its gradient buckets out of an `empty` this way)
         self.view = any(r.alias_info is not None and not r.alias_info.is_write
@@ -266,6 +284,10 @@ class TorchCapture(Capture):
         self._strided = torch.strided
         self._Tensor = torch.Tensor
         self.forked = False
+        # FSDP (or DTensor) in use: values are read without marking their storage
+        # unresizable (`_host_keeping_storage`); a few us more per value
+        self.keep_resizable = False
+        self.storage_of = {}     # id(tensor) -> its storage's data_ptr when produced (FSDP)
         self.failed = None
         self.failed_at_event = None
         self._seq_marks = []
@@ -297,6 +319,9 @@ class TorchCapture(Capture):
         self._is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or \
             (lambda: False)
         self.hook_optimizer(None)
+        from .torch_subclass import Subclasses
+
+        self.subclasses = Subclasses(self, torch)
         self.mode = _make_mode(self)
         self.thread = threading.get_ident()
         # Levels and windows (RecordOptions): at `calls` level no op is recorded (only
@@ -391,6 +416,7 @@ class TorchCapture(Capture):
             self.producer.clear()
             self.last_writer.clear()
             self.storage_writes.clear()
+            self.storage_of.clear()
             self.pending = []
 
     def _mode_removed(self):
@@ -429,6 +455,8 @@ class TorchCapture(Capture):
             m["collectives"] = self.collectives.manifest()
         if getattr(self, "autocast", None) is not None:
             m["autocast"] = self.autocast.manifest()
+        if getattr(self, "subclasses", None) is not None:
+            m["subclasses"] = self.subclasses.manifest()
         if getattr(self, "failed", None):
             m["recording_error"] = self.failed
             m["recording_stopped_at_event"] = self.failed_at_event
@@ -454,6 +482,8 @@ class TorchCapture(Capture):
     def _mod_name(self, m):
         n = self.mod_names.get(m)
         if n is None:
+            if "torch.distributed.fsdp" in sys.modules:   # FSDP1 frees storages too
+                self.keep_resizable = True
             if not self.mod_stack:
                 self.roots.append(weakref.ref(m))
                 for sub_name, sub in m.named_modules(remove_duplicate=False):
@@ -478,17 +508,21 @@ class TorchCapture(Capture):
         if threading.get_ident() == self.thread and self.mod_stack:
             self.mod_stack.pop()
 
-    def _param_names(self):
-        """id(parameter) -> qualified name, over the root modules seen (cached per step)."""
+    def _param_names(self, force=False):
+        """id(parameter) -> qualified name, over the root modules seen (cached per step;
+        `force`: read again, as after FSDP2 swapped a module's parameters)."""
         key = (self.step, len(self.roots))
-        if self._names_key == key:
+        if self._names_key == key and not force:
             return self._names
-        names = {}
+        names, named = {}, []
         for r in self.roots:
             root = r()
             if root is not None:
                 for n, p in root.named_parameters(remove_duplicate=False):
-                    names.setdefault(id(p), _strip_compiled(n))
+                    n = _strip_compiled(n)
+                    names.setdefault(id(p), n)
+                    named.append((n, p))
+        self.subclasses.note_params(named)
         self._names, self._names_key = names, key
         return names
 
@@ -568,12 +602,17 @@ class TorchCapture(Capture):
 
     def _store(self, eid, slot, t, uninit=False, name=None, role=schema.ROLE_OUT):
         """Write tensor t as value `slot` of event eid (caller holds the lock)."""
+        if type(t) is not self._Tensor and self.subclasses.special(t):
+            # a DTensor's local shard and placement, or another subclass's metadata
+            self.subclasses.store(eid, slot, t, uninit, name, role)
+            return
         dname, fast = self._dtype_info(t.dtype)
         if fast and not uninit and t.is_cpu and t.layout is self._strided:
             try:
-                arr = (t.detach() if t.requires_grad else t).numpy()
+                arr = (t.detach() if t.requires_grad else t).numpy() if not \
+                    self.keep_resizable else _host_keeping_storage(t)
             except RuntimeError:  # a negative-bit view
-                arr = t.detach().resolve_neg().numpy()
+                arr = _host_keeping_storage(t.detach().resolve_neg())
             if not arr.flags.c_contiguous:
                 arr = _c_order(t, arr)
             self.writer.add_value(eid, slot, arr, role=role, name=name)
@@ -617,7 +656,8 @@ class TorchCapture(Capture):
             t, logical = t.view(torch.uint8), dname
         else:
             t = t.resolve_neg()
-        w.add_value(eid, slot, t.numpy(), role=role, name=name, logical_dtype=logical)
+        w.add_value(eid, slot, t.numpy() if not self.keep_resizable else _host_keeping_storage(t),
+                    role=role, name=name, logical_dtype=logical)
 
     # -- dataflow -------------------------------------------------------------------------
     def _fix_pending(self):
@@ -638,6 +678,10 @@ class TorchCapture(Capture):
         """(event, slot) that produced tensor t's current value; snapshots unknown tensors."""
         e = self.producer.get(id(t))
         known = e is not None and e[0]() is t
+        if known and self.keep_resizable and self._moved(t):
+            # its storage was freed and allocated again (FSDP's `storage.resize_`): what
+            # it holds now is uninitialised until an op writes it
+            return self._snapshot(t, -1, True)
         if known:
             v = e[3]
             if v is None or v == -1 or t.is_inference() or v == t._version:
@@ -667,18 +711,48 @@ class TorchCapture(Capture):
                 parent, uninit = lw[0], lw[3]   # an alias of uninitialised memory
             elif known and lw[0] > e[1]:
                 parent = lw[0]  # written in place through a view that is gone
+                w = self.storage_writes.get(ptr)
+                if w is not None and w[0] == lw[0] and w[2] == tuple(t.shape) and \
+                        w[3] == t.stride() and w[4] == t.storage_offset() and w[5] == t.dtype:
+                    # ... that covered exactly t (`p.to_local().add_()` on a DTensor
+                    # parameter's shard): that write's output is t's value now
+                    self.producer[id(t)] = (e[0], w[0], w[1], t._version)
+                    return w[0], w[1]
             elif lw[3]:
                 # Most likely a wrapper (nn.Parameter) of an empty* output: the bytes are
                 # uninitialised, never compare them.
                 parent, uninit = lw[0], True
-        # Snapshot: an external input (or a value written through an alias we cannot map).
+        return self._snapshot(t, parent, uninit)
+
+    def _snapshot(self, t, parent, uninit):
+        """Snapshot: an external input (or a value written through an alias we cannot map)."""
         eid = self.writer.add_event(framework=schema.FW_TORCH, kind=schema.KIND_INPUT, op="<input>",
                                     phase=self.phase, origin=schema.ORIGIN_SNAPSHOT,
                                     step=self.step, parent=parent, source=self._cur_source)
         self.n_inputs += 1
         self._store(eid, 0, t, uninit=uninit)
-        self.producer[id(t)] = (weakref.ref(t), eid, 0, -1 if t.is_inference() else t._version)
+        wr = weakref.ref(t)
+        self.producer[id(t)] = (wr, eid, 0, -1 if t.is_inference() else t._version)
+        if self.keep_resizable:
+            try:
+                ptr = t.untyped_storage().data_ptr()
+            except Exception:
+                ptr = 0
+            self.storage_of[id(t)] = ptr
+            if ptr and uninit:   # views of it stay uninitialised until written
+                self.last_writer[ptr] = (eid, 0, wr, True)
         return eid, 0
+
+    def _moved(self, t):
+        """Is t's storage no longer the one its producer wrote (freed and allocated again
+        with `storage.resize_`, as FSDP does with its all-gather buffers)?"""
+        was = self.storage_of.get(id(t))
+        if was is None:
+            return False
+        try:
+            return t.untyped_storage().data_ptr() != was
+        except Exception:
+            return False
 
     def _written_since(self, t, eid):
         """The in-place write of t's storage after event eid through another tensor object
@@ -695,7 +769,20 @@ class TorchCapture(Capture):
         return w if w is not None and w[0] > eid else None
 
     # -- the op hook ----------------------------------------------------------------------
-    def on_op(self, func, args, kwargs):
+    def on_sub_op(self, func, types, args, kwargs):
+        """An op with tensor-subclass arguments (`types`): a DTensor op recorded at the
+        level the user wrote it and its local ops below (capture/torch_subclass.py), any
+        other as one op whose subclass values are metadata."""
+        sub = self.subclasses
+        self.keep_resizable = True   # DTensor / FSDP2: storages are freed with resize_(0)
+        if sub.redispatch is func:   # handed back by `Subclasses.run`: DTensor's turn
+            sub.redispatch = None
+            return NotImplemented
+        if sub.depth:   # FakeTensor ops of DTensor's sharding propagation
+            return func(*args, **kwargs)
+        return self.on_op(func, args, kwargs, sub.dtensor_types(types))
+
+    def on_op(self, func, args, kwargs, dtensor=False):
         """Run one aten op and record it (called by the dispatch mode).
 
         A failure inside the recorder never reaches the script: recording stops, the
@@ -706,7 +793,8 @@ class TorchCapture(Capture):
         (op, module, source), parameter summaries cached per argument values, values
         handed to the writer as host arrays (`add_array`). docs/performance.md has the
         profile."""
-        if self.compiled_depth or self.forked or self.failed or self.writer.closed:
+        if self.compiled_depth or self.forked or self.failed or self.writer.closed or (
+                self.subclasses.depth and self.subclasses.fake_active()):
             return func(*args, **kwargs)
         try:
             info = self._opinfo.get(id(func))   # OpOverload.__hash__ is Python code
@@ -748,11 +836,13 @@ class TorchCapture(Capture):
                 # alias of its storage (`_written_since`, leaves only)
                 refs = []
                 writes = self.storage_writes
+                moved = self._moved if self.keep_resizable else None
                 for t in ins:
                     e = producer.get(id(t))
                     if e is not None and e[0]() is t:
                         v = e[3]
-                        if v is None or v == -1 or v == t._version:
+                        if (v is None or v == -1 or v == t._version) and not (
+                                moved is not None and moved(t)):
                             if not writes or not t.is_leaf:
                                 refs.append((e[1], e[2]))
                                 continue
@@ -772,7 +862,7 @@ class TorchCapture(Capture):
         if info.collective:   # c10d: inputs before, outputs after its Work (torch_collectives)
             return self.collectives.run(func, args, kwargs,
                                         (info, None, node, seq_now, src, mod, refs))
-        out = info.call(*args, **kwargs)
+        out = info.call(*args, **kwargs) if not dtensor else self.subclasses.run(func, args, kwargs)
         try:
             self._after(info, node, seq_now, src, mod, refs, args, kwargs, out, simple)
         except Exception as exc:
@@ -849,7 +939,9 @@ class TorchCapture(Capture):
             # fresh output's version is final now.
             lazy = writes is not None or info.view
             uninit = info.uninit
+            uslots = info.uninit_slots
             dtypes = self._dtypes
+            resizable = self.keep_resizable
             for slot, o in enumerate(outs):
                 wr = _wref(o)
                 key = id(o)
@@ -870,22 +962,28 @@ class TorchCapture(Capture):
                             ptr -= off * o.element_size()
                 except Exception:
                     ptr = 0
-                view_uninit = uninit
+                view_uninit = uninit or (uslots is not None and slot in uslots)
                 if ptr:
                     # uninitialised memory stays so through views, and outside a part
                     # written in place (DDP fills its `empty` gradient buckets slice
                     # by slice)
                     lw = last_writer.get(ptr)
-                    st_uninit = uninit
-                    if lw is not None and lw[3] and not uninit:
+                    st_uninit = view_uninit
+                    if lw is not None and lw[3] and not view_uninit:
                         view_uninit = st_uninit = bool(info.view)
                         if not st_uninit:
                             st_uninit = o.numel() * o.element_size() < \
                                 o.untyped_storage().nbytes()
                     last_writer[ptr] = (eid, slot, wr, st_uninit)
+                    if resizable:
+                        self.storage_of[key] = ptr
                     if writes is not None:
                         writes[ptr] = (eid, slot, tuple(o.shape), o.stride(),
                                        o.storage_offset(), o.dtype)
+                    if (lazy and self.subclasses.param_shards
+                            and ptr in self.subclasses.param_shards):
+                        # a write to, or a view of, a DTensor parameter's local shard
+                        self.subclasses.tag_write(eid, slot, ptr, o)
                 if not keep:  # outside the --ops/--modules window: metadata only
                     w.add_meta_value(eid, slot, self._dtype_info(o.dtype)[0], tuple(o.shape))
                     continue
@@ -896,7 +994,8 @@ class TorchCapture(Capture):
                     # requires grad is detached first: numpy()'s refusal costs ~27 us
                     # (a C++ exception with its backtrace), the detach ~1.
                     try:
-                        arr = (o.detach() if o.requires_grad else o).numpy()
+                        arr = (o.detach() if o.requires_grad else o).numpy() if not \
+                            resizable else _host_keeping_storage(o)
                     except (RuntimeError, TypeError):
                         arr = None
                     if arr is not None:
@@ -961,6 +1060,8 @@ class TorchCapture(Capture):
             ptr = 0
         if ptr:
             self.last_writer[ptr] = (eid, slot, wr, False)
+            if self.keep_resizable:
+                self.storage_of[id(t)] = ptr
 
     def store(self, eid, slot, t, name=None, keep=True, uninit=False, role=schema.ROLE_OUT):
         """Write tensor t (or a Python scalar) as value `slot` of event eid (an output, or
@@ -1039,6 +1140,8 @@ class TorchCapture(Capture):
             self.seq2fwd = {k: v for k, v in self.seq2fwd.items() if k[1] >= keep}
         if len(self.producer) > 200_000:
             self.producer = {k: v for k, v in self.producer.items() if v[0]() is not None}
+        if len(self.storage_of) > 200_000:
+            self.storage_of = {k: v for k, v in self.storage_of.items() if k in self.producer}
         if len(self.last_writer) > 200_000:
             self.last_writer = {k: v for k, v in self.last_writer.items() if v[2]() is not None}
             self.storage_writes = {k: v for k, v in self.storage_writes.items()
@@ -1047,6 +1150,8 @@ class TorchCapture(Capture):
     def _snapshot_optimizer(self, opt):
         torch = _torch
         names = self._param_names()
+        if any(id(p) not in names for g in opt.param_groups for p in g["params"]):
+            names = self._param_names(force=True)   # parameters swapped since (FSDP2)
         hyper = []
         for g, group in enumerate(opt.param_groups):
             for k in ("lr", "betas", "eps", "weight_decay", "momentum"):
@@ -1089,6 +1194,19 @@ def _c_order(t, arr):
         return t.detach().contiguous().numpy()
 
 
+def _host_keeping_storage(t):
+    """A host array of CPU tensor t that leaves its storage resizable: `.numpy()` marks a
+    storage not resizable for good, and FSDP frees and re-allocates its all-gather buffers
+    with `storage.resize_` (`keep_resizable`). Through DLPack (no mark), else a copy."""
+    if type(t).__torch_dispatch__ is not _torch.Tensor.__torch_dispatch__:
+        raise TypeError("a tensor subclass")   # DLPack would read a wrapper's empty storage
+    t = t.detach()
+    try:
+        return np.from_dlpack(t)
+    except (RuntimeError, TypeError, BufferError, ValueError):
+        return t.clone().numpy()
+
+
 def _strip_compiled(name):
     """`_orig_mod.fc1` -> `fc1`: a module wrapped by `torch.compile(module)` is named as in
     an eager run, so eager and compiled traces share module paths and parameter names."""
@@ -1118,6 +1236,10 @@ def _dispatch_entry(capture, dispatch, lazy):
         limit = get_limit()
         set_limit(limit + HEADROOM)
         try:
+            if types:   # tensor subclass arguments (DTensor): rare, never the hot path
+                if not lazy or get_callback is None or get_callback() is None:
+                    return capture.on_sub_op(func, types, args, kwargs or {})
+                return disabled(self, func, types, args, kwargs)
             if not lazy:
                 return capture.on_op(func, args, kwargs or {})
             if get_callback is None:
@@ -1144,6 +1266,8 @@ def _make_mode(capture):
     from torch.utils._python_dispatch import TorchDispatchMode
 
     def dispatch(self, func, types, args=(), kwargs=None):
+        if types:
+            return capture.on_sub_op(func, types, args, kwargs or {})
         return capture.on_op(func, args, kwargs or {})
 
     # torch versions that wrap a mode's dispatch for Dynamo get the same wrapper, later

@@ -730,6 +730,10 @@ class RankSummary(_ByKey):
     collective: Optional[int] = None      # collectives (c10d::*) before the event in trace a
     at_collective: bool = False           # the event is itself a collective
     structural: str = ""                  # its first difference is an op only one run has
+    collective_op: str = ""               # at a collective: the exchange itself (the op a
+                                          # functional collective's wait_tensor waited for)
+    param: str = ""                       # the DTensor parameter whose local shard it is
+    shard: str = ""                       # where that shard sits: "offset 8,0 of 16,8 (S(0))"
 
 
 @dataclass(repr=False)

@@ -22,8 +22,12 @@ def _console(console):
 
 def _where(s) -> str:
     dev = f" on {markup(s.device)}" if getattr(s, "device", "") else ""
+    shard = ""
+    if getattr(s, "shard", ""):   # one rank's local shard of a DTensor (parameter)
+        shard = (f", parameter [bold]{markup(s.param)}[/]" if getattr(s, "param", "") else
+                 ", DTensor") + f" shard at {markup(s.shard)}"
     return (f"[bold]{markup(s.op)}[/]{dev} step {markup(s.step)}"
-            f"{'  ' + markup(s.source) if s.source else ''}")
+            f"{'  ' + markup(s.source) if s.source else ''}{shard}")
 
 
 def print_ranks(rr: RanksResult, console: Optional[Console] = None, verbose: bool = False,

@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..trace import schema
+from ..trace.manifest import capture_losses
 from ..trace.sources import LIB_SEP
 from ..trace.values import as_float64
 from ..untrusted import markup, printable
@@ -120,6 +121,8 @@ def print_summary(s, console=None):
                       f"{markup(cut.get('around', '?'))} of the original "
                       f"({markup(cut.get('op', '?'))}, now {markup(cut.get('around_new', '?'))}) "
                       f"and the events within {markup(cut.get('hops', '?'))} dataflow hops of it")
+    for line in capture_losses(m.get("frameworks")):   # never a silent partial trace
+        console.print(f"[bold red]capture:[/] {markup(line)}")
     console.print(f"events: {s['events']}  values: {s['values']}  bytes: {s['bytes']:,}  "
                   f"optimizer steps: {s['optimizer_steps']}  kinds: {markup(s['kinds'])}")
     table = Table(title="operations (most frequent first)")

@@ -244,3 +244,31 @@ def base_manifest(script=None, argv=None, recording=None):
         m["script"] = {"path": os.path.abspath(script), "name": os.path.basename(script),
                        "sha256": file_sha256(script), "argv": list(argv or [])}
     return m
+
+
+def capture_losses(frameworks) -> list:
+    """What a recording lost, one sentence each, from the manifest's `frameworks` section
+    (a recorder that stopped: `recording_error`; values recorded without their bytes
+    because a tensor subclass could not be read: `subclasses.unreadable_values`). `record`
+    prints them as warnings and `info` shows them; the strings may come from an untrusted
+    trace: the caller escapes them."""
+    out = []
+    if not isinstance(frameworks, dict):
+        return out
+    for fw in ("jax", "torch"):
+        m = frameworks.get(fw)
+        if not isinstance(m, dict):
+            continue
+        if m.get("recording_error"):
+            out.append(f"{fw} capture STOPPED at event {m.get('recording_stopped_at_event')}: "
+                       f"{str(m['recording_error'])[:200]}; nothing the script ran after it is "
+                       f"in the trace")
+        sub = m.get("subclasses")
+        n = sub.get("unreadable_values") if isinstance(sub, dict) else None
+        if isinstance(n, int) and n > 0:
+            types = sub.get("unreadable_types")
+            names = ", ".join(str(k) for k in list(types)[:5]) if isinstance(types, dict) else ""
+            out.append(f"{n} {fw} value{'s' if n != 1 else ''} of tensor subclasses "
+                       f"({names or 'unknown'}) recorded without their bytes (metadata only): "
+                       f"they are not compared")
+    return out

@@ -383,6 +383,7 @@ class Trace:
         self.source_rows = tables["sources"]  # recorded source lines (empty in older traces)
         self.device_rows = tables["devices"]  # the device of per-device events (empty: none)
         self.shard_rows = tables["shards"]    # per-device copies of global values (empty: none)
+        self.placement_rows = tables["placements"]  # DTensor local shards (empty: none)
         self.strings = self._load_strings(_dataset(f, "strings"), _int_attr(f, "committed_strings", 0))
         blob = _dataset(f, "blob", codec_ok=True)
         if blob.dtype != np.uint8 or blob.ndim != 1:
@@ -412,7 +413,8 @@ class Trace:
         cols = [self.events[c] for c in ("op", "params", "name_stack", "source", "node")] + \
             [self.values[c] for c in ("dtype", "storage", "shape", "name")] + \
             [self.source_rows[c] for c in ("source", "lines", "sha256")] + \
-            [self.device_rows["device"]] + [self.shard_rows[c] for c in ("device", "index", "shape")]
+            [self.device_rows["device"]] + [self.shard_rows[c] for c in ("device", "index", "shape")] + \
+            [self.placement_rows[c] for c in schema.PLACEMENT_STRINGS]
         ref = np.unique(np.concatenate([np.asarray(c, np.int64) for c in cols])) if cols else \
             np.zeros(0, np.int64)
         return ref[(ref >= 0) & (ref < n)]
@@ -538,6 +540,11 @@ class Trace:
                                       (self.device_rows["device"] >= n_str)).any():
             raise bad("devices.device refers to a string that does not exist")
         self._check_shards(bad, n_ev, n_str)
+        pl = self.placement_rows
+        pl = self.placement_rows = pl[(pl["event"] >= 0) & (pl["event"] < n_ev)]
+        for col in schema.PLACEMENT_STRINGS:
+            if len(pl) and ((pl[col] < -1) | (pl[col] >= n_str)).any():
+                raise bad(f"placements.{col} refers to a string that does not exist")
         i = self.inputs
         if len(i) and ((i["producer"] < schema.PRODUCER_CONST) | (i["producer"] >= n_ev)).any():
             raise bad("inputs.producer refers to an event that does not exist")
@@ -606,6 +613,22 @@ class Trace:
                           f"shape {tuple(dims)}")
 
     # -- per-device values --------------------------------------------------------------------
+    def placement(self, event_index, slot=0, role=schema.ROLE_OUT):
+        """Where value (event, slot, role) sits in its global tensor when it is one rank's
+        local shard of a torch DTensor: {"placements", "mesh", "coord", "global_shape",
+        "offset", "param"} (strings as recorded, untrusted; "param" None when the value
+        is no parameter's), else None."""
+        rows = self.placement_rows
+        if not len(rows):
+            return None
+        hit = rows[(rows["event"] == int(event_index)) & (rows["slot"] == int(slot)) &
+                   (rows["role"] == int(role))]
+        if not len(hit):
+            return None
+        r = hit[0]
+        out = {c: self.string(r[c]) if r[c] >= 0 else None for c in schema.PLACEMENT_STRINGS}
+        return out
+
     def has_devices(self) -> bool:
         """True when the trace records any per-device event or per-device value."""
         return bool(len(self.device_rows) or len(self.shard_rows))

@@ -131,8 +131,22 @@ SHARD_DTYPE = np.dtype([
 SHARD_SLICE = 1    # bytes equal the global value's slice at `index`: not stored again
 SHARD_DIGEST = 2   # only the hash is stored (the bytes differ, or the global value has none)
 
+# Where a value recorded as one rank's local shard of a torch DTensor (FSDP2's parameters,
+# `distribute_tensor`) sits in the global tensor: one row per such values row (same event,
+# slot, role). The values row holds the local shard's bytes and shape, as the rank had them.
+PLACEMENT_DTYPE = np.dtype([
+    ("event", "<i8"), ("slot", "<i4"), ("role", "u1"),
+    ("placements", "<i4"),  # strings index: one per mesh dimension, ";"-joined: "Shard(dim=0)"
+    ("mesh", "<i4"),        # strings index: the device mesh's shape, "2" / "2,4"
+    ("coord", "<i4"),       # strings index: this rank's coordinate in the mesh, "1" / "0,3"
+    ("global_shape", "<i4"),  # strings index: comma-separated dims of the global tensor
+    ("offset", "<i4"),      # strings index: the shard's offset in the global tensor, "8,0"
+    ("param", "<i4"),       # strings index: the parameter's qualified name, -1 if none
+])
+
 TABLES = {"events": EVENT_DTYPE, "values": VALUE_DTYPE, "inputs": INPUT_DTYPE,
           "stats": STATS_DTYPE, "sources": SOURCE_DTYPE, "devices": DEVICE_DTYPE,
-          "shards": SHARD_DTYPE}
+          "shards": SHARD_DTYPE, "placements": PLACEMENT_DTYPE}
 # Tables a trace may lack (written by an older tracediff): read as empty.
-OPTIONAL_TABLES = {"stats", "sources", "devices", "shards"}
+OPTIONAL_TABLES = {"stats", "sources", "devices", "shards", "placements"}
+PLACEMENT_STRINGS = ("placements", "mesh", "coord", "global_shape", "offset", "param")

@@ -116,6 +116,8 @@ def slice_trace(t, around, out, hops=2, replace=False):
     devices["event"] = new_id[devices["event"].astype(np.int64)]
     shards = t.shard_rows[np.isin(t.shard_rows["event"], keep)].copy()
     shards["event"] = new_id[shards["event"].astype(np.int64)]
+    placements = t.placement_rows[np.isin(t.placement_rows["event"], keep)].copy()
+    placements["event"] = new_id[placements["event"].astype(np.int64)]
     own = shards["offset"] >= 0
     shards["flags"][own] |= schema.SHARD_DIGEST
     shards["offset"][own], shards["nbytes"][own] = -1, 0
@@ -123,7 +125,7 @@ def slice_trace(t, around, out, hops=2, replace=False):
     # strings: only those the slice refers to, renumbered
     refs = [events[c] for c in _EVENT_STRINGS] + [vals[c] for c in _VALUE_STRINGS] + \
         [sources[c] for c in _SOURCE_STRINGS] + [devices["device"]] + \
-        [shards[c] for c in _SHARD_STRINGS]
+        [shards[c] for c in _SHARD_STRINGS] + [placements[c] for c in schema.PLACEMENT_STRINGS]
     used = np.unique(np.concatenate([r.astype(np.int64) for r in refs])) if refs else []
     used = used[used >= 0]
     strings = [t.string(i) for i in used.tolist()]
@@ -134,7 +136,7 @@ def slice_trace(t, around, out, hops=2, replace=False):
 
     for table, cols in ((events, _EVENT_STRINGS), (vals, _VALUE_STRINGS),
                         (sources, _SOURCE_STRINGS), (devices, ("device",)),
-                        (shards, _SHARD_STRINGS)):
+                        (shards, _SHARD_STRINGS), (placements, schema.PLACEMENT_STRINGS)):
         for c in cols:
             table[c] = restring(table[c])
 
@@ -152,6 +154,7 @@ def slice_trace(t, around, out, hops=2, replace=False):
              "complete": bool(t.complete)}
     write_finished(out, {"events": events, "values": vals, "inputs": inputs, "stats": stats,
                          "sources": sources, "devices": devices, "shards": shards,
+                         "placements": placements,
                          "blob": blob, "strings": strings},
                    json.dumps(manifest, sort_keys=True, default=str), attrs, replace=replace)
     return {"events": int(len(keep)), "values": int(len(vals)), "bytes": int(len(blob)),

@@ -540,6 +540,15 @@ class TraceWriter:
         self._rows["shards"].append((event, slot, role, flags, self.intern(device),
                                      self.intern(text), int(replica), sid, offset, nbytes, h))
 
+    def add_placement(self, event, slot, role, placements, mesh, coord, global_shape, offset,
+                      param=None):
+        """Where value (event, slot, role), one rank's local shard of a DTensor, sits in
+        the global tensor (strings as the `placements` table documents them)."""
+        s = self.intern
+        self._rows["placements"].append((int(event), int(slot), int(role), s(placements),
+                                         s(mesh), s(coord), s(global_shape), s(offset),
+                                         s(param)))
+
     def add_meta_value(self, event, slot, dtype_name, shape, *, role=schema.ROLE_OUT, name=None,
                        flags=schema.VFLAG_NOT_STORED):
         """A value whose bytes are not stored (uninitialised memory, meta tensors)."""

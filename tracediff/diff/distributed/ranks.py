@@ -31,6 +31,11 @@ from ..locate import locate
 from ..result import RankSummary, RanksResult, Spread
 
 COLLECTIVE_PREFIX = "c10d::"
+# torch's functional collectives (DTensor's redistributions, `full_tensor()`): issued by
+# one op, their result defined at `wait_tensor` (capture/torch_collectives.py)
+FUNCOL_PREFIX = "_c10d_functional::"
+FUNCOL_WAIT = "_c10d_functional::wait_tensor"
+_FUNCOL_NOT_ISSUE = frozenset({FUNCOL_WAIT, "_c10d_functional::_wrap_tensor_autograd"})
 # JAX collectives (a shard_map body replayed per device on each process, jax.distributed)
 JAX_COLLECTIVES = frozenset({"psum", "psum_invariant", "psum2", "pmax", "pmin", "all_gather",
                              "all_gather_invariant", "ppermute", "all_to_all",
@@ -113,8 +118,15 @@ def _ranks_text(d):
 
 
 def is_collective(op: str) -> bool:
-    """A torch `c10d::*` collective or a JAX collective equation."""
-    return op.startswith(COLLECTIVE_PREFIX) or op in JAX_COLLECTIVES
+    """A torch `c10d::*` collective, a functional collective's `wait_tensor` (where what
+    it received appears) or a JAX collective equation."""
+    return op.startswith(COLLECTIVE_PREFIX) or op == FUNCOL_WAIT or op in JAX_COLLECTIVES
+
+
+def _issues(op: str) -> bool:
+    """An op that starts one exchange: `c10d::*`, or a functional collective's issue."""
+    return op.startswith(COLLECTIVE_PREFIX) or (
+        op.startswith(FUNCOL_PREFIX) and op not in _FUNCOL_NOT_ISSUE)
 
 
 def collectives_before(t: Trace, index: int) -> int:
@@ -125,7 +137,7 @@ def collectives_before(t: Trace, index: int) -> int:
     if not len(ops):
         return 0
     ids = [int(i) for i in np.unique(ops)]
-    torch = [i for i in ids if t.string(i).startswith(COLLECTIVE_PREFIX)]
+    torch = [i for i in ids if _issues(t.string(i))]
     jax = [i for i in ids if t.string(i) in JAX_COLLECTIVES]
     n = int(np.isin(ops, torch).sum()) if torch else 0
     if jax:
@@ -151,7 +163,8 @@ def locate_pair(rank: int, path_a: str, path_b: str, options: dict) -> tuple:
                 index=e.index, op=e.op, source=e.source, name_stack=e.name_stack, step=e.step,
                 device=getattr(e, "device", "") or "", inputs_match=True,
                 collective=collectives_before(ta if st.side == "a" else tb, e.index),
-                at_collective=e.op.startswith(COLLECTIVE_PREFIX), structural=st.text), result
+                at_collective=e.op.startswith(COLLECTIVE_PREFIX), structural=st.text,
+                **_shard_of(ta if st.side == "a" else tb, e.index)), result
         # the first difference of any size: a rank whose values part by a few ULP before
         # a collective went first, even if only what the collective delivers is beyond
         # tolerance on the others
@@ -165,8 +178,31 @@ def locate_pair(rank: int, path_a: str, path_b: str, options: dict) -> tuple:
             op=e.op, source=e.source, name_stack=e.name_stack, step=e.step,
             device=getattr(e, "device", "") or "", inputs_match=f.inputs_match,
             collective=collectives_before(ta, e.index),
-            at_collective=is_collective(e.op))
+            at_collective=is_collective(e.op), collective_op=_exchange(ta, e.index, e.op),
+            **_shard_of(ta, e.index))
     return summary, result
+
+
+def _exchange(t: Trace, index: int, op: str) -> str:
+    """The collective an event at a collective stands for: itself, or for a functional
+    collective's `wait_tensor` the op that issued it (its input's producer)."""
+    if op != FUNCOL_WAIT:
+        return op if is_collective(op) else ""
+    rows = t.input_rows(index)
+    p = int(rows[0]["producer"]) if len(rows) else -1
+    issued = t.string(t.events[p]["op"]) if 0 <= p < len(t) else ""
+    return issued if issued.startswith(FUNCOL_PREFIX) else op
+
+
+def _shard_of(t: Trace, index: int) -> dict:
+    """{"param", "shard"} of an event whose output is a DTensor parameter's local shard
+    (the `placements` table), else {}."""
+    pl = t.placement(index)
+    if pl is None:
+        return {}
+    where = f"offset {pl['offset'] or '0'} of {pl['global_shape']} ({pl['placements']}" + \
+        (f", mesh {pl['mesh']} at {pl['coord']})" if pl["coord"] else ")")
+    return {"param": pl["param"] or "", "shard": where}
 
 
 def _order(s: RankSummary):
@@ -203,7 +239,8 @@ def combine(done) -> RanksResult:
     first = diverged[0]
     spread, note = [], ""
     for s in diverged[1:]:
-        via = s.op if s.at_collective and s.inputs_match is not False else None
+        via = (s.collective_op or s.op) if s.at_collective and s.inputs_match is not False \
+            else None
         spread.append(Spread(rank=s.rank, step=s.step, op=s.op, via=via,
                              collective=s.collective if via else None, source=s.source,
                              device=s.device or ""))
