@@ -271,6 +271,8 @@ def _counted(d, side):
         u = ua if side == "a" else ub
         reps = np.asarray(u.reps, np.int64)
         paired = (ual.a2b if side == "a" else ual.b2a) >= 0
+        keep = _has_output(t)[reps] if len(reps) else np.zeros(0, bool)
+        reps, paired = reps[keep], paired[keep]
         return (reps, paired, [_phase(ph[e], kind[e]) for e in reps.tolist()],
                 "computing units", 0, _runs(reps.tolist(), paired.tolist()))
     reps = np.flatnonzero(_has_output(t))      # events with something to compare
