@@ -333,6 +333,31 @@ def test_a_malformed_shard_index_in_b_never_hides_a_divergence(runs, tmp_path):
                            f"(at most 18 digits each))\n")
 
 
+def test_an_open_shard_index_on_a_smaller_shard_is_refused(runs, tmp_path):
+    """Every shard index of b rewritten to `:,:` (parseable; read as the whole value) made a
+    diverging pair MATCH: each device's smaller shard stood for the global value. A shard
+    whose open index parts do not reach across the global value is refused (exit 2)."""
+    import h5py
+
+    bad = tmp_path / "b.h5"
+    shutil.copy(runs["sm_after"], bad)
+    with h5py.File(bad, "r+") as f:
+        n = int(f.attrs["committed_strings"])
+        f["strings"].resize((n + 1,))
+        f["strings"][n] = ":,:"
+        f.attrs["committed_strings"] = n + 1
+        sh = f["shards"][()]
+        strings = [x.decode() if isinstance(x, bytes) else x for x in f["strings"][:n]]
+        partial = [i for i, x in enumerate(strings) if x and x[0].isdigit() and ":" in x]
+        assert np.isin(sh["index"], partial).any()     # the premise: real partial shards
+        sh["index"][:] = n
+        f["shards"][...] = sh
+    proc = run_cli("locate", runs["sm_a"], bad)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout[:2000]
+    assert "damaged trace (shards: shard index ':,:' does not match the shard's shape" in \
+        proc.stderr and "in a value of shape" in proc.stderr
+
+
 def test_long_shard_index_strings_are_refused_before_they_are_parsed(tmp_path):
     """2,000 shard rows whose index holds a 4,000-digit number made `show` take 79 s; the
     length is bounded before any digit is read: the trace is refused at once."""

@@ -611,6 +611,36 @@ class Trace:
                     for (lo, hi), d in zip(parts, dims) if hi is not None):
                 raise bad(f"shards: shard index {text[:40]!r} does not match the shard's "
                           f"shape {tuple(dims)}")
+        self._check_shard_extents(bad, sh)
+
+    def _check_shard_extents(self, bad, sh):
+        """A shard's open index parts (`:`, `A:`) run to the end of the global value's
+        dimension: the shard's own extent there must be what is left of it. An index
+        rewritten to `:,:` on a smaller shard would otherwise read as the whole value and
+        hide a difference (each device's copy compared as if it were the global one)."""
+        v = self.values
+        v = v[np.isin(v["event"], np.unique(sh["event"]))]
+        keys = {(int(e), int(sl), int(r)): int(shp) for e, sl, r, shp in
+                zip(v["event"].tolist(), v["slot"].tolist(), v["role"].tolist(),
+                    v["shape"].tolist())}
+        seen = set()
+        for row in sh:
+            g = keys.get((int(row["event"]), int(row["slot"]), int(row["role"])))
+            trip = (int(row["index"]), int(row["shape"]), g)
+            if g is None or trip in seen:
+                continue
+            seen.add(trip)
+            try:
+                parts = values.shard_index_parts(self.string(trip[0]), MAX_DIMS)
+                dims = values.parse_shape(self.string(trip[1]), MAX_DIMS)
+                full = values.parse_shape(self.string(g), MAX_DIMS)
+            except ValueError as exc:
+                raise bad(f"shards: {exc}") from None
+            if parts and len(parts) == len(dims) == len(full) and any(
+                    hi is None and d != f - (lo or 0)
+                    for (lo, hi), d, f in zip(parts, dims, full)):
+                raise bad(f"shards: shard index {self.string(trip[0])[:40]!r} does not match "
+                          f"the shard's shape {tuple(dims)} in a value of shape {tuple(full)}")
 
     # -- per-device values --------------------------------------------------------------------
     def placement(self, event_index, slot=0, role=schema.ROLE_OUT):
