@@ -57,3 +57,21 @@ def test_module_blocks_pair_only_equal_signatures_and_stay_in_the_budget(sides):
     # no module structure (one module path throughout): nothing to anchor on
     one = np.zeros(len(sa.sig), np.int64)
     assert align.align_blocks(sa.sig, sb.sig, one, np.zeros(len(sb.sig), np.int64)) is None
+
+
+def test_every_matched_anchor_is_paired_the_first_too(sides):
+    """The anchors (calls, optimizer steps) that the anchor diff matches are paired by the
+    anchor pass itself, the first one included, with the anchor of b it matched: the
+    regions between them are aligned inside those bounds. (The gap pass, `refine_gaps`,
+    would pair a first anchor left out by its loose signature and hide the slip; without
+    loose signatures there is no gap pass.)"""
+    sa, sb = sides
+    anc_a = np.flatnonzero(np.isin(sa.kind, align.ANCHOR_KINDS))
+    anc_b = np.flatnonzero(np.isin(sb.kind, align.ANCHOR_KINDS))
+    pa, pb, _ = align.align_arrays(sa.sig[anc_a], sb.sig[anc_b])
+    assert len(pa) > 1 and pa[0] == pb[0] == 0
+    for al in (align.align(dataclasses.replace(sa, lsig=None), dataclasses.replace(sb, lsig=None)),
+               align.align(sa, sb)):
+        assert al.anchors_matched == len(pa)
+        assert np.array_equal(al.a2b[anc_a[pa]], anc_b[pb])
+        assert np.array_equal(al.b2a[anc_b[pb]], anc_a[pa])

@@ -108,6 +108,43 @@ def test_loaded_outside_the_import_system(pkg):
     assert fired == [42] and w.late == [name] and w.loaded_unwatched() == []
 
 
+
+def test_a_module_still_importing_in_another_thread_is_not_loaded_yet(tmp_path, monkeypatch):
+    """A module whose code is still running in one thread is in sys.modules already: an
+    import of anything else in another thread (which checks sys.modules for modules loaded
+    outside the import system) must not fire its callback early, only its own load does,
+    once its code has finished."""
+    import threading
+
+    _COUNTER[0] += 1
+    name = f"tdwslow_{os.getpid()}_{_COUNTER[0]}"
+    gate = f"tdwgate_{name}"
+    (tmp_path / f"{gate}.py").write_text("import threading\nstarted = threading.Event()\n"
+                                         "go = threading.Event()\n")
+    (tmp_path / f"{name}.py").write_text(f"import {gate}\n{gate}.started.set()\n"
+                                         f"{gate}.go.wait(30)\nVALUE = 42\n")
+    (tmp_path / f"tdwother_{name}.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    fired = []
+    w = ImportWatcher({name: lambda: fired.append(getattr(sys.modules[name], "VALUE", None))})
+    w.install()
+    try:
+        gates = importlib.import_module(gate)
+        loader = threading.Thread(target=importlib.import_module, args=(name,))
+        loader.start()
+        assert gates.started.wait(30)           # its code runs: in sys.modules, not done
+        importlib.import_module(f"tdwother_{name}")   # another import, in this thread
+        assert fired == [] and w.late == [] and w.loaded_unwatched() == []
+        gates.go.set()
+        loader.join(30)
+        assert fired == [42] and w.late == []
+    finally:
+        w.uninstall()
+        for m in [m for m in sys.modules if name in m]:
+            del sys.modules[m]
+
+
 SCRIPT = textwrap.dedent('''
     import importlib.util, json, sys
     assert importlib.util.find_spec("jax") is not None      # as transformers does

@@ -1,7 +1,8 @@
 """Structural and dtype differences (issue #27, items 1 and 3) on a small GPT-like model
 (fixtures/torch_autocast.py): float32 against the same forward under
-`torch.autocast("cpu", dtype=torch.bfloat16)`, and a run with one extra op (the loss
-scaled by 1 + 1e-6, or by exactly 1).
+`torch.autocast("cpu", dtype=torch.bfloat16)`, a run with one extra op (the loss
+scaled by 1 + 1e-6, or by exactly 1), and one whose embeddings make a float16 round trip
+(`x.half().float()`: two inserted casts that change the values).
 
 Truth, independent of tracediff: under autocast the first op whose output differs is the
 attention's first linear (`c_attn`, an `addmm` with a bfloat16 output, after casts of its
@@ -22,13 +23,15 @@ SCRIPT = "torch_autocast.py"
 C_ATTN_LINE = fixture_line(SCRIPT, "self.c_attn(self.ln_1(x))")
 SCALE_LINE = fixture_line(SCRIPT, "loss = loss * opts.loss_scale")
 LOSS_LINE = fixture_line(SCRIPT, "loss = F.cross_entropy")
+ROUND_TRIP_LINE = fixture_line(SCRIPT, "x = x.half().float()")
 
 
 @pytest.fixture(scope="module")
 def runs(recorded):
     return recorded.many({"fp32": (SCRIPT, ()), "bf16": (SCRIPT, ("--autocast",)),
                           "scaled": (SCRIPT, ("--loss-scale", "1.000001")),
-                          "identity": (SCRIPT, ("--loss-scale", "1"))})
+                          "identity": (SCRIPT, ("--loss-scale", "1")),
+                          "round_trip": (SCRIPT, ("--half-round-trip",))})
 
 
 def test_autocast_names_the_first_bfloat16_linear_and_says_why(runs):
@@ -90,3 +93,39 @@ def test_an_op_only_one_run_has_is_the_finding(runs):
 def test_an_extra_op_that_changes_no_value_is_not_a_difference(runs):
     r = locate_json(runs["fp32"], runs["identity"], "--no-explain")
     assert r["verdict"] == "match" and "structural" not in r
+
+
+
+def test_inserted_casts_that_change_values_are_not_a_structural_difference(runs):
+    """`x.half().float()`: two casts only b has, and what reads them differs. Casts are
+    never a structural difference of their own (an inserted cast is what autocast
+    does): the finding is the op that reads the rounded values, its input differing."""
+    r = locate_json(runs["fp32"], runs["round_trip"], "--no-explain")
+    assert r["verdict"] == "diverged" and "structural" not in r
+    assert r["alignment"]["only_in_b"] == 4 and r["alignment"]["only_in_a"] == 0  # 2 casts, 2 steps
+    gaps = r["alignment"]["gaps"]
+    assert gaps and gaps[0]["side"] == "b" and gaps[0]["length"] == 2
+    f = r["first_difference"]
+    assert (f["a"]["op"], f["b"]["op"]) == ("aten::native_layer_norm",) * 2
+    assert f["inputs_match"] is False and f["b"]["index"] == gaps[0]["start"] + 2
+
+
+def test_a_dtype_only_gap_longer_than_the_edit_budget_is_still_paired(runs):
+    """Autocast's region: b's ops compute in bfloat16 behind ~50 casts the float32 run
+    does not have. The gap pass sets b's casts aside as well as a's, so the ops both runs
+    computed pair even when the casts alone are more edits than the budget allows (kept
+    in, the gap fell back to pairing by position and left ~150 ops unpaired)."""
+    import numpy as np
+
+    import tracediff
+    from tracediff.diff.align import sequence as align
+
+    with tracediff.load(runs["fp32"]) as ta, tracediff.load(runs["bf16"]) as tb:
+        ids = align.StringIds()
+        sa, sb = align.prepare(ta, ids), align.prepare(tb, ids)
+        full = align.align(sa, sb)
+        small = align.align(sa, sb, max_edits=10)
+    assert int(sb.transparent.sum()) > 40 and small.fallback_regions >= 1
+    left = [int(((al.b2a < 0) & ~sb.transparent).sum()) for al in (full, small)]
+    assert left[1] <= left[0] < 30, left     # b's computing ops: as paired as with the full budget
+    assert small.stats()["matched"] >= full.stats()["matched"]

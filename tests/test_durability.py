@@ -8,6 +8,7 @@ takes the file as it is on disk after each of the writer's writes (a spy on the 
 one write function that calls through) and opens every one of those states."""
 
 import os
+import time
 
 import h5py
 import numpy as np
@@ -20,13 +21,17 @@ from tracediff.trace import schema, writer as W
 from .helpers import check_values
 
 EVENTS = 30
+FSYNC_SECONDS = 0.05   # how long each fsync takes here (a slow disk)
 
 
 @pytest.fixture(scope="module")
 def recording(tmp_path_factory):
     """Record EVENTS events flushing every 8 rows, keeping the file's bytes after each
     write; returns the log of ("write", committed events of that state, or None while the
-    file does not open yet) and ("fsync", None) in the order they happened."""
+    file does not open yet) and ("fsync", None) in the order they happened. An fsync is
+    logged when it returns (the data is on disk only then), and takes a while, as a disk
+    does: the pipelined fsync runs in a thread, and a commit that did not wait for it
+    would be logged before it."""
     folder = tmp_path_factory.mktemp("durability")
     states, log = [], []
     pwrite, fsync = W._pwrite, os.fsync
@@ -38,8 +43,10 @@ def recording(tmp_path_factory):
         return n
 
     def spy_fsync(fd):
+        out = fsync(fd)
+        time.sleep(FSYNC_SECONDS)
         log.append(("fsync", None))
-        return fsync(fd)
+        return out
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(W, "FLUSH_ROWS", 8)

@@ -329,3 +329,28 @@ def test_a_large_value_repeated_takes_its_statistics_from_the_first_copy(tmp_pat
         means = [t.value_stats(row)["mean"] for row in t.values]
     assert means[0] == means[1] == means[4] != means[2]
     assert means[3] == pytest.approx(means[0], rel=1e-5)
+
+
+def test_a_repeated_value_of_another_logical_dtype_has_its_own_statistics(tmp_path):
+    """Stats level: the same bytes read as another dtype (a bfloat16 tensor and its
+    `.view(torch.int16)`, one storage dtype) are other numbers: the repeated-value memo
+    is keyed by the logical dtype too, and each row holds its own value's statistics."""
+    import ml_dtypes
+
+    from tracediff.trace import writer as W
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((256, 256)).astype(ml_dtypes.bfloat16)   # 128 KB: the memo's size
+    w = W.TraceWriter(str(tmp_path / "views.h5"), {"script": {"name": "views"}})
+    w.level = "stats"
+    for arr in (x, x.view(np.uint16), x.view(np.int16)):
+        e = w.add_event(framework=schema.FW_TORCH, kind=schema.KIND_OP, op="aten::view.dtype")
+        w.add_value(e, 0, arr)
+    w.close()
+    with tracediff.load(tmp_path / "views.h5") as t:
+        got = [t.value_stats(row) for row in t.values]
+        assert [t.string(r["dtype"]) for r in t.values] == ["bfloat16", "uint16", "int16"]
+    for st, arr in zip(got, (x, x.view(np.uint16), x.view(np.int16))):
+        v = arr.astype(np.float64)
+        assert (st["min"], st["max"]) == (v.min(), v.max())
+        assert st["mean"] == pytest.approx(v.mean(), rel=1e-5, abs=1e-6 * np.abs(v).max())

@@ -51,6 +51,25 @@ def test_a_kernel_loaded_through_pythonpath_is_an_environment_difference(dot):
                                                 "aten::dot runs a kernel registered from Python")
 
 
+
+@needs_torch
+def test_within_a_category_the_numerically_relevant_keys_come_first(dot):
+    """The environment differences are ranked by category, then numerically relevant
+    keys first (PYTHONPATH decides which kernels load), then by name: a variable that
+    sorts earlier but changes no number (CUDA_VISIBLE_DEVICES on a CPU run) comes after."""
+    a, b, _ = dot
+    with tracediff.load(a) as ta, tracediff.load(b) as tb:
+        ma, mb = ta.manifest, tb.manifest
+    mb["env"]["CUDA_VISIBLE_DEVICES"] = "0"   # as if b had been started with it set
+    diff = env_diff(ma, mb)
+    env = [e["key"] for e in diff if e["category"] == "env"]
+    assert env == ["env.PYTHONPATH", "env.CUDA_VISIBLE_DEVICES"], env
+    from tracediff.diff.explain.env import RANK
+
+    ranks = [RANK[e["category"]] for e in diff]
+    assert ranks == sorted(ranks) and diff[0]["category"] == "kernel-override"
+
+
 @needs_torch
 def test_headline_shows_the_values_and_the_report_reproduces_the_cause(dot):
     from rich.console import Console

@@ -35,12 +35,18 @@ JOBS = [
     ("rep", "port_dense_linear.py", "jax,torch", ()),
     ("rep_flax", "port_dense_linear.py", "jax", ("--side", "flax")),
     ("rep_torch", "port_dense_linear.py", "torch", ("--side", "torch")),
+    ("rep_batch", "port_dense_linear.py", "jax,torch", ("--init-on-batch",)),
     ("mlp_flax", "port_mlp_adam.py", "jax", ("--side", "flax")),
     ("mlp_torch", "port_mlp_adam.py", "torch", ("--side", "torch")),
     ("mlpw_flax", "port_mlp_adam.py", "jax", ("--side", "flax", "--hidden", "12", "--adamw")),
     ("mlpwm_flax", "port_mlp_adam.py", "jax",
      ("--side", "flax", "--hidden", "12", "--adamw", "--decay-mask")),
     ("mlpw_torch", "port_mlp_adam.py", "torch", ("--side", "torch", "--hidden", "12", "--adamw")),
+    # layers named in an order their names do not sort in (optax's pytree is sorted by name)
+    ("mlpwmn_flax", "port_mlp_adam.py", "jax",
+     ("--side", "flax", "--hidden", "12", "--adamw", "--decay-mask", "--names", "proj,head")),
+    ("mlpwn_torch", "port_mlp_adam.py", "torch",
+     ("--side", "torch", "--hidden", "12", "--adamw", "--names", "proj,head")),
     ("conv", "port_conv.py", "jax,torch", ()),
     ("nnx", "port_nnx.py", "jax,torch", ()),
     ("shared", "port_shared.py", "jax,torch", ()),
@@ -178,6 +184,31 @@ def test_reporter_two_scripts_give_the_same_finding(traces):
     assert j1["traces"]["a"]["framework"] == "jax" and j1["traces"]["b"]["framework"] == "torch"
 
 
+
+def test_an_init_time_forward_on_the_batch_itself_is_left_unpaired(traces):
+    """`dense.init(key, x)` on the real batch: the init-time forward reads the same x and
+    the same kernel as the apply-time one, so both have the same direct inputs as the torch
+    Linear. Strict pairing matches such units from the end: the apply-time one pairs (the
+    init-time one came first), as with an init on ones."""
+    r = _locate(traces["rep_batch"], rtol=0, atol=0)
+    with tracediff.load(traces["rep_batch"]) as t:
+        dots = [e for e in range(len(t)) if t.events["framework"][e] == schema.FW_JAX and
+                t.string(t.events["op"][e]) == "dot_general"]
+        init, apply = dots
+        for slot in (0, 1):       # the premise: the same inputs, bitwise
+            assert _input(t, init, slot).tobytes() == _input(t, apply, slot).tobytes()
+        add = _first_in(t, schema.FW_JAX, "add", apply)
+        init_add = _first_in(t, schema.FW_JAX, "add", init)
+        addmm = _first_in(t, schema.FW_TORCH, "aten::addmm")
+    units = _units(r)
+    assert [(m["a"], m["b"], m["family"]) for m in units] == [(add, addmm, "linear")]
+    assert not [m for m in r.mapping if m["a"] in (init, init_add)]   # the init-time one: unpaired
+    f = r.first_difference
+    if f is not None:
+        assert (f.a["index"], f.b["index"]) == (add, addmm)
+        assert f.a["source"] == fixture_line("port_dense_linear.py", "dense.apply(params, x)")
+
+
 def test_one_trace_in_the_cli(traces, tmp_path):
     runner = CliRunner()
     res = runner.invoke(cli, ["locate", traces["rep"], "--rtol", "0", "--atol", "0"],
@@ -224,8 +255,8 @@ def test_mlp_adam_first_difference_is_the_first_layer(traces):
         assert (f.a["index"], f.b["index"]) == (fc1["a"], fc1["b"])
         assert f.layer["text"] == "Dense MLP/fc1 (dot_general + add) <-> Linear fc1 (addmm)"
         assert f.a["step"] == 0 and f.inputs_match is True and f.metrics["max_abs"] > 0
-        assert f.a["source"] == fixture_line("port_mlp_adam.py", 'nn.Dense(args.hidden, name="fc1")')
-        assert f.b["source"] == fixture_line("port_mlp_adam.py", "return self.fc2(torch.relu(self.fc1(x)))")
+        assert f.a["source"] == fixture_line("port_mlp_adam.py", "nn.Dense(args.hidden, name=first)")
+        assert f.b["source"] == fixture_line("port_mlp_adam.py", "return fc2(torch.relu(fc1(x)))")
         assert r.explain["verdict"].split(": ", 1)[1].startswith(("a is closer", "b is closer"))
     else:
         assert f is None or f.a["index"] > fc1["a"]
@@ -348,6 +379,20 @@ def test_adamw_square_layer_and_decay_mask_by_role(traces):
         assert "First parameter beyond tolerance" in text and "fc1.bias" in text
 
 
+
+def test_the_first_parameter_is_first_in_the_models_order_not_by_name(traces):
+    """Layers named proj (first) and head (second): optax's pytree lists head before proj,
+    torch's `named_parameters()` the model's order. The decay mask changes both biases in
+    step 1; the first parameter named is proj's, and the parameters are listed in that order."""
+    truth = _adamw_truth(traces["mlpwmn_flax"], traces["mlpwn_torch"])
+    step = next(s for s, _, b in truth if b)
+    beyond = [n for s, n, b in truth if s == step and b]   # in torch's parameter order
+    assert beyond == ["proj.bias", "head.bias"]
+    p = _locate(traces["mlpwmn_flax"], traces["mlpwn_torch"]).first_parameter
+    assert (p.step, p.parameter, p.role) == (step, "proj.bias", "params")
+    assert p.decay_parameters == beyond
+
+
 def test_mlp_map_restricts_modules(traces, tmp_path):
     m = tmp_path / "map.json"
     m.write_text(json.dumps({"MLP/fc1": "fc1"}))
@@ -431,6 +476,30 @@ def test_transformer_every_layer_paired_tf32_names_the_query_projection(traces):
     f0 = r0.first_difference
     assert f0.inputs_match is True and f0.a["index"] <= f.a["index"]
     assert (f0.layer["a_module"], f0.layer["b_module"], f0.layer["family"]) in TRANSFORMER_LAYERS
+
+
+
+def test_a_composite_is_paired_by_the_unit_that_computes_its_result(traces):
+    """Composites pair by their last units, the ones whose outputs are the composite's
+    result: past the TF32 query projection, where the two sides' values no longer meet,
+    a LayerNorm's equations against native_layer_norm (a softmax's, a gelu's); in the
+    MLP's backward, relu's gradient (`gt` + `select_n` against threshold_backward). The
+    paired outputs are one value (up to TF32's rounding); by their first units, `square`
+    against the normalised output, or `gt`'s mask against the gradient, are not."""
+    for key, pair in (("tr32", (traces["tr32"],)), ("mlp", (traces["mlp_flax"], traces["mlp_torch"]))):
+        r = _locate(*pair)
+        comps = [m for m in _units(r) if m["by"] == "dataflow (composite)"]
+        got = {(m["a_module"], m["b_op"], m["phase"]) for m in comps}
+        want = {"tr32": {("Model/block/ln2", "native_layer_norm", "forward"),
+                         ("Model/ln_f", "native_layer_norm", "forward")},
+                "mlp": {("MLP", "threshold_backward", "backward")}}[key]
+        assert want <= got, (key, got)
+        with tracediff.load(pair[0]) as ta, tracediff.load(pair[-1]) as tb:
+            for m in comps:
+                xa, xb = ta.outputs(m["a"])[0], tb.outputs(m["b"])[0]
+                assert xa.shape == xb.shape and xa.dtype == xb.dtype, (key, m)
+                scale = float(np.abs(xb).max())
+                assert np.abs(xa.astype(np.float64) - xb).max() <= 1e-2 * scale, (key, m)
 
 
 # -- Flax NNX: module paths from the NNX graph

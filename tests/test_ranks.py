@@ -186,6 +186,41 @@ def test_locate_directories_says_how_it_spread(located):
     assert ranks[FAULT_RANK]["collective"] < ranks[0]["collective"]
 
 
+
+ACTIVATION_LINE = fixture_line("torch_ddp.py", "h = h * (1 + 1e-3 if fault else 1.0)")
+
+
+@pytest.fixture(scope="module")
+def activation_fault(ddp_runs, tmp_path_factory):
+    """The 3-rank run with rank 1's hidden activation scaled in step 0, before the
+    gradient all-reduce (~15 s), against the clean run: `locate --json`."""
+    out = tmp_path_factory.mktemp("activation")
+    proc = _torchrun(f"{out}{os.sep}", 27000 + os.getpid() % 500, "--fault", "activation",
+                     "--fault-rank", "1", "--fault-step", "0")
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-4000:]
+    proc = run_cli("locate", ddp_runs["clean"], out, "--json", "--workers", "1", "--no-explain")
+    assert proc.returncode == 1, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_at_one_collective_the_rank_that_differed_before_it_goes_first(activation_fault):
+    """Rank 1 differs before step 0's gradient all-reduce; ranks 0 and 2 first differ at
+    that all-reduce (their inputs still match): the same step and the same number of
+    collectives before, and the divergence before the collective comes first, whatever
+    the rank numbers (rank 0 was named by rank order)."""
+    r = activation_fault
+    ranks = {x["rank"]: x for x in r["ranks"]}
+    assert ranks[1]["collective"] == ranks[0]["collective"] == ranks[2]["collective"]
+    assert not ranks[1]["at_collective"] and ranks[0]["at_collective"] and ranks[2]["at_collective"]
+    assert r["first_rank"] == 1
+    f = r["first_beyond_tolerance"] or r["first_difference"]
+    assert (f["a"]["rank"], f["a"]["step"], f["a"]["source"]) == (1, 0, ACTIVATION_LINE)
+    spread = {s["rank"]: s for s in r["spread"]}
+    assert sorted(spread) == [0, 2]
+    assert all(s["via"] == "c10d::allreduce_" and s["step"] == 0 for s in spread.values())
+
+
 def test_locate_directories_terminal_and_globs(ddp_runs):
     proc = run_cli("locate", f"{ddp_runs['clean']}/rank*.h5", f"{ddp_runs['faulty']}/rank*.h5",
                    "--workers", "1", "--no-explain", env={"NO_COLOR": "1", "COLUMNS": "200"})

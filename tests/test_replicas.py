@@ -208,3 +208,29 @@ def test_bad_input_is_a_one_line_error(runs, tmp_path, case):
     proc = run_cli("replicas", target)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """2 ranks, 1 step, rank 1's gradient scaled after the all-reduce (~10 s)."""
+    out = tmp_path_factory.mktemp("two_ranks")
+    proc = _torchrun(f"{out}{os.sep}", 27600 + os.getpid() % 500, "--steps", "1",
+                     "--fault-rank", "1", "--fault-step", "0", nproc=2)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-4000:]
+    return out
+
+
+def test_two_ranks_name_the_other_rank_never_the_reference(two_ranks):
+    """With two ranks there is no majority: the reference (rank 0) is never blamed, the
+    other rank is named and the note says which one departed cannot be told (a single
+    other rank trivially "agreed with the others" and the reference was named)."""
+    proc = run_cli("replicas", two_ranks, "--json", "--workers", "1")
+    assert proc.returncode == 1, proc.stderr
+    r = json.loads(proc.stdout)
+    first = r["first"]
+    assert (first["rank"], first["step"], first["op"], first["source"]) == \
+        (1, 0, "aten::mul_.Tensor", FAULT_LINE)
+    assert r["departed"] == [1] and r["ranks"] == [0, 1] and r["reference_rank"] == 0
+    assert r["note"] == "two ranks: which one departed cannot be told; rank 1 is named " \
+                        "against rank 0"

@@ -75,6 +75,16 @@ def _adamw_step(scale):
     return net
 
 
+
+def _small_over_small(scale):
+    """A small value off by 1e-4 of itself (within float32's tolerance only through atol,
+    but far more digits agree than in rounding noise), divided by something as small."""
+    torch.manual_seed(0)
+    x = torch.rand(64) * 1e-3 + 1e-3
+    h = x * scale
+    return h / 1e-3   # QUOTIENT_LINE
+
+
 def _line(marker):
     return line_in(__file__, marker)
 
@@ -179,3 +189,33 @@ def test_every_renderer_shows_the_noise_as_such(zero_grad):
     doc = build(r)
     assert doc["first_beyond_tolerance"] is None
     assert doc["near_zero"]["a"]["op"] == "aten::addcdiv_" and doc["near_zero_total"] >= 2
+
+
+
+@pytest.fixture(scope="module")
+def small_quotient(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("small_quotient")
+    paths, outs = [], []
+    for name, scale in (("a", 1.0), ("b", 1.0 + 1e-4)):
+        path = str(folder / f"{name}.h5")
+        with tracediff.record(path, frameworks=("torch",)):
+            outs.append(_small_over_small(scale).numpy().copy())
+        paths.append(path)
+    return paths, outs, locate(*paths)
+
+
+def test_a_small_difference_that_is_not_noise_is_the_headline(small_quotient):
+    """Noise near zero is a relative difference beyond sqrt(rtol) (float32: 3.2e-3, half
+    the digits gone), not beyond rtol: an input 1e-4 off keeps most of its digits, so the
+    division that lifts it beyond tolerance is a real (inherited) difference, the headline,
+    never "rounding noise around zero"."""
+    _, outs, r = small_quotient
+    rel = np.abs(outs[0].astype(np.float64) - outs[1]) / np.abs(outs[0])
+    assert 1e-5 < rel.max() < 3e-4            # beyond float32's rtol, far within sqrt(rtol)
+    assert r.first_difference.a.op == "aten::mul.Tensor"
+    assert r.first_difference.metrics.within_tolerance   # ~1.5e-7 apart: within atol
+    f = r.first_beyond_tolerance
+    assert f is not None and r.verdict == "diverged", r.near_zero
+    assert f.a.op == "aten::div.Tensor" and f.inputs_reason.endswith("(within tolerance)")
+    assert f.a.source == f"test_show_change.py:{_line('QUOTIENT_LINE')}"
+    assert r.near_zero is None

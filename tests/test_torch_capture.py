@@ -179,6 +179,38 @@ def test_a_parameter_written_through_data_links_to_that_write(recorded):
                               lin.weight.detach().numpy())
 
 
+
+def test_an_op_reading_an_in_place_result_links_to_the_write(tmp_path):
+    """An op that writes its argument returns an alias of it, and autograd bumps the
+    version counter only after the recorder has seen the op: the version is read at the
+    next op, so what reads the written tensor, after a view of it was taken too, links to
+    the write with no snapshot (read at once, the version looked moved, and the view,
+    the storage's last writer, does not cover the tensor: it was snapshot)."""
+    import tracediff
+
+    path = tmp_path / "inplace.h5"
+    with tracediff.record(str(path), frameworks=("torch",)):
+        x = torch.zeros(3, 4)
+        x.add_(1.0)
+        y = x.t()
+        z = x * 2.0
+        w = torch.ones(4, 3, requires_grad=True) * 2
+        v = w.t()
+        v.add_(1.0)
+        u = w * v.t()
+    with Trace(path) as t:
+        assert _ops(t, kind=schema.KIND_INPUT) == []      # every value has its producer
+        add, v_add = (e["index"] for e in _ops(t, "aten::add_.Tensor"))
+        x_t, w_t, v_t = (e["index"] for e in _ops(t, "aten::t"))
+        x_mul, w_mul, u_mul = (e["index"] for e in _ops(t, "aten::mul.Tensor"))
+        assert _inputs(t, x_t) == [(add, 0)] and _inputs(t, x_mul) == [(add, 0)]
+        assert np.array_equal(_out(t, x_t)[1], y.numpy())
+        assert np.array_equal(_out(t, x_mul)[1], z.numpy())
+        assert _inputs(t, v_add) == [(w_t, 0)] and _inputs(t, v_t) == [(v_add, 0)]
+        assert _inputs(t, u_mul) == [(v_t, 0), (v_t, 0)]   # w, written through v, is v.t()
+        assert np.array_equal(_out(t, u_mul)[1], u.detach().numpy())
+
+
 # -- GRU + Adam ---------------------------------------------------------------------------
 def test_gru_recording_leaves_output_bitwise_identical(gru, recorded):
     _, proc = gru

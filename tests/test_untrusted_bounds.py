@@ -370,3 +370,27 @@ def test_alignment_budget_spares_repeated_regions_and_bounds_distinct_ones():
     assert 0 < al.fallback_regions < steps and budget.exhausted == al.fallback_regions
     m = np.flatnonzero(al.a2b >= 0)
     assert np.all(_regions(shift[0])[0][m] == _regions(shift[1])[0][al.a2b[m]])
+
+
+def test_a_value_running_past_the_stored_bytes_is_refused_when_the_trace_opens(dot, tmp_path):
+    """A value that starts inside the committed bytes but ends past them (a commit count
+    cut short, a forged row) is damage found when the trace opens: one line, exit 2,
+    never bytes read from beyond the commit (uncommitted or unwritten data)."""
+    from tracediff.errors import TraceError
+    from tracediff.trace.reader import Trace
+
+    from .helpers import run_cli
+
+    bad = tmp_path / "short.h5"
+    shutil.copy(dot, bad)
+    with h5py.File(bad, "r+") as f:
+        v = f["values"][:int(f.attrs["committed_values"])]
+        v = v[(v["offset"] >= 0) & (v["nbytes"] >= 2)]
+        end = int((v["offset"] + v["nbytes"]).max())
+        assert end == int(f.attrs["committed_blob"])   # the real trace: its last value ends the blob
+        f.attrs["committed_blob"] = end - 1             # that value now runs one byte past the end
+    with pytest.raises(TraceError, match="value bytes lie outside the stored data"):
+        Trace(str(bad))
+    proc = run_cli("show", bad, "0")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "value bytes lie outside" in proc.stderr

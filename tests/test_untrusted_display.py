@@ -284,3 +284,30 @@ def test_every_invisible_or_control_character_is_escaped():
     assert printable("\U000e0041\u00ad") == r"\U000e0041\xad"
     kept = "é中← ñ😀\u00a0x"
     assert printable(kept) == kept
+
+
+def test_html_report_escapes_quotes_in_trace_strings(hostile, tmp_path):
+    """Quotes from a trace are escaped too (`&quot;`, `&#x27;`): the report's escaping is
+    safe in an attribute value as well as in text, wherever a renderer puts a string."""
+    quoted = OP + "\" onmouseover=\"alert(4)\" x='y' onfocus='alert(5)"
+    copies = []
+    for side, src in zip("ab", hostile):
+        dst = tmp_path / f"quoted_{side}.h5"
+        shutil.copy(src, dst)
+        with h5py.File(dst, "r+") as f:
+            n = int(f.attrs["committed_strings"])
+            strings = [s.decode() if isinstance(s, bytes) else s for s in f["strings"][:n]]
+            f["strings"][strings.index(OP)] = quoted
+        copies.append(dst)
+    out = tmp_path / "report.html"
+    res = _run(["report", *copies, "-o", out], False)
+    assert res.exit_code == 0, res.output
+    page = out.read_text(encoding="utf-8")
+    assert "onmouseover=" in page                 # the op is in the report ...
+    assert '" onmouseover="' not in page and "x='y'" not in page   # ... its quotes escaped
+    assert "&quot; onmouseover=&quot;alert(4)&quot; x=&#x27;y&#x27;" in page
+    p = _Tags()
+    p.feed(page)
+    p.close()
+    _no_active_content(p, own_scripts=1, own_svgs=1)
+    assert "onmouseover=\"alert(4)\" x='y'" in "".join(p.text)   # shown as typed

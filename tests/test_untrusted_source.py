@@ -85,13 +85,13 @@ def _hostile(traces, name, source, edit=None):
     return str(out)
 
 
-def _sources_row(traces, digest):
+def _sources_row(traces, digest, text="x = 1"):
     """An edit for `_hostile`: a sources row for the culprit's new source, one recorded
-    line "x = 1" and `digest` as the file's sha256."""
+    line `text` and `digest` as the file's sha256."""
     def edit(f):
         n = int(f.attrs["committed_strings"])
         f["strings"].resize((n + 2,))
-        f["strings"][n] = "x = 1"
+        f["strings"][n] = text
         f["strings"][n + 1] = digest
         f.attrs["committed_strings"] = n + 2
         new = np.zeros(1, f["sources"].dtype)
@@ -230,6 +230,21 @@ def test_a_fifo_does_not_hang_with_or_without_source_dir(traces, tmp_path):
         assert stat.S_ISFIFO(os.stat(fifo).st_mode)
     finally:
         shutil.rmtree(proj)
+
+
+
+def test_recorded_lines_are_shown_as_text(traces, tmp_path):
+    """The recorded lines are the trace's, so untrusted: a line holding terminal escapes,
+    a bidi override, backticks and HTML is shown printable in every output (`\\x1b`),
+    inside a fence it cannot end, and never as markup."""
+    line = "x = 1  # \x1b[2J\x1b]0;pwned\x07\u202eRTL ```</code><script>alert(1)</script>"
+    bad = _hostile(traces, "escapes", "evil.py:1", _sources_row(traces, "0" * 64, line))
+    md, page, out = _outputs(tmp_path, bad, traces["b"])
+    for text in (md, page, out):
+        assert not [c for c in ("\x1b", "\x07", "\u202e") if c in text]
+    shown = r"x = 1  # \x1b[2J\x1b]0;pwned\x07\u202eRTL ```</code><script>alert(1)</script>"
+    assert f">1  {shown}" in md and "````python" in md     # a fence longer than its backticks
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and f"{shown}" in out
 
 
 # -- --source-dir ----------------------------------------------------------------------------
