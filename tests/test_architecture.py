@@ -12,7 +12,8 @@ PKG = os.path.join(ROOT, "tracediff")
 
 # lowest first; a module may import its own layer and the layers before it
 LAYERS = [
-    {"tracediff.errors", "tracediff._version", "tracediff.untrusted", "tracediff.shell"},
+    {"tracediff.errors", "tracediff._version", "tracediff.untrusted", "tracediff.shell",
+     "tracediff.outfile"},
     {"tracediff.trace"},
     {"tracediff.capture", "tracediff.diff"},
     {"tracediff.report"},

@@ -17,7 +17,7 @@ import tracediff
 from tracediff.errors import TraceError
 from tracediff.trace import codec
 
-from .helpers import ROOT, locate_json
+from .helpers import ROOT, locate_json, run_cli
 
 pytest.importorskip("hdf5plugin")
 
@@ -119,3 +119,121 @@ def test_frame_header_sizes():
     assert codec._frame_content_size(magic + bytes([0x00, 0x50])) is None        # no size stated
     assert codec._frame_content_size(b"\x00" * 18) is None
     assert np.isscalar(codec.ZSTD_LEVEL)
+
+
+# -- hostile compressed traces (issue 38): built from the real recording with h5py ----------
+
+def _copy(src, dst):
+    shutil.copyfile(src, dst)
+    os.chmod(dst, 0o644)
+    return dst
+
+
+def _zstd_frame(f, data):
+    """The Zstandard frame hdf5plugin's filter writes for `data` (one chunk of a scratch
+    dataset in `f`, deleted again)."""
+    import hdf5plugin
+
+    f.create_dataset("scratch", data=data, chunks=(len(data),), **hdf5plugin.Zstd(clevel=1))
+    _, frame = f["scratch"].id.read_direct_chunk((0,))
+    del f["scratch"]
+    return bytearray(frame)
+
+
+def _claim_huge(src, dst, total):
+    """`src` with chunks of zeros appended (a ~20-byte frame each) up to `total` more value
+    bytes, and its first stored float32 value re-pointed at them as one [total/4] array:
+    a valid-looking trace whose one value is `total` bytes. Returns that value's event."""
+    _copy(src, dst)
+    with h5py.File(dst, "r+") as f:
+        ds = f["blob"]
+        c, n0 = int(ds.chunks[0]), int(f.attrs["committed_blob"])
+        frame = bytes(_zstd_frame(f, np.zeros(c, np.uint8)))
+        first = -(-n0 // c)
+        n = first + -(-total // c)
+        ds.resize((n * c,))
+        for k in range(first, n):
+            ds.id.write_direct_chunk((k * c,), frame)
+        f.attrs["committed_blob"] = n * c
+        k = int(f.attrs["committed_strings"])
+        f["strings"].resize((k + 1,))
+        f["strings"][k] = str(total // 4)
+        f.attrs["committed_strings"] = k + 1
+        v, strings = f["values"][:int(f.attrs["committed_values"])], f["strings"][:]
+        i = next(i for i, r in enumerate(v) if r["offset"] >= 0 and strings[r["storage"]] == b"float32")
+        v[i]["offset"], v[i]["nbytes"], v[i]["shape"] = first * c, total // 4 * 4, k
+        f["values"][:len(v)] = v
+        return int(v[i]["event"])
+
+
+def _one_line_error(proc, *words):
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
+def test_a_small_file_claiming_a_huge_value_is_refused_in_one_line(pair, tmp_path):
+    """64 MiB of zeros in ~20-byte frames: a 0.2 MB file whose one value is 64 MiB (before:
+    `show` read it, 0.4 GB resident, and printed zeros beside the real value's hash)."""
+    huge = tmp_path / "huge.h5"
+    ev = _claim_huge(pair[1], huge, 64 << 20)
+    assert os.path.getsize(huge) < (64 << 20) // codec.MAX_RATIO
+    with pytest.raises(TraceError, match="64x its compressed chunks"):
+        tracediff.load(huge)
+    _one_line_error(run_cli("show", huge, ev), "compressed chunks can hold")
+    _one_line_error(run_cli("locate", pair[1], huge), "compressed chunks can hold")
+    _one_line_error(run_cli("report", pair[1], huge, "-o", tmp_path / "r.md"),
+                    "compressed chunks can hold")
+
+
+def _damage(src, dst, how):
+    """`src` with its first compressed chunk damaged `how`."""
+    _copy(src, dst)
+    with h5py.File(dst, "r+") as f:
+        c = int(f["blob"].chunks[0])
+        _, data = f["blob"].id.read_direct_chunk((0,))
+        data = bytearray(data)
+        desc = data[4]
+        single = (desc >> 5) & 1
+        at = 5 + (0 if single else 1)             # where a dictionary id would start
+        width = (1 if single else 0, 2, 4, 8)[desc >> 6]
+        if how == "cut":                          # only the frame header is left
+            data = data[:at + width]
+        elif how == "dictionary":                 # the dictionary flag, with a 1-byte id
+            data = data[:4] + bytes([desc | 1]) + data[5:at] + b"\x07" + data[at:]
+        elif how == "second frame":
+            data = data + data
+        elif how == "forged size":                # the frame of half the bytes, claiming all
+            data = _zstd_frame(f, f["blob"][:c // 2])
+            d = data[4]
+            pos, w = 5 + (0 if (d >> 5) & 1 else 1), (1 if (d >> 5) & 1 else 0, 2, 4, 8)[d >> 6]
+            data[pos:pos + w] = (c - 256 if w == 2 else c).to_bytes(w, "little")
+        f["blob"].id.write_direct_chunk((0,), bytes(data))
+
+
+@pytest.mark.parametrize("how", ["cut", "dictionary", "second frame", "forged size"])
+def test_a_damaged_chunk_never_reads_as_values(pair, tmp_path, how):
+    """Before: `show` printed zeros (or stale memory) beside the real value's hash, exit 0,
+    and locate compared them."""
+    bad = tmp_path / "bad.h5"
+    _damage(pair[1], bad, how)
+    with tracediff.load(pair[1]) as t:   # the last value of the first chunk (the forged
+        c = t._blob.chunks[0]              # frame decompresses its first half right)
+        stored = t.values[(t.values["offset"] >= 0) & (t.values["offset"] + t.values["nbytes"] <= c)]
+        ev = int(stored["event"][np.argmax(stored["offset"])])
+    _one_line_error(run_cli("show", bad, ev), "damaged")
+    _one_line_error(run_cli("locate", pair[1], bad), "damaged")
+
+
+def test_chunk_checks(pair):
+    """Each damage is named by the whole-chunk check; the sound chunk passes."""
+    with h5py.File(pair[1], "r") as f:
+        c = int(f["blob"].chunks[0])
+        _, data = f["blob"].id.read_direct_chunk((0,))
+    assert codec.frame_problem(data, c) is None
+    assert codec.frame_problem(data[:-1], c) == "is cut short"
+    assert codec.frame_problem(data + data, c) == "has bytes after its frame"
+    assert codec.frame_problem(data, c + 1) == f"claims {c} bytes, not its {c + 1}"

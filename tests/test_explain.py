@@ -275,3 +275,27 @@ def test_the_high_precision_reference_is_computed_in_float64(tmp_path):
     assert res.a.from_oracle.max_ulp == 0 and res.b.from_oracle.max_ulp == 1
     assert res.a.from_oracle.max_ulp_exact == pytest.approx(3 / 128)
     assert res.closer == "a"
+
+
+# -- a divergence that is only structural (issue 38) -------------------------------------------
+
+def test_explain_says_a_divergence_is_only_structural(recorded):
+    """fixtures/torch_inserted_op.py with --insert has one extra multiply and no value that
+    differs. Before: "DIVERGED (beyond tolerance: yes)", then "the traces match bitwise:
+    nothing to explain"."""
+    from .helpers import fixture_line
+
+    runs = recorded.many({"a": ("torch_inserted_op.py", ()),
+                          "b": ("torch_inserted_op.py", ("--insert",))})
+    line = fixture_line("torch_inserted_op.py", "x = x * 1.000001")
+    proc = run_cli("explain", runs["a"], runs["b"], env={"NO_COLOR": "1", "COLUMNS": "300"})
+    assert proc.returncode == 1, proc.stderr
+    head, summary = proc.stdout.splitlines()[:2]
+    assert head == "DIVERGED (an op only one run has)"
+    assert summary.startswith(f"the first difference is structural: only in b: "
+                              f"aten::mul.Tensor at {line} (step 0, b #1)")
+    assert "aten::sign (b #2)" in summary and "match bitwise" not in proc.stdout
+    d = explain_json(runs["a"], runs["b"])
+    assert d["origin"] is None and d["structural"]["side"] == "b"
+    assert d["structural"]["event"]["op"] == "aten::mul.Tensor"
+    assert d["structural"]["event"]["source"] == line

@@ -427,17 +427,35 @@ def test_repeated_applies_shared_weights_layers_of_one_shape(traces):
 
 # -- layouts: NHWC/HWIO vs NCHW/OIHW
 
-def test_conv_pairs_across_layouts(traces):
+@pytest.fixture(scope="module")
+def conv_rounds_differently(traces):
+    """Whether XLA's and oneDNN's conv1 outputs differ bitwise on this CPU (plain flax and
+    torch, no tracediff): oneDNN's kernel, so its rounding, depends on the ISA."""
+    cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") \
+        or os.path.join(os.path.dirname(traces["conv"]), "xla-cache")
+    p = subprocess.run([sys.executable, os.path.join(FIXTURES, "port_conv.py"), "--conv-bits"],
+                       env=_env(cache), cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-4000:]
+    return p.stdout.strip().splitlines()[-1].endswith("False")
+
+
+def test_conv_pairs_across_layouts(traces, conv_rounds_differently):
     r = _locate(traces["conv"], rtol=0, atol=0)
     got = {(m["a_module"], m["b_module"], m["family"]) for m in _units(r)}
     assert {("CNN/conv1", "conv1", "conv"), ("CNN/head", "head", "linear")} <= got
     values = [m for m in r.mapping if m["by"] == "value"]
     assert any("permuting axes" in m["how"] for m in values)     # the HWIO kernel = OIHW weight
     f = r.first_difference
-    if f is not None:
+    if conv_rounds_differently:
         assert f.layer["text"] == ("Conv CNN/conv1 (conv_general_dilated + add) <-> "
                                    "Conv2d conv1 (convolution)")
         assert f.inputs_match is True and f.inputs_reason.count("(axes permuted)") == 2
+    elif f is not None:
+        # the convolutions round alike here: compared in the right layout, conv1 matches
+        # bitwise, and the first difference is a later layer (the mean), on equal inputs
+        assert f.layer["family"] != "conv" and "conv1" not in f.layer["text"], f.layer["text"]
+        assert f.inputs_match is True and "(axes permuted)" in f.inputs_reason
+    if f is not None:
         # compared in the right layout: rounding, not the O(1) of mixed-up axes
         assert 0 < f.metrics["max_abs"] < 1e-4
 

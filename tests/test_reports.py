@@ -17,7 +17,7 @@ from tracediff.diff.profile import event_profile, locate_with_profile
 from tracediff.diff.result import EventRef, Finding, Gap, Hop, LocateResult, Metrics, Replay
 from tracediff.report import html as html_report
 from tracediff.report import markdown
-from tracediff.report.common import fmt_bytes, report_context, source_context
+from tracediff.report.common import fmt_bytes, md_text, report_context, source_context
 from tracediff.trace.reader import Trace
 
 from . import synth
@@ -375,3 +375,32 @@ def test_a_pipe_in_a_trace_string_stays_in_its_markdown_table_cell(synthetic):
     for s in ("enc|dec", "aten::c||d", "x|y"):        # table cells, whole
         assert s in cells, (s, cells)
     assert "aten::a|b" in spans
+
+
+# -- a divergence that is only structural (issue 38) -------------------------------------------
+
+@pytest.fixture(scope="module")
+def inserted(recorded):
+    """fixtures/torch_inserted_op.py plainly and with --insert: b has one extra multiply
+    whose result feeds torch.sign, which comes out the same: no value differs."""
+    return recorded.many({"a": ("torch_inserted_op.py", ()),
+                          "b": ("torch_inserted_op.py", ("--insert",))})
+
+
+@pytest.mark.parametrize("ext", ["md", "html"])
+def test_report_of_a_divergence_that_is_only_structural(inserted, tmp_path, ext):
+    """Before: "unexpected AttributeError: 'NoneType' object has no attribute 'a'", exit 2."""
+    from .helpers import fixture_line
+
+    out = tmp_path / f"report.{ext}"
+    proc = run_cli("report", inserted["a"], inserted["b"], "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    line = fixture_line("torch_inserted_op.py", "x = x * 1.000001")
+    head = text.split("First difference: an op only one run has")[0]
+    # the summary names the op, its side and its line, and says no value differs
+    assert "diverge in structure: the run recorded as b executed" in head
+    assert "aten::mul.Tensor" in head and line in head and "aten::sign" in head
+    assert "Every compared value is bitwise identical." in head
+    section = f"only in b: aten::mul.Tensor at {line}"
+    assert (md_text(section) if ext == "md" else section) + " (step 0, event #1 of b)" in text

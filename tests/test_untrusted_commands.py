@@ -29,7 +29,7 @@ from tracediff.report.common import report_context
 from tracediff.report.json_report import next_steps
 
 from .conftest import BROKEN_DOT
-from .helpers import ROOT, run_plain
+from .helpers import ROOT, run_cli, run_plain
 
 DOT = 1            # event 1 of torch_dot.py is aten::dot
 MUL = 2            # event 2 is aten::mul.Tensor (other=2)
@@ -305,6 +305,41 @@ def test_repro_refuses_to_overwrite_or_follow_links(traces, tmp_path):
     assert not os.path.islink(out / "repro.py") and not os.path.islink(out / "inputs.npz")
     assert (out / "repro.py").read_bytes() == before
     assert np.load(out / "inputs.npz")["in0"].tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("command", ["show", "report", "check", "slice"])
+def test_no_output_is_written_through_or_over_a_link_without_force(traces, tmp_path, command):
+    """Before: `show --npy LINK` and `report -o LINK` replaced the file the link points to.
+    A link (a dangling one too) is refused in one line, exit 2; --force replaces the link
+    itself, never what it points to."""
+    full, broken = traces
+    target, nowhere = tmp_path / "target.txt", tmp_path / "nowhere"
+    target.write_text("precious\n")
+    (tmp_path / "train.py").write_text("")
+    link = tmp_path / ("out.md" if command in ("report", "check") else
+                       "out.npy" if command == "show" else "out.h5")
+    argv = {"show": ("show", full, DOT, "--npy", link),
+            "report": ("report", full, broken, "-o", link),
+            # refused before the script (an empty file here) runs
+            "check": ("check", "--report", link, full, tmp_path / "train.py"),
+            "slice": ("slice", full, "--around", DOT, "-o", link)}[command]
+    run = (lambda *a: (lambda p: (p.returncode, p.stdout, p.stderr))(run_cli(*a))) \
+        if command == "check" else _cli
+    for dest in (target, nowhere):
+        if os.path.lexists(link):
+            os.unlink(link)
+        os.symlink(dest, link)
+        code, _, err = run(*argv)
+        assert code == 2 and err.count("\n") == 1 and "--force" in err, err
+        assert target.read_text() == "precious\n" and not os.path.exists(nowhere)
+    if command == "check":
+        return
+    code, _, err = run(*argv, "--force")
+    assert code == 0, err
+    assert not os.path.islink(link) and target.read_text() == "precious\n"
+    assert not os.path.exists(nowhere)
+    if command == "show":
+        assert np.load(link).tolist() == 14.0   # dot([0, 1, 2, 3], itself)
 
 
 def test_write_errors_exit_2(traces, tmp_path):

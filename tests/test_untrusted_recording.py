@@ -156,6 +156,35 @@ def test_sys_exit_status_is_what_python_would_exit_with(tmp_path):
     assert not wrong, "\n".join(wrong)
 
 
+CLOSE_STD = """\
+    import os, sys
+    import torch
+    x = torch.ones(3) * 2
+    os.close(0); os.close(1); os.close(2)
+    if sys.argv[1:] == ["reuse"]:   # the numbers come back for the script's own files
+        assert [os.open(f"own{i}.txt", os.O_WRONLY | os.O_CREAT) for i in range(3)] == [0, 1, 2]
+    y = x + 1
+    sys.exit(4)
+"""
+
+
+@pytest.mark.parametrize("reuse", [False, True])
+def test_a_script_that_closes_its_standard_descriptors_keeps_its_status(tmp_path, reuse):
+    """Before: exit 1 (tracediff's closing line failed on the closed stderr), and with the
+    numbers reused that line went into the script's own file."""
+    script = _script(tmp_path, "closer.py", CLOSE_STD)
+    args = ("reuse",) if reuse else ()
+    assert _plain(script, *args).returncode == 4
+    out = tmp_path / "closer.h5"
+    proc = _record(script, out, *args)
+    assert proc.returncode == 4, proc.stderr
+    assert _info(out)["manifest"]["end"] == {"status": "sys.exit", "exit_code": 4}
+    assert _ops(out) == ["aten::ones", "aten::mul.Tensor", "aten::add.Tensor"]
+    if reuse:
+        for i in range(3):
+            assert (tmp_path / f"own{i}.txt").read_bytes() == b""
+
+
 def test_sys_exit_true_in_a_recorded_block_leaves_a_readable_trace(tmp_path):
     """tracediff.record(): the exit code of a sys.exit inside the block is an int too."""
     import tracediff

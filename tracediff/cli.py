@@ -383,8 +383,10 @@ def info(trace, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--npy", type=click.Path(dir_okay=False),
               help="Save the event's first output value to this .npy file.")
+@click.option("--force", is_flag=True,
+              help="Replace FILE when it is a symbolic link (the link, never what it points to).")
 @_guard
-def show(trace, event, as_json, npy):
+def show(trace, event, as_json, npy, force):
     """Show EVENT (a number, as `locate` prints it) of TRACE: op, source line, inputs,
     and statistics of its values.
 
@@ -408,8 +410,10 @@ def show(trace, event, as_json, npy):
     if npy:
         if not arrays:
             raise TraceError(f"event {event} has no stored output value")
+        from .outfile import open_output
+
         try:
-            with open(npy, "wb") as fh:   # close() reports a full disk, e.g. /dev/full
+            with open_output(npy, force) as fh:   # close() reports a full disk, e.g. /dev/full
                 np.save(fh, arrays[0], allow_pickle=False)
         except OSError as exc:
             raise TraceError(f"cannot write {npy}: {exc.strerror or exc}") from None
@@ -730,9 +734,11 @@ def _report_format(output, fmt):
 
 
 def write_report(trace_a, trace_b, output, fmt=None, rtol=None, atol=None, map_file=None,
-                 source_dir=None):
+                 source_dir=None, force=False):
     """Locate and write a Markdown/HTML report to `output` ('-' = stdout); returns the result.
-    Code context is what trace a recorded (or read from `source_dir`, see --source-dir)."""
+    Code context is what trace a recorded (or read from `source_dir`, see --source-dir).
+    `output` is never written through a symbolic link; `force` replaces the link."""
+    from .outfile import check_link, open_output
     from .report.common import report_context
 
     fmt = _report_format(output, fmt)
@@ -740,6 +746,7 @@ def write_report(trace_a, trace_b, output, fmt=None, rtol=None, atol=None, map_f
         folder = os.path.dirname(os.path.abspath(output))
         if not os.path.isdir(folder):
             raise TraceError(f"cannot write {output}: folder {folder} does not exist")
+        check_link(output, force)   # before the work
     if fmt == "html":
         from .diff.profile import locate_with_profile
         from .report.html import render
@@ -756,8 +763,8 @@ def write_report(trace_a, trace_b, output, fmt=None, rtol=None, atol=None, map_f
         click.echo(text, nl=False)
     else:
         try:
-            with open(output, "w", encoding="utf-8") as fh:
-                fh.write(text)
+            with open_output(output, force) as fh:
+                fh.write(text.encode("utf-8"))
         except OSError as exc:
             raise TraceError(f"cannot write {output}: {exc.strerror or exc}") from None
     return result
@@ -776,8 +783,10 @@ def write_report(trace_a, trace_b, output, fmt=None, rtol=None, atol=None, map_f
               help="Name map for traces of different frameworks, inline JSON or a JSON file "
                    "(as for locate).")
 @_source_dir_option
+@click.option("--force", is_flag=True,
+              help="Replace FILE when it is a symbolic link (the link, never what it points to).")
 @_guard
-def report(trace_a, trace_b, output, fmt, rtol, atol, map_file, source_dir):
+def report(trace_a, trace_b, output, fmt, rtol, atol, map_file, source_dir, force):
     """Write a bug report comparing TRACE_A and TRACE_B (or the JAX and the torch side
     of one TRACE_A that recorded both).
 
@@ -803,7 +812,7 @@ def report(trace_a, trace_b, output, fmt, rtol, atol, map_file, source_dir):
     _need_trace(trace_a)
     if trace_b is not None:
         _need_trace(trace_b)
-    result = write_report(trace_a, trace_b, output, fmt, rtol, atol, map_file, source_dir)
+    result = write_report(trace_a, trace_b, output, fmt, rtol, atol, map_file, source_dir, force)
     if output != "-":
         click.echo(f"tracediff: {_report_format(output, fmt)} report written to {output} "
                    f"(verdict: {result.verdict})", err=True)
@@ -822,13 +831,16 @@ def report(trace_a, trace_b, output, fmt, rtol, atol, map_file, source_dir):
               help="Record SCRIPT into GOLDEN (create or replace it) instead of comparing.")
 @click.option("--report", "report_path", default=None, metavar="FILE",
               help="Also write a report (.md or .html), e.g. as a CI artifact.")
+@click.option("--force", is_flag=True,
+              help="Replace the --report FILE when it is a symbolic link (the link, never "
+                   "what it points to).")
 @click.option("--loops", type=click.Choice(["opaque", "stepped"]), default="opaque",
               show_default=True, help="As for record (use the golden's setting).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object, as locate --json.")
 @click.option("-v", "--verbose", is_flag=True, help="Longer report, as locate --verbose.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing; only the exit code tells.")
 @_guard
-def check(golden, script, args, rtol, atol, output, update, report_path, loops, as_json,
+def check(golden, script, args, rtol, atol, output, update, report_path, force, loops, as_json,
           verbose, quiet):
     """Record SCRIPT [ARGS...] and compare it with the golden trace GOLDEN.
 
@@ -874,6 +886,9 @@ def check(golden, script, args, rtol, atol, output, update, report_path, loops, 
                              f"{command('tracediff', 'check', '--update', golden, script, *args)}")
     if report_path:
         _report_format(report_path, None)
+        from .outfile import check_link
+
+        check_link(report_path, force)   # refused before the script runs
     # fixed before the script runs (it may chdir); messages keep the names as given
     golden_at = os.path.abspath(golden)
     report_at = os.path.abspath(report_path) if report_path else None
@@ -900,7 +915,7 @@ def check(golden, script, args, rtol, atol, output, update, report_path, loops, 
     try:
         result = _locate(golden_at, target, rtol=rtol, atol=atol)
         if report_path:
-            write_report(golden_at, target, report_at, None, rtol, atol)
+            write_report(golden_at, target, report_at, None, rtol, atol, force=force)
     except BaseException:
         if tmp:
             os.unlink(tmp)

@@ -334,6 +334,28 @@ class Recording:
         return rec
 
 
+def _std_files():
+    """(st_dev, st_ino) of descriptors 1 and 2 (None where closed)."""
+    out = []
+    for fd in (1, 2):
+        try:
+            st = os.fstat(fd)
+            out.append((st.st_dev, st.st_ino))
+        except OSError:
+            out.append(None)
+    return out
+
+
+def _drop_lost_std(before):
+    """After the script: a standard output it closed (or whose number now holds a file of
+    its own) is never written again. sys.stdout / sys.stderr go to os.devnull, so that
+    neither tracediff's closing lines nor Python's flush at exit fail, which would replace
+    the script's exit status (1, or 120) or write into the script's file."""
+    for (fd, name), was in zip(((1, "stdout"), (2, "stderr")), before):
+        if _std_files()[fd - 1] != was or was is None:
+            setattr(sys, name, open(os.devnull, "w"))
+
+
 def record_script(script, args, output, options=None, frameworks=("jax", "torch")):
     """Record `script args...` into `output`; returns the script's exit status, or -N when
     the plain script would have died by signal N (Ctrl-C, SIGTERM: `exit_by_signal`).
@@ -359,8 +381,12 @@ def record_script(script, args, output, options=None, frameworks=("jax", "torch"
     try:
         # the frames below the script and the recorder's own never count against the
         # script's recursion budget (capture/budget.py)
+        std = _std_files()
         with _LostInterrupts(rec.writer), _ProcessEnds(rec), budget.Shift(budget.below_script()):
-            runpy.run_path(script, run_name="__main__")
+            try:
+                runpy.run_path(script, run_name="__main__")
+            finally:
+                _drop_lost_std(std)
     except SystemExit as exc:
         end = {"status": "sys.exit", "exit_code": exit_status(exc.code, sys.stderr)}
         message = _exit_message(exc.code)

@@ -548,7 +548,7 @@ class Analysis:
     """What `tracediff explain` computes (`analysis.analyse`): the origin and the chain
     from it, its replay, the compiled-call and inner-structure notes, the likely causes,
     the divergence over time, and a one-paragraph summary. `origin` is None when the
-    traces match bitwise."""
+    traces match bitwise, or differ only in structure (`structural`: nothing to replay)."""
 
     verdict: str
     traces: dict                                  # {"a": TraceInfo, "b": TraceInfo}
@@ -564,6 +564,7 @@ class Analysis:
     tolerance_origin: Optional[Finding] = None    # first beyond tolerance, introduced there
     noise: Optional[Noise] = None
     mechanisms: list = field(default_factory=list)   # [Mechanism] of the origin's replay
+    structural: Optional[Structural] = None       # an op only one run has, the first difference
 
 
 # -- recording levels (compare/levels.py) ------------------------------------------------------------

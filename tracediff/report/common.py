@@ -209,9 +209,24 @@ def summary(result: LocateResult, code=md_code, text=md_text) -> str:
     tol_txt = ("the per-dtype default tolerances" if _default_tolerance(result) else
                f"rtol {fmt(result.tolerance.get('rtol'))}, atol {fmt(result.tolerance.get('atol'))}")
     out = []
-    if result.verdict == "diverged":
+    st = result.structural
+    subject = f"{runs}{hosts}"
+    if st is not None:   # an op only one run has, before any value differs
+        other = "a" if st.side == "b" else "b"
+        feeds = ", ".join(code(c.op) for c in st.consumers[:3])
+        out.append(f"{subject} diverge in structure: the run recorded as {st.side} executed "
+                   f"{event_label(st.event, code, text)} at {where(st.event, code)} and the "
+                   f"run recorded as {other} did not; it changes the inputs of "
+                   f"{feeds or 'what follows'}.")
+        subject = "They"
+    if result.verdict == "diverged" and f is None:
+        if st is None:   # two frameworks: only the optimizer compared by role differs
+            out.append(f"{subject} diverge beyond {tol_txt} in the parameters "
+                       f"(see the first parameter beyond tolerance).")
+        out.append("Every compared value is bitwise identical.")
+    elif result.verdict == "diverged":
         e = f.a
-        out.append(f"{runs}{hosts} diverge beyond {tol_txt}. The first operation whose outputs "
+        out.append(f"{subject} diverge beyond {tol_txt}. The first operation whose outputs "
                    f"differ beyond tolerance is the {event_label(e, code, text)} at "
                    f"{where(e, code)}: max relative "
                    f"difference {fmt(_metric(f, 'max_rel'))} (max abs "
@@ -230,13 +245,13 @@ def summary(result: LocateResult, code=md_code, text=md_text) -> str:
                        f"tolerance.")
     elif result.first_difference is not None:
         fd = result.first_difference
-        out.append(f"{runs}{hosts} agree within {tol_txt}, but not bitwise: the first bitwise "
+        out.append(f"{subject} agree within {tol_txt}, but not bitwise: the first bitwise "
                    f"difference is at the {event_label(fd.a, code, text)} "
                    f"({where(fd.a, code)}), max relative "
                    f"difference {fmt(_metric(fd, 'max_rel'))} (max abs "
                    f"{fmt(_metric(fd, 'max_abs'))}){_ulp_words(fd)}.")
     else:
-        out.append(f"{runs}{hosts} are bitwise identical in every compared value.")
+        out.append(f"{subject} are bitwise identical in every compared value.")
     if result.verdict == "inconclusive":
         out.append(f"That is no match: too little was compared "
                    f"({text('; '.join(result.coverage.reasons[:2]))}).")

@@ -26,8 +26,14 @@ def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) ->
     c = console or Console(highlight=False, soft_wrap=True, emoji=False)
     diverged = an is not None and an.verdict == "diverged"
     head = "[bold red]DIVERGED[/]" if diverged else "[bold green]MATCH[/]"
-    c.print(f"{head} (beyond tolerance: {'yes' if diverged else 'no'})")
     o = an.origin if an is not None else None
+    st = an.structural if an is not None else None
+    why = "an op only one run has" if st is not None and o is None else \
+        f"beyond tolerance: {'yes' if diverged else 'no'}"
+    c.print(f"{head} ({why})")
+    if st is not None and o is not None:   # the values differ after the structural difference
+        c.print(f"[bold]first difference[/]: {markup(st.text)} (step {st.event.step}, "
+                f"{markup(st.side)} #{st.event.index}); the origin below comes after it")
     if o is None:
         c.print(markup((an.summary if an is not None else "") or "nothing to explain"))
         _print_steps(c, an.steps if an is not None else [])

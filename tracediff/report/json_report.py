@@ -256,11 +256,14 @@ def build(r: LocateResult) -> dict:
     if r.noise is not None:
         out["noise"] = _plain(r.noise)
     if r.structural is not None:   # an op only one run has (diff/align/structure.py)
-        st = r.structural
-        out["structural"] = {"side": st.side, "text": st.text, "first": st.first,
-                             "event": event_json(st.event), "gap": dict(st.gap),
-                             "consumers": [event_json(e) for e in st.consumers]}
+        out["structural"] = structural_json(r.structural)
     return strict(out)
+
+
+def structural_json(st) -> dict:
+    """Plain dict of a `Structural` (an op only one run has)."""
+    return {"side": st.side, "text": st.text, "first": st.first, "event": event_json(st.event),
+            "gap": dict(st.gap), "consumers": [event_json(e) for e in st.consumers]}
 
 
 # -- tracediff explain --json ---------------------------------------------------------------
@@ -345,6 +348,8 @@ def analysis_json(an: Optional[Analysis]) -> dict:
         return {}
     out = {"verdict": an.verdict, "traces": {k: _trace_json(t) for k, t in an.traces.items()},
            "tolerance": an.tolerance}
+    if an.structural is not None:
+        out["structural"] = structural_json(an.structural)
     f = an.origin
     if f is None:
         out.update(origin=None, summary=an.summary, steps=[_step(s) for s in an.steps])

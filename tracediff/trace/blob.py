@@ -4,7 +4,9 @@ slabs when it is not.
 `Trace.read_value` reads one value by its row; the differ reads thousands, so
 `ValueReader` keeps the whole arena (`blob`) in memory up to `BLOB_IN_MEMORY` and
 `gather` concatenates the bytes of many values with one read of the slab that covers
-them (values of consecutive events lie close together).
+them (values of consecutive events lie close together). In a compressed trace every value
+read is checked against its recorded hash (`Trace.stored_bytes`): the whole arena once
+when it is kept in memory, each value as it is gathered otherwise.
 """
 
 import numpy as np
@@ -23,15 +25,34 @@ class ValueReader:
         self.t = trace
         self.blob = None
         if trace.blob_size <= BLOB_IN_MEMORY:
+            if trace.chunks is not None:
+                trace.chunks.span(0, trace.blob_size)
             self.blob = trace._blob[:trace.blob_size] if trace.blob_size else np.zeros(0, "u1")
+            if trace.chunks is not None:
+                self._check_all()
 
-    def gather(self, offsets, lengths):
-        """Concatenated bytes of many stored values (offsets/lengths checked by the caller).
-        Streams from the file when the arena is not in memory: one read of the slab that
-        covers the values (they lie close together: a chunk of consecutive events), so
-        memory stays bounded by the caller's chunk size."""
+    def _check_all(self):
+        """Every stored value (and shard) of a compressed trace against its hash."""
+        t = self.t
+        for rows in (t.values, t.shard_rows):
+            stored = rows[rows["offset"] >= 0]
+            if rows is t.values:
+                stored = stored[(stored["flags"] & (schema.VFLAG_NOT_STORED | schema.VFLAG_UNINIT)) == 0]
+            for off, n, h in zip(stored["offset"].tolist(), stored["nbytes"].tolist(),
+                                 stored["hash"].tolist()):
+                t.check_digest(self.blob[off:off + n], off, h)
+
+    def gather(self, offsets, lengths, hashes):
+        """Concatenated bytes of many stored values (offsets/lengths checked by the caller;
+        `hashes` their recorded hashes, checked in a compressed trace). Streams from the
+        file when the arena is not in memory: one read of the slab that covers the values
+        (they lie close together: a chunk of consecutive events), so memory stays bounded
+        by the caller's chunk size."""
         if self.blob is not None:
             return gather_slices(self.blob, offsets, lengths)
+        if self.t.chunks is not None:
+            return np.frombuffer(b"".join(self.t.stored_bytes(int(o), int(n), h) for o, n, h in
+                                          zip(offsets, lengths, hashes)), "u1")
         lo = int(offsets.min())
         hi = int((offsets + lengths).max())
         if hi > self.t.blob_size:

@@ -11,7 +11,12 @@ A stranger's trace must not make the reader run a filter it did not choose, nor 
 what a chunk claims: the reader accepts no filter anywhere but this one on `blob`, needs
 `hdf5plugin` for it (a one-line TraceError otherwise, never HDF5's plugin search path),
 and checks every stored chunk's frame header first (`check_blob_chunks`): the size the
-filter allocates and decompresses into must be exactly the chunk's size.
+filter allocates and decompresses into must be exactly the chunk's size, and the value
+bytes claimed at most `MAX_RATIO` times the compressed bytes stored (a small file cannot
+ask for gigabytes). hdf5plugin's filter does not check that a frame decompressed: a damaged
+one reads as zeros. So a chunk is checked whole before its bytes are used (`ChunkCheck`:
+one frame, no dictionary, blocks that fill the chunk and end where the chunk does), and the
+reader compares each value's bytes with its recorded hash (`Trace`, `ValueReader`).
 """
 
 from ..errors import TraceError
@@ -21,6 +26,12 @@ ZSTD_FILTER = 32015          # registered HDF5 filter id of Zstandard (hdf5plugi
 ZSTD_LEVEL = 1               # fastest level: the recording is disk-bound, not size-bound
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 INSTALL_HINT = "pip install hdf5plugin (or tracediff-ml[codec])"
+# The most value bytes a compressed trace may claim per byte of its stored chunks. Level 1
+# stores float values at ~91 % (docs/performance.md); only a trace of almost nothing but
+# repeated bytes comes near 64:1 (docs/format.md), and reading never allocates more than
+# 64x the file for one value.
+MAX_RATIO = 64
+_MAX_BLOCK = 128 << 10       # a block decompresses to at most 128 KiB (RFC 8878, 3.1.1.2.3)
 
 
 def blob_filter(codec):
@@ -59,9 +70,9 @@ def blob_codec(ds):
     raise TraceError(f"dataset {ds.name.lstrip('/')!r} uses filters, external or virtual storage")
 
 
-def _frame_content_size(head):
-    """Decompressed size a Zstandard frame header states (RFC 8878, 3.1.1), or None when
-    `head` is not a frame header or does not state one."""
+def _frame_header(head):
+    """(content size, header length, dictionary flag, checksum flag) of a Zstandard frame
+    header (RFC 8878, 3.1.1), or None when `head` is not one or states no size."""
     if len(head) < 6 or head[:4] != _ZSTD_MAGIC:
         return None
     desc = head[4]
@@ -73,7 +84,54 @@ def _frame_content_size(head):
     if size == 0 or len(head) < pos + size:
         return None
     value = int.from_bytes(head[pos:pos + size], "little")
-    return value + 256 if size == 2 else value
+    return value + 256 if size == 2 else value, pos + size, dict_flag, (desc >> 2) & 1
+
+
+def _frame_content_size(head):
+    """Decompressed size a Zstandard frame header states, or None (see `_frame_header`)."""
+    h = _frame_header(head)
+    return None if h is None else h[0]
+
+
+def frame_problem(data, chunk_bytes):
+    """Why the stored chunk `data` cannot decompress to exactly `chunk_bytes` bytes (one
+    line), or None: one frame stating that size, no dictionary, well-formed blocks that can
+    fill it (raw and RLE blocks' sizes exact, compressed ones at most 128 KiB each) and end,
+    with the checksum if flagged, exactly where the chunk does. Cut short, a second frame,
+    a dictionary or a forged size are refused here; the values' hashes catch the rest."""
+    h = _frame_header(bytes(data[:18]))
+    if h is None:
+        return "is not a Zstandard frame stating its size"
+    size, pos, dict_flag, checksum = h
+    if dict_flag:
+        return "needs a dictionary"
+    if size != chunk_bytes:
+        return f"claims {size} bytes, not its {chunk_bytes}"
+    exact = bound = 0
+    while True:
+        if pos + 3 > len(data):
+            return "is cut short"
+        b = int.from_bytes(data[pos:pos + 3], "little")
+        last, kind, n = b & 1, (b >> 1) & 3, b >> 3
+        pos += 3
+        if kind == 3 or n > _MAX_BLOCK:
+            return "has a damaged block"
+        stored = (n, 1, n)[kind]
+        if pos + stored > len(data):
+            return "is cut short"
+        pos += stored
+        if kind == 2:
+            bound += _MAX_BLOCK
+        else:
+            exact += n
+        if last:
+            break
+    pos += 4 if checksum else 0
+    if pos != len(data):
+        return "is cut short" if pos > len(data) else "has bytes after its frame"
+    if exact > chunk_bytes or exact + bound < chunk_bytes:
+        return f"holds blocks that cannot make its {chunk_bytes} bytes"
+    return None
 
 
 def check_blob_chunks(ds, path, file_size):
@@ -81,7 +139,8 @@ def check_blob_chunks(ds, path, file_size):
     inside the file, and either be stored raw at exactly the chunk's size (HDF5 skipped
     the filter) or be a Zstandard frame stating exactly the chunk's size (what the filter
     allocates and decompresses into; it cannot write past it). Returns the number of
-    stored chunks (the blob's bytes are bounded by that many chunks)."""
+    stored chunks and the bytes they occupy in the file (the blob's bytes are bounded by
+    that many chunks, and by `MAX_RATIO` times those bytes)."""
     chunk_bytes = int(ds.chunks[0]) * ds.dtype.itemsize
     spans = []
     try:
@@ -105,12 +164,49 @@ def check_blob_chunks(ds, path, file_size):
                                      f"{size} bytes, not {chunk_bytes}")
                 continue
             fh.seek(offset)
-            claimed = _frame_content_size(fh.read(min(size, 18)))
+            head = _frame_header(fh.read(min(size, 18)))
+            claimed = None if head is None else head[0]
             if claimed != chunk_bytes:
                 raise TraceError(f"{path}: a compressed chunk of the value bytes claims "
                                  f"{'no size' if claimed is None else f'{claimed} bytes'}, "
                                  f"not its {chunk_bytes} (damaged, or a decompression bomb)")
-    return len(spans)
+            if head[2]:
+                raise TraceError(f"{path}: a compressed chunk of the value bytes needs a "
+                                 f"dictionary (damaged)")
+    return len(spans), sum(size for _, _, size in spans)
+
+
+class ChunkCheck:
+    """Each stored chunk of a compressed blob checked whole (`frame_problem`) the first time
+    bytes inside it are used; a span that reaches an unstored chunk (HDF5 would read its
+    fill value, zeros) is refused."""
+
+    def __init__(self, ds, path):
+        self.ds, self.path = ds, path
+        self.chunk_bytes = int(ds.chunks[0])
+        self.done = set()
+
+    def span(self, off, n):
+        """TraceError unless every chunk holding bytes [off, off+n) is stored and sound."""
+        if n <= 0:
+            return
+        c = self.chunk_bytes
+        for k in range(off // c, (off + n - 1) // c + 1):
+            if k in self.done:
+                continue
+            try:
+                mask, data = self.ds.id.read_direct_chunk((k * c,))
+            except Exception:
+                raise TraceError(f"{self.path}: value bytes at {k * c} lie in a chunk that was "
+                                 f"never stored (damaged)") from None
+            if mask & 1:
+                why = None if len(data) == c else f"is stored raw with {len(data)} bytes"
+            else:
+                why = frame_problem(memoryview(data), c)
+            if why:
+                raise TraceError(f"{self.path}: the compressed chunk at byte {k * c} of the "
+                                 f"value bytes {why} (damaged)")
+            self.done.add(k)
 
 
 def need_plugin(path):

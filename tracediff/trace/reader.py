@@ -389,14 +389,19 @@ class Trace:
         if blob.dtype != np.uint8 or blob.ndim != 1:
             raise TraceError(f"{self.path}: the value bytes have an unexpected layout")
         self.codec = codec.blob_codec(blob)
+        self.chunks = None   # compressed: each chunk checked whole before its bytes are used
         if self.codec != "none":   # compressed: bounded by its checked chunks, not the file
             codec.need_plugin(self.path)
-            budget = codec.check_blob_chunks(blob, self.path, self.file_size) * blob.chunks[0]
+            n_chunks, packed = codec.check_blob_chunks(blob, self.path, self.file_size)
+            budget = min(n_chunks * blob.chunks[0], codec.MAX_RATIO * packed)
+            self.chunks = codec.ChunkCheck(blob, self.path)
         self.blob_size = max(0, min(_int_attr(f, "committed_blob", 0), blob.shape[0]))
         self._blob = blob   # kept: looking a dataset up by name costs more than a small read
         if self.blob_size > budget:
+            more = f"{codec.MAX_RATIO}x its compressed chunks can hold" if self.chunks else \
+                "the file holds"
             raise TraceError(f"{self.path}: the trace claims {self.blob_size} value bytes, more "
-                             f"than the file holds")
+                             f"than {more}")
         self.manifest = self._load_manifest(_dataset(f, "manifest"))
         dist = self.manifest.get("distributed") or {}
         self.rank = dist.get("rank") if isinstance(dist.get("rank"), int) else None
@@ -731,7 +736,7 @@ class Trace:
             off, n = int(r["offset"]), int(r["nbytes"])
             if itemsize == 0 or count * itemsize != n or off + n > self.blob_size:
                 raise TraceError(f"{self.path}: shard size does not match its shape and dtype")
-            raw = self._blob[off:off + n].tobytes()
+            raw = self.stored_bytes(off, n, r["hash"])
             return values.decode(raw, self.string(parent["dtype"]), storage, shape)
         if r["flags"] & schema.SHARD_SLICE:
             whole = self.read_value(parent)
@@ -955,11 +960,33 @@ class Trace:
             count *= d
         if itemsize == 0 or count * itemsize != n:
             raise TraceError(f"{self.path}: value size does not match its shape and dtype")
+        raw = self.stored_bytes(off, n, row["hash"])
         try:
-            raw = self._blob[off:off + n].tobytes()
             return values.decode(raw, self.string(row["dtype"]), storage, shape)
         except Exception as exc:
             raise TraceError(f"{self.path}: damaged trace ({one_line(exc, 160, with_type=True)})") from None
+
+    def stored_bytes(self, off, n, digest):
+        """Bytes [off, off+n) of the value arena (bounds checked by the caller). In a
+        compressed trace, its chunks are checked and the bytes must match the recorded
+        hash: a damaged chunk reads as zeros, which are never shown as the value."""
+        try:
+            if self.chunks is not None:
+                self.chunks.span(off, n)
+            raw = self._blob[off:off + n].tobytes()
+        except TraceError:
+            raise
+        except Exception as exc:
+            raise TraceError(f"{self.path}: damaged trace ({one_line(exc, 160, with_type=True)})") from None
+        if self.chunks is not None:
+            self.check_digest(raw, off, digest)
+        return raw
+
+    def check_digest(self, raw, off, digest):
+        """TraceError unless `raw` (the value at byte `off`) hashes to `digest`."""
+        if values.digest(raw) != int(digest):
+            raise TraceError(f"{self.path}: the value at byte {off} of the compressed value bytes "
+                             f"does not match its recorded hash (a damaged chunk)")
 
     def close(self):
         self._f.close()

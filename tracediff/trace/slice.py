@@ -85,7 +85,8 @@ def slice_trace(t, around, out, hops=2, replace=False):
     vals["event"] = new_id[vals["event"].astype(np.int64)]
     stored = vals["offset"] >= 0
     offsets, lengths = vals["offset"][stored], vals["nbytes"][stored]
-    blob = ValueReader(t).gather(offsets.astype(np.int64), lengths.astype(np.int64)) \
+    blob = ValueReader(t).gather(offsets.astype(np.int64), lengths.astype(np.int64),
+                                 vals["hash"][stored]) \
         if stored.any() else np.zeros(0, "u1")
     new_off = np.full(len(vals), -1, np.int64)
     new_off[stored] = np.concatenate([[0], np.cumsum(lengths.astype(np.int64))[:-1]]) \

@@ -75,8 +75,8 @@ class ToleranceScan:
                 nb = va["nbytes"][idx[start:]].astype(np.int64)
                 stop = start + max(1, int(np.searchsorted(np.cumsum(nb), chunk_bytes)))
                 part = idx[start:stop]
-                ra_ = self.ra.gather(va["offset"][part], va["nbytes"][part])
-                rb_ = self.rb.gather(vb["offset"][part], vb["nbytes"][part])
+                ra_ = self.ra.gather(va["offset"][part], va["nbytes"][part], va["hash"][part])
+                rb_ = self.rb.gather(vb["offset"][part], vb["nbytes"][part], vb["hash"][part])
                 xa, xb = ra_.view(dt), rb_.view(dt)
                 # only elements whose bits differ are measured (one cheap pass)
                 neq = ra_.view(ut) != rb_.view(ut)

@@ -46,10 +46,22 @@ def _culprit(result):
     return fd or f
 
 
+def structural_text(st) -> str:
+    """One sentence on a structural first difference (`Structural`): which run executed
+    which op where, and what it feeds."""
+    e = st.event
+    other = "a" if st.side == "b" else "b"
+    feeds = ", ".join(f"{c.op} ({st.side} #{c.index})" for c in st.consumers[:3])
+    return (f"the first difference is structural: {st.text} (step {e.step}, {st.side} "
+            f"#{e.index}), an op the run recorded as {other} did not execute; it changes the "
+            f"inputs of {feeds or 'what follows'}")
+
+
 def analyse(result: LocateResult, d, event: Optional[int] = None) -> Analysis:
     """The full analysis of a located result (see the module docstring); `event`: an
     event of trace a to explain instead of the origin."""
-    out = Analysis(verdict=result.verdict, traces=result.traces, tolerance=result.tolerance)
+    out = Analysis(verdict=result.verdict, traces=result.traces, tolerance=result.tolerance,
+                   structural=result.structural if event is None else None)
     if event is not None:
         if not 0 <= event < len(d.ta):
             raise TraceError(f"no event {event} in trace a (it has events 0 to {len(d.ta) - 1})")
@@ -62,7 +74,9 @@ def analyse(result: LocateResult, d, event: Optional[int] = None) -> Analysis:
     else:
         f = _culprit(result)
     if f is None:
-        out.summary = "the traces match bitwise: nothing to explain"
+        out.summary = structural_text(out.structural) + "; every compared value is bitwise " \
+            "identical: no op's values to replay" if out.structural is not None else \
+            "the traces match bitwise: nothing to explain"
         out.steps = steps_table(d, result)
         return out
     ea, eb = f.a.index, f.b.index
