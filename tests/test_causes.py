@@ -1,0 +1,93 @@
+"""Environment causes that fit the op (issue 36.3, 36.5; issue 37.2): the reason table
+(`diff/explain/reasons.py`) walked row by row, each XLA flag with its own reason, and a
+real divergence: a JAX MLP with XLA fast math (its own reason)."""
+
+import os
+import re
+
+import pytest
+
+from tracediff.diff.explain import causes, reasons
+
+from .helpers import ROOT, explain_json
+
+SMALL_MLP = ("jax_mlp.py", "--sizes", "8,32,4", "--batch", "8", "--steps", "1")
+FAST_MATH = {"XLA_FLAGS": "--xla_cpu_enable_fast_math=true"}
+
+
+# -- the table --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("table", [reasons.REASONS, reasons.XLA_FLAG_REASONS],
+                         ids=["keys", "xla-flags"])
+def test_every_row_of_the_reason_table_explains_its_example(table):
+    """Each row is reached by its example key for every op class it names (no earlier row
+    shadows it) and by none it does not name."""
+    tags = [row.tag for row in table]
+    assert len(tags) == len(set(tags))
+    for row in table:
+        assert row.example and row.classes <= reasons.ALL and row.text
+        for cls in sorted(reasons.ALL):
+            got = reasons.reason_for(row.example, cls, table)
+            if cls in row.classes:
+                assert got is row, (row.tag, cls, got and got.tag)
+            else:
+                assert got is not row, (row.tag, cls)
+
+
+def test_the_reason_table_is_documented():
+    with open(os.path.join(ROOT, "docs", "root-cause.md"), encoding="utf-8") as f:
+        doc = f.read()
+    for row in reasons.REASONS + reasons.XLA_FLAG_REASONS:
+        assert f"`{row.tag}`" in doc and f"`{row.example}`" in doc, row.tag
+
+
+def test_xla_flags_are_split_into_flags():
+    assert reasons.xla_flags("--xla_cpu_max_isa=SSE4_2  --xla_dump_to=/tmp/d --a --a=2") == {
+        "--xla_cpu_max_isa": "SSE4_2", "--xla_dump_to": "/tmp/d", "--a": "2"}
+    assert reasons.xla_flags(None) == {} and reasons.xla_flags("'--x=a b") == {"'--x": "a", "b": ""}
+
+
+@pytest.mark.parametrize("op,cls", [
+    ("aten::native_batch_norm", "reduction"), ("aten::native_layer_norm", "reduction"),
+    ("aten::native_group_norm.default", "reduction"), ("aten::_softmax", "reduction"),
+    ("aten::_log_softmax.default", "reduction"), ("reduce_sum", "reduction"),
+    ("reduce_precision", "elementwise"), ("aten::addmm", "matmul"),
+    ("conv_general_dilated", "matmul"), ("aten::convolution", "matmul"),
+    ("dot_general", "matmul"), ("aten::tanh", "transcendental"), ("aten::add.Tensor", "elementwise")])
+def test_op_classes(op, cls):
+    assert causes.op_class(op) == cls
+
+
+def _xla(a, b):
+    return [{"key": "env.XLA_FLAGS", "category": "env", "a": a, "b": b}]
+
+
+def test_each_xla_flag_that_differs_gets_its_own_reason():
+    env = _xla("--xla_cpu_enable_fast_math=true --xla_dump_to=/tmp/a",
+               "--xla_force_host_platform_device_count=4 --xla_dump_to=/tmp/a")
+    got = causes.environment(env, "reduce_sum", "jax", True).causes
+    by_flag = {(c.a or c.b).split("=")[0]: c for c in got}
+    assert set(by_flag) == {"--xla_cpu_enable_fast_math", "--xla_force_host_platform_device_count"}
+    assert "fast math" in by_flag["--xla_cpu_enable_fast_math"].reason
+    assert "device count" in by_flag["--xla_force_host_platform_device_count"].reason
+    assert got[0].a is None and got[0].b == "--xla_force_host_platform_device_count=4"
+    isa = causes.environment(_xla(None, "--xla_cpu_max_isa=SSE4_2"), "dot_general", "jax", True)
+    assert "instruction set" in isa.causes[0].reason and isa.causes[0].rank == 0
+    other = causes.environment(_xla("--xla_cpu_some_new_flag=1", None), "reduce_sum", "jax", True)
+    assert re.search(r"--xla_cpu_some_new_flag: an XLA flag;", other.causes[0].reason)
+    # XLA flags change no torch op
+    assert not causes.environment(env, "aten::sum", "torch", True).causes
+
+
+# -- real divergences -----------------------------------------------------------------------
+
+def test_xla_fast_math_has_its_own_reason(recorded):
+    runs = recorded.many({"a": (SMALL_MLP[0], SMALL_MLP[1:], None),
+                          "b": (SMALL_MLP[0], SMALL_MLP[1:], FAST_MATH)})
+    an = explain_json(runs["a"], runs["b"])
+    if an["origin"] is None:
+        pytest.skip("XLA fast math changes nothing in this MLP on this machine")
+    first = an["environment"]["causes"][0]
+    assert first["key"] == "env.XLA_FLAGS" and first["a"] is None
+    assert first["b"] == "--xla_cpu_enable_fast_math=true"
+    assert first["reason"].startswith("--xla_cpu_enable_fast_math: XLA fast math")
