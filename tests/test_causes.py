@@ -1,6 +1,7 @@
 """Environment causes that fit the op (issue 36.3, 36.5; issue 37.2): the reason table
-(`diff/explain/reasons.py`) walked row by row, each XLA flag with its own reason, and a
-real divergence: a JAX MLP with XLA fast math (its own reason)."""
+(`diff/explain/reasons.py`) walked row by row, each XLA flag with its own reason, and real
+divergences: a BatchNorm MLP with OMP_NUM_THREADS=1 vs 2 (thread count first) and a JAX
+MLP with XLA fast math (its own reason)."""
 
 import os
 import re
@@ -11,6 +12,8 @@ from tracediff.diff.explain import causes, reasons
 
 from .helpers import ROOT, explain_json
 
+BATCHNORM = ("torch_batchnorm.py", "--steps", "1")
+THREADS_1, THREADS_2 = {"OMP_NUM_THREADS": "1"}, {"OMP_NUM_THREADS": "2"}
 SMALL_MLP = ("jax_mlp.py", "--sizes", "8,32,4", "--batch", "8", "--steps", "1")
 FAST_MATH = {"XLA_FLAGS": "--xla_cpu_enable_fast_math=true"}
 
@@ -80,6 +83,24 @@ def test_each_xla_flag_that_differs_gets_its_own_reason():
 
 
 # -- real divergences -----------------------------------------------------------------------
+
+def test_thread_count_is_the_first_cause_of_a_batch_norm_difference(recorded):
+    """OMP_NUM_THREADS=1 vs 2 on a BatchNorm MLP: native_batch_norm's per-channel sums are
+    split across threads, so the values differ where torch runs it multi-threaded."""
+    plain = [recorded.plain(*BATCHNORM, env=e).stdout for e in (THREADS_1, THREADS_2)]
+    if plain[0] == plain[1]:
+        pytest.skip("this machine's torch computes the BatchNorm MLP bitwise alike with 1 and "
+                    "2 threads: no thread-count difference to explain")
+    a, b = (recorded(*BATCHNORM, env=e) for e in (THREADS_1, THREADS_2))
+    an = explain_json(a, b)
+    assert an["origin"]["a"]["op"].startswith("aten::native_batch_norm")
+    assert an["origin"]["inputs_match"] is True
+    env = an["environment"]
+    assert env["op_class"] == "reduction"
+    first = env["causes"][0]
+    assert first["key"] in ("env.OMP_NUM_THREADS", "frameworks.torch.num_threads")
+    assert "thread count" in first["reason"]
+
 
 def test_xla_fast_math_has_its_own_reason(recorded):
     runs = recorded.many({"a": (SMALL_MLP[0], SMALL_MLP[1:], None),
