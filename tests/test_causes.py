@@ -112,3 +112,89 @@ def test_xla_fast_math_has_its_own_reason(recorded):
     assert first["key"] == "env.XLA_FLAGS" and first["a"] is None
     assert first["b"] == "--xla_cpu_enable_fast_math=true"
     assert first["reason"].startswith("--xla_cpu_enable_fast_math: XLA fast math")
+
+
+# -- the accelerator's numerics (issue 37.2) ------------------------------------------------
+
+BF16_PASS = {"PYTHONPATH": os.path.join(ROOT, "tests", "perturb", "bf16_pass")}
+BF16_REVERSED = {**BF16_PASS, "TRACEDIFF_BF16_ORDER": "reverse"}
+FIX = 'jax.default_matmul_precision("highest")'
+
+
+@pytest.fixture(scope="module")
+def bf16(recorded):
+    """flax_dense.py (one Dense, x (4, 64) @ kernel (64, 32)) plainly, with XLA:CPU's
+    float32 dot_general run as a TPU runs it at default precision (one bf16 pass:
+    tests/perturb/bf16_pass), and that bf16 pass summed in reversed order."""
+    runs = recorded.many({"plain": ("flax_dense.py", (), None),
+                          "bf16": ("flax_dense.py", (), BF16_PASS),
+                          "reversed": ("flax_dense.py", (), BF16_REVERSED)})
+    if recorded.proc(runs["plain"]).stdout == recorded.proc(runs["bf16"]).stdout:
+        pytest.skip("a bf16 pass changes nothing in this Dense layer here")
+    return runs
+
+
+def _side(an, side):
+    return [m for m in an["mechanisms"] if m["side"] == side]
+
+
+def test_a_bf16_pass_is_reproduced_bitwise_and_its_fix_named(bf16):
+    an = explain_json(bf16["plain"], bf16["bf16"])
+    assert an["origin"]["a"]["op"] == "dot_general" and an["origin"]["inputs_match"] is True
+    best = _side(an, "b")[0]
+    assert best["name"] == "bf16_inputs" and best["bitwise"] is True
+    line = an["replay"]["mechanism"]
+    assert "b's dot_general is reproduced bitwise by a bf16 pass" in line and FIX in line
+
+
+def test_a_bf16_pass_summed_in_another_order_is_consistent_with_it(bf16):
+    an = explain_json(bf16["plain"], bf16["reversed"])
+    mine = _side(an, "b")
+    assert not any(m["bitwise"] for m in mine)   # no variant sums in reversed order
+    bf = next(m for m in mine if m["name"] == "bf16_inputs")
+    assert bf is mine[0] and 0 < bf["max_ulp"] <= 64
+    line = an["replay"]["mechanism"]
+    assert "b's dot_general is consistent with a bf16 pass" in line and FIX in line
+    assert "no hypothesis reproduces b's" not in line
+
+
+def _on_tpu(src, dst):
+    """A copy of a real CPU trace whose manifest says its JAX ran on a TPU v5e: only
+    frameworks.jax.backend and device_kind are rewritten. Why: CI has no TPU, and this is
+    a unit test of how the backend ranks and what the replay may claim; the numerics of
+    the bf16 pass itself are real (tests above)."""
+    import json
+    import shutil
+
+    import h5py
+
+    shutil.copy(src, dst)
+    os.chmod(dst, 0o644)
+    with h5py.File(dst, "r+") as f:
+        m = json.loads(f["manifest"][()])
+        m["frameworks"]["jax"].update(backend="tpu", device_kind="TPU v5 lite")
+        f["manifest"][()] = json.dumps(m, sort_keys=True)
+    return dst
+
+
+def test_the_backend_ranks_first_and_no_replay_claims_another_backend(bf16, tmp_path):
+    from .helpers import locate_json, run_cli
+
+    b = _on_tpu(bf16["reversed"], tmp_path / "tpu.h5")
+    rep = locate_json(bf16["plain"], b)
+    keys = [e["key"] for e in rep["env_diff"]]
+    assert keys[:2] == ["frameworks.jax.backend", "frameworks.jax.device_kind"]
+    assert {e["category"] for e in rep["env_diff"][:2]} == {"device"}
+    out = run_cli("locate", bf16["plain"], b, "--no-explain", env={"NO_COLOR": "1"}).stdout
+    env_lines = out.split("environment differences (a -> b):\n", 1)[1].splitlines()
+    assert "frameworks.jax.backend: cpu -> tpu" in env_lines[0]   # the short view's first line
+    an = explain_json(bf16["plain"], b)
+    causes = an["environment"]["causes"]
+    assert causes[0]["key"] == "frameworks.jax.backend" and causes[0]["device"] is True
+    devices = [c for c in causes if c.get("device")]
+    assert causes[:len(devices)] == devices and all(c["rank"] >= 1 for c in causes[len(devices):])
+    rv = an["replay"]
+    assert rv["b"]["reproduced_here"] is None and "computed on another backend (tpu)" in \
+        rv["b"]["reason"]
+    assert rv["reproduces"] == "a" and "reproduces b" not in rv["verdict"]
+    assert "b ran it on a TPU at default matmul precision" in rv["mechanism"]
