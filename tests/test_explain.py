@@ -153,7 +153,9 @@ def test_xla_isa_switch(gru):
     rv = an["replay"]
     if rv["replayed"]:   # the origin is an op this machine can re-run: it reproduces a
         assert rv["reproduces"] == "a"
-    assert an["environment"]["causes"][0]["key"] == "env.XLA_FLAGS"
+    cause = an["environment"]["causes"][0]
+    assert cause["key"] == "env.XLA_FLAGS" and cause["b"] == "--xla_cpu_max_isa=SSE4_2"
+    assert cause["reason"].startswith("--xla_cpu_max_isa: instruction set")   # its own reason
     info = an["chain_info"]
     assert info["reaches_target"] in (True, None)
     roles = [lk["role"] for lk in an["chain"]]

@@ -85,3 +85,41 @@ def test_compiled_call_divergence_is_narrowed_by_its_probe(recorded):
     assert cc["narrowed_to"]["op"] == "add" and cc["probe"] is not None
     # run alone, the add rounds twice (no contraction): this machine gives SSE4.2's value
     assert an["replay"]["reproduces"] == "b" and "FMA" in cc["explanation"]
+
+
+def _optax_params(path, step):
+    """{name: bytes} of the params/ values of the optax snapshot of `step` (what `update`
+    was given: the parameters entering that step)."""
+    from tracediff.trace import schema
+
+    with tracediff.load(path) as t:
+        ev = next(i for i in range(len(t)) if t.event(i)["op"] == "optim:optax" and
+                  t.event(i)["step"] == step)
+        return {t.string(r["name"]): t.read_value(r).tobytes()
+                for r in t.value_rows(ev, schema.ROLE_OUT)
+                if r["name"] >= 0 and t.string(r["name"]).startswith("params/")}
+
+
+def test_optax_steps_compare_the_parameters_after_the_step(recorded):
+    """"Parameters first differ after step N" means the same in JAX as in torch. optax.adamw
+    with and without a weight-decay mask on the biases: the biases start at zero, so the
+    decay changes nothing in step 0 and changes the biases in step 1. The truth from the
+    snapshots themselves (optax's holds the params its update was given): the params step
+    1 was given (after step 0) are equal, the ones step 2 was given (after step 1) differ.
+    Before, JAX's "snapshot of step N" held the parameters entering step N (here: first
+    differ in the snapshot of step 2), torch's those after it."""
+    args = ("--side", "flax", "--hidden", "12", "--adamw", "--steps", "3")
+    runs = recorded.many({"a": ("port_mlp_adam.py", args, None),
+                          "b": ("port_mlp_adam.py", args + ("--decay-mask",), None)})
+    a, b = runs["a"], runs["b"]
+    assert _optax_params(a, 1) == _optax_params(b, 1)
+    assert _optax_params(a, 2) != _optax_params(b, 2)
+    r = tracediff.locate(a, b)
+    steps = r.optimizer_steps
+    assert [s.step for s in steps] == [0, 1, 2]
+    assert steps[0].bitwise_equal and not steps[1].bitwise_equal
+    assert "bias" in steps[1].worst
+    # the last step has no next snapshot: params + updates, as optax.apply_updates computes
+    assert not steps[2].bitwise_equal and steps[2].rel_l2 > 0
+    proc = run_cli("locate", a, b, "--no-explain")
+    assert "parameters first differ after step 1" in proc.stdout

@@ -409,6 +409,7 @@ class Cause(_ByKey):
     reason: str
     rank: int
     note: Optional[str] = None
+    device: Optional[bool] = None   # the accelerator's numerics (backend, device kind, precision)
 
 
 @dataclass(repr=False)

@@ -262,7 +262,7 @@ def summary(result: LocateResult, code=md_code, text=md_text) -> str:
     steps = [s for s in result.optimizer_steps if not s.bitwise_equal]
     if steps:
         last = result.optimizer_steps[-1]
-        out.append(f"The parameters first differ in the optimizer snapshot of step "
+        out.append(f"The parameters first differ after optimizer step "
                    f"{steps[0].step}; at the last compared step ({last.step}) the max "
                    f"relative difference is {fmt(last.max_rel)}.")
     env = result.env_diff or []

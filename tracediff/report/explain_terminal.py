@@ -139,7 +139,7 @@ def _print_steps(c, steps):
     if not steps:
         return
     loss = next((s.loss for s in steps if s.loss is not None), None)
-    c.print("[bold]divergence over time[/] (per optimizer step; parameters: relative L2 = "
+    c.print("[bold]divergence over time[/] (per optimizer step; parameters after the step: relative L2 = "
             "||a-b||/||a||" + (f"; loss = the scalar {markup(loss.how)}, "
                                f"{markup(loss.op)}{' at ' + markup(loss.source) if loss.source else ''}"
                                if loss is not None and loss.how else "") + "):")

@@ -330,6 +330,8 @@ def _cause(c):
     out = {"key": c.key, "a": c.a, "b": c.b, "reason": c.reason, "rank": c.rank}
     if c.note is not None:
         out["note"] = c.note
+    if c.device:
+        out["device"] = True
     return out
 
 

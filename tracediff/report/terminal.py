@@ -286,8 +286,9 @@ def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bo
             size = (f"{_unmeasured(s0)}; {worst}" if _unmeasured(s0) else
                     f"relative L2 {_fmt(s0.rel_l2)}, max abs {_fmt(s0.max_abs)}; {worst}; max rel "
                     f"{_fmt(s0.max_rel)}")
-            console.print(f"optimizer steps: {r.optimizer_steps_total} compared; parameters first "
-                          f"differ in the snapshot of step {s0.step} ({size}); last step "
+            console.print(f"optimizer steps: {r.optimizer_steps_total} compared (parameters after each "
+                          f"step); parameters first "
+                          f"differ after step {s0.step} ({size}); last step "
                           f"{last.step}: {_unmeasured(last) or f'relative L2 {_fmt(last.rel_l2)}, max abs {_fmt(last.max_abs)}'}")
         else:
             console.print(f"optimizer steps: {r.optimizer_steps_total} compared, parameters "

@@ -4,6 +4,8 @@ devices, arguments, dtype note, optimizer label) and the per-step optimizer tabl
 
 import math
 
+import numpy as np
+
 from ...trace import schema
 from ...trace.values import has_bytes as comparable, parse_shape
 from ..align import optroles
@@ -58,21 +60,72 @@ class FindingBuilder:
             return None
 
     # -- optimizer steps -------------------------------------------------------------------
+    def _params_after(self, steps, i):
+        """[(name, row_a, row_b, arrays)] of the parameters after the i-th paired optimizer
+        step (`arrays`: (a, b, dtype) when computed here, else None: compare the rows).
+        torch snapshots them after the step; optax's snapshot holds the params `update`
+        was given (before the step) and the updates, so after step N is the params of the
+        snapshot of step N + 1 (what the program carried on with) or, for the last step,
+        params + updates as optax.apply_updates computes them (both sides' bytes needed;
+        without them params and updates are compared by hash and statistics)."""
+        ea, eb = steps[i]
+        pairs = self._out_pairs(ea, eb)
+        if self.ta.string(self.ta.events["op"][ea]) != "optim:optax":
+            return [(k, ra, rb, None) for k, ra, rb in
+                    ([p for p in pairs if str(p[0]).startswith("params/")] or pairs)]
+        step = int(self.ta.events["step"][ea])
+        if i + 1 < len(steps):
+            na, nb = steps[i + 1]
+            if int(self.ta.events["step"][na]) == step + 1 and \
+                    int(self.tb.events["step"][nb]) == int(self.tb.events["step"][eb]) + 1:
+                nxt = [(k, ra, rb, None) for k, ra, rb in self._out_pairs(na, nb)
+                       if str(k).startswith("params/")]
+                if nxt:
+                    return nxt
+        updates = {str(k)[len("updates/"):]: (ra, rb) for k, ra, rb in pairs
+                   if str(k).startswith("updates/")}
+        out = []
+        for k, pa, pb in pairs:
+            if not str(k).startswith("params/"):
+                continue
+            ua, ub = updates.get(str(k)[len("params/"):], (None, None))
+            rows = (pa, pb, ua, ub)
+            if any(r is None for r in rows):
+                out.append((k, pa, pb, None))
+            elif all(comparable(r) for r in rows):
+                xa = _apply_update(self.ra.read(pa), self.ra.read(ua))
+                xb = _apply_update(self.rb.read(pb), self.rb.read(ub))
+                out.append((k, pa, pb, (xa, xb, self.ta.string(pa["dtype"]))))
+            else:
+                out += [(k, pa, pb, None), (f"updates/{str(k)[len('params/'):]}", ua, ub, None)]
+        return out or [(k, ra, rb, None) for k, ra, rb in pairs]
+
+    def _judge(self, row_a, row_b, arrays):
+        """Metrics of a parameter after the step: of the rows, or of the arrays computed."""
+        if arrays is None:
+            return self.compare_rows(row_a, row_b)
+        xa, xb, dtype = arrays
+        m = compare.compare_arrays(xa, xb, dtype, self.rtol, self.atol, ulp=self.ulp)
+        m["bitwise_equal"] = bool(xa.shape == xb.shape and xa.tobytes() == xb.tobytes())
+        return m
+
     def optimizer_steps(self):
+        """Per optimizer step, the parameters after the step (`_params_after`: the same
+        moment in torch and optax) compared: relative L2, max abs, the worst tensor."""
         ia, ib = self.pairs()
         sel = self.sa.kind[ia] == schema.KIND_OPTIM
+        steps = list(zip(ia[sel].tolist(), ib[sel].tolist()))
         rows = []
-        for ea, eb in zip(ia[sel].tolist(), ib[sel].tolist()):
-            pairs = self._out_pairs(ea, eb)
-            names = [p for p in pairs if str(p[0]).startswith("params/")] or pairs
+        for i, (ea, eb) in enumerate(steps):
+            names = self._params_after(steps, i)
             max_rel, max_abs, bit = 0.0, 0.0, True
             worst = (-1.0, None, None, None)   # (own rel L2, name, max abs, max rel)
             l2, read, same, by_rel = compare.RelL2(), False, [], None
             unmeasured = False   # a differing tensor known only by hash and statistics
-            for k, row_a, row_b in names:
+            for k, row_a, row_b, arrays in names:
                 if row_a is None or row_b is None:
                     continue
-                m = self.compare_rows(row_a, row_b)
+                m = self._judge(row_a, row_b, arrays)
                 if m is None:
                     continue
                 read = True
@@ -85,11 +138,14 @@ class FindingBuilder:
                     unmeasured |= not m["bitwise_equal"]
                     continue
                 if m["bitwise_equal"]:   # only its ||a|| counts in the step's figure
-                    same.append(row_a)
+                    same.append(row_a if arrays is None else arrays[0])
                     continue
                 # ||a - b|| / ||a|| of this tensor, and summed into the step's figure
-                xa, xb = self.ra.read(row_a), self.rb.read(row_b)
-                xb = self.transform_b(row_a, row_b, xa, xb)
+                if arrays is None:
+                    xa, xb = self.ra.read(row_a), self.rb.read(row_b)
+                    xb = self.transform_b(row_a, row_b, xa, xb)
+                else:
+                    xa, xb = arrays[0], arrays[1]
                 own = compare.RelL2()
                 own.add(xa, xb)
                 l2.add(xa, xb)
@@ -98,7 +154,7 @@ class FindingBuilder:
                     worst = (v, str(k), dabs, rel)
             if not bit:
                 for row_a in same:
-                    xa = self.ra.read(row_a)
+                    xa = row_a if isinstance(row_a, np.ndarray) else self.ra.read(row_a)
                     l2.add(xa, xa)
             rows.append(OptimizerStep(step=int(self.ta.events[ea]["step"]), a=ea, b=eb,
                                       bitwise_equal=bool(bit),
@@ -109,6 +165,14 @@ class FindingBuilder:
                                       worst_max_abs=worst[2],
                                       max_abs_is_lower_bound=True if unmeasured else None))
         return rows
+
+
+def _apply_update(p, u):
+    """The parameter after an optax step, as optax.apply_updates computes it: p + u in the
+    promoted dtype, cast back to the parameter's."""
+    p, u = np.asarray(p), np.asarray(u)
+    with np.errstate(all="ignore"):
+        return np.asarray(p + u).astype(p.dtype)
 
 
 def _worst_first(x):

@@ -17,15 +17,20 @@ import re
 from typing import Optional
 
 from ..result import Cause, Causes, Inner, ReplayRun
+from . import reasons
 
 MATMUL = re.compile(r"^(aten::)?(dot|vdot|mm|addmm|bmm|baddbmm|addbmm|matmul|mv|addmv|linear|"
                     r"einsum|tensordot|dot_general|conv\w*|_convolution\w*|addr|outer)(\.|$)")
 TRANSCENDENTAL = re.compile(r"^(aten::)?(exp\w*|log\w*|tanh\w*|sigmoid\w*|logistic|sin|cos|tan|"
                             r"sinh|cosh|asin\w*|acos\w*|atan\w*|erf\w*|pow|sqrt|rsqrt|cbrt|gelu\w*|"
-                            r"silu\w*|softplus|_?softmax\w*|_?log_softmax\w*|lgamma|digamma|"
+                            r"silu\w*|softplus|lgamma|digamma|"
                             r"expm\w*|matrix_exp)(\.|$)")
-REDUCTION = re.compile(r"^(aten::)?(sum|mean|reduce_\w+|cumsum|cumprod|cumlogsumexp|var|std|norm|"
-                       r"linalg_vector_norm|prod|logsumexp|amax|amin|\w*_loss\w*)(\.|$)")
+# sums of many terms, the normalisation layers (mean and variance) and softmax included
+REDUCTION = re.compile(r"^(aten::)?(sum|nansum|mean|nanmean|reduce_(?!precision)\w+|cumsum|cumprod|"
+                       r"cumlogsumexp|var|var_mean|std|std_mean|norm|linalg_vector_norm|prod|"
+                       r"logsumexp|amax|amin|\w*_loss\w*|_?softmax\w*|_?log_softmax\w*|"
+                       r"\w*(batch|layer|group|instance|rms)_norm\w*|_batch_norm_impl_index\w*|"
+                       r"renorm|_weight_norm\w*)(\.|$)")
 LINALG = re.compile(r"^(aten::)?(qr|lu|cholesky|eigh?|svd|triangular_solve|linalg_\w+|"
                     r"custom_linear_solve|householder_product|schur)(\.|$)")
 
@@ -34,8 +39,8 @@ def op_class(op: str) -> str:
     """matmul, transcendental, reduction, linear-algebra, compiled (a jit call) or
     elementwise: what an environment setting has to touch to change the op."""
     base = op.split(":", 1)[1] if op.startswith("jit:") else op
-    for name, rx in (("matmul", MATMUL), ("transcendental", TRANSCENDENTAL),
-                     ("reduction", REDUCTION), ("linear-algebra", LINALG)):
+    for name, rx in (("matmul", MATMUL), ("reduction", REDUCTION),
+                     ("transcendental", TRANSCENDENTAL), ("linear-algebra", LINALG)):
         if rx.match(base):
             return name
     if op.startswith("jit:"):
@@ -43,39 +48,6 @@ def op_class(op: str) -> str:
     return "elementwise"
 
 
-_ALL_CLASSES = {"matmul", "transcendental", "reduction", "linear-algebra", "elementwise",
-                "compiled"}
-_CAUSES = {
-    # (category or key regex, op classes it can affect, reason)
-    # an aten op whose kernel was replaced from Python (trace/manifest.dispatcher_overrides)
-    "kernel": (re.compile(r"^frameworks\.\w+\.python_kernels\."), _ALL_CLASSES,
-               "a kernel registered from Python replaces the library's kernel of this op"),
-    "isa": (re.compile(r"^(cpu\.isa_flags|cpu\.model|env\.XLA_FLAGS|env\.MKL_ENABLE_INSTRUCTIONS|"
-                       r"env\.MKL_CBWR|env\.ATEN_CPU_CAPABILITY|frameworks\.torch\.cpu_capability|"
-                       r"env\.OPENBLAS_CORETYPE|env\.DNNL_MAX_CPU_ISA|env\.ONEDNN_MAX_CPU_ISA)"),
-            {"matmul", "transcendental", "reduction", "linear-algebra", "elementwise", "compiled"},
-            "instruction set / kernel selection: vector width and FMA change rounding"),
-    "tf32": (re.compile(r"(tf32|matmul_precision|default_matmul_precision|allow_bf16|"
-                        r"allow_fp16_reduced|precision)", re.I),
-             {"matmul"}, "reduced-precision matmul setting (TF32 / bf16 passes)"),
-    "blas": (re.compile(r"(MKL_|OPENBLAS|BLIS|blas|mkl|onednn|mkldnn|dnnl|lapack)", re.I),
-             {"matmul", "linear-algebra", "reduction"}, "BLAS / oneDNN library or setting"),
-    "threads": (re.compile(r"(threads|OMP_NUM|MKL_NUM|OPENBLAS_NUM|XLA_FLAGS)", re.I),
-                {"matmul", "reduction", "linear-algebra"},
-                "thread count changes the reduction order"),
-    "fastmath": (re.compile(r"(fast_math|fastmath|xla_cpu_enable_fast|denormal|flush|ftz)", re.I),
-                 {"transcendental", "elementwise", "reduction", "compiled", "matmul"},
-                 "fast-math / denormal setting"),
-    "x64": (re.compile(r"(x64|enable_x64|default_dtype|float64)", re.I),
-            {"matmul", "transcendental", "reduction", "linear-algebra", "elementwise", "compiled"},
-            "default precision"),
-    # code and native libraries loaded besides the script (trace/manifest.py)
-    "startup": (re.compile(r"^(env\.(PYTHONPATH|PYTHONHOME|PYTHONSTARTUP|PYTHONUSERBASE|"
-                           r"PYTHONNOUSERSITE|LD_PRELOAD|LD_LIBRARY_PATH|DYLD_\w+)$|startup\.|"
-                           r"libraries\.|frameworks\.\w+\.libraries\.)"), _ALL_CLASSES,
-                "code or native libraries loaded besides the script (a sitecustomize on "
-                "PYTHONPATH, a preloaded or another BLAS/libm) can replace any op"),
-}
 # a path variable or a library that differs is common between machines: among them only
 # math libraries rank high
 _MATH_LIBRARY = re.compile(r"(libm\b|libm[.-]|libmvec|sleef|blas|lapack|mkl|dnnl|onednn|omp)",
@@ -83,6 +55,30 @@ _MATH_LIBRARY = re.compile(r"(libm\b|libm[.-]|libmvec|sleef|blas|lapack|mkl|dnnl
 _FRAMEWORK_PACKAGES = {"jax": ("jax", "jaxlib", "jax-cuda", "jax_cuda", "ml_dtypes", "flax", "optax",
                                "scipy", "numpy"),
                        "torch": ("torch", "numpy", "mkl", "intel-openmp")}
+
+
+def _xla_flag_causes(a, b, op, cls):
+    """One cause per XLA flag whose setting differs, each with its own reason
+    (`reasons.XLA_FLAG_REASONS`): "(unset)" where a side does not set it."""
+    fa, fb = reasons.xla_flags(a), reasons.xla_flags(b)
+    out = []
+    for name in sorted(set(fa) | set(fb), key=lambda n: list(fa).index(n) if n in fa
+                       else len(fa) + list(fb).index(n)):
+        if fa.get(name) == fb.get(name):
+            continue
+        row = reasons.reason_for(name, cls, reasons.XLA_FLAG_REASONS)
+        if row is None:
+            continue
+
+        def shown(flags):
+            if name not in flags:
+                return None
+            return f"{name}={flags[name]}" if flags[name] else name
+
+        out.append(Cause(key="env.XLA_FLAGS", a=shown(fa), b=shown(fb),
+                         reason=f"{name}: {row.text}; {op} is a {cls} op",
+                         rank=row.rank_for(cls)))
+    return out
 
 
 def _pkg_versions(diff):
@@ -123,38 +119,43 @@ def environment(env_diff: list, op: str, framework: Optional[str], inputs_match:
                       f"version difference acts earlier (see the origin)")
             rank = 4
         causes.append(Cause(key=f"packages.{name}", a=pkg_a, b=pkg_b, reason=reason, rank=rank))
+    jax_op = framework in (None, "jax")   # XLA flags and JAX's device settings: JAX ops only
     for e in env_diff:
         k = e["key"]
         if k.startswith("packages.") or (k.startswith("frameworks.") and k.endswith(".version")):
             continue
         if e.get("category") in ("host", "script", "recording", "python", "os"):
             continue
-        for tag, (rx, classes, why) in _CAUSES.items():
-            if rx.search(k) and cls in classes:
-                rank = {"isa": 1, "tf32": 1, "blas": 2, "fastmath": 2, "threads": 3,
-                        "x64": 2, "kernel": 2, "startup": 1}[tag]
-                if tag == "startup" and not k.startswith("startup."):
-                    rank = 1 if _MATH_LIBRARY.search(k) and not k.startswith("env.") else 3
-                if tag == "kernel":   # the origin op itself runs a replaced kernel: rank 0
-                    target = k.split(".python_kernels.", 1)[1]
-                    why = (f"{target} runs a kernel registered from Python on one side only: "
-                           f"it replaces the library's kernel")
-                    if target.split(".")[0] == op.split(".")[0]:
-                        rank = 0
-                if tag == "tf32" and cls == "matmul":
-                    rank = 0
-                if tag == "isa" and cls in ("matmul", "transcendental"):
-                    rank = 0 if k != "cpu.model" else 1
-                a, b = e.get("a"), e.get("b")
-                if k == "cpu.isa_flags":
-                    a = ", ".join(e.get("numeric_only_in_a") or []) or "-"
-                    b = ", ".join(e.get("numeric_only_in_b") or []) or "-"
-                    if a == "-" and b == "-":
-                        break
-                causes.append(Cause(key=k, a=a, b=b, reason=f"{why}; {op} is a {cls} op",
-                                    rank=rank))
-                break
-    causes.sort(key=lambda c: c.rank)
+        if k == "env.XLA_FLAGS":
+            if jax_op:
+                causes += _xla_flag_causes(e.get("a"), e.get("b"), op, cls)
+            continue
+        row = reasons.reason_for(k, cls)
+        if row is None or (row.device and not jax_op):
+            continue
+        rank, why = row.rank_for(cls), row.text
+        if row.tag == "startup" and not k.startswith("startup."):
+            rank = 1 if _MATH_LIBRARY.search(k) and not k.startswith("env.") else 3
+        if row.tag == "kernel":   # the origin op itself runs a replaced kernel: rank 0
+            target = k.split(".python_kernels.", 1)[1]
+            why = (f"{target} runs a kernel registered from Python on one side only: "
+                   f"it replaces the library's kernel")
+            if target.split(".")[0] == op.split(".")[0]:
+                rank = 0
+        if row.tag == "isa" and k == "cpu.model":
+            rank = max(rank, 1)
+        a, b = e.get("a"), e.get("b")
+        if k == "cpu.isa_flags":
+            a = ", ".join(e.get("numeric_only_in_a") or []) or "-"
+            b = ", ".join(e.get("numeric_only_in_b") or []) or "-"
+            if a == "-" and b == "-":
+                continue
+        causes.append(Cause(key=k, a=a, b=b, reason=f"{why}; {op} is a {cls} op",
+                            rank=rank, device=row.device or None))
+    if any(c.device for c in causes):   # the op ran on another device: host keys come after
+        causes = [c if c.device else dataclasses.replace(c, rank=max(c.rank, 1))
+                  for c in causes]
+    causes.sort(key=lambda c: (c.rank, not c.device))
     if replay and replay.reproduces in ("a", "b") and causes:
         here = replay.reproduces
         other = "b" if here == "a" else "a"

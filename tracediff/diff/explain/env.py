@@ -26,7 +26,11 @@ CATEGORY_OF_TOP = {"packages": "package", "cpu": "cpu", "env": "env", "jax": "ja
                    "libraries": "library"}
 # kernel-override: an op whose kernel was replaced from Python (torch.library) on one side;
 # startup: sitecustomize/usercustomize; library: the native numeric libraries loaded
-RANK = {"kernel-override": 0, "package": 0, "startup": 1, "library": 1, "cpu": 1, "env": 2,
+# device: the accelerator's numerics (backend, device kind, default matmul precision),
+# shown first: a TPU-vs-CPU difference is about them before any host CPU key or TPU_* variable
+DEVICE_KEYS = ("frameworks.jax.backend", "frameworks.jax.device_kind",
+               "frameworks.jax.jax_default_matmul_precision")
+RANK = {"device": -1, "kernel-override": 0, "package": 0, "startup": 1, "library": 1, "cpu": 1, "env": 2,
         "jax-config": 3, "torch-config": 3, "threads": 4, "python": 5, "os": 6, "recording": 7,
         "script": 8, "other": 8, "host": 9}
 
@@ -62,6 +66,8 @@ def _compile_summary(c):
 
 
 def _category(key):
+    if key in DEVICE_KEYS:
+        return "device"
     parts = key.split(".")
     if parts[0] == "frameworks" and len(parts) > 2 and parts[2] == "python_kernels":
         return "kernel-override"
@@ -154,6 +160,8 @@ def env_diff(ma, mb):
         out.append(_isa_entry(ia, ib))
 
     def rank(e):
+        if e["category"] == "device":   # in DEVICE_KEYS' order
+            return (RANK["device"], DEVICE_KEYS.index(e["key"]), e["key"])
         cat = RANK.get(e["category"], 8)
         hot = 0 if (_HOT.search(e["key"]) or e["key"] == "cpu.isa_flags") else 1
         return (cat, hot, e["key"])

@@ -48,8 +48,9 @@ MAX_EXPR_NODES = 8         # ops of a fused expression followed back from the or
 DESCRIPTIONS = {
     "tf32_inputs": "TF32-rounded inputs (an Ampere or newer NVIDIA GPU with allow_tf32, or "
                    "matmul precision 'high')",
-    "bf16_inputs": "bfloat16-rounded inputs (a bf16 matmul pass: TPU default precision, matmul "
-                   "precision 'medium', autocast)",
+    "bf16_inputs": "a bf16 pass: inputs rounded to bfloat16, products accumulated in float32 "
+                   "(a TPU's float32 matmul at default precision, matmul precision 'medium', "
+                   "autocast)",
     "fp16_inputs": "float16-rounded inputs (a half-precision matmul, autocast)",
     "reciprocal_multiply": "division as multiplication by the reciprocal, x * (1/y) (a compiler "
                            "rewrite of division by a constant, fast math)",
@@ -101,6 +102,8 @@ class Case:
     kernel: object = None       # inputs -> [outputs]: the op as this machine runs it
     wide: object = None         # inputs -> [outputs] in float64 (float32 ops) or long double
     expr: object = None         # Expr: the fused expression the op ends, or None
+    backend: str = ""           # where the side ran it (the manifest's frameworks.jax.backend)
+    matmul_precision: object = None   # the manifest's jax_default_matmul_precision
 
 
 def base_name(op):
@@ -616,6 +619,22 @@ def _rounded_inputs(prob, rounders):
             except Exception:   # the kernel refuses the input: that variant is skipped
                 continue
             yield f"{words}, this machine's {prob.case.op} kernel", _cast(out, prob.out)
+            if mode == "rounded to bfloat16" and prob.case.framework == "jax":
+                # the op itself on bfloat16 operands, accumulating in float32 (its
+                # preferred_element_type): XLA's own bf16 pass, as a TPU runs it
+                import ml_dtypes
+
+                for s in prob.slots:
+                    ins[s] = np.asarray(ins[s]).astype(ml_dtypes.bfloat16)
+                try:
+                    params = dict(prob.case.params or {})
+                    params["preferred_element_type"] = _replay.Named("np_dtype", "float32")
+                    call = _replay.JaxCall(prob.case.op, params, len(ins))
+                    out = np.asarray(call.run(ins)[0]).reshape(-1)[prob.positions]
+                except Exception:   # the op refuses bfloat16 operands: skipped
+                    continue
+                yield (f"{words}, this machine's {prob.case.op} on bfloat16 operands (float32 "
+                       f"accumulation)"), _cast(out, prob.out)
 
 
 def _h_tf32(prob):
@@ -935,18 +954,77 @@ def _fmt_ulp(x):
 FAR_ULP = 1e6
 
 
-def summary(mechs, ops):
-    """One line: which hypothesis reproduces each side bitwise, or the closest one."""
+# a reduced-precision hypothesis this close, where none is bitwise, is what the side ran
+# with an accumulation order of its own (a TPU's, a GPU's tensor cores): "consistent with"
+CONSISTENT_ULP = 64
+REDUCED_PRECISION = ("tf32_inputs", "bf16_inputs", "fp16_inputs")
+# the settings that make a float32 matmul a bf16 pass on a TPU (jax_default_matmul_precision)
+_BF16_DEFAULTS = (None, "default", "fastest", "bfloat16", "BF16_BF16_F32")
+
+
+def tpu_default_precision(case):
+    """True when a side's matmul ran on a TPU at default precision: one bf16 pass."""
+    if case is None or case.backend != "tpu" or base_name(case.op) not in MATMUL_OPS:
+        return False
+    op_precision = (case.params or {}).get("precision")
+    default_op = op_precision is None or "DEFAULT" in str(op_precision).upper()
+    return default_op and case.matmul_precision in _BF16_DEFAULTS
+
+
+def fix_for(name, case):
+    """The setting that removes a reduced-precision mechanism, for the side's framework."""
+    fw = getattr(case, "framework", None)
+    if name == "bf16_inputs" and fw == "jax":
+        return ('jax.default_matmul_precision("highest") around the computation, or '
+                'jax_default_matmul_precision="highest" (or precision=lax.Precision.HIGHEST '
+                'on the op)')
+    if name in ("tf32_inputs", "bf16_inputs") and fw == "torch":
+        return ('torch.set_float32_matmul_precision("highest") and '
+                'torch.backends.cuda.matmul.allow_tf32 = False (no autocast region)')
+    if name == "tf32_inputs" and fw == "jax":
+        return 'jax.default_matmul_precision("highest")'
+    return None
+
+
+def _consistent(mine, case):
+    """The reduced-precision mechanism a side is consistent with (not bitwise: within
+    CONSISTENT_ULP, and the closest hypothesis or, on a TPU at default precision, the bf16
+    pass), else None."""
+    for m in mine:
+        if m.name in REDUCED_PRECISION and not m.bitwise and m.max_ulp <= CONSISTENT_ULP and \
+                (m is mine[0] or (m.name == "bf16_inputs" and tpu_default_precision(case))):
+            return m
+    return None
+
+
+def summary(mechs, ops, cases=None):
+    """One line: which hypothesis reproduces each side bitwise, the reduced-precision one
+    it is consistent with, or the closest one; with the fix of a reduced-precision one."""
     parts = []
     for side in ("a", "b"):
         mine = [m for m in mechs if m.side == side]
         if not mine:
             continue
         op = ops.get(side) or "op"
+        case = (cases or {}).get(side)
         best = mine[0]
+        tpu = (f"; {side} ran it on a TPU at default matmul precision" if
+               tpu_default_precision(case) else "")
+        close = None if best.bitwise else _consistent(mine, case)
         if best.bitwise:
+            fix = fix_for(best.name, case)
             parts.append(f"{side}'s {op} is reproduced bitwise by "
-                         f"{DESCRIPTIONS.get(best.name, best.name)} [{best.name}: {best.note}]")
+                         f"{DESCRIPTIONS.get(best.name, best.name)} [{best.name}: {best.note}]"
+                         + (tpu if best.name == "bf16_inputs" else "")
+                         + (f"; fix: {fix}" if fix else ""))
+        elif close is not None:
+            fix = fix_for(close.name, case)
+            parts.append(f"{side}'s {op} is consistent with {DESCRIPTIONS.get(close.name)}, "
+                         f"{_fmt_ulp(close.max_ulp)} ULP from its closest variant (the order in "
+                         f"which the kernel that ran it accumulates is not reproduced here) "
+                         f"[{close.name}: {close.note}]" + (tpu if close.name == "bf16_inputs"
+                                                             else "")
+                         + (f"; fix: {fix}" if fix else ""))
         else:
             # a count of a million ULP and more is a different value, not a rounding
             far = not best.max_ulp < FAR_ULP
@@ -988,6 +1066,9 @@ def _case(d, side, event, info, inputs_of):
     else:
         def wide(xs):
             return call.run(xs, upcast=True)
+    jax_manifest = ((trace.manifest or {}).get("frameworks") or {}).get("jax") or {}
     return Case(side=side, framework=info["framework"], op=info["op"], params=call.params,
                 inputs=info["inputs"], outputs=info["recorded"], kernel=call.run, wide=wide,
-                expr=expr)
+                expr=expr, backend=str(jax_manifest.get("backend") or "")
+                if info["framework"] == "jax" else "",
+                matmul_precision=jax_manifest.get("jax_default_matmul_precision"))

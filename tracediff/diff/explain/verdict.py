@@ -30,6 +30,8 @@ CLOSER_BY = "total absolute error"
 # ULP counts are shown only while the two values agree to this relative difference: beyond
 # it (14.0 vs 0.0 is 1.1e9 ULP) a count of representable numbers says nothing rel does not
 ULP_MAX_REL = 1e-2
+# a side whose op ran on another backend than this machine's: no "reproduces" claim
+OTHER_BACKEND = "computed on another backend"
 
 
 def _side(d, side):
@@ -171,6 +173,13 @@ def replay_verdict(d, ea: int, eb: int) -> ReplayRun:
             info["here"] = here
             info["reproduced"] = len(here) == len(recorded) and all(
                 _bits_equal(h, r) for h, r in zip(here, recorded))
+            there, mine = recorded_backend(_side(d, side)[0], e["framework"]), \
+                replay_backend(e["framework"])
+            if there and mine and there != mine:
+                # computed on another backend: replaying it here says nothing of that machine
+                info["reproduced"] = None
+                info["reason"] = (f"{OTHER_BACKEND} ({there}); this machine replays on {mine}: "
+                                  f"not the backend that computed it")
         except _replay.CannotReplay as exc:
             info["reason"] = str(exc)
         except Exception as exc:  # a damaged value, an odd op: never fail the report
@@ -243,12 +252,11 @@ def replay_verdict(d, ea: int, eb: int) -> ReplayRun:
                 res.closer = "equal"
             else:
                 res.closer = "a" if fa.sum_abs < fb.sum_abs else "b"
-    ra, rb = res.a.reproduced_here, res.b.reproduced_here
-    res.reproduces = ("both" if ra and rb else "a" if ra else "b" if rb else
-                      "neither" if ra is False or rb is False else None)
+    res.reproduces = _reproduces(res)
     res.machine = _machine(sides[src]["framework"])
     res.mechanisms = _mechanisms.hypotheses(cases)
-    res.mechanism = _mechanisms.summary(res.mechanisms, {s: sides[s]["op"] for s in ("a", "b")})
+    res.mechanism = _mechanisms.summary(res.mechanisms, {s: sides[s]["op"] for s in ("a", "b")},
+                                        cases)
     res.verdict = _verdict_text(res)
     return res
 
@@ -265,12 +273,43 @@ def _not_judged(d, res, ea, eb, sides, dtypes):
     if diffs:
         text += f"; the op's arguments differ: {_args.text(diffs)}"
     res.not_judged = text
-    ra, rb = res.a.reproduced_here, res.b.reproduced_here
-    res.reproduces = ("both" if ra and rb else "a" if ra else "b" if rb else
-                      "neither" if ra is False or rb is False else None)
+    res.reproduces = _reproduces(res)
     res.machine = _machine(sides["a" if "call" in sides["a"] else "b"]["framework"])
     res.verdict = _verdict_text(res)
     return res
+
+
+def _reproduces(res):
+    """both / a / b / neither / None: which sides this machine reproduces bitwise. A side
+    computed on another backend (`OTHER_BACKEND`) is never claimed either way: only what
+    the other side says is."""
+    ra, rb = res.a.reproduced_here, res.b.reproduced_here
+    other = [s for s in ("a", "b") if (getattr(res, s).reason or "").startswith(OTHER_BACKEND)]
+    if other:
+        return "a" if ra else "b" if rb else None
+    return ("both" if ra and rb else "a" if ra else "b" if rb else
+            "neither" if ra is False or rb is False else None)
+
+
+def recorded_backend(trace, framework):
+    """The backend a side's JAX ops ran on (the manifest's frameworks.jax.backend), or None."""
+    if framework != "jax":
+        return None
+    jax_manifest = ((getattr(trace, "manifest", None) or {}).get("frameworks") or {}).get("jax")
+    backend = (jax_manifest or {}).get("backend") if isinstance(jax_manifest, dict) else None
+    return str(backend) if backend else None
+
+
+def replay_backend(framework):
+    """The backend this machine replays JAX ops on, or None."""
+    if framework != "jax":
+        return None
+    try:
+        import jax
+
+        return jax.default_backend()
+    except Exception:  # no JAX here: nothing replayed on it
+        return None
 
 
 def _machine(framework):
@@ -283,6 +322,7 @@ def _machine(framework):
             import jax
 
             out["jax"] = jax.__version__
+            out["backend"] = jax.default_backend()
             out["XLA_FLAGS"] = os.environ.get("XLA_FLAGS")
         elif framework == "torch":
             import torch
@@ -378,4 +418,8 @@ def _verdict_text(res):
         parts.append("this machine reproduces both from their own inputs")
     elif rep == "neither":
         parts.append("this machine reproduces neither a nor b")
+    for side in ("a", "b"):   # a side computed on another backend: no claim, and why
+        mine = getattr(res, side)
+        if mine is not None and mine.replayed and mine.reproduced_here is None and mine.reason:
+            parts.append(f"{side}: {mine.reason}")
     return "; ".join(parts) if parts else "replayed, no verdict"
