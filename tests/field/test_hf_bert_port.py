@@ -141,13 +141,18 @@ def test_correct_port_matches(traces, case):
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
-def test_gpt2_correct_port_matches(traces, attn):
+def test_gpt2_correct_port_is_never_diverged_nor_a_thin_match(traces, attn):
     """A second family: HF GPT2Model (Conv1D layers: `addmm` on (in, out) weights) against
-    FlaxGPT2Model, the causal mask and the padding mask combined differently on each side."""
+    FlaxGPT2Model, the causal mask and the padding mask combined differently on each side.
+    Its pairing stops after layer 0's attention (the masks pair with nothing): it used to
+    say MATCH on 4 of torch's 55 computing units compared; it now says INCONCLUSIVE until
+    the pairing reaches the bar, and never DIVERGED (the truth: every module agrees)."""
     rows, first = truth(attn, "none", GPT2)
     assert first is None and len(rows) > 10, rows
     r = _locate(traces[f"gpt2_{attn}"])
-    assert r.verdict == "match" and r.exit_code == 0, r.first_beyond_tolerance
+    assert r.verdict in ("match", "inconclusive"), r.first_beyond_tolerance
+    assert (r.verdict == "match") == r.coverage.sufficient, r.coverage.reasons
+    assert r.exit_code == (0 if r.verdict == "match" else 3)
 
 
 # case: (the module tracediff names, as a torch path; the op on torch's side or inside)

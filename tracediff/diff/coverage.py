@@ -15,8 +15,9 @@ and compared, no capture stopped or lost, no truncated trace.
 
 Two frameworks: a side's counted units are those that are the other side's work too:
 paired units, and units from the side's first pair on that compute from a value both
-sides were handed (data, weights). RNG, initialisers and a Flax `init`'s forward on its
-fresh weights are counted apart (`setup`). A unit inside a paired module (a LayerNorm's
+sides were handed (data, weights). RNG, initialisers, a Flax `init`'s forward on its
+fresh weights and optax's own ops (compared by role at the optimizer snapshots, like
+torch's ops inside `optimizer.step`) are counted apart (`setup`). A unit inside a paired module (a LayerNorm's
 `reduce_sum` under the LayerNorm paired at its output, an activation read by the next
 layer) counts as paired: its result flows into a compared one of the same module. A unit
 whose result reaches only compared units of unrelated modules does not.
@@ -223,9 +224,11 @@ def _port_units(g, m, external):
     counted = [False] * len(units)
     first = min((u.rep for u, p in zip(units, paired) if p), default=None)
     readers = _Readers(g)
+    src = g.t.events["source"]
     for k in sorted(range(len(units)), key=lambda k: -units[k].rep):
         if not paired[k] and ((first is not None and units[k].rep < first) or not (
-                g.support[k] and external & g.support[k])):
+                g.support[k] and external & g.support[k]) or
+                _optimizer_internal(g, src[units[k].rep])):
             continue
         counted[k] = True
         if covered[k]:
@@ -235,6 +238,15 @@ def _port_units(g, m, external):
                                          units[v].module.startswith(mod + "/"))
                          for v in readers.units(k))
     return counted, covered
+
+
+def _optimizer_internal(g, source):
+    """A JAX unit that optax ran (its moments, its norms): the optimizer is compared by
+    role at its snapshots, as torch's ops inside `optimizer.step` are, not unit by unit."""
+    return g.fw == schema.FW_JAX and OPTAX_FRAME in g.t.string(source)
+
+
+OPTAX_FRAME = "/optax/"
 
 
 # -- one side ----------------------------------------------------------------------------------

@@ -282,7 +282,7 @@ def _side_coverage(s) -> str:
             f"{' rank ' + str(s.rank) if s.rank is not None else ''}: {s.paired:,} of "
             f"{s.events:,} {s.counted} paired ({pct(s.paired)}), {s.compared:,} compared "
             f"({pct(s.compared)}){' [' + phases + ']' if phases else ''}"
-            f"{f' (+{s.setup:,} setup units not counted: RNG, initialisers)' if s.setup else ''}; "
+            f"{f' (+{s.setup:,} units not counted: RNG, initialisers, optimizer internals)' if s.setup else ''}; "
             f"{s.values_with_data:,} of {s.values:,} values with bytes or hash "
             f"({fmt_bytes(s.bytes)})")
 
