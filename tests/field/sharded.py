@@ -75,7 +75,9 @@ def truth(runs, program):
 
 
 def losses(stdout):
-    return re.findall(r"^rank (\d+) step (\d+) loss (\S+)$", stdout, re.M)
+    """(rank, step, loss) sorted: the ranks print in whatever order they get there, at
+    times into one line of the shared output"""
+    return sorted(re.findall(r"rank (\d+) step (\d+) loss ([-+0-9.e]+\d)", stdout))
 
 
 def check_recorded_in_full(runs):
