@@ -1,0 +1,54 @@
+"""The truth of an HF port, independent of tracediff (CLIP text and ViT field tests): torch
+forward hooks on every module and Flax `capture_intermediates`, paired by module path; the
+first module, in the order torch's modules finish, whose output differs beyond float32
+tolerance."""
+
+import numpy as np
+
+RTOL, ATOL = 1e-5, 1e-6     # float32 (compare.DEFAULT_TOLERANCES)
+
+
+def first_array(x):
+    """The first array of a module's output (a tuple, a transformers ModelOutput)."""
+    while isinstance(x, (tuple, list)) or hasattr(x, "to_tuple"):
+        x = x.to_tuple()[0] if hasattr(x, "to_tuple") else x[0]
+    return np.asarray(x.detach().numpy() if hasattr(x, "detach") else x, np.float64)
+
+
+def first_differing(tmodel, run_torch, fmodel, params, flax_args):
+    """(first differing module path or None, modules compared)."""
+    import jax
+    import torch
+
+    outs, order = {}, []
+
+    def hook(name):
+        def fn(_m, _i, output):
+            outs[name] = first_array(output)
+            order.append(name)
+        return fn
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in tmodel.named_modules() if n]
+    with torch.no_grad():
+        run_torch(tmodel)
+    for h in handles:
+        h.remove()
+    _, inter = fmodel.module.apply({"params": params}, *flax_args,
+                                   capture_intermediates=True, mutable=["intermediates"])
+    flat = {}
+    for path, v in jax.tree_util.tree_flatten_with_path(
+            inter["intermediates"], is_leaf=lambda x: isinstance(x, tuple))[0]:
+        keys = [getattr(k, "key", getattr(k, "idx", None)) for k in path]
+        if keys and keys[-1] == "__call__":
+            flat[".".join(str(k) for k in keys[:-1])] = first_array(v)
+    compared, first = 0, None
+    for name in order:
+        a, b = flat.get(name), outs[name]
+        if a is None or a.size != b.size:
+            continue
+        if a.ndim == 4 and a.shape != b.shape and a.shape == tuple(np.array(b.shape)[[0, 2, 3, 1]]):
+            a = a.transpose(0, 3, 1, 2)       # a Flax conv's NHWC output against torch's NCHW
+        compared += 1
+        if first is None and (np.abs(a.reshape(b.shape) - b) > ATOL + RTOL * np.abs(b)).any():
+            first = name
+    return first, compared

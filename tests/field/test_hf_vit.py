@@ -1,0 +1,82 @@
+"""HF transformers' ViTModel against its FlaxViTModel port (tests/field/programs/hf_vit.py):
+random weights converted by transformers' own converter, the same images.
+
+The correct port MATCHes with every computing unit of both sides paired and compared. With
+the position embeddings shifted by one patch in the converted parameters, `locate` said
+MATCH (2 ops paired); the truth (hooks and `capture_intermediates`, hf_truth.py) differs from
+the embeddings on. It must never be a MATCH: DIVERGED at the truth's module, or INCONCLUSIVE.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tracediff
+
+from ..helpers import ROOT
+from .hf_truth import first_differing
+
+pytestmark = pytest.mark.field
+
+PROGRAM = os.path.join(ROOT, "tests", "field", "programs", "hf_vit.py")
+CASES = ("none", "shift", "eps")
+
+
+def _program():
+    spec = importlib.util.spec_from_file_location("hf_vit_program", PROGRAM)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hf_vit")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop("XLA_FLAGS", None)
+    out = {}
+    for bug in CASES:
+        path = str(d / f"{bug}.h5")
+        r = subprocess.run([sys.executable, "-m", "tracediff", "record", "-o", path, PROGRAM,
+                            "--bug", bug], cwd=d, env=env, capture_output=True, text=True,
+                           timeout=900)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+        out[bug] = path
+    return out
+
+
+def truth(bug):
+    import torch
+    prog = _program()
+    x = prog.batch()
+    tmodel, state = prog.torch_model("eager")
+    fmodel, params = prog.flax_model(state, bug)
+    return first_differing(tmodel, lambda m: m(pixel_values=torch.from_numpy(x)), fmodel,
+                           params, (np.transpose(x, (0, 2, 3, 1)),))   # the module: NHWC
+
+
+def test_correct_port_matches_with_everything_compared(traces):
+    first, compared = truth("none")
+    assert first is None and compared > 10
+    r = tracediff.locate(traces["none"], explain=False)
+    assert r.verdict == "match" and r.exit_code == 0, (r.first_beyond_tolerance, r.coverage)
+    c = r.coverage
+    assert c.sufficient and c.b.paired == c.b.events > 20 and c.a.compared >= 0.9 * c.a.events
+
+
+@pytest.mark.parametrize("bug", ["shift", "eps"])
+def test_a_port_bug_is_never_a_match(traces, bug):
+    first, _ = truth(bug)
+    assert first is not None
+    r = tracediff.locate(traces[bug], explain=False)
+    assert r.verdict != "match", (first, r.coverage)
+    if r.verdict == "diverged":
+        mod = r.first_beyond_tolerance.layer["module"]
+        b = mod["b"].replace("/", ".")
+        assert b.startswith(first) or first.startswith(b), (mod, first)
+    else:
+        assert r.exit_code == 3 and not r.coverage.sufficient
