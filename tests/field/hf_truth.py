@@ -1,11 +1,32 @@
-"""The truth of an HF port, independent of tracediff (CLIP text and ViT field tests): torch
-forward hooks on every module and Flax `capture_intermediates`, paired by module path; the
-first module, in the order torch's modules finish, whose output differs beyond float32
-tolerance."""
+"""HF ports in the field suite (CLIP text, ViT): each case recorded as a user records it, and
+the truth independent of tracediff: torch forward hooks on every module and Flax
+`capture_intermediates`, paired by module path; the first module, in the order torch's
+modules finish, whose output differs beyond float32 tolerance."""
+
+import os
+import subprocess
+import sys
 
 import numpy as np
 
+from ..helpers import ROOT
+
 RTOL, ATOL = 1e-5, 1e-6     # float32 (compare.DEFAULT_TOLERANCES)
+
+
+def record_cases(program, cases, folder):
+    """{case: trace} of `tracediff record PROGRAM --bug BUG` for each (case, bug)."""
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop("XLA_FLAGS", None)
+    out = {}
+    for name, bug in cases.items():
+        path = str(folder / f"{name}.h5")
+        r = subprocess.run([sys.executable, "-m", "tracediff", "record", "-o", path, program,
+                            "--bug", bug], cwd=folder, env=env, capture_output=True,
+                           text=True, timeout=900)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+        out[name] = path
+    return out
 
 
 def first_array(x):

@@ -122,4 +122,8 @@ def check_clean_runs_match(runs):
     proc = run_cli("locate", runs["dirs"]["clean"], runs["dirs"]["clean2"], "--json",
                    "--no-explain", "--workers", "1")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
-    assert json.loads(proc.stdout)["verdict"] == "match"
+    j = json.loads(proc.stdout)
+    assert j["verdict"] == "match"
+    for side in ("a", "b"):          # every rank's events paired and compared
+        c = j["result"]["coverage"][side] if "result" in j else j["coverage"][side]
+        assert c["paired"] == c["events"] > 0 and c["compared"] >= 0.9 * c["events"], c

@@ -12,8 +12,6 @@ correct port, and a MATCH must carry sufficient coverage.
 
 import importlib.util
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -21,7 +19,7 @@ import pytest
 import tracediff
 
 from ..helpers import ROOT
-from .hf_truth import first_differing
+from .hf_truth import first_differing, record_cases
 
 pytestmark = pytest.mark.field
 
@@ -38,18 +36,7 @@ def _program():
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
-    d = tmp_path_factory.mktemp("hf_clip")
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    env.pop("XLA_FLAGS", None)
-    out = {}
-    for name, bug in CASES.items():
-        path = str(d / f"{name}.h5")
-        r = subprocess.run([sys.executable, "-m", "tracediff", "record", "-o", path, PROGRAM,
-                            "--bug", bug], cwd=d, env=env, capture_output=True, text=True,
-                           timeout=900)
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-        out[name] = path
-    return out
+    return record_cases(PROGRAM, CASES, tmp_path_factory.mktemp("hf_clip"))
 
 
 def truth(bug):

@@ -9,8 +9,6 @@ the embeddings on. It must never be a MATCH: DIVERGED at the truth's module, or 
 
 import importlib.util
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -18,7 +16,7 @@ import pytest
 import tracediff
 
 from ..helpers import ROOT
-from .hf_truth import first_differing
+from .hf_truth import first_differing, record_cases
 
 pytestmark = pytest.mark.field
 
@@ -35,18 +33,7 @@ def _program():
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
-    d = tmp_path_factory.mktemp("hf_vit")
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    env.pop("XLA_FLAGS", None)
-    out = {}
-    for bug in CASES:
-        path = str(d / f"{bug}.h5")
-        r = subprocess.run([sys.executable, "-m", "tracediff", "record", "-o", path, PROGRAM,
-                            "--bug", bug], cwd=d, env=env, capture_output=True, text=True,
-                           timeout=900)
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-        out[bug] = path
-    return out
+    return record_cases(PROGRAM, {b: b for b in CASES}, tmp_path_factory.mktemp("hf_vit"))
 
 
 def truth(bug):
