@@ -5,12 +5,13 @@ more than anything else (a 4096-wide MLP's Adam step: 14 GB of intermediates, 21
 CPU-seconds a step on a TPU v5e's host). Here XLA computes, on the value's device, the
 words64 hash of its exact bytes (trace/values.py: the very function numpy computes for
 values already on the host, so traces from two backends compare hash to hash) and its
-statistics (`values.STAT_FIELDS`), packed into 8 uint32 words a value. Values are queued
-as they are recorded; one jitted program a batch packs them (`dispatch`, before any call
-that may donate them), its small result is copied to the host asynchronously, and the
-writer's reserved rows are filled when it is read (`drain`: at a flush, or when many
-batches are pending). At level full the program computes the hashes alone and the values'
-bytes come back in one batch of asynchronous copies.
+statistics (`values.STAT_FIELDS`), packed into 8 uint32 words a value: inside the values
+program of a call (`--jax-values compiled`, jax_probe), or, for a call's own inputs and
+outputs and eager values, by one small jitted program per dtype and shape run as the value
+is recorded. Only those words are copied to the host, asynchronously, and the writer's
+reserved rows are filled when they are read (`drain`: at a flush, or when many are
+pending). At level full the hashes come the same way and the values' bytes come back in
+one batch of asynchronous copies per call.
 
 The same code runs on XLA:CPU (`record --hash words64`; tests/test_jax_digest.py), where
 it is slower than hashing on the host (xxh3), so the CPU default stays xxh3_64.
@@ -21,8 +22,7 @@ import numpy as np
 from ..trace import values
 
 WORDS = 8                   # uint32 words a value: 2 hash lanes, 4 float32 stats, 2 counts
-BATCH_BYTES = 1 << 30       # device bytes queued before a batch is dispatched
-MAX_PENDING = 64            # batches whose results are not yet read
+MAX_PENDING = 4096          # results not yet read
 
 
 def _fmix32(x):
@@ -187,44 +187,46 @@ def on_device():
 
 
 class DeviceDigests:
-    """The values of one recording queued for hashing on their device (callers hold the
+    """The values of one recording hashed on their device (callers hold the
     session's lock and run with tracediff's own JAX work unrecorded)."""
 
     def __init__(self, writer, quiet):
         self.writer = writer
         self.quiet = quiet            # context manager: tracediff's JAX work, not recorded
         self.with_stats = writer.level != "full"
-        self.queue = []               # (handle, array, nbytes)
-        self.queued_bytes = 0
         self.pending = []             # (device result, [(handle, nbytes)])
         self.values = self.batches = 0
         self._programs = {}
         writer.flush_hooks.append(self.drain)
 
     def add(self, eid, slot, x, role, name, logical=None):
-        """Reserve the row of a value (stats/calls levels: no bytes will cross) and queue
-        the array (`can_digest`)."""
+        """Reserve the row of a value (stats/calls levels: no bytes will cross) and run its
+        program now (`can_digest`); its 8 words are copied to the host asynchronously.
+        One program per dtype and shape, not per batch: a batch's signature changes with
+        what a call stores (its first call stores its arguments, later ones not), and each
+        new one was a compile inside the script's timed loop."""
         handle, nbytes = self.reserve(eid, slot, x, role, name, logical)
-        self.queue.append((handle, x, nbytes))
-        self.queued_bytes += nbytes
-        self.values += 1
-        if self.queued_bytes >= BATCH_BYTES:
-            self.dispatch()
+        with self.quiet():
+            out = self._program(self.with_stats)(x)
+        self.adopt(out, [(handle, nbytes)])
+        if len(self.pending) > MAX_PENDING:
+            self.drain()
 
     def _program(self, with_stats):
         fn = self._programs.get(with_stats)
         if fn is None:
             import jax
 
-            fn = self._programs[with_stats] = jax.jit(lambda xs: packed(xs, with_stats))
+            fn = self._programs[with_stats] = jax.jit(lambda x: packed([x], with_stats))
         return fn
 
     def lanes_of(self, xs):
         """The words64 hashes of arrays on their device, read now (level full)."""
         with self.quiet():
-            res = np.asarray(self._program(False)(list(xs)))
-        return [values.words_finish(a, b, n) for (a, b, _), n in
-                zip(unpack(res, len(xs), False), (x.nbytes for x in xs))]
+            outs = [self._program(False)(x) for x in xs]
+            res = [np.asarray(o) for o in outs]
+        return [values.words_finish(*unpack(r, 1, False)[0][:2], x.nbytes)
+                for r, x in zip(res, xs)]
 
     def adopt(self, out, rows):
         """A packed result computed elsewhere (the values program of a call) for rows
@@ -235,6 +237,7 @@ class DeviceDigests:
             pass
         self.pending.append((out, rows))
         self.values += len(rows)
+        self.batches += 1
 
     def reserve(self, eid, slot, x, role, name=None, logical=None):
         """Reserve a value's row; (handle, nbytes) for `adopt`."""
@@ -270,25 +273,10 @@ class DeviceDigests:
         return True
 
     def dispatch(self):
-        """Run the program over the queued arrays (before a call may donate them); its
-        result is copied to the host asynchronously."""
-        if not self.queue:
-            return
-        batch, self.queue, self.queued_bytes = self.queue, [], 0
-        with self.quiet():
-            out = self._program(self.with_stats)([x for _, x, _ in batch])
-            try:
-                out.copy_to_host_async()
-            except Exception:  # backends without it: read at drain
-                pass
-        self.batches += 1
-        self.pending.append((out, [(h, n) for h, _, n in batch]))
-        if len(self.pending) > MAX_PENDING:
-            self.drain()
+        """Values are hashed as they are added (kept for callers that mark a call's end)."""
 
     def drain(self):
         """Read every dispatched result and fill the writer's reserved rows."""
-        self.dispatch()
         w = self.writer
         pending, self.pending = self.pending, []
         for out, rows in pending:
