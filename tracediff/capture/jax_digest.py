@@ -17,6 +17,8 @@ The same code runs on XLA:CPU (`record --hash words64`; tests/test_jax_digest.py
 it is slower than hashing on the host (xxh3), so the CPU default stays xxh3_64.
 """
 
+import contextlib
+
 import numpy as np
 
 from ..trace import values
@@ -196,6 +198,7 @@ class DeviceDigests:
         self.with_stats = writer.level != "full"
         self.pending = []             # (device result, [(handle, nbytes)])
         self.values = self.batches = 0
+        self._batch = None            # values of a call's outputs, run as one program
         self._programs = {}
         writer.flush_hooks.append(self.drain)
 
@@ -206,11 +209,35 @@ class DeviceDigests:
         what a call stores (its first call stores its arguments, later ones not), and each
         new one was a compile inside the script's timed loop."""
         handle, nbytes = self.reserve(eid, slot, x, role, name, logical)
+        if self._batch is not None:
+            self._batch.append((handle, nbytes, x))
+            return
         with self.quiet():
             out = self._program(self.with_stats)(x)
         self.adopt(out, [(handle, nbytes)])
         if len(self.pending) > MAX_PENDING:
             self.drain()
+
+    @contextlib.contextmanager
+    def outputs(self):
+        """The values added inside run as one program (a call's outputs: the same dtypes
+        and shapes at every step, one compile; one dispatch instead of one a value,
+        measured ~0.25 ms each on a TPU v5e)."""
+        self._batch = []
+        try:
+            yield
+        finally:
+            batch, self._batch = self._batch, None
+            if batch:
+                fn = self._programs.get(("batch", self.with_stats))
+                if fn is None:
+                    import jax
+
+                    ws = self.with_stats
+                    fn = self._programs[("batch", ws)] = jax.jit(lambda xs: packed(xs, ws))
+                with self.quiet():
+                    out = fn([x for _, _, x in batch])
+                self.adopt(out, [(h, n) for h, n, _ in batch])
 
     def _program(self, with_stats):
         fn = self._programs.get(with_stats)

@@ -223,6 +223,12 @@ class JaxCapture(Capture):
         if want == values.WORDS_HASH_NAME and device:
             self.digests = jax_digest.DeviceDigests(w, self._quiet)
 
+    def _outputs(self):
+        """A call's outputs: hashed on the device as one program (jax_digest)."""
+        if self.digests is None or self.session.writer.level == "full":
+            return contextlib.nullcontext()
+        return self.digests.outputs()
+
     @staticmethod
     @contextlib.contextmanager
     def _quiet():
@@ -359,9 +365,10 @@ class JaxCapture(Capture):
                 if valued is not None:
                     self.values_prober.check(name, valued, outs)
                 names = self._result_names(jaxpr, len(outs))
-                for slot, x in enumerate(outs):
-                    self.store(call_id, slot, x, name=names[slot])
-                    self._register(x, call_id, slot)
+                with self._outputs():
+                    for slot, x in enumerate(outs):
+                        self.store(call_id, slot, x, name=names[slot])
+                        self._register(x, call_id, slot)
                 if not _TL.optax_depth:  # a jit call inside an eager optax update is not its end
                     self.flush_optim()
                 if self.digests is not None:
@@ -407,9 +414,10 @@ class JaxCapture(Capture):
                 if record:
                     outs = jax_internals.call_outputs(result)
                     names = self._result_names(jaxpr, len(outs))
-                    for slot, x in enumerate(outs):
-                        self.store(call_id, slot, x, name=names[slot])
-                        self._register(x, call_id, slot)
+                    with self._outputs():
+                        for slot, x in enumerate(outs):
+                            self.store(call_id, slot, x, name=names[slot])
+                            self._register(x, call_id, slot)
                     if self.digests is not None:
                         self.digests.dispatch()
                 if self._has_optax(jaxpr):
