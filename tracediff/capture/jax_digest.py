@@ -37,7 +37,6 @@ def _fmix32(x):
 
 def words(x):
     """Traced: x's exact bytes as little-endian uint32 words, zero-padded (1-D)."""
-    import jax
     import jax.numpy as jnp
     from jax import lax
 
@@ -64,7 +63,6 @@ def words(x):
     out = u[:, 0]
     for k in range(1, per):
         out = out | (u[:, k] << (8 * size * k))
-    del jax
     return out
 
 

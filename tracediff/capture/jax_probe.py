@@ -79,8 +79,9 @@ class Prober:
             if digest:
                 mask[:] = [jax_digest.dtype_ok(x.dtype) and not t for x, t in zip(found, tags)]
                 pk = jax_digest.packed([x for x, m in zip(found, mask) if m], not full)
-                return outs, (found if full else [None if m else x for x, m in zip(found, mask)]), pk
-            if with_stats and not digest:  # statistics computed by XLA next to the values (jax_stats.py)
+                kept = found if full else [None if m else x for x, m in zip(found, mask)]
+                return outs, kept, pk
+            if with_stats:  # statistics computed by XLA next to the values (jax_stats.py)
                 return outs, found, [jax_stats.stats_vector(x) if jax_stats.wants(x) else None
                                      for x in found]
             return outs, found
