@@ -38,8 +38,8 @@ class record:
     Options, as `tracediff record`'s: `level` ("full", "stats", "calls"), `loops`
     ("opaque" or "stepped"), the windows `steps` ("30:40"), `ops` (regex), `modules`
     (globs), `max_bytes` ("2GB"), `probe` (regex on jit function names), `devices`
-    (JAX per-device capture, default True), `jax_values` ("replay" or "compiled": where
-    JAX equation values come from), `codec` ("none" or "zstd": compression of the stored
+    (JAX per-device capture, default True), `jax_values` ("auto", "replay" or "compiled":
+    where JAX equation values come from), `hash` ("auto", "xxh3_64", "words64"), `codec` ("none" or "zstd": compression of the stored
     value bytes), and `frameworks` (default: jax and torch, each
     captured once it is imported). A bad
     option raises ValueError. Source lines are shown relative to the folder of the file
@@ -50,12 +50,14 @@ class record:
                  loops: str = "opaque", steps: Optional[str] = None, ops: Optional[str] = None,
                  modules: Optional[Union[str, Iterable[str]]] = None,
                  max_bytes: Optional[Union[str, int]] = None, probe: Optional[str] = None,
-                 jax_values: str = "replay", codec: str = "none",
-                 frameworks: Iterable[str] = ("jax", "torch"), devices: bool = True) -> None:
+                 jax_values: str = "auto", codec: str = "none",
+                 frameworks: Iterable[str] = ("jax", "torch"), devices: bool = True,
+                 hash: str = "auto") -> None:
         self.path = os.fspath(path)
         self.options = RecordOptions(level=level, loops=loops, steps=steps, ops=ops,
                                      modules=modules, max_bytes=max_bytes, probe=probe,
-                                     devices=devices, jax_values=jax_values, codec=codec)
+                                     devices=devices, jax_values=jax_values, codec=codec,
+                                     hash=hash)
         self.frameworks = tuple(frameworks)
         for fw in self.frameworks:
             if fw not in ("jax", "torch"):

@@ -287,13 +287,20 @@ def main():
 @click.option("--devices/--no-devices", default=True, show_default=True,
               help="JAX: also record every shard/replica of a sharded or replicated array "
                    "with its device, and replay shard_map/pmap bodies device by device.")
-@click.option("--jax-values", type=click.Choice(["replay", "compiled"]), default="replay",
+@click.option("--jax-values", type=click.Choice(["auto", "replay", "compiled"]), default="auto",
               show_default=True,
               help="JAX, levels full/stats: where the values of the equations inside a jit "
                    "call come from. replay: each equation re-run on its own (faithful per "
                    "primitive, slow on long runs). compiled: the call's jaxpr compiled once "
                    "with every intermediate as an output (fast; values of a program XLA may "
-                   "fuse differently, recorded as origin=probe).")
+                   "fuse differently, recorded as origin=probe). auto: compiled on an "
+                   "accelerator (TPU/GPU), replay on the CPU; the trace says which.")
+@click.option("--hash", "hash_name", type=click.Choice(["auto", "xxh3_64", "words64"]),
+              default="auto", show_default=True,
+              help="The hash of each value's exact bytes. words64 is computed by XLA on the "
+                   "device (and by numpy on the host): a CPU trace recorded with --hash "
+                   "words64 compares hash to hash with a TPU trace. auto: words64 where JAX "
+                   "values are hashed on an accelerator, else xxh3_64 (faster on a CPU).")
 @click.option("--codec", type=click.Choice(["none", "zstd"]), default="none", show_default=True,
               help="Compress the stored value bytes (level full) with Zstandard, through the "
                    "hdf5plugin package (pip install tracediff-ml[codec]). Measured on a JAX "
@@ -304,7 +311,7 @@ def main():
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @_guard
 def record(output, loops, frameworks, level, steps, ops, modules, max_bytes, probe, devices,
-           jax_values, codec,
+           jax_values, hash_name, codec,
            script, args):
     """Run SCRIPT [ARGS...] unmodified and record every operation into a trace.
 
@@ -334,7 +341,7 @@ def record(output, loops, frameworks, level, steps, ops, modules, max_bytes, pro
     try:
         options = RecordOptions(level=level, loops=loops, steps=steps, ops=ops, modules=modules,
                                max_bytes=max_bytes, probe=probe, devices=devices,
-                               jax_values=jax_values, codec=codec)
+                               jax_values=jax_values, codec=codec, hash=hash_name)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     written = output_path_for(output)

@@ -82,18 +82,27 @@ class RecordOptions:
     shard_map/pmap bodies per device (capture/jax_devices.py).
     `jax_values`: "replay" (every equation re-run op by op: faithful to each primitive)
     or "compiled" (each call's jaxpr compiled once with every intermediate as an output:
-    fast, the values of a program XLA may fuse differently; docs/performance.md).
+    fast, the values of a program XLA may fuse differently; docs/performance.md), or
+    "auto" (default: compiled on an accelerator, replay on the CPU).
+    `hash`: "auto" (words64 where JAX values are hashed on an accelerator, else
+    xxh3_64), "xxh3_64" or "words64" (computable by XLA: CPU and TPU traces of one script
+    then compare hash to hash; trace/values.py).
     `codec`: "none" or "zstd", compression of the stored value bytes (trace/codec.py)."""
 
     def __init__(self, level="full", loops="opaque", steps=None, ops=None, modules=None,
-                 max_bytes=None, probe=None, devices=True, jax_values="replay", codec="none"):
+                 max_bytes=None, probe=None, devices=True, jax_values="auto", codec="none",
+                 hash="auto"):
         from ..trace.codec import blob_filter
 
         blob_filter(codec)   # ValueError: unknown codec, or hdf5plugin missing
         self.codec = codec or "none"
-        if jax_values not in ("replay", "compiled"):
-            raise ValueError(f"unknown JAX values mode {jax_values!r} (choose replay or compiled)")
+        if jax_values not in ("auto", "replay", "compiled"):
+            raise ValueError(f"unknown JAX values mode {jax_values!r} (choose auto, replay or "
+                             f"compiled)")
         self.jax_values = jax_values
+        if hash not in ("auto", "xxh3_64", "words64"):
+            raise ValueError(f"unknown hash {hash!r} (choose auto, xxh3_64 or words64)")
+        self.hash = hash
         if level not in LEVELS:
             raise ValueError(f"unknown level {level!r} (choose from {', '.join(LEVELS)})")
         if loops not in ("opaque", "stepped"):
@@ -169,12 +178,14 @@ class RecordOptions:
                 "ops": self.ops, "modules": self.modules, "max_bytes": self.max_bytes,
                 "probe": self.probe, "hash": HASH_NAME,
                 **({} if self.devices else {"devices": False}),
-                **({} if self.jax_values == "replay" else {"jax_values": self.jax_values}),
+                **({} if self.jax_values in ("auto", "replay") else
+                   {"jax_values": self.jax_values}),
                 "values": {"full": "bytes of every value (hash of the exact bytes)",
                            "stats": "hash of the exact bytes and statistics per value, no bytes",
                            "calls": "top-level calls and optimizer steps only: hash and "
                                     "statistics per value"}[self.level],
-                **({"jax_values": self.jax_values} if self.jax_values != "replay" else {}),
+                **({"jax_values": self.jax_values} if self.jax_values not in ("auto", "replay")
+                   else {}),
                 **({"codec": self.codec} if self.codec != "none" else {})}
 
 

@@ -22,7 +22,7 @@ import re
 import numpy as np
 
 from ..trace import schema, values
-from . import jax_internals, jax_stats
+from . import jax_digest, jax_internals, jax_stats
 from .optax_tags import OPTAX_TAG
 
 
@@ -36,7 +36,7 @@ class Prober:
         self.values_mode = values_mode
         self.pattern = pattern
         self._re = re.compile(pattern)
-        self._programs = {}   # id(closed jaxpr) -> (closed jaxpr, jitted probe program)
+        self._programs = {}   # id(closed jaxpr) -> (closed jaxpr, jitted probe program, mask)
         self.calls = self.equations = self.same_as_compiled = 0
         self.differs_from_compiled = []
         self.errors = []
@@ -56,8 +56,16 @@ class Prober:
     def _program(self, closed):
         hit = self._programs.get(id(closed))
         if hit is not None and hit[0] is closed:
-            return hit[1]
+            return hit[1], hit[2]
         import jax
+
+        # values hashed (and summarised) on the device (jax_digest): the program returns
+        # one packed uint32 vector for them, and at level stats not the values themselves,
+        # so XLA need not write the intermediates out (a 4096-wide MLP's step: 14 GB);
+        # optax-tagged values are returned (the optimizer step records them)
+        digest = self.values_mode and self.capture.digests is not None
+        full = self.capture.session.writer.level == "full"
+        mask = []   # per found value: digested on the device (filled while tracing)
 
         # statistics in the program only off the CPU: there they save moving every byte
         # across the bus; on the CPU XLA's extra reductions were measured dearer than
@@ -66,18 +74,23 @@ class Prober:
             jax_stats.in_program()
 
         def program(*args):
-            found = []
-            outs = self._walk(closed, list(args), found)
+            found, tags = [], []
+            outs = self._walk(closed, list(args), found, tags)
+            if digest:
+                mask[:] = [jax_digest.dtype_ok(x.dtype) and not t for x, t in zip(found, tags)]
+                pk = jax_digest.packed([x for x, m in zip(found, mask) if m], not full)
+                kept = found if full else [None if m else x for x, m in zip(found, mask)]
+                return outs, kept, pk
             if with_stats:  # statistics computed by XLA next to the values (jax_stats.py)
                 return outs, found, [jax_stats.stats_vector(x) if jax_stats.wants(x) else None
                                      for x in found]
             return outs, found
 
         fn = jax.jit(program)
-        self._programs[id(closed)] = (closed, fn)
-        return fn
+        self._programs[id(closed)] = (closed, fn, mask if digest else None)
+        return fn, (mask if digest else None)
 
-    def _walk(self, closed, vals, found):
+    def _walk(self, closed, vals, found, tags=None):
         """Trace the equations of `closed` (under jax.jit), appending every equation's
         outputs to `found` in the order `_emit` consumes them (inner equations first)."""
         from jax.extend.core import Literal
@@ -94,9 +107,11 @@ class Prober:
             if site.mode == "skip":
                 continue
             ins = [read(v) for v in eqn.invars]
-            outs = self._walk(site.sub, ins, found) if site.mode == "call" else \
+            outs = self._walk(site.sub, ins, found, tags) if site.mode == "call" else \
                 self.capture.bind(eqn, ins)
             found.extend(outs)
+            if tags is not None:
+                tags.extend([_is_tag(site, eqn)] * len(outs))
             for v, x in zip(eqn.outvars, outs):
                 if type(v).__name__ != "DropVar":
                     env[v] = x
@@ -108,9 +123,13 @@ class Prober:
         returns the probe's final outputs (for `check`), None when it could not run."""
         cap = self.capture
         try:
-            res = self._program(closed)(*args)
+            fn, mask = self._program(closed)
+            res = fn(*args)
             outs, found = res[0], res[1]
-            stats = iter(res[2]) if len(res) > 2 else None
+            stats = iter(res[2]) if len(res) > 2 and mask is None else None
+            digested = None
+            if mask is not None:
+                digested = _Digested(cap, mask, res[2], found)
         except Exception as exc:  # never break the script: the probe is extra work
             if len(self.errors) < 100:
                 self.errors.append(f"{name}: {type(exc).__name__}: {str(exc)[:200]}")
@@ -124,20 +143,28 @@ class Prober:
         for slot, r in enumerate(refs):
             w.add_input(pid, slot, *r)
         rest = iter(found)
-        self._emit(closed, list(refs), pid, pid, ns, source, rest, stats)
+        self._emit(closed, list(refs), pid, pid, ns, source, rest, stats, digested)
+        if digested is not None:
+            digested.done()
         for slot, x in enumerate(outs):
             cap.store(pid, slot, x)
         return outs
 
     def check(self, name, outs, compiled):
-        """Did the probe compute what the real program did? (counted in the manifest)"""
-        same = len(outs) == len(compiled) and all(_same_bytes(p, c) for p, c in zip(outs, compiled))
+        """Did the probe compute what the real program did? (counted in the manifest;
+        compared on the device where values are hashed there: no bytes cross)"""
+        if self.capture.digests is not None:
+            same = len(outs) == len(compiled) and self.capture.digests.same(outs, compiled)
+        else:
+            same = len(outs) == len(compiled) and \
+                all(_same_bytes(p, c) for p, c in zip(outs, compiled))
         if same:
             self.same_as_compiled += 1
         elif name not in self.differs_from_compiled:
             self.differs_from_compiled.append(name)
 
-    def _emit(self, closed, refs, call_id, parent, prefix, source, rest, stats=None):
+    def _emit(self, closed, refs, call_id, parent, prefix, source, rest, stats=None,
+              digested=None):
         """One event per equation, values taken from the probe's outputs in walk order."""
         from jax.extend.core import Literal
 
@@ -158,16 +185,16 @@ class Prober:
                                           schema.ORIGIN_PROBE)
             self.equations += 1
             if site.mode == "call":
-                self._emit(site.sub, irefs, call_id, eid, ns, src, rest, stats)
+                self._emit(site.sub, irefs, call_id, eid, ns, src, rest, stats, digested)
             keep = not cap.filtered or cap.opts.selected(site.op, ns)
             for slot, v in enumerate(eqn.outvars):
                 x = next(rest)
                 st = next(stats) if stats is not None else None
-                cap.store(eid, slot, x, store=keep,
-                          stats=None if st is None else np.asarray(st, np.float64))
-                if self.values_mode and site.op == "name" and \
-                        str(eqn.params.get("name", "")).startswith(OPTAX_TAG):
-                    cap._pending_optim[eqn.params["name"][len(OPTAX_TAG):]] = cap._host(x)
+                if digested is None or not digested.take(eid, slot, v, x, keep):
+                    cap.store(eid, slot, x, store=keep,
+                              stats=None if st is None else np.asarray(st, np.float64))
+                if self.values_mode and _is_tag(site, eqn):
+                    cap._pending_optim[eqn.params["name"][len(OPTAX_TAG):]] = cap.optim_value(x)
                 if type(v).__name__ != "DropVar":
                     env[v] = (eid, slot)
 
@@ -183,3 +210,53 @@ def _same_bytes(x, y):
     except Exception:   # tokens: nothing to compare
         return True
     return x.dtype == y.dtype and x.shape == y.shape and values.same_bytes(x, y)
+
+
+def _is_tag(site, eqn):
+    return site.op == "name" and str(eqn.params.get("name", "")).startswith(OPTAX_TAG)
+
+
+class _Digested:
+    """The values of one values-program run hashed on the device: at level stats their
+    rows are reserved and filled from the packed result (read asynchronously, at the next
+    drain); at level full their bytes come back in one batch of asynchronous copies and
+    their hashes from the packed result."""
+
+    def __init__(self, cap, mask, packed, found):
+        self.cap, self.mask, self.packed = cap, iter(mask), packed
+        self.full = cap.session.writer.level == "full"
+        self.rows = []
+        self.hashes = None
+        if self.full:
+            for x, m in zip(found, mask):
+                if m:
+                    try:
+                        x.copy_to_host_async()
+                    except Exception:
+                        pass
+            n = sum(mask)
+            host = np.asarray(packed)
+            sizes = [x.nbytes for x, m in zip(found, mask) if m]
+            self.hashes = iter([values.words_finish(a, b, nb) for (a, b, _), nb in
+                                zip(jax_digest.unpack(host, n, False), sizes)])
+
+    def take(self, eid, slot, var, x, keep):
+        """Record one found value if it was digested; False: the caller stores it."""
+        if not next(self.mask):
+            return False
+        if self.full:
+            h = next(self.hashes)
+            self.cap.store(eid, slot, x, store=keep, h=h)
+            return True
+        if keep:
+            self.rows.append(self.cap.digests.reserve(eid, slot, var.aval, schema.ROLE_OUT))
+        else:   # outside an --ops/--modules window: shape and dtype only
+            aval = var.aval
+            self.cap.session.writer.add_meta_value(eid, slot, str(aval.dtype),
+                                                   tuple(aval.shape), role=schema.ROLE_OUT)
+            self.rows.append((None, 0))
+        return True
+
+    def done(self):
+        if not self.full:
+            self.cap.digests.adopt(self.packed, self.rows)

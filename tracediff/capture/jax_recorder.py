@@ -29,7 +29,8 @@ import weakref
 import numpy as np
 
 from ..trace import schema, values
-from . import Capture, ImportWatcher, jax_devices, jax_internals, jax_probe, nnx_paths, optax_tags
+from . import (Capture, ImportWatcher, jax_devices, jax_digest, jax_host, jax_internals, jax_probe,
+               nnx_paths, optax_tags)
 from .optax_tags import OPTAX_TAG
 
 _CALL_PRIMS = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
@@ -174,9 +175,13 @@ class JaxCapture(Capture):
         # `--jax-values compiled`: each call's equation values come from its jaxpr compiled
         # once (cached per jaxpr) with every equation's outputs as extra outputs, instead of
         # the op-by-op replay; calls matched by --probe keep the replay (and their probe)
-        self.values_mode = getattr(self.opts, "jax_values", "replay")
-        self.values_prober = jax_probe.Prober(self, ".*", values_mode=True) \
-            if self.values_mode == "compiled" and not self.calls_only else None
+        # `auto` (the default) is decided per backend at the first recorded call or
+        # primitive (`_decide`: the script may still choose its platform after importing
+        # jax), as is the trace's hash and hashing on the device (jax_digest)
+        self.digests = self.values_prober = None
+        self.values_mode = getattr(self.opts, "jax_values", "auto")
+        self.host = jax_host.HostReplay(False)
+        self._decided = False
         siu.register_exclusion(os.path.dirname(os.path.abspath(__file__)))
         import jaxlib
 
@@ -189,6 +194,49 @@ class JaxCapture(Capture):
         jax.clear_caches()
         self._optax = ImportWatcher({"optax": self._patch_optax, "flax.nnx": self._patch_nnx})
         self._optax.install()
+
+    def _decide(self):
+        """Per-backend choices, once, before the first value is written."""
+        if self._decided:
+            return
+        self._decided = True
+        import jax
+
+        accelerator = jax.default_backend() != "cpu"
+        self.host.accelerator = jax_host.applies(accelerator)
+        self._choose_hash(self.session.writer)
+        if self.values_mode == "auto":   # the faithful fast default of this backend
+            self.values_mode = "compiled" if accelerator else "replay"
+        self.values_prober = jax_probe.Prober(self, ".*", values_mode=True) \
+            if self.values_mode == "compiled" and not self.calls_only else None
+
+    def _choose_hash(self, w):
+        """The trace's hash (`record --hash`): words64 where values are hashed on their
+        device (an accelerator, by default), which the host computes too (CPU traces
+        compare with TPU traces hash to hash under --hash words64); else xxh3_64."""
+        want = getattr(self.opts, "hash", "auto")
+        device = jax_digest.on_device()
+        if want == "auto":
+            want = values.WORDS_HASH_NAME if device else values.HASH_NAME
+        if not w.use_hash(want):   # values already written (another framework): keep theirs
+            return
+        if want == values.WORDS_HASH_NAME and device:
+            self.digests = jax_digest.DeviceDigests(w, self._quiet)
+
+    def _outputs(self):
+        """A call's outputs: hashed on the device as one program (jax_digest)."""
+        if self.digests is None or self.session.writer.level == "full":
+            return contextlib.nullcontext()
+        return self.digests.outputs()
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _quiet():
+        _TL.suppress += 1
+        try:
+            yield
+        finally:
+            _TL.suppress -= 1
 
     def uninstall(self):
         if not self._orig:
@@ -241,6 +289,13 @@ class JaxCapture(Capture):
                              "shard_map_bodies": self.bodies.bodies if self.session else 0,
                              "device_events": self.bodies.device_events if self.session else 0}
         out["values"] = self.values_mode if self.session else None
+        if self.session:
+            out["values_default"] = "auto: compiled on an accelerator, replay on the CPU" \
+                if getattr(self.opts, "jax_values", "auto") == "auto" else "chosen"
+            out["hash"] = self.session.writer.hash_name
+            out["digests_on_device"] = None if self.digests is None else {
+                "values": self.digests.values, "batches": self.digests.batches}
+            out["replayed_on_host_cpu"] = self.host.manifest()
         if getattr(self, "values_prober", None) is not None:
             out["mode"] = ("shadow: jit calls return their real compiled outputs (origin=compiled); "
                            "the values of the equations inside them come from the call's jaxpr "
@@ -275,6 +330,8 @@ class JaxCapture(Capture):
         orig = self._orig["impl"]
         if _TL.suppress or not self.session.active or not self._core.trace_state_clean():
             return orig(*args, jaxpr=jaxpr, **params)
+        if not self._decided:
+            self._decide()
         if self.calls_only or not self._in_window():
             return self._call_light(orig, args, jaxpr, params)
         _TL.suppress += 1  # everything below is tracediff's own JAX work: never recorded
@@ -283,31 +340,39 @@ class JaxCapture(Capture):
                 call_id = self._record_call_start(params.get("name", "?"), jaxpr, args)
                 name = params.get("name", "?")
                 replayed = valued = None
-                if self.values_prober is not None and not (
+                host = self.host.wants(jaxpr)   # float64/complex128 on an accelerator
+                if self.values_prober is not None and not host and not (
                         self.prober is not None and self.prober.wants(name)):
                     valued = self.values_prober.record(call_id, name, jaxpr, args, self._call_refs,
                                                        self._call_ns, self._call_source)
                 if valued is None:  # replay mode, a --probe'd call, or the program failed
-                    replayed = self._replay_call(call_id, jaxpr, args)
+                    replayed = self._replay_call(call_id, jaxpr, args, host)
                 probed = None
-                if self.prober is not None and self.prober.wants(name) and replayed is not None:
+                if self.prober is not None and self.prober.wants(name) and replayed is not None \
+                        and not host:
                     # before the real call, which may donate (delete) its arguments
                     probed = self.prober.record(call_id, name, jaxpr, args, self._call_refs,
                                                 self._call_ns, self._call_source)
                 self._cur_device = None
+                if self.digests is not None:   # before the call may donate its arguments
+                    self.digests.dispatch()
                 result = orig(*args, jaxpr=jaxpr, **params)
                 outs = jax_internals.call_outputs(result)
-                self._measure_replay(name, replayed, outs)
+                if not host:
+                    self._measure_replay(name, replayed, outs)
                 if probed is not None:
                     self.prober.check(name, probed, outs)
                 if valued is not None:
                     self.values_prober.check(name, valued, outs)
                 names = self._result_names(jaxpr, len(outs))
-                for slot, x in enumerate(outs):
-                    self.store(call_id, slot, x, name=names[slot])
-                    self._register(x, call_id, slot)
+                with self._outputs():
+                    for slot, x in enumerate(outs):
+                        self.store(call_id, slot, x, name=names[slot])
+                        self._register(x, call_id, slot)
                 if not _TL.optax_depth:  # a jit call inside an eager optax update is not its end
                     self.flush_optim()
+                if self.digests is not None:
+                    self.digests.dispatch()
         finally:
             _TL.suppress -= 1
         _TL.intercepted = True
@@ -343,13 +408,18 @@ class JaxCapture(Capture):
                         w.add_input(call_id, slot, *ref)
                         self.store(call_id, slot, x, name=names[slot], role=schema.ROLE_IN,
                                     store=self._arg_needs_bytes(ref))
+                if self.digests is not None:   # before the call may donate its arguments
+                    self.digests.dispatch()
                 result = orig(*args, jaxpr=jaxpr, **params)
                 if record:
                     outs = jax_internals.call_outputs(result)
                     names = self._result_names(jaxpr, len(outs))
-                    for slot, x in enumerate(outs):
-                        self.store(call_id, slot, x, name=names[slot])
-                        self._register(x, call_id, slot)
+                    with self._outputs():
+                        for slot, x in enumerate(outs):
+                            self.store(call_id, slot, x, name=names[slot])
+                            self._register(x, call_id, slot)
+                    if self.digests is not None:
+                        self.digests.dispatch()
                 if self._has_optax(jaxpr):
                     self.step += 1
         finally:
@@ -394,6 +464,8 @@ class JaxCapture(Capture):
             _TL.suppress += 1
             try:
                 out = orig(trace, prim, args, params)
+                if not capture._decided:
+                    capture._decide()
                 with capture.session.lock:
                     capture._record_eager(prim, params, args, out)
             finally:
@@ -438,7 +510,13 @@ class JaxCapture(Capture):
         if len(self._producers) > 200_000:  # drop dead entries now and then
             self._producers = {k: v for k, v in self._producers.items() if v[0]() is not None}
 
-    def store(self, eid, slot, x, name=None, role=schema.ROLE_OUT, store=True, stats=None):
+    def optim_value(self, x):
+        """An optax-tagged value kept for the step's event: on the host, or left on its
+        device where values are hashed there (stored by `store` at `flush_optim`)."""
+        return x if self.digests is not None and jax_digest.can_digest(x) else self._host(x)
+
+    def store(self, eid, slot, x, name=None, role=schema.ROLE_OUT, store=True, stats=None,
+              h=None):
         w = self.session.writer
         dtype = getattr(x, "dtype", None)
         if dtype is None:
@@ -454,6 +532,11 @@ class JaxCapture(Capture):
             import jax
 
             logical, x = str(dtype), jax.random.key_data(x)
+        if h is None and self.digests is not None and jax_digest.can_digest(x):
+            if w.level != "full":   # hash and statistics on the device: no bytes cross
+                self.digests.add(eid, slot, x, role, name, logical)
+                return
+            h = self.digests.lanes_of([x])[0]
         try:
             arr = np.asarray(x)
         except Exception:  # tokens, non-addressable arrays: keep shape and dtype only
@@ -461,7 +544,7 @@ class JaxCapture(Capture):
             if self.per_device:   # a process's own shards of a multi-process array
                 self.shards += jax_devices.store_shards(w, eid, slot, x, None, role, logical)
             return
-        w.add_value(eid, slot, arr, role=role, name=name, logical_dtype=logical, stats=stats)
+        w.add_value(eid, slot, arr, role=role, name=name, logical_dtype=logical, stats=stats, h=h)
         if self.per_device:
             self.shards += jax_devices.store_shards(w, eid, slot, x, arr, role, logical)
 
@@ -525,7 +608,7 @@ class JaxCapture(Capture):
         self.eager += 1
         w = self.session.writer
         if prim.name == "name" and str(params.get("name", "")).startswith(OPTAX_TAG):
-            self._pending_optim[params["name"][len(OPTAX_TAG):]] = self._host(out)
+            self._pending_optim[params["name"][len(OPTAX_TAG):]] = self.optim_value(out)
         refs = [self.producer(x) for x in args]
         eid = w.add_event(framework=schema.FW_JAX, kind=schema.KIND_EAGER, op=prim.name,
                           origin=schema.ORIGIN_EAGER, params=_summarize_params(params),
@@ -550,12 +633,22 @@ class JaxCapture(Capture):
             return None
 
     # -- replay --------------------------------------------------------------------------------
-    def _replay_call(self, call_id, closed, args):
+    def _replay_call(self, call_id, closed, args, host=False):
         effects = [e for e in closed.effects if "Debug" not in type(e).__name__]
         if effects:  # ordered effects, io_callback, state: replay would repeat side effects
             self.opaque_calls += 1
             return
         try:
+            if host:   # on the host CPU (jax_host): never op by op on the accelerator
+                args = self.host.inputs(args)
+                if args is None:
+                    self.opaque_calls += 1
+                    return None
+                import jax
+
+                with jax.default_device(self.host.device()):
+                    return self._interpret(closed, list(args), list(self._call_refs), call_id,
+                                           call_id, self._call_ns, -1, self._call_source)[0]
             return self._interpret(closed, list(args), list(self._call_refs), call_id, call_id,
                                    self._call_ns, -1, self._call_source)[0]
         except Exception as exc:  # never break the script: the compiled call still runs
@@ -637,7 +730,7 @@ class JaxCapture(Capture):
             for slot, (v, x) in enumerate(zip(eqn.outvars, outs)):
                 self.store(eid, slot, x, store=keep)
                 if site.op == "name" and str(eqn.params.get("name", "")).startswith(OPTAX_TAG):
-                    self._pending_optim[eqn.params["name"][len(OPTAX_TAG):]] = self._host(x)
+                    self._pending_optim[eqn.params["name"][len(OPTAX_TAG):]] = self.optim_value(x)
                 if type(v).__name__ != "DropVar":
                     env[v] = (x, (eid, slot))
         return [read(v)[0] for v in jaxpr.outvars], [read(v)[1] for v in jaxpr.outvars]
@@ -731,7 +824,7 @@ class JaxCapture(Capture):
                           step=self.step)
         for slot, (name, arr) in enumerate(sorted(self._pending_optim.items())):
             if arr is not None:
-                w.add_value(eid, slot, arr, name=name)
+                self.store(eid, slot, arr, name=name)
         self._pending_optim = {}
         self.step += 1
 

@@ -9,7 +9,7 @@ the bytes come to the host in one transfer per group, into pinned memory with
 `non_blocking=True` and one synchronisation. The host then hashes each value (xxh3_64 of
 the exact bytes, as for CPU values) and stores its bytes (full level) or its statistics
 (stats level). The code path is device-agnostic; on a CPU-only machine it is exercised
-with CPU tensors (tests/test_fast_capture.py). docs/gpu.md says what remains to measure.
+with CPU tensors (tests/test_fast_capture.py). docs/accelerators.md says what remains to measure.
 """
 
 import numpy as np

@@ -98,6 +98,73 @@ def as_bytes(c):
 digest = xxhash.xxh3_64_intdigest  # 64-bit hash of exact bytes (any buffer)
 
 
+# -- words64: a hash of exact bytes that XLA computes on the device (issue 37) ------------
+# The bytes, zero-padded to whole little-endian uint32 words w_0..w_{n-1}, give two 32-bit
+# lanes, each a sum mod 2^32 of a bijective mix of (word, position):
+#     lane1 = sum_i fmix32(w_i + i*A1 + B1)
+#     lane2 = sum_i fmix32((w_i ^ C2) * M2 + i*A2 + B2)
+# and the hash is fmix64(lane1 << 32 | lane2, xor the byte count times a constant), never 0.
+# Sums are associative, so XLA reduces them in any order on any backend and gets the same
+# bits (capture/jax_digest.py); numpy computes the same here for values already on the host.
+# Each term is a bijection of its word for a fixed position, so two values that differ in
+# exactly one word (one float32 element, one ULP) always hash differently; other accidental
+# differences collide with probability about 2^-64 (docs/format.md). It is not keyed against
+# an adversary, like xxh3.
+WORDS_HASH_NAME = "words64"
+_A1, _B1, _A2, _B2, _C2, _M2 = 0x9E3779B1, 0x7F4A7C15, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F, \
+    0x165667B1
+_M64 = (1 << 64) - 1
+
+
+def _fmix32(x):
+    x ^= x >> np.uint32(16)
+    x *= np.uint32(0x85EBCA6B)
+    x ^= x >> np.uint32(13)
+    x *= np.uint32(0xC2B2AE35)
+    x ^= x >> np.uint32(16)
+    return x
+
+
+def words_lanes(buf):
+    """(lane1, lane2) of a buffer's bytes (numpy, on the host)."""
+    raw = np.frombuffer(buf, np.uint8) if not isinstance(buf, np.ndarray) else \
+        buf.reshape(-1).view(np.uint8)
+    pad = (-raw.size) % 4
+    if pad:
+        raw = np.concatenate([raw, np.zeros(pad, np.uint8)])
+    w = raw.view("<u4")
+    lanes = []
+    with np.errstate(over="ignore"):
+        for step in range(0, w.size, 1 << 22):      # bounded temporaries (16 MB a chunk)
+            part = w[step:step + (1 << 22)].astype(np.uint32)
+            i = np.arange(step, step + part.size, dtype=np.uint32)
+            one = _fmix32(part + (i * np.uint32(_A1) + np.uint32(_B1)))
+            two = _fmix32((part ^ np.uint32(_C2)) * np.uint32(_M2) + (i * np.uint32(_A2) +
+                                                                        np.uint32(_B2)))
+            lanes.append((int(one.sum(dtype=np.uint32)), int(two.sum(dtype=np.uint32))))
+    return (sum(a for a, _ in lanes) & 0xFFFFFFFF, sum(b for _, b in lanes) & 0xFFFFFFFF)
+
+
+def words_finish(lane1, lane2, nbytes):
+    """The 64-bit words64 hash from its two lanes and the value's byte count."""
+    h = ((int(lane1) << 32) | int(lane2)) ^ ((int(nbytes) * 0x9E3779B97F4A7C15) & _M64)
+    h ^= h >> 33
+    h = (h * 0xFF51AFD7ED558CCD) & _M64
+    h ^= h >> 33
+    h = (h * 0xC4CEB9FE1A85EC53) & _M64
+    h ^= h >> 33
+    return h or 1
+
+
+def words_digest(buf):
+    """words64 of a buffer's exact bytes (the host path of the device hash)."""
+    n = buf.nbytes if hasattr(buf, "nbytes") else len(buf)
+    return words_finish(*words_lanes(buf), n)
+
+
+DIGESTS = {HASH_NAME: digest, WORDS_HASH_NAME: words_digest}
+
+
 def same_bytes(a, b):
     """Do two host arrays of one shape and dtype hold the same bytes? Compared as unsigned
     words of their item size, without two `tobytes()` copies (a JAX train step's call

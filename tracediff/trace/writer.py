@@ -54,7 +54,6 @@ import numpy as np
 
 from ..errors import one_line
 from . import codec as codecs, schema, values
-from .values import digest
 from .sources import LIB_SEP, split_site
 
 FLUSH_ROWS = 20_000
@@ -192,6 +191,11 @@ class TraceWriter:
         # statistics of a batch of values (values.segment_stats's signature); a capture
         # sets its framework's own (capture/torch_stats.py: torch ops on the value's device)
         self.stats_reducer = values.segment_stats
+        # the hash of every value's exact bytes (values.DIGESTS): xxh3_64, or words64 where a
+        # JAX capture hashes on an accelerator (capture/jax_digest.py); one per trace, named
+        # in the manifest's recording.hash (`use_hash`)
+        self.hash_name = values.HASH_NAME
+        self.digest = values.digest
         self.stats_backend = "numpy"
         # callables run at the start of every flush: captures that defer values (device
         # tensors copied asynchronously) complete their reserved rows there
@@ -290,10 +294,11 @@ class TraceWriter:
         return idx
 
     def add_value(self, event, slot, array, *, role=schema.ROLE_OUT, name=None, flags=0,
-                  logical_dtype=None, store=True, stats=None):
+                  logical_dtype=None, store=True, stats=None, h=None):
         """Append one value of `event`. `array` must be a host numpy array (or scalar).
         `stats`: its statistics already computed by the framework (STAT_FIELDS order),
-        used when the value is kept as hash + statistics.
+        used when the value is kept as hash + statistics; `h`: its hash already computed
+        (on the device, with this trace's hash function).
 
         `store=False`: metadata only (no hash). Otherwise the bytes (level "full", under
         `max_bytes`) or the hash and statistics (level "stats", or past the cap); the
@@ -304,7 +309,7 @@ class TraceWriter:
             offset, nbytes, h = -1, 0, 0
         else:
             nbytes = c.nbytes
-            h = values.digest(c)
+            h = self.digest(c) if h is None else h
             offset = self._keep_bytes(event, c, nbytes)
             if offset < 0:
                 flags |= schema.VFLAG_NOT_STORED | schema.VFLAG_STATS
@@ -364,7 +369,7 @@ class TraceWriter:
                 buf = a.tobytes()
         else:
             buf = b""
-        h = digest(buf)
+        h = self.digest(buf)
         offset = self._keep_bytes(event, buf, nbytes)
         if offset < 0:
             flags = schema.VFLAG_NOT_STORED | schema.VFLAG_STATS
@@ -423,7 +428,7 @@ class TraceWriter:
         row = rows[handle]
         nbytes = c.nbytes
         buf = values.as_bytes(c)
-        h = digest(buf)
+        h = self.digest(buf)
         flags = row[3]
         offset = self._keep_bytes(row[0], buf, nbytes)
         if offset < 0:
@@ -435,6 +440,30 @@ class TraceWriter:
                 self._rows["stats"].append((self._counts["values"] + handle, *stats[:4],
                                             int(stats[4]), int(stats[5])))
         rows[handle] = row[:3] + (flags,) + row[4:8] + (offset, nbytes, h)
+
+    def fill_digest(self, handle, nbytes, h, stats=None):
+        """Complete a reserved row with a value's hash (and statistics, STAT_FIELDS order)
+        computed on its device: no bytes cross (levels stats and calls)."""
+        rows = self._rows["values"]
+        row = rows[handle]
+        flags = row[3] | schema.VFLAG_NOT_STORED
+        if stats is not None:
+            flags |= schema.VFLAG_STATS
+            self.stats_values += 1
+            self._rows["stats"].append((self._counts["values"] + handle, *stats[:4],
+                                        int(stats[4]), int(stats[5])))
+        rows[handle] = row[:3] + (flags,) + row[4:8] + (-1, int(nbytes), int(h))
+
+    def use_hash(self, name):
+        """Hash this trace's values with `name` (values.DIGESTS); only before any value."""
+        if name == self.hash_name:
+            return True
+        if self._counts["values"] or self._rows["values"] or name not in values.DIGESTS:
+            return False
+        self.hash_name, self.digest = name, values.DIGESTS[name]
+        rec = dict(self._manifest.get("recording") or {}, hash=name)
+        self.update_manifest(recording=rec)
+        return True
 
     STATS_DIRECT_BYTES = 1 << 16
 
@@ -504,7 +533,7 @@ class TraceWriter:
         bytes are not stored twice; a differing shard's bytes are stored (level full,
         under the byte cap), else only its hash (SHARD_DIGEST)."""
         c, _dtype_name, _storage, shape = values.prepare(array, logical_dtype)
-        h = values.digest(c)
+        h = self.digest(c)
         text = values.shard_index_text(index)
         flags, offset, nbytes = 0, -1, 0
         same = False
@@ -519,7 +548,7 @@ class TraceWriter:
             if expected is None:
                 try:
                     part = values.prepare(whole[tuple(index)] if text else whole, logical_dtype)[0]
-                    expected = cache[text] = (part.shape, part.dtype, values.digest(part))
+                    expected = cache[text] = (part.shape, part.dtype, self.digest(part))
                 except Exception:   # an index the global value does not take: compared by hash
                     expected = cache[text] = ()
             same = expected == (c.shape, c.dtype, h)

@@ -1,0 +1,131 @@
+"""words64 (trace/values.py): the hash XLA computes on the device (capture/jax_digest.py)
+is the hash numpy computes on the host, and equal hashes stand for equal bytes; a JAX
+recording that hashes on the device writes the trace the host path writes; calls holding
+float64/complex128 replayed on the host CPU (capture/jax_host.py) leave the script's
+ending as it is. The device code paths run here on XLA:CPU (TRACEDIFF_JAX_DIGEST_ON_DEVICE,
+TRACEDIFF_JAX_WIDE_ON_HOST), as on a TPU."""
+
+import json
+import textwrap
+
+import h5py
+import numpy as np
+import pytest
+
+from tracediff.trace import values
+
+from .helpers import record, script_env
+
+jax = pytest.importorskip("jax")
+
+
+def _device_hashes(arrays):
+    """words64 of each array computed by the device program (jax_digest) on XLA:CPU."""
+    from tracediff.capture import jax_digest
+
+    fn = jax.jit(lambda xs: jax_digest.packed(xs, True))
+    res = jax_digest.unpack(np.asarray(fn([jax.numpy.asarray(a) for a in arrays])),
+                            len(arrays), True)
+    return [values.words_finish(a, b, np.asarray(x).nbytes) for (a, b, _), x in
+            zip(res, arrays)]
+
+
+def test_words64_on_the_device_equals_the_host():
+    import ml_dtypes
+
+    rng = np.random.default_rng(0)
+    cases = [rng.standard_normal((3, 5)).astype(np.float32),
+             rng.standard_normal(5).astype(ml_dtypes.bfloat16),
+             rng.standard_normal(3).astype(np.float16),
+             rng.integers(0, 255, 7).astype(np.uint8), rng.integers(-9, 9, 5).astype(np.int8),
+             np.array([True, False, True]),
+             (rng.standard_normal(3) + 1j * rng.standard_normal(3)).astype(np.complex64),
+             np.float32(3.0), np.zeros(0, np.float32), rng.integers(0, 9, (2, 3)).astype(np.int32)]
+    for case, h in zip(cases, _device_hashes(cases)):
+        assert h == values.words_digest(values.prepare(case)[0]), case.dtype
+
+
+def test_words64_equal_hash_means_equal_bytes():
+    """Every single-bit change of a float32 value (a one-word difference: always detected
+    by construction), every swap of two elements, and a trailing zero byte give distinct
+    hashes, on the device as on the host."""
+    base = np.linspace(-1, 1, 16, dtype=np.float32)
+    variants = [base]
+    for i in range(base.size):
+        for bit in range(32):
+            v = base.copy()
+            v.view(np.uint32)[i] ^= np.uint32(1 << bit)
+            variants.append(v)
+    for i in range(base.size):
+        for j in range(i + 1, base.size):
+            v = base.copy()
+            v[[i, j]] = v[[j, i]]
+            variants.append(v)
+    host = [values.words_digest(v) for v in variants]
+    assert len(set(host)) == len({v.tobytes() for v in variants}) == len(variants)
+    assert _device_hashes(variants[:40]) == host[:40]
+    assert values.words_digest(np.uint8([1, 2, 3])) != values.words_digest(np.uint8([1, 2, 3, 0]))
+
+
+SCRIPT = textwrap.dedent("""
+    import jax, jax.numpy as jnp
+    jax.config.update("jax_enable_x64", True)
+
+    @jax.jit
+    def wide(x):                 # float64 -> complex128: replayed on the host CPU
+        return jnp.abs((x * 2).astype(jnp.complex128) * 1j).sum()
+
+    @jax.jit
+    def narrow(w, x):            # float32, bfloat16, int8: hashed on the device
+        y = jnp.tanh(x @ w)
+        return y, y.astype(jnp.bfloat16), (y > 0).astype(jnp.int8)
+
+    w = jnp.linspace(-1, 1, 12, dtype=jnp.float32).reshape(4, 3)
+    x = jnp.ones((2, 4), jnp.float32)
+    for _ in range(2):
+        y, b, s = narrow(w, x)
+    print("wide", float(wide(jnp.arange(5.0))), "narrow", float(y.sum()))
+    raise ValueError("the script's own ending")
+""")
+
+
+def _manifest(path):
+    with h5py.File(path, "r") as f:
+        return json.loads(f["manifest"][()])
+
+
+def test_device_hashing_and_host_replay_change_neither_trace_nor_ending(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "wide_narrow.py"
+    script.write_text(SCRIPT)
+    plain = subprocess.run([sys.executable, str(script)], env=script_env(), capture_output=True,
+                           text=True, timeout=300)
+    assert plain.returncode == 1 and "the script's own ending" in plain.stderr
+    on_device = {"TRACEDIFF_JAX_DIGEST_ON_DEVICE": "1", "TRACEDIFF_JAX_WIDE_ON_HOST": "1"}
+    on_host = {"TRACEDIFF_JAX_DIGEST_ON_DEVICE": "0", "TRACEDIFF_JAX_WIDE_ON_HOST": "0"}
+    traces = {}
+    for name, env in (("device", on_device), ("host", on_host)):
+        out = tmp_path / f"{name}.h5"
+        proc = record(str(script), out, env=env, extra=("--level", "stats", "--hash", "words64"),
+                      check=False)
+        assert proc.returncode == plain.returncode, proc.stderr[-2000:]
+        assert proc.stdout == plain.stdout
+        assert "ValueError: the script's own ending" in proc.stderr
+        traces[name] = out
+    md, mh = _manifest(traces["device"]), _manifest(traces["host"])
+    assert md["recording"]["hash"] == mh["recording"]["hash"] == "words64"
+    jd = md["frameworks"]["jax"]
+    assert jd["digests_on_device"]["values"] > 0
+    assert jd["replayed_on_host_cpu"]["calls"] >= 1 and not jd["replay_errors"]
+    assert mh["frameworks"]["jax"]["replayed_on_host_cpu"]["calls"] == 0
+    with h5py.File(traces["device"], "r") as fd, h5py.File(traces["host"], "r") as fh:
+        vd, vh = fd["values"][:], fh["values"][:]
+        assert len(vd) == len(vh)
+        assert (vd["hash"] == vh["hash"]).all()
+        assert (vd["flags"] == vh["flags"]).all()
+        sd, sh = np.sort(fd["stats"][:], order="value"), np.sort(fh["stats"][:], order="value")
+        assert (sd["value"] == sh["value"]).all()   # rows filled later, in another order
+        for field in ("min", "max"):
+            assert np.allclose(sd[field], sh[field], equal_nan=True)

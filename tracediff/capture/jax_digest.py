@@ -1,0 +1,313 @@
+"""Hashes and statistics of JAX values computed where the values are (issue 37).
+
+On an accelerator, copying every value to the host to hash and summarise it there costs
+more than anything else (a 4096-wide MLP's Adam step: 14 GB of intermediates, 21
+CPU-seconds a step on a TPU v5e's host). Here XLA computes, on the value's device, the
+words64 hash of its exact bytes (trace/values.py: the very function numpy computes for
+values already on the host, so traces from two backends compare hash to hash) and its
+statistics (`values.STAT_FIELDS`), packed into 8 uint32 words a value: inside the values
+program of a call (`--jax-values compiled`, jax_probe), or, for a call's own inputs and
+outputs and eager values, by one small jitted program per dtype and shape run as the value
+is recorded. Only those words are copied to the host, asynchronously, and the writer's
+reserved rows are filled when they are read (`drain`: at a flush, or when many are
+pending). At level full the hashes come the same way and the values' bytes come back in
+one batch of asynchronous copies per call.
+
+The same code runs on XLA:CPU (`record --hash words64`; tests/test_jax_digest.py), where
+it is slower than hashing on the host (xxh3), so the CPU default stays xxh3_64.
+"""
+
+import contextlib
+
+import numpy as np
+
+from ..trace import values
+
+WORDS = 8                   # uint32 words a value: 2 hash lanes, 4 float32 stats, 2 counts
+MAX_PENDING = 4096          # results not yet read
+
+
+def _fmix32(x):
+    x = x ^ (x >> 16)
+    x = x * np.uint32(0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = x * np.uint32(0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def words(x):
+    """Traced: x's exact bytes as little-endian uint32 words, zero-padded (1-D)."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    dt = np.dtype(x.dtype)
+    if dt.kind == "c":   # real and imaginary parts interleaved, as in memory
+        part = np.dtype(np.float32) if dt.itemsize == 8 else np.dtype(np.float64)
+        x = jnp.stack([jnp.real(x).astype(part), jnp.imag(x).astype(part)], axis=-1)
+        dt = part
+    if dt.kind == "b":
+        x, dt = x.astype(jnp.uint8), np.dtype(np.uint8)
+    flat = x.reshape(-1)
+    size = dt.itemsize
+    if size == 4:
+        return lax.bitcast_convert_type(flat, jnp.uint32)
+    if size == 8:
+        return lax.bitcast_convert_type(flat, jnp.uint32).reshape(-1)
+    narrow = jnp.uint16 if size == 2 else jnp.uint8
+    u = lax.bitcast_convert_type(flat, narrow).astype(jnp.uint32)
+    per = 4 // size
+    pad = (-u.shape[0]) % per
+    if pad:
+        u = jnp.concatenate([u, jnp.zeros((pad,), jnp.uint32)])
+    u = u.reshape(-1, per)
+    out = u[:, 0]
+    for k in range(1, per):
+        out = out | (u[:, k] << (8 * size * k))
+    return out
+
+
+def lanes(x):
+    """Traced: the two words64 lanes of x (uint32[2]), as values.words_lanes."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    w = words(x)
+    if w.shape[0] == 0:
+        return jnp.zeros((2,), jnp.uint32)
+    i = lax.iota(jnp.uint32, w.shape[0])
+    one = _fmix32(w + (i * np.uint32(values._A1) + np.uint32(values._B1)))
+    two = _fmix32((w ^ np.uint32(values._C2)) * np.uint32(values._M2) +
+                  (i * np.uint32(values._A2) + np.uint32(values._B2)))
+    return jnp.stack([one.sum(dtype=jnp.uint32), two.sum(dtype=jnp.uint32)])
+
+
+def stat_words(x):
+    """Traced: x's statistics as 6 uint32 words (min, max, mean, L2 as float32 bits; NaN
+    and Inf counts), the definitions of values.segment_stats accumulated in float32."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    v = x
+    if np.dtype(x.dtype).kind == "c":
+        v = jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
+    v = v.astype(jnp.float32).reshape(-1)
+    nan = jnp.isnan(v)
+    fin = jnp.isfinite(v)
+    n_nan = nan.sum(dtype=jnp.uint32)
+    n_fin = fin.sum(dtype=jnp.uint32)
+    n_inf = np.uint32(v.shape[0]) - n_fin - n_nan
+    mn = jnp.min(jnp.where(nan, jnp.inf, v))
+    mx = jnp.max(jnp.where(nan, -jnp.inf, v))
+    all_nan = n_nan == v.shape[0]
+    mn = jnp.where(all_nan, jnp.nan, mn)
+    mx = jnp.where(all_nan, jnp.nan, mx)
+    vf = jnp.where(fin, v, 0)
+    mean = jnp.where(n_fin > 0, vf.sum() / jnp.maximum(n_fin, 1).astype(jnp.float32), jnp.nan)
+    l2 = jnp.sqrt((vf * vf).sum())
+    floats = lax.bitcast_convert_type(jnp.stack([mn, mx, mean, l2]), jnp.uint32)
+    return jnp.concatenate([floats, jnp.stack([n_nan, n_inf])])
+
+
+def packed(xs, with_stats):
+    """Traced: one uint32 vector, WORDS (or 2) words per value of xs."""
+    import jax.numpy as jnp
+
+    parts = []
+    for x in xs:
+        parts.append(lanes(x))
+        if with_stats:
+            if x.size:
+                parts.append(stat_words(x))
+            else:   # no elements: NaN statistics, no NaN or Inf counted (as on the host)
+                parts.append(jnp.array([0x7FC00000] * 4 + [0, 0], jnp.uint32))
+    return jnp.concatenate(parts) if parts else jnp.zeros((0,), jnp.uint32)
+
+
+def unpack(host, n, with_stats):
+    """(lane1, lane2, stats or None) per value from a packed result read on the host."""
+    width = WORDS if with_stats else 2
+    rows = np.asarray(host, np.uint32).reshape(n, width)
+    out = []
+    for r in rows:
+        st = None
+        if with_stats:
+            f = r[2:6].view(np.float32).astype(np.float64)
+            st = (float(f[0]), float(f[1]), float(f[2]), float(f[3]), int(r[6]), int(r[7]))
+        out.append((int(r[0]), int(r[1]), st))
+    return out
+
+
+def storage_of(dtype):
+    """(storage dtype name, logical name) of a JAX dtype, as values.prepare names them."""
+    dt = np.dtype(dtype)
+    name = values._dtype_name(dt)
+    if name in values._NATIVE:
+        return name, name
+    return values._UINT_OF_SIZE[dt.itemsize], name
+
+
+def dtype_ok(dtype):
+    """Is this dtype hashed (and summarised) on the device? Real, integer, bool and
+    complex64 values of at most 4-byte parts; not 64-bit floats, integers or complex128
+    (emulated or unimplemented on a TPU, where a lone program over one can abort the
+    process): those, PRNG keys (their key_data is) and float0 take the host path."""
+    try:
+        nd = np.dtype(dtype)
+    except TypeError:   # PRNG key dtypes
+        return False
+    if nd.kind not in "fiubc" or (nd.itemsize > 4 and nd != np.complex64):
+        return False
+    name = values._dtype_name(nd)
+    return name in values._NATIVE or name in values._ML_DTYPES
+
+
+def can_digest(x):
+    """`dtype_ok` and a live array committed to one device (a global array over several
+    keeps the host path, which also records its shards)."""
+    sharding = getattr(x, "sharding", None)
+    if sharding is None or not dtype_ok(getattr(x, "dtype", None)):
+        return False
+    try:
+        return len(sharding.device_set) == 1 and not x.is_deleted()
+    except Exception:
+        return False
+
+def on_device():
+    """Hash and summarise JAX values on their device? On an accelerator backend, unless
+    TRACEDIFF_JAX_DIGEST_ON_DEVICE says otherwise (1: also on XLA:CPU, as the tests run the
+    device code path; 0: never)."""
+    import os
+
+    forced = os.environ.get("TRACEDIFF_JAX_DIGEST_ON_DEVICE")
+    if forced in ("0", "1"):
+        return forced == "1"
+    import jax
+
+    return jax.default_backend() != "cpu"
+
+
+class DeviceDigests:
+    """The values of one recording hashed on their device (callers hold the
+    session's lock and run with tracediff's own JAX work unrecorded)."""
+
+    def __init__(self, writer, quiet):
+        self.writer = writer
+        self.quiet = quiet            # context manager: tracediff's JAX work, not recorded
+        self.with_stats = writer.level != "full"
+        self.pending = []             # (device result, [(handle, nbytes)])
+        self.values = self.batches = 0
+        self._batch = None            # values of a call's outputs, run as one program
+        self._programs = {}
+        writer.flush_hooks.append(self.drain)
+
+    def add(self, eid, slot, x, role, name, logical=None):
+        """Reserve the row of a value (stats/calls levels: no bytes will cross) and run its
+        program now (`can_digest`); its 8 words are copied to the host asynchronously.
+        One program per dtype and shape, not per batch: a batch's signature changes with
+        what a call stores (its first call stores its arguments, later ones not), and each
+        new one was a compile inside the script's timed loop."""
+        handle, nbytes = self.reserve(eid, slot, x, role, name, logical)
+        if self._batch is not None:
+            self._batch.append((handle, nbytes, x))
+            return
+        with self.quiet():
+            out = self._program(self.with_stats)(x)
+        self.adopt(out, [(handle, nbytes)])
+        if len(self.pending) > MAX_PENDING:
+            self.drain()
+
+    @contextlib.contextmanager
+    def outputs(self):
+        """The values added inside run as one program (a call's outputs: the same dtypes
+        and shapes at every step, one compile; one dispatch instead of one a value,
+        measured ~0.25 ms each on a TPU v5e)."""
+        self._batch = []
+        try:
+            yield
+        finally:
+            batch, self._batch = self._batch, None
+            if batch:
+                fn = self._programs.get(("batch", self.with_stats))
+                if fn is None:
+                    import jax
+
+                    ws = self.with_stats
+                    fn = self._programs[("batch", ws)] = jax.jit(lambda xs: packed(xs, ws))
+                with self.quiet():
+                    out = fn([x for _, _, x in batch])
+                self.adopt(out, [(h, n) for h, n, _ in batch])
+
+    def _program(self, with_stats):
+        fn = self._programs.get(with_stats)
+        if fn is None:
+            import jax
+
+            fn = self._programs[with_stats] = jax.jit(lambda x: packed([x], with_stats))
+        return fn
+
+    def lanes_of(self, xs):
+        """The words64 hashes of arrays on their device, read now (level full)."""
+        with self.quiet():
+            outs = [self._program(False)(x) for x in xs]
+            res = [np.asarray(o) for o in outs]
+        return [values.words_finish(*unpack(r, 1, False)[0][:2], x.nbytes)
+                for r, x in zip(res, xs)]
+
+    def adopt(self, out, rows):
+        """A packed result computed elsewhere (the values program of a call) for rows
+        reserved by `reserve`: read and filled at the next drain."""
+        try:
+            out.copy_to_host_async()
+        except Exception:
+            pass
+        self.pending.append((out, rows))
+        self.values += len(rows)
+        self.batches += 1
+
+    def reserve(self, eid, slot, x, role, name=None, logical=None):
+        """Reserve a value's row; (handle, nbytes) for `adopt`."""
+        storage, dname = storage_of(x.dtype)
+        handle = self.writer.reserve_value(eid, slot, dname, storage, tuple(x.shape),
+                                           role=role, name=name, logical=logical)
+        return handle, int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+
+    def same(self, xs, ys):
+        """Do two lists of arrays hold the same bytes? Compared on the device where both
+        can be (one boolean crosses), else on the host."""
+        dev = [(x, y) for x, y in zip(xs, ys) if can_digest(x) and can_digest(y) and
+               x.dtype == y.dtype and x.shape == y.shape]
+        rest = [(x, y) for x, y in zip(xs, ys) if not any(x is a for a, _ in dev)]
+        if dev:
+            fn = self._programs.get("same")
+            if fn is None:
+                import jax
+                import jax.numpy as jnp
+
+                fn = self._programs["same"] = jax.jit(lambda a, b: jnp.stack(
+                    [jnp.array_equal(words(p), words(q)) for p, q in zip(a, b)]).all())
+            with self.quiet():
+                if not bool(fn([x for x, _ in dev], [y for _, y in dev])):
+                    return False
+        for x, y in rest:
+            try:
+                a, b = np.asarray(x), np.asarray(y)
+            except Exception:   # keys, tokens: not compared
+                continue
+            if a.dtype != b.dtype or a.shape != b.shape or not values.same_bytes(a, b):
+                return False
+        return True
+
+    def dispatch(self):
+        """Values are hashed as they are added (kept for callers that mark a call's end)."""
+
+    def drain(self):
+        """Read every dispatched result and fill the writer's reserved rows."""
+        w = self.writer
+        pending, self.pending = self.pending, []
+        for out, rows in pending:
+            with self.quiet():
+                host = np.asarray(out)
+            for (handle, nbytes), (a, b, st) in zip(rows, unpack(host, len(rows),
+                                                                 self.with_stats)):
+                if handle is not None:
+                        w.fill_digest(handle, nbytes, values.words_finish(a, b, nbytes), st)
