@@ -224,8 +224,17 @@ def test_a_damaged_chunk_never_reads_as_values(pair, tmp_path, how):
         c = t._blob.chunks[0]              # frame decompresses its first half right)
         stored = t.values[(t.values["offset"] >= 0) & (t.values["offset"] + t.values["nbytes"] <= c)]
         ev = int(stored["event"][np.argmax(stored["offset"])])
-    _one_line_error(run_cli("show", bad, ev), "damaged")
-    _one_line_error(run_cli("locate", pair[1], bad), "damaged")
+    show, loc = run_cli("show", bad, ev), run_cli("locate", pair[1], bad, "--no-explain")
+    if how == "forged size" and show.returncode != 2:
+        # the frame claims the chunk's size but holds half of it: what the filter leaves in
+        # the rest is whatever its buffer held. It is shown only where it hashes to the
+        # recorded value (then it is the value's bytes, 2^-64): never zeros shown as data
+        assert show.stdout.replace(str(bad), "T") == \
+            run_cli("show", pair[1], ev).stdout.replace(str(pair[1]), "T"), show.stdout[-2000:]
+        assert loc.returncode == 2 or loc.stdout.startswith("MATCH"), loc.stdout[-2000:]
+        return
+    _one_line_error(show, "damaged")
+    _one_line_error(loc, "damaged")
 
 
 def test_chunk_checks(pair):
