@@ -82,6 +82,17 @@ def test_each_xla_flag_that_differs_gets_its_own_reason():
     assert not causes.environment(env, "aten::sum", "torch", True).causes
 
 
+def test_jax_device_settings_change_no_torch_op():
+    """JAX's backend and device kind rows are the accelerator's numerics of JAX ops: a
+    torch op beside them is not explained by them (nor ranks them first)."""
+    env = [{"key": "frameworks.jax.backend", "category": "device", "a": "cpu", "b": "tpu"},
+           {"key": "frameworks.jax.device_kind", "category": "device", "a": "cpu",
+            "b": "TPU v5 lite"}]
+    assert not causes.environment(env, "aten::mm", "torch", True).causes
+    got = causes.environment(env, "dot_general", "jax", True).causes
+    assert [c.key for c in got] == ["frameworks.jax.backend", "frameworks.jax.device_kind"]
+
+
 # -- real divergences -----------------------------------------------------------------------
 
 def test_thread_count_is_the_first_cause_of_a_batch_norm_difference(recorded):

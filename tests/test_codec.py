@@ -246,3 +246,20 @@ def test_chunk_checks(pair):
     assert codec.frame_problem(data[:-1], c) == "is cut short"
     assert codec.frame_problem(data + data, c) == "has bytes after its frame"
     assert codec.frame_problem(data, c + 1) == f"claims {c} bytes, not its {c + 1}"
+
+
+def test_a_frame_of_raw_blocks_too_short_for_its_chunk_is_refused(pair, tmp_path):
+    """Incompressible bytes are stored as raw blocks, whose sizes are exact: half a chunk
+    of them under a header claiming the whole chunk cannot fill it (the filter would leave
+    the rest as whatever its buffer held); the check says so before any byte is read."""
+    with h5py.File(pair[1], "r") as f:
+        c = int(f["blob"].chunks[0])
+    with h5py.File(tmp_path / "scratch.h5", "w") as f:
+        half = np.random.default_rng(0).integers(0, 256, c // 2, dtype=np.uint8)
+        frame = _zstd_frame(f, half)
+        whole = _zstd_frame(f, np.concatenate([half, half[::-1]]))
+    d = frame[4]
+    pos, w = 5 + (0 if (d >> 5) & 1 else 1), (1 if (d >> 5) & 1 else 0, 2, 4, 8)[d >> 6]
+    assert codec.frame_problem(frame, c // 2) is None and codec.frame_problem(whole, c) is None
+    frame[pos:pos + w] = (c - 256 if w == 2 else c).to_bytes(w, "little")
+    assert codec.frame_problem(frame, c) == f"holds blocks that cannot make its {c} bytes"

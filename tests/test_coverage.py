@@ -74,6 +74,24 @@ def test_a_golden_of_metadata_only_values_is_inconclusive(mlp_runs, tmp_path):
     assert cli.stdout.startswith("INCONCLUSIVE") and "nothing was compared" in cli.stdout
 
 
+def test_a_value_marked_uninitialised_is_no_evidence_even_with_a_hash_flag(mlp_runs, tmp_path):
+    """A golden whose rows say uninitialised memory (`torch.empty`) and also carry the hash
+    flag (a damaged or hostile trace: the recorder never writes both): an uninitialised
+    value is never compared, so it is no evidence and the answer is no MATCH."""
+    golden = tmp_path / "golden.h5"
+    shutil.copy(mlp_runs[0], golden)
+    os.chmod(golden, 0o644)
+    with h5py.File(golden, "r+") as f:
+        v = f["values"][...]
+        v["flags"] = v["flags"] | schema.VFLAG_UNINIT | schema.VFLAG_STATS
+        v["offset"] = -1
+        f["values"][...] = v
+    r = tracediff.locate(str(golden), mlp_runs[1], explain=False)
+    assert r.verdict == "inconclusive" and r.exit_code == 3
+    assert r.coverage.b.paired > 0 and r.coverage.b.compared == 0
+    assert any("nothing was compared" in x for x in r.coverage.reasons)
+
+
 def test_a_recording_killed_before_its_first_commit_is_never_a_match(mlp_runs, tmp_path):
     script = tmp_path / "killed.py"
     script.write_text("import os, signal\nimport torch\n"
@@ -162,3 +180,28 @@ def test_the_bar_reads_each_side(tmp_path):
     stop = _coverage.assess(CoverageSide("a", "a.h5", capture=["a.h5: torch capture stopped"],
                                          **full), CoverageSide("b", "b.h5", **full), [])
     assert not stop.sufficient and stop.reasons == ["a.h5: torch capture stopped"]
+
+
+def test_compared_is_a_share_of_the_counted_events_not_of_the_paired_ones():
+    """85 of 100 paired (above the bar) but only 75 of 100 compared: 75 of the 85 paired
+    would pass the bar, 75 of the events counted does not."""
+    from tracediff.diff.result import CoverageSide
+
+    full = dict(events=100, paired=100, compared=100)
+    r = _coverage.assess(CoverageSide("a", "a.h5", **full),
+                         CoverageSide("b", "b.h5", events=100, paired=85, compared=75), [])
+    assert not r.sufficient and r.reasons == [
+        "side b: only 75 of 100 events compared (the others hold no bytes or hash on one side)"]
+
+
+def test_an_op_only_one_run_has_is_unpaired_on_that_side_only(recorded):
+    """b runs one multiply a does not (fixtures/torch_inserted_op.py --insert; the same
+    recordings as test_reports.py): each side reads its partners through its own map
+    (a2b for a, b2a for b), so a is fully compared and b has exactly one unpaired event."""
+    runs = recorded.many({"a": ("torch_inserted_op.py", ()),
+                          "b": ("torch_inserted_op.py", ("--insert",))})
+    r = tracediff.locate(runs["a"], runs["b"], explain=False)
+    a, b = r.coverage.a, r.coverage.b
+    assert a.paired == a.compared == a.events > 0
+    assert b.events == a.events + 1 and b.paired == b.compared == a.events
+    assert [(u.side, u.length, u.op) for u in r.coverage.unpaired] == [("b", 1, "aten::mul.Tensor")]

@@ -129,3 +129,36 @@ def test_device_hashing_and_host_replay_change_neither_trace_nor_ending(tmp_path
         assert (sd["value"] == sh["value"]).all()   # rows filled later, in another order
         for field in ("min", "max"):
             assert np.allclose(sd[field], sh[field], equal_nan=True)
+
+
+CAN_DIGEST = textwrap.dedent("""
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    from tracediff.capture import jax_digest
+    mesh = jax.make_mesh((2,), ("d",))
+    x = jnp.arange(8.0, dtype=jnp.float32)
+    spread = jax.device_put(x, NamedSharding(mesh, P("d")))
+    print(jax_digest.can_digest(x), jax_digest.can_digest(spread))
+""")
+
+
+def test_what_is_hashed_on_the_device():
+    """Real, integer, bool and complex64 values of at most 4-byte parts, committed to one
+    device; 64-bit values (emulated on a TPU) and a global array over several devices
+    (the host path records its shards) are not."""
+    import subprocess
+    import sys
+
+    from tracediff.capture import jax_digest
+
+    for dt in (np.float32, np.float16, np.int8, np.uint8, np.int32,
+               np.bool_, np.complex64):
+        assert jax_digest.dtype_ok(dt), dt
+    for dt in (np.float64, np.int64, np.uint64, np.complex128):
+        assert not jax_digest.dtype_ok(dt), dt
+    env = script_env({"XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+                      "JAX_PLATFORMS": "cpu"})
+    proc = subprocess.run([sys.executable, "-c", CAN_DIGEST], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["True", "False"]

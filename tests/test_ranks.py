@@ -240,6 +240,66 @@ def test_same_runs_match(ddp_runs):
     assert all(r["verdict"] == "match" for r in report["ranks"])
 
 
+def test_one_rank_compared_on_too_little_makes_the_run_inconclusive(ddp_runs, tmp_path):
+    """Rank 1 of the golden keeps metadata only (no bytes, no hash: nothing of it can be
+    compared); ranks 0 and 2 match. No rank differs, but the run is no MATCH."""
+    import h5py
+
+    golden = tmp_path / "golden"
+    shutil.copytree(ddp_runs["clean"], golden)
+    for f in os.listdir(golden):
+        os.chmod(golden / f, 0o644)
+    with h5py.File(golden / "rank1.h5", "r+") as f:
+        v = f["values"][...]
+        v["flags"] = (v["flags"] | schema.VFLAG_NOT_STORED) & ~np.uint8(schema.VFLAG_STATS)
+        v["offset"] = -1
+        f["values"][...] = v
+    proc = run_cli("locate", golden, ddp_runs["clean"], "--json", "--workers", "1",
+                   "--no-explain")
+    assert proc.returncode == 3, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["verdict"] == "inconclusive"
+    assert {r["rank"]: r["verdict"] for r in report["ranks"]} == \
+        {0: "match", 1: "inconclusive", 2: "match"}
+
+
+FUNCTIONAL = """
+import os
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
+dist.init_process_group("gloo", rank=0, world_size=1)
+x = torch.arange(4.0) + 1
+y = funcol.all_reduce(x * 2, "sum", dist.group.WORLD)
+z = (y + 1).sum()
+dist.all_reduce(x)
+print(float(z))
+dist.destroy_process_group()
+"""
+
+
+def test_a_functional_collective_is_counted_once_where_it_is_issued(tmp_path):
+    """DTensor's exchanges are functional collectives: one op issues it (`all_reduce`),
+    others only wrap or wait for its result (`_wrap_tensor_autograd`, `wait_tensor`).
+    The collectives before an event count the issue once, beside the c10d ones."""
+    from tracediff.diff.distributed.ranks import collectives_before
+
+    script, out = tmp_path / "funcol.py", tmp_path / "funcol.h5"
+    script.write_text(FUNCTIONAL)
+    proc = subprocess.run([sys.executable, "-m", "tracediff", "record", "-o", str(out),
+                           str(script)], cwd=ROOT, text=True, capture_output=True, timeout=300,
+                          env=script_env({"PORT": str(30000 + os.getpid() % 1000), **GLOO_ENV}))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with tracediff.load(out) as t:
+        ops = [t.event(i)["op"] for i in range(len(t))]
+        assert "_c10d_functional::all_reduce" in ops and "c10d::allreduce_" in ops
+        issued = ops.index("_c10d_functional::all_reduce")
+        summed = ops.index("aten::sum")
+        last = len(ops) - 1
+        assert [collectives_before(t, i) for i in (issued, summed, last)] == [0, 1, 2]
+
+
 @pytest.mark.parametrize("case", ["empty", "ranks", "not_a_trace", "missing", "misnamed"])
 def test_bad_rank_sets_are_one_line_errors(ddp_runs, tmp_path, case):
     other = tmp_path / "other"

@@ -400,7 +400,37 @@ def test_report_of_a_divergence_that_is_only_structural(inserted, tmp_path, ext)
     head = text.split("First difference: an op only one run has")[0]
     # the summary names the op, its side and its line, and says no value differs
     assert "diverge in structure: the run recorded as b executed" in head
+    assert "and the run recorded as a did not" in head
     assert "aten::mul.Tensor" in head and line in head and "aten::sign" in head
     assert "Every compared value is bitwise identical." in head
     section = f"only in b: aten::mul.Tensor at {line}"
     assert (md_text(section) if ext == "md" else section) + " (step 0, event #1 of b)" in text
+
+
+def test_an_insufficient_coverage_names_even_a_one_op_unpaired_region(inserted, tmp_path):
+    """a kept as metadata only (nothing can be compared) against b with its one extra
+    multiply: the coverage is below the bar, so its lines name every unpaired region, the
+    one-op one too (a sufficient coverage names only regions of more than one)."""
+    import shutil
+
+    import h5py
+
+    from tracediff.report.common import coverage_lines
+    from tracediff.trace import schema
+
+    golden = tmp_path / "golden.h5"
+    shutil.copy(inserted["a"], golden)
+    os.chmod(golden, 0o644)
+    with h5py.File(golden, "r+") as f:
+        v = f["values"][...]
+        v["flags"] = (v["flags"] | schema.VFLAG_NOT_STORED) & ~np.uint8(schema.VFLAG_STATS)
+        v["offset"] = -1
+        f["values"][...] = v
+    r = tracediff.locate(str(golden), inserted["b"], explain=False)
+    assert not r.coverage.sufficient and [u.length for u in r.coverage.unpaired] == [1]
+    lines = coverage_lines(r)
+    head = "unpaired: 1 events of b from #1 (aten::mul.Tensor"
+    assert any(x.startswith(head) for x in lines), lines
+    full = tracediff.locate(inserted["a"], inserted["b"], explain=False)
+    assert full.coverage.sufficient
+    assert not any(x.startswith("unpaired:") for x in coverage_lines(full))
