@@ -155,10 +155,12 @@ def dtype_ok(dtype):
         nd = np.dtype(dtype)
     except TypeError:   # PRNG key dtypes
         return False
+    name = values._dtype_name(nd)
+    if name in values._ML_DTYPES:        # bfloat16, float8s: numpy kind "V", 1-2 bytes
+        return nd.itemsize <= 4
     if nd.kind not in "fiubc" or (nd.itemsize > 4 and nd != np.complex64):
         return False
-    name = values._dtype_name(nd)
-    return name in values._NATIVE or name in values._ML_DTYPES
+    return name in values._NATIVE
 
 
 def can_digest(x):
