@@ -144,8 +144,8 @@ CAN_DIGEST = textwrap.dedent("""
 
 def test_what_is_hashed_on_the_device():
     """Real (bfloat16 and float8 too), integer, bool and complex64 values of at most
-    4-byte parts, committed to one device; 64-bit values (emulated on a TPU) and a global array over several devices
-    (the host path records its shards) are not."""
+    4-byte parts, committed to one device; 64-bit values (emulated on a TPU) and a global
+    array over several devices (the host path records its shards) are not."""
     import subprocess
     import sys
 
