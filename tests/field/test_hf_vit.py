@@ -21,7 +21,7 @@ from .hf_truth import first_differing, record_cases
 pytestmark = pytest.mark.field
 
 PROGRAM = os.path.join(ROOT, "tests", "field", "programs", "hf_vit.py")
-CASES = ("none", "shift", "eps")
+CASES = ("none", "shift", "eps", "hw")
 
 
 def _program():
@@ -67,3 +67,16 @@ def test_a_port_bug_is_never_a_match(traces, bug):
         assert b.startswith(first) or first.startswith(b), (mod, first)
     else:
         assert r.exit_code == 3 and not r.coverage.sufficient
+
+
+def test_a_kernel_with_h_and_w_swapped_is_a_difference_not_a_layout(traces):
+    """The patch kernel converted with H and W swapped equals torch's weight only in an axis
+    order no framework uses for one tensor (issue 35): before, its input was said to match
+    "(axes permuted)" and the conv was "introduced here"."""
+    first, _ = truth("hw")
+    assert first == "embeddings.patch_embeddings.projection"
+    r = tracediff.locate(traces["hw"], explain=False)
+    f = r.first_beyond_tolerance
+    assert r.verdict == "diverged" and f.layer["module"]["b"] == \
+        "embeddings/patch_embeddings/projection", f.layer
+    assert f.inputs_match is False and "not a layout either framework uses" in f.inputs_reason

@@ -4,7 +4,8 @@ transformers' own converter, run forward on the same images: a port as users che
     python hf_vit.py [--attn eager|sdpa] [--bug none|shift|eps]
 
 Port bugs, on the Flax side: `shift` (the position embeddings shifted by one patch in the
-converted parameters), `eps` (LayerNorm epsilon 1e-5 instead of ViT's 1e-12).
+converted parameters), `eps` (LayerNorm epsilon 1e-5 instead of ViT's 1e-12), `hw` (the
+patch kernel's height and width swapped in the conversion).
 """
 import argparse
 import copy
@@ -60,6 +61,9 @@ def flax_model(state, bug):
     shim = type("Shapes", (), {"params": model.params_shape_tree,
                                "base_model_prefix": model.base_model_prefix})()
     params = convert_pytorch_state_dict_to_flax(copy.deepcopy(state), shim)
+    if bug == "hw":          # the patch kernel's H and W swapped in the conversion
+        proj = params["embeddings"]["patch_embeddings"]["projection"]
+        proj["kernel"] = np.ascontiguousarray(np.swapaxes(np.asarray(proj["kernel"]), 0, 1))
     if bug == "shift":
         emb = params["embeddings"]
         pos = np.asarray(emb["position_embeddings"])
@@ -71,7 +75,7 @@ def flax_model(state, bug):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--attn", choices=("eager", "sdpa"), default="eager")
-    ap.add_argument("--bug", choices=("none", "shift", "eps"), default="none")
+    ap.add_argument("--bug", choices=("none", "shift", "eps", "hw"), default="none")
     args = ap.parse_args()
     x = batch()
     model, state = torch_model(args.attn)

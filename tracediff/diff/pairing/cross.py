@@ -369,13 +369,22 @@ class CrossDiffer(LayerNames, RoleSteps, Differ):
             shape_a = parse_shape(self.ta.string(row["shape"]))
             shape_b = parse_shape(self.tb.string(rb["shape"]))
             how = ""
+            ok = m["bitwise_equal"] if level == BITWISE else m["within_tolerance"]
             if m.get("dtype_mismatch"):
                 how = f" ({m['dtype_mismatch'][0]} vs {m['dtype_mismatch'][1]})"
             elif shape_a != shape_b:
                 how = " (transposed)" if tuple(shape_a) == tuple(reversed(shape_b)) and \
                     len(shape_a) == 2 else " (reshaped)" if len(shape_a) != len(shape_b) or \
                     sorted(shape_a) != sorted(shape_b) else " (axes permuted)"
-            ok = m["bitwise_equal"] if level == BITWISE else m["within_tolerance"]
+                perm = self._layout.get((int(row["offset"]), int(rb["offset"])))
+                if how == " (axes permuted)" and key and key[0] == "atom" and \
+                        perm is not None and not _graph.conventional(perm):
+                    # equal only in an axis order no framework uses for one tensor: the
+                    # port converted it wrongly (a conv kernel with H and W swapped)
+                    how = (f" (equal only with axes permuted {tuple(perm)}, not a layout "
+                           f"either framework uses: converted wrongly?)")
+                    ok = False
+            ok = bool(ok)
             entry = {"input": label, "b": self._label(self.tb, self.sb, rb) + how, "metrics": m,
                      "paired": "by value" if key and key[0] == "atom" else
                      "through the dataflow" if key else "by size"}

@@ -129,6 +129,21 @@ def permutations_to(shape_a, shape_b):
     return out
 
 
+def conventional(p):
+    """Is axis order `p` (as `find_layout` returns it) a layout the frameworks use for one
+    tensor: none, the 2-D (in, out) <-> (out, in) transpose, channels last <-> first, or a
+    conv kernel HWIO <-> OIHW (either way round)? Any other order of a value both sides
+    were given (a kernel with H and W swapped) is a porting error, not a layout."""
+    p, n = tuple(int(i) for i in p), len(p)
+    if p == tuple(range(n)) or (n == 2 and p == (1, 0)):
+        return True
+    if n < 3:
+        return False
+    kernel = (n - 1, n - 2) + tuple(range(n - 2))
+    channels = (0, n - 1) + tuple(range(1, n - 1))
+    return p in {q for c in (kernel, channels) for q in (c, tuple(np.argsort(c).tolist()))}
+
+
 def apply_perm(xb, shape_a, p):
     """b's array as a's layout under axis order `p` (see `permutations_to`)."""
     return np.asarray(xb).reshape([shape_a[i] for i in p]).transpose(np.argsort(p))
