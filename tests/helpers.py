@@ -497,3 +497,23 @@ def check_values(t):
         assert values.digest(raw) == int(row["hash"])
         n += 1
     return n
+
+
+def metadata_only_copy(src, dst):
+    """A copy of trace `src` at `dst` with every value marked metadata only (no bytes, no
+    hash), as a recorder that could not read them leaves them; returns `dst`."""
+    import shutil
+
+    import h5py
+    import numpy as np
+
+    from tracediff.trace import schema
+
+    shutil.copy(src, dst)
+    os.chmod(dst, 0o644)
+    with h5py.File(dst, "r+") as f:
+        v = f["values"][...]
+        v["flags"] = (v["flags"] | schema.VFLAG_NOT_STORED) & ~np.uint8(schema.VFLAG_STATS)
+        v["offset"] = -1
+        f["values"][...] = v
+    return dst

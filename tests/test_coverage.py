@@ -15,14 +15,13 @@ import subprocess
 import sys
 
 import h5py
-import numpy as np
 import pytest
 
 import tracediff
 from tracediff.diff import coverage as _coverage
 from tracediff.trace import schema
 
-from .helpers import ROOT
+from .helpers import ROOT, metadata_only_copy
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -56,14 +55,7 @@ def test_two_runs_of_one_script_match_with_everything_compared(mlp_runs):
 def test_a_golden_of_metadata_only_values_is_inconclusive(mlp_runs, tmp_path):
     """Every value of the golden marked metadata only (no bytes, no hash), as a recorder
     that could not read them leaves them: nothing can be compared, so no MATCH."""
-    golden = tmp_path / "golden.h5"
-    shutil.copy(mlp_runs[0], golden)
-    os.chmod(golden, 0o644)
-    with h5py.File(golden, "r+") as f:
-        v = f["values"][...]
-        v["flags"] = (v["flags"] | schema.VFLAG_NOT_STORED) & ~np.uint8(schema.VFLAG_STATS)
-        v["offset"] = -1
-        f["values"][...] = v
+    golden = metadata_only_copy(mlp_runs[0], tmp_path / "golden.h5")
     r = tracediff.locate(str(golden), mlp_runs[1])
     assert r.verdict == "inconclusive" and r.exit_code == 3
     assert r.coverage.a.compared == 0 and r.coverage.a.paired == r.coverage.a.events

@@ -411,21 +411,11 @@ def test_an_insufficient_coverage_names_even_a_one_op_unpaired_region(inserted, 
     """a kept as metadata only (nothing can be compared) against b with its one extra
     multiply: the coverage is below the bar, so its lines name every unpaired region, the
     one-op one too (a sufficient coverage names only regions of more than one)."""
-    import shutil
-
-    import h5py
-
     from tracediff.report.common import coverage_lines
-    from tracediff.trace import schema
 
-    golden = tmp_path / "golden.h5"
-    shutil.copy(inserted["a"], golden)
-    os.chmod(golden, 0o644)
-    with h5py.File(golden, "r+") as f:
-        v = f["values"][...]
-        v["flags"] = (v["flags"] | schema.VFLAG_NOT_STORED) & ~np.uint8(schema.VFLAG_STATS)
-        v["offset"] = -1
-        f["values"][...] = v
+    from .helpers import metadata_only_copy
+
+    golden = metadata_only_copy(inserted["a"], tmp_path / "golden.h5")
     r = tracediff.locate(str(golden), inserted["b"], explain=False)
     assert not r.coverage.sufficient and [u.length for u in r.coverage.unpaired] == [1]
     lines = coverage_lines(r)

@@ -14,6 +14,16 @@ from ..helpers import ROOT
 RTOL, ATOL = 1e-5, 1e-6     # float32 (compare.DEFAULT_TOLERANCES)
 
 
+def load_program(path):
+    """The field program at `path` as a module (its model builders, for the truth)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3] + "_program", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def record_cases(program, cases, folder):
     """{case: trace} of `tracediff record PROGRAM --bug BUG` for each (case, bug)."""
     env = dict(os.environ, PYTHONPATH=ROOT)

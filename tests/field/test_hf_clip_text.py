@@ -10,7 +10,6 @@ manages, tracediff must never say MATCH where the truth differs, never DIVERGED 
 correct port, and a MATCH must carry sufficient coverage.
 """
 
-import importlib.util
 import os
 
 import numpy as np
@@ -19,19 +18,12 @@ import pytest
 import tracediff
 
 from ..helpers import ROOT
-from .hf_truth import first_differing, record_cases
+from .hf_truth import first_differing, load_program, record_cases
 
 pytestmark = pytest.mark.field
 
 PROGRAM = os.path.join(ROOT, "tests", "field", "programs", "hf_clip_text.py")
 CASES = {"correct": "none", "gelu": "gelu", "eps": "eps"}
-
-
-def _program():
-    spec = importlib.util.spec_from_file_location("hf_clip_text_program", PROGRAM)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +34,7 @@ def traces(tmp_path_factory):
 def truth(bug):
     """The first module whose output differs between the two models (hf_truth.py)."""
     import torch
-    prog = _program()
+    prog = load_program(PROGRAM)
     ids = prog.batch()
     tmodel, state = prog.torch_model("eager")
     fmodel, params = prog.flax_model(state, bug)

@@ -7,7 +7,6 @@ MATCH (2 ops paired); the truth (hooks and `capture_intermediates`, hf_truth.py)
 the embeddings on. It must never be a MATCH: DIVERGED at the truth's module, or INCONCLUSIVE.
 """
 
-import importlib.util
 import os
 
 import numpy as np
@@ -16,19 +15,12 @@ import pytest
 import tracediff
 
 from ..helpers import ROOT
-from .hf_truth import first_differing, record_cases
+from .hf_truth import first_differing, load_program, record_cases
 
 pytestmark = pytest.mark.field
 
 PROGRAM = os.path.join(ROOT, "tests", "field", "programs", "hf_vit.py")
 CASES = ("none", "shift", "eps", "hw")
-
-
-def _program():
-    spec = importlib.util.spec_from_file_location("hf_vit_program", PROGRAM)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +30,7 @@ def traces(tmp_path_factory):
 
 def truth(bug):
     import torch
-    prog = _program()
+    prog = load_program(PROGRAM)
     x = prog.batch()
     tmodel, state = prog.torch_model("eager")
     fmodel, params = prog.flax_model(state, bug)
