@@ -30,6 +30,7 @@ import os
 import numpy as np
 
 from ..trace import schema
+from ..trace.values import rows_with_data
 from .pairing.graph import module_path
 from .result import Coverage, CoverageSide, UnpairedRegion
 
@@ -41,49 +42,39 @@ MAX_WALK = 4096      # events visited from one unit
 
 # -- what each trace holds ---------------------------------------------------------------------
 
-def _with_data(out):
-    """Bool per values row: its bytes or the hash of its exact bytes were recorded."""
-    flags = out["flags"]
-    stored = (out["offset"] >= 0) & ((flags & (schema.VFLAG_UNINIT | schema.VFLAG_NOT_STORED)) == 0)
-    hashed = ((flags & schema.VFLAG_STATS) != 0) & ((flags & schema.VFLAG_UNINIT) == 0)
-    return stored, stored | hashed
+def _events_of(t, rows):
+    """Bool per event of t: some row of `rows` (values or shards) belongs to it."""
+    n = len(t)
+    ev = rows["event"].astype(np.int64)
+    has = np.zeros(n, bool)
+    has[ev[(ev >= 0) & (ev < n)]] = True
+    return has
 
 
 def _has_value(t):
     """Bool per event: an output whose bytes or hash were recorded (or per-device shard
     digests of a value with no global bytes)."""
-    n = len(t)
-    v = t.values
-    out = v[v["role"] == schema.ROLE_OUT]
-    _, ok = _with_data(out)
-    ev = out["event"].astype(np.int64)
-    ok &= (ev >= 0) & (ev < n)
-    has = np.zeros(n, bool)
-    has[ev[ok]] = True
+    out = t.values[t.values["role"] == schema.ROLE_OUT]
+    has = _events_of(t, out[rows_with_data(out)[1]])
     sh = getattr(t, "shard_rows", None)
     if sh is not None and len(sh):
-        se = sh["event"].astype(np.int64)
-        has[se[(se >= 0) & (se < n)]] = True
+        has |= _events_of(t, sh)
     return has
 
 
 def _has_output(t):
     """Bool per event: an output value that could ever be compared (not uninitialised
     memory, `torch.empty`): events without one are no evidence either way."""
-    n = len(t)
     v = t.values
-    out = v[(v["role"] == schema.ROLE_OUT) & ((v["flags"] & schema.VFLAG_UNINIT) == 0)]
-    ev = out["event"].astype(np.int64)
-    has = np.zeros(n, bool)
-    has[ev[(ev >= 0) & (ev < n)]] = True
-    return has
+    return _events_of(t, v[(v["role"] == schema.ROLE_OUT) &
+                           ((v["flags"] & schema.VFLAG_UNINIT) == 0)])
 
 
 def _value_counts(t, events):
     """(output values of `events`, those with bytes or a hash, bytes stored)."""
     v = t.values
     out = v[(v["role"] == schema.ROLE_OUT) & np.isin(v["event"], events)]
-    stored, ok = _with_data(out)
+    stored, ok = rows_with_data(out)
     return int(len(out)), int(ok.sum()), int(np.clip(out["nbytes"][stored], 0, None).sum())
 
 

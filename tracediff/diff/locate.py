@@ -53,6 +53,7 @@ import numpy as np
 from ..errors import TraceError
 from ..trace import schema
 from ..trace.reader import Trace
+from ..trace.values import rows_with_data
 from .align import sequence as _align
 from .explain import analysis as _analysis
 from .compare import values as compare
@@ -351,10 +352,7 @@ def nothing_to_compare(path) -> Optional[str]:
         if not len(t):
             return "it holds no events"
         v = t.values
-        flags = v["flags"]
-        stored = (v["offset"] >= 0) & ((flags & schema.VFLAG_NOT_STORED) == 0)
-        hashed = (flags & schema.VFLAG_STATS) != 0
-        if not ((stored | hashed) & ((flags & schema.VFLAG_UNINIT) == 0)).any():
+        if not rows_with_data(v)[1].any():
             return (f"none of its {len(t):,} events recorded a value" if not len(v) else
                     f"its {len(v):,} values are metadata only (no bytes, no hash)")
     return None

@@ -10,7 +10,7 @@ import re
 import numpy as np
 import xxhash
 
-from .schema import VFLAG_NOT_STORED, VFLAG_UNINIT
+from .schema import VFLAG_NOT_STORED, VFLAG_STATS, VFLAG_UNINIT
 
 # Name of the value hash, written to every trace's manifest (recording.hash). One hash
 # function only: a fallback would make traces from two installs incomparable hash to hash.
@@ -346,6 +346,16 @@ def has_bytes(row):
     or unstored value): only then can its numbers be read and compared."""
     return row is not None and row["offset"] >= 0 and not (
         row["flags"] & (VFLAG_UNINIT | VFLAG_NOT_STORED))
+
+
+def rows_with_data(rows):
+    """(stored, with data) per values-table row, vectorised: bytes stored (`has_bytes`),
+    and bytes or the hash of the exact bytes (`--level stats`), never uninitialised
+    memory. What a comparison can compare: equal hash is equal bytes."""
+    flags = rows["flags"]
+    stored = (rows["offset"] >= 0) & ((flags & (VFLAG_UNINIT | VFLAG_NOT_STORED)) == 0)
+    hashed = ((flags & VFLAG_STATS) != 0) & ((flags & VFLAG_UNINIT) == 0)
+    return stored, stored | hashed
 
 
 def shard_index_text(index):

@@ -44,6 +44,7 @@ import numpy as np
 
 from ...trace import schema
 from ...trace.sources import LIB_SEP, split_site
+from ...trace.values import rows_with_data
 
 MAX_EDITS = 2000
 POOL_STEPS = 4_000_000        # Myers steps shared by all regions of one alignment (~2 full regions)
@@ -162,9 +163,8 @@ def prepare(trace, strings):
     np.add.at(outsig, ev_of, shape_sig)
     loose = np.zeros(n, np.uint64)
     np.add.at(loose, ev_of, mix(slot_key, gid[sidx(out["shape"])]))
-    comparable = (out["offset"] >= 0) & ((out["flags"] & (schema.VFLAG_UNINIT | schema.VFLAG_NOT_STORED)) == 0)
     # stats-only values (--level stats/calls) carry the hash of their exact bytes too
-    comparable |= ((out["flags"] & schema.VFLAG_STATS) != 0) & ((out["flags"] & schema.VFLAG_UNINIT) == 0)
+    _, comparable = rows_with_data(out)
     content = np.zeros(n, np.uint64)
     np.add.at(content, ev_of[comparable], mix(slot_key[comparable], out["hash"][comparable]))
     _shard_content(trace, out, comparable, gid, sidx, content)
