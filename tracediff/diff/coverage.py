@@ -110,11 +110,19 @@ def capture_problems(t) -> list:
     errs = fws.get("capture_errors")
     if isinstance(errs, list) and errs:
         out.append(f"{name}: a capture could not start: {str(errs[0])[:200]}")
-    missed = fws.get("missed")
-    if isinstance(missed, list):
-        out += [f"{name}: its script loaded {fw}, which the recording did not capture"
-                for fw in ("jax", "torch") if fw in missed]
+    out += [f"{name}: its script loaded {fw}, which the recording did not capture"
+            for fw in missed_frameworks(t)]
     return out
+
+
+def missed_frameworks(t):
+    """Frameworks the recorded script loaded that the trace did not capture (the
+    manifest's `frameworks.missed`, written by the runner; issue #26)."""
+    fws = t.manifest.get("frameworks")
+    missed = fws.get("missed") if isinstance(fws, dict) else None
+    if not isinstance(missed, list):
+        return []
+    return [x for x in ("jax", "torch") if x in missed]   # known names only: untrusted
 
 
 # -- two frameworks: which units are the other side's work, which were compared ---------------

@@ -63,6 +63,7 @@ from .compare import devices as _devices
 from .compare import levels as _levels
 from .align import structure as _structure
 from . import coverage as _coverage
+from .coverage import missed_frameworks
 from .differ import BITWISE, TOLERANCE, Differ
 from .explain.env import env_diff
 from .result import LocateResult, Noise, Replay, TraceInfo
@@ -92,16 +93,6 @@ def _script_warnings(ta, tb):
             w.append(f"trace {name}: the recorded script ended with {end.get('status')} "
                      f"(exit {end.get('exit_code')})")
     return w
-
-
-def missed_frameworks(t):
-    """Frameworks the recorded script loaded that the trace did not capture (the
-    manifest's `frameworks.missed`, written by the runner; issue #26)."""
-    fws = t.manifest.get("frameworks")
-    missed = fws.get("missed") if isinstance(fws, dict) else None
-    if not isinstance(missed, list):
-        return []
-    return [x for x in ("jax", "torch") if x in missed]   # known names only: untrusted
 
 
 def _missed_text(ta, tb):

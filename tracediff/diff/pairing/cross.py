@@ -384,7 +384,6 @@ class CrossDiffer(LayerNames, RoleSteps, Differ):
                     how = (f" (equal only with axes permuted {tuple(perm)}, not a layout "
                            f"either framework uses: converted wrongly?)")
                     ok = False
-            ok = bool(ok)
             entry = {"input": label, "b": self._label(self.tb, self.sb, rb) + how, "metrics": m,
                      "paired": "by value" if key and key[0] == "atom" else
                      "through the dataflow" if key else "by size"}
