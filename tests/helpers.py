@@ -120,6 +120,28 @@ def _run_in_process(args, env, cwd):
                                        result.stdout, stderr)
 
 
+def loopback_refused():
+    """Why no process here can open a TCP socket on the loopback (gVisor sandboxes without
+    a network, such as the TPU machine's), or None. torchrun with gloo, jax.distributed and
+    Dask clusters need one."""
+    import socket
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            s.listen(1)
+    except OSError as e:
+        return f"no TCP socket on the loopback here ({e}): multi-process runs cannot start"
+    return None
+
+
+def require_loopback():
+    """Skip the test (with the reason) where processes cannot talk over the loopback."""
+    import pytest
+    why = loopback_refused()
+    if why:
+        pytest.skip(why)
+
+
 def script_env(extra=None):
     """The environment of a subprocess that runs tracediff or a fixture: this one, without
     XLA_FLAGS (so a developer's flags never leak in), with EXTRA, and this checkout on
@@ -509,8 +531,7 @@ def metadata_only_copy(src, dst):
 
     from tracediff.trace import schema
 
-    shutil.copy(src, dst)
-    os.chmod(dst, 0o644)
+    shutil.copyfile(src, dst)
     with h5py.File(dst, "r+") as f:
         v = f["values"][...]
         v["flags"] = (v["flags"] | schema.VFLAG_NOT_STORED) & ~np.uint8(schema.VFLAG_STATS)

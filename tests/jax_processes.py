@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from .helpers import FIXTURES, ROOT, fixture_line, script_env
+from .helpers import FIXTURES, ROOT, fixture_line, require_loopback, script_env
 
 SCRIPT = os.path.join(FIXTURES, "jax_distributed_dp.py")
 NPROC = 2
@@ -25,6 +25,7 @@ def line_of(text):
 
 
 def free_port():
+    require_loopback()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

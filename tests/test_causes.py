@@ -179,8 +179,7 @@ def _on_tpu(src, dst):
 
     import h5py
 
-    shutil.copy(src, dst)
-    os.chmod(dst, 0o644)
+    shutil.copyfile(src, dst)
     with h5py.File(dst, "r+") as f:
         m = json.loads(f["manifest"][()])
         m["frameworks"]["jax"].update(backend="tpu", device_kind="TPU v5 lite")

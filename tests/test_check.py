@@ -175,7 +175,7 @@ def _hollow_goldens(folder, real):
 
     empty = synth.write(str(folder / "empty.h5"), [])
     meta = folder / "meta.h5"
-    shutil.copy(real, meta)
+    shutil.copyfile(real, meta)
     with h5py.File(meta, "r+") as f:
         v = f["values"][()]
         assert len(v)

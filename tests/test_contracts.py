@@ -105,7 +105,7 @@ def test_thread_variables_are_in_the_manifest_and_the_env_diff(pair):
 
 def test_reader_refuses_a_newer_schema(pair, tmp_path):
     newer = tmp_path / "newer.h5"
-    shutil.copy(pair[0], newer)
+    shutil.copyfile(pair[0], newer)
     with h5py.File(newer, "r+") as f:
         f.attrs["schema_version"] = schema.SCHEMA_VERSION + 1
     with pytest.raises(TraceError, match="newer than this"):

@@ -71,8 +71,7 @@ def test_a_value_marked_uninitialised_is_no_evidence_even_with_a_hash_flag(mlp_r
     flag (a damaged or hostile trace: the recorder never writes both): an uninitialised
     value is never compared, so it is no evidence and the answer is no MATCH."""
     golden = tmp_path / "golden.h5"
-    shutil.copy(mlp_runs[0], golden)
-    os.chmod(golden, 0o644)
+    shutil.copyfile(mlp_runs[0], golden)
     with h5py.File(golden, "r+") as f:
         v = f["values"][...]
         v["flags"] = v["flags"] | schema.VFLAG_UNINIT | schema.VFLAG_STATS

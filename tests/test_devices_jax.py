@@ -13,7 +13,7 @@ import tracediff
 from tracediff.diff.compare import devices as diff_devices
 from tracediff.errors import TraceError
 
-from .helpers import FIXTURES, fixture_line, locate_json, run_cli
+from .helpers import FIXTURES, fixture_line, locate_json, require_loopback, run_cli
 
 EIGHT = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
 SCRIPTS = {"sm": "jax_shard_map_pmean.py", "pmap": "jax_pmap.py", "dp": "jax_sharded_dp.py"}
@@ -176,11 +176,12 @@ def test_locate_names_the_same_device_step_and_line_on_dask(runs, tmp_path):
     """Two runs against each other, each a directory holding its one 8-device trace: the
     pair is one task on a Dask LocalCluster (the per-rank pool of `locate DIR DIR`)."""
     distributed = pytest.importorskip("distributed")
+    require_loopback()
     dirs = []
     for key in ("sm_a", "sm_after"):
         d = tmp_path / key
         d.mkdir()
-        shutil.copy(runs[key], d / "run.h5")
+        shutil.copyfile(runs[key], d / "run.h5")
         dirs.append(d)
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
                                   dashboard_address=None) as cluster:
@@ -315,7 +316,7 @@ def test_a_malformed_shard_index_in_b_never_hides_a_divergence(runs, tmp_path):
 
     assert locate_json(runs["sm_a"], runs["sm_after"])["verdict"] == "diverged"
     bad = tmp_path / "b.h5"
-    shutil.copy(runs["sm_after"], bad)
+    shutil.copyfile(runs["sm_after"], bad)
     with h5py.File(bad, "r+") as f:
         n = int(f.attrs["committed_strings"])
         cpu3 = [s.decode() if isinstance(s, bytes) else s for s in f["strings"][:n]].index("cpu:3")
@@ -340,7 +341,7 @@ def test_an_open_shard_index_on_a_smaller_shard_is_refused(runs, tmp_path):
     import h5py
 
     bad = tmp_path / "b.h5"
-    shutil.copy(runs["sm_after"], bad)
+    shutil.copyfile(runs["sm_after"], bad)
     with h5py.File(bad, "r+") as f:
         n = int(f.attrs["committed_strings"])
         f["strings"].resize((n + 1,))

@@ -191,7 +191,7 @@ def test_a_hostile_library_frame_is_shown_as_text(gru_steps, tmp_path):
     a, b, r = gru_steps
     ea = r.first_difference.a.index
     bad = str(tmp_path / "a.h5")
-    shutil.copy(a, bad)
+    shutil.copyfile(a, bad)
     payload = "lib\x1b[2J[bold red]x[/]<b>`|"
     with h5py.File(bad, "r+") as f:
         n = int(f.attrs["committed_strings"])
@@ -229,3 +229,60 @@ def test_a_slice_keeps_the_lines_of_both_frames(gru_a, tmp_path):
         j = next(j for j in range(len(s)) if st["op"][j] == "aten::addmm" and st["name_stack"][j] == "head")
         assert (st["source"][j], st["lib_source"][j]) == (tab["source"][i], tab["lib_source"][i])
         assert s.source_lines(st["source"][j])["lines"] and s.source_lines(st["lib_source"][j])["lines"]
+
+
+_TINY_LIBRARY = '''\
+import jax.numpy as jnp
+
+
+def layer(x, w):
+    return jnp.tanh(x @ w)
+'''
+
+_TINY_SCRIPT = '''\
+import jax
+import jax.numpy as jnp
+import tinylayers
+
+
+@jax.jit
+def model(x, w):
+    return tinylayers.layer(x, w) * 2.0
+
+
+x = jnp.linspace(-1.0, 1.0, 12).reshape(3, 4)
+print(model(x, jnp.linspace(0.5, -0.5, 8).reshape(4, 2)))
+'''
+
+
+def test_a_library_installed_with_pip_target_is_a_library_frame(tmp_path):
+    """A package installed with `pip install --target DIR` and put on PYTHONPATH (a cluster's
+    shared folder, the TPU machine's extra packages) lies outside every site-packages; its
+    frames are still library frames: the op is named at the user's line, the library's line
+    beside it (seen on the TPU host, where flax's Dense was named as the user's line)."""
+    import subprocess
+    import sys
+
+    from .helpers import record, script_env
+
+    src, lib, work = tmp_path / "src", tmp_path / "lib", tmp_path / "work"
+    (src / "tinylayers").mkdir(parents=True)
+    (src / "tinylayers" / "__init__.py").write_text(_TINY_LIBRARY)
+    (src / "pyproject.toml").write_text('[project]\nname = "tinylayers"\nversion = "1.0"\n'
+                                        '[build-system]\nrequires = ["setuptools"]\n'
+                                        'build-backend = "setuptools.build_meta"\n')
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                          "--no-build-isolation", "--no-index", "--target", str(lib), str(src)],
+                         capture_output=True, text=True, timeout=300)
+    if pip.returncode != 0:
+        pytest.skip("pip cannot build a local package here: " + pip.stderr.strip()[-200:])
+    assert list(lib.glob("tinylayers-*.dist-info")) and (lib / "tinylayers").is_dir()
+    work.mkdir()
+    (work / "script.py").write_text(_TINY_SCRIPT)
+    out = str(work / "t.h5")
+    record(str(work / "script.py"), out, env=script_env({"PYTHONPATH": str(lib)}))
+    with tracediff.load(out) as t:
+        tab = t.events_table()
+        ev = t.event(next(i for i in range(len(t)) if tab["op"][i] == "tanh"))
+    assert ev["source"] == "script.py:8", ev     # return tinylayers.layer(x, w) * 2.0
+    assert ev["lib_source"].startswith(str(lib / "tinylayers" / "__init__.py")), ev

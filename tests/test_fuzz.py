@@ -393,7 +393,7 @@ def test_a_string_index_one_past_the_strings_table_is_refused(seeds, tmp_path, t
     """The last string is index n-1: index n (one past the table) is as dangling as any
     other and must be refused when the trace opens, not read as ""."""
     path = tmp_path / "t.h5"
-    shutil.copy(seeds["torch"][0], path)
+    shutil.copyfile(seeds["torch"][0], path)
     with h5py.File(path, "r+") as f:
         n = int(f.attrs["committed_strings"])
         rows = f[table][()]

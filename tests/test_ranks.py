@@ -21,7 +21,8 @@ import tracediff
 from tracediff.runner import output_path_for
 from tracediff.trace import schema
 
-from .helpers import FIXTURES, ROOT, fixture_line, run_cli, script_env, shared_folder
+from .helpers import (FIXTURES, ROOT, fixture_line, require_loopback, run_cli, script_env,
+                      shared_folder)
 
 SCRIPT = os.path.join(FIXTURES, "torch_ddp.py")
 NPROC = 3   # a majority of two against the fault rank (tests/test_replicas.py)
@@ -61,6 +62,7 @@ dist.destroy_process_group()
 def _torchrun(output, port, *args, nproc=NPROC):
     """`torchrun -m tracediff record -o OUTPUT torch_ddp.py ARGS`; OUTPUT is a folder
     (ending in a separator: rank{R}.h5 inside) or a file name (NAME.rank{R}.h5)."""
+    require_loopback()
     return subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
          "--master-addr", "127.0.0.1", "--master-port", str(port),
@@ -285,6 +287,7 @@ def test_a_functional_collective_is_counted_once_where_it_is_issued(tmp_path):
     The collectives before an event count the issue once, beside the c10d ones."""
     from tracediff.diff.distributed.ranks import collectives_before
 
+    require_loopback()
     script, out = tmp_path / "funcol.py", tmp_path / "funcol.h5"
     script.write_text(FUNCTIONAL)
     proc = subprocess.run([sys.executable, "-m", "tracediff", "record", "-o", str(out),
@@ -315,7 +318,7 @@ def test_bad_rank_sets_are_one_line_errors(ddp_runs, tmp_path, case):
         other = tmp_path / "nowhere"
     elif case == "misnamed":   # rank 0 and rank 1 swapped by their file names
         for r in range(NPROC):
-            shutil.copy(ddp_runs["clean"] / f"rank{r}.h5", other / f"rank{(1 - r) if r < 2 else r}.h5")
+            shutil.copyfile(ddp_runs["clean"] / f"rank{r}.h5", other / f"rank{(1 - r) if r < 2 else r}.h5")
     proc = run_cli("locate", ddp_runs["clean"], other, "--workers", "1")
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr

@@ -199,7 +199,7 @@ def test_bad_input_is_a_one_line_error(runs, tmp_path, case):
     target.mkdir()
     if case == "one_rank":
         shutil.copy(runs["clean"] / "rank0.h5", target)
-        shutil.copy(runs["clean"] / "rank1.h5", target / "again.h5")   # rank 1 twice
+        shutil.copyfile(runs["clean"] / "rank1.h5", target / "again.h5")   # rank 1 twice
         shutil.copy(runs["clean"] / "rank1.h5", target)
     elif case == "missing":
         target = tmp_path / "nowhere"

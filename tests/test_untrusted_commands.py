@@ -59,7 +59,7 @@ def _add_string(f, s):
 def _edit(src, dst, event=None, manifest=None, **strings):
     """Copy trace `src` to `dst`; give `event` the strings (source=..., name_stack=...,
     params=...) and update the manifest with `manifest` (a function of the dict)."""
-    shutil.copy(src, dst)
+    shutil.copyfile(src, dst)
     with h5py.File(dst, "r+") as f:
         if strings:
             ev = f["events"][()]

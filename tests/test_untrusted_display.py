@@ -52,7 +52,7 @@ def hostile(recorded, tmp_path_factory):
     out = []
     for side, src in (("a", a), ("b", b)):
         dst = d / f"hostile_{side}.h5"
-        shutil.copy(src, dst)
+        shutil.copyfile(src, dst)
         _poison(dst, side)
         out.append(str(dst))
     return tuple(out)
@@ -293,7 +293,7 @@ def test_html_report_escapes_quotes_in_trace_strings(hostile, tmp_path):
     copies = []
     for side, src in zip("ab", hostile):
         dst = tmp_path / f"quoted_{side}.h5"
-        shutil.copy(src, dst)
+        shutil.copyfile(src, dst)
         with h5py.File(dst, "r+") as f:
             n = int(f.attrs["committed_strings"])
             strings = [s.decode() if isinstance(s, bytes) else s for s in f["strings"][:n]]

@@ -45,14 +45,14 @@ def traces(tmp_path_factory):
     root = tmp_path_factory.mktemp("srcs")
     proj = root / "proj"
     proj.mkdir()
-    shutil.copy(os.path.join(FIXTURES, "torch_dot.py"), proj / "torch_dot.py")
+    shutil.copyfile(os.path.join(FIXTURES, "torch_dot.py"), proj / "torch_dot.py")
     (proj / "jax_tiny.py").write_text(JAX_SCRIPT)
     a, j = root / "a.h5", root / "j.h5"
     record_many({"torch": (str(proj / "torch_dot.py"), a, (), None),
                  "jax": (str(proj / "jax_tiny.py"), j, (), None)})
     shutil.rmtree(proj)   # the script's folder is not on the machine that reads the traces
     b = root / "b.h5"
-    shutil.copy(a, b)
+    shutil.copyfile(a, b)
     with Trace(a) as t:
         dot = next(i for i in range(len(t)) if t.event(i)["op"] == "aten::dot")
     with h5py.File(b, "r+") as f:
@@ -71,7 +71,7 @@ def traces(tmp_path_factory):
 def _hostile(traces, name, source, edit=None):
     """A copy of trace a whose culprit (the dot op) has `source` as its source."""
     out = traces["root"] / f"{name}.h5"
-    shutil.copy(traces["a"], out)
+    shutil.copyfile(traces["a"], out)
     with h5py.File(out, "r+") as f:
         n = int(f.attrs["committed_strings"])
         f["strings"].resize((n + 1,))

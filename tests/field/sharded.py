@@ -19,7 +19,7 @@ import sys
 
 import numpy as np
 
-from tests.helpers import ROOT, run_cli, script_env
+from tests.helpers import ROOT, require_loopback, run_cli, script_env
 
 PROGRAMS = os.path.join(os.path.dirname(__file__), "programs")
 WORLD = 2
@@ -30,6 +30,7 @@ _PARAM = re.compile(r"^step (\d+) param (\S+) \[([\d, ]*)\] (.*)$", re.M)
 def torchrun(program, out, port, *args):
     """`torchrun -m tracediff record -o OUT/ PROGRAM ARGS` (OUT None: the plain program)."""
     rec = ["-m", "tracediff", "record", "-o", f"{out}{os.sep}"] if out is not None else []
+    require_loopback()
     for attempt in range(3):
         proc = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),

@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-from tests.helpers import ROOT, run_cli, script_env
+from tests.helpers import ROOT, require_loopback, run_cli, script_env
 
 import torch  # noqa: E402,F401  (the field suite has torch: never a skip)
 
@@ -49,6 +49,7 @@ SCRIPT = textwrap.dedent('''
 
 
 def _torchrun(folder, script, out, port, *args):
+    require_loopback()
     return subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
          "--master-addr", "127.0.0.1", "--master-port", str(port),

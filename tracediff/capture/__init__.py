@@ -17,6 +17,45 @@ from ..trace.sources import join_site
 
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 
+_SITE_MARKERS = ("site-packages" + os.sep, "dist-packages" + os.sep)
+_install_dirs = ((), ())   # (sys.path it was read from, its folders that hold installs)
+
+
+def _folders_with_installs():
+    """The folders on sys.path that hold installed distributions (`*.dist-info`), with a
+    trailing separator: where `pip install --target DIR` or a cluster's shared package
+    folder put libraries outside any site-packages. (A project's own `*.egg-info`, left by
+    an editable install, does not make its folder a library.) Read again when sys.path
+    changes."""
+    global _install_dirs
+    path = tuple(sys.path)
+    if _install_dirs[0] != path:
+        found = []
+        for entry in path:
+            folder = os.path.abspath(entry or os.curdir)
+            try:
+                names = os.listdir(folder)
+            except OSError:
+                continue
+            if any(n.endswith(".dist-info") for n in names):
+                found.append(folder.rstrip(os.sep) + os.sep)
+        _install_dirs = (path, tuple(found))
+    return _install_dirs[1]
+
+
+def installed_package(filename):
+    """The top-level package of a library file (the folder after site-packages,
+    dist-packages or a folder on sys.path that holds installed distributions), or None
+    for a file outside every such folder."""
+    for marker in _SITE_MARKERS:
+        i = filename.rfind(marker)
+        if i >= 0:
+            return filename[i + len(marker):].split(os.sep, 1)[0].split(".", 1)[0]
+    for folder in _folders_with_installs():
+        if filename.startswith(folder):
+            return filename[len(folder):].split(os.sep, 1)[0].split(".", 1)[0]
+    return None
+
 
 LEVELS = ("full", "stats", "calls")
 
@@ -213,19 +252,21 @@ class Session:
         write the parent's file (the writer also stops them, trace/writer.py)."""
         return os.getpid() == self.pid and not self.writer.closed
 
-    _LIBRARY_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep,
-                        os.sep + "lib" + os.sep + "python3", "<frozen", "<string>")
+    _LIBRARY_MARKERS = (os.sep + "lib" + os.sep + "python3", "<frozen", "<string>")
 
     def is_user_file(self, filename):
-        """True for the user's code: the script's folder, or anything outside libraries and
-        tracediff itself (the bundled examples count as user code when they are the script)."""
+        """True for the user's code: the script's folder, or anything outside libraries
+        (`installed_package`: also those installed with `pip install --target` onto
+        PYTHONPATH) and tracediff itself (the bundled examples count as user code when they
+        are the script)."""
         known = self._user_files.get(filename)
         if known is None:
             if self.script_dir and filename.startswith(self.script_dir + os.sep):
                 known = True
             else:
                 known = not (filename.startswith(self.tool_dirs)
-                             or any(m in filename for m in self._LIBRARY_MARKERS))
+                             or any(m in filename for m in self._LIBRARY_MARKERS)
+                             or installed_package(filename) is not None)
             self._user_files[filename] = known
         return known
 
@@ -274,13 +315,8 @@ class Session:
 
     def in_framework(self, filename):
         """True for a file of a framework's own package (`FRAMEWORK_PACKAGES`), read from
-        the folder after site-packages / dist-packages."""
-        for marker in ("site-packages" + os.sep, "dist-packages" + os.sep):
-            i = filename.rfind(marker)
-            if i >= 0:
-                top = filename[i + len(marker):].split(os.sep, 1)[0]
-                return top.split(".", 1)[0] in self.FRAMEWORK_PACKAGES
-        return False
+        the folder after the library folder (`installed_package`)."""
+        return installed_package(filename) in self.FRAMEWORK_PACKAGES
 
     def short_path(self, filename):
         """A source path as shown in reports: relative to the script's folder when inside it."""
