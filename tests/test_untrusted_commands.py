@@ -181,6 +181,7 @@ def hostile_pair(traces, tmp_path_factory):
     def side_a(m):
         m["env"] = dict(ENV_A)
         m["script"]["argv"] = ["train.py"]
+        m["hostname"] = "vm"   # the recording machine's own name otherwise (runsc on gVisor)
 
     def side_b(m):
         m["env"] = dict(ENV_B)

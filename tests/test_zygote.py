@@ -3,6 +3,7 @@ answer, whatever order replies arrive in and however jobs and replies interleave
 runs with the resource limits it asks for."""
 
 import socket
+import time
 
 from .helpers import Zygote
 
@@ -17,8 +18,11 @@ def test_replies_read_ahead_are_kept_when_a_job_is_sent(tmp_path):
     z.sock.settimeout(60)   # a lost reply fails here instead of hanging the run
     try:
         first, second = z.start([script, "3"]), z.start([script, "4"])
+        deadline = time.monotonic() + 60
         while z.sock.recv(4096, socket.MSG_PEEK).count(b"\n") < 2:
-            pass            # until both replies wait on the socket, unread
+            # until both replies wait on the socket, unread (a bound, never a hang)
+            assert time.monotonic() < deadline, "the two replies never arrived together"
+            time.sleep(0.01)
         done = z.finish(first)
         third = z.start([script, "5"])
         assert (done.returncode, done.stdout) == (3, "job 3\n")
