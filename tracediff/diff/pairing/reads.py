@@ -21,11 +21,11 @@ class Reads:
             row = g.nodes[nd][0]
             if row is not None and not len(g.shape(row)):
                 continue
-            a = self.atom(s, row)
+            a = self._read_atom(g, s, nd)
             if a is not None:
                 keys.append(("a", a))
                 continue
-            for v in self._producers(g, s, nd):
+            for v in self._producers(g, s, nd, through_atoms=True):
                 pr = self.pair_key(s, v)
                 if pr is not None:
                     keys.append(("p", pr))
@@ -95,11 +95,11 @@ class Reads:
         g = self.ga if s == 0 else self.gb
         keys = set()
         for _, _, nd in g.input_nodes(g.units[k]):
-            a = self.atom(s, g.nodes[nd][0])
+            a = self._read_atom(g, s, nd)
             if a is not None:
                 keys.add(("a", a))
                 continue
-            for v in self._producers(g, s, nd):
+            for v in self._producers(g, s, nd, through_atoms=True):
                 pr = self.pair_of[s].get(v)
                 if pr is not None:
                     keys.add(("p", pr))
@@ -122,16 +122,28 @@ class Reads:
                         stack.append(v)
         return sorted(out)
 
-    def _producers(self, g, s, nd, depth=0):
-        """Units a value node comes from, through byte-moving ops (stops at atoms)."""
+    def _read_atom(self, g, s, nd):
+        """The atom a unit reads at value node `nd`, or None. A value both sides compute
+        (a mask, `ids == eos`) is not read as an atom: it is what its producer computed,
+        keyed by that producer's pair (equal bytes alone never tie two readers; torch may
+        read the same mask converted to int, which has other bytes)."""
+        row = g.nodes[nd][0]
+        a = self.atom(s, row)
+        if a is None or g.key(row) not in self.computed:
+            return a
+        return None if self._producers(g, s, nd, through_atoms=True) else a
+
+    def _producers(self, g, s, nd, depth=0, through_atoms=False):
+        """Units a value node comes from, through byte-moving ops (stops at atoms unless
+        `through_atoms`)."""
         row, preds, term = g.nodes[nd]
-        if self.atom(s, row) is not None or depth > 16:
+        if (not through_atoms and self.atom(s, row) is not None) or depth > 16:
             return []
         if term is not None:
             return [term[1]] if term[0] == "unit" else []
         out = []
         for q in preds:
-            out += self._producers(g, s, q, depth + 1)
+            out += self._producers(g, s, q, depth + 1, through_atoms)
         return out
 
     def region_inputs(self, s, k):
