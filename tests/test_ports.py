@@ -51,6 +51,8 @@ JOBS = [
     ("nnx", "port_nnx.py", "jax,torch", ()),
     ("shared", "port_shared.py", "jax,torch", ()),
     ("tr_after", "port_transformer.py", "jax,torch", ("--torch-scale", "after")),
+    ("tr_cache", "port_transformer.py", "jax,torch", ("--torch-cache",)),
+    ("tr_pad", "port_transformer.py", "jax,torch", ("--pad-mask",)),
     ("tr32", "port_transformer.py", "jax,torch", (), TF32),
 ]
 BATCH = r"""
@@ -579,3 +581,28 @@ def test_reordered_scale_pairs_where_values_meet(traces):
     scores = [m for m in r.mapping if m["a_op"].endswith("dot_general") and "div" in m["a_op"]]
     assert len(scores) == 1, [(m["a_op"], m["b_op"]) for m in r.mapping]
     assert scores[0]["b_op"].endswith("div") and scores[0]["by"] == "dataflow (values meet)", scores
+
+
+def test_an_empty_cache_is_seen_through(traces):
+    """torch passes keys and values through an empty cache (`torch.cat([empty, k])`, as
+    transformers' DynamicCache does on the first call); Flax has none. The `cat` only moves
+    k's bytes: the attention pairs through it (it read a value only torch has: 6 of torch's
+    20 units paired, INCONCLUSIVE; HF GPT-2 stalled there the same way)."""
+    r = _locate(traces["tr_cache"])
+    c = r.coverage
+    assert r.verdict == "match" and c.sufficient, (r.first_beyond_tolerance, c.reasons)
+    assert c.a.compared == c.a.events and c.b.compared == c.b.events, c
+    assert "cat" not in {m["b_op"].rsplit(" + ", 1)[-1] for m in r.mapping}
+
+
+def test_boolean_masks_pair_only_by_dataflow(traces):
+    """The same padding mask by other boolean ops (Flax `tokens == 0`, torch `tokens.ne(0)`)
+    beside Flax's `lt` bounds check of the embedding lookup: all three read the tokens. A
+    boolean result pairs only with one computed by the same op from paired inputs, never
+    because it ends a region or its bits agree; it was "DIVERGED Model/embed (lt) <->
+    (top level) (ne)" on a correct port."""
+    r = _locate(traces["tr_pad"])
+    assert r.verdict == "match" and r.coverage.sufficient, r.first_beyond_tolerance
+    ints = [(m["a_op"], m["b_op"]) for m in r.mapping
+            if {"lt", "eq", "ne"} & {m["a_op"].rsplit(" + ", 1)[-1], m["b_op"].rsplit(" + ", 1)[-1]}]
+    assert ints == [], ints

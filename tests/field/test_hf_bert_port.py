@@ -65,9 +65,8 @@ def traces(tmp_path_factory):
             tb = _record(str(d / f"{name}_torch.h5"), *args, "--side", "torch", "--weights", w, cwd=d)
             ta = _record(str(d / f"{name}_flax.h5"), *args, "--side", "flax", "--weights", w, cwd=d)
             out[name] = (ta, tb)
-    for attn in ("eager", "sdpa"):
-        out[f"gpt2_{attn}"] = (_record(str(d / f"gpt2_{attn}.h5"), "--attn", attn, cwd=d,
-                                       program=GPT2),)
+    for name, args in (("eager", ()), ("sdpa", ("--attn", "sdpa")), ("gelu", ("--bug", "gelu"))):
+        out[f"gpt2_{name}"] = (_record(str(d / f"gpt2_{name}.h5"), *args, cwd=d, program=GPT2),)
     return out
 
 
@@ -141,18 +140,69 @@ def test_correct_port_matches(traces, case):
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
-def test_gpt2_correct_port_is_never_diverged_nor_a_thin_match(traces, attn):
+def test_gpt2_correct_port_matches_with_its_attention_compared(traces, attn):
     """A second family: HF GPT2Model (Conv1D layers: `addmm` on (in, out) weights) against
-    FlaxGPT2Model, the causal mask and the padding mask combined differently on each side.
-    Its pairing stops after layer 0's attention (the masks pair with nothing): it used to
-    say MATCH on 4 of torch's 55 computing units compared; it now says INCONCLUSIVE until
-    the pairing reaches the bar, and never DIVERGED (the truth: every module agrees)."""
+    FlaxGPT2Model, the causal mask and the padding mask combined differently on each side,
+    and torch's keys and values passed through its DynamicCache (`cat` with an empty
+    cache). The pairing used to stop in layer 0's attention (4 of torch's 55 computing
+    units paired: INCONCLUSIVE); every layer now pairs and compares (the truth: every module
+    agrees)."""
     rows, first = truth(attn, "none", GPT2)
     assert first is None and len(rows) > 10, rows
     r = _locate(traces[f"gpt2_{attn}"])
-    assert r.verdict in ("match", "inconclusive"), r.first_beyond_tolerance
-    assert (r.verdict == "match") == r.coverage.sufficient, r.coverage.reasons
-    assert r.exit_code == (0 if r.verdict == "match" else 3)
+    c = r.coverage
+    assert r.verdict == "match" and r.exit_code == 0, (r.first_beyond_tolerance, c.reasons)
+    assert c.sufficient, c.reasons
+    for side in (c.a, c.b):
+        assert side.events > 40 and side.compared >= 0.9 * side.events, side
+    # the attention is compared inside, where the values meet (the scores, the softmax, the
+    # weighted values read by c_proj), not only at the module's end
+    paired_b = {m["b_module"] for m in r.mapping if m["b_module"]}
+    assert {"h/0/attn", "h/1/attn", "h/0/attn/c_proj", "h/1/mlp/c_proj"} <= paired_b, paired_b
+
+
+def _gpt2_activation_truth(bug):
+    """Max abs of layer 0's MLP activation, torch's `h.0.mlp.act` module (a forward hook)
+    against the Flax port's: its config's activation applied to its captured `c_fc` output,
+    as FlaxGPT2MLP applies it (Flax has no module for it)."""
+    import torch
+    from transformers.modeling_flax_utils import ACT2FN
+    prog = _program(GPT2)
+    ids, mask = prog.batch()
+    tmodel, state = prog.torch_model("eager", bug)
+    seen = {}
+
+    def keep(_module, _inputs, output):
+        seen["act"] = output.detach().numpy()
+
+    hook = tmodel.h[0].mlp.act.register_forward_hook(keep)
+    with torch.no_grad():
+        tmodel(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
+    hook.remove()
+    fmodel, params = prog.flax_model(state, bug)
+    _, inter = fmodel.module.apply({"params": params}, *prog.flax_args(ids, mask),
+                                   capture_intermediates=True, mutable=["intermediates"])
+    c_fc = inter["intermediates"]["h"]["0"]["mlp"]["c_fc"]["__call__"][0]
+    act = np.asarray(ACT2FN[fmodel.config.activation_function](c_fc))
+    return float(np.abs(act.astype(np.float64) - seen["act"]).max())
+
+
+def test_gpt2_activation_bug_named_in_layer_0_mlp(traces):
+    """`gelu` where GPT-2 uses `gelu_new`: the truth's first differing module is layer 0's
+    MLP (hooks: `h.0.mlp.c_proj`, the first both sides have; torch's `act` module before it
+    differs by the activation's magnitude). tracediff names torch's activation module against
+    the Flax MLP's ops, with the activation's magnitude, its inputs matching."""
+    rows, first = truth("eager", "gelu", GPT2)
+    assert first is not None and first["module"].startswith("h.0.mlp."), first
+    act = _gpt2_activation_truth("gelu")
+    assert act > 10 * ATOL
+    r = _locate(traces["gpt2_gelu"])
+    assert r.verdict == "diverged" and r.exit_code == 1, r.coverage.reasons
+    f = r.first_beyond_tolerance
+    mod = f.layer["module"]
+    assert mod["b"] == "h/0/mlp/act" and mod["a"].endswith("h/0/mlp"), f.layer
+    assert act / 2 <= mod["max_abs"] <= 2 * act, (mod, act)
+    assert f.inputs_match is True, f.inputs_reason
 
 
 # case: (the module tracediff names, as a torch path; the op on torch's side or inside)

@@ -42,7 +42,7 @@ import numpy as np
 from ..align import sequence as _align
 from ..differ import comparable
 from .atoms import Atoms
-from .graph import PHASE_BWD, PHASE_FWD
+from .graph import PHASE_BWD, PHASE_FWD, is_int
 from .modules import ModuleCorrespondence
 from .reads import Reads
 
@@ -88,7 +88,9 @@ class Pairing(Atoms, ModuleCorrespondence, Reads):
     # -- pairing ----------------------------------------------------------------------------
     def _symbol(self, g, s, k, with_module):
         u = g.units[k]
-        return (u.family, u.size, u.dtype, int(self.groups[s][k]),
+        # integers in any width: Flax's int32 argmax is torch's int64 one
+        dtype = ("bool" if u.dtype == "bool" else "int") if is_int(u.dtype) else u.dtype
+        return (u.family, u.size, dtype, int(self.groups[s][k]),
                 self._module_id(s, u.module) if with_module else "")
 
     def _pair_phase(self, phase):
@@ -126,7 +128,7 @@ class Pairing(Atoms, ModuleCorrespondence, Reads):
             left = collections.defaultdict(lambda: ([], []))
             for s, lst, g in ((0, la, ga), (1, lb, gb)):
                 for k in lst:
-                    if k not in self.pair_of[s]:
+                    if k not in self.pair_of[s] and not self._index_unit(s, k):
                         u = g.units[k]
                         left[(u.size, u.dtype, int(self.groups[s][k]),
                               self._module_id(s, u.module) if bwd else "")][s].append(k)
@@ -216,7 +218,7 @@ class Pairing(Atoms, ModuleCorrespondence, Reads):
         left = collections.defaultdict(lambda: ([], []))
         for s, lst, g in ((0, la, self.ga), (1, lb, self.gb)):
             for k in lst:
-                if self.pair_key(s, k) is None:
+                if self.pair_key(s, k) is None and not self._index_unit(s, k):
                     u = g.units[k]
                     left[(u.size, int(self.groups[s][k]))][s].append(k)
         budget = MAX_MEET_COMPARISONS
@@ -253,7 +255,7 @@ class Pairing(Atoms, ModuleCorrespondence, Reads):
             # other side's ops on the way to a value both reach (torch eager's unscaled scores)
             start = max((k for k in lst if k in self.pair_of[s]), default=-1)
             for k in lst:
-                if k > start and self.pair_key(s, k) is None:
+                if k > start and self.pair_key(s, k) is None and not self._index_unit(s, k):
                     u = g.units[k]
                     left[(u.size, u.dtype, int(self.groups[s][k]))][s].append(k)
         for xs, ys in left.values():
@@ -268,8 +270,8 @@ class Pairing(Atoms, ModuleCorrespondence, Reads):
     def _pair_module_output(self, la, lb, n_atoms):
         """Step 3 of `_pair_forward`: the last unpaired unit of a module on a with the last
         of its counterpart on b (the deepest module both end), sizes equal."""
-        xs = [k for k in la if self.pair_key(0, k) is None]
-        ys = [k for k in lb if self.pair_key(1, k) is None]
+        xs = [k for k in la if self.pair_key(0, k) is None and not self._index_unit(0, k)]
+        ys = [k for k in lb if self.pair_key(1, k) is None and not self._index_unit(1, k)]
         ends_b = {y: self._module_ends(1, y) for y in ys}
         for x in reversed(xs):
             ux = self.ga.units[x]
@@ -291,6 +293,14 @@ class Pairing(Atoms, ModuleCorrespondence, Reads):
                           modules=(ma, mb))
                 return True
         return False
+
+    def _index_unit(self, s, k):
+        """An integer or boolean result (a mask, index arithmetic, a bounds check): it pairs
+        only where dataflow ties it (`_pair_strict`: the same op family, direct inputs that
+        pair), never because its values equal another's or it ends a region: a Flax `lt`
+        bounds check and a torch `ne` pad mask read the same tokens and can hold the same
+        bits, yet compute different things."""
+        return is_int((self.ga if s == 0 else self.gb).units[k].dtype)
 
     def _add(self, ka, kb, by, how, modules=None):
         ga_ = self.groups[0][ka]

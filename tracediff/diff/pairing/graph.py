@@ -247,7 +247,7 @@ class SideGraph(ValueNodes):
                 inside[e] = True          # its equations are inside it
             elif kind == schema.KIND_CALL or (kind == schema.KIND_EQN and self.has_kids[e]):
                 continue                  # its replayed equations stand for it
-            if fam is None or first[e] < 0:
+            if fam is None or first[e] < 0 or self.copied_input(e) is not None:
                 continue
             row = t.values[first[e]]
             shape = self.shape(row)

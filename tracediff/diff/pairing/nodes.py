@@ -63,7 +63,10 @@ class ValueNodes:
                 return row, [self.node(None, kid[0], kid[1])], None
             preds = [self.node(p, int(r["producer"]), int(r["producer_slot"])) for r in ins]
             return row, preds, (None if preds else ("leaf",))
-        if self.fam_of.get(int(t.events["op"][p])) is not None:
+        src = self.copied_input(p)
+        if src is not None:         # a concatenation with empty arrays: a copy of one input
+            ins = [r for r in ins if int(r["slot"]) == src]
+        elif self.fam_of.get(int(t.events["op"][p])) is not None:
             return row, [], ("leaf",)   # an op paired elsewhere (optimizer) or not at all
         if self.op(p).split(".", 1)[0] in ("aten::copy_", "copy_"):
             ins = [r for r in ins if int(r["slot"]) == 1] or ins
@@ -72,6 +75,35 @@ class ValueNodes:
                              for r in t.input_rows(p)):
             return row, [], ("const",)   # a fill of literals (zeros, ones, a broadcast 0.0)
         return row, preds, (None if preds else ("leaf",))
+
+    def copied_input(self, e):
+        """The input slot whose bytes a computing op only copies, or None: it reads empty
+        arrays and one other, and its output holds exactly that one's value (dtype, shape,
+        hash): torch's KV cache, `cat([empty, k])` on the first call. Such an op moves
+        bytes; what reads it reads that input. (An op that happens to return its input,
+        `max(x, 0)` of positive x, still computes: it reads no empty array.)"""
+        if self.fam_of.get(int(self.t.events["op"][e])) is None or self.has_kids[e]:
+            return None
+        out = self.side.value_row(e, 0)
+        if out is None or not int(out["hash"]) or int(out["nbytes"]) == 0:
+            return None
+        found, empty = None, False
+        for r in self.t.input_rows(e):
+            p, ps = int(r["producer"]), int(r["producer_slot"])
+            if p in (schema.PRODUCER_LITERAL, schema.PRODUCER_CONST):
+                continue
+            row = self.side.value_row(p, ps) if 0 <= p < self.n else None
+            if row is None:
+                return None
+            if int(row["nbytes"]) == 0 and len(self.shape(row)):
+                empty = True          # an empty array: contributes nothing
+                continue
+            if found is not None or int(row["hash"]) != int(out["hash"]) or \
+                    int(row["dtype"]) != int(out["dtype"]) or \
+                    int(row["shape"]) != int(out["shape"]):
+                return None
+            found = int(r["slot"])
+        return found if empty else None
 
     def _kid_with(self, container, row):
         """(event, slot) of the equation inside a call or nested jit that produced the same

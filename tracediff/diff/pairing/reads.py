@@ -21,11 +21,11 @@ class Reads:
             row = g.nodes[nd][0]
             if row is not None and not len(g.shape(row)):
                 continue
-            a = self.atom(s, row)
+            a, prods = self._read(g, s, nd)
             if a is not None:
                 keys.append(("a", a))
                 continue
-            for v in self._producers(g, s, nd):
+            for v in prods:
                 pr = self.pair_key(s, v)
                 if pr is not None:
                     keys.append(("p", pr))
@@ -95,11 +95,11 @@ class Reads:
         g = self.ga if s == 0 else self.gb
         keys = set()
         for _, _, nd in g.input_nodes(g.units[k]):
-            a = self.atom(s, g.nodes[nd][0])
+            a, prods = self._read(g, s, nd)
             if a is not None:
                 keys.add(("a", a))
                 continue
-            for v in self._producers(g, s, nd):
+            for v in prods:
                 pr = self.pair_of[s].get(v)
                 if pr is not None:
                     keys.add(("p", pr))
@@ -122,10 +122,30 @@ class Reads:
                         stack.append(v)
         return sorted(out)
 
+    def _read(self, g, s, nd):
+        """(atom, []) for a value a unit reads at node `nd` as an atom, else (None, the units
+        it comes from). An integer or boolean value both sides compute (a mask, `ids ==
+        eos`) is read as what its producer computed, not as an atom: equal bits alone never
+        tie two readers (torch may read the same mask converted to int, other bits; two
+        unrelated masks may hold the same ones)."""
+        row = g.nodes[nd][0]
+        a = self.atom(s, row)
+        if a is None or self._computed_index(g, row):
+            prods = self._producers(g, s, nd)
+            if prods or a is None:
+                return None, prods
+        return a, []
+
+    def _computed_index(self, g, row):
+        """An integer or boolean value a unit computed on each side (`_read`)."""
+        key = g.key(row)
+        return key is not None and key[0] == "i" and key in self.computed
+
     def _producers(self, g, s, nd, depth=0):
-        """Units a value node comes from, through byte-moving ops (stops at atoms)."""
+        """Units a value node comes from, through byte-moving ops (stops at atoms, but for
+        integer and boolean values both sides compute: `_read`)."""
         row, preds, term = g.nodes[nd]
-        if self.atom(s, row) is not None or depth > 16:
+        if depth > 16 or (self.atom(s, row) is not None and not self._computed_index(g, row)):
             return []
         if term is not None:
             return [term[1]] if term[0] == "unit" else []
