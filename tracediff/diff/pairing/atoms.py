@@ -66,6 +66,7 @@ class Atoms:
                            f"{self.gb.t.string(rb['dtype'])})")
                 self.atom_rows[aid] = (row, rb, how)
         self._permuted_atoms(rows_of, seen)
+        self._broadcast_atoms(rows_of)
         for ra, rb in role_rows:          # updated parameters, by optimizer role
             ka, kb = self.ga.key(ra), self.gb.key(rb)
             if ka is None or kb is None:
@@ -118,6 +119,80 @@ class Atoms:
                     self.atoms.setdefault(self.ga.key(ra), aid)
                     self.atoms.setdefault(self.gb.key(rb), aid)
 
+    def _broadcast_atoms(self, rows_of):
+        """Float values without an exact match where one side's is the other's broadcast
+        along dimensions of size 1 (Flax's position embeddings looked up for positions of
+        the batch's shape [2, 8] against torch's for its [1, 8] buffer: each row of the
+        [2, 8, 32] output is the [1, 8, 32] one) make an atom too: the same value, read by
+        what follows on both sides. A constant (every element equal) broadcasts to
+        anything and is never one; integers and bools never pair by value this way."""
+        def pending(g, s):
+            out = {}
+            for row in rows_of[s]:
+                k = g.key(row)
+                if k is None or k[0] != "b" or k in self.atoms or not comparable(row):
+                    continue
+                shape = g.shape(row)
+                if len(shape) and _size(shape) >= 2:
+                    out.setdefault((k[1], shape), {})[k] = row
+            return out
+
+        pa, pb = pending(self.ga, 0), pending(self.gb, 1)
+        budget = [MAX_FINGERPRINT_BYTES]
+
+        def read(g, row):
+            budget[0] -= int(row["nbytes"])
+            return np.asarray(g.reader.read(row)) if budget[0] >= 0 else None
+
+        for (dt, sa), (dtb, sb) in [(x, y) for x in pa for y in pb]:
+            if dt != dtb or sa == sb:
+                continue
+            big = _broadcasts_to(sb, sa)
+            if big is None:
+                big = _broadcasts_to(sa, sb)
+                if big is None:
+                    continue
+                small_side, shape_small, shape_big = 0, sa, sb
+            else:
+                small_side, shape_small, shape_big = 1, sb, sa
+            smalls = (pa, pb)[small_side][(dt, shape_small)]
+            bigs = (pa, pb)[1 - small_side][(dt, shape_big)]
+            gs, gbig = (self.ga, self.gb)[small_side], (self.ga, self.gb)[1 - small_side]
+            index = {}
+            for k, row in smalls.items():
+                if k in self.atoms:
+                    continue
+                x = read(gs, row)
+                if x is None:
+                    return
+                if x.size and (x.reshape(-1)[:1] == x.reshape(-1)).all():
+                    continue                   # a constant: it broadcasts to anything
+                index.setdefault(digest(np.ascontiguousarray(x).tobytes()), []).append((k, row, x))
+            if not index:
+                continue
+            lead = len(shape_big) - len(shape_small)
+            src = tuple(0 if i < lead or shape_small[i - lead] == 1 else slice(None)
+                        for i in range(len(shape_big)))
+            for kb, rb in bigs.items():
+                if kb in self.atoms:
+                    continue
+                y = read(gbig, rb)
+                if y is None:
+                    return
+                first = np.ascontiguousarray(y[src])
+                for k, row, x in index.get(digest(first.tobytes()), ()):
+                    if k in self.atoms or not np.array_equal(
+                            np.broadcast_to(x.reshape(shape_small), shape_big).view(np.uint8),
+                            y.view(np.uint8)):
+                        continue
+                    ra, rb_ = (row, rb) if small_side == 0 else (rb, row)
+                    aid = len(self.atom_rows)
+                    self.atom_rows[aid] = (ra, rb_, f"equal after broadcasting "
+                                                    f"{list(shape_small)} to {list(shape_big)}")
+                    self.atoms.setdefault(self.ga.key(ra), aid)
+                    self.atoms.setdefault(self.gb.key(rb_), aid)
+                    break
+
     # -- support ----------------------------------------------------------------------------
     def _supports(self, g, s):
         memo = {}
@@ -137,7 +212,12 @@ class Atoms:
                 # alone (an arange, an iota): then the value itself
                 res = (g.support[term[1]] if term is not None and term[0] == "unit"
                        and g.support[term[1]] is not None else
-                       _union([origins(q, depth + 1) for q in preds])) or frozenset([("a", a)])
+                       _union([origins(q, depth + 1) for q in preds]))
+                if not res and g.key(row)[0] != "i":
+                    res = frozenset([("a", a)])
+                # an integer or bool both sides build from constants (an arange, an iota:
+                # index constants of every kind, torch's position buffer and Flax's causal
+                # mask alike) is a constant, not the same input: it adds nothing
             elif term is not None and term[0] == "unit":
                 res = g.support[term[1]]
                 if res is None:
@@ -165,6 +245,20 @@ class Atoms:
                 intern[sup] = sup
                 budget -= len(sup)
             g.support[k] = intern[sup]
+
+
+def _size(shape):
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def _broadcasts_to(small, big):
+    """`big` if an array of shape `small` broadcasts to shape `big` (numpy's rules: trailing
+    dimensions aligned, each of `small`'s equal or 1) and is smaller; else None."""
+    if len(small) > len(big) or _size(small) >= _size(big):
+        return None
+    lead = len(big) - len(small)
+    ok = all(d == 1 or d == big[lead + i] for i, d in enumerate(small))
+    return big if ok else None
 
 
 def _union(parts):
