@@ -218,12 +218,12 @@ class CrossDiffer(LayerNames, RoleSteps, Differ):
 
     def transform_b(self, row_a, row_b, xa, xb):
         xa, xb = np.asarray(xa), np.asarray(xb)
-        if xa.shape == xb.shape:
-            return xb
+        if xa.shape != xb.shape and xa.size != xb.size and _broadcast_pair(xa.shape, xb.shape):
+            return xb       # one is the other's broadcast: compared as numpy broadcasts them
         key = (int(row_a["offset"]), int(row_b["offset"])) if row_a is not None else None
         p = self._layout.get(key) if key else None
         if p is None:
-            p = best_layout(xa, xb)
+            p = best_layout(xa, xb, same_shape_exact=xa.shape == xb.shape)
             if key:
                 self._layout[key] = p
         return xb if p is None else _graph.apply_perm(xb, xa.shape, p)
@@ -494,11 +494,30 @@ def _as_f64(x):
         return None
 
 
-def best_layout(xa, xb):
+def _broadcast_pair(sa, sb):
+    """Does one of two shapes broadcast to the other (numpy's rules)?"""
+    try:
+        big = np.broadcast_shapes(tuple(sa), tuple(sb))
+    except ValueError:
+        return False
+    return big in (tuple(sa), tuple(sb))
+
+
+def best_layout(xa, xb, same_shape_exact=False):
     """The axis order under which b's array agrees best with a's (see
-    `graph.permutations_to`), judged on a sample of elements; None if none fits."""
+    `graph.permutations_to`), judged on a sample of elements; None if none fits.
+    `same_shape_exact`: two arrays of one shape keep it (None) unless it disagrees and
+    another order agrees on every sampled element (a JAX einsum's `dot_general` that
+    computes the attention output with its last two axes swapped, [b, h, d, q] against
+    torch SDPA's [b, h, q, d] when d == q)."""
     xa, xb = np.asarray(xa), np.asarray(xb)
     perms = _graph.permutations_to(xa.shape, xb.shape)
+    if same_shape_exact:
+        best = best_layout(xa, xb) if len(perms) > 1 else None
+        if best is None or best == tuple(range(xa.ndim)) or \
+                _sample_score(xa, xb, perms[0]) == 1.0 or _sample_score(xa, xb, best) < 1.0:
+            return None
+        return best
     if not perms:
         return None
     if len(perms) == 1:
@@ -524,6 +543,19 @@ def best_layout(xa, xb):
         if score == 1.0:
             break
     return best
+
+
+def _sample_score(xa, xb, p):
+    """The share of sampled elements of a that b, laid out by `p`, agrees with (rtol 1e-2)."""
+    n = xa.size
+    idx = np.random.default_rng(0).choice(n, SAMPLE, replace=False) if n > SAMPLE else np.arange(n)
+    coords = np.unravel_index(idx, xa.shape)
+    flat = np.ravel_multi_index([coords[i] for i in p], [xa.shape[i] for i in p])
+    fa, fb = _as_f64(xa.reshape(-1)[idx]), _as_f64(xb.reshape(-1)[flat])
+    if fa is None or fb is None or not len(fa):
+        return 1.0
+    with np.errstate(invalid="ignore", over="ignore"):
+        return float(np.isclose(fa, fb, rtol=1e-2, atol=1e-6, equal_nan=True).mean())
 
 
 def cross_differ(ta, tb, rtol=None, atol=None, map_file=None):
