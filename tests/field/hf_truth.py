@@ -24,15 +24,15 @@ def load_program(path):
     return mod
 
 
-def record_cases(program, cases, folder):
-    """{case: trace} of `tracediff record PROGRAM --bug BUG` for each (case, bug)."""
+def record_cases(program, cases, folder, extra=()):
+    """{case: trace} of `tracediff record PROGRAM --bug BUG [EXTRA]` for each (case, bug)."""
     env = dict(os.environ, PYTHONPATH=ROOT)
     env.pop("XLA_FLAGS", None)
     out = {}
     for name, bug in cases.items():
         path = str(folder / f"{name}.h5")
         r = subprocess.run([sys.executable, "-m", "tracediff", "record", "-o", path, program,
-                            "--bug", bug], cwd=folder, env=env, capture_output=True,
+                            "--bug", bug, *extra], cwd=folder, env=env, capture_output=True,
                            text=True, timeout=900)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
         out[name] = path
