@@ -193,6 +193,36 @@ class Atoms:
                     self.atoms.setdefault(self.gb.key(rb_), aid)
                     break
 
+    def _tie_index_leaves(self):
+        """Integer values only one side was given, where the other side builds its own or
+        was given its own (Flax's `position_ids` of the batch's shape against torch's
+        position buffer; positions off by one in a port): where one unit of each side of
+        the same family reads them with the same atoms otherwise (the lookup into the same
+        table), dataflow ties them: they are that unit's index operand on both sides, never
+        paired by their values. Returns whether any was tied (the supports are then
+        computed again, those values adding nothing)."""
+        from .graph import PHASE_FWD, is_int
+        cand = [{}, {}]
+        for g, s in ((self.ga, 0), (self.gb, 1)):
+            for k, u in enumerate(g.units):
+                sup = g.support[k]
+                if u.phase != PHASE_FWD or not sup:
+                    continue
+                atoms = frozenset(x for x in sup if x[0] == "a")
+                own = [x[2] for x in sup if x[0] == "l"]
+                rows = [g.nodes[nd][0] if nd in g.nodes else None for nd in own]
+                if atoms and all(r is not None and is_int(g.t.string(r["dtype"]))
+                                 for r in rows):
+                    cand[s].setdefault((u.family, atoms), []).append(own)
+        tied = False
+        for key, owns_a in cand[0].items():
+            owns_b = cand[1].get(key, [])
+            if len(owns_a) == 1 and len(owns_b) == 1 and (owns_a[0] or owns_b[0]):
+                self.index_leaves[0].update(owns_a[0])
+                self.index_leaves[1].update(owns_b[0])
+                tied = True
+        return tied
+
     # -- support ----------------------------------------------------------------------------
     def _supports(self, g, s):
         memo = {}
@@ -224,6 +254,8 @@ class Atoms:
                     res = frozenset([("l", s, nd)])
             elif term is not None and term[0] == "const":
                 res = frozenset()
+            elif term is not None and nd in self.index_leaves[s]:
+                res = frozenset()     # tied to the other side's index (`_tie_index_leaves`)
             elif term is not None or depth > MAX_DEPTH:
                 # an input only this side has; 0-d ones (seeds, counters, hyper-parameters)
                 # are parameters of the computation, not data

@@ -218,7 +218,7 @@ class CrossDiffer(LayerNames, RoleSteps, Differ):
 
     def transform_b(self, row_a, row_b, xa, xb):
         xa, xb = np.asarray(xa), np.asarray(xb)
-        if xa.shape != xb.shape and xa.size != xb.size and _broadcast_pair(xa.shape, xb.shape):
+        if xa.shape != xb.shape and xa.size != xb.size and _pairing._broadcast_pair(xa.shape, xb.shape):
             return xb       # one is the other's broadcast: compared as numpy broadcasts them
         key = (int(row_a["offset"]), int(row_b["offset"])) if row_a is not None else None
         p = self._layout.get(key) if key else None
@@ -254,7 +254,7 @@ class CrossDiffer(LayerNames, RoleSteps, Differ):
         if row_a is None or row_b is None:
             return None
         da, db = self.ta.string(row_a["dtype"]), self.tb.string(row_b["dtype"])
-        if da == db:
+        if da == db and not self._broadcast_rows(row_a, row_b):
             return super().compare_rows(row_a, row_b, tol_dtype)
         if not comparable(row_a) or not comparable(row_b):
             return None
@@ -265,16 +265,29 @@ class CrossDiffer(LayerNames, RoleSteps, Differ):
                 self.ra.read(row_a), self.rb.read(row_b), da, db, row_a, row_b, tol_dtype)
         return hit
 
+    def _broadcast_rows(self, row_a, row_b):
+        """Is one value the shape the other broadcasts to (of another size)?"""
+        try:
+            sa = tuple(parse_shape(self.ta.string(row_a["shape"])))
+            sb = tuple(parse_shape(self.tb.string(row_b["shape"])))
+        except ValueError:
+            return False
+        return sa != sb and _graph._size(sa) != _graph._size(sb) and \
+            _pairing._broadcast_pair(sa, sb)
+
     def compare_values(self, xa, xb, da, db, row_a=None, row_b=None, tol_dtype=None):
         """Metrics of two arrays, possibly of two dtypes, b laid out like a. Values of two
         dtypes are compared as numbers; equal numbers are equal at every level."""
         xa = np.asarray(xa)
         xb = self.transform_b(row_a, row_b, xa, np.asarray(xb))
+        if xa.shape != np.shape(xb) and _pairing._broadcast_pair(xa.shape, np.shape(xb)):
+            xa, xb = np.broadcast_arrays(xa, xb)   # one is the other's broadcast
         if da == db:
             m = compare.compare_arrays(xa, xb, da, self.rtol, self.atol, tol_dtype=tol_dtype,
                                        ulp=self.ulp)
             m["bitwise_equal"] = bool(xa.shape == np.asarray(xb).shape and
-                                      xa.tobytes() == np.ascontiguousarray(xb).tobytes())
+                                      np.ascontiguousarray(xa).tobytes() ==
+                                      np.ascontiguousarray(xb).tobytes())
             if m["bitwise_equal"]:
                 m["within_tolerance"] = True
             return m
@@ -530,15 +543,6 @@ def _as_f64(x):
         return x.astype(np.float64) if x.dtype.kind in "fiub" else None
     except (TypeError, ValueError):
         return None
-
-
-def _broadcast_pair(sa, sb):
-    """Does one of two shapes broadcast to the other (numpy's rules)?"""
-    try:
-        big = np.broadcast_shapes(tuple(sa), tuple(sb))
-    except ValueError:
-        return False
-    return big in (tuple(sa), tuple(sb))
 
 
 def best_layout(xa, xb, same_shape_exact=False):
