@@ -26,7 +26,7 @@ from .hf_truth import first_difference, load_program, record_cases
 pytestmark = pytest.mark.field
 
 PROGRAM = os.path.join(ROOT, "tests", "field", "programs", "hf_clip_text.py")
-CASES = {"correct": "none", "gelu": "gelu", "eps": "eps"}
+CASES = {"correct": "none", "gelu": "gelu", "eps": "eps", "pos": "pos"}
 
 
 @pytest.fixture(scope="module")
@@ -116,3 +116,19 @@ def test_gelu_for_quick_gelu_is_found_at_the_activation_with_its_magnitude(trace
     f = r.first_beyond_tolerance
     assert _module_b(r).startswith("text_model.encoder.layers.0.mlp"), f.layer
     assert act / 2 <= f.metrics.max_abs <= 2 * act, (f.metrics, act)
+
+
+def test_positions_off_by_one_are_found_at_the_position_embeddings(traces):
+    """Flax given positions 1..8 where torch's buffer holds 0..7: the two index values are
+    only tied by dataflow (each side's lookup into the same table), never by their values;
+    the lookups pair ([2, 8, 32] with the [1, 8, 32] it should broadcast from) and differ
+    by the truth's magnitude (hooks: the embeddings' output; the position lookups' outputs
+    are of two sizes, which the hooks do not compare)."""
+    first, _, max_abs = truth("pos")
+    assert first == "text_model.embeddings"
+    r = tracediff.locate(traces["pos"], explain=False)
+    assert r.verdict == "diverged", r.coverage
+    f = r.first_beyond_tolerance
+    assert _module_b(r) == "text_model.embeddings.position_embedding", f.layer
+    assert max_abs / 2 <= f.metrics.max_abs <= 2 * max_abs, (f.metrics, max_abs)
+    assert r.coverage.sufficient

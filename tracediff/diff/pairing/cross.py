@@ -254,7 +254,7 @@ class CrossDiffer(LayerNames, RoleSteps, Differ):
         if row_a is None or row_b is None:
             return None
         da, db = self.ta.string(row_a["dtype"]), self.tb.string(row_b["dtype"])
-        if da == db and not self._broadcast_rows(row_a, row_b):
+        if da == db and not _broadcast_rows(self.ta, self.tb, row_a, row_b):
             return super().compare_rows(row_a, row_b, tol_dtype)
         if not comparable(row_a) or not comparable(row_b):
             return None
@@ -264,16 +264,6 @@ class CrossDiffer(LayerNames, RoleSteps, Differ):
             hit = self._cmp_val[key] = self.compare_values(
                 self.ra.read(row_a), self.rb.read(row_b), da, db, row_a, row_b, tol_dtype)
         return hit
-
-    def _broadcast_rows(self, row_a, row_b):
-        """Is one value the shape the other broadcasts to (of another size)?"""
-        try:
-            sa = tuple(parse_shape(self.ta.string(row_a["shape"])))
-            sb = tuple(parse_shape(self.tb.string(row_b["shape"])))
-        except ValueError:
-            return False
-        return sa != sb and _graph._size(sa) != _graph._size(sb) and \
-            _pairing._broadcast_pair(sa, sb)
 
     def compare_values(self, xa, xb, da, db, row_a=None, row_b=None, tol_dtype=None):
         """Metrics of two arrays, possibly of two dtypes, b laid out like a. Values of two
@@ -442,37 +432,6 @@ class CrossDiffer(LayerNames, RoleSteps, Differ):
             return f, None
         return None, None
 
-    def _formulas_differ(self, f, pr, mod, level):
-        """Two ops of one family read the same values and differ inside a module whose
-        output differs too (an activation written with other ops: Flax's exact GELU
-        `0.5 * x` against torch's QuickGELU `1.702 * x`): the two formulas differ, and the
-        headline is the module's output with its magnitude; the op is named inside. None
-        where the op is the module's output or its inputs do not all match."""
-        if mod is None or pr.by != "dataflow" or f.inputs_match is not True:
-            return None
-        ea, eb = self.ga.units[pr.a].rep, self.gb.units[pr.b].rep
-        oa, ob = mod["a_event"], mod["b_event"]
-        if (oa, ob) == (ea, eb) or self.equal_at(oa, ob, level):
-            return None
-        k = next((k for e, k in self.pairs_list if e == oa), None)
-        if k is None:
-            return None
-        po = self.p.pairs[k]
-        m = self.compare_event(ea, eb)["metrics"]
-        out = self.finding(oa, ob, level, note=self._note(po))
-        out.layer = self.layer(po)
-        out.layer["module"] = mod
-        out.layer["inside"] = {"a": int(ea), "b": int(eb), "a_op": self.ga.units[pr.a].label,
-                               "b_op": self.gb.units[pr.b].label,
-                               "max_abs": _finite_num(m.get("max_abs")),
-                               "max_rel": _finite_num(m.get("max_rel"))}
-        out.note += (f"; the module's two formulas differ inside it: a {self.ga.units[pr.a].label} "
-                     f"(event {ea}) and b {self.gb.units[pr.b].label} (event {eb}) read the same "
-                     f"values and differ by max abs {_num(m.get('max_abs')):.3g}; the module's "
-                     f"output {mod['a'] or '(top level)'} <-> {mod['b'] or '(top level)'} is the "
-                     f"headline")
-        return out
-
     def _normwise(self, row_a, row_b):
         """(||a - b|| / ||a||, within rtol * ||a|| + atol * sqrt(n)) of two values, b laid
         out like a; None when they cannot be compared."""
@@ -522,8 +481,14 @@ class CrossDiffer(LayerNames, RoleSteps, Differ):
         return bool(len(rows_a))
 
 
-def _finite_num(x):
-    return None if x is None or not np.isfinite(_num(x)) else float(_num(x))
+def _broadcast_rows(ta, tb, row_a, row_b):
+    """Is one value the shape the other broadcasts to (of another size)?"""
+    try:
+        sa = tuple(parse_shape(ta.string(row_a["shape"])))
+        sb = tuple(parse_shape(tb.string(row_b["shape"])))
+    except ValueError:
+        return False
+    return sa != sb and _graph._size(sa) != _graph._size(sb) and _pairing._broadcast_pair(sa, sb)
 
 
 def _dedupe(ins):
