@@ -182,9 +182,9 @@ class CrossDiffer(LayerNames, RoleSteps, Differ):
         gb = _graph.SideGraph(tb, sb, self.fw_b, "b", self.rb)
         self.optim = self._optim_pairs(ta, tb, sa, sb)
         self._layout = {}
+        self.ga, self.gb = ga, gb
         self.p = _pairing.Pairing(ga, gb, load_map(map_file), self._role_rows(None),
                                   agree=self._values_meet)
-        self.ga, self.gb = ga, gb
         a2b = np.full(len(ta), -1, np.int64)
         b2a = np.full(len(tb), -1, np.int64)
         for pr in self.p.pairs:
@@ -223,7 +223,8 @@ class CrossDiffer(LayerNames, RoleSteps, Differ):
         key = (int(row_a["offset"]), int(row_b["offset"])) if row_a is not None else None
         p = self._layout.get(key) if key else None
         if p is None:
-            p = best_layout(xa, xb, same_shape_exact=xa.shape == xb.shape)
+            p = None if xa.shape == xb.shape and not _fused(self.ga, self.gb, row_a, row_b) else \
+                best_layout(xa, xb, same_shape_exact=xa.shape == xb.shape)
             if key:
                 self._layout[key] = p
         return xb if p is None else _graph.apply_perm(xb, xa.shape, p)
@@ -479,6 +480,19 @@ class CrossDiffer(LayerNames, RoleSteps, Differ):
             if nw is None or not nw[1] or nw[0] > AMPLIFIED * rel_in:
                 return False
         return bool(len(rows_a))
+
+
+def _fused(ga, gb, row_a, row_b):
+    """Is one of two values the output of a fused op of no family the other side has (torch's
+    SDPA against a composite, whose intermediate layouts need not agree)? Ops of known
+    families keep one layout: a transposed result there is a difference (q and k swapped,
+    scores transposed), never a layout."""
+    fams = []
+    for g, r in ((ga, row_a), (gb, row_b)):
+        k = int(g.unit_of[int(r["event"])]) if r is not None else -1
+        fams.append(g.units[k].family if k >= 0 else None)
+    return None not in fams and fams[0] != fams[1] and \
+        any(f not in _graph.KNOWN_FAMILIES for f in fams)
 
 
 def _broadcast_rows(ta, tb, row_a, row_b):
