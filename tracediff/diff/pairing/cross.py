@@ -227,7 +227,7 @@ class CrossDiffer(LayerNames, RoleSteps, Differ):
                 best_layout(xa, xb, same_shape_exact=xa.shape == xb.shape)
             if key:
                 self._layout[key] = p
-        return xb if p is None else _graph.apply_perm(xb, xa.shape, p)
+        return _mask_extremes(xa, xb if p is None else _graph.apply_perm(xb, xa.shape, p))
 
     def _out_pairs(self, ea, eb):
         """Outputs of two paired units by slot; where one side computes several values in
@@ -480,6 +480,20 @@ class CrossDiffer(LayerNames, RoleSteps, Differ):
             if nw is None or not nw[1] or nw[0] > AMPLIFIED * rel_in:
                 return False
         return bool(len(rows_a))
+
+
+def _mask_extremes(xa, xb):
+    """b with -inf where a holds the dtype's lowest finite value and b -inf, or the reverse,
+    made a's: an additive attention mask masks alike with either (Flax's `finfo.min` against
+    torch's `-inf`), so such elements are equal values, never a difference."""
+    xa, xb = np.asarray(xa), np.asarray(xb)
+    if xa.dtype.kind != "f" or xb.dtype != xa.dtype or xa.shape != xb.shape:
+        return xb
+    low = np.finfo(xa.dtype).min
+    swap = ((xa == low) & (xb == -np.inf)) | ((xa == -np.inf) & (xb == low))
+    if swap.any():
+        xb = np.where(swap, xa, xb)
+    return xb
 
 
 def _fused(ga, gb, row_a, row_b):
