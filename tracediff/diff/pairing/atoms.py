@@ -214,12 +214,18 @@ class Atoms:
                 if atoms and all(r is not None and is_int(g.t.string(r["dtype"]))
                                  for r in rows):
                     cand[s].setdefault((u.family, atoms), []).append(own)
+        def one(owns):
+            """The one unit's own values (an init-time forward on constants beside the
+            apply-time one on given values: the given ones), or None when ambiguous."""
+            given = [o for o in owns if o]
+            return given[0] if len(given) == 1 else owns[0] if len(owns) == 1 else None
+
         tied = False
         for key, owns_a in cand[0].items():
-            owns_b = cand[1].get(key, [])
-            if len(owns_a) == 1 and len(owns_b) == 1 and (owns_a[0] or owns_b[0]):
-                self.index_leaves[0].update(owns_a[0])
-                self.index_leaves[1].update(owns_b[0])
+            xa, xb = one(owns_a), one(cand[1].get(key, []))
+            if xa is not None and xb is not None and (xa or xb):
+                self.index_leaves[0].update(xa)
+                self.index_leaves[1].update(xb)
                 tied = True
         return tied
 

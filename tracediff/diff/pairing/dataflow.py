@@ -225,8 +225,9 @@ class Pairing(Atoms, ModuleCorrespondence, Reads):
     def _pair_broadcast(self, la, lb, n_atoms):
         """Step 1b: two units of one family and dtype whose direct inputs pair, one's output
         the shape the other's broadcasts to (Flax's position embeddings looked up for [2, 8]
-        positions, torch's for its [1, 8] buffer)."""
-        left = [[k for k in lst if k not in self.pair_of[s]] for s, lst in ((0, la), (1, lb))]
+        positions, torch's for its [1, 8] buffer); the latest first (an init-time forward on
+        constants precedes the apply-time one)."""
+        left = [[k for k in lst if k not in self.pair_of[s]][::-1] for s, lst in ((0, la), (1, lb))]
         for x in left[0]:
             ux = self.ga.units[x]
             keys = self._complete_keys(0, x)
