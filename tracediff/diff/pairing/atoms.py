@@ -10,7 +10,7 @@ import numpy as np
 
 from ...trace.values import digest
 from ..differ import comparable
-from .graph import find_layout
+from .graph import PHASE_FWD, find_layout, is_int
 
 MAX_DEPTH = 200             # passthrough hops followed back from one value
 MAX_FINGERPRINT_BYTES = 256 << 20   # values read to fingerprint permuted arrays
@@ -201,7 +201,6 @@ class Atoms:
         table), dataflow ties them: they are that unit's index operand on both sides, never
         paired by their values. Returns whether any was tied (the supports are then
         computed again, those values adding nothing)."""
-        from .graph import PHASE_FWD, is_int
         cand = [{}, {}]
         for g, s in ((self.ga, 0), (self.gb, 1)):
             for k, u in enumerate(g.units):
@@ -214,6 +213,7 @@ class Atoms:
                 if atoms and all(r is not None and is_int(g.t.string(r["dtype"]))
                                  for r in rows):
                     cand[s].setdefault((u.family, atoms), []).append(own)
+
         def one(owns):
             """The one unit's own values (an init-time forward on constants beside the
             apply-time one on given values: the given ones), or None when ambiguous."""
@@ -245,15 +245,15 @@ class Atoms:
                 res = frozenset([("a", a)])
             elif a is not None:
                 # computed on both sides: what computed it, unless that was constants
-                # alone (an arange, an iota): then the value itself
+                # alone: then a float value itself (a table both sides build); an integer
+                # or bool (an arange, an iota: index constants of every kind, torch's
+                # position buffer and Flax's causal mask alike) is a constant, not the same
+                # input: it adds nothing
                 res = (g.support[term[1]] if term is not None and term[0] == "unit"
                        and g.support[term[1]] is not None else
                        _union([origins(q, depth + 1) for q in preds]))
                 if not res and g.key(row)[0] != "i":
                     res = frozenset([("a", a)])
-                # an integer or bool both sides build from constants (an arange, an iota:
-                # index constants of every kind, torch's position buffer and Flax's causal
-                # mask alike) is a constant, not the same input: it adds nothing
             elif term is not None and term[0] == "unit":
                 res = g.support[term[1]]
                 if res is None:

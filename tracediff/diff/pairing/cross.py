@@ -218,7 +218,7 @@ class CrossDiffer(LayerNames, RoleSteps, Differ):
 
     def transform_b(self, row_a, row_b, xa, xb):
         xa, xb = np.asarray(xa), np.asarray(xb)
-        if xa.shape != xb.shape and xa.size != xb.size and _pairing._broadcast_pair(xa.shape, xb.shape):
+        if xa.size != xb.size and _pairing._broadcast_pair(xa.shape, xb.shape):
             return xb       # one is the other's broadcast: compared as numpy broadcasts them
         key = (int(row_a["offset"]), int(row_b["offset"])) if row_a is not None else None
         p = self._layout.get(key) if key else None

@@ -46,6 +46,7 @@ from .graph import PHASE_BWD, PHASE_FWD
 from .modules import ModuleCorrespondence
 from .reads import Reads
 
+
 def _broadcast_pair(sa, sb):
     """Does one of two shapes broadcast to the other (numpy's rules)?"""
     try:
@@ -227,16 +228,21 @@ class Pairing(Atoms, ModuleCorrespondence, Reads):
         the shape the other's broadcasts to (Flax's position embeddings looked up for [2, 8]
         positions, torch's for its [1, 8] buffer); the latest first (an init-time forward on
         constants precedes the apply-time one)."""
-        left = [[k for k in lst if k not in self.pair_of[s]][::-1] for s, lst in ((0, la), (1, lb))]
-        for x in left[0]:
-            ux = self.ga.units[x]
-            keys = self._complete_keys(0, x)
-            for y in left[1]:
+        by_kind = collections.defaultdict(list)
+        for y in reversed(lb):
+            if y not in self.pair_of[1]:
                 uy = self.gb.units[y]
-                if (uy.family, uy.dtype, self.groups[1][y]) != \
-                        (ux.family, ux.dtype, self.groups[0][x]) or uy.size == ux.size or \
-                        not _broadcast_pair(ux.shape, uy.shape) or keys is None or \
-                        self._complete_keys(1, y) != keys:
+                by_kind[(uy.family, uy.dtype, self.groups[1][y])].append(y)
+        for x in reversed(la):
+            ux = self.ga.units[x]
+            if x in self.pair_of[0]:
+                continue
+            for y in by_kind.get((ux.family, ux.dtype, self.groups[0][x]), ()):
+                uy = self.gb.units[y]
+                if uy.size == ux.size or not _broadcast_pair(ux.shape, uy.shape):
+                    continue
+                keys = self._complete_keys(0, x)
+                if keys is None or self._complete_keys(1, y) != keys:
                     continue
                 self._add(x, y, "dataflow",
                           f"same op family, computed from the same {n_atoms} paired input(s) "
