@@ -53,6 +53,8 @@ JOBS = [
     ("tr_after", "port_transformer.py", "jax,torch", ("--torch-scale", "after")),
     ("tr_cache", "port_transformer.py", "jax,torch", ("--torch-cache",)),
     ("tr_pad", "port_transformer.py", "jax,torch", ("--pad-mask",)),
+    ("positions", "port_positions.py", "jax,torch", ()),
+    ("positions_bug", "port_positions.py", "jax,torch", ("--bug", "pos")),
     ("tr32", "port_transformer.py", "jax,torch", (), TF32),
 ]
 BATCH = r"""
@@ -406,6 +408,29 @@ def test_mlp_map_restricts_modules(traces, tmp_path):
     for x in _units(r):             # never across op families (no random_wrap/sqrt/div <-> addmm)
         if x["b_op"] == "addmm":
             assert x["a_op"] == "dot_general + add"
+
+
+def test_positions_of_the_batchs_shape_pair_with_a_buffer_they_broadcast_from(traces):
+    """Flax given position_ids [2, 8], torch reading its [1, 8] buffer (HF CLIP's way): the
+    lookups' outputs [2, 8, 32] and [1, 8, 32] are one value through broadcasting, and the
+    two index values are tied by dataflow (lookups into the same table), not by equal
+    integers; positions off by one are found at that lookup. Before, nothing after the
+    lookups paired (INCONCLUSIVE both times: 1 of 4 torch units paired)."""
+    r = _locate(traces["positions"])
+    assert r.verdict == "match", (r.first_beyond_tolerance, r.coverage)
+    assert r.coverage.a.paired == r.coverage.a.events and \
+        r.coverage.b.paired == r.coverage.b.events == 4, r.coverage
+    assert any("broadcasts to the other ([2, 8, 32] and [1, 8, 32])" in m["how"]
+               for m in r.mapping), r.mapping
+    r = _locate(traces["positions_bug"])
+    f = r.first_beyond_tolerance
+    assert r.verdict == "diverged" and f.layer["module"]["b"] == "pos", f.layer
+    with tracediff.load(traces["positions_bug"]) as t:     # the truth: table rows i+1 vs i
+        e = int(f.b.index)
+        weight = t.input_rows(e)[0]       # aten::embedding(weight, indices)
+        table = np.asarray(t.read_value(t.value_rows(int(weight["producer"]), schema.ROLE_OUT)[
+            int(weight["producer_slot"])]))
+    assert f.metrics.max_abs == pytest.approx(np.abs(table[1:9] - table[:8]).max(), rel=1e-6)
 
 
 def test_repeated_applies_shared_weights_layers_of_one_shape(traces):

@@ -24,15 +24,15 @@ def load_program(path):
     return mod
 
 
-def record_cases(program, cases, folder):
-    """{case: trace} of `tracediff record PROGRAM --bug BUG` for each (case, bug)."""
+def record_cases(program, cases, folder, extra=()):
+    """{case: trace} of `tracediff record PROGRAM --bug BUG [EXTRA]` for each (case, bug)."""
     env = dict(os.environ, PYTHONPATH=ROOT)
     env.pop("XLA_FLAGS", None)
     out = {}
     for name, bug in cases.items():
         path = str(folder / f"{name}.h5")
         r = subprocess.run([sys.executable, "-m", "tracediff", "record", "-o", path, program,
-                            "--bug", bug], cwd=folder, env=env, capture_output=True,
+                            "--bug", bug, *extra], cwd=folder, env=env, capture_output=True,
                            text=True, timeout=900)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
         out[name] = path
@@ -48,6 +48,12 @@ def first_array(x):
 
 def first_differing(tmodel, run_torch, fmodel, params, flax_args):
     """(first differing module path or None, modules compared)."""
+    return first_difference(tmodel, run_torch, fmodel, params, flax_args)[:2]
+
+
+def first_difference(tmodel, run_torch, fmodel, params, flax_args):
+    """(first differing module path or None, modules compared, its output's max abs
+    difference or None)."""
     import jax
     import torch
 
@@ -72,7 +78,7 @@ def first_differing(tmodel, run_torch, fmodel, params, flax_args):
         keys = [getattr(k, "key", getattr(k, "idx", None)) for k in path]
         if keys and keys[-1] == "__call__":
             flat[".".join(str(k) for k in keys[:-1])] = first_array(v)
-    compared, first = 0, None
+    compared, first, max_abs = 0, None, None
     for name in order:
         a, b = flat.get(name), outs[name]
         if a is None or a.size != b.size:
@@ -81,5 +87,5 @@ def first_differing(tmodel, run_torch, fmodel, params, flax_args):
             a = a.transpose(0, 3, 1, 2)       # a Flax conv's NHWC output against torch's NCHW
         compared += 1
         if first is None and (np.abs(a.reshape(b.shape) - b) > ATOL + RTOL * np.abs(b)).any():
-            first = name
-    return first, compared
+            first, max_abs = name, float(np.abs(a.reshape(b.shape) - b).max())
+    return first, compared, max_abs

@@ -10,7 +10,7 @@ import numpy as np
 
 from ...trace.values import digest
 from ..differ import comparable
-from .graph import find_layout
+from .graph import PHASE_FWD, find_layout, is_int
 
 MAX_DEPTH = 200             # passthrough hops followed back from one value
 MAX_FINGERPRINT_BYTES = 256 << 20   # values read to fingerprint permuted arrays
@@ -66,6 +66,7 @@ class Atoms:
                            f"{self.gb.t.string(rb['dtype'])})")
                 self.atom_rows[aid] = (row, rb, how)
         self._permuted_atoms(rows_of, seen)
+        self._broadcast_atoms(rows_of)
         for ra, rb in role_rows:          # updated parameters, by optimizer role
             ka, kb = self.ga.key(ra), self.gb.key(rb)
             if ka is None or kb is None:
@@ -118,6 +119,116 @@ class Atoms:
                     self.atoms.setdefault(self.ga.key(ra), aid)
                     self.atoms.setdefault(self.gb.key(rb), aid)
 
+    def _broadcast_atoms(self, rows_of):
+        """Float values without an exact match where one side's is the other's broadcast
+        along dimensions of size 1 (Flax's position embeddings looked up for positions of
+        the batch's shape [2, 8] against torch's for its [1, 8] buffer: each row of the
+        [2, 8, 32] output is the [1, 8, 32] one) make an atom too: the same value, read by
+        what follows on both sides. A constant (every element equal) broadcasts to
+        anything and is never one; integers and bools never pair by value this way."""
+        def pending(g, s):
+            out = {}
+            for row in rows_of[s]:
+                k = g.key(row)
+                if k is None or k[0] != "b" or k in self.atoms or not comparable(row):
+                    continue
+                shape = g.shape(row)
+                if len(shape) and _size(shape) >= 2:
+                    out.setdefault((k[1], shape), {})[k] = row
+            return out
+
+        pa, pb = pending(self.ga, 0), pending(self.gb, 1)
+        budget = [MAX_FINGERPRINT_BYTES]
+
+        def read(g, row):
+            budget[0] -= int(row["nbytes"])
+            return np.asarray(g.reader.read(row)) if budget[0] >= 0 else None
+
+        for (dt, sa), (dtb, sb) in [(x, y) for x in pa for y in pb]:
+            if dt != dtb or sa == sb:
+                continue
+            big = _broadcasts_to(sb, sa)
+            if big is None:
+                big = _broadcasts_to(sa, sb)
+                if big is None:
+                    continue
+                small_side, shape_small, shape_big = 0, sa, sb
+            else:
+                small_side, shape_small, shape_big = 1, sb, sa
+            smalls = (pa, pb)[small_side][(dt, shape_small)]
+            bigs = (pa, pb)[1 - small_side][(dt, shape_big)]
+            gs, gbig = (self.ga, self.gb)[small_side], (self.ga, self.gb)[1 - small_side]
+            index = {}
+            for k, row in smalls.items():
+                if k in self.atoms:
+                    continue
+                x = read(gs, row)
+                if x is None:
+                    return
+                if x.size and (x.reshape(-1)[:1] == x.reshape(-1)).all():
+                    continue                   # a constant: it broadcasts to anything
+                index.setdefault(digest(np.ascontiguousarray(x).tobytes()), []).append((k, row, x))
+            if not index:
+                continue
+            lead = len(shape_big) - len(shape_small)
+            src = tuple(0 if i < lead or shape_small[i - lead] == 1 else slice(None)
+                        for i in range(len(shape_big)))
+            for kb, rb in bigs.items():
+                if kb in self.atoms:
+                    continue
+                y = read(gbig, rb)
+                if y is None:
+                    return
+                first = np.ascontiguousarray(y[src])
+                for k, row, x in index.get(digest(first.tobytes()), ()):
+                    if k in self.atoms or not np.array_equal(
+                            np.broadcast_to(x.reshape(shape_small), shape_big).view(np.uint8),
+                            y.view(np.uint8)):
+                        continue
+                    ra, rb_ = (row, rb) if small_side == 0 else (rb, row)
+                    aid = len(self.atom_rows)
+                    self.atom_rows[aid] = (ra, rb_, f"equal after broadcasting "
+                                                    f"{list(shape_small)} to {list(shape_big)}")
+                    self.atoms.setdefault(self.ga.key(ra), aid)
+                    self.atoms.setdefault(self.gb.key(rb_), aid)
+                    break
+
+    def _tie_index_leaves(self):
+        """Integer values only one side was given, where the other side builds its own or
+        was given its own (Flax's `position_ids` of the batch's shape against torch's
+        position buffer; positions off by one in a port): where one unit of each side of
+        the same family reads them with the same atoms otherwise (the lookup into the same
+        table), dataflow ties them: they are that unit's index operand on both sides, never
+        paired by their values. Returns whether any was tied (the supports are then
+        computed again, those values adding nothing)."""
+        cand = [{}, {}]
+        for g, s in ((self.ga, 0), (self.gb, 1)):
+            for k, u in enumerate(g.units):
+                sup = g.support[k]
+                if u.phase != PHASE_FWD or not sup:
+                    continue
+                atoms = frozenset(x for x in sup if x[0] == "a")
+                own = [x[2] for x in sup if x[0] == "l"]
+                rows = [g.nodes[nd][0] if nd in g.nodes else None for nd in own]
+                if atoms and all(r is not None and is_int(g.t.string(r["dtype"]))
+                                 for r in rows):
+                    cand[s].setdefault((u.family, atoms), []).append(own)
+
+        def one(owns):
+            """The one unit's own values (an init-time forward on constants beside the
+            apply-time one on given values: the given ones), or None when ambiguous."""
+            given = [o for o in owns if o]
+            return given[0] if len(given) == 1 else owns[0] if len(owns) == 1 else None
+
+        tied = False
+        for key, owns_a in cand[0].items():
+            xa, xb = one(owns_a), one(cand[1].get(key, []))
+            if xa is not None and xb is not None and (xa or xb):
+                self.index_leaves[0].update(xa)
+                self.index_leaves[1].update(xb)
+                tied = True
+        return tied
+
     # -- support ----------------------------------------------------------------------------
     def _supports(self, g, s):
         memo = {}
@@ -134,16 +245,23 @@ class Atoms:
                 res = frozenset([("a", a)])
             elif a is not None:
                 # computed on both sides: what computed it, unless that was constants
-                # alone (an arange, an iota): then the value itself
+                # alone: then a float value itself (a table both sides build); an integer
+                # or bool (an arange, an iota: index constants of every kind, torch's
+                # position buffer and Flax's causal mask alike) is a constant, not the same
+                # input: it adds nothing
                 res = (g.support[term[1]] if term is not None and term[0] == "unit"
                        and g.support[term[1]] is not None else
-                       _union([origins(q, depth + 1) for q in preds])) or frozenset([("a", a)])
+                       _union([origins(q, depth + 1) for q in preds]))
+                if not res and g.key(row)[0] != "i":
+                    res = frozenset([("a", a)])
             elif term is not None and term[0] == "unit":
                 res = g.support[term[1]]
                 if res is None:
                     res = frozenset([("l", s, nd)])
             elif term is not None and term[0] == "const":
                 res = frozenset()
+            elif term is not None and nd in self.index_leaves[s]:
+                res = frozenset()     # tied to the other side's index (`_tie_index_leaves`)
             elif term is not None or depth > MAX_DEPTH:
                 # an input only this side has; 0-d ones (seeds, counters, hyper-parameters)
                 # are parameters of the computation, not data
@@ -165,6 +283,20 @@ class Atoms:
                 intern[sup] = sup
                 budget -= len(sup)
             g.support[k] = intern[sup]
+
+
+def _size(shape):
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def _broadcasts_to(small, big):
+    """`big` if an array of shape `small` broadcasts to shape `big` (numpy's rules: trailing
+    dimensions aligned, each of `small`'s equal or 1) and is smaller; else None."""
+    if len(small) > len(big) or _size(small) >= _size(big):
+        return None
+    lead = len(big) - len(small)
+    ok = all(d == 1 or d == big[lead + i] for i, d in enumerate(small))
+    return big if ok else None
 
 
 def _union(parts):

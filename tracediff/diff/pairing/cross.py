@@ -182,9 +182,9 @@ class CrossDiffer(LayerNames, RoleSteps, Differ):
         gb = _graph.SideGraph(tb, sb, self.fw_b, "b", self.rb)
         self.optim = self._optim_pairs(ta, tb, sa, sb)
         self._layout = {}
+        self.ga, self.gb = ga, gb
         self.p = _pairing.Pairing(ga, gb, load_map(map_file), self._role_rows(None),
                                   agree=self._values_meet)
-        self.ga, self.gb = ga, gb
         a2b = np.full(len(ta), -1, np.int64)
         b2a = np.full(len(tb), -1, np.int64)
         for pr in self.p.pairs:
@@ -218,15 +218,16 @@ class CrossDiffer(LayerNames, RoleSteps, Differ):
 
     def transform_b(self, row_a, row_b, xa, xb):
         xa, xb = np.asarray(xa), np.asarray(xb)
-        if xa.shape == xb.shape:
-            return xb
+        if xa.size != xb.size and _pairing._broadcast_pair(xa.shape, xb.shape):
+            return xb       # one is the other's broadcast: compared as numpy broadcasts them
         key = (int(row_a["offset"]), int(row_b["offset"])) if row_a is not None else None
         p = self._layout.get(key) if key else None
         if p is None:
-            p = best_layout(xa, xb)
+            p = None if xa.shape == xb.shape and not _fused(self.ga, self.gb, row_a, row_b) else \
+                best_layout(xa, xb, same_shape_exact=xa.shape == xb.shape)
             if key:
                 self._layout[key] = p
-        return xb if p is None else _graph.apply_perm(xb, xa.shape, p)
+        return _mask_extremes(xa, xb if p is None else _graph.apply_perm(xb, xa.shape, p))
 
     def _out_pairs(self, ea, eb):
         """Outputs of two paired units by slot; where one side computes several values in
@@ -254,7 +255,7 @@ class CrossDiffer(LayerNames, RoleSteps, Differ):
         if row_a is None or row_b is None:
             return None
         da, db = self.ta.string(row_a["dtype"]), self.tb.string(row_b["dtype"])
-        if da == db:
+        if da == db and not _broadcast_rows(self.ta, self.tb, row_a, row_b):
             return super().compare_rows(row_a, row_b, tol_dtype)
         if not comparable(row_a) or not comparable(row_b):
             return None
@@ -270,11 +271,14 @@ class CrossDiffer(LayerNames, RoleSteps, Differ):
         dtypes are compared as numbers; equal numbers are equal at every level."""
         xa = np.asarray(xa)
         xb = self.transform_b(row_a, row_b, xa, np.asarray(xb))
+        if xa.shape != np.shape(xb) and _pairing._broadcast_pair(xa.shape, np.shape(xb)):
+            xa, xb = np.broadcast_arrays(xa, xb)   # one is the other's broadcast
         if da == db:
             m = compare.compare_arrays(xa, xb, da, self.rtol, self.atol, tol_dtype=tol_dtype,
                                        ulp=self.ulp)
             m["bitwise_equal"] = bool(xa.shape == np.asarray(xb).shape and
-                                      xa.tobytes() == np.ascontiguousarray(xb).tobytes())
+                                      np.ascontiguousarray(xa).tobytes() ==
+                                      np.ascontiguousarray(xb).tobytes())
             if m["bitwise_equal"]:
                 m["within_tolerance"] = True
             return m
@@ -412,6 +416,9 @@ class CrossDiffer(LayerNames, RoleSteps, Differ):
             f = self.finding(ea, eb, level, note=self._note(pr))
             f.layer = self.layer(pr)
             mod = self.module_output(i)
+            out = self._formulas_differ(f, pr, mod, level)
+            if out is not None:
+                return out, None
             if mod is not None:
                 f.layer["module"] = mod
                 f.note += (f"; the output of module {mod['a'] or '(top level)'} <-> "
@@ -475,6 +482,43 @@ class CrossDiffer(LayerNames, RoleSteps, Differ):
         return bool(len(rows_a))
 
 
+def _mask_extremes(xa, xb):
+    """b with -inf where a holds the dtype's lowest finite value and b -inf, or the reverse,
+    made a's: an additive attention mask masks alike with either (Flax's `finfo.min` against
+    torch's `-inf`), so such elements are equal values, never a difference."""
+    xa, xb = np.asarray(xa), np.asarray(xb)
+    if xa.dtype.kind != "f" or xb.dtype != xa.dtype or xa.shape != xb.shape:
+        return xb
+    low = np.finfo(xa.dtype).min
+    swap = ((xa == low) & (xb == -np.inf)) | ((xa == -np.inf) & (xb == low))
+    if swap.any():
+        xb = np.where(swap, xa, xb)
+    return xb
+
+
+def _fused(ga, gb, row_a, row_b):
+    """Is one of two values the output of a fused op of no family the other side has (torch's
+    SDPA against a composite, whose intermediate layouts need not agree)? Ops of known
+    families keep one layout: a transposed result there is a difference (q and k swapped,
+    scores transposed), never a layout."""
+    fams = []
+    for g, r in ((ga, row_a), (gb, row_b)):
+        k = int(g.unit_of[int(r["event"])]) if r is not None else -1
+        fams.append(g.units[k].family if k >= 0 else None)
+    return None not in fams and fams[0] != fams[1] and \
+        any(f not in _graph.KNOWN_FAMILIES for f in fams)
+
+
+def _broadcast_rows(ta, tb, row_a, row_b):
+    """Is one value the shape the other broadcasts to (of another size)?"""
+    try:
+        sa = tuple(parse_shape(ta.string(row_a["shape"])))
+        sb = tuple(parse_shape(tb.string(row_b["shape"])))
+    except ValueError:
+        return False
+    return sa != sb and _graph._size(sa) != _graph._size(sb) and _pairing._broadcast_pair(sa, sb)
+
+
 def _dedupe(ins):
     seen, out = set(), []
     for x in ins:
@@ -494,11 +538,21 @@ def _as_f64(x):
         return None
 
 
-def best_layout(xa, xb):
+def best_layout(xa, xb, same_shape_exact=False):
     """The axis order under which b's array agrees best with a's (see
-    `graph.permutations_to`), judged on a sample of elements; None if none fits."""
+    `graph.permutations_to`), judged on a sample of elements; None if none fits.
+    `same_shape_exact`: two arrays of one shape keep it (None) unless it disagrees and
+    another order agrees on every sampled element (a JAX einsum's `dot_general` that
+    computes the attention output with its last two axes swapped, [b, h, d, q] against
+    torch SDPA's [b, h, q, d] when d == q)."""
     xa, xb = np.asarray(xa), np.asarray(xb)
     perms = _graph.permutations_to(xa.shape, xb.shape)
+    if same_shape_exact:
+        best = best_layout(xa, xb) if len(perms) > 1 else None
+        if best is None or best == tuple(range(xa.ndim)) or \
+                _sample_score(xa, xb, perms[0]) == 1.0 or _sample_score(xa, xb, best) < 1.0:
+            return None
+        return best
     if not perms:
         return None
     if len(perms) == 1:
@@ -524,6 +578,19 @@ def best_layout(xa, xb):
         if score == 1.0:
             break
     return best
+
+
+def _sample_score(xa, xb, p):
+    """The share of sampled elements of a that b, laid out by `p`, agrees with (rtol 1e-2)."""
+    n = xa.size
+    idx = np.random.default_rng(0).choice(n, SAMPLE, replace=False) if n > SAMPLE else np.arange(n)
+    coords = np.unravel_index(idx, xa.shape)
+    flat = np.ravel_multi_index([coords[i] for i in p], [xa.shape[i] for i in p])
+    fa, fb = _as_f64(xa.reshape(-1)[idx]), _as_f64(xb.reshape(-1)[flat])
+    if fa is None or fb is None or not len(fa):
+        return 1.0
+    with np.errstate(invalid="ignore", over="ignore"):
+        return float(np.isclose(fa, fb, rtol=1e-2, atol=1e-6, equal_nan=True).mean())
 
 
 def cross_differ(ta, tb, rtol=None, atol=None, map_file=None):

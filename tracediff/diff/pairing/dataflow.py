@@ -46,6 +46,16 @@ from .graph import PHASE_BWD, PHASE_FWD, is_int
 from .modules import ModuleCorrespondence
 from .reads import Reads
 
+
+def _broadcast_pair(sa, sb):
+    """Does one of two shapes broadcast to the other (numpy's rules)?"""
+    try:
+        big = np.broadcast_shapes(tuple(sa), tuple(sb))
+    except ValueError:
+        return False
+    return big in (tuple(sa), tuple(sb))
+
+
 MAX_FORWARD_PASSES = 4              # sweeps over the forward classes (a later class may feed one)
 MAX_MEET_COMPARISONS = 2000         # value comparisons per class to find where two sides meet
 
@@ -75,8 +85,12 @@ class Pairing(Atoms, ModuleCorrespondence, Reads):
         self.row_atom = [{}, {}]   # per side: (event, slot, role) -> atom id (permuted matches)
         self.layouts = {}          # (a row key, b row key) -> axis order found for an atom
         self._build_atoms(role_rows)
+        self.index_leaves = [set(), set()]   # per side: integer leaves tied by dataflow
         for g, s in ((ga, 0), (gb, 1)):
             self._supports(g, s)
+        if self._tie_index_leaves():
+            for g, s in ((ga, 0), (gb, 1)):
+                self._supports(g, s)
         self.pairs = []
         self.pair_of = [dict(), dict()]   # unit index -> pair index, per side
         self.groups = [self._groups(ga, 0), self._groups(gb, 1)]
@@ -159,7 +173,8 @@ class Pairing(Atoms, ModuleCorrespondence, Reads):
             before = len(self.pairs)
             for sup, (la, lb) in self._classes(PHASE_FWD):
                 n_atoms = sum(1 for x in sup if x[0] == "a")
-                while self._pair_strict(la, lb, n_atoms) or self._pair_meeting(la, lb, n_atoms) \
+                while self._pair_strict(la, lb, n_atoms) or self._pair_broadcast(la, lb, n_atoms) \
+                        or self._pair_meeting(la, lb, n_atoms) \
                         or self._pair_composite(la, lb, n_atoms) \
                         or self._pair_module_output(la, lb, n_atoms):
                     pass
@@ -209,6 +224,35 @@ class Pairing(Atoms, ModuleCorrespondence, Reads):
                               f"the same values or made by paired ops")
                     new = True
         return new
+
+    def _pair_broadcast(self, la, lb, n_atoms):
+        """Step 1b: two units of one family and dtype whose direct inputs pair, one's output
+        the shape the other's broadcasts to (Flax's position embeddings looked up for [2, 8]
+        positions, torch's for its [1, 8] buffer); the latest first (an init-time forward on
+        constants precedes the apply-time one)."""
+        by_kind = collections.defaultdict(list)
+        for y in reversed(lb):
+            if y not in self.pair_of[1]:
+                uy = self.gb.units[y]
+                by_kind[(uy.family, uy.dtype, self.groups[1][y])].append(y)
+        for x in reversed(la):
+            ux = self.ga.units[x]
+            if x in self.pair_of[0]:
+                continue
+            for y in by_kind.get((ux.family, ux.dtype, self.groups[0][x]), ()):
+                uy = self.gb.units[y]
+                if uy.size == ux.size or not _broadcast_pair(ux.shape, uy.shape):
+                    continue
+                keys = self._complete_keys(0, x)
+                if keys is None or self._complete_keys(1, y) != keys:
+                    continue
+                self._add(x, y, "dataflow",
+                          f"same op family, computed from the same {n_atoms} paired input(s) "
+                          f"and parameter(s); its {len(keys)} direct input(s) are the same "
+                          f"values or made by paired ops; one output broadcasts to the other "
+                          f"({list(ux.shape)} and {list(uy.shape)})")
+                return True
+        return False
 
     def _pair_meeting(self, la, lb, n_atoms):
         """Step 2 of `_pair_forward`: the latest unpaired unit of a whose output agrees

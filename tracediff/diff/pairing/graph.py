@@ -53,6 +53,7 @@ COMPOSITE = {"gelu": "gelu", "softmax": "softmax", "_softmax": "softmax",
              "swish": "silu", "relu": "max", "sigmoid": "sigmoid", "logsumexp": "logsumexp",
              "standardize": "layer_norm", "_standardize": "layer_norm", "relu6": "relu6",
              "elu": "elu", "leaky_relu": "leaky_relu", "softplus": "softplus"}
+KNOWN_FAMILIES = set(FAMILY.values()) | set(COMPOSITE.values())   # else a fused op's own name
 # how each side calls a layer of this family (for findings: "Dense MLP/fc1 <-> Linear fc1")
 LAYER_KIND = {"linear": ("Dense", "Linear"), "conv": ("Conv", "Conv"),
               "layer_norm": ("LayerNorm", "LayerNorm"), "gather": ("Embed", "Embedding"),
