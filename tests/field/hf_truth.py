@@ -48,6 +48,13 @@ def first_array(x):
 
 def first_differing(tmodel, run_torch, fmodel, params, flax_args):
     """(first differing module path or None, modules compared)."""
+    first, _, compared = first_difference(tmodel, run_torch, fmodel, params, flax_args)
+    return first, compared
+
+
+def first_difference(tmodel, run_torch, fmodel, params, flax_args):
+    """(first differing module path or None, its output's max abs difference, modules
+    compared)."""
     import jax
     import torch
 
@@ -55,8 +62,9 @@ def first_differing(tmodel, run_torch, fmodel, params, flax_args):
 
     def hook(name):
         def fn(_m, _i, output):
-            outs[name] = first_array(output)
-            order.append(name)
+            if name not in outs:        # a module called twice (T5's dropout): its first call,
+                outs[name] = first_array(output)    # as Flax's capture lists it first
+                order.append(name)
         return fn
 
     handles = [m.register_forward_hook(hook(n)) for n, m in tmodel.named_modules() if n]
@@ -72,7 +80,7 @@ def first_differing(tmodel, run_torch, fmodel, params, flax_args):
         keys = [getattr(k, "key", getattr(k, "idx", None)) for k in path]
         if keys and keys[-1] == "__call__":
             flat[".".join(str(k) for k in keys[:-1])] = first_array(v)
-    compared, first = 0, None
+    compared, first, magnitude = 0, None, None
     for name in order:
         a, b = flat.get(name), outs[name]
         if a is None or a.size != b.size:
@@ -80,6 +88,7 @@ def first_differing(tmodel, run_torch, fmodel, params, flax_args):
         if a.ndim == 4 and a.shape != b.shape and a.shape == tuple(np.array(b.shape)[[0, 2, 3, 1]]):
             a = a.transpose(0, 3, 1, 2)       # a Flax conv's NHWC output against torch's NCHW
         compared += 1
-        if first is None and (np.abs(a.reshape(b.shape) - b) > ATOL + RTOL * np.abs(b)).any():
-            first = name
-    return first, compared
+        diff = np.abs(a.reshape(b.shape) - b)
+        if first is None and (diff > ATOL + RTOL * np.abs(b)).any():
+            first, magnitude = name, float(diff.max())
+    return first, magnitude, compared
