@@ -10,9 +10,12 @@ apart where the module's output is 0.0018 apart). A difference found at such a p
 reported where the values should meet again: the first later pair of the module, on both
 sides, that is not a composite (the same op read from paired values), else the module's
 last pair (its output), with that point's magnitude; its inputs are those of the whole
-span, so a difference made inside the module is "introduced here".
+span, so a difference made inside the module is "introduced here". Forward pairs only: a
+backward composite (one term of a gradient against a whole fused backward) is a pairing
+question of its own.
 """
 
+from .graph import PHASE_FWD
 from .layers import REGION_PAIRS, within
 
 COMPOSITE = "dataflow (composite)"
@@ -28,8 +31,8 @@ class FormulaMeeting:
         lie inside the module on both sides (what the reported finding computed)."""
         k0 = self.pairs_list[i][1]
         pr = self.p.pairs[k0]
-        if pr.by != COMPOSITE:
-            return i, [k0]
+        if pr.by != COMPOSITE or self.ga.units[pr.a].phase != PHASE_FWD:
+            return i, [k0]       # the backward's composites: left to its own pairing
         ma, mb = pr.modules or (self.p.unit_module(0, pr.a), self.p.unit_module(1, pr.b))
         j, span = i, [k0]
         for jj in range(i + 1, len(self.pairs_list)):
