@@ -55,6 +55,7 @@ JOBS = [
     ("tr_pad", "port_transformer.py", "jax,torch", ("--pad-mask",)),
     ("positions", "port_positions.py", "jax,torch", ()),
     ("positions_bug", "port_positions.py", "jax,torch", ("--bug", "pos")),
+    ("rms_eps", "port_rmsnorm.py", "jax,torch", ("--flax-eps", "1e-2")),
     ("tr32", "port_transformer.py", "jax,torch", (), TF32),
 ]
 BATCH = r"""
@@ -631,3 +632,19 @@ def test_boolean_masks_pair_only_by_dataflow(traces):
     ints = [(m["a_op"], m["b_op"]) for m in r.mapping
             if {"lt", "eq", "ne"} & {m["a_op"].rsplit(" + ", 1)[-1], m["b_op"].rsplit(" + ", 1)[-1]}]
     assert ints == [], ints
+
+
+def test_two_formulas_that_do_not_meet_are_compared_at_the_module_output(traces):
+    """Flax's RMSNorm divides by `sqrt(var + eps)`, the port multiplies by `rsqrt(var + eps)`;
+    with the port's epsilon wrong (1e-2 against 1e-6) no value inside the norm meets. The
+    headline was Flax's `sqrt` against torch's `rsqrt` (reciprocals), max abs 0.747; it is
+    the norm's output, with the magnitude numpy computes there (the gain w lies in [1, 1.2])."""
+    r = _locate(traces["rms_eps"])
+    f = r.first_beyond_tolerance
+    assert r.verdict == "diverged" and f.layer["module"]["a"] == "Block/norm", f.layer
+    assert f.a["op"] == "mul" and f.b["op"] == "aten::mul.Tensor" and f.inputs_match is True
+    assert "by different formulas" in f.note and f.metrics.max_abs == f.layer["module"]["max_abs"]
+    x = np.random.default_rng(0).normal(size=(2, 4, 16))
+    var = (x ** 2).mean(-1, keepdims=True)
+    d = np.abs(x / np.sqrt(var + 1e-2) - x / np.sqrt(var + 1e-6)).max()
+    assert d * (1 - 1e-4) <= f.metrics.max_abs <= 1.2 * d * (1 + 1e-4), (f.metrics.max_abs, d)

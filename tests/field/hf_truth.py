@@ -61,8 +61,9 @@ def first_difference(tmodel, run_torch, fmodel, params, flax_args):
 
     def hook(name):
         def fn(_m, _i, output):
-            outs[name] = first_array(output)
-            order.append(name)
+            if name not in outs:        # a module called twice (T5's dropout): its first call,
+                outs[name] = first_array(output)    # as Flax's capture lists it first
+                order.append(name)
         return fn
 
     handles = [m.register_forward_hook(hook(n)) for n, m in tmodel.named_modules() if n]

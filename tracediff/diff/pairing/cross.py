@@ -34,7 +34,8 @@ from . import dataflow as _pairing
 from . import graph as _graph
 from ..differ import BITWISE, Differ, comparable
 from .graph import op_family  # noqa: F401  (the op families, for callers and tests)
-from .layers import REGION_PAIRS, LayerNames, _num
+from .layers import LayerNames, _num
+from .meet import FormulaMeeting
 from .roles import RoleSteps
 
 SAMPLE = 2048          # elements compared to choose a layout
@@ -160,7 +161,7 @@ class CrossAlignment(_align.Alignment):
         return out
 
 
-class CrossDiffer(LayerNames, RoleSteps, Differ):
+class CrossDiffer(LayerNames, FormulaMeeting, RoleSteps, Differ):
     """A `Differ` whose pairs come from `pairing/dataflow.py`, for two frameworks; the
     optimizer steps by role are in `roles.py`, the layer names and the mapping in `layers.py`."""
 
@@ -194,6 +195,7 @@ class CrossDiffer(LayerNames, RoleSteps, Differ):
                                  [u.rep for u in gb.units], len(self.p.atom_rows))
         self.pair_by = {ga.units[pr.a].rep: pr.by for pr in self.p.pairs}
         self.pairs_list = sorted((ga.units[pr.a].rep, k) for k, pr in enumerate(self.p.pairs))
+        self._spans = {}         # event of a -> the pairs a moved finding computed (meet.py)
         self._sync_content()
 
     def _values_meet(self, row_a, row_b):
@@ -355,10 +357,8 @@ class CrossDiffer(LayerNames, RoleSteps, Differ):
         ka, kb = int(self.ga.unit_of[ea]), int(self.gb.unit_of[eb])
         if ka < 0 or kb < 0:
             return super().inputs_match(ea, eb, level)
-        region = self.p.pairs[self.p.pair_of[0][ka]].by in REGION_PAIRS \
-            if ka in self.p.pair_of[0] else False
         bad, unknown, matched, own = [], [], [], []
-        for row, rb, key, is_own in self._unit_input_pairs(ka, kb, region):
+        for row, rb, key, is_own in self.input_entries(ea, ka, kb):
             label = self._label(self.ta, self.sa, row)
             if is_own:
                 own.append(label)
@@ -413,7 +413,11 @@ class CrossDiffer(LayerNames, RoleSteps, Differ):
             if level != BITWISE and self._rounding_inherited(pr):
                 self.rounding_inherited.append((ea, eb))
                 continue
-            f = self.finding(ea, eb, level, note=self._note(pr))
+            i, pr, found, moved = self.move_to_meeting(i, level)   # two formulas (meet.py)
+            if pr is None:
+                continue         # other formulas inside, the same values where they meet
+            ea, eb = self.ga.units[pr.a].rep, self.gb.units[pr.b].rep
+            f = self.finding(ea, eb, level, note=moved + self._note(pr))
             f.layer = self.layer(pr)
             mod = self.module_output(i)
             out = self._formulas_differ(f, pr, mod, level)
@@ -424,7 +428,7 @@ class CrossDiffer(LayerNames, RoleSteps, Differ):
                 f.note += (f"; the output of module {mod['a'] or '(top level)'} <-> "
                            f"{mod['b'] or '(top level)'} (a event {mod['a_event']}, b event "
                            f"{mod['b_event']}): max abs {_num(mod['max_abs']):.3g}")
-            ins = self.inside(pr, level)
+            ins = self.inside(found, level)
             if ins is not None:
                 f.layer["inside"] = ins
                 f.note += (f"; inside, the first op of a that meets none of b: a {ins['a_op']} "

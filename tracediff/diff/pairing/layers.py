@@ -38,10 +38,6 @@ class LayerNames:
         both sides. {'a', 'b' (module paths), 'a_event', 'b_event', 'max_abs', 'max_rel'}."""
         pr = self.p.pairs[self.pairs_list[i][1]]
         ma, mb = pr.modules or (self.p.unit_module(0, pr.a), self.p.unit_module(1, pr.b))
-
-        def within(m, top):
-            return not top or m == top or m.startswith(top + "/")
-
         last = pr
         for _, k in self.pairs_list[i + 1:]:
             q = self.p.pairs[k]
@@ -220,6 +216,11 @@ class LayerNames:
                      f"output {mod['a'] or '(top level)'} <-> {mod['b'] or '(top level)'} is the "
                      f"headline")
         return out
+
+
+def within(module, top):
+    """`module` is `top` or lies inside it (the top level holds everything)."""
+    return not top or module == top or module.startswith(top + "/")
 
 
 def _finite(x):
