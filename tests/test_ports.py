@@ -501,12 +501,14 @@ def test_a_composite_is_paired_by_the_unit_that_computes_its_result(traces):
     """Composites pair by their last units, the ones whose outputs are the composite's
     result: past the TF32 query projection, where the two sides' values no longer meet,
     a LayerNorm's equations against native_layer_norm (a softmax's, a gelu's); in the
-    MLP's backward, relu's gradient (`gt` + `select_n` against threshold_backward). The
-    paired outputs are one value (up to TF32's rounding); by their first units, `square`
-    against the normalised output, or `gt`'s mask against the gradient, are not."""
+    MLP's backward, relu's gradient (`gt` + `select_n` against threshold_backward, where
+    the values meet: the backward looks for them before its composites). The paired
+    outputs are one value (up to TF32's rounding); by their first units, `square` against
+    the normalised output, or `gt`'s mask against the gradient, are not."""
     for key, pair in (("tr32", (traces["tr32"],)), ("mlp", (traces["mlp_flax"], traces["mlp_torch"]))):
         r = _locate(*pair)
-        comps = [m for m in _units(r) if m["by"] == "dataflow (composite)"]
+        comps = [m for m in _units(r) if m["by"] == "dataflow (composite)" or
+                 (m["by"] == "dataflow (values meet)" and m["phase"] == "backward")]
         got = {(m["a_module"], m["b_op"], m["phase"]) for m in comps}
         want = {"tr32": {("Model/block/ln2", "native_layer_norm", "forward"),
                          ("Model/ln_f", "native_layer_norm", "forward")},
