@@ -51,6 +51,7 @@ JOBS = [
     ("nnx", "port_nnx.py", "jax,torch", ()),
     ("shared", "port_shared.py", "jax,torch", ()),
     ("tr_after", "port_transformer.py", "jax,torch", ("--torch-scale", "after")),
+    ("tr_grad", "port_transformer.py", "jax,torch", ("--grad",)),
     ("tr32", "port_transformer.py", "jax,torch", (), TF32),
 ]
 BATCH = r"""
@@ -495,6 +496,24 @@ def test_transformer_every_layer_paired_tf32_names_the_query_projection(traces):
     assert f0.inputs_match is True and f0.a["index"] <= f.a["index"]
     assert (f0.layer["a_module"], f0.layer["b_module"], f0.layer["family"]) in TRANSFORMER_LAYERS
 
+
+
+def test_a_backward_never_compares_a_term_of_a_sum_with_the_whole_gradient(traces):
+    """The pre-LN block's gradient, correct port: JAX sums each LayerNorm's input-gradient
+    terms and the residual's gradient in one `add_any` chain, torch adds the residual's to
+    `native_layer_norm_backward`'s whole. The `mul` before the last `add_any` (one term) was
+    paired with torch's whole gradient: DIVERGED, max abs 0.15 at ln2's backward. In the
+    block, the sums pair (Flax's terms and torch's LayerNorm gradient alone pair with
+    nothing); the final LayerNorm, with no residual after it, pairs at its whole gradient."""
+    r = _locate(traces["tr_grad"])
+    assert r.verdict == "match" and r.first_beyond_tolerance is None, r.first_beyond_tolerance
+    bwd = [m for m in _units(r) if m["phase"] == "backward"]
+    assert len(bwd) > 20 and r.coverage.b.paired >= 0.9 * r.coverage.b.events
+    for mod in ("Model/block/ln1", "Model/block/ln2", "Model/ln_f"):
+        ends = [m["b_op"].rsplit(" + ", 1)[-1] for m in bwd if m["a_module"] == mod
+                and m["a_op"].endswith("add_any")]
+        assert ends == (["native_layer_norm_backward"] if mod == "Model/ln_f" else ["add"]), \
+            (mod, bwd)
 
 
 def test_a_composite_is_paired_by_the_unit_that_computes_its_result(traces):
