@@ -4,11 +4,12 @@ Flax examples build (no decay on biases and LayerNorm scales) against `torch.opt
 the matching two parameter groups, on one fixed batch (loss: mean of squares of the last
 hidden state).
 
-    python hf_vit_train.py [--bug none|decay_mask] [--steps N] [--dump F]
+    python hf_vit_train.py [--bug none|decay_mask] [--steps N] [--dump F] [--eager]
 
 --bug decay_mask: the Flax side forgets the mask (`optax.adamw(..., mask=None)`), so it decays
 biases and LayerNorm scales that torch's no-decay group leaves alone. --dump F: both sides'
 parameters after every step (numpy, each side in its own layout and names) into F.npz.
+--eager: the Flax train step not jitted (value_and_grad's jvp and transpose run op by op).
 """
 import argparse
 import importlib.util
@@ -58,6 +59,7 @@ def main():
     ap.add_argument("--bug", choices=("none", "decay_mask"), default="none")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--dump", default=None)
+    ap.add_argument("--eager", action="store_true")
     args = ap.parse_args()
     vit = _vit()
     x = vit.batch()
@@ -75,11 +77,13 @@ def main():
         h = fmodel(x, params=p).last_hidden_state
         return jnp.mean(h ** 2)
 
-    @jax.jit
     def train_step(p, opt_state):
         loss, grads = jax.value_and_grad(loss_fn)(p)
         updates, opt_state = tx.update(grads, opt_state, p)
         return optax.apply_updates(p, updates), opt_state, loss
+
+    if not args.eager:
+        train_step = jax.jit(train_step)
 
     p = params
     for step in range(args.steps):
