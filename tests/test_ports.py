@@ -56,6 +56,7 @@ JOBS = [
     ("positions", "port_positions.py", "jax,torch", ()),
     ("positions_bug", "port_positions.py", "jax,torch", ("--bug", "pos")),
     ("rms_eps", "port_rmsnorm.py", "jax,torch", ("--flax-eps", "1e-2")),
+    ("tr_grad", "port_transformer.py", "jax,torch", ("--grad",)),
     ("tr32", "port_transformer.py", "jax,torch", (), TF32),
 ]
 BATCH = r"""
@@ -525,16 +526,36 @@ def test_transformer_every_layer_paired_tf32_names_the_query_projection(traces):
 
 
 
+def test_a_backward_never_compares_a_term_of_a_sum_with_the_whole_gradient(traces):
+    """The pre-LN block's gradient, correct port: JAX sums each LayerNorm's input-gradient
+    terms and the residual's gradient in one `add_any` chain, torch adds the residual's to
+    `native_layer_norm_backward`'s whole. The `mul` before the last `add_any` (one term) was
+    paired with torch's whole gradient: DIVERGED, max abs 0.15 at ln2's backward. In the
+    block, the sums pair (Flax's terms and torch's LayerNorm gradient alone pair with
+    nothing); the final LayerNorm, with no residual after it, pairs at its whole gradient."""
+    r = _locate(traces["tr_grad"])
+    assert r.verdict == "match" and r.first_beyond_tolerance is None, r.first_beyond_tolerance
+    bwd = [m for m in _units(r) if m["phase"] == "backward"]
+    assert len(bwd) > 20 and r.coverage.b.paired >= 0.9 * r.coverage.b.events
+    for mod in ("Model/block/ln1", "Model/block/ln2", "Model/ln_f"):
+        ends = [m["b_op"].rsplit(" + ", 1)[-1] for m in bwd if m["a_module"] == mod
+                and m["a_op"].endswith("add_any")]
+        assert ends == (["native_layer_norm_backward"] if mod == "Model/ln_f" else ["add"]), \
+            (mod, bwd)
+
+
 def test_a_composite_is_paired_by_the_unit_that_computes_its_result(traces):
     """Composites pair by their last units, the ones whose outputs are the composite's
     result: past the TF32 query projection, where the two sides' values no longer meet,
     a LayerNorm's equations against native_layer_norm (a softmax's, a gelu's); in the
-    MLP's backward, relu's gradient (`gt` + `select_n` against threshold_backward). The
-    paired outputs are one value (up to TF32's rounding); by their first units, `square`
-    against the normalised output, or `gt`'s mask against the gradient, are not."""
+    MLP's backward, relu's gradient (`gt` + `select_n` against threshold_backward, where
+    the values meet: the backward looks for them before its composites). The paired
+    outputs are one value (up to TF32's rounding); by their first units, `square` against
+    the normalised output, or `gt`'s mask against the gradient, are not."""
     for key, pair in (("tr32", (traces["tr32"],)), ("mlp", (traces["mlp_flax"], traces["mlp_torch"]))):
         r = _locate(*pair)
-        comps = [m for m in _units(r) if m["by"] == "dataflow (composite)"]
+        comps = [m for m in _units(r) if m["by"] == "dataflow (composite)" or
+                 (m["by"] == "dataflow (values meet)" and m["phase"] == "backward")]
         got = {(m["a_module"], m["b_op"], m["phase"]) for m in comps}
         want = {"tr32": {("Model/block/ln2", "native_layer_norm", "forward"),
                          ("Model/ln_f", "native_layer_norm", "forward")},

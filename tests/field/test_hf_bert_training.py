@@ -47,15 +47,21 @@ def runs(tmp_path_factory):
 
 
 def _flax_path(torch_name, flax_keys):
-    """embeddings.LayerNorm.weight -> embeddings/LayerNorm/scale (and whether to transpose)."""
+    """embeddings.LayerNorm.weight -> embeddings/LayerNorm/scale (and whether to transpose);
+    a leaf both name alike (ViT's embeddings.cls_token) as it is."""
     mod, leaf = torch_name.rsplit(".", 1)
     base = mod.replace(".", "/")
-    if leaf == "bias":
-        return base + "/bias", False
+    if leaf == "bias" or f"{base}/{leaf}" in flax_keys:
+        return f"{base}/{leaf}", False
     for cand, transpose in (("kernel", True), ("scale", False), ("embedding", False)):
         if f"{base}/{cand}" in flax_keys:
             return f"{base}/{cand}", transpose
     raise AssertionError(torch_name)
+
+
+def _torch_layout(kernel):
+    """A Flax kernel in torch's layout: (in, out) -> (out, in), HWIO -> OIHW."""
+    return np.transpose(kernel, (3, 2, 0, 1)) if kernel.ndim == 4 else kernel.T
 
 
 def truth(dump):
@@ -72,7 +78,7 @@ def truth(dump):
         for n in names:
             path, transpose = _flax_path(n, flax_keys)
             f = z[f"flax/{s}/{path}"].astype(np.float64)
-            f = f.T if transpose else f
+            f = _torch_layout(f) if transpose else f
             t = z[f"torch/{s}/{n}"].astype(np.float64)
             before = z[f"torch/{s - 1}/{n}" if s else f"torch/init/{n}"].astype(np.float64)
             diff = np.linalg.norm(f - t)

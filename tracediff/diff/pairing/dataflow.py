@@ -27,7 +27,8 @@ Values anchor the pairing instead, and dataflow carries it forward:
    before or after a matmul, a composite against one aten op), the points where values
    meet pair, else the last units after the class's last pair, else two modules' outputs,
    each region between compared as one unit. Backward units pair by symbol and direct
-   inputs (ties to the latest), carrying the module pairs of the forward.
+   inputs (ties to the latest), carrying the module pairs of the forward; a composite's
+   last unit pairs only if it is not a term of a sum its module accumulates (`add_any`).
 5. A user map (`{"MLP/fc1": "fc1"}`) confines the units of the modules it names to each
    other, never across op families, and pairs what dataflow left there by structure.
 
@@ -79,6 +80,7 @@ class Pairing(Atoms, ModuleCorrespondence, Reads):
         self.agree = agree         # agree(row a, row b): equal within tolerance (values meet)
         self._mod_pairs = {}       # a module -> b module, from the paths of paired units
         self._same_value = [None, None]   # per side: (hash, dtype, shape) -> units
+        self._terms = [None, None]        # per side: units summed by an add_any (backward)
         self.user_map = list((user_map or {}).items())
         self.atoms = {}            # fingerprint -> atom id
         self.atom_rows = {}        # atom id -> (row a, row b, how)
@@ -129,28 +131,65 @@ class Pairing(Atoms, ModuleCorrespondence, Reads):
             for s, lst, g in ((0, la, ga), (1, lb, gb)):
                 for k in lst:
                     by_sym[self._symbol(g, s, k, bwd)][s].append(k)
-            for xs, ys in sorted(by_sym.values(), key=lambda v: v[0][0] if v[0] else 1 << 62):
-                for ka, kb, score in self._assign(xs, ys):
-                    self._add(ka, kb, "dataflow",
-                              f"same op family and size, computed from the same {n_atoms} "
-                              f"paired input(s) and parameter(s)" +
-                              ("" if score is None else
-                               f"; {score} of its direct inputs are the same values or made "
-                               f"by paired ops"))
+            # where the two sides' values of one symbol are apart, the values meet first
+            # (Flax scales q's gradient after the matmul, torch the scores' before): the
+            # symbol pairs them only if nothing met
+            groups = sorted(by_sym.values(), key=lambda v: v[0][0] if v[0] else 1 << 62)
+            for strict in (True, False):
+                for xs, ys in groups:
+                    xs = [k for k in xs if k not in self.pair_of[0]]
+                    ys = [k for k in ys if k not in self.pair_of[1]]
+                    for ka, kb, score in self._assign(xs, ys) if xs and ys else ():
+                        if (strict or score == 0) and not self._agree_units(ka, kb):
+                            continue    # apart, and then no direct input in common either
+                        self._add(ka, kb, "dataflow",
+                                  f"same op family and size, computed from the same {n_atoms} "
+                                  f"paired input(s) and parameter(s)" +
+                                  ("" if score is None else
+                                   f"; {score} of its direct inputs are the same values or "
+                                   f"made by paired ops"))
+                while strict and self._pair_meeting(la, lb, n_atoms, by_module=True):
+                    pass
             # what is left: a composite on one side or both (LayerNorm's equations vs
-            # aten::native_layer_norm), paired by its last unit
+            # aten::native_layer_norm), paired by its last unit; in the backward, only what
+            # follows the last pair of its module and size (a unit before it fed that pair:
+            # torch's whole LayerNorm gradient and Flax's terms, both summed into the paired
+            # residual add) and no term of a sum (`_sum_terms`)
             left = collections.defaultdict(lambda: ([], []))
             for s, lst, g in ((0, la, ga), (1, lb, gb)):
+                terms = self._sum_terms(s) if bwd else ()
                 for k in lst:
-                    if k not in self.pair_of[s] and not self._index_unit(s, k):
-                        u = g.units[k]
-                        left[(u.size, u.dtype, int(self.groups[s][k]),
-                              self._module_id(s, u.module) if bwd else "")][s].append(k)
+                    u = g.units[k]
+                    key = (u.size, u.dtype, int(self.groups[s][k]),
+                           self._module_id(s, u.module) if bwd else "")
+                    if k in self.pair_of[s]:
+                        if bwd:
+                            left[key][s].clear()
+                    elif k not in terms and not self._index_unit(s, k):
+                        left[key][s].append(k)
             for xs, ys in left.values():
                 if xs and ys:
                     self._add(xs[-1], ys[-1], "dataflow (composite)",
                               f"the last of {len(xs)} op(s) of a and {len(ys)} of b computed "
                               f"from the same {n_atoms} paired input(s) and parameter(s)")
+
+    def _sum_terms(self, s):
+        """Units of side s whose value is one term of a sum that the same module's backward
+        accumulates (JAX's `add_any`): a part of a gradient, never the gradient. A pre-LN
+        block's LayerNorm transpose adds the residual's cotangent into its own terms, so
+        Flax never holds the LayerNorm's whole input gradient that torch's
+        `native_layer_norm_backward` returns; the `mul` before the last `add_any` is not it."""
+        if self._terms[s] is None:
+            g = self.ga if s == 0 else self.gb
+            out = set()
+            for j, u in enumerate(g.units):
+                if u.phase != PHASE_BWD or g.op(u.rep) != "add_any":
+                    continue
+                for _, _, nd in g.input_nodes(u):
+                    out.update(v for v in self._producers(g, s, nd)
+                               if v != j and g.units[v].module == u.module)
+            self._terms[s] = out
+        return self._terms[s]
 
     # -- the forward: what the two sides compute ----------------------------------------
     def _pair_forward(self):
@@ -254,9 +293,20 @@ class Pairing(Atoms, ModuleCorrespondence, Reads):
                 return True
         return False
 
-    def _pair_meeting(self, la, lb, n_atoms):
+    def _agree_units(self, ka, kb):
+        """The outputs of unit ka of a and kb of b agree within tolerance (True where they
+        cannot be compared)."""
+        ra, rb = self.out_row(0, ka), self.out_row(1, kb)
+        if self.agree is None or ra is None or rb is None or not comparable(ra) \
+                or not comparable(rb):
+            return True
+        return self.agree(ra, rb)
+
+    def _pair_meeting(self, la, lb, n_atoms, by_module=False):
         """Step 2 of `_pair_forward`: the latest unpaired unit of a whose output agrees
-        with an unpaired unit of b of the same size (latest first), within tolerance."""
+        with an unpaired unit of b of the same size (latest first), within tolerance. In
+        the backward (`by_module`), within one module pair: torch's `_softmax_backward_data`
+        meets the end of Flax's softmax transpose, the scale after it is torch's own."""
         if self.agree is None:
             return False
         left = collections.defaultdict(lambda: ([], []))
@@ -264,7 +314,8 @@ class Pairing(Atoms, ModuleCorrespondence, Reads):
             for k in lst:
                 if self.pair_key(s, k) is None and not self._index_unit(s, k):
                     u = g.units[k]
-                    left[(u.size, int(self.groups[s][k]))][s].append(k)
+                    left[(u.size, int(self.groups[s][k]),
+                          self._module_id(s, u.module) if by_module else "")][s].append(k)
         budget = MAX_MEET_COMPARISONS
         for xs, ys in left.values():
             for x in reversed(xs):

@@ -259,11 +259,13 @@ class SideGraph(ValueNodes):
             out.append(Unit([e], e, fam, shape, _size(shape), t.string(row["dtype"]),
                             label.split(".", 1)[0] if op.startswith("aten::") else label,
                             module_path(ns, self.fw), phase))
-        # a matmul or conv followed by the bias add that reads it: one layer
+        # a matmul or conv followed by the bias add that reads it: one layer (never JAX's
+        # `add_any`: the backward summing a gradient's terms, not a bias)
         merged, i = [], 0
         while i < len(out):
             u = out[i]
-            if u.family in ("matmul", "conv") and i + 1 < len(out) and out[i + 1].family == "add":
+            if u.family in ("matmul", "conv") and i + 1 < len(out) and \
+                    out[i + 1].family == "add" and out[i + 1].label != "add_any":
                 nxt = out[i + 1]
                 prods = {int(r["producer"]) for r in t.input_rows(nxt.rep)}
                 if u.rep in prods and nxt.size == u.size:
