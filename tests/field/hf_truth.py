@@ -25,14 +25,16 @@ def load_program(path):
 
 
 def record_cases(program, cases, folder):
-    """{case: trace} of `tracediff record PROGRAM --bug BUG` for each (case, bug)."""
+    """{case: trace} of `tracediff record PROGRAM --bug BUG` for each (case, bug); BUG may be
+    the program's whole argument list instead (["--attn", "sdpa", "--bug", "none"])."""
     env = dict(os.environ, PYTHONPATH=ROOT)
     env.pop("XLA_FLAGS", None)
     out = {}
     for name, bug in cases.items():
         path = str(folder / f"{name}.h5")
-        r = subprocess.run([sys.executable, "-m", "tracediff", "record", "-o", path, program,
-                            "--bug", bug], cwd=folder, env=env, capture_output=True,
+        args = ["--bug", bug] if isinstance(bug, str) else list(bug)
+        r = subprocess.run([sys.executable, "-m", "tracediff", "record", "-o", path, program, *args],
+                           cwd=folder, env=env, capture_output=True,
                            text=True, timeout=900)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
         out[name] = path
@@ -48,6 +50,14 @@ def first_array(x):
 
 def first_differing(tmodel, run_torch, fmodel, params, flax_args):
     """(first differing module path or None, modules compared)."""
+    rows = module_differences(tmodel, run_torch, fmodel, params, flax_args)
+    return next((name for name, _, differs in rows if differs), None), len(rows)
+
+
+def module_differences(tmodel, run_torch, fmodel, params, flax_args):
+    """[(module path, max abs difference, beyond tolerance)] in the order torch's modules
+    finish, for each module both sides have under one path. `params`: the Flax parameters,
+    or all its variables ({"params", "batch_stats"}: BatchNorm's running statistics)."""
     import jax
     import torch
 
@@ -64,7 +74,8 @@ def first_differing(tmodel, run_torch, fmodel, params, flax_args):
         run_torch(tmodel)
     for h in handles:
         h.remove()
-    _, inter = fmodel.module.apply({"params": params}, *flax_args,
+    variables = params if "params" in params else {"params": params}
+    _, inter = fmodel.module.apply(variables, *flax_args,
                                    capture_intermediates=True, mutable=["intermediates"])
     flat = {}
     for path, v in jax.tree_util.tree_flatten_with_path(
@@ -72,14 +83,13 @@ def first_differing(tmodel, run_torch, fmodel, params, flax_args):
         keys = [getattr(k, "key", getattr(k, "idx", None)) for k in path]
         if keys and keys[-1] == "__call__":
             flat[".".join(str(k) for k in keys[:-1])] = first_array(v)
-    compared, first = 0, None
+    rows = []
     for name in order:
         a, b = flat.get(name), outs[name]
         if a is None or a.size != b.size:
             continue
         if a.ndim == 4 and a.shape != b.shape and a.shape == tuple(np.array(b.shape)[[0, 2, 3, 1]]):
             a = a.transpose(0, 3, 1, 2)       # a Flax conv's NHWC output against torch's NCHW
-        compared += 1
-        if first is None and (np.abs(a.reshape(b.shape) - b) > ATOL + RTOL * np.abs(b)).any():
-            first = name
-    return first, compared
+        diff = np.abs(a.reshape(b.shape) - b)
+        rows.append((name, float(diff.max()), bool((diff > ATOL + RTOL * np.abs(b)).any())))
+    return rows

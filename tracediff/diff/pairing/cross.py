@@ -496,7 +496,12 @@ def _as_f64(x):
 
 def best_layout(xa, xb):
     """The axis order under which b's array agrees best with a's (see
-    `graph.permutations_to`), judged on a sample of elements; None if none fits."""
+    `graph.permutations_to`), judged on a sample of elements; None if none fits. Agreeing
+    best: most elements close. Where under no order do most agree (the two differ: gelu
+    against relu), a fraction of a few coincidences picks a layout at random (it compared
+    NHWC with NCHW read as NHWC, 2.67 for 0.17): then the frameworks' convention that maps
+    b's shape onto a's (channels first <-> last, the 2-D transpose), else the order with the
+    smallest mean squared difference."""
     xa, xb = np.asarray(xa), np.asarray(xb)
     perms = _graph.permutations_to(xa.shape, xb.shape)
     if not perms:
@@ -509,7 +514,7 @@ def best_layout(xa, xb):
     coords = np.unravel_index(idx, xa.shape)
     fa = _as_f64(xa.reshape(-1)[idx])
     fb_all = xb.reshape(-1)
-    best, best_score = None, -1.0
+    best, best_score, nearest, nearest_sq = None, -1.0, None, np.inf
     for p in perms:
         shape_t = [xa.shape[i] for i in p]
         flat = np.ravel_multi_index([coords[i] for i in p], shape_t)
@@ -518,12 +523,18 @@ def best_layout(xa, xb):
             return perms[0]
         with np.errstate(invalid="ignore", over="ignore"):
             close = np.isclose(fa, fb, rtol=1e-2, atol=1e-6, equal_nan=True)
+            sq = float(np.nanmean(np.square(fa - fb))) if len(close) else 0.0
         score = float(close.mean()) if len(close) else 1.0
         if score > best_score:
             best, best_score = p, score
+        if sq < nearest_sq:
+            nearest, nearest_sq = p, sq
         if score == 1.0:
             break
-    return best
+    if best_score >= 0.5:
+        return best
+    return next((p for p in perms if _graph.conventional(p) and
+                 [xa.shape[i] for i in p] == list(xb.shape)), nearest or best)
 
 
 def cross_differ(ta, tb, rtol=None, atol=None, map_file=None):
