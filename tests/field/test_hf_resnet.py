@@ -6,7 +6,10 @@ own converter, the same images.
 The truth is computed here, independently of tracediff (torch forward hooks and Flax
 `capture_intermediates`, paired by module path, hf_truth.py): the correct port MATCHes with
 the pairing covering both sides; each port bug is DIVERGED at the truth's module with the
-truth's magnitude in the headline (within 2x). ResNet has no attention: one mode.
+truth's magnitude in the headline (within 2x), the pairing covering both sides. A parameter
+converted wrong (the running variance as a standard deviation, a flipped kernel) used to be a
+value of one side only: nothing after it paired and `locate` said INCONCLUSIVE (1 of 57 units;
+75 %). ResNet has no attention: one mode.
 """
 
 import os
@@ -60,23 +63,9 @@ EXPECT = {
     "std": "embedder.embedder.normalization",                      # var as std, 0.214
     "flip": "encoder.stages.1.layers.0.layer.1.convolution",       # flipped kernel, 5.89
 }
-# A parameter converted wrong exists on the Flax side only: it is no atom (pairing/atoms.py),
-# so what reads it, and everything downstream, cannot pair by dataflow (measured:
-# INCONCLUSIVE, exit 3, never MATCH: test_unpaired_bug_is_inconclusive_never_a_match)
-XFAIL = {
-    "std": "INCONCLUSIVE: the running variance converted as a standard deviation is a Flax-"
-           "only value, so the first BatchNorm and all after it stay unpaired (a 1 of 57, b 1 "
-           "of 29 units); the suggested --map does not pair Flax's BatchNorm equations with "
-           "native_batch_norm (other op families)",
-    "flip": "INCONCLUSIVE: the flipped kernel equals torch's weight in no axis order, so "
-            "stage 1's conv and all after it stay unpaired (a 56 of 75 units, 75%; b 21 of 29, "
-            "72%; the bar is 80%); the suggested --map finds it (test below)",
-}
 
 
-@pytest.mark.parametrize("bug", [pytest.param(b, marks=pytest.mark.xfail(strict=True,
-                                                                         reason=XFAIL[b]))
-                                 if b in XFAIL else b for b in EXPECT])
+@pytest.mark.parametrize("bug", sorted(EXPECT))
 def test_port_bug_named_at_its_module_with_its_magnitude(traces, bug):
     rows, first = truth(bug)
     assert first is not None and first[0] == EXPECT[bug], first
@@ -86,22 +75,5 @@ def test_port_bug_named_at_its_module_with_its_magnitude(traces, bug):
     b = f.layer["module"]["b"].replace("/", ".")
     assert b.startswith(first[0]), (f.layer, first)
     assert first[1] / 2 <= f.metrics.max_abs <= 2 * first[1], (f.metrics.max_abs, first)
+    assert r.coverage.sufficient, r.coverage.reasons
 
-
-@pytest.mark.parametrize("bug", sorted(XFAIL))
-def test_unpaired_bug_is_inconclusive_never_a_match(traces, bug):
-    """What the pairing cannot reach is INCONCLUSIVE with a next step, never MATCH; for the
-    flipped kernel the `--map` the next step suggests names the truth's conv with the
-    truth's magnitude."""
-    _, first = truth(bug)
-    r = tracediff.locate(traces[bug], explain=False)
-    assert r.verdict == "inconclusive" and r.exit_code == 3, r.verdict
-    assert not r.coverage.sufficient and "--map '" in r.coverage.next_step
-    if bug == "flip":
-        spec = r.coverage.next_step.split("--map '")[1].split("'")[0]
-        assert spec == ('{"FlaxResNetModule/encoder/stages/1/layers/0/layer/1/convolution": '
-                        '"encoder/stages/1/layers/0/layer/1/convolution"}'), spec
-        m = tracediff.locate(traces[bug], map_file=spec, explain=False)
-        f = m.first_beyond_tolerance
-        assert m.verdict == "diverged" and f.b.name_stack.replace("/", ".") == first[0]
-        assert first[1] / 2 <= f.metrics.max_abs <= 2 * first[1], (f.metrics.max_abs, first)
