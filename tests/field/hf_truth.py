@@ -25,14 +25,16 @@ def load_program(path):
 
 
 def record_cases(program, cases, folder, extra=()):
-    """{case: trace} of `tracediff record PROGRAM --bug BUG [EXTRA]` for each (case, bug)."""
+    """{case: trace} of `tracediff record PROGRAM --bug BUG [EXTRA]` for each (case, bug); BUG
+    may be the program's whole argument list instead (["--attn", "sdpa", "--bug", "none"])."""
     env = dict(os.environ, PYTHONPATH=ROOT)
     env.pop("XLA_FLAGS", None)
     out = {}
     for name, bug in cases.items():
         path = str(folder / f"{name}.h5")
+        args = ["--bug", bug] if isinstance(bug, str) else list(bug)
         r = subprocess.run([sys.executable, "-m", "tracediff", "record", "-o", path, program,
-                            "--bug", bug, *extra], cwd=folder, env=env, capture_output=True,
+                            *args, *extra], cwd=folder, env=env, capture_output=True,
                            text=True, timeout=900)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
         out[name] = path
@@ -54,6 +56,15 @@ def first_differing(tmodel, run_torch, fmodel, params, flax_args):
 def first_difference(tmodel, run_torch, fmodel, params, flax_args):
     """(first differing module path or None, modules compared, its output's max abs
     difference or None)."""
+    rows = module_differences(tmodel, run_torch, fmodel, params, flax_args)
+    first = next(((name, max_abs) for name, max_abs, differs in rows if differs), (None, None))
+    return first[0], len(rows), first[1]
+
+
+def module_differences(tmodel, run_torch, fmodel, params, flax_args):
+    """[(module path, max abs difference, beyond tolerance)] in the order torch's modules
+    finish, for each module both sides have under one path. `params`: the Flax parameters,
+    or all its variables ({"params", "batch_stats"}: BatchNorm's running statistics)."""
     import jax
     import torch
 
@@ -71,7 +82,8 @@ def first_difference(tmodel, run_torch, fmodel, params, flax_args):
         run_torch(tmodel)
     for h in handles:
         h.remove()
-    _, inter = fmodel.module.apply({"params": params}, *flax_args,
+    variables = params if "params" in params else {"params": params}
+    _, inter = fmodel.module.apply(variables, *flax_args,
                                    capture_intermediates=True, mutable=["intermediates"])
     flat = {}
     for path, v in jax.tree_util.tree_flatten_with_path(
@@ -79,14 +91,13 @@ def first_difference(tmodel, run_torch, fmodel, params, flax_args):
         keys = [getattr(k, "key", getattr(k, "idx", None)) for k in path]
         if keys and keys[-1] == "__call__":
             flat[".".join(str(k) for k in keys[:-1])] = first_array(v)
-    compared, first, max_abs = 0, None, None
+    rows = []
     for name in order:
         a, b = flat.get(name), outs[name]
         if a is None or a.size != b.size:
             continue
         if a.ndim == 4 and a.shape != b.shape and a.shape == tuple(np.array(b.shape)[[0, 2, 3, 1]]):
             a = a.transpose(0, 3, 1, 2)       # a Flax conv's NHWC output against torch's NCHW
-        compared += 1
-        if first is None and (np.abs(a.reshape(b.shape) - b) > ATOL + RTOL * np.abs(b)).any():
-            first, max_abs = name, float(np.abs(a.reshape(b.shape) - b).max())
-    return first, compared, max_abs
+        diff = np.abs(a.reshape(b.shape) - b)
+        rows.append((name, float(diff.max()), bool((diff > ATOL + RTOL * np.abs(b)).any())))
+    return rows

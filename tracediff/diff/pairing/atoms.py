@@ -15,6 +15,7 @@ from .graph import PHASE_FWD, find_layout, is_int
 MAX_DEPTH = 200             # passthrough hops followed back from one value
 MAX_FINGERPRINT_BYTES = 256 << 20   # values read to fingerprint permuted arrays
 MAX_SUPPORT_ELEMENTS = 20_000_000   # atoms held by the distinct supports of one side
+MAX_GIVEN_HOPS = 16                 # byte-moving ops followed back to call a value given
 
 
 
@@ -36,6 +37,7 @@ class Atoms:
         seen = [collections.OrderedDict(), collections.OrderedDict()]   # key -> row
         rows_of = [[], []]
         computed = [set(), set()]
+        read_in = [{}, {}]       # per side: key -> module of the first unit that reads it
         for g, s in ((self.ga, 0), (self.gb, 1)):
             visited = set()
             for u in g.units:
@@ -45,6 +47,7 @@ class Atoms:
                         k = g.key(row)
                         if k is not None and k not in seen[s]:
                             seen[s][k] = row
+                            read_in[s][k] = u.module
                         if k is not None and by_unit:
                             computed[s].add(k)
         # a value both sides compute (a layer's output that happens to be equal) is not a
@@ -67,6 +70,7 @@ class Atoms:
                 self.atom_rows[aid] = (row, rb, how)
         self._permuted_atoms(rows_of, seen)
         self._broadcast_atoms(rows_of)
+        self._parameter_atoms(seen, read_in, computed)
         for ra, rb in role_rows:          # updated parameters, by optimizer role
             ka, kb = self.ga.key(ra), self.gb.key(rb)
             if ka is None or kb is None:
@@ -229,6 +233,39 @@ class Atoms:
                 tied = True
         return tied
 
+    def _parameter_atoms(self, seen, read_in, computed):
+        """A value each side was given, equal to nothing of the other side, read first by
+        the same module (paths aligned from the common end, a's root dropped) and the only
+        such value of its size and dtype there on either side: the same parameter, converted
+        wrong (a running variance as a standard deviation, a flipped kernel). An atom, so
+        the module pairs and its difference is found there; before, it was a value of one
+        side only and nothing after it paired (INCONCLUSIVE)."""
+        def pending(g, s):
+            out = collections.defaultdict(list)
+            for k, row in seen[s].items():
+                if k[0] != "b" or k in self.atoms or k in computed[s] or not comparable(row) \
+                        or not len(g.shape(row)) or not _given(g, int(row["event"])):
+                    continue
+                path = [c for c in read_in[s][k].split("/") if c]
+                out[(int(row["nbytes"]), k[1])].append((path, row))
+            return out
+
+        pa, pb = pending(self.ga, 0), pending(self.gb, 1)
+        for sig in pa.keys() & pb.keys():
+            for pth_b, rb in pb[sig]:
+                if not pth_b:
+                    continue
+                hits = [ra for pth_a, ra in pa[sig] if pth_a[-len(pth_b):] == pth_b and
+                        len(pth_a) - len(pth_b) in (0, 1)]
+                others = [r for pth, r in pb[sig] if pth == pth_b]
+                if len(hits) != 1 or len(others) != 1:
+                    continue
+                ra = hits[0]
+                aid = len(self.atom_rows)
+                self.atom_rows[aid] = (ra, rb, "the same module's parameter, other values")
+                self.atoms.setdefault(self.ga.key(ra), aid)
+                self.atoms.setdefault(self.gb.key(rb), aid)
+
     # -- support ----------------------------------------------------------------------------
     def _supports(self, g, s):
         memo = {}
@@ -297,6 +334,17 @@ def _broadcasts_to(small, big):
     lead = len(big) - len(small)
     ok = all(d == 1 or d == big[lead + i] for i, d in enumerate(small))
     return big if ok else None
+
+def _given(g, ev, depth=0):
+    """Is event `ev`'s value given to this side (moved from inputs only, no unit of the side
+    upstream): a parameter or an input, not a computed value seen through a reshape."""
+    if depth > MAX_GIVEN_HOPS or int(g.unit_of[ev]) >= 0:
+        return False
+    for r in g.t.input_rows(ev):
+        p = int(r["producer"])
+        if 0 <= p < g.n and g.mask[p] and not _given(g, p, depth + 1):
+            return False
+    return True
 
 
 def _union(parts):
