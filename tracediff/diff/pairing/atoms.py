@@ -83,21 +83,26 @@ class Atoms:
             self.atoms.setdefault(ka, aid)
             self.atoms.setdefault(kb, aid)
 
+    def _unmatched(self, g, rows, signature):
+        """{signature: {key: row}} of one side's stored float values that no atom holds yet,
+        grouped by `signature(g, key, row)` (None: not a candidate)."""
+        out = {}
+        for row in rows:
+            k = g.key(row)
+            if k is None or k[0] != "b" or k in self.atoms or not comparable(row):
+                continue
+            sig = signature(g, k, row)
+            if sig is not None:
+                out.setdefault(sig, {})[k] = row
+        return out
+
     def _permuted_atoms(self, rows_of, seen):
         """Float arrays of 2+ dims without an exact match: the same elements in another
         axis order (a conv kernel HWIO vs OIHW) make an atom too."""
-        def pending(g, s):
-            out = {}
-            for row in rows_of[s]:
-                k = g.key(row)
-                if k is None or k[0] != "b" or k in self.atoms or not comparable(row):
-                    continue
-                if len(g.shape(row)) < 2:
-                    continue
-                out.setdefault((k[1], int(row["nbytes"])), {})[k] = row
-            return out
+        def sig(g, k, row):
+            return (k[1], int(row["nbytes"])) if len(g.shape(row)) >= 2 else None
 
-        pa, pb = pending(self.ga, 0), pending(self.gb, 1)
+        pa, pb = (self._unmatched(g, rows_of[s], sig) for g, s in ((self.ga, 0), (self.gb, 1)))
         budget = MAX_FINGERPRINT_BYTES
         for sig in pa.keys() & pb.keys():
             fps = {}
@@ -130,18 +135,11 @@ class Atoms:
         [2, 8, 32] output is the [1, 8, 32] one) make an atom too: the same value, read by
         what follows on both sides. A constant (every element equal) broadcasts to
         anything and is never one; integers and bools never pair by value this way."""
-        def pending(g, s):
-            out = {}
-            for row in rows_of[s]:
-                k = g.key(row)
-                if k is None or k[0] != "b" or k in self.atoms or not comparable(row):
-                    continue
-                shape = g.shape(row)
-                if len(shape) and _size(shape) >= 2:
-                    out.setdefault((k[1], shape), {})[k] = row
-            return out
+        def sig(g, k, row):
+            shape = g.shape(row)
+            return (k[1], shape) if len(shape) and _size(shape) >= 2 else None
 
-        pa, pb = pending(self.ga, 0), pending(self.gb, 1)
+        pa, pb = (self._unmatched(g, rows_of[s], sig) for g, s in ((self.ga, 0), (self.gb, 1)))
         budget = [MAX_FINGERPRINT_BYTES]
 
         def read(g, row):

@@ -34,12 +34,13 @@ from . import dataflow as _pairing
 from . import graph as _graph
 from ..differ import BITWISE, Differ, comparable
 from .graph import op_family  # noqa: F401  (the op families, for callers and tests)
-from .layers import REGION_PAIRS, LayerNames, _num
+from .layers import LayerNames, _num
 from .meet import FormulaMeeting
+from .regions import broadcast_pair
 from .roles import RoleSteps
+from .rounding import RoundingInherited
 
 SAMPLE = 2048          # elements compared to choose a layout
-AMPLIFIED = 10.0       # output rel L2 up to 10x the inputs': their rounding, carried
 
 
 def sides(ta, tb):
@@ -161,7 +162,7 @@ class CrossAlignment(_align.Alignment):
         return out
 
 
-class CrossDiffer(LayerNames, FormulaMeeting, RoleSteps, Differ):
+class CrossDiffer(LayerNames, FormulaMeeting, RoundingInherited, RoleSteps, Differ):
     """A `Differ` whose pairs come from `pairing/dataflow.py`, for two frameworks; the
     optimizer steps by role are in `roles.py`, the layer names and the mapping in `layers.py`."""
 
@@ -220,7 +221,7 @@ class CrossDiffer(LayerNames, FormulaMeeting, RoleSteps, Differ):
 
     def transform_b(self, row_a, row_b, xa, xb):
         xa, xb = np.asarray(xa), np.asarray(xb)
-        if xa.size != xb.size and _pairing._broadcast_pair(xa.shape, xb.shape):
+        if xa.size != xb.size and broadcast_pair(xa.shape, xb.shape):
             return xb       # one is the other's broadcast: compared as numpy broadcasts them
         key = (int(row_a["offset"]), int(row_b["offset"])) if row_a is not None else None
         p = self._layout.get(key) if key else None
@@ -273,7 +274,7 @@ class CrossDiffer(LayerNames, FormulaMeeting, RoleSteps, Differ):
         dtypes are compared as numbers; equal numbers are equal at every level."""
         xa = np.asarray(xa)
         xb = self.transform_b(row_a, row_b, xa, np.asarray(xb))
-        if xa.shape != np.shape(xb) and _pairing._broadcast_pair(xa.shape, np.shape(xb)):
+        if xa.shape != np.shape(xb) and broadcast_pair(xa.shape, np.shape(xb)):
             xa, xb = np.broadcast_arrays(xa, xb)   # one is the other's broadcast
         if da == db:
             m = compare.compare_arrays(xa, xb, da, self.rtol, self.atol, tol_dtype=tol_dtype,
@@ -437,58 +438,6 @@ class CrossDiffer(LayerNames, FormulaMeeting, RoleSteps, Differ):
             return f, None
         return None, None
 
-    def _normwise(self, row_a, row_b):
-        """(||a - b|| / ||a||, within rtol * ||a|| + atol * sqrt(n)) of two values, b laid
-        out like a; None when they cannot be compared."""
-        if row_a is None or row_b is None or not comparable(row_a) or not comparable(row_b):
-            return None
-        xa = np.asarray(self.ra.read(row_a))
-        xb = self.transform_b(row_a, row_b, xa, np.asarray(self.rb.read(row_b)))
-        if xa.shape != np.asarray(xb).shape or xa.dtype.kind != "f":
-            return None
-        l2 = compare.RelL2()
-        l2.add(xa, xb)
-        rtol, atol = compare.tolerance(self.ta.string(row_a["dtype"]), self.rtol, self.atol)
-        return l2.value(), bool(np.sqrt(l2.diff) <= rtol * np.sqrt(l2.ref) +
-                                atol * np.sqrt(xa.size))
-
-    def _rounding_inherited(self, pr):
-        """A pair beyond tolerance only element by element, where its values cancel (a
-        residual add near zero), from inputs that differ by rounding alone: every input
-        within tolerance (element-wise or as a whole: ||a - b|| <= rtol ||a|| + atol sqrt(n))
-        but not all bitwise, every output within tolerance as a whole, and its relative L2
-        at most `AMPLIFIED` times its inputs'. Across
-        frameworks after an optimizer step every parameter differs by rounding, and such
-        an element is not where anything diverged (a port bug adds more than it reads)."""
-        ua, ub = self.ga.units[pr.a], self.gb.units[pr.b]
-        # a region (a LayerNorm's equations against native_layer_norm) by what it reads from
-        # outside; an input of a's only (`own`: the input read twice, a's own constant) is
-        # nothing that differs
-        ins = [x for x in self._unit_input_pairs(pr.a, pr.b, region=pr.by in REGION_PAIRS)
-               if not x[3]]
-        rel_in, bitwise = 0.0, True
-        for row, rb, _, _ in ins:
-            if row is None or rb is None:
-                return False
-            m = self.compare_rows(row, rb)
-            if m is None:
-                return False
-            if not m["bitwise_equal"]:
-                bitwise = False
-                nw = self._normwise(row, rb)
-                if not m["within_tolerance"] and (nw is None or not nw[1]):
-                    return False
-                rel_in = max(rel_in, nw[0] if nw else 0.0)
-        if bitwise or not ins or rel_in == 0.0:
-            return False
-        rows_a = self.ta.value_rows(ua.rep, schema.ROLE_OUT)
-        rows_b = self.tb.value_rows(ub.rep, schema.ROLE_OUT)
-        for ra_, rb_ in zip(rows_a, rows_b):
-            nw = self._normwise(ra_, rb_)
-            if nw is None or not nw[1] or nw[0] > AMPLIFIED * rel_in:
-                return False
-        return bool(len(rows_a))
-
 
 def _mask_extremes(xa, xb):
     """b with -inf where a holds the dtype's lowest finite value and b -inf, or the reverse,
@@ -524,7 +473,7 @@ def _broadcast_rows(ta, tb, row_a, row_b):
         sb = tuple(parse_shape(tb.string(row_b["shape"])))
     except ValueError:
         return False
-    return sa != sb and _graph._size(sa) != _graph._size(sb) and _pairing._broadcast_pair(sa, sb)
+    return sa != sb and _graph._size(sa) != _graph._size(sb) and broadcast_pair(sa, sb)
 
 
 def _dedupe(ins):

@@ -1,0 +1,73 @@
+"""A pair of two frameworks that differs only by the rounding it inherited (`CrossDiffer`'s
+search skips it).
+
+Why apart: across frameworks after an optimizer step every parameter differs by
+rounding, and a residual add near zero then differs element by element beyond tolerance
+while nothing diverged there; telling such a pair from a port bug is its own judgement
+(inputs within tolerance, outputs within tolerance as a whole, not amplified).
+"""
+
+import numpy as np
+
+from ...trace import schema
+from ..compare import values as compare
+from ..differ import comparable
+from .layers import REGION_PAIRS
+
+AMPLIFIED = 10.0       # output rel L2 up to 10x the inputs': their rounding, carried
+
+
+class RoundingInherited:
+    """`_rounding_inherited` and the norm-wise comparison it uses (mixed into CrossDiffer)."""
+
+    def _normwise(self, row_a, row_b):
+        """(||a - b|| / ||a||, within rtol * ||a|| + atol * sqrt(n)) of two values, b laid
+        out like a; None when they cannot be compared."""
+        if row_a is None or row_b is None or not comparable(row_a) or not comparable(row_b):
+            return None
+        xa = np.asarray(self.ra.read(row_a))
+        xb = self.transform_b(row_a, row_b, xa, np.asarray(self.rb.read(row_b)))
+        if xa.shape != np.asarray(xb).shape or xa.dtype.kind != "f":
+            return None
+        l2 = compare.RelL2()
+        l2.add(xa, xb)
+        rtol, atol = compare.tolerance(self.ta.string(row_a["dtype"]), self.rtol, self.atol)
+        return l2.value(), bool(np.sqrt(l2.diff) <= rtol * np.sqrt(l2.ref) +
+                                atol * np.sqrt(xa.size))
+
+    def _rounding_inherited(self, pr):
+        """A pair beyond tolerance only element by element, where its values cancel (a
+        residual add near zero), from inputs that differ by rounding alone: every input
+        within tolerance (element-wise or as a whole: ||a - b|| <= rtol ||a|| + atol sqrt(n))
+        but not all bitwise, every output within tolerance as a whole, and its relative L2
+        at most `AMPLIFIED` times its inputs'. Across
+        frameworks after an optimizer step every parameter differs by rounding, and such
+        an element is not where anything diverged (a port bug adds more than it reads)."""
+        ua, ub = self.ga.units[pr.a], self.gb.units[pr.b]
+        # a region (a LayerNorm's equations against native_layer_norm) by what it reads from
+        # outside; an input of a's only (`own`: the input read twice, a's own constant) is
+        # nothing that differs
+        ins = [x for x in self._unit_input_pairs(pr.a, pr.b, region=pr.by in REGION_PAIRS)
+               if not x[3]]
+        rel_in, bitwise = 0.0, True
+        for row, rb, _, _ in ins:
+            if row is None or rb is None:
+                return False
+            m = self.compare_rows(row, rb)
+            if m is None:
+                return False
+            if not m["bitwise_equal"]:
+                bitwise = False
+                nw = self._normwise(row, rb)
+                if not m["within_tolerance"] and (nw is None or not nw[1]):
+                    return False
+                rel_in = max(rel_in, nw[0] if nw else 0.0)
+        if bitwise or not ins or rel_in == 0.0:
+            return False
+        rows_a = self.ta.value_rows(ua.rep, schema.ROLE_OUT)
+        rows_b = self.tb.value_rows(ub.rep, schema.ROLE_OUT)
+        for ra_, rb_ in zip(rows_a, rows_b):
+            nw = self._normwise(ra_, rb_)
+            if nw is None or not nw[1] or nw[0] > AMPLIFIED * rel_in:
+                return False
+        return bool(len(rows_a))
