@@ -81,9 +81,11 @@ def op_family(op):
 def module_path(name_stack, framework):
     """A module path comparable across frameworks: JAX transforms dropped
     ('transpose(jvp(MLP))/fc1' -> 'MLP/fc1'), torch dots as slashes ('blocks.0' ->
-    'blocks/0')."""
+    'blocks/0'); a JAX einsum's spec ('...hqk,...khd->...qhd', the scope `jnp.einsum` pushes)
+    is no module and is dropped."""
     if framework == schema.FW_JAX:
         s = re.sub(r"[A-Za-z_][\w]*\(", "", name_stack).replace(")", "")
+        s = "/".join(c for c in s.split("/") if "->" not in c)
     else:
         s = name_stack.replace(".", "/")
     return re.sub(r"/+", "/", s).strip("/")
