@@ -77,14 +77,12 @@ EXPECT = {
 XFAIL = {
     "gelu": ROTARY + "INCONCLUSIVE (17%/17%), the MLP after it never paired",
     "oproj": ROTARY + "INCONCLUSIVE (17%/17%), layer 1 never paired",
-    "eps": "right module, but the headline 0.796 compares Flax's sqrt with torch's rsqrt "
-           "(reciprocals); the truth, the module's output, 0.033, is in the note (issue 35)",
-}
+}   # eps: its headline was Flax's sqrt against torch's rsqrt (0.796); now the module's output
 
 
 @pytest.mark.parametrize("bug", [pytest.param(b, marks=pytest.mark.xfail(strict=True,
                                                                          reason=XFAIL[b]))
-                                 for b in EXPECT])
+                                 if b in XFAIL else b for b in EXPECT])
 def test_port_bug_named_at_its_module_with_its_magnitude(traces, bug):
     _, first = truth(bug)
     r = tracediff.locate(traces[bug], explain=False)
