@@ -27,16 +27,16 @@ RTOL, ATOL = 1e-5, 1e-6
 CASES = {"ok": (), "mask": ("--bug", "decay_mask")}
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """{case: (trace, dump)}, both recordings at once."""
-    d = tmp_path_factory.mktemp("bert_train")
+def record_with_dumps(program, cases, d):
+    """{case: (trace, dump)}: `tracediff record PROGRAM ARGS --dump DUMP` for each case, the
+    recordings at once (the dump: the parameters after each step, the truth's input)."""
     env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop("XLA_FLAGS", None)
     procs, out = {}, {}
-    for name, args in CASES.items():
+    for name, args in cases.items():
         trace, dump = str(d / f"{name}.h5"), str(d / f"{name}.npz")
         procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "tracediff", "record", "-o", trace, PROGRAM, *args,
+            [sys.executable, "-m", "tracediff", "record", "-o", trace, program, *args,
              "--dump", dump], env=env, cwd=str(d), stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True)
         out[name] = (trace, dump)
@@ -44,6 +44,12 @@ def runs(tmp_path_factory):
         text, _ = p.communicate(timeout=900)
         assert p.returncode == 0, text[-3000:]
     return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """{case: (trace, dump)}, both recordings at once."""
+    return record_with_dumps(PROGRAM, CASES, tmp_path_factory.mktemp("bert_train"))
 
 
 def _flax_path(torch_name, flax_keys):

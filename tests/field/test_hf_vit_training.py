@@ -10,15 +10,13 @@ layer 1 `layernorm_after` backward (5.69e-5: one term of Flax's LayerNorm input 
 """
 
 import os
-import subprocess
-import sys
 
 import pytest
 
 import tracediff
 
-from ..helpers import ROOT, run_cli
-from .test_hf_bert_training import _first_beyond, truth
+from ..helpers import run_cli
+from .test_hf_bert_training import _first_beyond, record_with_dumps, truth
 
 pytestmark = pytest.mark.field
 
@@ -29,20 +27,7 @@ CASES = {"ok": (), "mask": ("--bug", "decay_mask"), "eager": ("--eager",)}
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """{case: (trace, dump, locate's result)}, the recordings at once."""
-    d = tmp_path_factory.mktemp("vit_train")
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    env.pop("XLA_FLAGS", None)
-    procs, out = {}, {}
-    for name, args in CASES.items():
-        trace, dump = str(d / f"{name}.h5"), str(d / f"{name}.npz")
-        procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "tracediff", "record", "-o", trace, PROGRAM, *args,
-             "--dump", dump], env=env, cwd=str(d), stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True)
-        out[name] = (trace, dump)
-    for name, p in procs.items():
-        text, _ = p.communicate(timeout=900)
-        assert p.returncode == 0, text[-3000:]
+    out = record_with_dumps(PROGRAM, CASES, tmp_path_factory.mktemp("vit_train"))
     return {k: (t, dump, tracediff.locate(t, explain=False)) for k, (t, dump) in out.items()}
 
 
