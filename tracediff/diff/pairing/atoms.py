@@ -10,7 +10,7 @@ import numpy as np
 
 from ...trace.values import digest
 from ..differ import comparable
-from .graph import PHASE_FWD, find_layout, is_int
+from .graph import PHASE_FWD, _size, broadcasts_to, find_layout, is_int
 
 MAX_DEPTH = 200             # passthrough hops followed back from one value
 MAX_FINGERPRINT_BYTES = 256 << 20   # values read to fingerprint permuted arrays
@@ -149,14 +149,12 @@ class Atoms:
         for (dt, sa), (dtb, sb) in [(x, y) for x in pa for y in pb]:
             if dt != dtb or sa == sb:
                 continue
-            big = _broadcasts_to(sb, sa)
-            if big is None:
-                big = _broadcasts_to(sa, sb)
-                if big is None:
-                    continue
+            if broadcasts_to(sb, sa):
+                small_side, shape_small, shape_big = 1, sb, sa
+            elif broadcasts_to(sa, sb):
                 small_side, shape_small, shape_big = 0, sa, sb
             else:
-                small_side, shape_small, shape_big = 1, sb, sa
+                continue
             smalls = (pa, pb)[small_side][(dt, shape_small)]
             bigs = (pa, pb)[1 - small_side][(dt, shape_big)]
             gs, gbig = (self.ga, self.gb)[small_side], (self.ga, self.gb)[1 - small_side]
@@ -319,19 +317,6 @@ class Atoms:
                 budget -= len(sup)
             g.support[k] = intern[sup]
 
-
-def _size(shape):
-    return int(np.prod(shape, dtype=np.int64))
-
-
-def _broadcasts_to(small, big):
-    """`big` if an array of shape `small` broadcasts to shape `big` (numpy's rules: trailing
-    dimensions aligned, each of `small`'s equal or 1) and is smaller; else None."""
-    if len(small) > len(big) or _size(small) >= _size(big):
-        return None
-    lead = len(big) - len(small)
-    ok = all(d == 1 or d == big[lead + i] for i, d in enumerate(small))
-    return big if ok else None
 
 def _given(g, ev, depth=0):
     """Is event `ev`'s value given to this side (moved from inputs only, no unit of the side

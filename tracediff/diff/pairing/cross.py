@@ -36,7 +36,6 @@ from ..differ import BITWISE, Differ, comparable
 from .graph import op_family  # noqa: F401  (the op families, for callers and tests)
 from .layers import LayerNames, _num
 from .meet import FormulaMeeting
-from .regions import broadcast_pair
 from .roles import RoleSteps
 from .rounding import RoundingInherited
 
@@ -221,7 +220,7 @@ class CrossDiffer(LayerNames, FormulaMeeting, RoundingInherited, RoleSteps, Diff
 
     def transform_b(self, row_a, row_b, xa, xb):
         xa, xb = np.asarray(xa), np.asarray(xb)
-        if xa.size != xb.size and broadcast_pair(xa.shape, xb.shape):
+        if xa.size != xb.size and _graph.broadcast_pair(xa.shape, xb.shape):
             return xb       # one is the other's broadcast: compared as numpy broadcasts them
         key = (int(row_a["offset"]), int(row_b["offset"])) if row_a is not None else None
         p = self._layout.get(key) if key else None
@@ -274,7 +273,7 @@ class CrossDiffer(LayerNames, FormulaMeeting, RoundingInherited, RoleSteps, Diff
         dtypes are compared as numbers; equal numbers are equal at every level."""
         xa = np.asarray(xa)
         xb = self.transform_b(row_a, row_b, xa, np.asarray(xb))
-        if xa.shape != np.shape(xb) and broadcast_pair(xa.shape, np.shape(xb)):
+        if xa.shape != np.shape(xb) and _graph.broadcast_pair(xa.shape, np.shape(xb)):
             xa, xb = np.broadcast_arrays(xa, xb)   # one is the other's broadcast
         if da == db:
             m = compare.compare_arrays(xa, xb, da, self.rtol, self.atol, tol_dtype=tol_dtype,
@@ -446,6 +445,8 @@ def _mask_extremes(xa, xb):
     xa, xb = np.asarray(xa), np.asarray(xb)
     if xa.dtype.kind != "f" or xb.dtype != xa.dtype or xa.shape != xb.shape:
         return xb
+    if not (np.isneginf(xa).any() or np.isneginf(xb).any()):
+        return xb           # every comparison passes here: the usual case costs two scans
     low = np.finfo(xa.dtype).min
     swap = ((xa == low) & (xb == -np.inf)) | ((xa == -np.inf) & (xb == low))
     if swap.any():
@@ -473,7 +474,7 @@ def _broadcast_rows(ta, tb, row_a, row_b):
         sb = tuple(parse_shape(tb.string(row_b["shape"])))
     except ValueError:
         return False
-    return sa != sb and _graph._size(sa) != _graph._size(sb) and broadcast_pair(sa, sb)
+    return sa != sb and _graph._size(sa) != _graph._size(sb) and _graph.broadcast_pair(sa, sb)
 
 
 def _dedupe(ins):
@@ -519,21 +520,14 @@ def best_layout(xa, xb, same_shape_exact=False):
         return None
     if len(perms) == 1:
         return perms[0]
-    n = xa.size
-    rng = np.random.default_rng(0)
-    idx = rng.choice(n, SAMPLE, replace=False) if n > SAMPLE else np.arange(n)
-    coords = np.unravel_index(idx, xa.shape)
-    fa = _as_f64(xa.reshape(-1)[idx])
-    fb_all = xb.reshape(-1)
+    fa, coords = _sample(xa)
     best, best_score, nearest, nearest_sq = None, -1.0, None, np.inf
     for p in perms:
-        shape_t = [xa.shape[i] for i in p]
-        flat = np.ravel_multi_index([coords[i] for i in p], shape_t)
-        fb = _as_f64(fb_all[flat])
+        fb = _laid_out(xb, xa.shape, coords, p)
         if fa is None or fb is None:
             return perms[0]
+        close = _close(fa, fb)
         with np.errstate(invalid="ignore", over="ignore"):
-            close = np.isclose(fa, fb, rtol=1e-2, atol=1e-6, equal_nan=True)
             sq = float(np.nanmean(np.square(fa - fb))) if len(close) else 0.0
         score = float(close.mean()) if len(close) else 1.0
         if score > best_score:
@@ -548,17 +542,34 @@ def best_layout(xa, xb, same_shape_exact=False):
                  [xa.shape[i] for i in p] == list(xb.shape)), nearest or best)
 
 
-def _sample_score(xa, xb, p):
-    """The share of sampled elements of a that b, laid out by `p`, agrees with (rtol 1e-2)."""
+def _sample(xa):
+    """(a's sampled elements as float64, or None; their coordinates): the `SAMPLE` elements
+    (all of a small array) a layout is judged on, the same ones at every call."""
     n = xa.size
     idx = np.random.default_rng(0).choice(n, SAMPLE, replace=False) if n > SAMPLE else np.arange(n)
-    coords = np.unravel_index(idx, xa.shape)
-    flat = np.ravel_multi_index([coords[i] for i in p], [xa.shape[i] for i in p])
-    fa, fb = _as_f64(xa.reshape(-1)[idx]), _as_f64(xb.reshape(-1)[flat])
+    return _as_f64(xa.reshape(-1)[idx]), np.unravel_index(idx, xa.shape)
+
+
+def _laid_out(xb, shape_a, coords, p):
+    """b's elements at a's sampled coordinates, b laid out by axis order `p` (float64, or
+    None)."""
+    flat = np.ravel_multi_index([coords[i] for i in p], [shape_a[i] for i in p])
+    return _as_f64(np.asarray(xb).reshape(-1)[flat])
+
+
+def _close(fa, fb):
+    """Which sampled elements agree (rtol 1e-2: a layout, not a tolerance)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.isclose(fa, fb, rtol=1e-2, atol=1e-6, equal_nan=True)
+
+
+def _sample_score(xa, xb, p):
+    """The share of sampled elements of a that b, laid out by `p`, agrees with (rtol 1e-2)."""
+    fa, coords = _sample(xa)
+    fb = _laid_out(xb, xa.shape, coords, p)
     if fa is None or fb is None or not len(fa):
         return 1.0
-    with np.errstate(invalid="ignore", over="ignore"):
-        return float(np.isclose(fa, fb, rtol=1e-2, atol=1e-6, equal_nan=True).mean())
+    return float(_close(fa, fb).mean())
 
 
 def cross_differ(ta, tb, rtol=None, atol=None, map_file=None):

@@ -147,6 +147,20 @@ def conventional(p):
     return p in {q for c in (kernel, channels) for q in (c, tuple(np.argsort(c).tolist()))}
 
 
+def broadcast_pair(sa, sb):
+    """Does one of two shapes broadcast to the other (numpy's rules)?"""
+    try:
+        big = np.broadcast_shapes(tuple(sa), tuple(sb))
+    except ValueError:
+        return False
+    return big in (tuple(sa), tuple(sb))
+
+
+def broadcasts_to(small, big):
+    """Does an array of shape `small` broadcast to the larger shape `big`?"""
+    return _size(small) < _size(big) and broadcast_pair(small, big)
+
+
 def apply_perm(xb, shape_a, p):
     """b's array as a's layout under axis order `p` (see `permutations_to`)."""
     return np.asarray(xb).reshape([shape_a[i] for i in p]).transpose(np.argsort(p))

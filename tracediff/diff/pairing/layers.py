@@ -186,37 +186,6 @@ class LayerNames:
                             "a_module": "", "b_module": "", "layer": ""})
         return out[:limit]
 
-    def _formulas_differ(self, f, pr, mod, level):
-        """Two ops of one family read the same values and differ inside a module whose
-        output differs too (an activation written with other ops: Flax's exact GELU
-        `0.5 * x` against torch's QuickGELU `1.702 * x`): the two formulas differ, and the
-        headline is the module's output with its magnitude; the op is named inside. None
-        where the op is the module's output or its inputs do not all match."""
-        if mod is None or pr.by != "dataflow" or f.inputs_match is not True:
-            return None
-        ea, eb = self.ga.units[pr.a].rep, self.gb.units[pr.b].rep
-        oa, ob = mod["a_event"], mod["b_event"]
-        if (oa, ob) == (ea, eb) or self.equal_at(oa, ob, level):
-            return None
-        k = next((k for e, k in self.pairs_list if e == oa), None)
-        if k is None:
-            return None
-        po = self.p.pairs[k]
-        m = self.compare_event(ea, eb)["metrics"]
-        out = self.finding(oa, ob, level, note=self._note(po))
-        out.layer = self.layer(po)
-        out.layer["module"] = mod
-        out.layer["inside"] = {"a": int(ea), "b": int(eb), "a_op": self.ga.units[pr.a].label,
-                               "b_op": self.gb.units[pr.b].label,
-                               "max_abs": _finite(m.get("max_abs")),
-                               "max_rel": _finite(m.get("max_rel"))}
-        out.note += (f"; the module's two formulas differ inside it: a {self.ga.units[pr.a].label} "
-                     f"(event {ea}) and b {self.gb.units[pr.b].label} (event {eb}) read the same "
-                     f"values and differ by max abs {_num(m.get('max_abs')):.3g}; the module's "
-                     f"output {mod['a'] or '(top level)'} <-> {mod['b'] or '(top level)'} is the "
-                     f"headline")
-        return out
-
 
 def within(module, top):
     """`module` is `top` or lies inside it (the top level holds everything)."""

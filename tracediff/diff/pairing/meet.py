@@ -13,10 +13,14 @@ last pair (its output), with that point's magnitude; its inputs are those of the
 span, so a difference made inside the module is "introduced here". Forward pairs only: a
 backward composite (one term of a gradient against a whole fused backward) is a pairing
 question of its own.
+
+Where the two ops of one family read the same values and differ while the module's output
+differs too (an activation written with other ops), the headline is the module's output
+too, the op named inside it (`_formulas_differ`).
 """
 
 from .graph import PHASE_FWD
-from .layers import REGION_PAIRS, within
+from .layers import REGION_PAIRS, _finite, _num, within
 
 COMPOSITE = "dataflow (composite)"
 
@@ -90,6 +94,37 @@ class FormulaMeeting:
                     continue
                 seen.add(ident)
                 out.append(entry)
+        return out
+
+    def _formulas_differ(self, f, pr, mod, level):
+        """Two ops of one family read the same values and differ inside a module whose
+        output differs too (an activation written with other ops: Flax's exact GELU
+        `0.5 * x` against torch's QuickGELU `1.702 * x`): the two formulas differ, and the
+        headline is the module's output with its magnitude; the op is named inside. None
+        where the op is the module's output or its inputs do not all match."""
+        if mod is None or pr.by != "dataflow" or f.inputs_match is not True:
+            return None
+        ea, eb = self.ga.units[pr.a].rep, self.gb.units[pr.b].rep
+        oa, ob = mod["a_event"], mod["b_event"]
+        if (oa, ob) == (ea, eb) or self.equal_at(oa, ob, level):
+            return None
+        k = next((k for e, k in self.pairs_list if e == oa), None)
+        if k is None:
+            return None
+        po = self.p.pairs[k]
+        m = self.compare_event(ea, eb)["metrics"]
+        out = self.finding(oa, ob, level, note=self._note(po))
+        out.layer = self.layer(po)
+        out.layer["module"] = mod
+        out.layer["inside"] = {"a": int(ea), "b": int(eb), "a_op": self.ga.units[pr.a].label,
+                               "b_op": self.gb.units[pr.b].label,
+                               "max_abs": _finite(m.get("max_abs")),
+                               "max_rel": _finite(m.get("max_rel"))}
+        out.note += (f"; the module's two formulas differ inside it: a {self.ga.units[pr.a].label} "
+                     f"(event {ea}) and b {self.gb.units[pr.b].label} (event {eb}) read the same "
+                     f"values and differ by max abs {_num(m.get('max_abs')):.3g}; the module's "
+                     f"output {mod['a'] or '(top level)'} <-> {mod['b'] or '(top level)'} is the "
+                     f"headline")
         return out
 
     def _moved_text(self, pr, span):

@@ -9,20 +9,10 @@ backward stay in dataflow.py.
 
 import collections
 
-import numpy as np
-
 from ..differ import comparable
+from .graph import broadcast_pair
 
 MAX_MEET_COMPARISONS = 2000         # value comparisons per class to find where two sides meet
-
-
-def broadcast_pair(sa, sb):
-    """Does one of two shapes broadcast to the other (numpy's rules)?"""
-    try:
-        big = np.broadcast_shapes(tuple(sa), tuple(sb))
-    except ValueError:
-        return False
-    return big in (tuple(sa), tuple(sb))
 
 
 class RegionSteps:
