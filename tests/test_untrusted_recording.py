@@ -237,6 +237,40 @@ def test_closerange_never_writes_into_the_scripts_files_and_keeps_the_trace(tmp_
         assert y.shape == (800, 800) and float(y.sum()) == 1920000.0
 
 
+def test_an_fsync_whose_duplicate_the_script_closed_is_no_write_error(tmp_path):
+    """The flush's fsync runs in a thread on a duplicate of the trace's descriptor, and
+    `os.closerange(3, 4096)` closes that one too. Before: the thread's EBADF was taken for
+    a write error and the trace was cut after 0 events (CI, once in ~20 runs of the test
+    above). Here the race is laid out step by step: the duplicate closed, then closed and
+    its number reused for the script's own file."""
+    from tracediff.trace.writer import TraceFile, _Fsync
+
+    trace = TraceFile(tmp_path / "trace.bin")
+    trace.write(b"x" * 4096)
+    sync = _Fsync(trace)
+    sync.wait()                                 # the ordinary case: synced in the thread
+    assert not sync.again
+
+    dup = os.dup(trace.fd)
+    os.close(dup)                               # the script's closerange
+    sync._run(dup)
+    sync.wait()                                 # no error: the trace is synced again
+    assert sync.again
+
+    sync.again = False
+    dup = os.dup(trace.fd)
+    os.close(dup)
+    own = os.open(tmp_path / "own.txt", os.O_WRONLY | os.O_CREAT)
+    assert own == dup                           # the script's file got the number
+    sync._run(dup)
+    sync.wait()
+    assert sync.again
+    os.write(own, b"still open\n")             # the script's descriptor was not closed
+    os.close(own)
+    assert (tmp_path / "own.txt").read_bytes() == b"still open\n"
+    trace.close()
+
+
 def test_closerange_then_replaced_trace_is_reported_lost(tmp_path):
     """The descriptor is gone and the path now holds the script's own file: nothing can
     be kept. The script's files stay as it wrote them; tracediff says so and exits 2."""

@@ -879,13 +879,21 @@ class TraceWriter:
 
 class _Fsync:
     """An fsync of the trace running in a thread (os.fsync lets go of the GIL), on a
-    duplicate of its descriptor: the script may close ours meanwhile. `wait` returns once
-    the data is on disk, raising what fsync raised; where no thread or duplicate can be
-    had, the fsync happens at once."""
+    duplicate of its descriptor. `wait` returns once the data is on disk, raising what
+    fsync raised; where no thread or duplicate can be had, the fsync happens at once.
+
+    The script may close the duplicate while the thread runs (`os.closerange(3, 4096)`
+    closes every number, ours included) and may get the number back for a file of its
+    own. Then the thread's fsync failed (EBADF) or synced the script's file: neither says
+    anything about the trace, so `wait` syncs it again through `TraceFile.sync`, which
+    reopens the trace by path (seen in CI: the EBADF was taken for a write error and the
+    trace was cut after 0 events)."""
 
     def __init__(self, trace_file):
         self.error = None
         self.thread = None
+        self.again = False      # the thread's fsync did not reach the trace
+        self.trace_file = trace_file
         fd = trace_file._fd()
         if fd is None:      # discarding: nothing of ours to sync
             return
@@ -903,28 +911,36 @@ class _Fsync:
             self.thread = None
             self._run(dup)
 
+    def _is_trace(self, fd):
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self.ident
+
     def _run(self, fd):
         try:
             os.fsync(fd)
         except OSError as exc:
-            self.error = exc
+            error = exc
+        else:
+            error = None
+        if not self._is_trace(fd):   # closed under us, maybe reused: not ours to close
+            self.again = True
+            return
+        if error is not None:
+            self.error = error
         else:
             _drop_cached(fd)
-        # closed only while it is still the trace's: a script that closed every descriptor
-        # (os.closerange) may have got this number back for a file of its own
-        try:
-            st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) == self.ident:
-                os.close(fd)
-        except OSError:
-            pass
+        os.close(fd)
 
     def wait(self):
         if self.thread is not None:
             self.thread.join()
         if self.error is not None:
             raise self.error
-
+        if self.again:
+            self.trace_file.sync()
 
 class _ByteBuffer:
     """The value bytes of the next flush, in one buffer that is reused from flush to flush.
