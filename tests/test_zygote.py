@@ -2,7 +2,10 @@
 answer, whatever order replies arrive in and however jobs and replies interleave; a job
 runs with the resource limits it asks for."""
 
+import array
+import fcntl
 import socket
+import termios
 import time
 
 import pytest
@@ -21,7 +24,7 @@ def test_replies_read_ahead_are_kept_when_a_job_is_sent(tmp_path):
     try:
         first, second = z.start([script, "3"]), z.start([script, "4"])
         for _ in range(6000):   # until both replies wait on the socket, unread (never a hang)
-            if z.sock.recv(4096, socket.MSG_PEEK).count(b"\n") >= 2:
+            if _replies_waiting(z.sock) >= 2:
                 break
             time.sleep(0.01)
         else:
@@ -34,6 +37,18 @@ def test_replies_read_ahead_are_kept_when_a_job_is_sent(tmp_path):
             assert (proc.returncode, proc.stdout) == (code, f"job {code}\n")
     finally:
         z.close()
+
+
+def _replies_waiting(sock):
+    """How many replies are queued on the socket, unread: the newlines a peek sees, or 2
+    once more bytes are queued than the first reply holds (a sandbox's peek may return
+    only the first write; suspected, not seen, where this wait did not end under gVisor)."""
+    head = sock.recv(1 << 16, socket.MSG_PEEK)
+    if head.count(b"\n") != 1:
+        return head.count(b"\n")
+    queued = array.array("i", [0])
+    fcntl.ioctl(sock, termios.FIONREAD, queued)
+    return 2 if queued[0] > head.index(b"\n") + 1 else 1
 
 
 def test_a_job_runs_under_the_limits_it_asks_for(tmp_path):
