@@ -165,3 +165,38 @@ def test_what_is_hashed_on_the_device():
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["True", "False"]
+
+
+def test_flushes_inside_a_values_program_keep_every_hash(tmp_path, monkeypatch):
+    """A values program's rows are reserved while its equations' events are written and
+    filled from its packed result afterwards; an automatic flush in between (due by time in
+    a long run, by rows here) wrote them unfilled and the fill hit a stale handle
+    (IndexError inside the script's own jit call, 200 steps of fixtures/jax_mlp.py). With a
+    flush due every 8 rows, the device trace is the host trace, hash by hash."""
+    import importlib.util
+
+    import tracediff
+    from tracediff.trace import writer as W
+
+    from .helpers import ROOT
+
+    spec = importlib.util.spec_from_file_location("jax_mlp", f"{ROOT}/fixtures/jax_mlp.py")
+    mlp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mlp)
+    monkeypatch.setattr(W, "FLUSH_ROWS", 8)
+    traces = {}
+    for name, device in (("device", "1"), ("host", "0")):
+        monkeypatch.setenv("TRACEDIFF_JAX_DIGEST_ON_DEVICE", device)
+        out = traces[name] = tmp_path / f"{name}.h5"
+        with tracediff.record(out, level="stats", jax_values="compiled", hash="words64",
+                              frameworks=("jax",)):
+            step, params, state = mlp.build((8, 16, 4), 4)
+            step = jax.jit(step)
+            for _ in range(3):
+                params, state, _ = step(params, state)
+    assert _manifest(traces["device"])["frameworks"]["jax"]["digests_on_device"]["values"] > 0
+    with h5py.File(traces["device"], "r") as fd, h5py.File(traces["host"], "r") as fh:
+        assert fd.attrs["committed_events"] == fh.attrs["committed_events"] > 100
+        vd, vh = fd["values"][:], fh["values"][:]
+        assert len(vd) == len(vh) > 100
+        assert (vd["hash"] == vh["hash"]).all() and (vd["flags"] == vh["flags"]).all()

@@ -143,11 +143,15 @@ class Prober:
         for slot, r in enumerate(refs):
             w.add_input(pid, slot, *r)
         rest = iter(found)
-        self._emit(closed, list(refs), pid, pid, ns, source, rest, stats, digested)
-        if digested is not None:
-            digested.done()
-        for slot, x in enumerate(outs):
-            cap.store(pid, slot, x)
+        # rows reserved while the events are written are filled from one packed result:
+        # no flush in between (writer.held); what is not digested in the program is hashed
+        # as one program too
+        with w.held(), cap._outputs():
+            self._emit(closed, list(refs), pid, pid, ns, source, rest, stats, digested)
+            if digested is not None:
+                digested.done()
+            for slot, x in enumerate(outs):
+                cap.store(pid, slot, x)
         return outs
 
     def check(self, name, outs, compiled):

@@ -822,9 +822,10 @@ class JaxCapture(Capture):
                           phase=schema.PHASE_OPTIM, origin=schema.ORIGIN_REPLAY,
                           params="optax update: grads, params, updates, state after the step",
                           step=self.step)
-        for slot, (name, arr) in enumerate(sorted(self._pending_optim.items())):
-            if arr is not None:
-                self.store(eid, slot, arr, name=name)
+        with self._outputs():   # hashed on the device as one program, as a call's outputs
+            for slot, (name, arr) in enumerate(sorted(self._pending_optim.items())):
+                if arr is not None:
+                    self.store(eid, slot, arr, name=name)
         self._pending_optim = {}
         self.step += 1
 

@@ -33,6 +33,7 @@ trace was lost.
 """
 
 import atexit
+import contextlib
 import functools
 import json
 import os
@@ -160,6 +161,8 @@ class TraceWriter:
         self._n_strings = 0        # strings on disk
         self._last_flush = time.monotonic()
         self._flush_bytes = FIRST_FLUSH_BYTES
+        self._held = 0             # `held()` depth: automatic flushes wait until it ends
+        self._flush_wanted = False
         self._synced = None        # (counts, _Fsync) of data written, not yet committed
         self._committed_events = 0
         self.before_event = None   # callable run before each event is appended, or None
@@ -611,8 +614,26 @@ class TraceWriter:
         """The flush the buffers' thresholds ask for, pipelined with the disk: the data is
         written and its fsync started in a thread, and its commit (phase 2) waits for the
         next flush, so the program runs on while the disk writes (a commit still only
-        ever counts data already on disk)."""
+        ever counts data already on disk). Inside `held()` it waits for the end."""
+        if self._held:
+            self._flush_wanted = True
+            return
         self._flush(wait=not FSYNC)
+
+    @contextlib.contextmanager
+    def held(self):
+        """No automatic flush inside: rows reserved here (`reserve_value`) are filled
+        before the block ends, by hooks that cannot run in the middle (a values program's
+        packed result is read only once all its rows are reserved). Before: a flush due by
+        time in the middle wrote the rows unfilled and the fill hit a stale handle."""
+        self._held += 1
+        try:
+            yield
+        finally:
+            self._held -= 1
+            if not self._held and self._flush_wanted:
+                self._flush_wanted = False
+                self._auto_flush()
 
     def _flush(self, wait):
         if self.closed or self._check_file():
