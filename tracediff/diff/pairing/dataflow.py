@@ -44,6 +44,7 @@ from ..align import sequence as _align
 from .atoms import Atoms
 from .graph import PHASE_BWD, PHASE_FWD, is_int
 from .modules import ModuleCorrespondence
+from .near import NearAtoms
 from .reads import Reads
 from .regions import RegionSteps
 
@@ -60,7 +61,7 @@ class Pair:
     modules: tuple = None   # (a module, b module) whose outputs a "module output" pair is
 
 
-class Pairing(RegionSteps, Atoms, ModuleCorrespondence, Reads):
+class Pairing(RegionSteps, Atoms, NearAtoms, ModuleCorrespondence, Reads):
     """The pairs of two `SideGraph`s (see the module docstring); its parts: atoms and
     supports (`atoms.py`), module correspondence and the user map (`modules.py`), what a
     unit or region reads (`reads.py`)."""
@@ -78,9 +79,13 @@ class Pairing(RegionSteps, Atoms, ModuleCorrespondence, Reads):
         self.layouts = {}          # (a row key, b row key) -> axis order found for an atom
         self._build_atoms(role_rows)
         self.index_leaves = [set(), set()]   # per side: integer leaves tied by dataflow
+        self.origins = [{}, {}]              # per side: value node -> support
         for g, s in ((ga, 0), (gb, 1)):
             self._supports(g, s)
         if self._tie_index_leaves():
+            for g, s in ((ga, 0), (gb, 1)):
+                self._supports(g, s)
+        if self._near_atoms():
             for g, s in ((ga, 0), (gb, 1)):
                 self._supports(g, s)
         self.pairs = []
