@@ -290,7 +290,7 @@ class SideGraph(ValueNodes):
                             module_path(ns, self.fw), phase))
         # a matmul or conv followed by the bias add that reads it: one layer (never JAX's
         # `add_any`: the backward summing a gradient's terms, not a bias; never a residual
-        # add after a layer without bias: Llama's `h + o_proj(x)`)
+        # add after a layer without bias, Llama's `h + o_proj(x)`: a bias is broadcast)
         merged, i = [], 0
         while i < len(out):
             u = out[i]
@@ -299,7 +299,7 @@ class SideGraph(ValueNodes):
                 nxt = out[i + 1]
                 prods = {int(r["producer"]) for r in t.input_rows(nxt.rep)}
                 if u.rep in prods and nxt.size == u.size and \
-                        not any(self._computed(p) for p in prods - {u.rep}):
+                        any(self._broadcast_operand(p, nxt.size) for p in prods - {u.rep}):
                     merged.append(Unit(u.events + nxt.events, nxt.rep,
                                        "linear" if u.family == "matmul" else "conv", nxt.shape,
                                        nxt.size, nxt.dtype, f"{u.label} + {nxt.label}",
@@ -315,17 +315,21 @@ class SideGraph(ValueNodes):
             self._derivative_units(merged)
         return merged, unit_of
 
-    def _computed(self, e, depth=0):
-        """Did a computing op of this side make event e's value (through byte-moving ops
-        and calls)? A bias is given (a parameter moved into place), a residual computed."""
+    def _broadcast_operand(self, e, size, depth=0):
+        """Was event e's value broadcast from a smaller one (followed back through
+        byte-moving ops)? A bias `[n]` added to a layer's `[..., n]` output is; a residual
+        (the layer's input, or a value computed) of the output's size is not."""
         if not 0 <= e < self.n or not self.mask[e] or depth > 16:
             return False
-        if self.fam_of.get(int(self.t.events["op"][e])) is not None:
+        row = self.side.value_row(e, 0)
+        if row is not None and _size(self.shape(row)) < size:
             return True
         kind = int(self.kind[e])
-        if kind == schema.KIND_CALL or (kind == schema.KIND_EQN and self.has_kids[e]):
-            return any(self._computed(int(k), depth + 1) for k in self._kids(e))
-        return any(self._computed(int(r["producer"]), depth + 1) for r in self.t.input_rows(e))
+        if self.fam_of.get(int(self.t.events["op"][e])) is not None or \
+                kind == schema.KIND_CALL or (kind == schema.KIND_EQN and self.has_kids[e]):
+            return False
+        return any(self._broadcast_operand(int(r["producer"]), size, depth + 1)
+                   for r in self.t.input_rows(e))
 
     def _derivative_units(self, units):
         """Mark as backward the JAX units that `jvp` computes in the forward pass only for
