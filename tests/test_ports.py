@@ -59,6 +59,7 @@ JOBS = [
     ("rms_eps", "port_rmsnorm.py", "jax,torch", ("--flax-eps", "1e-2")),
     ("rotary", "port_rotary.py", "jax,torch", ()),
     ("rotary_kernel", "port_rotary.py", "jax,torch", ("--bug", "kernel")),
+    ("rotary_base", "port_rotary.py", "jax,torch", ("--bug", "base")),
     ("tr_grad", "port_transformer.py", "jax,torch", ("--grad",)),
     ("tr32", "port_transformer.py", "jax,torch", (), TF32),
 ]
@@ -459,6 +460,10 @@ def test_rotary_tables_each_side_computes_from_its_own_values_pair_within_tolera
         table = runpy.run_path(os.path.join(FIXTURES, "port_rotary.py"))["sincos_table"]()
         diff = np.abs(t.outputs(cos)[0][0] - table[:8, 8:]).max()
     assert 0 < diff < 1e-6, diff           # other bytes, the same values
+    # a table built with another base is another value: never an atom, never a MATCH
+    r = _locate(traces["rotary_base"])
+    assert r.verdict == "inconclusive" and r.exit_code == 3, r.first_beyond_tolerance
+    assert not any("within tolerance" in m["how"] for m in r.mapping if m["by"] == "value")
 
 
 def test_a_kernel_left_untransposed_is_found_at_its_matmul(traces):

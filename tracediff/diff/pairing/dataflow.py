@@ -7,7 +7,8 @@ and permuted weights), so pairing by sequence or by equal bytes pairs the wrong 
 Values anchor the pairing instead, and dataflow carries it forward:
 
 1. Units. The computing ops of each side (byte-moving ops skipped), a matmul or conv
-   merged with the bias add that reads it, a jitted `gelu`/`softmax`/... kept whole.
+   merged with the bias add that reads it (an operand broadcast from a smaller value, never
+   a residual), a jitted `gelu`/`softmax`/... kept whole.
    Optimizer ops are left to the snapshots (align/optroles.py); forward and backward are
    paired separately.
 2. Atoms. Every value a unit reads (and the values it was moved from) is fingerprinted:
@@ -16,7 +17,9 @@ Values anchor the pairing instead, and dataflow carries it forward:
    float); arrays of 2+ dims left over by the multiset of their elements, confirmed by an
    axis permutation (HWIO kernel == OIHW weight). A fingerprint seen on both sides is an
    atom: the same input or parameter. 0-d values (seeds, counters, hyper-parameters)
-   are never atoms. The optimizer's updated parameters are atoms by role.
+   are never atoms. The optimizer's updated parameters are atoms by role. Float values
+   each side computes from what only it has, equal within tolerance (Llama's rotary
+   cos/sin), are atoms too (`near.py`).
 3. Support. A unit's support is the set of atoms it depends on, following the dataflow
    back through byte-moving ops and other units and stopping at atoms; a value only one
    side has (a PRNG key, the ones of an init-time forward) adds a token of its own side,

@@ -43,7 +43,8 @@ FAMILY = {
     "_convolution": "conv", "conv2d": "conv", "conv1d": "conv", "conv3d": "conv",
     "mkldnn_convolution": "conv", "native_layer_norm": "layer_norm", "layer_norm": "layer_norm",
     "embedding": "gather", "gather": "gather", "take": "gather", "index_select": "gather",
-    "silu": "silu", "baddbmm": "linear", "addbmm": "linear",
+    "silu": "silu", "baddbmm": "linear", "addbmm": "linear", "cat": "concatenate",
+    "concat": "concatenate",
     "native_batch_norm": "batch_norm", "_native_batch_norm_legit_no_training": "batch_norm",
     "_native_batch_norm_legit": "batch_norm", "batch_norm": "batch_norm",
 }
