@@ -160,7 +160,7 @@ def broadcast_pair(sa, sb):
 def broadcast_shapes_of(sa, sb):
     """(a's shape, b's shape) under which one of two arrays is the other's broadcast (numpy's
     rules): as they are, else with their dimensions of size 1 dropped (a reshape: torch's
-    rotary cos [1, 8, 8] against Flax's [2, 8, 1, 8], heads last); None if neither."""
+    rotary cos [1, 1, 8, 8] against Flax's [2, 8, 1, 8], [8, 8] and [2, 8, 8]); None."""
     sa, sb = tuple(sa), tuple(sb)
     if broadcast_pair(sa, sb):
         return sa, sb

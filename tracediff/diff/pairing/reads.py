@@ -132,9 +132,10 @@ class Reads:
         a = self.atom(s, row)
         if a is None or self._computed_index(g, row):
             prods = self._producers(g, s, nd)
-            if prods or a is None:
-                return (None, prods) if prods or a is not None else (self._moved_atom(g, s, nd),
-                                                                      [])
+            if prods:
+                return None, prods
+            if a is None:
+                return self._moved_atom(g, s, nd), []
         return a, []
 
     def _moved_atom(self, g, s, nd):
@@ -147,8 +148,8 @@ class Reads:
         key = g.key(row) if row is not None else None
         if key is None or key[0] != "b" or not origin or len(origin) != 1:
             return None
-        (kind, aid), = origin
-        return aid if kind == "a" else None
+        (item,) = origin
+        return item[1] if item[0] == "a" else None
 
     def _computed_index(self, g, row):
         """An integer or boolean value a unit computed on each side (`_read`)."""
