@@ -21,6 +21,7 @@ def test_op_families():
     assert op_family("aten::add.Tensor") == op_family("add") == "add"
     assert op_family("max") == op_family("aten::relu") == "max"
     assert op_family("logistic") == op_family("aten::sigmoid")
+    assert op_family("concatenate") == op_family("aten::cat") == "concatenate"
     for passthrough in ("aten::t", "reshape", "stage", "aten::copy_", "broadcast_in_dim", "jit:add"):
         assert op_family(passthrough) is None
 

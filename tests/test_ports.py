@@ -10,6 +10,7 @@ pair whose values are equal, and the optimizer state compared by role.
 
 import json
 import os
+import runpy
 import subprocess
 import sys
 
@@ -56,6 +57,9 @@ JOBS = [
     ("positions", "port_positions.py", "jax,torch", ()),
     ("positions_bug", "port_positions.py", "jax,torch", ("--bug", "pos")),
     ("rms_eps", "port_rmsnorm.py", "jax,torch", ("--flax-eps", "1e-2")),
+    ("rotary", "port_rotary.py", "jax,torch", ()),
+    ("rotary_kernel", "port_rotary.py", "jax,torch", ("--bug", "kernel")),
+    ("rotary_base", "port_rotary.py", "jax,torch", ("--bug", "base")),
     ("tr_grad", "port_transformer.py", "jax,torch", ("--grad",)),
     ("tr32", "port_transformer.py", "jax,torch", (), TF32),
 ]
@@ -433,6 +437,50 @@ def test_positions_of_the_batchs_shape_pair_with_a_buffer_they_broadcast_from(tr
         table = np.asarray(t.read_value(t.value_rows(int(weight["producer"]), schema.ROLE_OUT)[
             int(weight["producer_slot"])]))
     assert f.metrics.max_abs == pytest.approx(np.abs(table[1:9] - table[:8]).max(), rel=1e-6)
+
+
+def test_rotary_tables_each_side_computes_from_its_own_values_pair_within_tolerance(traces):
+    """Flax gathers sin/cos rows of a numpy table (an input only Flax has), torch computes
+    cos and sin on every call from its `inv_freq` buffer (HF Llama's way): one value rounded
+    two ways, [2, 8, 1, 8] against [1, 1, 8, 8]. Equal within tolerance, they are an atom,
+    so the rotation, the projection and the residual add pair (before: INCONCLUSIVE, 3 of 7
+    and 3 of 8 units paired). The projection has no bias: its matmul pairs with torch's mm
+    and the residual add `x + o(q)` with torch's add, never as one `dot_general + add` layer
+    (before: 7 of 8 torch units paired, torch's `o` mm left over)."""
+    r = _locate(traces["rotary"])
+    assert r.verdict == "match", (r.first_beyond_tolerance, r.coverage)
+    c = r.coverage
+    assert c.a.paired == c.a.events == 8 and c.b.paired == c.b.events == 8, c
+    near = [m for m in r.mapping if m["by"] == "value" and "within tolerance" in m["how"]]
+    assert len(near) == 2 and all("([2, 8, 1, 8] and [1, 1, 8, 8])" in m["how"] for m in near)
+    assert ("Rotary/o", "o", "matmul") in {(m["a_module"], m["b_module"], m["family"])
+                                           for m in _units(r)}, _units(r)
+    with tracediff.load(traces["rotary"]) as t:     # the truth: torch's cos against numpy's
+        cos = next(e for e in range(len(t)) if t.string(t.events["op"][e]) == "aten::cos")
+        table = runpy.run_path(os.path.join(FIXTURES, "port_rotary.py"))["sincos_table"]()
+        diff = np.abs(t.outputs(cos)[0][0] - table[:8, 8:]).max()
+    assert 0 < diff < 1e-6, diff           # other bytes, the same values
+    # a table built with another base is another value: never an atom, never a MATCH
+    r = _locate(traces["rotary_base"])
+    assert r.verdict == "inconclusive" and r.exit_code == 3, r.first_beyond_tolerance
+    assert not any("within tolerance" in m["how"] for m in r.mapping if m["by"] == "value")
+
+
+def test_a_kernel_left_untransposed_is_found_at_its_matmul(traces):
+    """Torch's `o` weight is the Flax kernel untransposed: the Flax kernel then holds the
+    weight's own bytes (an atom with it) while torch's mm reads `weight.t()`. The two
+    matmuls read the same parameter, one moved: they pair, and the finding names the kernel
+    as the input that differs, with the magnitude numpy gives (before: module outputs
+    paired, "all inputs match")."""
+    r = _locate(traces["rotary_kernel"])
+    f = r.first_beyond_tolerance
+    assert r.verdict == "diverged", r.coverage
+    assert (f.layer["module"]["a"], f.layer["module"]["b"]) == ("Rotary/o", "o"), f.layer
+    assert f.inputs_match is False and "[16,16]" in f.inputs_reason, f.inputs_reason
+    flax_out, torch_out = runpy.run_path(os.path.join(FIXTURES, "port_rotary.py"))[
+        "numpy_forward"]("kernel")
+    truth = np.abs(flax_out - torch_out).max()     # the residual x is the same on both sides
+    assert f.metrics.max_abs == pytest.approx(truth, rel=1e-4), (f.metrics.max_abs, truth)
 
 
 def test_repeated_applies_shared_weights_layers_of_one_shape(traces):

@@ -48,6 +48,25 @@ def first_array(x):
     return np.asarray(x.detach().numpy() if hasattr(x, "detach") else x, np.float64)
 
 
+def activation_difference(act_module, run_torch, port_fn):
+    """Max abs of torch's activation module's output against the port's activation
+    `port_fn` applied to the same input (one forward hook): the truth where Flax computes
+    the activation inside another module, with no output of its own to capture."""
+    import torch
+
+    seen = {}
+
+    def keep(_m, args, out):          # returns None: the module's output stays as it is
+        seen.setdefault("io", (args[0].numpy(), out.numpy()))
+
+    hook = act_module.register_forward_hook(keep)
+    with torch.no_grad():
+        run_torch()
+    hook.remove()
+    x, out = seen["io"]
+    return float(np.abs(np.asarray(port_fn(x), np.float64) - out).max())
+
+
 def first_differing(tmodel, run_torch, fmodel, params, flax_args):
     """(first differing module path or None, modules compared)."""
     return first_difference(tmodel, run_torch, fmodel, params, flax_args)[:2]

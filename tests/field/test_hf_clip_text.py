@@ -21,7 +21,7 @@ import pytest
 import tracediff
 
 from ..helpers import ROOT
-from .hf_truth import first_difference, load_program, record_cases
+from .hf_truth import activation_difference, first_difference, load_program, record_cases
 
 pytestmark = pytest.mark.field
 
@@ -56,26 +56,14 @@ def truth(bug):
 
 def activation_truth():
     """Layer 0's activation, which Flax computes inside `mlp` (no module of its own, so
-    `capture_intermediates` has no output for it): torch's `activation_fn` output (a hook)
-    against the Flax port's activation (exact GELU) of the same `fc1` output (a hook)."""
+    `capture_intermediates` has no output for it): torch's `activation_fn` output against
+    the Flax port's activation (exact GELU) of the same input (`fc1`'s output)."""
     import jax
     import torch
     _, ids, tmodel, _, _ = _models("gelu")
-    seen = {}
-    mlp = tmodel.text_model.encoder.layers[0].mlp
-    def keep(name):
-        def hook(_m, _i, out):
-            seen.setdefault(name, out.numpy())
-        return hook
-
-    hooks = [mlp.fc1.register_forward_hook(keep("fc1")),
-             mlp.activation_fn.register_forward_hook(keep("act"))]
-    with torch.no_grad():
-        tmodel(input_ids=torch.from_numpy(ids))
-    for h in hooks:
-        h.remove()
-    flax_act = np.asarray(jax.nn.gelu(seen["fc1"], approximate=False))
-    return float(np.abs(flax_act - seen["act"]).max())
+    return activation_difference(tmodel.text_model.encoder.layers[0].mlp.activation_fn,
+                                 lambda: tmodel(input_ids=torch.from_numpy(ids)),
+                                 lambda x: jax.nn.gelu(x, approximate=False))
 
 
 @pytest.mark.parametrize("case", ["correct", "sdpa"])

@@ -4,13 +4,14 @@ RMSNorm, random weights converted by transformers' own converter, the same token
 torch's eager and SDPA attention.
 
 The truth is computed here, independently of tracediff (torch forward hooks and Flax
-`capture_intermediates`, paired by module path, hf_truth.py). What holds today: never a
-MATCH where the truth differs or where too little was compared, never DIVERGED on the
-correct port. What does not yet (strict xfails, measured): the pairing stops at the rotary
-embedding of layer 0 (Flax gathers rows of a sin/cos table built in numpy, a constant;
-torch computes cos and sin from its `inv_freq` buffer, a value only torch has, so nothing
-that reads them pairs), so the correct port is INCONCLUSIVE at 16-18 % coverage and the
-bugs after it are not located.
+`capture_intermediates`, paired by module path, hf_truth.py). Before, the pairing stopped at
+layer 0's rotary embedding (Flax gathers rows of a sin/cos table built in numpy, an input
+only Flax has; torch computes cos and sin from its `inv_freq` buffer, made from constants):
+the correct port was INCONCLUSIVE at 16-18 % coverage and the bugs after it were not
+located. Now values each side computes from what only it has pair when equal within
+tolerance (`pairing/near.py`), and a matmul's residual add is no bias: the correct port
+MATCHes with every unit paired, each bug is DIVERGED at the truth's module (the activation
+for gelu) with the truth's magnitude.
 """
 
 import os
@@ -20,15 +21,13 @@ import pytest
 import tracediff
 
 from ..helpers import ROOT
-from .hf_truth import load_program, module_differences, record_cases
+from .hf_truth import activation_difference, load_program, module_differences, record_cases
 
 pytestmark = pytest.mark.field
 
 PROGRAM = os.path.join(ROOT, "tests", "field", "programs", "hf_llama.py")
 CASES = {"eager": ["--attn", "eager", "--bug", "none"], "sdpa": ["--attn", "sdpa", "--bug", "none"],
          "gelu": "gelu", "eps": "eps", "oproj": "oproj"}
-ROTARY = ("the pairing stops at layer 0's rotary embedding (torch's cos/sin come from its "
-          "inv_freq buffer, a value only torch has; Flax gathers a numpy-built table): ")
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +57,6 @@ def test_correct_port_is_never_diverged_nor_a_thin_match(traces, attn):
     assert r.exit_code == (0 if r.verdict == "match" else 3)
 
 
-@pytest.mark.xfail(strict=True, reason=ROTARY + "INCONCLUSIVE, a 16 of 95 units paired (17%), "
-                   "b 15 of 88 (17%) in eager; a 15/94, b 14/79 in SDPA")
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_correct_port_matches_with_everything_compared(traces, attn):
     r = tracediff.locate(traces[attn], explain=False)
@@ -70,26 +67,48 @@ def test_correct_port_matches_with_everything_compared(traces, attn):
 
 # bug: the module the truth names (checked against it)
 EXPECT = {
-    "gelu": "layers.0.mlp.down_proj",         # silu -> gelu; the activation is no module
+    "gelu": "layers.0.mlp.down_proj",         # silu -> gelu: the first module both sides have
     "eps": "layers.0.input_layernorm",        # RMSNorm eps 1e-2, max abs 0.033
     "oproj": "layers.1.self_attn.o_proj",     # kernel transposed, max abs 0.044
 }
-XFAIL = {
-    "gelu": ROTARY + "INCONCLUSIVE (17%/17%), the MLP after it never paired",
-    "oproj": ROTARY + "INCONCLUSIVE (17%/17%), layer 1 never paired",
-}   # eps: its headline was Flax's sqrt against torch's rsqrt (0.796); now the module's output
+# where the finding lies: the truth's module, but for gelu the MLP whose activation differs
+# (torch's `act_fn` is a module, Flax's activation a function inside `mlp`)
+WHERE = dict(EXPECT, gelu="layers.0.mlp")
 
 
-@pytest.mark.parametrize("bug", [pytest.param(b, marks=pytest.mark.xfail(strict=True,
-                                                                         reason=XFAIL[b]))
-                                 if b in XFAIL else b for b in EXPECT])
+def _module_b(r):
+    return r.first_beyond_tolerance.layer["module"]["b"].replace("/", ".")
+
+
+@pytest.mark.parametrize("bug", ["eps", "oproj"])
 def test_port_bug_named_at_its_module_with_its_magnitude(traces, bug):
     _, first = truth(bug)
     r = tracediff.locate(traces[bug], explain=False)
     assert r.verdict == "diverged" and r.exit_code == 1, (first, r.coverage.reasons)
     f = r.first_beyond_tolerance
-    assert f.layer["module"]["b"].replace("/", ".").startswith(first[0]), (f.layer, first)
+    assert _module_b(r).startswith(first[0]), (f.layer, first)
     assert first[1] / 2 <= f.metrics.max_abs <= 2 * first[1], (f.metrics.max_abs, first)
+
+
+def test_gelu_for_silu_is_found_at_the_activation_with_its_magnitude(traces):
+    """Flax's activation is a function inside `mlp`, so the module truth first sees
+    `down_proj`; the finding names layer 0's MLP with the activation's own magnitude (torch's
+    `act_fn` output against Flax's exact GELU of the same input, by a hook)."""
+    import jax
+    import torch
+    _, first = truth("gelu")
+    assert first[0] == EXPECT["gelu"], first
+    prog = load_program(PROGRAM)
+    ids = prog.batch()
+    tmodel, _ = prog.torch_model("eager")
+    act = activation_difference(tmodel.layers[0].mlp.act_fn,
+                                lambda: tmodel(input_ids=torch.from_numpy(ids)),
+                                lambda x: jax.nn.gelu(x, approximate=False))
+    r = tracediff.locate(traces["gelu"], explain=False)
+    assert r.verdict == "diverged" and r.exit_code == 1, r.coverage.reasons
+    f = r.first_beyond_tolerance
+    assert _module_b(r).startswith(WHERE["gelu"]), f.layer
+    assert act / 2 <= f.metrics.max_abs <= 2 * act, (f.metrics.max_abs, act)
 
 
 @pytest.mark.parametrize("bug", sorted(EXPECT))
@@ -99,7 +118,6 @@ def test_a_port_bug_is_never_a_match(traces, bug):
     r = tracediff.locate(traces[bug], explain=False)
     assert r.verdict != "match", (first, r.coverage)
     if r.verdict == "diverged":
-        b = r.first_beyond_tolerance.layer["module"]["b"].replace("/", ".")
-        assert b.startswith(first[0]), (r.first_beyond_tolerance.layer, first)
+        assert _module_b(r).startswith(WHERE[bug]), (r.first_beyond_tolerance.layer, first)
     else:
         assert r.exit_code == 3 and not r.coverage.sufficient

@@ -264,7 +264,7 @@ class Atoms:
 
     # -- support ----------------------------------------------------------------------------
     def _supports(self, g, s):
-        memo = {}
+        memo = self.origins[s] = {}     # value node -> its support (`near.py` reads them)
         intern = {}
 
         def origins(nd, depth=0):

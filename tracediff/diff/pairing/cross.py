@@ -220,7 +220,7 @@ class CrossDiffer(LayerNames, FormulaMeeting, RoundingInherited, RoleSteps, Diff
 
     def transform_b(self, row_a, row_b, xa, xb):
         xa, xb = np.asarray(xa), np.asarray(xb)
-        if xa.size != xb.size and _graph.broadcast_pair(xa.shape, xb.shape):
+        if xa.size != xb.size and _graph.broadcast_shapes_of(xa.shape, xb.shape):
             return xb       # one is the other's broadcast: compared as numpy broadcasts them
         key = (int(row_a["offset"]), int(row_b["offset"])) if row_a is not None else None
         p = self._layout.get(key) if key else None
@@ -271,10 +271,11 @@ class CrossDiffer(LayerNames, FormulaMeeting, RoundingInherited, RoleSteps, Diff
     def compare_values(self, xa, xb, da, db, row_a=None, row_b=None, tol_dtype=None):
         """Metrics of two arrays, possibly of two dtypes, b laid out like a. Values of two
         dtypes are compared as numbers; equal numbers are equal at every level."""
-        xa = np.asarray(xa)
-        xb = self.transform_b(row_a, row_b, xa, np.asarray(xb))
-        if xa.shape != np.shape(xb) and _graph.broadcast_pair(xa.shape, np.shape(xb)):
-            xa, xb = np.broadcast_arrays(xa, xb)   # one is the other's broadcast
+        xa, xb = np.asarray(xa), np.asarray(xb)
+        shapes = _graph.broadcast_shapes_of(xa.shape, xb.shape) if xa.shape != xb.shape else None
+        if shapes is not None:       # one is the other's broadcast (or reshape): as numpy does
+            xa, xb = np.broadcast_arrays(xa.reshape(shapes[0]), xb.reshape(shapes[1]))
+        xb = self.transform_b(row_a, row_b, xa, xb)
         if da == db:
             m = compare.compare_arrays(xa, xb, da, self.rtol, self.atol, tol_dtype=tol_dtype,
                                        ulp=self.ulp)
@@ -468,13 +469,14 @@ def _fused(ga, gb, row_a, row_b):
 
 
 def _broadcast_rows(ta, tb, row_a, row_b):
-    """Is one value the shape the other broadcasts to (of another size)?"""
+    """Is one value the other's broadcast, or the same array with dimensions of size 1
+    dropped or added (`graph.broadcast_shapes_of`), in another shape?"""
     try:
         sa = tuple(parse_shape(ta.string(row_a["shape"])))
         sb = tuple(parse_shape(tb.string(row_b["shape"])))
     except ValueError:
         return False
-    return sa != sb and _graph._size(sa) != _graph._size(sb) and _graph.broadcast_pair(sa, sb)
+    return sa != sb and _graph.broadcast_shapes_of(sa, sb) is not None
 
 
 def _dedupe(ins):

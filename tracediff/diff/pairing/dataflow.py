@@ -7,7 +7,8 @@ and permuted weights), so pairing by sequence or by equal bytes pairs the wrong 
 Values anchor the pairing instead, and dataflow carries it forward:
 
 1. Units. The computing ops of each side (byte-moving ops skipped), a matmul or conv
-   merged with the bias add that reads it, a jitted `gelu`/`softmax`/... kept whole.
+   merged with the bias add that reads it (an operand broadcast from a smaller value, never
+   a residual), a jitted `gelu`/`softmax`/... kept whole.
    Optimizer ops are left to the snapshots (align/optroles.py); forward and backward are
    paired separately.
 2. Atoms. Every value a unit reads (and the values it was moved from) is fingerprinted:
@@ -16,7 +17,9 @@ Values anchor the pairing instead, and dataflow carries it forward:
    float); arrays of 2+ dims left over by the multiset of their elements, confirmed by an
    axis permutation (HWIO kernel == OIHW weight). A fingerprint seen on both sides is an
    atom: the same input or parameter. 0-d values (seeds, counters, hyper-parameters)
-   are never atoms. The optimizer's updated parameters are atoms by role.
+   are never atoms. The optimizer's updated parameters are atoms by role. Float values
+   each side computes from what only it has, equal within tolerance (Llama's rotary
+   cos/sin), are atoms too (`near.py`).
 3. Support. A unit's support is the set of atoms it depends on, following the dataflow
    back through byte-moving ops and other units and stopping at atoms; a value only one
    side has (a PRNG key, the ones of an init-time forward) adds a token of its own side,
@@ -44,6 +47,7 @@ from ..align import sequence as _align
 from .atoms import Atoms
 from .graph import PHASE_BWD, PHASE_FWD, is_int
 from .modules import ModuleCorrespondence
+from .near import NearAtoms
 from .reads import Reads
 from .regions import RegionSteps
 
@@ -60,7 +64,7 @@ class Pair:
     modules: tuple = None   # (a module, b module) whose outputs a "module output" pair is
 
 
-class Pairing(RegionSteps, Atoms, ModuleCorrespondence, Reads):
+class Pairing(RegionSteps, Atoms, NearAtoms, ModuleCorrespondence, Reads):
     """The pairs of two `SideGraph`s (see the module docstring); its parts: atoms and
     supports (`atoms.py`), module correspondence and the user map (`modules.py`), what a
     unit or region reads (`reads.py`)."""
@@ -78,9 +82,13 @@ class Pairing(RegionSteps, Atoms, ModuleCorrespondence, Reads):
         self.layouts = {}          # (a row key, b row key) -> axis order found for an atom
         self._build_atoms(role_rows)
         self.index_leaves = [set(), set()]   # per side: integer leaves tied by dataflow
+        self.origins = [{}, {}]              # per side: value node -> support
         for g, s in ((ga, 0), (gb, 1)):
             self._supports(g, s)
         if self._tie_index_leaves():
+            for g, s in ((ga, 0), (gb, 1)):
+                self._supports(g, s)
+        if self._near_atoms():
             for g, s in ((ga, 0), (gb, 1)):
                 self._supports(g, s)
         self.pairs = []

@@ -43,7 +43,8 @@ FAMILY = {
     "_convolution": "conv", "conv2d": "conv", "conv1d": "conv", "conv3d": "conv",
     "mkldnn_convolution": "conv", "native_layer_norm": "layer_norm", "layer_norm": "layer_norm",
     "embedding": "gather", "gather": "gather", "take": "gather", "index_select": "gather",
-    "silu": "silu", "baddbmm": "linear", "addbmm": "linear",
+    "silu": "silu", "baddbmm": "linear", "addbmm": "linear", "cat": "concatenate",
+    "concat": "concatenate",
     "native_batch_norm": "batch_norm", "_native_batch_norm_legit_no_training": "batch_norm",
     "_native_batch_norm_legit": "batch_norm", "batch_norm": "batch_norm",
 }
@@ -156,6 +157,19 @@ def broadcast_pair(sa, sb):
     return big in (tuple(sa), tuple(sb))
 
 
+def broadcast_shapes_of(sa, sb):
+    """(a's shape, b's shape) under which one of two arrays is the other's broadcast (numpy's
+    rules): as they are, else with their dimensions of size 1 dropped (a reshape: torch's
+    rotary cos [1, 1, 8, 8] against Flax's [2, 8, 1, 8], [8, 8] and [2, 8, 8]); None."""
+    sa, sb = tuple(sa), tuple(sb)
+    if broadcast_pair(sa, sb):
+        return sa, sb
+    qa, qb = tuple(d for d in sa if d != 1), tuple(d for d in sb if d != 1)
+    if (qa, qb) != (sa, sb) and broadcast_pair(qa, qb):
+        return qa, qb
+    return None
+
+
 def broadcasts_to(small, big):
     """Does an array of shape `small` broadcast to the larger shape `big`?"""
     return _size(small) < _size(big) and broadcast_pair(small, big)
@@ -202,10 +216,10 @@ class SideGraph(ValueNodes):
         kids[par] = True
         self.has_kids = kids
         self.optimizer = self._optimizer_mask()
+        self._by_parent = None
         self.units, self.unit_of = self._units()
         self._kid_by_hash = {}
         self._inputs = {}       # unit rep -> input_nodes()
-        self._by_parent = None
         self.nodes = {}         # value node -> (row, preds, term)
         self.support = [None] * len(self.units)
 
@@ -276,7 +290,8 @@ class SideGraph(ValueNodes):
                             label.split(".", 1)[0] if op.startswith("aten::") else label,
                             module_path(ns, self.fw), phase))
         # a matmul or conv followed by the bias add that reads it: one layer (never JAX's
-        # `add_any`: the backward summing a gradient's terms, not a bias)
+        # `add_any`: the backward summing a gradient's terms, not a bias; never a residual
+        # add after a layer without bias, Llama's `h + o_proj(x)`: a bias is broadcast)
         merged, i = [], 0
         while i < len(out):
             u = out[i]
@@ -284,7 +299,8 @@ class SideGraph(ValueNodes):
                     out[i + 1].family == "add" and out[i + 1].label != "add_any":
                 nxt = out[i + 1]
                 prods = {int(r["producer"]) for r in t.input_rows(nxt.rep)}
-                if u.rep in prods and nxt.size == u.size:
+                if u.rep in prods and nxt.size == u.size and \
+                        any(self._broadcast_operand(p, nxt.size) for p in prods - {u.rep}):
                     merged.append(Unit(u.events + nxt.events, nxt.rep,
                                        "linear" if u.family == "matmul" else "conv", nxt.shape,
                                        nxt.size, nxt.dtype, f"{u.label} + {nxt.label}",
@@ -299,6 +315,22 @@ class SideGraph(ValueNodes):
         if self.fw == schema.FW_JAX:
             self._derivative_units(merged)
         return merged, unit_of
+
+    def _broadcast_operand(self, e, size, depth=0):
+        """Was event e's value broadcast from a smaller one (followed back through
+        byte-moving ops)? A bias `[n]` added to a layer's `[..., n]` output is; a residual
+        (the layer's input, or a value computed) of the output's size is not."""
+        if not 0 <= e < self.n or not self.mask[e] or depth > 16:
+            return False
+        row = self.side.value_row(e, 0)
+        if row is not None and _size(self.shape(row)) < size:
+            return True
+        kind = int(self.kind[e])
+        if self.fam_of.get(int(self.t.events["op"][e])) is not None or \
+                kind == schema.KIND_CALL or (kind == schema.KIND_EQN and self.has_kids[e]):
+            return False
+        return any(self._broadcast_operand(int(r["producer"]), size, depth + 1)
+                   for r in self.t.input_rows(e))
 
     def _derivative_units(self, units):
         """Mark as backward the JAX units that `jvp` computes in the forward pass only for

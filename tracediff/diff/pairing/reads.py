@@ -132,9 +132,24 @@ class Reads:
         a = self.atom(s, row)
         if a is None or self._computed_index(g, row):
             prods = self._producers(g, s, nd)
-            if prods or a is None:
+            if prods:
                 return None, prods
+            if a is None:
+                return self._moved_atom(g, s, nd), []
         return a, []
+
+    def _moved_atom(self, g, s, nd):
+        """The one float atom a value no unit made was moved from (a transpose, a slice), or
+        None: Flax's kernel [in, out] read as is and torch's weight read through `t()` are
+        one parameter's reads even where the kernel holds the weight's bytes untransposed
+        (a port that forgot the transpose: the matmuls pair and their outputs differ)."""
+        origin = self.origins[s].get(nd)
+        row = g.nodes[nd][0]
+        key = g.key(row) if row is not None else None
+        if key is None or key[0] != "b" or not origin or len(origin) != 1:
+            return None
+        (item,) = origin
+        return item[1] if item[0] == "a" else None
 
     def _computed_index(self, g, row):
         """An integer or boolean value a unit computed on each side (`_read`)."""
