@@ -37,8 +37,9 @@ WIDE = ["--sizes", "4096,4096,4096,4096,4096", "--batch", "1024"]
 
 PROBE = r"""
 import time, jax, jax.numpy as jnp
-x = jnp.ones((64 << 20,), jnp.float32); x.block_until_ready()
-jax.device_get(x); t = time.perf_counter(); jax.device_get(x); dt = time.perf_counter() - t
+x = jnp.ones((64 << 20,), jnp.float32); jax.device_get(x)   # warm the transfer path
+y = x + 1; y.block_until_ready()   # a fresh array: a second device_get of x is a host cache
+t = time.perf_counter(); jax.device_get(y); dt = time.perf_counter() - t
 d = jax.devices()[0]
 print(f"backend={jax.default_backend()} kind={d.device_kind} d2h_GBps={x.nbytes / dt / 1e9:.2f}")
 """
@@ -102,6 +103,9 @@ def main():
     parser.add_argument("--extra", default="", help="more `tracediff record` options")
     parser.add_argument("--folder", default=None)
     args = parser.parse_args()
+    if min(args.steps, args.wide_steps, args.wide_full_steps) < 2:
+        parser.error("every --*steps must be at least 2: the loop timer starts after the "
+                     "compiling step")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
     print(backend(env), flush=True)

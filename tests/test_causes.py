@@ -208,3 +208,42 @@ def test_the_backend_ranks_first_and_no_replay_claims_another_backend(bf16, tmp_
         rv["b"]["reason"]
     assert rv["reproduces"] == "a" and "reproduces b" not in rv["verdict"]
     assert "b ran it on a TPU at default matmul precision" in rv["mechanism"]
+
+
+@pytest.fixture(scope="module")
+def bf16_port(recorded, tmp_path_factory):
+    """port_dense_linear.py (a Flax Dense and its torch Linear in one script, x (2, 24))
+    with the JAX side's matmul run as one bf16 pass (tests/perturb/bf16_pass), as a TPU
+    runs it; the copy's manifest says its JAX ran on a TPU (`_on_tpu`)."""
+    runs = recorded.many({"plain": ("port_dense_linear.py", (), None),
+                          "bf16": ("port_dense_linear.py", (), BF16_PASS)})
+    if recorded.proc(runs["plain"]).stdout == recorded.proc(runs["bf16"]).stdout:
+        pytest.skip("a bf16 pass changes nothing in this Dense layer here")
+    return _on_tpu(runs["bf16"], tmp_path_factory.mktemp("bf16_port") / "tpu_port.h5")
+
+
+def test_a_one_trace_port_on_a_tpu_replays_the_matmul_and_names_the_bf16_pass(bf16_port):
+    """Flax's `dot_general + add` pairs with torch's `addmm`: the replay and the mechanisms
+    take Flax's matmul, not the bias add (which says nothing of how the matmul rounded), and
+    with both frameworks in one trace (no manifest difference) the TPU's bf16 pass is still
+    named first, with its fix."""
+    import json
+
+    from .helpers import run_cli
+
+    proc = run_cli("explain", str(bf16_port), "--json")
+    assert proc.returncode == 1, proc.stderr
+    an = json.loads(proc.stdout)
+    assert an["origin"]["a"]["op"] == "add" and an["origin"]["b"]["op"] == "aten::addmm"
+    rv = an["replay"]
+    assert rv["event"]["op"] == "dot_general" and rv["event"]["a"] < an["origin"]["a"]["index"]
+    best = _side(an, "a")[0]
+    assert best["name"] == "bf16_inputs" and best["bitwise"] is True
+    assert "a's dot_general is reproduced bitwise by a bf16 pass" in rv["mechanism"]
+    assert "a ran it on a TPU at default matmul precision" in rv["mechanism"]
+    assert FIX in rv["mechanism"]
+    first = an["environment"]["causes"][0]
+    assert first["key"] == "frameworks.jax.backend" and first["device"] is True
+    assert first["a"] == "jax on tpu" and first["b"] == "torch on cpu"
+    assert "one bfloat16 pass" in first["reason"] and FIX in first["reason"]
+    assert rv["a"]["reproduced_here"] is None   # computed on the TPU: no claim from here

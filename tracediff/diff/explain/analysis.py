@@ -28,7 +28,8 @@ from ...errors import TraceError
 from ...shell import command
 from . import chain as _chain
 from ..compare import levels as _levels
-from .causes import environment
+from .causes import bf16_pass_cause, environment
+from . import replay as _replay
 from ..result import (Analysis, Chain, CompiledCall, Finding, Inner, LocateResult, Replay)
 from .steps import steps_table
 from .verdict import fmt, meaningful_ulp, replay_verdict
@@ -125,12 +126,35 @@ def analyse(result: LocateResult, d, event: Optional[int] = None) -> Analysis:
         env_op, env_fw = f.b.op, f.b.framework
     out.environment = environment(result.env_diff, env_op, env_fw, f.inputs_match, rv,
                                   out.inner)
+    _device_numerics(out.environment, d, rv)
     if fb is not None and fb.a.index != ea and fb.inputs_match is True:
         out.tolerance_origin = fb
     out.steps = steps_table(d, result)
     out.noise = result.noise
     out.summary = _summary(out, f)
     return out
+
+
+def _device_numerics(causes, d, rv):
+    """Put the accelerator's bf16 pass first among the causes where the manifests cannot
+    show it as a difference (both frameworks in one trace: one environment)."""
+    if any(c.key == "frameworks.jax.backend" for c in causes.causes):
+        return
+    sides = {}
+    for side, t, idx in (("a", d.ta, rv.a_index), ("b", d.tb, rv.b_index)):
+        e = t.event(idx)
+        jax_manifest = ((t.manifest or {}).get("frameworks") or {}).get("jax") or {}
+        try:
+            params = _replay.parse_params(e["params"])
+        except Exception:   # unparseable parameters: the op's own precision is unknown
+            params = {}
+        sides[side] = (e["framework"], str(jax_manifest.get("backend") or "")
+                       if e["framework"] == "jax" else "", e["op"], params,
+                       jax_manifest.get("jax_default_matmul_precision"))
+    cause = bf16_pass_cause(sides)
+    if cause is not None:
+        causes.causes.insert(0, cause)
+        causes.none_found = None
 
 
 def _inner_structure(d, ea, eb):
@@ -230,8 +254,9 @@ def short(analysis: Analysis) -> tuple:
         return None, None
     rv = analysis.replay
     o = analysis.origin.a
-    ex = Replay(verdict=f"{o.op} (a #{o.index}): {rv.verdict or analysis.summary}",
-                event=f"{o.op} (a #{o.index})", event_index=o.index,
+    op, index = (rv.op, rv.a_index) if rv.a_index != o.index else (o.op, o.index)
+    ex = Replay(verdict=f"{op} (a #{index}): {rv.verdict or analysis.summary}",
+                event=f"{op} (a #{index})", event_index=index,
                 event_index_b=analysis.origin.b.index, replayable=bool(rv.replayed),
                 summary=analysis.summary)
     for side in ("a", "b"):

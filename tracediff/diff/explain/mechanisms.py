@@ -964,16 +964,23 @@ _BF16_DEFAULTS = (None, "default", "fastest", "bfloat16", "BF16_BF16_F32")
 
 def tpu_default_precision(case):
     """True when a side's matmul ran on a TPU at default precision: one bf16 pass."""
-    if case is None or case.backend != "tpu" or base_name(case.op) not in MATMUL_OPS:
+    if case is None:
         return False
-    op_precision = (case.params or {}).get("precision")
+    return ran_as_bf16_pass(case.backend, case.op, case.params, case.matmul_precision)
+
+
+def ran_as_bf16_pass(backend, op, params, matmul_precision):
+    """A float32 matmul on a TPU with neither the op's precision nor the process's
+    jax_default_matmul_precision raised: the chip ran it as one bf16 pass."""
+    if backend != "tpu" or base_name(op) not in MATMUL_OPS:
+        return False
+    op_precision = (params or {}).get("precision")
     default_op = op_precision is None or "DEFAULT" in str(op_precision).upper()
-    return default_op and case.matmul_precision in _BF16_DEFAULTS
+    return default_op and matmul_precision in _BF16_DEFAULTS
 
 
-def fix_for(name, case):
-    """The setting that removes a reduced-precision mechanism, for the side's framework."""
-    fw = getattr(case, "framework", None)
+def fix_for(name, fw):
+    """The setting that removes a reduced-precision mechanism, for a side's framework."""
     if name == "bf16_inputs" and fw == "jax":
         return ('jax.default_matmul_precision("highest") around the computation, or '
                 'jax_default_matmul_precision="highest" (or precision=lax.Precision.HIGHEST '
@@ -1012,13 +1019,13 @@ def summary(mechs, ops, cases=None):
                tpu_default_precision(case) else "")
         close = None if best.bitwise else _consistent(mine, case)
         if best.bitwise:
-            fix = fix_for(best.name, case)
+            fix = fix_for(best.name, getattr(case, "framework", None))
             parts.append(f"{side}'s {op} is reproduced bitwise by "
                          f"{DESCRIPTIONS.get(best.name, best.name)} [{best.name}: {best.note}]"
                          + (tpu if best.name == "bf16_inputs" else "")
                          + (f"; fix: {fix}" if fix else ""))
         elif close is not None:
-            fix = fix_for(close.name, case)
+            fix = fix_for(close.name, getattr(case, "framework", None))
             parts.append(f"{side}'s {op} is consistent with {DESCRIPTIONS.get(close.name)}, "
                          f"{_fmt_ulp(close.max_ulp)} ULP from its closest variant (the order in "
                          f"which the kernel that ran it accumulates is not reproduced here) "

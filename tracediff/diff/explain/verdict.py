@@ -22,6 +22,7 @@ from . import replay as _replay
 from ..differ import comparable
 from ..engine.inputs import input_value_row
 from ..result import FromOracle, Oracle, ReplayRun, SideReplay
+from .causes import op_class
 
 MAX_REPLAY_BYTES = 64 << 20
 # the metric that decides which side is closer to the exact result (ReplayRun.closer_by):
@@ -134,8 +135,31 @@ def oracle_distance(recorded, oracle):
     return out
 
 
+def fused_matmul_member(d, side, ev):
+    """The matmul inside a cross-framework unit that `ev` ends (Flax's `dot_general + add`
+    paired with torch's `addmm`): the event to replay for that side, or None. Replaying the
+    unit's last op (the bias `add`) says nothing of how the matmul rounded."""
+    g = getattr(d, "ga" if side == "a" else "gb", None)
+    if g is None or not hasattr(g, "unit_of"):
+        return None
+    k = int(g.unit_of[ev]) if 0 <= ev < len(g.unit_of) else -1
+    if k < 0:
+        return None
+    unit = g.units[k]
+    t = d.ta if side == "a" else d.tb
+    if len(unit.events) < 2 or op_class(t.event(ev)["op"]) == "matmul":
+        return None
+    members = [int(e) for e in unit.events if op_class(t.event(int(e))["op"]) == "matmul"]
+    return members[0] if len(members) == 1 else None
+
+
 def replay_verdict(d, ea: int, eb: int) -> ReplayRun:
-    """Re-execute the op of a paired event on this machine; see the module docstring."""
+    """Re-execute the op of a paired event on this machine; see the module docstring. Where
+    a side's event ends a fused unit around one matmul, the matmul is what is replayed, and
+    the unit's output is what is measured against the exact result."""
+    ends = {"a": ea, "b": eb}
+    ea = fused_matmul_member(d, "a", ea) or ea
+    eb = fused_matmul_member(d, "b", eb) or eb
     ev = {"a": d.ta.event(ea), "b": d.tb.event(eb)}
     res = ReplayRun(a_index=ea, b_index=eb, op=ev["a"]["op"], op_b=ev["b"]["op"], verdict="")
     if ev["a"]["kind"] == "call" or ev["b"]["kind"] == "call":
@@ -163,6 +187,8 @@ def replay_verdict(d, ea: int, eb: int) -> ReplayRun:
                                       _replay.recorded_output_size(_side(d, side)[0], idx))
             recorded = event_outputs(d, side, idx)
             info.update(call=call, inputs=inputs, recorded=recorded, n_inputs=len(inputs))
+            if ends[side] != idx:   # a fused unit's matmul: the unit's output is measured
+                info["unit_output"] = event_outputs(d, side, ends[side])
             try:
                 here = call.run(inputs)
             except _replay.CannotReplay:
@@ -196,7 +222,13 @@ def replay_verdict(d, ea: int, eb: int) -> ReplayRun:
         return res
     res.replayed = True
     # the oracle: from the side whose op covers most of the computation (most inputs)
-    src = max(ok, key=lambda s: (sides[s]["n_inputs"], s == "a"))
+    # (a fused unit's replayed matmul computes part of the unit: never the oracle's source)
+    whole = [s for s in ok if "unit_output" not in sides[s]]
+    if not whole:
+        res.reason = "both sides replayed the matmul of a fused unit: no exact unit output"
+        res.verdict = f"cannot judge {ev['a']['op']}: {res.reason}"
+        return res
+    src = max(whole, key=lambda s: (sides[s]["n_inputs"], s == "a"))
     S = sides[src]
     dtypes = [np.asarray(r).dtype.name for s in ok for r in sides[s]["recorded"] if r is not None]
     if not any(_args.judged_by_float64(ev[s]["op"], dtypes) for s in ok):
@@ -229,7 +261,8 @@ def replay_verdict(d, ea: int, eb: int) -> ReplayRun:
     if oracle is not None:
         for side in ("a", "b"):
             mine = getattr(res, side)
-            rec = sides[side].get("recorded") or event_outputs(d, side, ea if side == "a" else eb)
+            rec = sides[side].get("unit_output") or sides[side].get("recorded") or \
+                event_outputs(d, side, ea if side == "a" else eb)
             dist = [oracle_distance(r, o) if r is not None else None
                     for r, o in zip(rec, oracle)]
             dist = [x for x in dist if x is not None]
