@@ -94,10 +94,37 @@ def truth(dump):
     return out
 
 
-def _first_beyond(tr):
+def undetermined(dump, noise=0.1):
+    """{step: {torch name}}: the parameters whose gradient is rounding noise in that step (a
+    key projection's bias under softmax: zero but for rounding), from the gradients the
+    script dumps: the two sides' grads within tolerance as a tensor yet with no significant
+    digit in common (||flax - torch|| > `noise` ||torch||). Adam's m / (sqrt(v) + eps) makes
+    each side's noise a step of its own, up to lr: the parameter after such a step is not
+    determined by the program."""
+    z = np.load(dump)
+    out = {}
+    for k in z.files:
+        if not k.startswith("torch_grad/"):
+            continue
+        _, s, n = k.split("/", 2)
+        flax_keys = {f.split("/", 2)[2] for f in z.files if f.startswith(f"flax_grad/{s}/")}
+        path, transpose = _flax_path(n, flax_keys)
+        f = z[f"flax_grad/{s}/{path}"].astype(np.float64)
+        f = _torch_layout(f) if transpose else f
+        t = z[k].astype(np.float64)
+        diff = np.linalg.norm(f - t)
+        if diff <= RTOL * np.linalg.norm(f) + ATOL * np.sqrt(f.size) and \
+                diff > noise * np.linalg.norm(t):
+            out.setdefault(int(s), set()).add(n)
+    return out
+
+
+def _first_beyond(tr, skip=None):
+    """(step, row) of the first parameter beyond tolerance, those of `skip` ({step: names},
+    `undetermined`) left out."""
     for s in sorted(tr):
         for row in tr[s]:
-            if row[2]:
+            if row[2] and row[0] not in (skip or {}).get(s, ()):
                 return s, row
     return None, None
 

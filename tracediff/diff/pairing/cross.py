@@ -405,7 +405,10 @@ class CrossDiffer(LayerNames, FormulaMeeting, RoundingInherited, RoleSteps, Diff
     # -- search ----------------------------------------------------------------------------
     def search(self, level):
         self.rounding_inherited = []
+        done = -1             # a span judged where its formulas meet: its pairs are judged
         for i, (ea, k) in enumerate(self.pairs_list):
+            if i <= done:
+                continue
             pr = self.p.pairs[k]
             eb = self.gb.units[pr.b].rep
             if self.equal_at(ea, eb, level):
@@ -416,10 +419,17 @@ class CrossDiffer(LayerNames, FormulaMeeting, RoundingInherited, RoleSteps, Diff
             i, pr, found, moved = self.move_to_meeting(i, level)   # two formulas (meet.py)
             if pr is None:
                 continue         # other formulas inside, the same values where they meet
+            if moved and level != BITWISE and self._rounding_inherited(pr):
+                self.rounding_inherited.append((self.ga.units[pr.a].rep,
+                                                self.gb.units[pr.b].rep))
+                done = i
+                continue         # where they meet, only the rounding of the span's inputs
             ea, eb = self.ga.units[pr.a].rep, self.gb.units[pr.b].rep
             f = self.finding(ea, eb, level, note=moved + self._note(pr))
             f.layer = self.layer(pr)
             mod = self.module_output(i)
+            if self._gradient_meets(pr, mod, level):
+                continue         # other backward formulas inside, the same module gradient
             out = self._formulas_differ(f, pr, mod, level)
             if out is not None:
                 return out, None

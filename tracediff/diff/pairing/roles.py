@@ -19,6 +19,7 @@ from .layers import _num
 
 DECAY_RESIDUAL = 0.05  # (a - b) within 5% of c * parameter: decoupled weight decay
 DECAY_SPREAD = 0.05    # parameters with the same c (within 5%): one weight decay, one mask
+NOISE_GRAD = 0.1       # grads within tolerance, relative L2 above this: rounding noise
 
 
 class RoleSteps:
@@ -168,6 +169,7 @@ class RoleSteps:
                 judged.append(dict(role=role, pname=pname, xa_name=xa_name, xb_name=xb_name,
                                    rel=v, max_abs=_num(m.get("max_abs")), rtol=rtol,
                                    atol=atol, beyond=beyond, fit=fit))
+            noise = _noise_steps(judged)
             first = self._first_beyond(step, ea, eb, judged, order)
             if first is not None and self.first_parameter is None:
                 self.first_parameter = first
@@ -177,7 +179,9 @@ class RoleSteps:
                                       by="role", rel_l2=l2.value() if n else None,
                                       worst_rel_l2=worst_l2, worst_max_abs=worst_tabs,
                                       beyond=sum(j["beyond"] for j in judged),
-                                      first_beyond=first))
+                                      first_beyond=first,
+                                      undetermined=sorted(noise, key=lambda x: order.get(x, 0))
+                                      or None))
         return rows
 
     def _first_beyond(self, step, ea, eb, judged, order):
@@ -220,6 +224,24 @@ class RoleSteps:
         res.weight_decay, res.decay, res.decay_parameters = True, c0, same
         res.note = _decay_note(c0, same, judged, fa, fb, res.upstream_match)
         return res
+
+
+def _noise_steps(judged):
+    """The parameters whose step is rounding noise, no longer judged beyond tolerance: their
+    grads agree within tolerance only absolutely, with no significant digit in common
+    (relative L2 above `NOISE_GRAD`: a gradient that is zero but for rounding, as a key
+    projection's bias under softmax), so a normalising optimizer (Adam's m / (sqrt(v) +
+    eps)) turns each side's noise into a step of its own sign and size, up to lr: the
+    parameter after the step is not determined by the program, and a difference there is
+    no divergence. A difference in the grads themselves stays one."""
+    noisy = {j["pname"] for j in judged if j["role"] == "grads" and not j["beyond"]
+             and j["rel"] > NOISE_GRAD}
+    out = []
+    for j in judged:
+        if j["role"] == "params" and j["beyond"] and j["pname"] in noisy:
+            j["beyond"] = False
+            out.append(j["pname"])
+    return out
 
 
 def _decay_note(c, same, judged, fw_a, fw_b, upstream_match):

@@ -12,7 +12,6 @@ import numpy as np
 from ...trace import schema
 from ..compare import values as compare
 from ..differ import comparable
-from .layers import REGION_PAIRS
 
 AMPLIFIED = 10.0       # output rel L2 up to 10x the inputs': their rounding, carried
 
@@ -46,9 +45,9 @@ class RoundingInherited:
         ua, ub = self.ga.units[pr.a], self.gb.units[pr.b]
         # a region (a LayerNorm's equations against native_layer_norm) by what it reads from
         # outside; an input of a's only (`own`: the input read twice, a's own constant) is
-        # nothing that differs
-        ins = [x for x in self._unit_input_pairs(pr.a, pr.b, region=pr.by in REGION_PAIRS)
-               if not x[3]]
+        # nothing that differs; a finding moved to where two formulas meet, by what its
+        # span reads
+        ins = [x for x in self.input_entries(ua.rep, pr.a, pr.b) if not x[3]]
         rel_in, bitwise = 0.0, True
         for row, rb, _, _ in ins:
             if row is None or rb is None:
