@@ -332,6 +332,25 @@ def test_optimizer_roles_sgd_momentum_and_adamw():
         ("params/params/fc1/bias + updates", "params/bias")}
 
 
+def test_a_parameter_whose_gradient_is_rounding_noise_is_undetermined():
+    """Values of one optimizer step as `RoleSteps` judges them: CLIP's key-projection bias
+    (its gradient zero but for rounding: the two sides' 9e-10 apart, relative L2 1.23)
+    differs after an AdamW step by relative L2 4e-4 in a correct port. Its step is
+    undetermined, not a divergence ('the update rule differs' before); a parameter whose
+    grads agree to their digits (relative L2 4e-7) and that differs after the step still is
+    one, and so is a gradient beyond tolerance."""
+    from tracediff.diff.pairing.roles import _noise_steps
+
+    def row(role, name, rel, beyond):
+        return dict(role=role, pname=name, rel=rel, beyond=beyond)
+    judged = [row("grads", "k.bias", 1.23, False), row("params", "k.bias", 4e-4, True),
+              row("grads", "v.bias", 4.4e-7, False), row("params", "v.bias", 1e-4, True),
+              row("grads", "q.bias", 0.9, True), row("params", "q.bias", 1e-3, True)]
+    assert _noise_steps(judged) == ["k.bias"]
+    assert [(j["role"], j["pname"]) for j in judged if j["beyond"]] == [
+        ("params", "v.bias"), ("grads", "q.bias"), ("params", "q.bias")]
+
+
 def _adamw_truth(flax_trace, torch_trace):
     """[(step, torch name, beyond)]: the parameters after each step, read from the two
     snapshots by name (optax: params + updates; torch: params), the kernel transposed,

@@ -118,8 +118,11 @@ class RoleSteps:
         laid out like a by role, `_role_layout`), each judged per tensor; the first value
         beyond tolerance of each step (`OptimizerStep.first_beyond`) and of the run
         (`self.first_parameter`)."""
+        if getattr(self, "_steps", None) is not None:
+            return self._steps      # the search asked first (`_undetermined_inherited`)
         rows = []
         self.first_parameter = None
+        self.undetermined_hashes = (set(), set())
         fa, fb = self._fw_name(self.fw_a), self._fw_name(self.fw_b)
         for ea, eb in self.optim:
             na, nb, pairs = self._roles(ea, eb, self.p.module_map)
@@ -170,6 +173,13 @@ class RoleSteps:
                                    rel=v, max_abs=_num(m.get("max_abs")), rtol=rtol,
                                    atol=atol, beyond=beyond, fit=fit))
             noise = _noise_steps(judged)
+            for j in judged:
+                if j["role"] == "params" and j["pname"] in noise:
+                    for side, (t, named, x) in enumerate(((self.ta, na, j["xa_name"]),
+                                                          (self.tb, nb, j["xb_name"]))):
+                        r = None if isinstance(x, tuple) else named.get(x)
+                        if r is not None:      # the value the next forward reads
+                            self.undetermined_hashes[side].add(int(r["hash"]))
             first = self._first_beyond(step, ea, eb, judged, order)
             if first is not None and self.first_parameter is None:
                 self.first_parameter = first
@@ -182,6 +192,7 @@ class RoleSteps:
                                       first_beyond=first,
                                       undetermined=sorted(noise, key=lambda x: order.get(x, 0))
                                       or None))
+        self._steps = rows
         return rows
 
     def _first_beyond(self, step, ea, eb, judged, order):
