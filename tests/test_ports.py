@@ -333,22 +333,27 @@ def test_optimizer_roles_sgd_momentum_and_adamw():
 
 
 def test_a_parameter_whose_gradient_is_rounding_noise_is_undetermined():
-    """Values of one optimizer step as `RoleSteps` judges them: CLIP's key-projection bias
-    (its gradient zero but for rounding: the two sides' 9e-10 apart, relative L2 1.23)
-    differs after an AdamW step by relative L2 4e-4 in a correct port. Its step is
-    undetermined, not a divergence ('the update rule differs' before); a parameter whose
-    grads agree to their digits (relative L2 4e-7) and that differs after the step still is
-    one, and so is a gradient beyond tolerance."""
-    from tracediff.diff.pairing.roles import _noise_steps
+    """CLIP's key-projection bias has a gradient that is zero but for rounding (the two
+    sides 9e-10 apart, no digit in common); AdamW makes each side's noise a step of up to
+    lr, and the bias differs after the step by relative L2 4e-4 in a correct port ('the
+    update rule differs' before). Elements whose gradient is noise are not judged; the
+    same difference where the gradient is determined is beyond tolerance, and so is a
+    decay on the determined elements beside noisy ones."""
+    from tracediff.diff.pairing.roles import beyond_where_determined, noise_elements
 
-    def row(role, name, rel, beyond):
-        return dict(role=role, pname=name, rel=rel, beyond=beyond)
-    judged = [row("grads", "k.bias", 1.23, False), row("params", "k.bias", 4e-4, True),
-              row("grads", "v.bias", 4.4e-7, False), row("params", "v.bias", 1e-4, True),
-              row("grads", "q.bias", 0.9, True), row("params", "q.bias", 1e-3, True)]
-    assert _noise_steps(judged) == ["k.bias"]
-    assert [(j["role"], j["pname"]) for j in judged if j["beyond"]] == [
-        ("params", "v.bias"), ("grads", "q.bias"), ("params", "q.bias")]
+    rng = np.random.default_rng(0)
+    ga = np.concatenate([rng.normal(0, 1e-9, 8), rng.normal(0, 1e-2, 8)]).astype(np.float32)
+    gb = ga + np.concatenate([rng.normal(0, 1e-9, 8), ga[8:] * 1e-6]).astype(np.float32)
+    noise = noise_elements(ga, gb)
+    assert noise[:8].all() and not noise[8:].any()
+    before = rng.uniform(-0.1, 0.1, 16)
+    a = before - 1e-3 * np.sign(ga)
+    b = before - 1e-3 * np.sign(gb)                        # Adam's steps of the noise
+    assert (a != b).any()
+    assert not beyond_where_determined(a, b, ~noise, 1e-5, 1e-6)
+    assert beyond_where_determined(a, b, Ellipsis, 1e-5, 1e-6)   # judged on every element
+    decayed = a - 1e-4 * before                            # decoupled decay on one side
+    assert beyond_where_determined(decayed, b, ~noise, 1e-5, 1e-6)
 
 
 def _adamw_truth(flax_trace, torch_trace):

@@ -70,61 +70,69 @@ def _torch_layout(kernel):
     return np.transpose(kernel, (3, 2, 0, 1)) if kernel.ndim == 4 else kernel.T
 
 
-def truth(dump):
+NOISE = 1e-3    # a gradient element whose two sides differ by more than this fraction: noise
+
+
+def _side(z, prefix, s, n, flax_keys):
+    """Flax's value of torch parameter n at `prefix`/s, in torch's layout, as float64."""
+    path, transpose = _flax_path(n, flax_keys)
+    f = z[f"{prefix}/{s}/{path}"].astype(np.float64)
+    return _torch_layout(f) if transpose else f
+
+
+def _noise(z, s, n):
+    """Where parameter n's gradient of step s is rounding noise (both sides' gradients
+    dumped): the two sides apart by more than NOISE of the larger. None where the script
+    dumped no gradients."""
+    if f"torch_grad/{s}/{n}" not in z.files:
+        return None
+    keys = {k.split("/", 2)[2] for k in z.files if k.startswith(f"flax_grad/{s}/")}
+    f, t = _side(z, "flax_grad", s, n, keys), z[f"torch_grad/{s}/{n}"].astype(np.float64)
+    return np.abs(f - t) > NOISE * np.maximum(np.abs(f), np.abs(t))
+
+
+def truth(dump, determined=True):
     """{step: [(torch name, rel L2, beyond, flax - torch, torch before the step)]}, the
-    parameters in torch's named_parameters() order."""
+    parameters in torch's named_parameters() order. `determined`: rel L2 and beyond judged
+    where the parameter's gradient is no rounding noise (`_noise`) in this step or before: a
+    key projection's bias, whose gradient softmax makes zero but for rounding, steps by up
+    to lr on each side (Adam's m / (sqrt(v) + eps) of the noise), which the program does not
+    determine, and its value stays undetermined after."""
     z = np.load(dump)
     names = [k.split("/", 2)[2] for k in z.files if k.startswith("torch/init/")]
     steps = sorted({int(k.split("/")[1]) for k in z.files if k.startswith("torch/")
                     and k.split("/")[1] != "init"})
-    out = {}
+    out, noisy = {}, {}
     for s in steps:
         flax_keys = {k.split("/", 2)[2] for k in z.files if k.startswith(f"flax/{s}/")}
         rows = []
         for n in names:
-            path, transpose = _flax_path(n, flax_keys)
-            f = z[f"flax/{s}/{path}"].astype(np.float64)
-            f = _torch_layout(f) if transpose else f
+            f = _side(z, "flax", s, n, flax_keys)
             t = z[f"torch/{s}/{n}"].astype(np.float64)
             before = z[f"torch/{s - 1}/{n}" if s else f"torch/init/{n}"].astype(np.float64)
-            diff = np.linalg.norm(f - t)
-            rows.append((n, diff / np.linalg.norm(f), diff > RTOL * np.linalg.norm(f) +
-                         ATOL * np.sqrt(f.size), f - t, before))
+            noise = _noise(z, s, n) if determined else None
+            if noise is not None:     # an element once undetermined stays so
+                noise = noisy[n] = noise | noisy.get(n, False)
+            keep = ~noise if noise is not None else Ellipsis
+            diff = np.linalg.norm(f[keep] - t[keep])
+            rows.append((n, diff / np.linalg.norm(f[keep]),
+                         diff > RTOL * np.linalg.norm(f[keep]) + ATOL * np.sqrt(f[keep].size),
+                         f - t, before))
         out[s] = rows
     return out
 
 
-def undetermined(dump, noise=0.1):
-    """{step: {torch name}}: the parameters whose gradient is rounding noise in that step (a
-    key projection's bias under softmax: zero but for rounding), from the gradients the
-    script dumps: the two sides' grads within tolerance as a tensor yet with no significant
-    digit in common (||flax - torch|| > `noise` ||torch||). Adam's m / (sqrt(v) + eps) makes
-    each side's noise a step of its own, up to lr: the parameter after such a step is not
-    determined by the program."""
-    z = np.load(dump)
-    out = {}
-    for k in z.files:
-        if not k.startswith("torch_grad/"):
-            continue
-        _, s, n = k.split("/", 2)
-        flax_keys = {f.split("/", 2)[2] for f in z.files if f.startswith(f"flax_grad/{s}/")}
-        path, transpose = _flax_path(n, flax_keys)
-        f = z[f"flax_grad/{s}/{path}"].astype(np.float64)
-        f = _torch_layout(f) if transpose else f
-        t = z[k].astype(np.float64)
-        diff = np.linalg.norm(f - t)
-        if diff <= RTOL * np.linalg.norm(f) + ATOL * np.sqrt(f.size) and \
-                diff > noise * np.linalg.norm(t):
-            out.setdefault(int(s), set()).add(n)
-    return out
+def undetermined(dump):
+    """{step: {torch name}}: the parameters beyond tolerance only where their gradient is
+    rounding noise (`truth`)."""
+    every, det = truth(dump, determined=False), truth(dump)
+    return {s: {r[0] for r, d in zip(every[s], det[s]) if r[2] and not d[2]} for s in every}
 
 
-def _first_beyond(tr, skip=None):
-    """(step, row) of the first parameter beyond tolerance, those of `skip` ({step: names},
-    `undetermined`) left out."""
+def _first_beyond(tr):
     for s in sorted(tr):
         for row in tr[s]:
-            if row[2] and row[0] not in (skip or {}).get(s, ()):
+            if row[2]:
                 return s, row
     return None, None
 

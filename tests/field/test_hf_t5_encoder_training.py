@@ -37,7 +37,7 @@ def runs(tmp_path_factory):
 
 def test_correct_port_matches_with_the_backward_compared(runs):
     trace, dump, r = runs["ok"]
-    assert _first_beyond(truth(dump), undetermined(dump)) == (None, None)   # right (truth)
+    assert _first_beyond(truth(dump)) == (None, None)   # right (truth)
     assert r.first_beyond_tolerance is None, r.first_beyond_tolerance
     assert r.first_parameter is None
     assert r.verdict == "match" and r.exit_code == 0
@@ -54,7 +54,7 @@ def test_correct_port_matches_with_the_backward_compared(runs):
 def test_decay_mask_names_the_parameter_and_the_step(runs):
     trace, dump, r = runs["mask"]
     tr = truth(dump)
-    step, (name, rel, _, _, _) = _first_beyond(tr, undetermined(dump))
+    step, (name, rel, _, _, _) = _first_beyond(tr)
     assert (step, name) == (0, "encoder.block.0.layer.0.layer_norm.weight")
     p = r.first_parameter
     assert r.verdict == "diverged" and r.exit_code == 1

@@ -40,9 +40,12 @@ def torch_groups(model):
     return [{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def arguments():
+def arguments(bn=None):
+    """The options above; `bn` (choices, the first the default): a `--bn` option too."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--bug", choices=("none", "decay_mask"), default="none")
+    if bn:
+        ap.add_argument("--bn", choices=bn, default=bn[0])
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--dump", default=None)
     ap.add_argument("--eager", action="store_true")
