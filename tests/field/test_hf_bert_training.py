@@ -24,7 +24,7 @@ from ..helpers import ROOT, run_cli
 
 PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "hf_bert_train.py")
 RTOL, ATOL = 1e-5, 1e-6
-CASES = {"ok": (), "mask": ("--bug", "decay_mask")}
+CASES = {"ok": (), "mask": ("--bug", "decay_mask"), "eager": ("--attn", "eager")}
 
 
 def record_with_dumps(program, cases, d):
@@ -207,6 +207,21 @@ def test_correct_port_exit_0(runs):
     assert r.first_beyond_tolerance is None and r.first_parameter is None
     assert r.verdict == "match" and r.exit_code == 0
     assert run_cli("locate", runs["ok"][0]).returncode == 0
+
+
+def test_eager_attention_matches_with_coverage(runs):
+    """Eager attention: torch converts the attention mask to float ([2, 1, 1, 12]), whose
+    bytes are those of the Flax loss's mask made float ([2, 12, 1]); as an input of its own
+    it kept torch's attention apart from Flax's, built from the integer mask, and nothing in
+    it paired: INCONCLUSIVE, 26 % of the JAX and 39 % of the torch units paired. A float
+    converted from integers reads the integer atom."""
+    trace, dump = runs["eager"]
+    assert _first_beyond(truth(dump)) == (None, None)
+    r = _locate(trace)
+    assert r.first_beyond_tolerance is None and r.first_parameter is None
+    assert r.verdict == "match" and r.exit_code == 0
+    c = r.coverage
+    assert c.sufficient and c.a.paired >= 0.9 * c.a.events and c.b.paired >= 0.9 * c.b.events
 
 
 def test_decay_mask_names_the_parameter_and_the_step(runs, tmp_path):
