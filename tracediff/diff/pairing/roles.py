@@ -174,14 +174,19 @@ class RoleSteps:
                         noisy[pname] = noisy_before[pname] = mask
                 fit, undetermined = (None, None), False
                 keep = ~noisy[pname] if pname in noisy and role == "params" else Ellipsis
-                if role == "params" and keep is not Ellipsis:   # judged where determined
+                before = self._before_step(xa_name, xb_name, na, nb, xa) \
+                    if role == "params" and beyond else None
+                if before is not None:   # decoupled weight decay? (no arrays kept)
+                    fit = optroles.decay_fit(np.asarray(xa, np.float64) -
+                                             np.asarray(xb_t, np.float64), before)
+                if role == "params" and beyond and keep is not Ellipsis and \
+                        not (fit[0] is not None and fit[1] < DECAY_RESIDUAL):
+                    # not decay as a whole (which the program determines, noise or not):
+                    # judged, and its difference measured, where its gradient is no noise
                     v = _rel_where(xa, xb_t, keep)
-                    if beyond:
-                        beyond = beyond_where_determined(xa, xb_t, keep, rtol, atol)
-                        undetermined = not beyond
-                if role == "params" and beyond:   # decoupled weight decay? (no arrays kept)
-                    before = self._before_step(xa_name, xb_name, na, nb, xa)
-                    if before is not None:
+                    beyond = beyond_where_determined(xa, xb_t, keep, rtol, atol)
+                    undetermined = not beyond
+                    if beyond and before is not None:
                         fit = optroles.decay_fit(np.asarray(xa, np.float64)[keep] -
                                                  np.asarray(xb_t, np.float64)[keep],
                                                  np.asarray(before)[keep])
