@@ -46,6 +46,28 @@ def record_with_dumps(program, cases, d):
     return out
 
 
+def located_runs(program, cases, d):
+    """{case: (trace, dump, locate's result)} (`record_with_dumps`, then `tracediff.locate`)."""
+    return {k: (t, dump, tracediff.locate(t, explain=False))
+            for k, (t, dump) in record_with_dumps(program, cases, d).items()}
+
+
+def assert_decay_mask_named(r, dump, first):
+    """The forgotten decay mask: the truth's first parameter beyond tolerance is `first`
+    after step 0, and locate names it there, with the truth's relative L2 and the same
+    parameters decayed on one side; a finding of the forward can only follow them."""
+    tr = truth(dump)
+    step, (name, rel, _, _, _) = _first_beyond(tr)
+    assert (step, name) == (0, first)
+    p = r.first_parameter
+    assert r.verdict == "diverged" and r.exit_code == 1
+    assert (p.step, p.parameter) == (step, name)
+    assert p.rel_l2 == pytest.approx(rel, rel=0.05) and p.weight_decay is True
+    assert set(p.decay_parameters) == {n for n, _, beyond, _, _ in tr[step] if beyond}
+    f = r.first_beyond_tolerance
+    assert f is None or (f.a.step > step and f.inputs_match is False), f
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """{case: (trace, dump)}, both recordings at once."""

@@ -18,10 +18,9 @@ import os
 
 import pytest
 
-import tracediff
-
 from ..helpers import run_cli
-from .test_hf_bert_training import _first_beyond, record_with_dumps, truth, undetermined
+from .test_hf_bert_training import (_first_beyond, assert_decay_mask_named, located_runs, truth,
+                                    undetermined)
 
 pytestmark = pytest.mark.field
 
@@ -33,8 +32,7 @@ K_BIASES = {f"text_model.encoder.layers.{i}.self_attn.k_proj.bias" for i in (0, 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """{case: (trace, dump, locate's result)}, the recordings at once."""
-    out = record_with_dumps(PROGRAM, CASES, tmp_path_factory.mktemp("clip_train"))
-    return {k: (t, dump, tracediff.locate(t, explain=False)) for k, (t, dump) in out.items()}
+    return located_runs(PROGRAM, CASES, tmp_path_factory.mktemp("clip_train"))
 
 
 def test_correct_port_optimizer_steps_agree_but_for_the_noise_gradients(runs):
@@ -65,17 +63,8 @@ def test_correct_port_matches(runs):
 
 
 def test_decay_mask_names_the_parameter_and_the_step(runs):
+    """Layer 0's k_proj.bias is decayed on the Flax side too: beyond where its gradient is
+    determined; layer 1's differs only where it is noise: undetermined."""
     _, dump, r = runs["mask"]
-    tr = truth(dump)
-    step, (name, rel, _, _, _) = _first_beyond(tr)
-    # layer 0's k_proj.bias is decayed on the Flax side too: beyond where its gradient is
-    # determined (layer 1's differs only where it is noise: undetermined)
-    assert (step, name) == (0, "text_model.encoder.layers.0.self_attn.k_proj.bias")
-    p = r.first_parameter
-    assert r.verdict == "diverged" and r.exit_code == 1
-    assert (p.step, p.parameter) == (step, name)
-    assert p.rel_l2 == pytest.approx(rel, rel=0.05) and p.weight_decay is True
-    assert set(p.decay_parameters) == {n for n, _, beyond, _, _ in tr[step] if beyond}
+    assert_decay_mask_named(r, dump, "text_model.encoder.layers.0.self_attn.k_proj.bias")
     assert set(r.optimizer_steps[0].undetermined or ()) == undetermined(dump)[0]
-    f = r.first_beyond_tolerance
-    assert f is None or (f.a.step > step and f.inputs_match is False), f

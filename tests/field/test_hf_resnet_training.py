@@ -15,10 +15,9 @@ import os
 
 import pytest
 
-import tracediff
-
 from ..helpers import run_cli
-from .test_hf_bert_training import _first_beyond, record_with_dumps, truth, undetermined
+from .test_hf_bert_training import (_first_beyond, assert_decay_mask_named, located_runs, truth,
+                                    undetermined)
 
 pytestmark = pytest.mark.field
 
@@ -29,8 +28,7 @@ CASES = {"ok": (), "mask": ("--bug", "decay_mask"), "train": ("--bn", "train")}
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """{case: (trace, dump, locate's result)}, the recordings at once."""
-    out = record_with_dumps(PROGRAM, CASES, tmp_path_factory.mktemp("resnet_train"))
-    return {k: (t, dump, tracediff.locate(t, explain=False)) for k, (t, dump) in out.items()}
+    return located_runs(PROGRAM, CASES, tmp_path_factory.mktemp("resnet_train"))
 
 
 def test_correct_port_matches_with_the_backward_compared(runs):
@@ -54,16 +52,7 @@ def test_correct_port_matches_with_the_backward_compared(runs):
 
 def test_decay_mask_names_the_parameter_and_the_step(runs):
     _, dump, r = runs["mask"]
-    tr = truth(dump)
-    step, (name, rel, _, _, _) = _first_beyond(tr)
-    assert (step, name) == (0, "embedder.embedder.normalization.bias")
-    p = r.first_parameter
-    assert r.verdict == "diverged" and r.exit_code == 1
-    assert (p.step, p.parameter) == (step, name)
-    assert p.rel_l2 == pytest.approx(rel, rel=0.05) and p.weight_decay is True
-    assert set(p.decay_parameters) == {n for n, _, beyond, _, _ in tr[step] if beyond}
-    f = r.first_beyond_tolerance
-    assert f is None or (f.a.step > step and f.inputs_match is False), f
+    assert_decay_mask_named(r, dump, "embedder.embedder.normalization.bias")
 
 
 def test_training_mode_batch_norm_truth(runs):
