@@ -67,9 +67,12 @@ class Reads:
         """[(a unit, b unit, score)] of one symbol in one class. Several candidates: the
         pairs whose direct inputs agree best (the same atoms, values made by paired units:
         a residual add, not the LayerNorm bias add beside it), ties going to the latest
-        (an init-time forward precedes the apply-time one). One each: paired outright."""
+        (an init-time forward precedes the apply-time one). One each: paired outright, its
+        score what they read in common (none: `_pair_phase` pairs them only where their
+        values agree; T5's `sqrt(v) ** 2` in Flax's jvp against the `rsqrt(v) ** 3` of
+        torch's RsqrtBackward0 read the same paired region and compute other things)."""
         if len(xs) == 1 and len(ys) == 1:
-            return [(xs[0], ys[0], None)]
+            return [(xs[0], ys[0], len(self._input_keys(0, xs[0]) & self._input_keys(1, ys[0])))]
         if len(xs) * len(ys) > self.MAX_SCORED:
             return [(x, y, None) for x, y in zip(reversed(xs), reversed(ys))]
         ka = [self._input_keys(0, x) for x in xs]
