@@ -275,7 +275,7 @@ class Atoms:
             scalar = row is not None and not len(g.shape(row))
             a = self.atom(s, row)
             if a is not None and g.key(row) not in self.computed:
-                res = frozenset([("a", a)])
+                res = frozenset([("a", self.canon_atom(a))])
             elif a is not None:
                 # computed on both sides: what computed it, unless that was constants
                 # alone: then a float value itself (a table both sides build); an integer
