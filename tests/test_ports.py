@@ -63,6 +63,8 @@ JOBS = [
     ("rms_train", "port_rmsnorm.py", "jax,torch", ("--train",)),
     ("mask_cast", "port_mask_cast.py", "jax,torch", ()),
     ("tr_grad", "port_transformer.py", "jax,torch", ("--grad",)),
+    ("tr_pad_attn", "port_transformer.py", "jax,torch",
+     ("--pad-attention", "--torch-scale", "after", "--grad")),
     ("tr32", "port_transformer.py", "jax,torch", (), TF32),
 ]
 BATCH = r"""
@@ -777,3 +779,23 @@ def test_a_float_mask_converted_from_integers_is_not_an_input_of_its_own(traces)
     c = r.coverage
     assert c.a.paired == c.a.events and c.b.paired >= 0.9 * c.b.events
     assert any(m["b_op"].endswith("_softmax") for m in _units(r)), [m["b_op"] for m in _units(r)]
+
+
+def test_a_mask_converted_to_float_and_the_scores_scaled_after_pair_in_the_backward(traces):
+    """HF BERT's eager attention, as a port: the int padding mask given to both sides,
+    torch's additive mask made from it converted to float32 (`_to_copy`), Flax masking
+    with `mask > 0`; the loss over the tokens that are not padding (Flax multiplies by the
+    mask as float32, the same bytes as torch's converted mask: one atom). Torch's attention
+    depended on the float mask, Flax's on the int one: nothing after q, k and v paired
+    (coverage 34 % of a, 51 % of b). And torch's scores' gradient is scaled after
+    `_softmax_backward_data` (which meets the end of Flax's softmax transpose): the `div`
+    of that transpose was paired with torch's `div` after it, DIVERGED on a correct port."""
+    r = _locate(traces["tr_pad_attn"])
+    c = r.coverage
+    assert r.verdict == "match" and r.first_beyond_tolerance is None, r.first_beyond_tolerance
+    assert c.sufficient and c.b.compared >= 0.9 * c.b.events, c
+    fwd = {m["b_op"].rsplit(" + ", 1)[-1] for m in _units(r)
+           if m["phase"] == "forward" and m["b_module"] == "block/attn"}
+    assert {"_softmax", "bmm", "add"} <= fwd, fwd
+    bwd = [(m["a_op"], m["b_op"]) for m in _units(r) if m["phase"] == "backward"]
+    assert len(bwd) > 20 and ("div" not in {b for _, b in bwd}), bwd

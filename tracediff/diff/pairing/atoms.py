@@ -280,7 +280,7 @@ class Atoms:
             if cast:
                 res = cast        # a float made of an integer atom: that atom
             elif a is not None and g.key(row) not in self.computed:
-                res = frozenset([("a", a)])
+                res = frozenset([("a", self.canon_atom(a))])
             elif a is not None:
                 # computed on both sides: what computed it, unless that was constants
                 # alone: then a float value itself (a table both sides build); an integer

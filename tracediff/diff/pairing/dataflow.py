@@ -47,6 +47,7 @@ from ..align import sequence as _align
 from .atoms import Atoms
 from .graph import PHASE_BWD, PHASE_FWD, is_int
 from .modules import ModuleCorrespondence
+from .moved import MovedAtoms
 from .near import NearAtoms
 from .reads import Reads
 from .regions import RegionSteps
@@ -64,7 +65,7 @@ class Pair:
     modules: tuple = None   # (a module, b module) whose outputs a "module output" pair is
 
 
-class Pairing(RegionSteps, Atoms, NearAtoms, ModuleCorrespondence, Reads):
+class Pairing(RegionSteps, Atoms, MovedAtoms, NearAtoms, ModuleCorrespondence, Reads):
     """The pairs of two `SideGraph`s (see the module docstring); its parts: atoms and
     supports (`atoms.py`), module correspondence and the user map (`modules.py`), what a
     unit or region reads (`reads.py`)."""
@@ -83,6 +84,7 @@ class Pairing(RegionSteps, Atoms, NearAtoms, ModuleCorrespondence, Reads):
         self._build_atoms(role_rows)
         self.index_leaves = [set(), set()]   # per side: integer leaves tied by dataflow
         self.origins = [{}, {}]              # per side: value node -> support
+        self._merge_moved_atoms()
         for g, s in ((ga, 0), (gb, 1)):
             self._supports(g, s)
         if self._tie_index_leaves():
@@ -140,6 +142,8 @@ class Pairing(RegionSteps, Atoms, NearAtoms, ModuleCorrespondence, Reads):
                     for ka, kb, score in self._assign(xs, ys) if xs and ys else ():
                         if (strict or not self._tied(ka, kb)) and not self._agree_units(ka, kb):
                             continue    # apart, and then no direct input in common either
+                        if not strict and self.crosses(ka, kb):
+                            continue    # apart, on either side of a pair where values met
                         self._add(ka, kb, "dataflow",
                                   f"same op family and size, computed from the same {n_atoms} "
                                   f"paired input(s) and parameter(s)" +

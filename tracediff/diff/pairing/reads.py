@@ -6,6 +6,7 @@ inputs that region reads from outside (compared when a pair says "introduced her
 
 import collections
 
+MAX_UPSTREAM = 64      # units followed back from one unit to see if a pair would cross
 
 
 class Reads:
@@ -124,6 +125,40 @@ class Reads:
                         out.add(v)
                         stack.append(v)
         return sorted(out)
+
+    def _upstream(self, s, k, limit=MAX_UPSTREAM):
+        """Units of side s that unit k reads from, directly or through other units (at most
+        `limit`, nearest first)."""
+        g = self.ga if s == 0 else self.gb
+        out, frontier = [], [k]
+        seen = {k}
+        while frontier and len(out) < limit:
+            nxt = []
+            for u in frontier:
+                for _, _, nd in g.input_nodes(g.units[u]):
+                    for v in self._producers(g, s, nd):
+                        if v not in seen:
+                            seen.add(v)
+                            out.append(v)
+                            nxt.append(v)
+            frontier = nxt
+        return set(out[:limit])
+
+    def crosses(self, ka, kb):
+        """Would pairing ka with kb cross a pair made already: a unit upstream of one is
+        paired with a unit downstream of the other? Torch scales the scores' gradient
+        after `_softmax_backward_data` (which met the end of Flax's softmax transpose);
+        Flax's `div` inside that transpose is upstream of the meeting, torch's `div` after
+        it: the same symbol, never one value."""
+        for s, k, other in ((0, ka, kb), (1, kb, ka)):
+            for v in self._upstream(s, k):
+                pr = self.pair_of[s].get(v)
+                if pr is None:
+                    continue
+                w = self.pairs[pr].b if s == 0 else self.pairs[pr].a
+                if other in self._upstream(1 - s, w):
+                    return True
+        return False
 
     def _read(self, g, s, nd):
         """(atom, []) for a value a unit reads at node `nd` as an atom, else (None, the units
