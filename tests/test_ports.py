@@ -65,6 +65,7 @@ JOBS = [
     ("tr_grad", "port_transformer.py", "jax,torch", ("--grad",)),
     ("tr_pad_attn", "port_transformer.py", "jax,torch",
      ("--pad-attention", "--torch-scale", "after", "--grad")),
+    ("tr_pad_qk", "port_transformer.py", "jax,torch", ("--pad-attention", "--swap-qk")),
     ("tr32", "port_transformer.py", "jax,torch", (), TF32),
 ]
 BATCH = r"""
@@ -799,3 +800,30 @@ def test_a_mask_converted_to_float_and_the_scores_scaled_after_pair_in_the_backw
     assert {"_softmax", "bmm", "add"} <= fwd, fwd
     bwd = [(m["a_op"], m["b_op"]) for m in _units(r) if m["phase"] == "backward"]
     assert len(bwd) > 20 and ("div" not in {b for _, b in bwd}), bwd
+
+
+def test_masked_scores_do_not_meet_as_a_whole_by_their_mask(traces):
+    """q and k swapped behind a padded attention (HF BERT's `--bug qk` as a port): Flax's
+    softmax `x - max` and torch's `scores + (1 - mask) * finfo.min` hold -3.4e38 alike where
+    masked, and those elements made the whole norm: compared as a whole the two "met" (HF
+    BERT's: relative L2 3e-40) and were paired by values meeting, while every unmasked
+    score differed (the finding was that `sub` against torch's `add`, max abs 4.17; HF
+    BERT's qk and scale port bugs lost their inputs' match). Elements both sides mask are
+    left out of a norm-wise comparison: the finding is in the attention, at its matmul."""
+    r = _locate(traces["tr_pad_qk"])
+    f = r.first_beyond_tolerance
+    assert r.verdict == "diverged" and f is not None
+    assert (f.layer["module"]["a"], f.layer["module"]["b"]) == ("Model/block/attn", "block/attn")
+    assert (f.a.op, f.b.op) == ("dot_general", "aten::bmm"), (f.a.op, f.b.op)
+    big = np.finfo(np.float32).max / 2
+    with tracediff.load(traces["tr_pad_qk"]) as t:
+        for m in _units(r):
+            if m["by"] != "dataflow (values meet)":
+                continue
+            xa, xb = t.outputs(m["a"])[0], t.outputs(m["b"])[0]
+            if xa.size != xb.size:
+                continue
+            masked = (np.abs(xa) >= big) & (np.abs(xb.reshape(xa.shape)) >= big)
+            if masked.any():      # met where not masked too
+                assert np.allclose(xa[~masked], xb.reshape(xa.shape)[~masked],
+                                   rtol=1e-5, atol=1e-6), m
