@@ -24,7 +24,8 @@ from ..helpers import ROOT, run_cli
 
 PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "hf_bert_train.py")
 RTOL, ATOL = 1e-5, 1e-6
-CASES = {"ok": (), "mask": ("--bug", "decay_mask")}
+CASES = {"ok": (), "mask": ("--bug", "decay_mask"), "ok_eager": ("--attn", "eager"),
+         "mask_eager": ("--attn", "eager", "--bug", "decay_mask")}
 
 
 def record_with_dumps(program, cases, d):
@@ -44,6 +45,28 @@ def record_with_dumps(program, cases, d):
         text, _ = p.communicate(timeout=900)
         assert p.returncode == 0, text[-3000:]
     return out
+
+
+def located_runs(program, cases, d):
+    """{case: (trace, dump, locate's result)} (`record_with_dumps`, then `tracediff.locate`)."""
+    return {k: (t, dump, tracediff.locate(t, explain=False))
+            for k, (t, dump) in record_with_dumps(program, cases, d).items()}
+
+
+def assert_decay_mask_named(r, dump, first):
+    """The forgotten decay mask: the truth's first parameter beyond tolerance is `first`
+    after step 0, and locate names it there, with the truth's relative L2 and the same
+    parameters decayed on one side; a finding of the forward can only follow them."""
+    tr = truth(dump)
+    step, (name, rel, _, _, _) = _first_beyond(tr)
+    assert (step, name) == (0, first)
+    p = r.first_parameter
+    assert r.verdict == "diverged" and r.exit_code == 1
+    assert (p.step, p.parameter) == (step, name)
+    assert p.rel_l2 == pytest.approx(rel, rel=0.05) and p.weight_decay is True
+    assert set(p.decay_parameters) == {n for n, _, beyond, _, _ in tr[step] if beyond}
+    f = r.first_beyond_tolerance
+    assert f is None or (f.a.step > step and f.inputs_match is False), f
 
 
 @pytest.fixture(scope="module")
@@ -70,28 +93,74 @@ def _torch_layout(kernel):
     return np.transpose(kernel, (3, 2, 0, 1)) if kernel.ndim == 4 else kernel.T
 
 
-def truth(dump):
+NOISE = 1e-3    # a gradient element whose two sides differ by more than this fraction: noise
+
+
+def _side(z, prefix, s, n, flax_keys):
+    """Flax's value of torch parameter n at `prefix`/s, in torch's layout, as float64."""
+    path, transpose = _flax_path(n, flax_keys)
+    f = z[f"{prefix}/{s}/{path}"].astype(np.float64)
+    return _torch_layout(f) if transpose else f
+
+
+def _noise(z, s, n):
+    """Where parameter n's gradient of step s is rounding noise (both sides' gradients
+    dumped): the two sides apart by more than NOISE of the larger. None where the script
+    dumped no gradients."""
+    if f"torch_grad/{s}/{n}" not in z.files:
+        return None
+    keys = {k.split("/", 2)[2] for k in z.files if k.startswith(f"flax_grad/{s}/")}
+    f, t = _side(z, "flax_grad", s, n, keys), z[f"torch_grad/{s}/{n}"].astype(np.float64)
+    return np.abs(f - t) > NOISE * np.maximum(np.abs(f), np.abs(t))
+
+
+def truth(dump, determined=True):
     """{step: [(torch name, rel L2, beyond, flax - torch, torch before the step)]}, the
-    parameters in torch's named_parameters() order."""
+    parameters in torch's named_parameters() order. `determined`: rel L2 and beyond judged
+    where the parameter's gradient is no rounding noise (`_noise`) in this step or before: a
+    key projection's bias, whose gradient softmax makes zero but for rounding, steps by up
+    to lr on each side (Adam's m / (sqrt(v) + eps) of the noise), which the program does not
+    determine, and its value stays undetermined after; unless the whole difference is
+    decoupled weight decay (`_decay`), which the program determines."""
     z = np.load(dump)
     names = [k.split("/", 2)[2] for k in z.files if k.startswith("torch/init/")]
     steps = sorted({int(k.split("/")[1]) for k in z.files if k.startswith("torch/")
                     and k.split("/")[1] != "init"})
-    out = {}
+    out, noisy = {}, {}
     for s in steps:
         flax_keys = {k.split("/", 2)[2] for k in z.files if k.startswith(f"flax/{s}/")}
         rows = []
         for n in names:
-            path, transpose = _flax_path(n, flax_keys)
-            f = z[f"flax/{s}/{path}"].astype(np.float64)
-            f = _torch_layout(f) if transpose else f
+            f = _side(z, "flax", s, n, flax_keys)
             t = z[f"torch/{s}/{n}"].astype(np.float64)
             before = z[f"torch/{s - 1}/{n}" if s else f"torch/init/{n}"].astype(np.float64)
-            diff = np.linalg.norm(f - t)
-            rows.append((n, diff / np.linalg.norm(f), diff > RTOL * np.linalg.norm(f) +
-                         ATOL * np.sqrt(f.size), f - t, before))
+            noise = _noise(z, s, n) if determined else None
+            if noise is not None:     # an element once undetermined stays so
+                noise = noisy[n] = noise | noisy.get(n, False)
+            keep = Ellipsis if noise is None or _decay(f - t, before) else ~noise
+            diff = np.linalg.norm(f[keep] - t[keep])
+            ref = np.linalg.norm(f[keep])
+            rows.append((n, diff / ref if ref else 0.0,
+                         diff > RTOL * ref + ATOL * np.sqrt(f[keep].size), f - t, before))
         out[s] = rows
     return out
+
+
+def _decay(diff, before):
+    """The whole difference is c times the parameter before the step (decoupled weight decay
+    on one side, within 5 %): determined by the program wherever the gradient is noise."""
+    d, p = diff.reshape(-1), before.reshape(-1)
+    if not (d @ d) or not (p @ p):
+        return False
+    c = (d @ p) / (p @ p)
+    return np.linalg.norm(d - c * p) < 0.05 * np.linalg.norm(d)
+
+
+def undetermined(dump):
+    """{step: {torch name}}: the parameters beyond tolerance only where their gradient is
+    rounding noise (`truth`)."""
+    every, det = truth(dump, determined=False), truth(dump)
+    return {s: {r[0] for r, d in zip(every[s], det[s]) if r[2] and not d[2]} for s in every}
 
 
 def _first_beyond(tr):
@@ -174,8 +243,40 @@ def test_correct_port_exit_0(runs):
     assert run_cli("locate", runs["ok"][0]).returncode == 0
 
 
-def test_decay_mask_names_the_parameter_and_the_step(runs, tmp_path):
-    trace, dump = runs["mask"]
+@pytest.mark.parametrize("case", ["ok", "ok_eager"])
+def test_correct_port_matches_with_backward_and_optimizer_compared(runs, case):
+    """SDPA and eager attention (torch's eager attention makes its additive mask from the
+    int mask converted to float32, the bytes of the Flax loss's float mask: the scores,
+    softmax and context of every layer were left unpaired, INCONCLUSIVE at 26 % of a and
+    39 % of b; then torch's `div` scaling the scores' gradient after the softmax backward
+    was paired with a `div` inside Flax's softmax transpose: DIVERGED, max abs 1.26e-05).
+    A float converted from integers reads the integer atom (`atoms._int_cast`), an atom
+    moved from one other atom stands for it in supports (`moved.py`), and a symbol pair
+    that would cross a pair where values met is refused (`Reads.crosses`): MATCH, with the
+    forward, the backward and both optimizer steps compared."""
+    trace, dump = runs[case]
+    assert _first_beyond(truth(dump)) == (None, None)      # the port is right (truth)
+    r = _locate(trace)
+    c = r.coverage
+    assert r.verdict == "match" and r.exit_code == 0, (r.first_beyond_tolerance, c.reasons)
+    assert c.sufficient and r.first_parameter is None, c.reasons
+    for side in (c.a, c.b):
+        assert side.compared >= 0.9 * side.events, side
+        for phase in ("forward", "backward"):
+            ph = side.by_phase[phase]
+            assert ph["events"] > 40 and ph["compared"] >= 0.85 * ph["events"], (phase, side)
+        assert side.by_phase["optimizer"]["compared"] == 2, side
+    assert [s.step for s in r.optimizer_steps] == [0, 1]
+    # inside each layer's attention (the forward) and layer 0's backward: the softmax
+    attn = {(m["phase"], m["b_module"]) for m in r.mapping if m["by"] not in ("value", "role")
+            and any(w in m["b_op"].rsplit(" + ", 1)[-1] for w in ("softmax", "scaled_dot"))}
+    assert {("forward", "encoder/layer/0/attention/self"), ("forward", "encoder/layer/1/attention/self"),
+            ("backward", "encoder/layer/0/attention/self")} <= attn, attn
+
+
+@pytest.mark.parametrize("case", ["mask", "mask_eager"])
+def test_decay_mask_names_the_parameter_and_the_step(runs, case):
+    trace, dump = runs[case]
     tr = truth(dump)
     step, (name, rel, _, diff, before) = _first_beyond(tr)
     r = _locate(trace)

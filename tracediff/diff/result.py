@@ -466,6 +466,9 @@ class OptimizerStep(_ByKey):
     worst_max_abs: Optional[float] = None  # max |a - b| of the `worst` tensor
     beyond: Optional[int] = None      # two frameworks: values beyond tolerance (by role)
     first_beyond: Optional["ParamDivergence"] = None   # the first of them (optroles.ROLE_ORDER)
+    # two frameworks: parameters that differ after the step where their grads are rounding
+    # noise (pairing/roles.py `_noise_steps`): undetermined, not judged beyond tolerance
+    undetermined: Optional[list] = None
     # --level stats/calls: a differing parameter known only by hash and statistics; max_abs
     # is then what the statistics prove (a lower bound), rel_l2 and max_rel are unknown (None)
     max_abs_is_lower_bound: Optional[bool] = None

@@ -293,6 +293,11 @@ def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bo
         else:
             console.print(f"optimizer steps: {r.optimizer_steps_total} compared, parameters "
                           f"bitwise identical")
+        und = next((s for s in r.optimizer_steps if s.undetermined), None)
+        if und is not None:
+            console.print(f"  undetermined from step {und.step}: {markup(', '.join(und.undetermined))} "
+                          f"(they differ only where their grads are rounding noise, which the optimizer's "
+                          f"normalisation makes steps of their own: not judged)")
         if verbose and diff:
             for s in r.optimizer_steps:
                 console.print(f"  step {s.step:>5}  "

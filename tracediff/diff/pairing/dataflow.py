@@ -47,6 +47,7 @@ from ..align import sequence as _align
 from .atoms import Atoms
 from .graph import PHASE_BWD, PHASE_FWD, is_int
 from .modules import ModuleCorrespondence
+from .moved import MovedAtoms
 from .near import NearAtoms
 from .reads import Reads
 from .regions import RegionSteps
@@ -64,7 +65,7 @@ class Pair:
     modules: tuple = None   # (a module, b module) whose outputs a "module output" pair is
 
 
-class Pairing(RegionSteps, Atoms, NearAtoms, ModuleCorrespondence, Reads):
+class Pairing(RegionSteps, Atoms, MovedAtoms, NearAtoms, ModuleCorrespondence, Reads):
     """The pairs of two `SideGraph`s (see the module docstring); its parts: atoms and
     supports (`atoms.py`), module correspondence and the user map (`modules.py`), what a
     unit or region reads (`reads.py`)."""
@@ -83,6 +84,7 @@ class Pairing(RegionSteps, Atoms, NearAtoms, ModuleCorrespondence, Reads):
         self._build_atoms(role_rows)
         self.index_leaves = [set(), set()]   # per side: integer leaves tied by dataflow
         self.origins = [{}, {}]              # per side: value node -> support
+        self._merge_moved_atoms()
         for g, s in ((ga, 0), (gb, 1)):
             self._supports(g, s)
         if self._tie_index_leaves():
@@ -138,8 +140,10 @@ class Pairing(RegionSteps, Atoms, NearAtoms, ModuleCorrespondence, Reads):
                     xs = [k for k in xs if k not in self.pair_of[0]]
                     ys = [k for k in ys if k not in self.pair_of[1]]
                     for ka, kb, score in self._assign(xs, ys) if xs and ys else ():
-                        if (strict or score == 0) and not self._agree_units(ka, kb):
+                        if (strict or not self._tied(ka, kb)) and not self._agree_units(ka, kb):
                             continue    # apart, and then no direct input in common either
+                        if not strict and self.crosses(ka, kb):
+                            continue    # apart, on either side of a pair where values met
                         self._add(ka, kb, "dataflow",
                                   f"same op family and size, computed from the same {n_atoms} "
                                   f"paired input(s) and parameter(s)" +
@@ -170,6 +174,16 @@ class Pairing(RegionSteps, Atoms, NearAtoms, ModuleCorrespondence, Reads):
                     self._add(xs[-1], ys[-1], "dataflow (composite)",
                               f"the last of {len(xs)} op(s) of a and {len(ys)} of b computed "
                               f"from the same {n_atoms} paired input(s) and parameter(s)")
+
+    def _tied(self, ka, kb):
+        """Units ka of a and kb of b read a value in common: an atom or the output of a pair
+        whose values are the same quantity, never of a composite or module-output pair (T5's
+        RMSNorm: Flax's `sqrt(v) ** 2` in its jvp and the `rsqrt(v) ** 3` of torch's
+        RsqrtBackward0 read the square root and its reciprocal, a composite pair where the
+        rounding of a later step keeps them from meeting)."""
+        common = self._input_keys(0, ka) & self._input_keys(1, kb)
+        return any(key[0] == "a" or self.pairs[key[1]].by not in
+                   ("dataflow (composite)", "module output") for key in common)
 
     def _sum_terms(self, s):
         """Units of side s whose value is one term of a sum that the same module's backward
@@ -252,15 +266,31 @@ class Pairing(RegionSteps, Atoms, NearAtoms, ModuleCorrespondence, Reads):
                     if keys is not None:
                         keyed[s].setdefault(keys, []).append(k)
             for keys, xl in keyed[0].items():
-                # several with the same inputs: the k-th from the end with the k-th from the
-                # end (an init-time forward on the same inputs precedes the apply-time one)
-                for x, y in zip(reversed(xl), reversed(keyed[1].get(keys, []))):
+                for x, y in self._same_inputs(xl, keyed[1].get(keys, [])):
                     self._add(x, y, "dataflow",
                               f"same op family and size, computed from the same {n_atoms} paired "
                               f"input(s) and parameter(s); its {len(keys)} direct input(s) are "
                               f"the same values or made by paired ops")
                     new = True
         return new
+
+    def _same_inputs(self, xl, yl):
+        """[(a unit, b unit)] of one symbol whose direct inputs are the same: the k-th from
+        the end with the k-th from the end (an init-time forward on the same inputs precedes
+        the apply-time one); where one side has more, those whose values agree first (under
+        `jvp`, JAX's `x ** 3` of a tanh GELU has its derivative's `x ** 2` beside it, read
+        from the same x, and torch's forward only the cube)."""
+        if len(xl) == len(yl) or not xl or not yl:
+            return list(zip(reversed(xl), reversed(yl)))
+        out, used = [], set()
+        for y in reversed(yl):
+            x = next((x for x in reversed(xl) if x not in used and self._agree_units(x, y)), None)
+            if x is not None:
+                used.add(x)
+                out.append((x, y))
+        if out:
+            return out
+        return list(zip(reversed(xl), reversed(yl)))
 
     def _index_unit(self, s, k):
         """An integer or boolean result (a mask, index arithmetic, a bounds check): it pairs

@@ -19,7 +19,7 @@ differs too (an activation written with other ops), the headline is the module's
 too, the op named inside it (`_formulas_differ`).
 """
 
-from .graph import PHASE_FWD
+from .graph import PHASE_BWD
 from .layers import REGION_PAIRS, _finite, _num, within
 
 COMPOSITE = "dataflow (composite)"
@@ -35,8 +35,8 @@ class FormulaMeeting:
         lie inside the module on both sides (what the reported finding computed)."""
         k0 = self.pairs_list[i][1]
         pr = self.p.pairs[k0]
-        if pr.by != COMPOSITE or self.ga.units[pr.a].phase != PHASE_FWD:
-            return i, [k0]       # the backward's composites: left to its own pairing
+        if pr.by != COMPOSITE:
+            return i, [k0]
         ma, mb = pr.modules or (self.p.unit_module(0, pr.a), self.p.unit_module(1, pr.b))
         j, span = i, [k0]
         for jj in range(i + 1, len(self.pairs_list)):
@@ -95,6 +95,19 @@ class FormulaMeeting:
                 seen.add(ident)
                 out.append(entry)
         return out
+
+    def _gradient_meets(self, pr, mod, level):
+        """A backward pair that differs inside a module whose last pair (in a's order, its
+        input gradient) agrees at `level`: the two sides' backward formulas differ inside
+        (Flax's transpose of `x / sqrt(v)` against torch's RsqrtBackward0 and MulBackward0:
+        other terms of other sums), and the values meet at the module's gradient; a
+        parameter's gradient is compared at the optimizer's snapshot (`roles.py`)."""
+        if mod is None or self.ga.units[pr.a].phase != PHASE_BWD:
+            return False
+        ea, eb = self.ga.units[pr.a].rep, self.gb.units[pr.b].rep
+        if (mod["a_event"], mod["b_event"]) == (ea, eb):
+            return False
+        return self.equal_at(mod["a_event"], mod["b_event"], level)
 
     def _formulas_differ(self, f, pr, mod, level):
         """Two ops of one family read the same values and differ inside a module whose

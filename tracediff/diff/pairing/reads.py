@@ -6,6 +6,7 @@ inputs that region reads from outside (compared when a pair says "introduced her
 
 import collections
 
+MAX_UPSTREAM = 64      # units followed back from one unit to see if a pair would cross
 
 
 class Reads:
@@ -67,9 +68,12 @@ class Reads:
         """[(a unit, b unit, score)] of one symbol in one class. Several candidates: the
         pairs whose direct inputs agree best (the same atoms, values made by paired units:
         a residual add, not the LayerNorm bias add beside it), ties going to the latest
-        (an init-time forward precedes the apply-time one). One each: paired outright."""
+        (an init-time forward precedes the apply-time one). One each: paired outright, its
+        score what they read in common (none: `_pair_phase` pairs them only where their
+        values agree; T5's `sqrt(v) ** 2` in Flax's jvp against the `rsqrt(v) ** 3` of
+        torch's RsqrtBackward0 read the same paired region and compute other things)."""
         if len(xs) == 1 and len(ys) == 1:
-            return [(xs[0], ys[0], None)]
+            return [(xs[0], ys[0], len(self._input_keys(0, xs[0]) & self._input_keys(1, ys[0])))]
         if len(xs) * len(ys) > self.MAX_SCORED:
             return [(x, y, None) for x, y in zip(reversed(xs), reversed(ys))]
         ka = [self._input_keys(0, x) for x in xs]
@@ -121,6 +125,40 @@ class Reads:
                         out.add(v)
                         stack.append(v)
         return sorted(out)
+
+    def _upstream(self, s, k, limit=MAX_UPSTREAM):
+        """Units of side s that unit k reads from, directly or through other units (at most
+        `limit`, nearest first)."""
+        g = self.ga if s == 0 else self.gb
+        out, frontier = [], [k]
+        seen = {k}
+        while frontier and len(out) < limit:
+            nxt = []
+            for u in frontier:
+                for _, _, nd in g.input_nodes(g.units[u]):
+                    for v in self._producers(g, s, nd):
+                        if v not in seen:
+                            seen.add(v)
+                            out.append(v)
+                            nxt.append(v)
+            frontier = nxt
+        return set(out[:limit])
+
+    def crosses(self, ka, kb):
+        """Would pairing ka with kb cross a pair made already: a unit upstream of one is
+        paired with a unit downstream of the other? Torch scales the scores' gradient
+        after `_softmax_backward_data` (which met the end of Flax's softmax transpose);
+        Flax's `div` inside that transpose is upstream of the meeting, torch's `div` after
+        it: the same symbol, never one value."""
+        for s, k, other in ((0, ka, kb), (1, kb, ka)):
+            for v in self._upstream(s, k):
+                pr = self.pair_of[s].get(v)
+                if pr is None:
+                    continue
+                w = self.pairs[pr].b if s == 0 else self.pairs[pr].a
+                if other in self._upstream(1 - s, w):
+                    return True
+        return False
 
     def _read(self, g, s, nd):
         """(atom, []) for a value a unit reads at node `nd` as an atom, else (None, the units

@@ -19,6 +19,7 @@ from .layers import _num
 
 DECAY_RESIDUAL = 0.05  # (a - b) within 5% of c * parameter: decoupled weight decay
 DECAY_SPREAD = 0.05    # parameters with the same c (within 5%): one weight decay, one mask
+NOISE_GRAD = 1e-3      # a gradient element whose sides differ by more: rounding noise
 
 
 class RoleSteps:
@@ -117,8 +118,12 @@ class RoleSteps:
         laid out like a by role, `_role_layout`), each judged per tensor; the first value
         beyond tolerance of each step (`OptimizerStep.first_beyond`) and of the run
         (`self.first_parameter`)."""
+        if getattr(self, "_steps", None) is not None:
+            return self._steps      # the search asked first (`_undetermined_inherited`)
         rows = []
         self.first_parameter = None
+        self.undetermined_hashes = (set(), set())
+        noisy_before = {}     # parameter -> elements undetermined in an earlier step
         fa, fb = self._fw_name(self.fw_a), self._fw_name(self.fw_b)
         for ea, eb in self.optim:
             na, nb, pairs = self._roles(ea, eb, self.p.module_map)
@@ -129,7 +134,8 @@ class RoleSteps:
             judged = []
             order, ranks = {}, self._param_ranks(na, nb)
             side_b = self._fw_name(self.fw_b) == "torch"
-            for role, xa_name, xb_name, _ in pairs:
+            noisy = {}            # parameter -> its gradient's elements that are noise
+            for role, xa_name, xb_name, _ in sorted(pairs, key=lambda p: p[0] != "grads"):
                 xa, da = self._snapshot_value(self.ta, self.ra, na, xa_name)
                 xb, db = self._snapshot_value(self.tb, self.rb, nb, xb_name)
                 if xa is None or xb is None:
@@ -159,15 +165,42 @@ class RoleSteps:
                                                self.rtol, self.atol)
                 beyond = bool(np.sqrt(own.diff) > rtol * np.sqrt(own.ref) +
                               atol * np.sqrt(np.asarray(xa).size))
-                fit = (None, None)
-                if role == "params" and beyond:   # decoupled weight decay? (no arrays kept)
-                    before = self._before_step(xa_name, xb_name, na, nb, xa)
-                    if before is not None:
-                        fit = optroles.decay_fit(np.asarray(xa, np.float64) -
-                                                 np.asarray(xb_t, np.float64), before)
+                if role == "grads":   # an element once undetermined stays so
+                    mask = noise_elements(xa, xb_t)
+                    prev = noisy_before.get(pname)
+                    if prev is not None and prev.shape == mask.shape:
+                        mask = mask | prev
+                    if mask.any():
+                        noisy[pname] = noisy_before[pname] = mask
+                fit, undetermined = (None, None), False
+                keep = ~noisy[pname] if pname in noisy and role == "params" else Ellipsis
+                before = self._before_step(xa_name, xb_name, na, nb, xa) \
+                    if role == "params" and beyond else None
+                if before is not None:   # decoupled weight decay? (no arrays kept)
+                    fit = optroles.decay_fit(np.asarray(xa, np.float64) -
+                                             np.asarray(xb_t, np.float64), before)
+                if role == "params" and beyond and keep is not Ellipsis and \
+                        not (fit[0] is not None and fit[1] < DECAY_RESIDUAL):
+                    # not decay as a whole (which the program determines, noise or not):
+                    # judged, and its difference measured, where its gradient is no noise
+                    v = _rel_where(xa, xb_t, keep)
+                    beyond = beyond_where_determined(xa, xb_t, keep, rtol, atol)
+                    undetermined = not beyond
+                    if beyond and before is not None:
+                        fit = optroles.decay_fit(np.asarray(xa, np.float64)[keep] -
+                                                 np.asarray(xb_t, np.float64)[keep],
+                                                 np.asarray(before)[keep])
                 judged.append(dict(role=role, pname=pname, xa_name=xa_name, xb_name=xb_name,
                                    rel=v, max_abs=_num(m.get("max_abs")), rtol=rtol,
-                                   atol=atol, beyond=beyond, fit=fit))
+                                   atol=atol, beyond=beyond, fit=fit, undetermined=undetermined))
+            noise = [j["pname"] for j in judged if j["undetermined"]]
+            for j in judged:
+                if j["undetermined"]:
+                    for side, (t, named, x) in enumerate(((self.ta, na, j["xa_name"]),
+                                                          (self.tb, nb, j["xb_name"]))):
+                        r = None if isinstance(x, tuple) else named.get(x)
+                        if r is not None:      # the value the next forward reads
+                            self.undetermined_hashes[side].add(int(r["hash"]))
             first = self._first_beyond(step, ea, eb, judged, order)
             if first is not None and self.first_parameter is None:
                 self.first_parameter = first
@@ -177,7 +210,10 @@ class RoleSteps:
                                       by="role", rel_l2=l2.value() if n else None,
                                       worst_rel_l2=worst_l2, worst_max_abs=worst_tabs,
                                       beyond=sum(j["beyond"] for j in judged),
-                                      first_beyond=first))
+                                      first_beyond=first,
+                                      undetermined=sorted(noise, key=lambda x: order.get(x, 0))
+                                      or None))
+        self._steps = rows
         return rows
 
     def _first_beyond(self, step, ea, eb, judged, order):
@@ -220,6 +256,32 @@ class RoleSteps:
         res.weight_decay, res.decay, res.decay_parameters = True, c0, same
         res.note = _decay_note(c0, same, judged, fa, fb, res.upstream_match)
         return res
+
+
+def noise_elements(ga, gb):
+    """The elements of a gradient that are rounding noise: the two sides' values apart by
+    more than `NOISE_GRAD` of the larger (a key projection's bias, whose gradient softmax
+    makes zero but for rounding; a BatchNorm bias before a ReLU that no element passes). A
+    normalising optimizer (Adam's m / (sqrt(v) + eps)) turns each side's noise into a step
+    of its own sign and size, up to lr: the parameter there after the step is not determined
+    by the program."""
+    ga, gb = np.asarray(ga, np.float64), np.asarray(gb, np.float64)
+    return np.abs(ga - gb) > NOISE_GRAD * np.maximum(np.abs(ga), np.abs(gb))
+
+
+def _rel_where(xa, xb, keep):
+    """||a - b|| / ||a|| over the elements `keep`."""
+    a, b = np.asarray(xa, np.float64)[keep], np.asarray(xb, np.float64)[keep]
+    na = float(np.linalg.norm(a))
+    return float(np.linalg.norm(a - b)) / na if na else 0.0
+
+
+def beyond_where_determined(xa, xb, keep, rtol, atol):
+    """A parameter after the step beyond tolerance on its determined elements (`keep`, where
+    its gradient is no noise): ||a - b|| > rtol ||a|| + atol sqrt(n) over those; a parameter
+    that differs only where its gradient is noise is undetermined, not beyond."""
+    a, b = np.asarray(xa, np.float64)[keep], np.asarray(xb, np.float64)[keep]
+    return bool(np.linalg.norm(a - b) > rtol * np.linalg.norm(a) + atol * np.sqrt(a.size))
 
 
 def _decay_note(c, same, judged, fw_a, fw_b, upstream_match):

@@ -12,7 +12,6 @@ import numpy as np
 from ...trace import schema
 from ..compare import values as compare
 from ..differ import comparable
-from .layers import REGION_PAIRS
 
 AMPLIFIED = 10.0       # output rel L2 up to 10x the inputs': their rounding, carried
 
@@ -29,6 +28,7 @@ class RoundingInherited:
         xb = self.transform_b(row_a, row_b, xa, np.asarray(self.rb.read(row_b)))
         if xa.shape != np.asarray(xb).shape or xa.dtype.kind != "f":
             return None
+        xa, xb = _unmasked(xa, np.asarray(xb))
         l2 = compare.RelL2()
         l2.add(xa, xb)
         rtol, atol = compare.tolerance(self.ta.string(row_a["dtype"]), self.rtol, self.atol)
@@ -46,9 +46,9 @@ class RoundingInherited:
         ua, ub = self.ga.units[pr.a], self.gb.units[pr.b]
         # a region (a LayerNorm's equations against native_layer_norm) by what it reads from
         # outside; an input of a's only (`own`: the input read twice, a's own constant) is
-        # nothing that differs
-        ins = [x for x in self._unit_input_pairs(pr.a, pr.b, region=pr.by in REGION_PAIRS)
-               if not x[3]]
+        # nothing that differs; a finding moved to where two formulas meet, by what its
+        # span reads
+        ins = [x for x in self.input_entries(ua.rep, pr.a, pr.b) if not x[3]]
         rel_in, bitwise = 0.0, True
         for row, rb, _, _ in ins:
             if row is None or rb is None:
@@ -71,3 +71,54 @@ class RoundingInherited:
             if nw is None or not nw[1] or nw[0] > AMPLIFIED * rel_in:
                 return False
         return bool(len(rows_a))
+
+    def _undetermined_inherited(self, pr, tainted):
+        """A pair that differs only because it reads, directly or through pairs judged so
+        before (`tainted`, pair indices), a parameter whose last optimizer step was
+        undetermined (`roles._noise_steps`: its gradient rounding noise, which Adam's
+        normalisation makes steps of their own): every input beyond tolerance (element-wise
+        and as a whole) is such a parameter (the row the optimizer snapshot holds) or such a
+        pair's output, and one is. HF CLIP's
+        key bias shifts every key's score, and softmax removes the shift again: the
+        difference is nothing the program determines."""
+        steps = self.optimizer_steps()
+        if not steps:
+            return False
+        und = getattr(self, "undetermined_hashes", (set(), set()))
+        if not und[0] and not und[1]:
+            return False
+        inherited = False
+        for row, rb, key, own in self.input_entries(self.ga.units[pr.a].rep, pr.a, pr.b):
+            if own:
+                continue
+            if row is None or rb is None:
+                return False
+            m = self.compare_rows(row, rb)
+            if m is None:
+                return False
+            if m["within_tolerance"] or (self._normwise(row, rb) or (0, False))[1]:
+                continue         # agrees, or differs by rounding as a whole
+            if (key is not None and key[0] == "pair" and key[1] in tainted) or \
+                    int(row["hash"]) in und[0] or int(rb["hash"]) in und[1]:
+                inherited = True
+                continue
+            return False
+        return inherited
+
+
+def _unmasked(xa, xb):
+    """a and b without the elements where both hold a masking extreme of one sign (at least
+    half the dtype's largest finite value, or an infinity: an additive attention mask's
+    `finfo.min`). Norm-wise, such elements would be the whole norm: HF BERT's masked scores
+    (-3.4e38 on both sides, 96 of 512) made Flax's softmax `x - max` of a port whose q and
+    k were swapped "meet" torch's masked scores as a whole (relative L2 3e-40), where the
+    unmasked ones are apart (relative L2 1.24, max abs 0.16)."""
+    if xa.dtype.kind != "f" or xb.dtype != xa.dtype or not xa.size:
+        return xa, xb
+    big = np.finfo(xa.dtype).max / 2
+    with np.errstate(invalid="ignore"):
+        both = (np.abs(xa) >= big) & (np.abs(xb) >= big) & (np.signbit(xa) == np.signbit(xb))
+    if not both.any():
+        return xa, xb
+    keep = ~both
+    return xa[keep], xb[keep]
