@@ -13,7 +13,9 @@ at `--level stats`. Truth: numpy on the same data (tests/jax_processes.py).
   start both processes with their ids: run as printed, they record both processes and
   the printed `locate` names process 1's input."""
 
+import re
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +23,8 @@ import pytest
 import tracediff
 
 from ..helpers import ROOT, run_cli, script_env
-from ..jax_processes import BAD_PROCESS, TIMEOUT, bad_element, data, line_of, record_runs
+from ..jax_processes import (BAD_PROCESS, TIMEOUT, bad_element, data, free_port, line_of,
+                             record_runs)
 
 CALL_LINE = line_of("w, l = step(w, x, y)")
 LOSS_LINE = line_of("return jnp.mean((x @ w - y) ** 2)")   # x @ w, whose transpose it is
@@ -87,12 +90,20 @@ def test_stats_level_names_process_1s_local_gradient_and_its_printed_commands_ru
     record = [ln for ln in recipe if "tracediff record" in ln]
     assert len(record) == 4 and sum("JAX_PROCESS_ID=1 " in ln for ln in record) == 2
     then = next(ln for ln in recipe if ln.startswith("tracediff locate"))
-    # run as printed (every process of a run started together), bounded
+    # run as printed (every process of a run started together), bounded; the script's
+    # coordinator port is its own argument, which the recorded run has given back: on a
+    # busy machine another test may hold it now, so each run gets a free one
     script = "\n".join(ln for ln in recipe[:recipe.index(then)])
+    ports = set(re.findall(r"jax_distributed_dp\.py \d (\d+) ", script))
+    assert len(ports) == 2, script
+    for port in ports:
+        script = script.replace(f" {port} ", f" {free_port()} ")
     done = subprocess.run(["bash", "-c", script], env=script_env(), cwd=ROOT,
                           capture_output=True, text=True, timeout=2 * TIMEOUT)
-    assert done.returncode == 0, done.stderr[-3000:]
     a, b = then.split()[-2:]
+    for d in (a, b):   # `wait` returns 0 whatever its jobs did: what they wrote says
+        assert {p.name for p in Path(d).glob("rank*.h5")} == {"rank0.h5", "rank1.h5"}, \
+            done.stderr[-3000:]
     rr = tracediff.locate_ranks(a, b, workers=1, explain=False)
     f = rr.result.first_beyond_tolerance
     assert rr.first_rank == BAD_PROCESS and (f.a.op, f.a.step) == ("input", 0)
