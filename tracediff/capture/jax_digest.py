@@ -18,6 +18,7 @@ it is slower than hashing on the host (xxh3), so the CPU default stays xxh3_64.
 """
 
 import contextlib
+import math
 
 import numpy as np
 
@@ -123,6 +124,34 @@ def packed(xs, with_stats):
     return jnp.concatenate(parts) if parts else jnp.zeros((0,), jnp.uint32)
 
 
+def unpack_all(host, with_stats):
+    """(hashes-to-be lanes as two uint64 arrays, stats rows or None) of a packed result:
+    `unpack` for every value at once (numpy, no Python loop)."""
+    width = WORDS if with_stats else 2
+    rows = np.asarray(host, np.uint32).reshape(-1, width)
+    st = None
+    if with_stats:
+        st = rows[:, 2:6].copy().view(np.float32).astype(np.float64)
+    return rows[:, 0].astype(np.uint64), rows[:, 1].astype(np.uint64), st, \
+        (rows[:, 6:8].astype(np.int64) if with_stats else None)
+
+
+def finish_all(lane1, lane2, nbytes):
+    """`values.words_finish` of arrays of lanes and byte counts (uint64 arithmetic)."""
+    m1, m2 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)
+    s33 = np.uint64(33)
+    with np.errstate(over="ignore"):
+        h = ((lane1 << np.uint64(32)) | lane2) ^ (
+            np.asarray(nbytes, np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+        h ^= h >> s33
+        h *= m1
+        h ^= h >> s33
+        h *= m2
+        h ^= h >> s33
+    h[h == 0] = 1
+    return h
+
+
 def unpack(host, n, with_stats):
     """(lane1, lane2, stats or None) per value from a packed result read on the host."""
     width = WORDS if with_stats else 2
@@ -163,14 +192,36 @@ def dtype_ok(dtype):
     return name in values._NATIVE
 
 
+_DTYPE_OK = {}       # dtype -> dtype_ok(dtype)
+_ONE_DEVICE = {}     # id(sharding) -> (sharding, on one device): a call's outputs share theirs
+
+
 def can_digest(x):
     """`dtype_ok` and a live array committed to one device (a global array over several
     keeps the host path, which also records its shards)."""
     sharding = getattr(x, "sharding", None)
-    if sharding is None or not dtype_ok(getattr(x, "dtype", None)):
+    if sharding is None:
+        return False
+    dtype = getattr(x, "dtype", None)
+    try:
+        ok = _DTYPE_OK.get(dtype)
+    except TypeError:    # an unhashable dtype-like: not cached
+        ok = None
+    if ok is None:
+        ok = dtype_ok(dtype)
+        try:
+            _DTYPE_OK[dtype] = ok
+        except TypeError:
+            pass
+    if not ok:
         return False
     try:
-        return len(sharding.device_set) == 1 and not x.is_deleted()
+        hit = _ONE_DEVICE.get(id(sharding))
+        if hit is None or hit[0] is not sharding:
+            if len(_ONE_DEVICE) > 4096:
+                _ONE_DEVICE.clear()
+            hit = _ONE_DEVICE[id(sharding)] = (sharding, len(sharding.device_set) == 1)
+        return hit[1] and not x.is_deleted()
     except Exception:
         return False
 
@@ -201,6 +252,7 @@ class DeviceDigests:
         self._batch = None            # values of a call's outputs, run as one program
         self._programs = {}
         self.checks = []              # (device boolean, callback): `same_later`
+        self._ids = {}                # (dtype, shape, logical) -> (row string ids, nbytes)
         writer.flush_hooks.append(self.drain)
 
     def add(self, eid, slot, x, role, name, logical=None):
@@ -287,11 +339,17 @@ class DeviceDigests:
         self.batches += 1
 
     def reserve(self, eid, slot, x, role, name=None, logical=None):
-        """Reserve a value's row; (handle, nbytes) for `adopt`."""
-        storage, dname = storage_of(x.dtype)
-        handle = self.writer.reserve_value(eid, slot, dname, storage, tuple(x.shape),
-                                           role=role, name=name, logical=logical)
-        return handle, int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+        """Reserve a value's row (x: an array or an aval); (handle, nbytes) for `adopt`.
+        The row's string ids and byte count are made once per dtype and shape."""
+        key = (x.dtype, x.shape, logical)
+        hit = self._ids.get(key)
+        if hit is None:
+            storage, dname = storage_of(x.dtype)
+            hit = self._ids[key] = (
+                self.writer.value_ids(logical or dname, storage, tuple(x.shape)),
+                math.prod(x.shape) * np.dtype(x.dtype).itemsize)
+        w = self.writer
+        return w.reserve_ids(eid, slot, role, hit[0], w.intern(name)), hit[1]
 
     def same(self, xs, ys):
         """Do two lists of arrays hold the same bytes? Compared on the device where both
@@ -364,7 +422,15 @@ class DeviceDigests:
         for out, rows in pending:
             with self.quiet():
                 host = np.asarray(out)
-            for (handle, nbytes), (a, b, st) in zip(rows, unpack(host, len(rows),
-                                                                 self.with_stats)):
+            a, b, st, counts = unpack_all(host, self.with_stats)
+            n = len(rows)
+            hashes = finish_all(a[:n], b[:n], [nb for _, nb in rows]).tolist()
+            if st is None:
+                for (handle, nbytes), h in zip(rows, hashes):
+                    if handle is not None:
+                        w.fill_digest(handle, nbytes, h)
+                continue
+            floats, counts = st[:n].tolist(), counts[:n].tolist()
+            for (handle, nbytes), h, f, c in zip(rows, hashes, floats, counts):
                 if handle is not None:
-                        w.fill_digest(handle, nbytes, values.words_finish(a, b, nbytes), st)
+                    w.fill_digest(handle, nbytes, h, (*f, *c))

@@ -181,28 +181,28 @@ class Prober:
         env = {v: cap.producer(c, "constant") for v, c in zip(jaxpr.constvars, closed.consts)}
         env.update(zip(jaxpr.invars, refs))
 
-        def read(v):
-            return (schema.PRODUCER_LITERAL, 0) if isinstance(v, Literal) else env[v]
-
+        take = digested.take if digested is not None else None
+        filtered, tags = cap.filtered, self.values_mode
         for eqn in jaxpr.eqns:
             site = cap.site(eqn)
             if site.mode == "skip":
                 continue
-            irefs = [read(v) for v in eqn.invars]
+            irefs = [(schema.PRODUCER_LITERAL, 0) if isinstance(v, Literal) else env[v]
+                     for v in eqn.invars]
             eid, ns, src = cap.eqn_event(site, irefs, prefix, source, call_id, parent, -1,
                                           schema.ORIGIN_PROBE)
             self.equations += 1
             if site.mode == "call":
                 self._emit(site.sub, irefs, call_id, eid, ns, src, rest, stats, digested)
-            keep = not cap.filtered or cap.opts.selected(site.op, ns)
+            keep = not filtered or cap.opts.selected(site.op, ns)
             for slot, v in enumerate(eqn.outvars):
                 x = next(rest)
                 st = next(stats) if stats is not None else None
-                if digested is None or not digested.take(eid, slot, v, x, keep):
+                if take is None or not take(eid, slot, v, x, keep):
                     cap.store(eid, slot, x, store=keep,
                               stats=None if st is None else np.asarray(st, np.float64))
-                if self.values_mode and _is_tag(site, eqn):
-                    cap._pending_optim[eqn.params["name"][len(OPTAX_TAG):]] = cap.optim_value(x)
+                if tags and site.tag is not None:
+                    cap._pending_optim[site.tag] = cap.optim_value(x)
                 if type(v).__name__ != "DropVar":
                     env[v] = (eid, slot)
 
@@ -232,6 +232,7 @@ class _Digested:
 
     def __init__(self, cap, mask, packed, found):
         self.cap, self.mask, self.packed = cap, iter(mask), packed
+        self.reserve = cap.digests.reserve
         self.full = cap.session.writer.level == "full"
         self.rows = []
         self.hashes = None
@@ -257,7 +258,7 @@ class _Digested:
             self.cap.store(eid, slot, x, store=keep, h=h)
             return True
         if keep:
-            self.rows.append(self.cap.digests.reserve(eid, slot, var.aval, schema.ROLE_OUT))
+            self.rows.append(self.reserve(eid, slot, var.aval, schema.ROLE_OUT))
         else:   # outside an --ops/--modules window: shape and dtype only
             aval = var.aval
             self.cap.session.writer.add_meta_value(eid, slot, str(aval.dtype),

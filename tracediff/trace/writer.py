@@ -274,6 +274,66 @@ class TraceWriter:
             self._auto_flush()
         return eid
 
+    def event_head(self, framework, kind, phase, origin, op, params, name_stack, source,
+                   node=None):
+        """The constant part of an event row (`add_event_row`), its strings interned as
+        `add_event` interns them: built once per equation site by the JAX recorder."""
+        src = self.source_id(source)
+        s = self.intern
+        return (framework, kind, phase, origin, s(op), s(params), s(name_stack), src, s(node))
+
+    def add_event_row(self, head, call, parent, step, it, device_id=-1):
+        """`add_event` from a row head (`event_head`) and the per-event fields: the same
+        row, the same device row (`device_id`, an interned "platform:id", or -1) and the
+        same flush checks; what is constant per site is not interned again."""
+        if self.before_event is not None:
+            self.before_event()
+        rows = self._rows["events"]
+        eid = self._counts["events"] + len(rows)
+        rows.append(head + (call, parent, step, it))
+        if device_id >= 0:
+            self._rows["devices"].append((eid, device_id))
+        if len(rows) >= FLUSH_ROWS or time.monotonic() - self._last_flush >= FLUSH_SECONDS:
+            self._auto_flush()
+        return eid
+
+    def add_inputs(self, event, refs):
+        """`add_input` for slots 0.. of `event`: refs is a list of (producer, slot)."""
+        self._rows["inputs"].extend([(event, slot, p, q) for slot, (p, q) in enumerate(refs)])
+
+    def value_ids(self, dtype_name, storage, shape):
+        """(dtype, storage, shape) string ids of a value row, for `reserve_ids`."""
+        sid = self._shape_ids.get(shape)
+        if sid is None:
+            sid = self._shape_ids[shape] = self.intern(values.shape_str(shape))
+        return (self.intern(dtype_name), self.intern(storage), sid)
+
+    def reserve_ids(self, event, slot, role, ids, name_id=-1):
+        """`reserve_value` with the row's string ids already made (`value_ids`)."""
+        rows = self._rows["values"]
+        rows.append((event, slot, role, 0, *ids, name_id, -1, 0, 0))
+        return len(rows) - 1
+
+    def host_value(self, array):
+        """A small host value added again and again (a jaxpr literal): prepared, interned
+        and hashed once (`add_host_value`)."""
+        c, dtype_name, storage, shape = values.prepare(array, None)
+        return (c, dtype_name, storage, self.value_ids(dtype_name, storage, shape), c.nbytes,
+                self.digest(c))
+
+    def add_host_value(self, event, slot, hv, role=schema.ROLE_OUT):
+        """`add_value(event, slot, array, role=role)` for a `host_value`: the same row, bytes
+        and statistics (queued with the other small values, as `add_value` queues them)."""
+        c, dtype_name, storage, ids, nbytes, h = hv
+        offset = self._keep_bytes(event, c, nbytes)
+        flags = 0
+        if offset < 0:
+            flags = schema.VFLAG_NOT_STORED | schema.VFLAG_STATS
+            self._add_stats(c, storage, dtype_name, h=h)
+        self._rows["values"].append((event, slot, role, flags, *ids, -1, offset, nbytes, h))
+        if len(self._blob) >= self._flush_bytes or len(self._rows["values"]) >= FLUSH_ROWS:
+            self._auto_flush()
+
     def source_id(self, source):
         """Interned id of an events.source string (its lines stored the first time)."""
         src = self._source_ids.get(source)
@@ -584,9 +644,13 @@ class TraceWriter:
     def add_meta_value(self, event, slot, dtype_name, shape, *, role=schema.ROLE_OUT, name=None,
                        flags=schema.VFLAG_NOT_STORED):
         """A value whose bytes are not stored (uninitialised memory, meta tensors)."""
-        self._rows["values"].append((event, slot, role, flags, self.intern(dtype_name),
-                                     self.intern(dtype_name), self.intern(values.shape_str(shape)),
-                                     self.intern(name), -1, 0, 0))
+        shape = tuple(shape)
+        sid = self._shape_ids.get(shape)
+        if sid is None:
+            sid = self._shape_ids[shape] = self.intern(values.shape_str(shape))
+        dt = self.intern(dtype_name)
+        self._rows["values"].append((event, slot, role, flags, dt, dt, sid, self.intern(name),
+                                     -1, 0, 0))
 
     def add_input(self, event, slot, producer, producer_slot=0):
         self._rows["inputs"].append((event, slot, producer, producer_slot))
