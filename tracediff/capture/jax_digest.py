@@ -239,6 +239,33 @@ def on_device():
     return jax.default_backend() != "cpu"
 
 
+class Result:
+    """One dispatched packed result (`packed`: WORDS, or 2, uint32 words a value) and the
+    rows it fills: `rows[i]` = (handle, nbytes) of value i (handle None: no row of its
+    own, or outside an --ops/--modules window); `extra` = (handle, nbytes, i): rows
+    reserved later for value i (`DeviceDigests.add_ref`); `host` = (lane1, lane2, stats
+    floats, counts) once read at a drain. `out` is one device array, or a list of them
+    (a batch run one program a value)."""
+
+    __slots__ = ("out", "rows", "extra", "host")
+
+    def __init__(self, out=None, rows=None):
+        self.out, self.rows, self.extra, self.host = out, [] if rows is None else rows, [], None
+
+
+class Ref:
+    """Value `index` of a `Result`, with its dtype, shape and byte count: its row in
+    another event (an optimizer step's values are the tagged equations' outputs; a probe's
+    final outputs are its equations' outputs), or its hash for `compare_later`."""
+
+    __slots__ = ("result", "index", "dtype", "shape", "nbytes", "array")
+
+    def __init__(self, result, index, dtype, shape, nbytes, array=None):
+        self.result, self.index, self.dtype, self.shape, self.nbytes = \
+            result, index, dtype, shape, nbytes
+        self.array = array   # the value itself, where a caller may still need it
+
+
 class DeviceDigests:
     """The values of one recording hashed on their device (callers hold the
     session's lock and run with tracediff's own JAX work unrecorded)."""
@@ -247,11 +274,12 @@ class DeviceDigests:
         self.writer = writer
         self.quiet = quiet            # context manager: tracediff's JAX work, not recorded
         self.with_stats = writer.level != "full"
-        self.pending = []             # (device result, [(handle, nbytes)])
+        self.pending = []             # Results dispatched, not yet read
         self.values = self.batches = 0
         self._batch = None            # values of a call's outputs, run as one program
+        self._batch_result = None     # ... and the Result they will fill
         self._programs = {}
-        self.checks = []              # (device boolean, callback): `same_later`
+        self.checks = []              # `same_later` / `compare_later` answers to read
         self._ids = {}                # (dtype, shape, logical) -> (row string ids, nbytes)
         writer.flush_hooks.append(self.drain)
 
@@ -260,16 +288,30 @@ class DeviceDigests:
         program now (`can_digest`); its 8 words are copied to the host asynchronously.
         One program per dtype and shape, not per batch: a batch's signature changes with
         what a call stores (its first call stores its arguments, later ones not), and each
-        new one was a compile inside the script's timed loop."""
+        new one was a compile inside the script's timed loop. Returns the value's `Ref`."""
         handle, nbytes = self.reserve(eid, slot, x, role, name, logical)
         if self._batch is not None:
-            self._batch.append((handle, nbytes, x))
-            return
+            res = self._batch_result
+            self._batch.append(x)
+            res.rows.append((handle, nbytes))
+            return Ref(res, len(res.rows) - 1, x.dtype, tuple(x.shape), nbytes)
         with self.quiet():
             out = self._program(self.with_stats)(x)
-        self.adopt(out, [(handle, nbytes)])
+        res = self.adopt(out, [(handle, nbytes)])
         if len(self.pending) > MAX_PENDING:
             self.drain()
+        return Ref(res, 0, x.dtype, tuple(x.shape), nbytes)
+
+    def add_ref(self, eid, slot, ref, role, name=None):
+        """A row for a value already digested (`Ref`): filled from its result, now if it
+        was read already, else at the drain that reads it. No program runs."""
+        handle, nbytes = self.reserve(eid, slot, ref, role, name)
+        res = ref.result
+        if res.host is not None:
+            self._fill(handle, nbytes, res.host, ref.index)
+        else:
+            res.extra.append((handle, nbytes, ref.index))
+        self.values += 1
 
     @contextlib.contextmanager
     def outputs(self):
@@ -279,18 +321,19 @@ class DeviceDigests:
         if self._batch is not None:   # inside another batch (a call's optimizer step): one
             yield
             return
-        self._batch = []
+        self._batch, self._batch_result = [], Result()
         with self.writer.held():    # the batch's rows stay reserved until it has run
             try:
                 yield
             finally:
-                batch, self._batch = self._batch, None
+                batch, res = self._batch, self._batch_result
+                self._batch = self._batch_result = None
                 if batch:
-                    self._run_batch(batch)
+                    self._run_batch(batch, res)
 
-    def _run_batch(self, batch):
-        """One program for a batch of (handle, nbytes, value); one program a value where
-        the batch cannot be one (values committed to different devices)."""
+    def _run_batch(self, batch, res):
+        """One program for a batch of values filling `res`; one program a value where the
+        batch cannot be one (values committed to different devices)."""
         ws = self.with_stats
         fn = self._programs.get(("batch", ws))
         if fn is None:
@@ -299,17 +342,18 @@ class DeviceDigests:
             fn = self._programs[("batch", ws)] = jax.jit(lambda xs: packed(xs, ws))
         try:
             with self.quiet():
-                out = fn([x for _, _, x in batch])
+                out = fn(batch)
         except Exception:
-            self._one_by_one(batch)
-            return
-        self.adopt(out, [(h, n) for h, n, _ in batch])
+            out = self._one_by_one(batch)
+        res.out = out
+        self._adopt(res)
 
     def _one_by_one(self, batch):
-        for handle, nbytes, x in batch:
+        outs = []
+        for x in batch:
             with self.quiet():
-                out = self._program(self.with_stats)(x)
-            self.adopt(out, [(handle, nbytes)])
+                outs.append(self._program(self.with_stats)(x))
+        return outs
 
     def _program(self, with_stats):
         fn = self._programs.get(with_stats)
@@ -329,18 +373,29 @@ class DeviceDigests:
 
     def adopt(self, out, rows):
         """A packed result computed elsewhere (the values program of a call) for rows
-        reserved by `reserve`: read and filled at the next drain."""
-        try:
-            out.copy_to_host_async()
-        except Exception:
-            pass
-        self.pending.append((out, rows))
-        self.values += len(rows)
+        reserved by `reserve`: read and filled at the next drain. Returns its `Result`."""
+        res = Result(out, rows)
+        self._adopt(res)
+        return res
+
+    def adopt_result(self, res):
+        """`adopt` for a `Result` made before its rows were reserved (`Ref`s to it were
+        handed out while they were)."""
+        self._adopt(res)
+
+    def _adopt(self, res):
+        for out in (res.out if isinstance(res.out, list) else (res.out,)):
+            try:
+                out.copy_to_host_async()
+            except Exception:
+                pass
+        self.pending.append(res)
+        self.values += len(res.rows)
         self.batches += 1
 
     def reserve(self, eid, slot, x, role, name=None, logical=None):
-        """Reserve a value's row (x: an array or an aval); (handle, nbytes) for `adopt`.
-        The row's string ids and byte count are made once per dtype and shape."""
+        """Reserve a value's row (x: an array, an aval or a `Ref`); (handle, nbytes) for
+        `adopt`. The row's string ids and byte count are made once per dtype and shape."""
         key = (x.dtype, x.shape, logical)
         hit = self._ids.get(key)
         if hit is None:
@@ -351,22 +406,14 @@ class DeviceDigests:
         w = self.writer
         return w.reserve_ids(eid, slot, role, hit[0], w.intern(name)), hit[1]
 
-    def same(self, xs, ys):
-        """Do two lists of arrays hold the same bytes? Compared on the device where both
-        can be (one boolean crosses), else on the host. Reads the answer now: a host sync
-        (`same_later` does not wait)."""
-        answer = []
-        self.same_later(xs, ys, answer.append)
-        if not answer:
-            self.settle_checks()
-        return answer[0]
-
     def same_later(self, xs, ys, done):
-        """`same`, answered at the next drain: `done(bool)` is called then (or now, when
-        the host decides alone). The device's boolean is copied to the host asynchronously:
-        reading it inside the call (one per jit call, the values program checked against
-        the script's program) made the host wait for the device at every step (measured on
-        XLA:CPU: ~2-3 ms a step of jax_mlp.py, the two programs' own time)."""
+        """Do two lists of arrays hold the same bytes? Compared on the device where both
+        can be (one boolean crosses), else on the host; `done(bool)` is called at the next
+        drain (or now, when the host decides alone). The device's boolean is copied to the
+        host asynchronously: reading it inside the call (one per jit call, the values
+        program checked against the script's program) made the host wait for the device
+        at every step (measured on XLA:CPU: ~2-3 ms a step of jax_mlp.py, the two
+        programs' own time)."""
         dev = [(x, y) for x, y in zip(xs, ys) if can_digest(x) and can_digest(y) and
                x.dtype == y.dtype and x.shape == y.shape]
         rest = [(x, y) for x, y in zip(xs, ys) if not any(x is a for a, _ in dev)]
@@ -396,41 +443,83 @@ class DeviceDigests:
             pass
         self.checks.append((out, done))
         if len(self.checks) > MAX_PENDING:
-            self.settle_checks()
+            self.drain()
 
-    def settle_checks(self):
-        """Read the pending `same_later` answers, in the order they were asked."""
+    def compare_later(self, xs, ys, done):
+        """`same_later` for two lists of `Ref`s: equal dtypes, shapes and words64 hashes
+        (equal hashes stand for equal bytes, docs/format.md), read at the next drain. No
+        program runs: both sides were digested already (a call's outputs and its values
+        program's final outputs)."""
+        self.checks.append(((xs, ys), done))
+
+    def settle_checks(self, drained=False):
+        """Answer the pending checks, in the order they were asked (a drain first, when
+        one compares results not read yet; a result never dispatched compares unequal)."""
+        if not drained and any(type(c[0]) is tuple and any(
+                r.result.host is None for r in c[0][0] + c[0][1]) for c in self.checks):
+            self.drain()   # settles
+            return
         checks, self.checks = self.checks, []
-        for out, done in checks:
+        for what, done in checks:
+            if type(what) is tuple:
+                done(all(x.result.host is not None and y.result.host is not None and
+                         x.dtype == y.dtype and x.shape == y.shape and
+                         self._hash(x) == self._hash(y) for x, y in zip(*what)))
+                continue
             with self.quiet():
-                answer = bool(np.asarray(out))
+                answer = bool(np.asarray(what))
             done(answer)
+
+    @staticmethod
+    def _hash(ref):
+        a, b = ref.result.host[:2]
+        return values.words_finish(a[ref.index], b[ref.index], ref.nbytes)
 
     def dispatch(self):
         """Values are hashed as they are added (kept for callers that mark a call's end)."""
+
+    def _fill(self, handle, nbytes, host, i):
+        a, b, floats, counts = host
+        h = values.words_finish(a[i], b[i], nbytes)
+        self.writer.fill_digest(handle, nbytes, h, None if floats is None else
+                                (*floats[i], *counts[i]))
 
     def drain(self):
         """Read every dispatched result and fill the writer's reserved rows."""
         w = self.writer
         if self._batch:   # a flush inside a batch: the rows reserved so far are filled now,
-            # by the programs of one value (already compiled, unlike a partial batch's)
-            self._one_by_one(self._batch)
-            self._batch = []
+            # by the programs of one value (already compiled, unlike a partial batch's);
+            # the values added later go on in a new Result
+            res = self._batch_result
+            res.out = self._one_by_one(self._batch)
+            self._adopt(res)
+            self._batch, self._batch_result = [], Result()
         pending, self.pending = self.pending, []
-        if self.checks:
-            self.settle_checks()
-        for out, rows in pending:
+        for res in pending:
             with self.quiet():
-                host = np.asarray(out)
+                out = res.out
+                host = np.concatenate([np.asarray(o) for o in out]) if isinstance(out, list) \
+                    else np.asarray(out)
             a, b, st, counts = unpack_all(host, self.with_stats)
+            res.out = None
+            a, b = a.tolist(), b.tolist()
+            floats = None if st is None else st.tolist()
+            counts = None if counts is None else counts.tolist()
+            res.host = (a, b, floats, counts)
+            rows = res.rows
             n = len(rows)
-            hashes = finish_all(a[:n], b[:n], [nb for _, nb in rows]).tolist()
-            if st is None:
+            hashes = finish_all(np.asarray(a[:n], np.uint64), np.asarray(b[:n], np.uint64),
+                                [nb for _, nb in rows]).tolist()
+            if floats is None:
                 for (handle, nbytes), h in zip(rows, hashes):
                     if handle is not None:
                         w.fill_digest(handle, nbytes, h)
-                continue
-            floats, counts = st[:n].tolist(), counts[:n].tolist()
-            for (handle, nbytes), h, f, c in zip(rows, hashes, floats, counts):
-                if handle is not None:
-                    w.fill_digest(handle, nbytes, h, (*f, *c))
+            else:
+                for (handle, nbytes), h, f, c in zip(rows, hashes, floats, counts):
+                    if handle is not None:
+                        w.fill_digest(handle, nbytes, h, (*f, *c))
+            for handle, nbytes, i in res.extra:
+                self._fill(handle, nbytes, res.host, i)
+            res.rows, res.extra = (), ()
+        if self.checks:
+            self.settle_checks(drained=True)

@@ -17,6 +17,7 @@ for how many probed calls the probe's final outputs equal the real compiled outp
 bitwise (when they do, the probe computed the same numbers as the script).
 """
 
+import math
 import re
 
 import numpy as np
@@ -56,7 +57,7 @@ class Prober:
     def _program(self, closed):
         hit = self._programs.get(id(closed))
         if hit is not None and hit[0] is closed:
-            return hit[1], hit[2]
+            return hit[1:]
         import jax
 
         # values hashed (and summarised) on the device (jax_digest): the program returns
@@ -66,6 +67,7 @@ class Prober:
         digest = self.values_mode and self.capture.digests is not None
         full = self.capture.session.writer.level == "full"
         mask = []   # per found value: digested on the device (filled while tracing)
+        out_at = []  # per final output: its value's place in the packed result, or None
 
         # statistics in the program only off the CPU: there they save moving every byte
         # across the bus; on the CPU XLA's extra reductions were measured dearer than
@@ -76,19 +78,40 @@ class Prober:
         def program(*args):
             found, tags = [], []
             outs = self._walk(closed, list(args), found, tags)
-            if digest:
+            if digest and full:
                 mask[:] = [jax_digest.dtype_ok(x.dtype) and not t for x, t in zip(found, tags)]
-                pk = jax_digest.packed([x for x, m in zip(found, mask) if m], not full)
-                kept = found if full else [None if m else x for x, m in zip(found, mask)]
-                return outs, kept, pk
+                pk = jax_digest.packed([x for x, m in zip(found, mask) if m], False)
+                return outs, found, pk
+            if digest:
+                # every value of a hashable dtype is digested here, optax-tagged ones too
+                # (the optimizer step's rows take their words: `Ref`), and the program's
+                # final outputs where they are not equation outputs already (the probe
+                # call's rows): one program a call, no second pass over the same values
+                mask[:] = [jax_digest.dtype_ok(x.dtype) for x in found]
+                at, n = {}, 0
+                for x, m in zip(found, mask):
+                    if m:
+                        at.setdefault(id(x), n)
+                        n += 1
+                more = []
+                for x in outs:
+                    if not jax_digest.dtype_ok(x.dtype):
+                        out_at.append(None)
+                    elif id(x) in at:
+                        out_at.append(at[id(x)])
+                    else:
+                        out_at.append(n + len(more))
+                        more.append(x)
+                pk = jax_digest.packed([x for x, m in zip(found, mask) if m] + more, True)
+                return outs, [None if m else x for x, m in zip(found, mask)], pk
             if with_stats:  # statistics computed by XLA next to the values (jax_stats.py)
                 return outs, found, [jax_stats.stats_vector(x) if jax_stats.wants(x) else None
                                      for x in found]
             return outs, found
 
         fn = jax.jit(program)
-        self._programs[id(closed)] = (closed, fn, mask if digest else None)
-        return fn, (mask if digest else None)
+        self._programs[id(closed)] = (closed, fn, mask if digest else None, out_at)
+        return fn, (mask if digest else None), out_at
 
     def _walk(self, closed, vals, found, tags=None):
         """Trace the equations of `closed` (under jax.jit), appending every equation's
@@ -123,13 +146,13 @@ class Prober:
         returns the probe's final outputs (for `check`), None when it could not run."""
         cap = self.capture
         try:
-            fn, mask = self._program(closed)
+            fn, mask, out_at = self._program(closed)
             res = fn(*args)
             outs, found = res[0], res[1]
             stats = iter(res[2]) if len(res) > 2 and mask is None else None
             digested = None
             if mask is not None:
-                digested = _Digested(cap, mask, res[2], found)
+                digested = _Digested(cap, mask, res[2], found, closed)
         except Exception as exc:  # never break the script: the probe is extra work
             if len(self.errors) < 100:
                 self.errors.append(f"{name}: {type(exc).__name__}: {str(exc)[:200]}")
@@ -148,20 +171,48 @@ class Prober:
         # as one program too
         with w.held(), cap._outputs():
             self._emit(closed, list(refs), pid, pid, ns, source, rest, stats, digested)
+            if digested is not None and not digested.full:
+                # the final outputs' rows from the program's own words (`Ref`s, also what
+                # `check` compares with the compiled outputs); the others stored as before
+                finals = []
+                for slot, (x, i) in enumerate(zip(outs, out_at)):
+                    if i is None:
+                        ref = cap.store(pid, slot, x)
+                        if ref is not None:
+                            ref.array = x
+                        finals.append(ref or x)
+                    else:
+                        ref = digested.ref(i, closed.jaxpr.outvars[slot].aval)
+                        cap.digests.add_ref(pid, slot, ref, schema.ROLE_OUT)
+                        ref.array = x   # for `check` where the compiled side has no Ref
+                        finals.append(ref)
+                digested.done()
+                return finals
             if digested is not None:
                 digested.done()
             for slot, x in enumerate(outs):
                 cap.store(pid, slot, x)
         return outs
 
-    def check(self, name, outs, compiled):
+    def check(self, name, outs, compiled, compiled_refs=()):
         """Did the probe compute what the real program did? (counted in the manifest;
         compared on the device where values are hashed there: no bytes cross, and the
-        answer is read at the next drain, `DeviceDigests.same_later`)"""
+        answer is read at the next drain, `DeviceDigests.same_later`; by the words64 hashes
+        already computed where both sides' are, `compare_later`: no program runs)"""
+        digests = self.capture.digests
         if len(outs) != len(compiled):
             self._count(name, False)
-        elif self.capture.digests is not None:   # answered at the next drain: no host sync
-            self.capture.digests.same_later(outs, compiled, lambda same: self._count(name, same))
+        elif digests is not None:
+            arrays = [x.array if type(x) is jax_digest.Ref else x for x in outs]
+            for x in outs:   # a Ref waiting for a drain keeps no array alive
+                if type(x) is jax_digest.Ref:
+                    x.array = None
+            if len(compiled_refs) == len(outs) and all(
+                    type(r) is jax_digest.Ref for r in (*outs, *compiled_refs)):
+                digests.compare_later(list(outs), list(compiled_refs),
+                                      lambda same: self._count(name, same))
+            else:   # answered at the next drain: no host sync
+                digests.same_later(arrays, compiled, lambda same: self._count(name, same))
         else:
             self._count(name, all(_same_bytes(p, c) for p, c in zip(outs, compiled)))
 
@@ -198,11 +249,13 @@ class Prober:
             for slot, v in enumerate(eqn.outvars):
                 x = next(rest)
                 st = next(stats) if stats is not None else None
-                if take is None or not take(eid, slot, v, x, keep):
+                got = take(eid, slot, v, x, keep) if take is not None else False
+                if not got:
                     cap.store(eid, slot, x, store=keep,
                               stats=None if st is None else np.asarray(st, np.float64))
-                if tags and site.tag is not None:
-                    cap._pending_optim[site.tag] = cap.optim_value(x)
+                if tags and site.tag is not None:   # digested here: the step's row takes
+                    cap._pending_optim[site.tag] = got if type(got) is jax_digest.Ref \
+                        else cap.optim_value(x)     # its words (no second program)
                 if type(v).__name__ != "DropVar":
                     env[v] = (eid, slot)
 
@@ -230,12 +283,14 @@ class _Digested:
     drain); at level full their bytes come back in one batch of asynchronous copies and
     their hashes from the packed result."""
 
-    def __init__(self, cap, mask, packed, found):
-        self.cap, self.mask, self.packed = cap, iter(mask), packed
-        self.reserve = cap.digests.reserve
+    def __init__(self, cap, mask, packed, found, closed):
+        self.cap, self.mask = cap, iter(mask)
         self.full = cap.session.writer.level == "full"
-        self.rows = []
         self.hashes = None
+        self.reserve = cap.digests.reserve
+        self.at = 0                   # the next digested value's place in the result
+        self.result = jax_digest.Result(packed)
+        self.rows = self.result.rows
         if self.full:
             for x, m in zip(found, mask):
                 if m:
@@ -250,22 +305,32 @@ class _Digested:
                                 zip(jax_digest.unpack(host, n, False), sizes)])
 
     def take(self, eid, slot, var, x, keep):
-        """Record one found value if it was digested; False: the caller stores it."""
+        """Record one found value if it was digested: its `Ref` (True at level full);
+        False: the caller stores it."""
         if not next(self.mask):
             return False
         if self.full:
             h = next(self.hashes)
             self.cap.store(eid, slot, x, store=keep, h=h)
             return True
+        aval = var.aval
         if keep:
-            self.rows.append(self.reserve(eid, slot, var.aval, schema.ROLE_OUT))
+            handle, nbytes = self.reserve(eid, slot, aval, schema.ROLE_OUT)
         else:   # outside an --ops/--modules window: shape and dtype only
-            aval = var.aval
             self.cap.session.writer.add_meta_value(eid, slot, str(aval.dtype),
                                                    tuple(aval.shape), role=schema.ROLE_OUT)
+            handle, nbytes = None, math.prod(aval.shape) * np.dtype(aval.dtype).itemsize
+        self.rows.append((handle, nbytes))
+        self.at += 1
+        return jax_digest.Ref(self.result, self.at - 1, aval.dtype, tuple(aval.shape), nbytes)
+
+    def ref(self, i, aval):
+        """The `Ref` of value `i` of the packed result (a final output of the program)."""
+        nbytes = math.prod(aval.shape) * np.dtype(aval.dtype).itemsize
+        while len(self.rows) <= i:    # outputs digested after the equations' values
             self.rows.append((None, 0))
-        return True
+        return jax_digest.Ref(self.result, i, aval.dtype, tuple(aval.shape), nbytes)
 
     def done(self):
         if not self.full:
-            self.cap.digests.adopt(self.packed, self.rows)
+            self.cap.digests.adopt_result(self.result)

@@ -372,13 +372,14 @@ class JaxCapture(Capture):
                     self._measure_replay(name, replayed, outs)
                 if probed is not None:
                     self.prober.check(name, probed, outs)
-                if valued is not None:
-                    self.values_prober.check(name, valued, outs)
                 names = self._result_names(jaxpr, len(outs))
                 with self._outputs():
+                    refs = [self.store(call_id, slot, x, name=names[slot])
+                            for slot, x in enumerate(outs)]
                     for slot, x in enumerate(outs):
-                        self.store(call_id, slot, x, name=names[slot])
                         self._register(x, call_id, slot)
+                if valued is not None:   # by the hashes of both sides where they were made
+                    self.values_prober.check(name, valued, outs, refs)
                 if not _TL.optax_depth:  # a jit call inside an eager optax update is not its end
                     self.flush_optim()
                 if self.digests is not None:
@@ -527,7 +528,12 @@ class JaxCapture(Capture):
 
     def store(self, eid, slot, x, name=None, role=schema.ROLE_OUT, store=True, stats=None,
               h=None):
+        """Write one value (an array, a Python scalar, or a `jax_digest.Ref` to a value
+        digested already); returns its `Ref` where it is hashed on the device, else None."""
         w = self.session.writer
+        if type(x) is jax_digest.Ref:   # an optimizer step's value, digested in its program
+            self.digests.add_ref(eid, slot, x, role, name)
+            return x
         dtype = getattr(x, "dtype", None)
         if dtype is None:
             if isinstance(x, (int, float, complex, bool, np.generic)):
@@ -546,8 +552,7 @@ class JaxCapture(Capture):
             logical, x = str(dtype), jax.random.key_data(x)
         if h is None and self.digests is not None and jax_digest.can_digest(x):
             if w.level != "full":   # hash and statistics on the device: no bytes cross
-                self.digests.add(eid, slot, x, role, name, logical)
-                return
+                return self.digests.add(eid, slot, x, role, name, logical)
             h = self.digests.lanes_of([x])[0]
         try:
             arr = np.asarray(x)
