@@ -393,6 +393,18 @@ class DeviceDigests:
         self.values += len(res.rows)
         self.batches += 1
 
+    def ids_of(self, x, logical=None):
+        """(row string ids, nbytes) of a value's reserved row (x: an array, an aval or a
+        `Ref`), made once per dtype and shape."""
+        key = (x.dtype, x.shape, logical)
+        hit = self._ids.get(key)
+        if hit is None:
+            storage, dname = storage_of(x.dtype)
+            hit = self._ids[key] = (
+                self.writer.value_ids(logical or dname, storage, tuple(x.shape)),
+                math.prod(x.shape) * np.dtype(x.dtype).itemsize)
+        return hit
+
     def reserve(self, eid, slot, x, role, name=None, logical=None):
         """Reserve a value's row (x: an array, an aval or a `Ref`); (handle, nbytes) for
         `adopt`. The row's string ids and byte count are made once per dtype and shape."""

@@ -762,18 +762,30 @@ class JaxCapture(Capture):
         step paid their strings, dicts and numpy work again every step."""
         w = self.session.writer
         dev = device or self._cur_device
-        if site.rows_writer is not w or len(site.rows) > 64:   # bounded: a site called from
-            site.rows, site.rows_writer = {}, w                # many contexts stays correct
-        ent = site.rows.get((prefix, source, origin, dev))
-        if ent is None:
-            ent = self._site_rows(site, prefix, source, origin, dev, w)
-        head, ns, src, dev_id, lits = ent
+        head, ns, src, dev_id, lits = self.site_entry(site, prefix, source, origin, dev, w)
         eid = w.add_event_row(head, call_id, parent, self.step, it, dev_id)
         if irefs:
             w.add_inputs(eid, irefs)
         for slot, hv in lits:
             w.add_host_value(eid, slot, hv, role=schema.ROLE_IN)
         return eid, ns, src
+
+    def site_entry(self, site, prefix, source, origin, dev, w):
+        """The constant parts of `eqn_event`'s event for this site in this context (made
+        once per writer, `_site_rows`)."""
+        if site.rows_writer is not w or len(site.rows) > 64:   # bounded: a site called from
+            site.rows, site.rows_writer = {}, w                # many contexts stays correct
+        ent = site.rows.get((prefix, source, origin, dev))
+        if ent is None:
+            ent = self._site_rows(site, prefix, source, origin, dev, w)
+        return ent
+
+    def registered(self, x):
+        """(event, slot) of an array already registered as produced, else None."""
+        entry = self._producers.get(id(x))
+        if entry is not None and entry[0]() is x:
+            return entry[1], entry[2]
+        return None
 
     def _site_rows(self, site, prefix, source, origin, dev, w):
         """(event row head, name stack, source, device id, literals) of an equation's

@@ -297,6 +297,13 @@ class TraceWriter:
             self._auto_flush()
         return eid
 
+    def after_rows(self):
+        """The flush checks of rows appended in bulk (a planned call's events and values)."""
+        if len(self._rows["events"]) >= FLUSH_ROWS or len(self._rows["values"]) >= FLUSH_ROWS or \
+                len(self._blob) >= self._flush_bytes or \
+                time.monotonic() - self._last_flush >= FLUSH_SECONDS:
+            self._auto_flush()
+
     def add_inputs(self, event, refs):
         """`add_input` for slots 0.. of `event`: refs is a list of (producer, slot)."""
         self._rows["inputs"].extend([(event, slot, p, q) for slot, (p, q) in enumerate(refs)])
@@ -319,18 +326,33 @@ class TraceWriter:
         and hashed once (`add_host_value`)."""
         c, dtype_name, storage, shape = values.prepare(array, None)
         return (c, dtype_name, storage, self.value_ids(dtype_name, storage, shape), c.nbytes,
-                self.digest(c))
+                self.digest(c), bytes(values.as_bytes(c)), c.itemsize or 1)
 
     def add_host_value(self, event, slot, hv, role=schema.ROLE_OUT):
         """`add_value(event, slot, array, role=role)` for a `host_value`: the same row, bytes
         and statistics (queued with the other small values, as `add_value` queues them)."""
-        c, dtype_name, storage, ids, nbytes, h = hv
-        offset = self._keep_bytes(event, c, nbytes)
+        c, dtype_name, storage, ids, nbytes, h, raw, itemsize = hv
+        offset = self._keep_bytes(event, c, nbytes) if self.level == "full" else -1
         flags = 0
+        rows = self._rows["values"]
         if offset < 0:
             flags = schema.VFLAG_NOT_STORED | schema.VFLAG_STATS
-            self._add_stats(c, storage, dtype_name, h=h)
-        self._rows["values"].append((event, slot, role, flags, *ids, -1, offset, nbytes, h))
+            if nbytes >= self.STATS_DIRECT_BYTES:
+                self._add_stats(c, storage, dtype_name, h=h)
+            else:   # `_add_stats` inlined for a small value: its bytes join its dtype's batch
+                self.stats_values += 1
+                p = self._pstats.get((storage, dtype_name))
+                if p is None:
+                    p = self._pstats[(storage, dtype_name)] = [bytearray(), [], [], [], itemsize]
+                pbuf = p[0]
+                p[2].append(len(pbuf))
+                p[3].append(nbytes)
+                p[1].append(self._counts["values"] + len(rows))
+                pbuf += raw
+                self._pstats_bytes += nbytes
+                if self._pstats_bytes >= STATS_BATCH_BYTES:
+                    self._reduce_stats()
+        rows.append((event, slot, role, flags, *ids, -1, offset, nbytes, h))
         if len(self._blob) >= self._flush_bytes or len(self._rows["values"]) >= FLUSH_ROWS:
             self._auto_flush()
 
