@@ -494,7 +494,7 @@ class DeviceDigests:
         a, b, floats, counts = host
         h = values.words_finish(a[i], b[i], nbytes)
         self.writer.fill_digest(handle, nbytes, h, None if floats is None else
-                                (*floats[i], *counts[i]))
+                                (*floats[i].tolist(), *counts[i].tolist()))
 
     def drain(self):
         """Read every dispatched result and fill the writer's reserved rows."""
@@ -514,22 +514,14 @@ class DeviceDigests:
                     else np.asarray(out)
             a, b, st, counts = unpack_all(host, self.with_stats)
             res.out = None
-            a, b = a.tolist(), b.tolist()
-            floats = None if st is None else st.tolist()
-            counts = None if counts is None else counts.tolist()
-            res.host = (a, b, floats, counts)
+            res.host = (a, b, st, counts)
             rows = res.rows
             n = len(rows)
-            hashes = finish_all(np.asarray(a[:n], np.uint64), np.asarray(b[:n], np.uint64),
-                                [nb for _, nb in rows]).tolist()
-            if floats is None:
-                for (handle, nbytes), h in zip(rows, hashes):
-                    if handle is not None:
-                        w.fill_digest(handle, nbytes, h)
+            hashes = finish_all(a[:n], b[:n], [nb for _, nb in rows]).tolist()
+            if st is None:
+                w.fill_digests(rows, hashes)
             else:
-                for (handle, nbytes), h, f, c in zip(rows, hashes, floats, counts):
-                    if handle is not None:
-                        w.fill_digest(handle, nbytes, h, (*f, *c))
+                w.fill_digests(rows, hashes, st[:n].tolist(), counts[:n].tolist())
             for handle, nbytes, i in res.extra:
                 self._fill(handle, nbytes, res.host, i)
             res.rows, res.extra = (), ()

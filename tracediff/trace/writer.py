@@ -539,6 +539,29 @@ class TraceWriter:
                                         int(stats[4]), int(stats[5])))
         rows[handle] = row[:3] + (flags,) + row[4:8] + (-1, int(nbytes), int(h))
 
+    def fill_digests(self, rows, hashes, floats=None, counts=None):
+        """`fill_digest` for many reserved rows: rows = [(handle or None, nbytes)], with
+        their hashes and (levels stats/calls) statistics' floats and counts."""
+        vrows = self._rows["values"]
+        base = self._counts["values"]
+        if floats is None:
+            flag = schema.VFLAG_NOT_STORED
+            for (handle, nbytes), h in zip(rows, hashes):
+                if handle is not None:
+                    row = vrows[handle]
+                    vrows[handle] = (*row[:3], row[3] | flag, *row[4:8], -1, nbytes, h)
+            return
+        flag = schema.VFLAG_NOT_STORED | schema.VFLAG_STATS
+        srows = self._rows["stats"]
+        n = 0
+        for (handle, nbytes), h, f, c in zip(rows, hashes, floats, counts):
+            if handle is not None:
+                row = vrows[handle]
+                vrows[handle] = (*row[:3], row[3] | flag, *row[4:8], -1, nbytes, h)
+                srows.append((base + handle, *f, *c))
+                n += 1
+        self.stats_values += n
+
     def use_hash(self, name):
         """Hash this trace's values with `name` (values.DIGESTS); only before any value."""
         if name == self.hash_name:
