@@ -522,8 +522,14 @@ class DeviceDigests:
                 w.fill_digests(rows, hashes)
             else:
                 w.fill_digests(rows, hashes, st[:n].tolist(), counts[:n].tolist())
-            for handle, nbytes, i in res.extra:
-                self._fill(handle, nbytes, res.host, i)
+            if res.extra:   # rows of other events taking this result's words (`add_ref`)
+                idx = np.fromiter((i for _, _, i in res.extra), np.int64, len(res.extra))
+                more = [(handle, nbytes) for handle, nbytes, _ in res.extra]
+                hashes = finish_all(a[idx], b[idx], [nb for _, nb in more]).tolist()
+                if st is None:
+                    w.fill_digests(more, hashes)
+                else:
+                    w.fill_digests(more, hashes, st[idx].tolist(), counts[idx].tolist())
             res.rows, res.extra = (), ()
         if self.checks:
             self.settle_checks(drained=True)
