@@ -538,3 +538,61 @@ def metadata_only_copy(src, dst):
         v["offset"] = -1
         f["values"][...] = v
     return dst
+
+
+_STRING_FIELDS = {"events": ("op", "params", "name_stack", "source", "node"),
+                  "values": ("dtype", "storage", "shape", "name"),
+                  "sources": ("source", "lines", "sha256"), "devices": ("device",),
+                  "shards": ("device", "index", "shape"),
+                  "placements": ("placements", "mesh", "coord", "global_shape", "offset",
+                                 "param")}
+
+
+def trace_rows(path):
+    """Every table of a trace as lists of row tuples, string indices resolved to their
+    text (two traces intern strings in their own order); stats rows keyed by value row
+    and sorted (device results fill them later, in another order)."""
+    import h5py
+
+    from tracediff.trace import schema
+
+    out = {}
+    with h5py.File(path, "r") as f:
+        strings = [s.decode() if isinstance(s, bytes) else s for s in f["strings"][:]]
+        for name in schema.TABLES:
+            if name not in f:
+                out[name] = []
+                continue
+            rows = f[name][:]
+            fields = rows.dtype.names
+            text = set(_STRING_FIELDS.get(name, ()))
+            out[name] = [tuple(strings[v] if k in text and v >= 0 else
+                               (None if k in text else v.item()) for k, v in zip(fields, r))
+                         for r in rows]
+        out["stats"].sort()
+        out["blob"] = hashlib.sha256(f["blob"][:].tobytes()).hexdigest() if "blob" in f else ""
+    return out
+
+
+def first_difference(a, b, stats_rtol=0.0):
+    """None when two traces hold the same rows (trace_rows), else where they first differ.
+    `stats_rtol`: statistics equal within it count as equal (the host reduces small values
+    in batches whose makeup follows the flush clock: float32 or float64 accumulation)."""
+    ra, rb = trace_rows(a), trace_rows(b)
+    for name in ra:
+        if len(ra[name]) != len(rb[name]):
+            return f"{name}: {len(ra[name])} rows against {len(rb[name])}"
+        if name == "blob":
+            if ra[name] != rb[name]:
+                return "blob bytes differ"
+            continue
+        for i, (x, y) in enumerate(zip(ra[name], rb[name])):
+            if x != y and not (x == x or y == y):   # NaN statistics
+                continue
+            if x != y:
+                same_nan = all(p == q or (p != p and q != q) or (
+                    name == "stats" and stats_rtol and isinstance(p, float) and
+                    abs(p - q) <= stats_rtol * max(abs(p), abs(q))) for p, q in zip(x, y))
+                if not same_nan:
+                    return f"{name} row {i}: {x} against {y}"
+    return None

@@ -18,6 +18,7 @@ it is slower than hashing on the host (xxh3), so the CPU default stays xxh3_64.
 """
 
 import contextlib
+import math
 
 import numpy as np
 
@@ -123,6 +124,34 @@ def packed(xs, with_stats):
     return jnp.concatenate(parts) if parts else jnp.zeros((0,), jnp.uint32)
 
 
+def unpack_all(host, with_stats):
+    """(hashes-to-be lanes as two uint64 arrays, stats rows or None) of a packed result:
+    `unpack` for every value at once (numpy, no Python loop)."""
+    width = WORDS if with_stats else 2
+    rows = np.asarray(host, np.uint32).reshape(-1, width)
+    st = None
+    if with_stats:
+        st = rows[:, 2:6].copy().view(np.float32).astype(np.float64)
+    return rows[:, 0].astype(np.uint64), rows[:, 1].astype(np.uint64), st, \
+        (rows[:, 6:8].astype(np.int64) if with_stats else None)
+
+
+def finish_all(lane1, lane2, nbytes):
+    """`values.words_finish` of arrays of lanes and byte counts (uint64 arithmetic)."""
+    m1, m2 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)
+    s33 = np.uint64(33)
+    with np.errstate(over="ignore"):
+        h = ((lane1 << np.uint64(32)) | lane2) ^ (
+            np.asarray(nbytes, np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+        h ^= h >> s33
+        h *= m1
+        h ^= h >> s33
+        h *= m2
+        h ^= h >> s33
+    h[h == 0] = 1
+    return h
+
+
 def unpack(host, n, with_stats):
     """(lane1, lane2, stats or None) per value from a packed result read on the host."""
     width = WORDS if with_stats else 2
@@ -163,14 +192,36 @@ def dtype_ok(dtype):
     return name in values._NATIVE
 
 
+_DTYPE_OK = {}       # dtype -> dtype_ok(dtype)
+_ONE_DEVICE = {}     # id(sharding) -> (sharding, on one device): a call's outputs share theirs
+
+
 def can_digest(x):
     """`dtype_ok` and a live array committed to one device (a global array over several
     keeps the host path, which also records its shards)."""
     sharding = getattr(x, "sharding", None)
-    if sharding is None or not dtype_ok(getattr(x, "dtype", None)):
+    if sharding is None:
+        return False
+    dtype = getattr(x, "dtype", None)
+    try:
+        ok = _DTYPE_OK.get(dtype)
+    except TypeError:    # an unhashable dtype-like: not cached
+        ok = None
+    if ok is None:
+        ok = dtype_ok(dtype)
+        try:
+            _DTYPE_OK[dtype] = ok
+        except TypeError:
+            pass
+    if not ok:
         return False
     try:
-        return len(sharding.device_set) == 1 and not x.is_deleted()
+        hit = _ONE_DEVICE.get(id(sharding))
+        if hit is None or hit[0] is not sharding:
+            if len(_ONE_DEVICE) > 4096:
+                _ONE_DEVICE.clear()
+            hit = _ONE_DEVICE[id(sharding)] = (sharding, len(sharding.device_set) == 1)
+        return hit[1] and not x.is_deleted()
     except Exception:
         return False
 
@@ -188,6 +239,33 @@ def on_device():
     return jax.default_backend() != "cpu"
 
 
+class Result:
+    """One dispatched packed result (`packed`: WORDS, or 2, uint32 words a value) and the
+    rows it fills: `rows[i]` = (handle, nbytes) of value i (handle None: no row of its
+    own, or outside an --ops/--modules window); `extra` = (handle, nbytes, i): rows
+    reserved later for value i (`DeviceDigests.add_ref`); `host` = (lane1, lane2, stats
+    floats, counts) once read at a drain. `out` is one device array, or a list of them
+    (a batch run one program a value)."""
+
+    __slots__ = ("out", "rows", "extra", "host")
+
+    def __init__(self, out=None, rows=None):
+        self.out, self.rows, self.extra, self.host = out, [] if rows is None else rows, [], None
+
+
+class Ref:
+    """Value `index` of a `Result`, with its dtype, shape and byte count: its row in
+    another event (an optimizer step's values are the tagged equations' outputs; a probe's
+    final outputs are its equations' outputs), or its hash for `compare_later`."""
+
+    __slots__ = ("result", "index", "dtype", "shape", "nbytes", "array")
+
+    def __init__(self, result, index, dtype, shape, nbytes, array=None):
+        self.result, self.index, self.dtype, self.shape, self.nbytes = \
+            result, index, dtype, shape, nbytes
+        self.array = array   # the value itself, where a caller may still need it
+
+
 class DeviceDigests:
     """The values of one recording hashed on their device (callers hold the
     session's lock and run with tracediff's own JAX work unrecorded)."""
@@ -196,10 +274,13 @@ class DeviceDigests:
         self.writer = writer
         self.quiet = quiet            # context manager: tracediff's JAX work, not recorded
         self.with_stats = writer.level != "full"
-        self.pending = []             # (device result, [(handle, nbytes)])
+        self.pending = []             # Results dispatched, not yet read
         self.values = self.batches = 0
         self._batch = None            # values of a call's outputs, run as one program
+        self._batch_result = None     # ... and the Result they will fill
         self._programs = {}
+        self.checks = []              # `same_later` / `compare_later` answers to read
+        self._ids = {}                # (dtype, shape, logical) -> (row string ids, nbytes)
         writer.flush_hooks.append(self.drain)
 
     def add(self, eid, slot, x, role, name, logical=None):
@@ -207,16 +288,30 @@ class DeviceDigests:
         program now (`can_digest`); its 8 words are copied to the host asynchronously.
         One program per dtype and shape, not per batch: a batch's signature changes with
         what a call stores (its first call stores its arguments, later ones not), and each
-        new one was a compile inside the script's timed loop."""
+        new one was a compile inside the script's timed loop. Returns the value's `Ref`."""
         handle, nbytes = self.reserve(eid, slot, x, role, name, logical)
         if self._batch is not None:
-            self._batch.append((handle, nbytes, x))
-            return
+            res = self._batch_result
+            self._batch.append(x)
+            res.rows.append((handle, nbytes))
+            return Ref(res, len(res.rows) - 1, x.dtype, tuple(x.shape), nbytes)
         with self.quiet():
             out = self._program(self.with_stats)(x)
-        self.adopt(out, [(handle, nbytes)])
+        res = self.adopt(out, [(handle, nbytes)])
         if len(self.pending) > MAX_PENDING:
             self.drain()
+        return Ref(res, 0, x.dtype, tuple(x.shape), nbytes)
+
+    def add_ref(self, eid, slot, ref, role, name=None):
+        """A row for a value already digested (`Ref`): filled from its result, now if it
+        was read already, else at the drain that reads it. No program runs."""
+        handle, nbytes = self.reserve(eid, slot, ref, role, name)
+        res = ref.result
+        if res.host is not None:
+            self._fill(handle, nbytes, res.host, ref.index)
+        else:
+            res.extra.append((handle, nbytes, ref.index))
+        self.values += 1
 
     @contextlib.contextmanager
     def outputs(self):
@@ -226,18 +321,19 @@ class DeviceDigests:
         if self._batch is not None:   # inside another batch (a call's optimizer step): one
             yield
             return
-        self._batch = []
+        self._batch, self._batch_result = [], Result()
         with self.writer.held():    # the batch's rows stay reserved until it has run
             try:
                 yield
             finally:
-                batch, self._batch = self._batch, None
+                batch, res = self._batch, self._batch_result
+                self._batch = self._batch_result = None
                 if batch:
-                    self._run_batch(batch)
+                    self._run_batch(batch, res)
 
-    def _run_batch(self, batch):
-        """One program for a batch of (handle, nbytes, value); one program a value where
-        the batch cannot be one (values committed to different devices)."""
+    def _run_batch(self, batch, res):
+        """One program for a batch of values filling `res`; one program a value where the
+        batch cannot be one (values committed to different devices)."""
         ws = self.with_stats
         fn = self._programs.get(("batch", ws))
         if fn is None:
@@ -246,17 +342,18 @@ class DeviceDigests:
             fn = self._programs[("batch", ws)] = jax.jit(lambda xs: packed(xs, ws))
         try:
             with self.quiet():
-                out = fn([x for _, _, x in batch])
+                out = fn(batch)
         except Exception:
-            self._one_by_one(batch)
-            return
-        self.adopt(out, [(h, n) for h, n, _ in batch])
+            out = self._one_by_one(batch)
+        res.out = out
+        self._adopt(res)
 
     def _one_by_one(self, batch):
-        for handle, nbytes, x in batch:
+        outs = []
+        for x in batch:
             with self.quiet():
-                out = self._program(self.with_stats)(x)
-            self.adopt(out, [(handle, nbytes)])
+                outs.append(self._program(self.with_stats)(x))
+        return outs
 
     def _program(self, with_stats):
         fn = self._programs.get(with_stats)
@@ -276,63 +373,163 @@ class DeviceDigests:
 
     def adopt(self, out, rows):
         """A packed result computed elsewhere (the values program of a call) for rows
-        reserved by `reserve`: read and filled at the next drain."""
-        try:
-            out.copy_to_host_async()
-        except Exception:
-            pass
-        self.pending.append((out, rows))
-        self.values += len(rows)
+        reserved by `reserve`: read and filled at the next drain. Returns its `Result`."""
+        res = Result(out, rows)
+        self._adopt(res)
+        return res
+
+    def adopt_result(self, res):
+        """`adopt` for a `Result` made before its rows were reserved (`Ref`s to it were
+        handed out while they were)."""
+        self._adopt(res)
+
+    def _adopt(self, res):
+        for out in (res.out if isinstance(res.out, list) else (res.out,)):
+            try:
+                out.copy_to_host_async()
+            except Exception:
+                pass
+        self.pending.append(res)
+        self.values += len(res.rows)
         self.batches += 1
 
-    def reserve(self, eid, slot, x, role, name=None, logical=None):
-        """Reserve a value's row; (handle, nbytes) for `adopt`."""
-        storage, dname = storage_of(x.dtype)
-        handle = self.writer.reserve_value(eid, slot, dname, storage, tuple(x.shape),
-                                           role=role, name=name, logical=logical)
-        return handle, int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+    def ids_of(self, x, logical=None):
+        """(row string ids, nbytes) of a value's reserved row (x: an array, an aval or a
+        `Ref`), made once per dtype and shape."""
+        key = (x.dtype, x.shape, logical)
+        hit = self._ids.get(key)
+        if hit is None:
+            storage, dname = storage_of(x.dtype)
+            hit = self._ids[key] = (
+                self.writer.value_ids(logical or dname, storage, tuple(x.shape)),
+                math.prod(x.shape) * np.dtype(x.dtype).itemsize)
+        return hit
 
-    def same(self, xs, ys):
+    def reserve(self, eid, slot, x, role, name=None, logical=None):
+        """Reserve a value's row (x: an array, an aval or a `Ref`); (handle, nbytes) for
+        `adopt`. The row's string ids and byte count are made once per dtype and shape."""
+        key = (x.dtype, x.shape, logical)
+        hit = self._ids.get(key)
+        if hit is None:
+            storage, dname = storage_of(x.dtype)
+            hit = self._ids[key] = (
+                self.writer.value_ids(logical or dname, storage, tuple(x.shape)),
+                math.prod(x.shape) * np.dtype(x.dtype).itemsize)
+        w = self.writer
+        return w.reserve_ids(eid, slot, role, hit[0], w.intern(name)), hit[1]
+
+    def same_later(self, xs, ys, done):
         """Do two lists of arrays hold the same bytes? Compared on the device where both
-        can be (one boolean crosses), else on the host."""
+        can be (one boolean crosses), else on the host; `done(bool)` is called at the next
+        drain (or now, when the host decides alone). The device's boolean is copied to the
+        host asynchronously: reading it inside the call (one per jit call, the values
+        program checked against the script's program) made the host wait for the device
+        at every step (measured on XLA:CPU: ~2-3 ms a step of jax_mlp.py, the two
+        programs' own time)."""
         dev = [(x, y) for x, y in zip(xs, ys) if can_digest(x) and can_digest(y) and
                x.dtype == y.dtype and x.shape == y.shape]
         rest = [(x, y) for x, y in zip(xs, ys) if not any(x is a for a, _ in dev)]
-        if dev:
-            fn = self._programs.get("same")
-            if fn is None:
-                import jax
-                import jax.numpy as jnp
-
-                fn = self._programs["same"] = jax.jit(lambda a, b: jnp.stack(
-                    [jnp.array_equal(words(p), words(q)) for p, q in zip(a, b)]).all())
-            with self.quiet():
-                if not bool(fn([x for x, _ in dev], [y for _, y in dev])):
-                    return False
         for x, y in rest:
             try:
                 a, b = np.asarray(x), np.asarray(y)
             except Exception:   # keys, tokens: not compared
                 continue
             if a.dtype != b.dtype or a.shape != b.shape or not values.same_bytes(a, b):
-                return False
-        return True
+                done(False)
+                return
+        if not dev:
+            done(True)
+            return
+        fn = self._programs.get("same")
+        if fn is None:
+            import jax
+            import jax.numpy as jnp
+
+            fn = self._programs["same"] = jax.jit(lambda a, b: jnp.stack(
+                [jnp.array_equal(words(p), words(q)) for p, q in zip(a, b)]).all())
+        with self.quiet():
+            out = fn([x for x, _ in dev], [y for _, y in dev])
+        try:
+            out.copy_to_host_async()
+        except Exception:
+            pass
+        self.checks.append((out, done))
+        if len(self.checks) > MAX_PENDING:
+            self.drain()
+
+    def compare_later(self, xs, ys, done):
+        """`same_later` for two lists of `Ref`s: equal dtypes, shapes and words64 hashes
+        (equal hashes stand for equal bytes, docs/format.md), read at the next drain. No
+        program runs: both sides were digested already (a call's outputs and its values
+        program's final outputs)."""
+        self.checks.append(((xs, ys), done))
+
+    def settle_checks(self, drained=False):
+        """Answer the pending checks, in the order they were asked (a drain first, when
+        one compares results not read yet; a result never dispatched compares unequal)."""
+        if not drained and any(type(c[0]) is tuple and any(
+                r.result.host is None for r in c[0][0] + c[0][1]) for c in self.checks):
+            self.drain()   # settles
+            return
+        checks, self.checks = self.checks, []
+        for what, done in checks:
+            if type(what) is tuple:
+                done(all(x.result.host is not None and y.result.host is not None and
+                         x.dtype == y.dtype and x.shape == y.shape and
+                         self._hash(x) == self._hash(y) for x, y in zip(*what)))
+                continue
+            with self.quiet():
+                answer = bool(np.asarray(what))
+            done(answer)
+
+    @staticmethod
+    def _hash(ref):
+        a, b = ref.result.host[:2]
+        return values.words_finish(a[ref.index], b[ref.index], ref.nbytes)
 
     def dispatch(self):
         """Values are hashed as they are added (kept for callers that mark a call's end)."""
+
+    def _fill(self, handle, nbytes, host, i):
+        a, b, floats, counts = host
+        h = values.words_finish(a[i], b[i], nbytes)
+        self.writer.fill_digest(handle, nbytes, h, None if floats is None else
+                                (*floats[i].tolist(), *counts[i].tolist()))
 
     def drain(self):
         """Read every dispatched result and fill the writer's reserved rows."""
         w = self.writer
         if self._batch:   # a flush inside a batch: the rows reserved so far are filled now,
-            # by the programs of one value (already compiled, unlike a partial batch's)
-            self._one_by_one(self._batch)
-            self._batch = []
+            # by the programs of one value (already compiled, unlike a partial batch's);
+            # the values added later go on in a new Result
+            res = self._batch_result
+            res.out = self._one_by_one(self._batch)
+            self._adopt(res)
+            self._batch, self._batch_result = [], Result()
         pending, self.pending = self.pending, []
-        for out, rows in pending:
+        for res in pending:
             with self.quiet():
-                host = np.asarray(out)
-            for (handle, nbytes), (a, b, st) in zip(rows, unpack(host, len(rows),
-                                                                 self.with_stats)):
-                if handle is not None:
-                        w.fill_digest(handle, nbytes, values.words_finish(a, b, nbytes), st)
+                out = res.out
+                host = np.concatenate([np.asarray(o) for o in out]) if isinstance(out, list) \
+                    else np.asarray(out)
+            a, b, st, counts = unpack_all(host, self.with_stats)
+            res.out = None
+            res.host = (a, b, st, counts)
+            rows = res.rows
+            n = len(rows)
+            hashes = finish_all(a[:n], b[:n], [nb for _, nb in rows]).tolist()
+            if st is None:
+                w.fill_digests(rows, hashes)
+            else:
+                w.fill_digests(rows, hashes, st[:n].tolist(), counts[:n].tolist())
+            if res.extra:   # rows of other events taking this result's words (`add_ref`)
+                idx = np.fromiter((i for _, _, i in res.extra), np.int64, len(res.extra))
+                more = [(handle, nbytes) for handle, nbytes, _ in res.extra]
+                hashes = finish_all(a[idx], b[idx], [nb for _, nb in more]).tolist()
+                if st is None:
+                    w.fill_digests(more, hashes)
+                else:
+                    w.fill_digests(more, hashes, st[idx].tolist(), counts[idx].tolist())
+            res.rows, res.extra = (), ()
+        if self.checks:
+            self.settle_checks(drained=True)

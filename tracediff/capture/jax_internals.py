@@ -77,8 +77,17 @@ def call_outputs(result):
     return result[0]
 
 
+_KEY_DTYPES = {}   # dtype -> is a PRNG key dtype (asked for every value recorded)
+
+
 def is_key_dtype(dtype):
-    return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+    try:
+        hit = _KEY_DTYPES.get(dtype)
+    except TypeError:   # unhashable: not cached
+        return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+    if hit is None:
+        hit = _KEY_DTYPES[dtype] = bool(jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key))
+    return hit
 
 
 def untested_version():

@@ -17,6 +17,8 @@ for how many probed calls the probe's final outputs equal the real compiled outp
 bitwise (when they do, the probe computed the same numbers as the script).
 """
 
+import math
+import os
 import re
 
 import numpy as np
@@ -24,6 +26,9 @@ import numpy as np
 from ..trace import schema, values
 from . import jax_digest, jax_internals, jax_stats
 from .optax_tags import OPTAX_TAG
+
+# `_Plan`s on (the default); TRACEDIFF_JAX_EMIT_PLAN=0 writes every event through `_emit`
+_PLANS_ON = os.environ.get("TRACEDIFF_JAX_EMIT_PLAN", "1") != "0"
 
 
 class Prober:
@@ -37,6 +42,7 @@ class Prober:
         self.pattern = pattern
         self._re = re.compile(pattern)
         self._programs = {}   # id(closed jaxpr) -> (closed jaxpr, jitted probe program, mask)
+        self._plans = {}      # (id(closed), name stack, source, device) -> (closed, writer, _Plan)
         self.calls = self.equations = self.same_as_compiled = 0
         self.differs_from_compiled = []
         self.errors = []
@@ -56,7 +62,7 @@ class Prober:
     def _program(self, closed):
         hit = self._programs.get(id(closed))
         if hit is not None and hit[0] is closed:
-            return hit[1], hit[2]
+            return hit[1:]
         import jax
 
         # values hashed (and summarised) on the device (jax_digest): the program returns
@@ -66,6 +72,7 @@ class Prober:
         digest = self.values_mode and self.capture.digests is not None
         full = self.capture.session.writer.level == "full"
         mask = []   # per found value: digested on the device (filled while tracing)
+        out_at = []  # per final output: its value's place in the packed result, or None
 
         # statistics in the program only off the CPU: there they save moving every byte
         # across the bus; on the CPU XLA's extra reductions were measured dearer than
@@ -76,19 +83,40 @@ class Prober:
         def program(*args):
             found, tags = [], []
             outs = self._walk(closed, list(args), found, tags)
-            if digest:
+            if digest and full:
                 mask[:] = [jax_digest.dtype_ok(x.dtype) and not t for x, t in zip(found, tags)]
-                pk = jax_digest.packed([x for x, m in zip(found, mask) if m], not full)
-                kept = found if full else [None if m else x for x, m in zip(found, mask)]
-                return outs, kept, pk
+                pk = jax_digest.packed([x for x, m in zip(found, mask) if m], False)
+                return outs, found, pk
+            if digest:
+                # every value of a hashable dtype is digested here, optax-tagged ones too
+                # (the optimizer step's rows take their words: `Ref`), and the program's
+                # final outputs where they are not equation outputs already (the probe
+                # call's rows): one program a call, no second pass over the same values
+                mask[:] = [jax_digest.dtype_ok(x.dtype) for x in found]
+                at, n = {}, 0
+                for x, m in zip(found, mask):
+                    if m:
+                        at.setdefault(id(x), n)
+                        n += 1
+                more = []
+                for x in outs:
+                    if not jax_digest.dtype_ok(x.dtype):
+                        out_at.append(None)
+                    elif id(x) in at:
+                        out_at.append(at[id(x)])
+                    else:
+                        out_at.append(n + len(more))
+                        more.append(x)
+                pk = jax_digest.packed([x for x, m in zip(found, mask) if m] + more, True)
+                return outs, [None if m else x for x, m in zip(found, mask)], pk
             if with_stats:  # statistics computed by XLA next to the values (jax_stats.py)
                 return outs, found, [jax_stats.stats_vector(x) if jax_stats.wants(x) else None
                                      for x in found]
             return outs, found
 
         fn = jax.jit(program)
-        self._programs[id(closed)] = (closed, fn, mask if digest else None)
-        return fn, (mask if digest else None)
+        self._programs[id(closed)] = (closed, fn, mask if digest else None, out_at)
+        return fn, (mask if digest else None), out_at
 
     def _walk(self, closed, vals, found, tags=None):
         """Trace the equations of `closed` (under jax.jit), appending every equation's
@@ -123,13 +151,13 @@ class Prober:
         returns the probe's final outputs (for `check`), None when it could not run."""
         cap = self.capture
         try:
-            fn, mask = self._program(closed)
+            fn, mask, out_at = self._program(closed)
             res = fn(*args)
             outs, found = res[0], res[1]
             stats = iter(res[2]) if len(res) > 2 and mask is None else None
             digested = None
             if mask is not None:
-                digested = _Digested(cap, mask, res[2], found)
+                digested = _Digested(cap, mask, res[2], found, closed)
         except Exception as exc:  # never break the script: the probe is extra work
             if len(self.errors) < 100:
                 self.errors.append(f"{name}: {type(exc).__name__}: {str(exc)[:200]}")
@@ -147,21 +175,82 @@ class Prober:
         # no flush in between (writer.held); what is not digested in the program is hashed
         # as one program too
         with w.held(), cap._outputs():
-            self._emit(closed, list(refs), pid, pid, ns, source, rest, stats, digested)
+            plan = self._plan_for(closed, ns, source, mask, digested, stats)
+            if plan is not None:
+                plan.run(cap, w, refs, pid, found, digested)
+                self.equations += plan.n_events
+            else:
+                self._emit(closed, list(refs), pid, pid, ns, source, rest, stats, digested)
+            if digested is not None and not digested.full:
+                # the final outputs' rows from the program's own words (`Ref`s, also what
+                # `check` compares with the compiled outputs); the others stored as before
+                finals = []
+                for slot, (x, i) in enumerate(zip(outs, out_at)):
+                    if i is None:
+                        ref = cap.store(pid, slot, x)
+                        if ref is not None:
+                            ref.array = x
+                        finals.append(ref or x)
+                    else:
+                        ref = digested.ref(i, closed.jaxpr.outvars[slot].aval)
+                        cap.digests.add_ref(pid, slot, ref, schema.ROLE_OUT)
+                        ref.array = x   # for `check` where the compiled side has no Ref
+                        finals.append(ref)
+                digested.done()
+                return finals
             if digested is not None:
                 digested.done()
             for slot, x in enumerate(outs):
                 cap.store(pid, slot, x)
         return outs
 
-    def check(self, name, outs, compiled):
+    def _plan_for(self, closed, ns, source, mask, digested, stats):
+        """The `_Plan` of this call's events in this context, or None: the first call of a
+        context runs `_emit` (and registers the program's constants), the second builds
+        the plan, later ones reuse it. Only for values digested on the device at level
+        stats with no --ops/--modules window (the steady state of a long run); never when
+        TRACEDIFF_JAX_EMIT_PLAN=0 (the tests compare the two paths)."""
+        cap = self.capture
+        if digested is None or digested.full or stats is not None or cap.filtered or \
+                not _PLANS_ON:
+            return None
+        w = cap.session.writer
+        key = (id(closed), ns, source, cap._cur_device)
+        hit = self._plans.get(key)
+        if hit is not None and hit[0] is closed and hit[1] is w:
+            plan = hit[2]
+            if plan is None or plan.mask != mask or not plan.valid(cap):
+                plan = _Plan.build(cap, closed, ns, source, mask, w)
+                self._plans[key] = (closed, w, plan)
+            return plan
+        if len(self._plans) > 256:
+            self._plans.clear()
+        self._plans[key] = (closed, w, None)   # built at the next call of this context
+        return None
+
+    def check(self, name, outs, compiled, compiled_refs=()):
         """Did the probe compute what the real program did? (counted in the manifest;
-        compared on the device where values are hashed there: no bytes cross)"""
-        if self.capture.digests is not None:
-            same = len(outs) == len(compiled) and self.capture.digests.same(outs, compiled)
+        compared on the device where values are hashed there: no bytes cross, and the
+        answer is read at the next drain, `DeviceDigests.same_later`; by the words64 hashes
+        already computed where both sides' are, `compare_later`: no program runs)"""
+        digests = self.capture.digests
+        if len(outs) != len(compiled):
+            self._count(name, False)
+        elif digests is not None:
+            arrays = [x.array if type(x) is jax_digest.Ref else x for x in outs]
+            for x in outs:   # a Ref waiting for a drain keeps no array alive
+                if type(x) is jax_digest.Ref:
+                    x.array = None
+            if len(compiled_refs) == len(outs) and all(
+                    type(r) is jax_digest.Ref for r in (*outs, *compiled_refs)):
+                digests.compare_later(list(outs), list(compiled_refs),
+                                      lambda same: self._count(name, same))
+            else:   # answered at the next drain: no host sync
+                digests.same_later(arrays, compiled, lambda same: self._count(name, same))
         else:
-            same = len(outs) == len(compiled) and \
-                all(_same_bytes(p, c) for p, c in zip(outs, compiled))
+            self._count(name, all(_same_bytes(p, c) for p, c in zip(outs, compiled)))
+
+    def _count(self, name, same):
         if same:
             self.same_as_compiled += 1
         elif name not in self.differs_from_compiled:
@@ -177,28 +266,30 @@ class Prober:
         env = {v: cap.producer(c, "constant") for v, c in zip(jaxpr.constvars, closed.consts)}
         env.update(zip(jaxpr.invars, refs))
 
-        def read(v):
-            return (schema.PRODUCER_LITERAL, 0) if isinstance(v, Literal) else env[v]
-
+        take = digested.take if digested is not None else None
+        filtered, tags = cap.filtered, self.values_mode
         for eqn in jaxpr.eqns:
             site = cap.site(eqn)
             if site.mode == "skip":
                 continue
-            irefs = [read(v) for v in eqn.invars]
+            irefs = [(schema.PRODUCER_LITERAL, 0) if isinstance(v, Literal) else env[v]
+                     for v in eqn.invars]
             eid, ns, src = cap.eqn_event(site, irefs, prefix, source, call_id, parent, -1,
                                           schema.ORIGIN_PROBE)
             self.equations += 1
             if site.mode == "call":
                 self._emit(site.sub, irefs, call_id, eid, ns, src, rest, stats, digested)
-            keep = not cap.filtered or cap.opts.selected(site.op, ns)
+            keep = not filtered or cap.opts.selected(site.op, ns)
             for slot, v in enumerate(eqn.outvars):
                 x = next(rest)
                 st = next(stats) if stats is not None else None
-                if digested is None or not digested.take(eid, slot, v, x, keep):
+                got = take(eid, slot, v, x, keep) if take is not None else False
+                if not got:
                     cap.store(eid, slot, x, store=keep,
                               stats=None if st is None else np.asarray(st, np.float64))
-                if self.values_mode and _is_tag(site, eqn):
-                    cap._pending_optim[eqn.params["name"][len(OPTAX_TAG):]] = cap.optim_value(x)
+                if tags and site.tag is not None:   # digested here: the step's row takes
+                    cap._pending_optim[site.tag] = got if type(got) is jax_digest.Ref \
+                        else cap.optim_value(x)     # its words (no second program)
                 if type(v).__name__ != "DropVar":
                     env[v] = (eid, slot)
 
@@ -226,11 +317,14 @@ class _Digested:
     drain); at level full their bytes come back in one batch of asynchronous copies and
     their hashes from the packed result."""
 
-    def __init__(self, cap, mask, packed, found):
-        self.cap, self.mask, self.packed = cap, iter(mask), packed
+    def __init__(self, cap, mask, packed, found, closed):
+        self.cap, self.mask = cap, iter(mask)
         self.full = cap.session.writer.level == "full"
-        self.rows = []
         self.hashes = None
+        self.reserve = cap.digests.reserve
+        self.at = 0                   # the next digested value's place in the result
+        self.result = jax_digest.Result(packed)
+        self.rows = self.result.rows
         if self.full:
             for x, m in zip(found, mask):
                 if m:
@@ -245,22 +339,151 @@ class _Digested:
                                 zip(jax_digest.unpack(host, n, False), sizes)])
 
     def take(self, eid, slot, var, x, keep):
-        """Record one found value if it was digested; False: the caller stores it."""
+        """Record one found value if it was digested: its `Ref` (True at level full);
+        False: the caller stores it."""
         if not next(self.mask):
             return False
         if self.full:
             h = next(self.hashes)
             self.cap.store(eid, slot, x, store=keep, h=h)
             return True
+        aval = var.aval
         if keep:
-            self.rows.append(self.cap.digests.reserve(eid, slot, var.aval, schema.ROLE_OUT))
+            handle, nbytes = self.reserve(eid, slot, aval, schema.ROLE_OUT)
         else:   # outside an --ops/--modules window: shape and dtype only
-            aval = var.aval
             self.cap.session.writer.add_meta_value(eid, slot, str(aval.dtype),
                                                    tuple(aval.shape), role=schema.ROLE_OUT)
+            handle, nbytes = None, math.prod(aval.shape) * np.dtype(aval.dtype).itemsize
+        self.rows.append((handle, nbytes))
+        self.at += 1
+        return jax_digest.Ref(self.result, self.at - 1, aval.dtype, tuple(aval.shape), nbytes)
+
+    def ref(self, i, aval):
+        """The `Ref` of value `i` of the packed result (a final output of the program)."""
+        nbytes = math.prod(aval.shape) * np.dtype(aval.dtype).itemsize
+        while len(self.rows) <= i:    # outputs digested after the equations' values
             self.rows.append((None, 0))
-        return True
+        return jax_digest.Ref(self.result, i, aval.dtype, tuple(aval.shape), nbytes)
 
     def done(self):
         if not self.full:
-            self.cap.digests.adopt(self.packed, self.rows)
+            self.cap.digests.adopt_result(self.result)
+
+
+class _NoPlan(Exception):
+    """A call whose events cannot be planned (a constant not registered yet)."""
+
+
+class _Plan:
+    """The events and rows `Prober._emit` writes for one values program in one context
+    (name stack, source, device), made once: per call only the event ids (consecutive
+    from the first: nothing else writes an event inside `writer.held()`), the call's id,
+    the step, the producers of the call's arguments and the values that are not digested
+    change. A train step's ~190 equation events then cost a few list operations each
+    instead of ~25 us of Python (name stacks, interning, dict lookups, objects)."""
+
+    __slots__ = ("closed", "mask", "heads", "devices", "inputs", "ops", "consts", "n_events",
+                 "n_rows", "has_store")
+
+    @classmethod
+    def build(cls, cap, closed, ns, source, mask, w):
+        """Walk the jaxpr as `_emit` does, writing nothing; None when a constant has no
+        registered producer yet (`_emit` makes its input event)."""
+        from jax.extend.core import Literal
+
+        self = cls()
+        self.closed, self.mask = closed, list(mask)
+        self.heads, self.devices, self.inputs, self.ops, self.consts = [], [], [], [], []
+        reserve_ids = cap.digests.ids_of
+        state = {"fi": 0, "at": 0}
+        dev = cap._cur_device
+        lit = (0, schema.PRODUCER_LITERAL, 0)
+
+        def walk(closed, in_specs, parent, prefix, src0):
+            jaxpr = closed.jaxpr
+            env = {}
+            for v, c in zip(jaxpr.constvars, closed.consts):
+                ref = cap.registered(c)
+                if ref is None:
+                    raise _NoPlan
+                self.consts.append((c, ref))
+                env[v] = (0, *ref)
+            env.update(zip(jaxpr.invars, in_specs))
+            for eqn in jaxpr.eqns:
+                site = cap.site(eqn)
+                if site.mode == "skip":
+                    continue
+                specs = [lit if isinstance(v, Literal) else env[v] for v in eqn.invars]
+                head, ns_, src, dev_id, lits = cap.site_entry(site, prefix, src0,
+                                                              schema.ORIGIN_PROBE, dev, w)
+                k = len(self.heads)
+                self.heads.append((head, parent))
+                if dev_id >= 0:
+                    self.devices.append((k, dev_id))
+                self.inputs.extend((k, slot, *spec) for slot, spec in enumerate(specs))
+                for slot, hv in lits:
+                    self.ops.append((0, k, slot, hv))
+                if site.mode == "call":
+                    walk(site.sub, specs, k, ns_, src)
+                for slot, v in enumerate(eqn.outvars):
+                    i = state["fi"]
+                    state["fi"] += 1
+                    if self.mask[i]:
+                        aval = v.aval
+                        ids, nbytes = reserve_ids(aval)
+                        self.ops.append((1, k, slot, (schema.ROLE_OUT, 0, *ids, -1, -1, 0, 0),
+                                         nbytes, site.tag, state["at"], aval.dtype,
+                                         tuple(aval.shape)))
+                        state["at"] += 1
+                    else:
+                        self.ops.append((2, k, slot, i, site.tag))
+                    if type(v).__name__ != "DropVar":
+                        env[v] = (1, k, slot)
+
+        try:
+            walk(closed, [(2, j, 0) for j in range(len(closed.jaxpr.invars))], -1, ns, source)
+        except _NoPlan:
+            return None
+        self.n_events = len(self.heads)
+        self.has_store = any(op[0] == 2 for op in self.ops)
+        return self
+
+    def valid(self, cap):
+        """The program's constants still have the producers the plan refers to."""
+        return all(cap.registered(c) == ref for c, ref in self.consts)
+
+    def run(self, cap, w, refs, pid, found, digested):
+        """Write the call's events, inputs and rows (what `_emit` writes, in its order)."""
+        if w.before_event is not None:
+            w.before_event()
+        rows = w._rows
+        base = w.n_events
+        step = cap.step
+        rows["events"].extend([head + (pid, pid if parent < 0 else base + parent, step, -1)
+                               for head, parent in self.heads])
+        if self.devices:
+            rows["devices"].extend([(base + k, d) for k, d in self.devices])
+        rows["inputs"].extend([
+            (base + k, slot, a, b) if kind == 0 else
+            (base + k, slot, base + a, b) if kind == 1 else (base + k, slot, *refs[a])
+            for k, slot, kind, a, b in self.inputs])
+        values_rows = rows["values"]
+        held = digested.rows
+        result = digested.result
+        optim = cap._pending_optim
+        for op in self.ops:
+            kind = op[0]
+            if kind == 1:       # digested in the program: a reserved row
+                values_rows.append((base + op[1], op[2]) + op[3])
+                held.append((len(values_rows) - 1, op[4]))
+                if op[5] is not None:
+                    optim[op[5]] = jax_digest.Ref(result, op[6], op[7], op[8], op[4])
+            elif kind == 0:     # a literal input
+                w.add_host_value(base + op[1], op[2], op[3], role=schema.ROLE_IN)
+            else:               # returned by the program: stored as `_emit` stores it
+                x = found[op[3]]
+                cap.store(base + op[1], op[2], x)
+                if op[4] is not None:
+                    optim[op[4]] = cap.optim_value(x)
+        digested.at = len(held)
+        w.after_rows()

@@ -66,10 +66,14 @@ def _summarize_params(params):
 class _Site:
     """Static facts about one jaxpr equation, computed once (jaxprs are cached by JAX)."""
 
-    __slots__ = ("eqn", "op", "params", "name_stack", "source", "sub", "mode", "literals")
+    __slots__ = ("eqn", "op", "params", "name_stack", "source", "sub", "mode", "literals",
+                 "rows", "rows_writer", "tag")
 
     def __init__(self, eqn, session):
         self.eqn = eqn  # keeps id(eqn) valid as a cache key
+        # per writer (`JaxCapture.eqn_event`): the events' constant parts by (name-stack
+        # prefix, call source, origin, device), and the literals prepared for the writer
+        self.rows, self.rows_writer = {}, None
         prim = eqn.primitive.name
         # nested jits are named like top-level calls: `jit:_normal_real`, whatever the
         # primitive is called in this JAX version (`pjit` before 0.7)
@@ -90,6 +94,9 @@ class _Site:
                     self.literals.append((slot, np.asarray(v.val, dtype=v.aval.dtype)))
                 except Exception:  # a literal numpy cannot hold (PRNG key): left unrecorded
                     pass
+        # the optax tag of a `name` equation (optax_tags), else None
+        self.tag = eqn.params["name"][len(OPTAX_TAG):] if prim == "name" and \
+            str(eqn.params.get("name", "")).startswith(OPTAX_TAG) else None
         self.sub, self.mode = None, "bind"
         p = eqn.params
         if prim in _CALL_PRIMS:
@@ -151,6 +158,7 @@ class JaxCapture(Capture):
         self.per_device = True
         self._cur_device = None   # the one device of the call being replayed, if any
         self._mesh_calls = {}     # id(jaxpr) -> (jaxpr, holds a shard_map)
+        self._dtype_names = {}    # dtype -> str(dtype)
 
     # -- install -----------------------------------------------------------------------------
     def install(self, session):
@@ -263,6 +271,8 @@ class JaxCapture(Capture):
     def manifest(self):
         import jax
 
+        if self.digests is not None:   # the probes' checks answered since the last drain
+            self.digests.settle_checks()
         cfg = jax.config
         out = {
             "version": jax.__version__,
@@ -362,13 +372,14 @@ class JaxCapture(Capture):
                     self._measure_replay(name, replayed, outs)
                 if probed is not None:
                     self.prober.check(name, probed, outs)
-                if valued is not None:
-                    self.values_prober.check(name, valued, outs)
                 names = self._result_names(jaxpr, len(outs))
                 with self._outputs():
+                    refs = [self.store(call_id, slot, x, name=names[slot])
+                            for slot, x in enumerate(outs)]
                     for slot, x in enumerate(outs):
-                        self.store(call_id, slot, x, name=names[slot])
                         self._register(x, call_id, slot)
+                if valued is not None:   # by the hashes of both sides where they were made
+                    self.values_prober.check(name, valued, outs, refs)
                 if not _TL.optax_depth:  # a jit call inside an eager optax update is not its end
                     self.flush_optim()
                 if self.digests is not None:
@@ -517,15 +528,22 @@ class JaxCapture(Capture):
 
     def store(self, eid, slot, x, name=None, role=schema.ROLE_OUT, store=True, stats=None,
               h=None):
+        """Write one value (an array, a Python scalar, or a `jax_digest.Ref` to a value
+        digested already); returns its `Ref` where it is hashed on the device, else None."""
         w = self.session.writer
+        if type(x) is jax_digest.Ref:   # an optimizer step's value, digested in its program
+            self.digests.add_ref(eid, slot, x, role, name)
+            return x
         dtype = getattr(x, "dtype", None)
         if dtype is None:
             if isinstance(x, (int, float, complex, bool, np.generic)):
                 w.add_value(eid, slot, np.asarray(x), role=role, name=name, store=store)
             return
         if not store:  # outside an --ops/--modules window: shape and dtype only
-            w.add_meta_value(eid, slot, str(dtype), tuple(getattr(x, "shape", ())), role=role,
-                             name=name)
+            text = self._dtype_names.get(dtype)
+            if text is None:   # str(dtype) costs ~5 us; a call's arguments, every step
+                text = self._dtype_names[dtype] = str(dtype)
+            w.add_meta_value(eid, slot, text, getattr(x, "shape", ()), role=role, name=name)
             return
         logical = None
         if jax_internals.is_key_dtype(dtype):
@@ -534,8 +552,7 @@ class JaxCapture(Capture):
             logical, x = str(dtype), jax.random.key_data(x)
         if h is None and self.digests is not None and jax_digest.can_digest(x):
             if w.level != "full":   # hash and statistics on the device: no bytes cross
-                self.digests.add(eid, slot, x, role, name, logical)
-                return
+                return self.digests.add(eid, slot, x, role, name, logical)
             h = self.digests.lanes_of([x])[0]
         try:
             arr = np.asarray(x)
@@ -737,19 +754,50 @@ class JaxCapture(Capture):
 
     def eqn_event(self, site, irefs, prefix, source, call_id, parent, it, origin, device=None):
         """Write the event of one equation (replayed or probed, on one `device` of a
-        shard_map body or none) and its input links; returns (event id, name stack, source)."""
+        shard_map body or none) and its input links; returns (event id, name stack, source).
+
+        What does not change from one step to the next (the row's interned strings, the
+        name stack, the source, the literals prepared and hashed) is made once per site,
+        call context and writer (`_site_rows`): ~300 equation events a step of a train
+        step paid their strings, dicts and numpy work again every step."""
+        w = self.session.writer
+        dev = device or self._cur_device
+        head, ns, src, dev_id, lits = self.site_entry(site, prefix, source, origin, dev, w)
+        eid = w.add_event_row(head, call_id, parent, self.step, it, dev_id)
+        if irefs:
+            w.add_inputs(eid, irefs)
+        for slot, hv in lits:
+            w.add_host_value(eid, slot, hv, role=schema.ROLE_IN)
+        return eid, ns, src
+
+    def site_entry(self, site, prefix, source, origin, dev, w):
+        """The constant parts of `eqn_event`'s event for this site in this context (made
+        once per writer, `_site_rows`)."""
+        if site.rows_writer is not w or len(site.rows) > 64:   # bounded: a site called from
+            site.rows, site.rows_writer = {}, w                # many contexts stays correct
+        ent = site.rows.get((prefix, source, origin, dev))
+        if ent is None:
+            ent = self._site_rows(site, prefix, source, origin, dev, w)
+        return ent
+
+    def registered(self, x):
+        """(event, slot) of an array already registered as produced, else None."""
+        entry = self._producers.get(id(x))
+        if entry is not None and entry[0]() is x:
+            return entry[1], entry[2]
+        return None
+
+    def _site_rows(self, site, prefix, source, origin, dev, w):
+        """(event row head, name stack, source, device id, literals) of an equation's
+        events in one call context: `eqn_event`'s constant parts."""
         ns = f"{prefix}/{site.name_stack}" if prefix and site.name_stack else (prefix or site.name_stack)
         src = site.source or source
-        w = self.session.writer
-        eid = w.add_event(framework=schema.FW_JAX, kind=schema.KIND_EQN, op=site.op,
-                          origin=origin, params=site.params, name_stack=ns,
-                          source=src, call=call_id, parent=parent, step=self.step, iter=it,
-                          device=device or self._cur_device)
-        for slot, r in enumerate(irefs or ()):
-            w.add_input(eid, slot, *r)
-        for slot, val in site.literals:
-            w.add_value(eid, slot, val, role=schema.ROLE_IN)
-        return eid, ns, src
+        head = w.event_head(schema.FW_JAX, schema.KIND_EQN, schema.PHASE_FWD, origin, site.op,
+                            site.params, ns, src)
+        dev_id = w.intern(dev) if dev else -1
+        lits = [(slot, w.host_value(val)) for slot, val in site.literals]
+        ent = site.rows[(prefix, source, origin, dev)] = (head, ns, src, dev_id, lits)
+        return ent
 
     @staticmethod
     def bind(eqn, vals):

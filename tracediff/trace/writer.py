@@ -274,6 +274,88 @@ class TraceWriter:
             self._auto_flush()
         return eid
 
+    def event_head(self, framework, kind, phase, origin, op, params, name_stack, source,
+                   node=None):
+        """The constant part of an event row (`add_event_row`), its strings interned as
+        `add_event` interns them: built once per equation site by the JAX recorder."""
+        src = self.source_id(source)
+        s = self.intern
+        return (framework, kind, phase, origin, s(op), s(params), s(name_stack), src, s(node))
+
+    def add_event_row(self, head, call, parent, step, it, device_id=-1):
+        """`add_event` from a row head (`event_head`) and the per-event fields: the same
+        row, the same device row (`device_id`, an interned "platform:id", or -1) and the
+        same flush checks; what is constant per site is not interned again."""
+        if self.before_event is not None:
+            self.before_event()
+        rows = self._rows["events"]
+        eid = self._counts["events"] + len(rows)
+        rows.append(head + (call, parent, step, it))
+        if device_id >= 0:
+            self._rows["devices"].append((eid, device_id))
+        if len(rows) >= FLUSH_ROWS or time.monotonic() - self._last_flush >= FLUSH_SECONDS:
+            self._auto_flush()
+        return eid
+
+    def after_rows(self):
+        """The flush checks of rows appended in bulk (a planned call's events and values)."""
+        if len(self._rows["events"]) >= FLUSH_ROWS or len(self._rows["values"]) >= FLUSH_ROWS or \
+                len(self._blob) >= self._flush_bytes or \
+                time.monotonic() - self._last_flush >= FLUSH_SECONDS:
+            self._auto_flush()
+
+    def add_inputs(self, event, refs):
+        """`add_input` for slots 0.. of `event`: refs is a list of (producer, slot)."""
+        self._rows["inputs"].extend([(event, slot, p, q) for slot, (p, q) in enumerate(refs)])
+
+    def value_ids(self, dtype_name, storage, shape):
+        """(dtype, storage, shape) string ids of a value row, for `reserve_ids`."""
+        sid = self._shape_ids.get(shape)
+        if sid is None:
+            sid = self._shape_ids[shape] = self.intern(values.shape_str(shape))
+        return (self.intern(dtype_name), self.intern(storage), sid)
+
+    def reserve_ids(self, event, slot, role, ids, name_id=-1):
+        """`reserve_value` with the row's string ids already made (`value_ids`)."""
+        rows = self._rows["values"]
+        rows.append((event, slot, role, 0, *ids, name_id, -1, 0, 0))
+        return len(rows) - 1
+
+    def host_value(self, array):
+        """A small host value added again and again (a jaxpr literal): prepared, interned
+        and hashed once (`add_host_value`)."""
+        c, dtype_name, storage, shape = values.prepare(array, None)
+        return (c, dtype_name, storage, self.value_ids(dtype_name, storage, shape), c.nbytes,
+                self.digest(c), bytes(values.as_bytes(c)), c.itemsize or 1)
+
+    def add_host_value(self, event, slot, hv, role=schema.ROLE_OUT):
+        """`add_value(event, slot, array, role=role)` for a `host_value`: the same row, bytes
+        and statistics (queued with the other small values, as `add_value` queues them)."""
+        c, dtype_name, storage, ids, nbytes, h, raw, itemsize = hv
+        offset = self._keep_bytes(event, c, nbytes) if self.level == "full" else -1
+        flags = 0
+        rows = self._rows["values"]
+        if offset < 0:
+            flags = schema.VFLAG_NOT_STORED | schema.VFLAG_STATS
+            if nbytes >= self.STATS_DIRECT_BYTES:
+                self._add_stats(c, storage, dtype_name, h=h)
+            else:   # `_add_stats` inlined for a small value: its bytes join its dtype's batch
+                self.stats_values += 1
+                p = self._pstats.get((storage, dtype_name))
+                if p is None:
+                    p = self._pstats[(storage, dtype_name)] = [bytearray(), [], [], [], itemsize]
+                pbuf = p[0]
+                p[2].append(len(pbuf))
+                p[3].append(nbytes)
+                p[1].append(self._counts["values"] + len(rows))
+                pbuf += raw
+                self._pstats_bytes += nbytes
+                if self._pstats_bytes >= STATS_BATCH_BYTES:
+                    self._reduce_stats()
+        rows.append((event, slot, role, flags, *ids, -1, offset, nbytes, h))
+        if len(self._blob) >= self._flush_bytes or len(self._rows["values"]) >= FLUSH_ROWS:
+            self._auto_flush()
+
     def source_id(self, source):
         """Interned id of an events.source string (its lines stored the first time)."""
         src = self._source_ids.get(source)
@@ -457,6 +539,29 @@ class TraceWriter:
                                         int(stats[4]), int(stats[5])))
         rows[handle] = row[:3] + (flags,) + row[4:8] + (-1, int(nbytes), int(h))
 
+    def fill_digests(self, rows, hashes, floats=None, counts=None):
+        """`fill_digest` for many reserved rows: rows = [(handle or None, nbytes)], with
+        their hashes and (levels stats/calls) statistics' floats and counts."""
+        vrows = self._rows["values"]
+        base = self._counts["values"]
+        if floats is None:
+            flag = schema.VFLAG_NOT_STORED
+            for (handle, nbytes), h in zip(rows, hashes):
+                if handle is not None:
+                    row = vrows[handle]
+                    vrows[handle] = (*row[:3], row[3] | flag, *row[4:8], -1, nbytes, h)
+            return
+        flag = schema.VFLAG_NOT_STORED | schema.VFLAG_STATS
+        srows = self._rows["stats"]
+        n = 0
+        for (handle, nbytes), h, f, c in zip(rows, hashes, floats, counts):
+            if handle is not None:
+                row = vrows[handle]
+                vrows[handle] = (*row[:3], row[3] | flag, *row[4:8], -1, nbytes, h)
+                srows.append((base + handle, *f, *c))
+                n += 1
+        self.stats_values += n
+
     def use_hash(self, name):
         """Hash this trace's values with `name` (values.DIGESTS); only before any value."""
         if name == self.hash_name:
@@ -584,9 +689,13 @@ class TraceWriter:
     def add_meta_value(self, event, slot, dtype_name, shape, *, role=schema.ROLE_OUT, name=None,
                        flags=schema.VFLAG_NOT_STORED):
         """A value whose bytes are not stored (uninitialised memory, meta tensors)."""
-        self._rows["values"].append((event, slot, role, flags, self.intern(dtype_name),
-                                     self.intern(dtype_name), self.intern(values.shape_str(shape)),
-                                     self.intern(name), -1, 0, 0))
+        shape = tuple(shape)
+        sid = self._shape_ids.get(shape)
+        if sid is None:
+            sid = self._shape_ids[shape] = self.intern(values.shape_str(shape))
+        dt = self.intern(dtype_name)
+        self._rows["values"].append((event, slot, role, flags, dt, dt, sid, self.intern(name),
+                                     -1, 0, 0))
 
     def add_input(self, event, slot, producer, producer_slot=0):
         self._rows["inputs"].append((event, slot, producer, producer_slot))
