@@ -66,6 +66,8 @@ JOBS = [
     ("tr_pad_attn", "port_transformer.py", "jax,torch",
      ("--pad-attention", "--torch-scale", "after", "--grad")),
     ("tr_pad_qk", "port_transformer.py", "jax,torch", ("--pad-attention", "--swap-qk")),
+    ("bn_train", "port_batchnorm.py", "jax,torch", ()),
+    ("bn_train_eps", "port_batchnorm.py", "jax,torch", ("--bug", "eps")),
     ("tr32", "port_transformer.py", "jax,torch", (), TF32),
 ]
 BATCH = r"""
@@ -827,3 +829,60 @@ def test_masked_scores_do_not_meet_as_a_whole_by_their_mask(traces):
             if masked.any():      # met where not masked too
                 assert np.allclose(xa[~masked], xb.reshape(xa.shape)[~masked],
                                    rtol=1e-5, atol=1e-6), m
+
+
+# -- BatchNorm in training mode, trained 2 Adam steps
+
+
+def _bn_truth(*args):
+    """`port_batchnorm.py --truth`: the first module beyond tolerance in the first forward
+    (Flax `capture_intermediates` against torch forward hooks) and its max abs, or None."""
+    p = subprocess.run([sys.executable, os.path.join(FIXTURES, "port_batchnorm.py"), "--truth",
+                        *args], env=_env(os.environ.get("JAX_COMPILATION_CACHE_DIR", "")),
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    words = p.stdout.strip().splitlines()[-1].split()[1:]
+    return None if words == ["none"] else (words[0], float(words[1]))
+
+
+def test_training_mode_batch_norm_pairs_and_matches(traces):
+    """Each side normalises by the batch's statistics; torch's native_batch_norm also reads
+    its running statistics, only to update them in place. Read as inputs, they made every
+    BatchNorm a unit of torch's alone after one step (HF ResNet trained so: 10 of 990 JAX
+    units paired). Flax's derivative of `max(0, var)` selects fills of ones and zeros with
+    the bytes of the BatchNorm's scale and bias at init: read as those parameters, step 1's
+    backward paired a term with native_batch_norm_backward (DIVERGED). The shortcut's 1x1
+    kernel read through `rev` equals torch's weight in the reversed axis order too: a
+    layout (HWIO <- OIHW), not "converted wrongly"."""
+    assert _bn_truth() is None                       # the port is right (truth)
+    r = _locate(traces["bn_train"])
+    assert (r.verdict, r.exit_code) == ("match", 0), (r.first_beyond_tolerance,
+                                                      r.first_parameter, r.coverage)
+    c = r.coverage
+    assert c.a.paired >= 0.9 * c.a.events and c.b.paired >= 0.9 * c.b.events, c
+    bn = [m for m in _units(r) if m["b_op"] == "native_batch_norm"]
+    assert {(m["a_module"], m["b_module"]) for m in bn} == {("CNN/bn1", "bn1"), ("CNN/bn2", "bn2")}
+    assert len(bn) == 4                                # both BatchNorms in both steps
+    assert any(m["b_op"] == "native_batch_norm_backward" and m["a_module"] == "CNN/bn2"
+               for m in _units(r))
+    assert [s.step for s in r.optimizer_steps] == [0, 1]
+
+
+def test_training_mode_batch_norm_epsilon_is_found_at_the_first_batch_norm(traces):
+    module, magnitude = _bn_truth("--bug", "eps")
+    assert module == "bn1"
+    r = _locate(traces["bn_train_eps"])
+    assert r.verdict == "diverged"
+    f = r.first_beyond_tolerance
+    assert (f.layer["module"]["a"], f.layer["module"]["b"]) == ("CNN/bn1", "bn1"), f.layer
+    assert f.a.step == 0 and f.inputs_match is True
+    assert magnitude / 2 <= f.metrics["max_abs"] <= 2 * magnitude, (f.metrics, magnitude)
+
+
+def test_a_size_one_kernel_is_read_in_a_frameworks_layout():
+    """[1, 1, 12, 4] (HWIO) against [4, 12, 1, 1] (OIHW): the reversal and the kernel layout
+    give the same bytes; the layout is the one found, so it is no "converted wrongly"."""
+    from tracediff.diff.pairing.graph import conventional, find_layout
+    w = np.random.default_rng(0).standard_normal((4, 12, 1, 1)).astype(np.float32)
+    p = find_layout(w.transpose(2, 3, 1, 0), w)
+    assert p is not None and conventional(p), p

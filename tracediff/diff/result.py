@@ -469,6 +469,10 @@ class OptimizerStep(_ByKey):
     # two frameworks: parameters that differ after the step where their grads are rounding
     # noise (pairing/roles.py `_noise_steps`): undetermined, not judged beyond tolerance
     undetermined: Optional[list] = None
+    # two frameworks: parameters whose grads are beyond tolerance in a step entered with
+    # undetermined parameters: computed from what those left to each side's noise, not judged
+    # (a port's backward bug differs at the first step already, where none is undetermined)
+    shifted: Optional[list] = None
     # --level stats/calls: a differing parameter known only by hash and statistics; max_abs
     # is then what the statistics prove (a lower bound), rel_l2 and max_rel are unknown (None)
     max_abs_is_lower_bound: Optional[bool] = None

@@ -10,7 +10,7 @@ anchors_matched, fallback_regions, gaps}, optimizer_steps (per compared step: st
 bitwise_equal, max_rel, max_abs, rel_l2, worst (the parameter with the largest relative L2 of
 its own), worst_rel_l2, worst_max_abs, max_abs_is_lower_bound (no bytes: max_abs a lower
 bound, max_rel and rel_l2 null); long runs keep the first 20, each new worst, the
-last; across frameworks also beyond, first_beyond and undetermined), optimizer_steps_total, first_parameter
+last; across frameworks also beyond, first_beyond, undetermined and shifted), optimizer_steps_total, first_parameter
 (across frameworks: the first parameter beyond tolerance by role, `ParamDivergence`), env_diff,
 mapping, next_steps, levels; when computed:
 explain (the replay verdict of the origin: verdict, event, summary, a_ulp_from_exact,
@@ -237,7 +237,8 @@ def build(r: LocateResult) -> dict:
         "optimizer_steps": [{k: (_plain(v) if k == "first_beyond" and v is not None else v)
                              for k, v in _plain(s).items()
                              if v is not None or k not in ("compared", "by", "beyond",
-                                                           "first_beyond", "undetermined")}
+                                                           "first_beyond", "undetermined",
+                                                           "shifted")}
                             for s in r.optimizer_steps],
         "first_parameter": _plain(r.first_parameter) if r.first_parameter is not None else None,
         "optimizer_steps_total": r.optimizer_steps_total,

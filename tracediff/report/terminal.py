@@ -298,6 +298,12 @@ def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bo
             console.print(f"  undetermined from step {und.step}: {markup(', '.join(und.undetermined))} "
                           f"(they differ only where their grads are rounding noise, which the optimizer's "
                           f"normalisation makes steps of their own: not judged)")
+        shf = next((s for s in r.optimizer_steps if s.shifted), None)
+        if shf is not None:
+            console.print(f"  grads from step {shf.step} computed from undetermined parameters: "
+                          f"{markup(', '.join(shf.shifted))} (beyond tolerance by what those "
+                          f"parameters shift: not judged; a port's backward differs at the first "
+                          f"step already)")
         if verbose and diff:
             for s in r.optimizer_steps:
                 console.print(f"  step {s.step:>5}  "

@@ -35,6 +35,8 @@ class Atoms:
         return self.atoms.get(k) if k is not None else None
 
     def _build_atoms(self, role_rows):
+        self.constants = {}      # (side, value row) -> all its elements equal (read once)
+        self.constant_budget = MAX_FINGERPRINT_BYTES
         seen = [collections.OrderedDict(), collections.OrderedDict()]   # key -> row
         rows_of = [[], []]
         computed = [set(), set()]
@@ -277,6 +279,16 @@ class Atoms:
             a = self.atom(s, row)
             cast = a is not None and _int_cast(g, row) and \
                 _union([origins(q, depth + 1) for q in preds])
+            if a is not None and term is not None and term[0] == "const" and \
+                    row is not None and int(g.kind[int(row["event"])]) == schema.KIND_EQN:
+                # a fill of literals inside a jaxpr (a jvp rule's ones and zeros) is a
+                # constant of the computation, never a parameter, whatever bytes it has: a
+                # training-mode BatchNorm's `max(0, var)` derivative selects between fills
+                # with the bytes of the scale's and bias's init, and read as those atoms its
+                # backward left torch's class (fixtures/port_batchnorm.py, step 1)
+                a = None
+            if a is not None and _computed_constant(self, g, row, term):
+                a = None          # what reads it reads what computed it
             if cast:
                 res = cast        # a float made of an integer atom: that atom
             elif a is not None and g.key(row) not in self.computed:
@@ -321,6 +333,35 @@ class Atoms:
                 intern[sup] = sup
                 budget -= len(sup)
             g.support[k] = intern[sup]
+
+
+def _computed_constant(p, g, row, term):
+    """A value a unit of this side computed whose elements are all equal (ones, a
+    half), with the bytes of a value the other side was given (a BatchNorm scale at
+    init): equal bytes say nothing about where it came from. Flax's derivative of a
+    training-mode BatchNorm's `max(0, var)` divides two such selections; read as the
+    scale's atom, the BatchNorm's backward left torch's class (fixtures/
+    port_batchnorm.py, step 1: a term paired with `native_batch_norm_backward`). A
+    constant both sides compute (a loss's seed gradient) stays an atom."""
+    if term is None or term[0] != "unit" or row is None:
+        return False
+    s = 0 if g is p.ga else 1
+    rows = p.atom_rows.get(p.atom(s, row))
+    other = rows[1 - s] if rows else None
+    go = p.gb if s == 0 else p.ga
+    if other is None or not 0 <= int(other["event"]) < go.n or \
+            not _given(go, int(other["event"])):
+        return False
+    memo = p.constants
+    k = (s, int(row["event"]), int(row["slot"]), int(row["role"]))
+    if k not in memo:
+        if not comparable(row) or int(row["nbytes"]) > p.constant_budget:
+            memo[k] = False
+        else:
+            p.constant_budget -= int(row["nbytes"])
+            x = np.asarray(g.reader.read(row)).reshape(-1)
+            memo[k] = bool(x.size >= 2 and (x[:1] == x).all())
+    return memo[k]
 
 
 def _given(g, ev, depth=0):

@@ -424,11 +424,14 @@ class CrossDiffer(LayerNames, FormulaMeeting, RoundingInherited, RoleSteps, Diff
             eb = self.gb.units[pr.b].rep
             if self.equal_at(ea, eb, level):
                 continue
-            if level != BITWISE and self._rounding_inherited(pr):
-                self.rounding_inherited.append((ea, eb))
-                continue
+            # what an undetermined parameter shifted first: a pair reading it that also meets
+            # the rounding rule still carries the shift to what reads it (HF ResNet trained
+            # with BatchNorm in training mode: its backward, step 1)
             if level != BITWISE and self._undetermined_inherited(pr, tainted):
                 tainted.add(k)
+                continue
+            if level != BITWISE and self._rounding_inherited(pr):
+                self.rounding_inherited.append((ea, eb))
                 continue
             i, pr, found, moved = self.move_to_meeting(i, level)   # two formulas (meet.py)
             if pr is None:

@@ -41,13 +41,38 @@ FAMILY = {
     "softmax": "softmax", "_softmax": "softmax", "log_softmax": "log_softmax",
     "_log_softmax": "log_softmax", "conv_general_dilated": "conv", "convolution": "conv",
     "_convolution": "conv", "conv2d": "conv", "conv1d": "conv", "conv3d": "conv",
-    "mkldnn_convolution": "conv", "native_layer_norm": "layer_norm", "layer_norm": "layer_norm",
+    "mkldnn_convolution": "conv", "convolution_backward": "conv",
+    "native_layer_norm": "layer_norm", "layer_norm": "layer_norm",
     "embedding": "gather", "gather": "gather", "take": "gather", "index_select": "gather",
     "silu": "silu", "baddbmm": "linear", "addbmm": "linear", "cat": "concatenate",
     "concat": "concatenate",
     "native_batch_norm": "batch_norm", "_native_batch_norm_legit_no_training": "batch_norm",
     "_native_batch_norm_legit": "batch_norm", "batch_norm": "batch_norm",
 }
+# inputs an op is handed but whose values its outputs do not depend on, by op and the
+# parameter that makes them so: a batch norm in training mode normalises by the batch's own
+# statistics and only writes the running ones (slots 3 and 4; its backward reads them too,
+# unused). Read as inputs they put a value of one side into the support (torch updates its
+# running statistics in place; a Flax program's `batch_stats` are another value after one
+# step), and nothing after the first BatchNorm paired (HF ResNet trained in training mode).
+UNREAD_SLOTS = {
+    "native_batch_norm": ("training=True", (3, 4)),
+    "_native_batch_norm_legit": ("training=True", (3, 4)),
+    "_native_batch_norm_legit_functional": ("training=True", (3, 4)),
+    "native_batch_norm_backward": ("train=True", (3, 4)),
+}
+
+
+def unread_slots(op, params):
+    """The input slots of `op` (with its recorded `params`) whose values do not determine its
+    outputs (`UNREAD_SLOTS`): empty for every other op."""
+    name = (op[6:] if op.startswith("aten::") else op).split(".", 1)[0]
+    rule = UNREAD_SLOTS.get(name)
+    if rule is None or rule[0] not in params.split(", "):
+        return ()
+    return rule[1]
+
+
 # jitted library functions that are one op in torch: kept as one unit
 COMPOSITE = {"gelu": "gelu", "softmax": "softmax", "_softmax": "softmax",
              "log_softmax": "log_softmax", "_log_softmax": "log_softmax", "silu": "silu",
@@ -121,10 +146,17 @@ def permutations_to(shape_a, shape_b):
     ident = tuple(range(n))
     if n > MAX_PERM_DIMS:
         return [ident]
-    pref = [ident, tuple(reversed(ident))]
+    # the frameworks' own layouts first: where dimensions of size 1 make several orders
+    # give the same bytes (a 1x1 kernel [1, 1, 12, 4] against [4, 12, 1, 1] is both HWIO
+    # <- OIHW and the reversal), the one found is a layout, not "converted wrongly"
+    pref = [ident]
+    if n == 2:
+        pref.append((1, 0))
     if n >= 3:
-        pref.append((0, n - 1) + tuple(range(1, n - 1)))      # NHWC <- NCHW
-        pref.append((n - 1, n - 2) + tuple(range(n - 2)))      # HWIO <- OIHW
+        for c in ((0, n - 1) + tuple(range(1, n - 1)),        # NHWC <- NCHW
+                  (n - 1, n - 2) + tuple(range(n - 2))):      # HWIO <- OIHW
+            pref += [c, tuple(np.argsort(c).tolist())]
+        pref.append(tuple(reversed(ident)))
     seen, out = set(), []
     for p in pref + list(itertools.permutations(ident)):
         if p not in seen:
@@ -226,6 +258,12 @@ class SideGraph(ValueNodes):
     # -- units ------------------------------------------------------------------------------
     def op(self, e):
         return self.t.string(self.t.events["op"][e])
+
+    def unread_slots(self, e):
+        """Input slots of event e its outputs do not depend on (`unread_slots`)."""
+        if self.fw != schema.FW_TORCH:
+            return ()
+        return unread_slots(self.op(e), self.t.string(self.t.events["params"][e]))
 
     def _optimizer_mask(self):
         """JAX: the equations of an optax update (dataflow descendants of the tagged grads,

@@ -21,9 +21,11 @@ class ValueNodes:
         inside = set(unit.events)
         out = []
         for e in unit.events:
+            unread = self.unread_slots(e)
             for r in self.t.input_rows(e):
                 p, ps = int(r["producer"]), int(r["producer_slot"])
-                if p in inside or p in (schema.PRODUCER_LITERAL, schema.PRODUCER_CONST):
+                if p in inside or p in (schema.PRODUCER_LITERAL, schema.PRODUCER_CONST) or \
+                        int(r["slot"]) in unread:
                     continue
                 out.append((e, int(r["slot"]), self.node(e, p, ps)))
         self._inputs[unit.rep] = out

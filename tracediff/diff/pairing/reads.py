@@ -220,10 +220,12 @@ class Reads:
                 if row is not None and not len(g.shape(row)):
                     continue          # 0-d: a scalar parameter of the op
                 a = self.atom(s, row)
+                prods = self._producers(g, s, nd) if a is None else ()
+                if a is None and not prods:   # moved from one atom (a copy, a transpose)
+                    a = self._moved_atom(g, s, nd)
                 if a is not None:
                     out.append((e, slot, row, ("atom", a)))
                     continue
-                prods = self._producers(g, s, nd)
                 if prods and all(p in inside for p in prods):
                     continue
                 pk = [self.pair_key(s, p) for p in prods]

@@ -96,12 +96,14 @@ class RoundingInherited:
             m = self.compare_rows(row, rb)
             if m is None:
                 return False
-            if m["within_tolerance"] or (self._normwise(row, rb) or (0, False))[1]:
-                continue         # agrees, or differs by rounding as a whole
+            if m["within_tolerance"]:
+                continue         # agrees
             if (key is not None and key[0] == "pair" and key[1] in tainted) or \
                     int(row["hash"]) in und[0] or int(rb["hash"]) in und[1]:
-                inherited = True
-                continue
+                inherited = True     # apart element-wise, by what the parameter shifted:
+                continue             # even where that is within tolerance as a whole
+            if (self._normwise(row, rb) or (0, False))[1]:
+                continue         # differs by rounding as a whole
             return False
         return inherited
 
