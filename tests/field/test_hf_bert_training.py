@@ -56,10 +56,12 @@ def located_runs(program, cases, d):
 def assert_decay_mask_named(r, dump, first):
     """The forgotten decay mask: the truth's first parameter beyond tolerance is `first`
     after step 0, and locate names it there, with the truth's relative L2 and the same
-    parameters decayed on one side; a finding of the forward can only follow them."""
+    parameters decayed on one side; a finding of the forward can only follow them. `first`:
+    a name, or the names the truth's first may be on a CPU of the supported kind (where a
+    parameter's gradient is rounding noise depends on the CPU's rounding)."""
     tr = truth(dump)
     step, (name, rel, _, _, _) = _first_beyond(tr)
-    assert (step, name) == (0, first)
+    assert step == 0 and name in ((first,) if isinstance(first, str) else first), (step, name)
     p = r.first_parameter
     assert r.verdict == "diverged" and r.exit_code == 1
     assert (p.step, p.parameter) == (step, name)
@@ -94,6 +96,7 @@ def _torch_layout(kernel):
 
 
 NOISE = 1e-3    # a gradient element whose two sides differ by more than this fraction: noise
+NOISE_TENSOR = 0.5   # a gradient whose two sides differ by more (relative L2): noise throughout
 
 
 def _side(z, prefix, s, n, flax_keys):
@@ -111,6 +114,9 @@ def _noise(z, s, n):
         return None
     keys = {k.split("/", 2)[2] for k in z.files if k.startswith(f"flax_grad/{s}/")}
     f, t = _side(z, "flax_grad", s, n, keys), z[f"torch_grad/{s}/{n}"].astype(np.float64)
+    big = max(np.linalg.norm(f), np.linalg.norm(t))
+    if big and np.linalg.norm(f - t) > NOISE_TENSOR * big:
+        return np.ones(f.shape, bool)    # noise throughout: an element agreeing by chance too
     return np.abs(f - t) > NOISE * np.maximum(np.abs(f), np.abs(t))
 
 

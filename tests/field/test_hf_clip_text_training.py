@@ -64,7 +64,11 @@ def test_correct_port_matches(runs):
 
 def test_decay_mask_names_the_parameter_and_the_step(runs):
     """Layer 0's k_proj.bias is decayed on the Flax side too: beyond where its gradient is
-    determined; layer 1's differs only where it is noise: undetermined."""
+    determined (the truth's first on an Intel Xeon); on an AMD EPYC with AVX-512 more of its
+    gradient's elements are rounding noise, it is beyond nowhere else, and the truth's first
+    is the next bias decayed, v_proj's. Layer 1's differs only where it is noise:
+    undetermined."""
     _, dump, r = runs["mask"]
-    assert_decay_mask_named(r, dump, "text_model.encoder.layers.0.self_attn.k_proj.bias")
+    attn = "text_model.encoder.layers.0.self_attn."
+    assert_decay_mask_named(r, dump, (attn + "k_proj.bias", attn + "v_proj.bias"))
     assert set(r.optimizer_steps[0].undetermined or ()) == undetermined(dump)[0]
