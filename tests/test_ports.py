@@ -860,6 +860,12 @@ def test_training_mode_batch_norm_pairs_and_matches(traces):
                                                       r.first_parameter, r.coverage)
     c = r.coverage
     assert c.a.paired >= 0.9 * c.a.events and c.b.paired >= 0.9 * c.b.events, c
+    # every backward unit counted: Flax's BatchNorm transpose sums its scale's and bias's
+    # gradients in reduce_sums torch's native_batch_norm_backward returns whole; they are
+    # the gradients the optimizer snapshots hold, compared by role
+    for side in (c.a, c.b):
+        bwd = side.by_phase["backward"]
+        assert bwd["paired"] == bwd["events"], side.by_phase
     bn = [m for m in _units(r) if m["b_op"] == "native_batch_norm"]
     assert {(m["a_module"], m["b_module"]) for m in bn} == {("CNN/bn1", "bn1"), ("CNN/bn2", "bn2")}
     assert len(bn) == 4                                # both BatchNorms in both steps

@@ -35,13 +35,12 @@ def test_correct_port_matches_with_the_backward_compared(runs):
     assert _first_beyond(truth(dump)) == (None, None)        # the port is right (truth)
     assert r.first_beyond_tolerance is None, r.first_beyond_tolerance
     assert r.first_parameter is None
-    # measured: 83-85 % of the JAX and 89-94 % of the torch computing units paired (every
-    # forward unit; Flax's BatchNorm transposes are what is left), from run to run as the
-    # backward's rounding lets values meet or not: near the bar (80 %), one run in four was
-    # INCONCLUSIVE (exit 3). Never DIVERGED; MATCH exactly where the coverage suffices.
+    # measured: 98 % of the JAX and 92 % of the torch computing units paired (was 83-85 %
+    # and 89-94 %, near the bar, one run in four INCONCLUSIVE: Flax's BatchNorm transposes
+    # sum the scale's and bias's gradients that the optimizer compares by role, now counted)
     c = r.coverage
-    assert (r.verdict, r.exit_code) == (("match", 0) if c.sufficient else ("inconclusive", 3))
-    assert c.a.paired >= 0.75 * c.a.events and c.b.paired >= 0.75 * c.b.events
+    assert (r.verdict, r.exit_code) == ("match", 0), c
+    assert c.a.paired >= 0.9 * c.a.events and c.b.paired >= 0.85 * c.b.events, c
     assert any(m["phase"] == "backward" and m["b_op"].startswith("convolution_backward")
                for m in r.mapping), {m["b_op"] for m in r.mapping}
     assert [s.step for s in r.optimizer_steps] == [0, 1]

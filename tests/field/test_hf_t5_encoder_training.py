@@ -37,12 +37,12 @@ def test_correct_port_matches_with_the_backward_compared(runs):
     assert _first_beyond(truth(dump)) == (None, None)   # right (truth)
     assert r.first_beyond_tolerance is None, r.first_beyond_tolerance
     assert r.first_parameter is None
-    # measured: 85 % of the JAX and 80-81 % of the torch computing units paired (what is left
-    # is Flax's RMSNorm transposes and torch's MulBackward0 terms): at the bar (80 %), a run
-    # may be INCONCLUSIVE (exit 3). Never DIVERGED; MATCH exactly where the coverage suffices.
+    # measured: 98 % of the JAX and 100 % of the torch computing units paired (was 85 % and
+    # 80-81 %, at the bar, a run in some INCONCLUSIVE: Flax's RMSNorm transposes and torch's
+    # MulBackward0 terms were left, and the parameters' gradient sums not counted as compared)
     c = r.coverage
-    assert (r.verdict, r.exit_code) == (("match", 0) if c.sufficient else ("inconclusive", 3))
-    assert c.a.paired >= 0.75 * c.a.events and c.b.paired >= 0.75 * c.b.events
+    assert (r.verdict, r.exit_code) == ("match", 0), c
+    assert c.a.paired >= 0.9 * c.a.events and c.b.paired >= 0.9 * c.b.events, c
     assert any(m["phase"] == "backward" for m in r.mapping)
     assert [s.step for s in r.optimizer_steps] == [0, 1]
     assert all(s.beyond == 0 for s in r.optimizer_steps)

@@ -19,7 +19,10 @@ sides were handed (data, weights). RNG, initialisers, a Flax `init`'s forward on
 fresh weights and optax's own ops (compared by role at the optimizer snapshots, like
 torch's ops inside `optimizer.step`) are counted apart (`setup`). A unit inside a paired module (a LayerNorm's
 `reduce_sum` under the LayerNorm paired at its output, an activation read by the next
-layer) counts as paired: its result flows into a compared one of the same module. A unit
+layer) counts as paired: its result flows into a compared one of the same module. So does a
+unit whose result is a parameter's gradient the optimizer takes, where the optimizer
+snapshots were compared by role (Flax's BatchNorm transpose sums its scale's and bias's
+gradients in `reduce_sum`s that torch's `native_batch_norm_backward` returns whole). A unit
 whose result reaches only compared units of unrelated modules does not.
 """
 
@@ -193,9 +196,12 @@ class _Readers:
         return out
 
     def units(self, k):
+        """The units that read unit k's result (through byte-moving ops), and whether that
+        result is a gradient the optimizer takes (it reaches optax's tagged grads, which its
+        snapshot holds and the comparison by role compares)."""
         g = self.g
         rep = g.units[k].rep
-        seen, frontier, out = {rep}, [rep], set()
+        seen, frontier, out, grads = {rep}, [rep], set(), False
         for _ in range(MAX_HOPS):
             nxt = []
             for e in frontier:
@@ -207,16 +213,18 @@ class _Readers:
                     if u >= 0 and u != k:
                         out.add(u)
                     elif u < 0 and g.mask[c]:
+                        grads |= bool(g.optimizer[c])
                         nxt.append(c)
             if not nxt or len(seen) > MAX_WALK:
                 break
             frontier = nxt
-        return out
+        return out, grads
 
 
-def _port_units(g, m, external):
+def _port_units(g, m, external, optimizer_compared=False):
     """(counted, covered) per unit of one side of a two-framework comparison (the
-    module docstring says which units count and which are covered)."""
+    module docstring says which units count and which are covered); `optimizer_compared`:
+    the optimizer snapshots were paired by role, so a parameter's gradient is compared."""
     units = g.units
     paired = [bool(m[u.rep] >= 0) for u in units]
     covered = list(paired)
@@ -233,9 +241,10 @@ def _port_units(g, m, external):
         if covered[k]:
             continue
         mod = units[k].module
-        covered[k] = any(covered[v] and (not mod or units[v].module == mod or
-                                         units[v].module.startswith(mod + "/"))
-                         for v in readers.units(k))
+        read_by, grads = readers.units(k)
+        covered[k] = (grads and optimizer_compared) or any(
+            covered[v] and (not mod or units[v].module == mod or
+                            units[v].module.startswith(mod + "/")) for v in read_by)
     return counted, covered
 
 
@@ -263,7 +272,8 @@ def _counted(d, side):
     ph, kind = t.events["phase"], t.events["kind"]
     if hasattr(al, "units_a"):                              # two frameworks
         g = d.ga if side == "a" else d.gb
-        counted, covered = _port_units(g, m, _external_atoms(d.p, g, 0 if side == "a" else 1))
+        counted, covered = _port_units(g, m, _external_atoms(d.p, g, 0 if side == "a" else 1),
+                                       optimizer_compared=bool(getattr(d, "optim", None)))
         units = [u for u, c in zip(g.units, counted) if c]
         paired = [p for p, c in zip(covered, counted) if c]
         phase = ["backward" if u.phase == schema.PHASE_BWD else "forward" for u in units]

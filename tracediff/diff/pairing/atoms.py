@@ -14,6 +14,7 @@ from ..differ import comparable
 from .graph import PHASE_FWD, _size, broadcasts_to, find_layout, is_int
 
 MAX_DEPTH = 200             # passthrough hops followed back from one value
+MAX_SELECT_DEPTH = 6                # units followed back for `_selected_constants`
 MAX_FINGERPRINT_BYTES = 256 << 20   # values read to fingerprint permuted arrays
 MAX_SUPPORT_ELEMENTS = 20_000_000   # atoms held by the distinct supports of one side
 MAX_GIVEN_HOPS = 16                 # byte-moving ops followed back to call a value given
@@ -35,8 +36,6 @@ class Atoms:
         return self.atoms.get(k) if k is not None else None
 
     def _build_atoms(self, role_rows):
-        self.constants = {}      # (side, value row) -> all its elements equal (read once)
-        self.constant_budget = MAX_FINGERPRINT_BYTES
         seen = [collections.OrderedDict(), collections.OrderedDict()]   # key -> row
         rows_of = [[], []]
         computed = [set(), set()]
@@ -287,8 +286,8 @@ class Atoms:
                 # with the bytes of the scale's and bias's init, and read as those atoms its
                 # backward left torch's class (fixtures/port_batchnorm.py, step 1)
                 a = None
-            if a is not None and _computed_constant(self, g, row, term):
-                a = None          # what reads it reads what computed it
+            if a is not None and _selected_constants(g, nd) and _given_other(self, s, a):
+                a = None          # what reads it reads what chose it
             if cast:
                 res = cast        # a float made of an integer atom: that atom
             elif a is not None and g.key(row) not in self.computed:
@@ -335,33 +334,50 @@ class Atoms:
             g.support[k] = intern[sup]
 
 
-def _computed_constant(p, g, row, term):
-    """A value a unit of this side computed whose elements are all equal (ones, a
-    half), with the bytes of a value the other side was given (a BatchNorm scale at
-    init): equal bytes say nothing about where it came from. Flax's derivative of a
-    training-mode BatchNorm's `max(0, var)` divides two such selections; read as the
-    scale's atom, the BatchNorm's backward left torch's class (fixtures/
-    port_batchnorm.py, step 1: a term paired with `native_batch_norm_backward`). A
-    constant both sides compute (a loss's seed gradient) stays an atom."""
-    if term is None or term[0] != "unit" or row is None:
+def _selected_constants(g, nd, depth=0):
+    """Is value node `nd` of a JAX side made of fills of literals chosen by predicates the
+    data decides (units whose float operands are such fills or such values, and which read
+    at least one integer or boolean value): 0 for the predicate's (0 or 1 when it is not).
+    Flax's derivative of a training-mode BatchNorm's `max(0, var)` selects ones and zeros and
+    divides the two; they have the bytes of the BatchNorm's scale and bias at init, and read
+    as those parameters, the BatchNorm's backward left torch's class (fixtures/
+    port_batchnorm.py, step 1: a term paired with `native_batch_norm_backward`). Only where
+    the other side was given those bytes (`_given_other`): a mask both sides build by other
+    ops (`where(tokens == 0, ...)`) is one value. A constant no predicate chooses (a loss's
+    seed gradient) and a forward value of data (torch's `1 - mask`) stay atoms too."""
+    if g.fw != schema.FW_JAX or depth > MAX_SELECT_DEPTH:
         return False
-    s = 0 if g is p.ga else 1
-    rows = p.atom_rows.get(p.atom(s, row))
+    row, preds, term = g.nodes[nd]
+    if term is None:          # moved bytes: what they were moved from
+        return bool(preds) and all(_selected_constants(g, q, depth + 1) for q in preds)
+    if term[0] != "unit":
+        return False
+    u = g.units[term[1]]
+    if is_int(u.dtype) or int(g.kind[u.rep]) != schema.KIND_EQN:
+        return False
+    chosen = False
+    for _, _, q in g.input_nodes(u):
+        qrow, _, qterm = g.nodes[q]
+        if qrow is not None and is_int(g.t.string(qrow["dtype"])):
+            chosen = True     # a predicate (or an index) the data decides
+        elif qterm is not None and qterm[0] == "const":
+            continue
+        elif _selected_constants(g, q, depth + 1):
+            chosen = True
+        else:
+            return False
+    return chosen
+
+
+def _given_other(p, s, a):
+    """Is atom `a`'s value on the side other than `s` one that side was given (a parameter,
+    an input), not one it computed (a padding mask both sides build: then the two are one
+    value)?"""
+    rows = p.atom_rows.get(a)
     other = rows[1 - s] if rows else None
     go = p.gb if s == 0 else p.ga
-    if other is None or not 0 <= int(other["event"]) < go.n or \
-            not _given(go, int(other["event"])):
-        return False
-    memo = p.constants
-    k = (s, int(row["event"]), int(row["slot"]), int(row["role"]))
-    if k not in memo:
-        if not comparable(row) or int(row["nbytes"]) > p.constant_budget:
-            memo[k] = False
-        else:
-            p.constant_budget -= int(row["nbytes"])
-            x = np.asarray(g.reader.read(row)).reshape(-1)
-            memo[k] = bool(x.size >= 2 and (x[:1] == x).all())
-    return memo[k]
+    return other is not None and 0 <= int(other["event"]) < go.n and \
+        _given(go, int(other["event"]))
 
 
 def _given(g, ev, depth=0):
