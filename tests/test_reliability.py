@@ -83,6 +83,56 @@ def test_signal_leaves_a_complete_trace_and_dies_by_that_signal(tmp_path, sig, c
         _check_values(t)
 
 
+BLOCKED_IN_C = """
+    import ctypes, sys, torch
+    x = torch.ones(8)
+    for i in range(3):
+        x = torch.sin(x) * 1.5
+    print("ready", flush=True)
+    # a C call that waits without returning to Python when a signal comes (system()
+    # retries its waitpid on EINTR), as a jax.distributed wait for a missing peer does
+    ctypes.CDLL(None).system(sys.argv[1].encode())
+    print("returned", flush=True)
+"""
+
+
+@pytest.mark.parametrize("recorded", [False, True], ids=["plain", "recorded"])
+def test_sigterm_while_blocked_in_a_c_call_ends_the_run_as_the_plain_one(tmp_path, recorded):
+    """The plain script dies at once by SIGTERM's default action; recorded, Python's handler
+    ran only when the blocking call returned (a jax.distributed wait: five minutes past a
+    `timeout`). Now the trace is closed from tracediff's watch thread within its grace
+    period and the process dies by SIGTERM, as the plain one does; its end says why."""
+    script = _script(tmp_path, "blocked.py", BLOCKED_IN_C)
+    out = tmp_path / "blocked.h5"
+    marker = f"sleep 59.{os.getpid()}{int(recorded)}"   # a command line to find it by after
+    child = f"exec {marker} >/dev/null 2>&1"   # no shell left holding the pipes read
+    cmd = ([sys.executable, "-m", "tracediff", "record", "-o", str(out), str(script), child]
+           if recorded else [sys.executable, str(script), child])
+    proc = subprocess.Popen(cmd, env=_env(), cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=40)
+        took = time.monotonic() - t0
+    finally:
+        subprocess.run(["pkill", "-f", marker], check=False)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == -signal.SIGTERM, stderr
+    assert "returned" not in stdout
+    assert took < 20, took                     # not the 60 s the C call would take
+    if recorded:
+        assert "Traceback" not in stderr and "trace written" in stderr, stderr
+        with tracediff.load(out) as t:
+            assert t.complete and len(t) > 3
+            end = t.manifest["end"]
+            assert (end["status"], end["exit_code"]) == ("terminated (SIGTERM)", 143)
+            assert "blocked" in end["message"]
+
+
 LOST_CTRL_C = """
     import weakref
     import torch

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import traceback
 
+from . import term_watch
 from .capture import RecordOptions, Session, budget, start_captures
 from .trace.manifest import capture_losses
 from .errors import TraceError, UnsupportedJax
@@ -148,6 +149,7 @@ class _Terminated(BaseException):
 
 
 def _on_sigterm(signum, frame):
+    term_watch.taken.set()      # the main thread took it: the watch thread stands down
     raise _Terminated()
 
 
@@ -158,6 +160,7 @@ _term_before = []
 
 
 def _after_fork_in_child():
+    term_watch.forget_in_child()
     if not _term_before:
         return
     try:
@@ -382,7 +385,9 @@ def record_script(script, args, output, options=None, frameworks=("jax", "torch"
         # the frames below the script and the recorder's own never count against the
         # script's recursion budget (capture/budget.py)
         std = _std_files()
-        with _LostInterrupts(rec.writer), _ProcessEnds(rec), budget.Shift(budget.below_script()):
+        ends = _ProcessEnds(rec)
+        with _LostInterrupts(rec.writer), ends, term_watch.TermWatch(ends.stop), \
+                budget.Shift(budget.below_script()):
             try:
                 runpy.run_path(script, run_name="__main__")
             finally:
@@ -499,14 +504,14 @@ class _ProcessEnds:
     def _exit(self, status):
         if self._ours():
             code = status if isinstance(status, int) and not isinstance(status, bool) else 1
-            self._stop({"status": "os._exit", "exit_code": code & 0xFF})
+            self.stop({"status": "os._exit", "exit_code": code & 0xFF})
         self.saved["_exit"](status)
 
     def _exec(self, name):
         def exec_(path, args, *env):
             if not self._ours():
                 return self.saved[name](path, args, *env)
-            self._stop({"status": "exec", "exit_code": None,
+            self.stop({"status": "exec", "exit_code": None,
                         "message": f"os.{name}({os.fsdecode(path)!r}, ...)"[:2000]})
             try:
                 return self.saved[name](path, args, *env)
@@ -516,7 +521,8 @@ class _ProcessEnds:
                 raise
         return exec_
 
-    def _stop(self, end):
+    def stop(self, end):
+        """Close the trace with `end` (from any thread: os._exit, the SIGTERM watch)."""
         rec = self.rec
         try:
             rec.stop(end)
