@@ -22,7 +22,6 @@ import fcntl
 import os
 import signal
 import socket
-import sys
 import threading
 
 GRACE = 2.0                 # seconds the main thread has to take SIGTERM itself
@@ -32,7 +31,8 @@ _active = []                # the wakeup fd a TermWatch set, while it is set
 
 class TermWatch:
     """Context manager around the script's run (main thread only; see the module
-    docstring). `stop(end)` closes the trace from the watch thread."""
+    docstring). `stop(end)` closes the trace from the watch thread and flushes the
+    standard streams, never raising (runner._ProcessEnds.stop)."""
 
     def __init__(self, stop):
         self.stop = stop
@@ -119,15 +119,9 @@ class TermWatch:
                            f"that did not return within {GRACE:g} s; the trace was closed "
                            f"by tracediff's watch thread")}
         try:
-            self.stop(end)
-        except Exception as exc:    # never keep the process from ending as SIGTERM asks
-            print(f"tracediff: error: closing the trace at SIGTERM: {exc}", file=sys.stderr)
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        die_by_sigterm()
+            self.stop(end)          # closes the trace, says so, flushes the streams
+        finally:
+            die_by_sigterm()
 
 
 def _high(pair, low=1000):
