@@ -17,7 +17,8 @@ LAYERS = [
     {"tracediff.trace"},
     {"tracediff.capture", "tracediff.diff"},
     {"tracediff.report"},
-    {"tracediff.runner", "tracediff.api", "tracediff.demo", "tracediff.pytest_plugin",
+    {"tracediff.runner", "tracediff.term_watch", "tracediff.api", "tracediff.demo",
+     "tracediff.pytest_plugin",
      "tracediff.cli", "tracediff.__main__", "tracediff", "tracediff.examples"},
 ]
 # siblings in one layer that must stay apart: the differ never needs a recorder
