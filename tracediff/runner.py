@@ -7,6 +7,7 @@ and must not close (or claim) the parent's trace; a trace the script deleted, re
 or lost the descriptor of is reported as lost, never as written.
 """
 
+import ctypes
 import gc
 import os
 import runpy
@@ -386,8 +387,8 @@ def record_script(script, args, output, options=None, frameworks=("jax", "torch"
         # script's recursion budget (capture/budget.py)
         std = _std_files()
         ends = _ProcessEnds(rec)
-        with _LostInterrupts(rec.writer), ends, term_watch.TermWatch(ends.stop), \
-                budget.Shift(budget.below_script()):
+        watch = term_watch.TermWatch(ends.stop, exit_by_signal)
+        with _LostInterrupts(rec.writer), ends, watch, budget.Shift(budget.below_script()):
             try:
                 runpy.run_path(script, run_name="__main__")
             finally:
@@ -466,13 +467,26 @@ def exit_by_signal(signum, finalize=True):
         except Exception:
             pass
     try:
-        signal.signal(signum, signal.SIG_DFL)
+        _default_action(signum)
         if hasattr(signal, "pthread_sigmask"):
             signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
         os.kill(os.getpid(), signum)
     except (OSError, ValueError):
         pass
     os._exit(128 + signum)
+
+
+def _default_action(signum):
+    """Give SIGNUM its default action back, from any thread: Python's `signal.signal` works
+    only in the main thread, which is blocked in a C call when term_watch's thread ends the
+    run; the C library's `signal()` works from any."""
+    if _main_thread():
+        signal.signal(signum, signal.SIG_DFL)
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+    libc.signal(int(signum), None)                     # SIG_DFL is 0
 
 
 class _ProcessEnds:

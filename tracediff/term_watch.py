@@ -17,7 +17,6 @@ descriptor (`os.closerange`) closes the sockets too: they sit at numbers >= 1000
 files reopen at the lowest free ones), and what is no longer ours is left alone.
 """
 
-import ctypes
 import fcntl
 import os
 import signal
@@ -32,10 +31,12 @@ _active = []                # the wakeup fd a TermWatch set, while it is set
 class TermWatch:
     """Context manager around the script's run (main thread only; see the module
     docstring). `stop(end)` closes the trace from the watch thread and flushes the
-    standard streams, never raising (runner._ProcessEnds.stop)."""
+    standard streams, never raising (runner._ProcessEnds.stop); `exit_by_signal(signum,
+    finalize)` ends the process by that signal from any thread (runner.exit_by_signal)."""
 
-    def __init__(self, stop):
+    def __init__(self, stop, exit_by_signal):
         self.stop = stop
+        self.exit_by_signal = exit_by_signal
         self.sockets = None
         self.thread = None
 
@@ -121,7 +122,7 @@ class TermWatch:
         try:
             self.stop(end)          # closes the trace, says so, flushes the streams
         finally:
-            die_by_sigterm()
+            self.exit_by_signal(signal.SIGTERM, finalize=False)
 
 
 def _high(pair, low=1000):
@@ -161,18 +162,3 @@ def forget_in_child():
     except (ValueError, OSError):
         pass
     _active.clear()
-
-
-def die_by_sigterm():
-    """End this process by SIGTERM's default action from any thread (Python's
-    `signal.signal` only works in the main thread, which is blocked): the C library's
-    `signal()`, then the signal to ourselves. Never returns."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.signal.restype = ctypes.c_void_p
-        libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
-        libc.signal(int(signal.SIGTERM), None)       # SIG_DFL is 0
-        os.kill(os.getpid(), signal.SIGTERM)
-        threading.Event().wait(5)
-    finally:
-        os._exit(143)

@@ -207,7 +207,7 @@ class RoleSteps:
                                    atol=atol, beyond=beyond, fit=fit, undetermined=undetermined,
                                    shifted=shifted))
             noise = [j["pname"] for j in judged if j["undetermined"]]
-            shifted = list(dict.fromkeys(j["pname"] for j in judged if j["shifted"]))
+            shifted_names = list(dict.fromkeys(j["pname"] for j in judged if j["shifted"]))
             for j in judged:
                 if j["undetermined"]:
                     for side, (t, named, x) in enumerate(((self.ta, na, j["xa_name"]),
@@ -227,7 +227,7 @@ class RoleSteps:
                                       first_beyond=first,
                                       undetermined=sorted(noise, key=lambda x: order.get(x, 0))
                                       or None,
-                                      shifted=sorted(shifted, key=lambda x: order.get(x, 0))
+                                      shifted=sorted(shifted_names, key=lambda x: order.get(x, 0))
                                       or None))
             und_before.update(noise)
         self._steps = rows
