@@ -40,7 +40,10 @@ def test_words64_on_the_device_equals_the_host():
              rng.integers(0, 255, 7).astype(np.uint8), rng.integers(-9, 9, 5).astype(np.int8),
              np.array([True, False, True]),
              (rng.standard_normal(3) + 1j * rng.standard_normal(3)).astype(np.complex64),
-             np.float32(3.0), np.zeros(0, np.float32), rng.integers(0, 9, (2, 3)).astype(np.int32)]
+             np.float32(3.0), np.zeros(0, np.float32), rng.integers(0, 9, (2, 3)).astype(np.int32),
+             # across the host path's chunks of 64K words, and a partial last word
+             rng.standard_normal((2 << 16) + 5).astype(np.float32),
+             rng.integers(0, 255, (4 << 16) + 3).astype(np.uint8)]
     for case, h in zip(cases, _device_hashes(cases)):
         assert h == values.words_digest(values.prepare(case)[0]), case.dtype
 
