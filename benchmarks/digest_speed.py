@@ -1,0 +1,63 @@
+"""Device time of tracediff's digest programs, per byte, on whatever backend JAX has here.
+
+At `--level calls` a JAX recording on an accelerator runs, after each jitted call, one
+program over the call's outputs that computes their words64 hashes and statistics
+(capture/jax_digest.py); on the 4096-wide MLP of issue 37 that is ~800 MB a step
+(parameters and both Adam moments). This prints, for arrays of that shape on the
+device, the time of one such program beside a plain read of the same bytes (a sum):
+
+    read (sum)        the memory floor
+    words64           the two hash lanes alone
+    words64 + stats   what `calls` and `stats` compute (jax_digest.packed)
+
+    python benchmarks/digest_speed.py [--arrays 12] [--side 4096] [--repeat 10]
+
+Minimum of `--repeat` runs after a compiling one, each waited for.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from tracediff.capture import jax_digest  # noqa: E402
+
+
+def timed(fn, xs, repeat):
+    fn(xs).block_until_ready()
+    best = None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn(xs).block_until_ready()
+        dt = time.perf_counter() - t
+        best = dt if best is None else min(best, dt)
+    return best
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--arrays", type=int, default=12, help="side x side float32 arrays")
+    parser.add_argument("--side", type=int, default=4096)
+    parser.add_argument("--repeat", type=int, default=10)
+    args = parser.parse_args()
+    keys = jax.random.split(jax.random.PRNGKey(0), args.arrays)
+    xs = [jax.random.normal(k, (args.side, args.side), jnp.float32) for k in keys]
+    xs += [jax.random.normal(k, (args.side,), jnp.float32) for k in keys]   # the biases
+    nbytes = sum(x.nbytes for x in xs)
+    print(f"backend={jax.default_backend()} kind={jax.devices()[0].device_kind} "
+          f"values={len(xs)} bytes={nbytes / 1e6:.0f} MB")
+    programs = [("read (sum)", lambda xs: jnp.stack([x.sum() for x in xs])),
+                ("words64", lambda xs: jax_digest.packed(xs, False)),
+                ("words64 + stats", lambda xs: jax_digest.packed(xs, True))]
+    for name, fn in programs:
+        dt = timed(jax.jit(fn), xs, args.repeat)
+        print(f"| {name} | {dt * 1e3:.3f} ms | {nbytes / dt / 1e9:.1f} GB/s |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
