@@ -203,3 +203,64 @@ def test_flushes_inside_a_values_program_keep_every_hash(tmp_path, monkeypatch):
         vd, vh = fd["values"][:], fh["values"][:]
         assert len(vd) == len(vh) > 100
         assert (vd["hash"] == vh["hash"]).all() and (vd["flags"] == vh["flags"]).all()
+
+
+FULL_SCRIPT = textwrap.dedent("""
+    import jax, jax.numpy as jnp, optax
+
+    @jax.jit
+    def step(w, s, x):           # float32, bfloat16, bool, int32, uint8, complex64 values
+        def loss(w):
+            y = jnp.tanh(x @ w)
+            return (y * y).mean()
+        l, g = jax.value_and_grad(loss)(w)
+        u, s = opt.update(g, s, w)
+        y = x @ w
+        extra = (y.astype(jnp.bfloat16) * 3, y > 0, jnp.argmax(y, axis=1),
+                 (y * 100).astype(jnp.uint8), jax.lax.complex(y, -y))
+        return optax.apply_updates(w, u), s, l, extra
+
+    opt = optax.adam(1e-2)
+    w = jnp.linspace(-1, 1, 4 * 515, dtype=jnp.float32).reshape(4, 515)
+    x = jnp.ones((3, 4), jnp.float32)
+    s = opt.init(w)
+    for _ in range(3):
+        w, s, l, extra = step(w, s, x)
+    print("loss", float(l), "sum", float(w.sum()))
+""")
+
+
+def test_full_level_on_the_device_stores_the_bytes_it_hashed(tmp_path):
+    """At --level full with values hashed on the device, a values program's values come
+    back batched (the small ones joined in one buffer a call) and their hashes are those
+    of the returned bytes: every stored value's words64 is its row's hash (hashed inside
+    the values program instead, XLA:CPU recomputed an `add` in the hashing fusion with
+    another rounding), of every dtype, with as many rows as the host path writes."""
+    from tracediff.trace.reader import Trace
+
+    script = tmp_path / "full.py"
+    script.write_text(FULL_SCRIPT)
+    traces = {}
+    for name, flag in (("device", "1"), ("host", "0")):
+        out = tmp_path / f"{name}.h5"
+        record(str(script), out, env={"TRACEDIFF_JAX_DIGEST_ON_DEVICE": flag},
+               extra=("--level", "full", "--hash", "words64", "--jax-values", "compiled"))
+        traces[name] = out
+    jd = _manifest(traces["device"])["frameworks"]["jax"]
+    assert jd["digests_on_device"]["values"] > 50
+    with h5py.File(traces["device"], "r") as fd, h5py.File(traces["host"], "r") as fh:
+        vd, vh = fd["values"][:], fh["values"][:]
+    assert len(vd) == len(vh)
+    assert (vd["flags"] == vh["flags"]).all()
+    stored, dtypes = 0, set()
+    with Trace(str(traces["device"])) as td:
+        for row in vd:
+            a = td.read_value(row)
+            if a is None:
+                continue
+            assert values.words_digest(values.prepare(a)[0]) == int(row["hash"]), \
+                (td.event(int(row["event"]))["op"], a.dtype, a.shape)
+            stored += 1
+            dtypes.add(str(a.dtype))
+    assert stored > 50
+    assert {"float32", "bfloat16", "bool", "int32", "uint8", "complex64"} <= dtypes

@@ -10,8 +10,8 @@ program of a call (`--jax-values compiled`, jax_probe), or, for a call's own inp
 outputs and eager values, by one small jitted program per dtype and shape run as the value
 is recorded. Only those words are copied to the host, asynchronously, and the writer's
 reserved rows are filled when they are read (`drain`: at a flush, or when many are
-pending). At level full the hashes come the same way and the values' bytes come back in
-one batch of asynchronous copies per call.
+pending). At level full a values program's values come back (the small ones joined in one
+buffer, jax_probe) and are hashed by a program over the returned buffers.
 
 The same code runs on XLA:CPU (`record --hash words64`; tests/test_jax_digest.py), where
 it is slower than hashing on the host (xxh3), so the CPU default stays xxh3_64.
