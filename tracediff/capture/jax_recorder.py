@@ -237,6 +237,19 @@ class JaxCapture(Capture):
             return contextlib.nullcontext()
         return self.digests.outputs()
 
+    def _hashes_at_full(self, xs):
+        """Level full, values hashed on the device: the hashes of a call's outputs (or an
+        optimizer step's values) computed by one program, their copies to the host
+        started; None for each value hashed by `store` itself (and at other levels)."""
+        out = [None] * len(xs)
+        if self.digests is None or self.session.writer.level != "full":
+            return out
+        at = [i for i, x in enumerate(xs) if x is not None and jax_digest.can_digest(x)]
+        if at:
+            for i, h in zip(at, self.digests.lanes_of([xs[i] for i in at])):
+                out[i] = h
+        return out
+
     @staticmethod
     @contextlib.contextmanager
     def _quiet():
@@ -373,8 +386,9 @@ class JaxCapture(Capture):
                 if probed is not None:
                     self.prober.check(name, probed, outs)
                 names = self._result_names(jaxpr, len(outs))
+                hashes = self._hashes_at_full(outs)
                 with self._outputs():
-                    refs = [self.store(call_id, slot, x, name=names[slot])
+                    refs = [self.store(call_id, slot, x, name=names[slot], h=hashes[slot])
                             for slot, x in enumerate(outs)]
                     for slot, x in enumerate(outs):
                         self._register(x, call_id, slot)
@@ -425,9 +439,10 @@ class JaxCapture(Capture):
                 if record:
                     outs = jax_internals.call_outputs(result)
                     names = self._result_names(jaxpr, len(outs))
+                    hashes = self._hashes_at_full(outs)
                     with self._outputs():
                         for slot, x in enumerate(outs):
-                            self.store(call_id, slot, x, name=names[slot])
+                            self.store(call_id, slot, x, name=names[slot], h=hashes[slot])
                             self._register(x, call_id, slot)
                     if self.digests is not None:
                         self.digests.dispatch()
@@ -870,10 +885,12 @@ class JaxCapture(Capture):
                           phase=schema.PHASE_OPTIM, origin=schema.ORIGIN_REPLAY,
                           params="optax update: grads, params, updates, state after the step",
                           step=self.step)
+        taken = sorted(self._pending_optim.items())
+        hashes = self._hashes_at_full([arr for _, arr in taken])
         with self._outputs():   # hashed on the device as one program, as a call's outputs
-            for slot, (name, arr) in enumerate(sorted(self._pending_optim.items())):
+            for slot, (name, arr) in enumerate(taken):
                 if arr is not None:
-                    self.store(eid, slot, arr, name=name)
+                    self.store(eid, slot, arr, name=name, h=hashes[slot])
         self._pending_optim = {}
         self.step += 1
 
