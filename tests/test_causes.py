@@ -247,3 +247,6 @@ def test_a_one_trace_port_on_a_tpu_replays_the_matmul_and_names_the_bf16_pass(bf
     assert first["a"] == "jax on tpu" and first["b"] == "torch on cpu"
     assert "one bfloat16 pass" in first["reason"] and FIX in first["reason"]
     assert rv["a"]["reproduced_here"] is None   # computed on the TPU: no claim from here
+    text = run_cli("explain", str(bf16_port), env={"NO_COLOR": "1", "COLUMNS": "200"}).stdout
+    origin = next(line for line in text.splitlines() if line.startswith("origin: "))
+    assert "(dot_general + add)" in origin and "(addmm)" in origin, origin

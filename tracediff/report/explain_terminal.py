@@ -39,7 +39,11 @@ def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) ->
         _print_steps(c, an.steps if an is not None else [])
         return
     a = o.a
-    c.print(f"[bold]origin[/]: {markup(a.framework)} {markup(a.kind)} [bold]{markup(a.op)}[/] "
+    # two frameworks: the layer on both sides, not the unit's last op (Flax's bias `add`
+    # for a Dense whose matmul made the difference)
+    what = f"[bold]{markup(o.layer['text'])}[/]" if o.layer and o.layer.get("text") else \
+        f"{markup(a.framework)} {markup(a.kind)} [bold]{markup(a.op)}[/]"
+    c.print(f"[bold]origin[/]: {what} "
             f"(a #{a.index}, b #{o.b.index}"
             f"{', ' + markup(a.origin) if a.origin else ''}), step {a.step}"
             f"{'  ' + markup(a.name_stack) if a.name_stack else ''}"
