@@ -18,12 +18,13 @@ plus its device time: docs/accelerators.md.
 
 import argparse
 import os
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from issue30 import run  # noqa: E402
 
 SCRIPT = textwrap.dedent("""
     import sys, time, jax, jax.numpy as jnp
@@ -40,20 +41,18 @@ SCRIPT = textwrap.dedent("""
         a, b = f(a, b)
     jax.block_until_ready(a)
     n = int(sys.argv[1])
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     for _ in range(n):
         a, b = f(a, b)
     jax.block_until_ready(a)
-    print(f"per_call_us={(time.perf_counter() - t) / n * 1e6:.1f}", file=sys.stderr)
+    print(f"loop_cpu_s={time.process_time() - c:.4f} loop_wall_s={time.perf_counter() - t:.4f}",
+          file=sys.stderr)
 """)
 
 
-def per_call(cmd, env):
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    m = re.search(r"per_call_us=([0-9.]+)", proc.stderr)
-    if proc.returncode != 0 or m is None:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
-    return float(m.group(1))
+def per_call(cmd, env, calls):
+    """Microseconds a call: the script's loop wall time over its calls."""
+    return run(cmd, env)["loop_wall"] / calls * 1e6
 
 
 def main():
@@ -75,7 +74,7 @@ def main():
         times = {name: [] for name, _, _ in rows}
         for _ in range(args.repeat):       # interleaved: the machine may be shared
             for name, cmd, extra in rows:
-                times[name].append(per_call(cmd, {**os.environ, **extra}))
+                times[name].append(per_call(cmd, {**os.environ, **extra}, args.calls))
     import jax
 
     print(f"backend={jax.default_backend()} calls={args.calls} repeat={args.repeat} (median)")
