@@ -217,7 +217,8 @@ FULL_SCRIPT = textwrap.dedent("""
         u, s = opt.update(g, s, w)
         y = x @ w
         extra = (y.astype(jnp.bfloat16) * 3, y > 0, jnp.argmax(y, axis=1),
-                 (y * 100).astype(jnp.uint8), jax.lax.complex(y, -y))
+                 (y * 100).astype(jnp.uint8), jax.lax.complex(y, -y),
+                 jnp.tile(y, (1, 200)) * 2)   # 1.2 MB: past the joined buffer's 1 MB
         return optax.apply_updates(w, u), s, l, extra
 
     opt = optax.adam(1e-2)
@@ -252,7 +253,7 @@ def test_full_level_on_the_device_stores_the_bytes_it_hashed(tmp_path):
         vd, vh = fd["values"][:], fh["values"][:]
     assert len(vd) == len(vh)
     assert (vd["flags"] == vh["flags"]).all()
-    stored, dtypes = 0, set()
+    stored, dtypes, big = 0, set(), 0
     with Trace(str(traces["device"])) as td:
         for row in vd:
             a = td.read_value(row)
@@ -262,5 +263,6 @@ def test_full_level_on_the_device_stores_the_bytes_it_hashed(tmp_path):
                 (td.event(int(row["event"]))["op"], a.dtype, a.shape)
             stored += 1
             dtypes.add(str(a.dtype))
-    assert stored > 50
+            big += a.nbytes > 1 << 20
+    assert stored > 50 and big
     assert {"float32", "bfloat16", "bool", "int32", "uint8", "complex64"} <= dtypes
