@@ -27,6 +27,13 @@ from ..trace import values
 WORDS = 8                   # uint32 words a value: 2 hash lanes, 4 float32 stats, 2 counts
 MAX_PENDING = 4096          # results not yet read
 
+# At level full, values of at most JOIN_VALUE bytes come back from the device as one buffer
+# of their words (`joined`), up to JOIN_CALL bytes at a time: a copy to the host costs
+# ~0.5 ms on a TPU v5e whatever its size, and a jitted step of a small model has ~300 such
+# values (docs/accelerators.md). Larger values come back one copy each.
+JOIN_VALUE = 1 << 20
+JOIN_CALL = 256 << 20
+
 
 def _fmix32(x):
     x = x ^ (x >> 16)
@@ -122,6 +129,48 @@ def packed(xs, with_stats):
             else:   # no elements: NaN statistics, no NaN or Inf counted (as on the host)
                 parts.append(jnp.array([0x7FC00000] * 4 + [0, 0], jnp.uint32))
     return jnp.concatenate(parts) if parts else jnp.zeros((0,), jnp.uint32)
+
+
+def joined(shapes, digested):
+    """Per value ((shape, dtype) pairs): is it returned inside the joined buffer? Digested
+    values of at most JOIN_VALUE bytes, while the total stays within JOIN_CALL; never on a
+    process with several devices (a value spread over them is recorded shard by shard,
+    jax_devices.store_shards, from the array itself)."""
+    import jax
+
+    if jax.local_device_count() != 1 or jax.process_count() != 1:
+        return [False] * len(shapes)
+    out, total = [], 0
+    for (shape, dtype), m in zip(shapes, digested):
+        n = math.prod(shape) * np.dtype(dtype).itemsize
+        j = bool(m) and n <= JOIN_VALUE and total + n <= JOIN_CALL
+        total += n if j else 0
+        out.append(j)
+    return out
+
+
+def join(xs):
+    """Traced: the words of xs end to end (one uint32 vector), or None for no value."""
+    import jax.numpy as jnp
+
+    parts = [words(x) for x in xs]
+    return jnp.concatenate(parts) if parts else None
+
+
+class HostViews:
+    """The values of a joined buffer read on the host, in order: numpy arrays over its
+    bytes (no copy)."""
+
+    def __init__(self, words):
+        self.words, self.at = words, 0
+
+    def next(self, dtype, shape):
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        n = (nbytes + 3) // 4
+        w = self.words[self.at:self.at + n]
+        self.at += n
+        return w.view(np.uint8)[:nbytes].view(dtype).reshape(shape)
 
 
 def unpack_all(host, with_stats):
@@ -363,24 +412,35 @@ class DeviceDigests:
             fn = self._programs[with_stats] = jax.jit(lambda x: packed([x], with_stats))
         return fn
 
-    def lanes_of(self, xs):
-        """The words64 hashes of arrays on their device, read now (level full): one program
-        for all of them (a call's outputs: one dispatch and one read, not one a value),
-        with their bytes' copies to the host started first."""
-        for x in xs:
-            try:
-                x.copy_to_host_async()
-            except Exception:
-                pass
-        fn = self._programs.get(("batch", False))
+    def fetch(self, xs):
+        """Level full: [(words64 hash, bytes on the host)] of arrays on their device, read
+        now, by one program for all of them (a call's outputs, an optimizer step's values:
+        one dispatch and one read, not one a value) that also joins the small ones' words
+        into one buffer (`joined`): one copy to the host for those, one each for the
+        others (started first). The hashes are of the arrays given, not of a recomputation."""
+        small = tuple(joined([(x.shape, x.dtype) for x in xs], [True] * len(xs)))
+        for x, j in zip(xs, small):
+            if not j:
+                try:
+                    x.copy_to_host_async()
+                except Exception:
+                    pass
+        fn = self._programs.get(("fetch", small))
         if fn is None:
             import jax
 
-            fn = self._programs[("batch", False)] = jax.jit(lambda xs: packed(xs, False))
+            fn = self._programs[("fetch", small)] = jax.jit(lambda xs: (
+                packed(xs, False), join([x for x, j in zip(xs, small) if j])))
         with self.quiet():
-            host = np.asarray(fn(list(xs)))
-        return [values.words_finish(a, b, x.nbytes) for (a, b, _), x in
-                zip(unpack(host, len(xs), False), xs)]
+            lanes, flat = fn(list(xs))
+            if flat is not None:
+                flat.copy_to_host_async()
+            lanes = np.asarray(lanes)
+            views = HostViews(np.asarray(flat)) if flat is not None else None
+            hosts = [views.next(x.dtype, x.shape) if j else np.asarray(x)
+                     for x, j in zip(xs, small)]
+        return [(values.words_finish(a, b, x.nbytes), host) for (a, b, _), x, host in
+                zip(unpack(lanes, len(xs), False), xs, hosts)]
 
     def adopt(self, out, rows):
         """A packed result computed elsewhere (the values program of a call) for rows

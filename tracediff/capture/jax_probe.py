@@ -30,32 +30,6 @@ from .optax_tags import OPTAX_TAG
 # `_Plan`s on (the default); TRACEDIFF_JAX_EMIT_PLAN=0 writes every event through `_emit`
 _PLANS_ON = os.environ.get("TRACEDIFF_JAX_EMIT_PLAN", "1") != "0"
 
-# At level full, values of at most JOIN_VALUE bytes come back from the device as one buffer
-# a call (their words, `_joined`), up to JOIN_CALL bytes a call: a copy to the host costs
-# ~0.5 ms on a TPU v5e whatever its size, and a jitted step of a small model has ~300 such
-# values (docs/accelerators.md). Larger values come back one copy each.
-JOIN_VALUE = 1 << 20
-JOIN_CALL = 256 << 20
-
-
-def _joined(found, mask):
-    """Per found value (tracers, in walk order): is it returned inside the joined buffer?
-    Digested values (`mask`) of at most JOIN_VALUE bytes, while the call's total stays
-    within JOIN_CALL; never on a process with several devices (a value spread over them is
-    recorded shard by shard, jax_devices.store_shards, from the array itself)."""
-    import jax
-
-    if jax.local_device_count() != 1 or jax.process_count() != 1:
-        return [False] * len(found)
-    out, total = [], 0
-    for x, m in zip(found, mask):
-        n = math.prod(x.shape) * np.dtype(x.dtype).itemsize
-        j = bool(m) and n <= JOIN_VALUE and total + n <= JOIN_CALL
-        total += n if j else 0
-        out.append(j)
-    return out
-
-
 class Prober:
     """Builds, caches and records the probe program of the calls whose name matches."""
 
@@ -116,10 +90,9 @@ class Prober:
                 # XLA may recompute a value inside a hashing fusion with other rounding
                 # (an FMA contracted in one fusion and not the other, seen on XLA:CPU)
                 mask[:] = [jax_digest.dtype_ok(x.dtype) and not t for x, t in zip(found, tags)]
-                joined[:] = _joined(found, mask)
-                parts = [jax_digest.words(x) for x, j in zip(found, joined) if j]
-                sizes[:] = [p.shape[0] for p in parts]
-                flat = jax.numpy.concatenate(parts) if parts else None
+                joined[:] = jax_digest.joined([(x.shape, x.dtype) for x in found], mask)
+                sizes[:] = [jax_digest.words(x).shape[0] for x, j in zip(found, joined) if j]
+                flat = jax_digest.join([x for x, j in zip(found, joined) if j])
                 return outs, [None if j else x for x, j in zip(found, joined)], flat
             if digest:
                 # every value of a hashable dtype is digested here, optax-tagged ones too
@@ -382,7 +355,7 @@ class _Digested:
     """The values of one values-program run hashed on the device: at level stats their
     rows are reserved and filled from the packed result (read asynchronously, at the next
     drain); at level full the values come back in as few copies as can be (the small
-    values' words in one buffer, `_joined`; each larger value in a copy of its own, all
+    values' words in one buffer, `jax_digest.joined`; each larger value in a copy of its own, all
     started at once) and their hashes from one program over those returned buffers."""
 
     def __init__(self, cap, mask, third, found, lanes):
@@ -395,7 +368,7 @@ class _Digested:
         self.at = 0                   # the next digested value's place in the result
         self.result = jax_digest.Result(None if self.full else third)
         self.rows = self.result.rows
-        self.words, self.word_at = None, 0
+        self.views = None
         if self.full:
             flat = third
             for x, m in zip(found, mask):
@@ -410,18 +383,9 @@ class _Digested:
             host = np.asarray(lanes(flat, found, cap.digests.quiet))
             self.lanes = iter(jax_digest.unpack(host, n, False))
             if flat is not None:
-                self.words = np.asarray(flat)
+                self.views = jax_digest.HostViews(np.asarray(flat))
             cap.digests.values += n
             cap.digests.batches += 1
-
-    def _host_value(self, aval):
-        """The next joined value, as a numpy array over the joined buffer's bytes."""
-        dtype = np.dtype(aval.dtype)
-        nbytes = math.prod(aval.shape) * dtype.itemsize
-        n = (nbytes + 3) // 4
-        w = self.words[self.word_at:self.word_at + n]
-        self.word_at += n
-        return w.view(np.uint8)[:nbytes].view(dtype).reshape(aval.shape)
 
     def take(self, eid, slot, var, x, keep):
         """Record one found value if it was digested: its `Ref` (True at level full);
@@ -432,7 +396,7 @@ class _Digested:
         aval = var.aval
         if self.full:
             if joined:
-                x = self._host_value(aval)
+                x = self.views.next(aval.dtype, aval.shape)
             a, b, _ = next(self.lanes)
             nbytes = math.prod(aval.shape) * np.dtype(aval.dtype).itemsize
             self.cap.store(eid, slot, x, store=keep, h=values.words_finish(a, b, nbytes))

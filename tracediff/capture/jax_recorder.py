@@ -237,17 +237,18 @@ class JaxCapture(Capture):
             return contextlib.nullcontext()
         return self.digests.outputs()
 
-    def _hashes_at_full(self, xs):
-        """Level full, values hashed on the device: the hashes of a call's outputs (or an
-        optimizer step's values) computed by one program, their copies to the host
-        started; None for each value hashed by `store` itself (and at other levels)."""
-        out = [None] * len(xs)
+    def _fetch_at_full(self, xs):
+        """Level full, values hashed on the device: [(hash, bytes on the host)] of a call's
+        outputs (or an optimizer step's values) by one program and few copies
+        (`DeviceDigests.fetch`); (None, None) for each value `store` hashes itself (and
+        at other levels)."""
+        out = [(None, None)] * len(xs)
         if self.digests is None or self.session.writer.level != "full":
             return out
         at = [i for i, x in enumerate(xs) if x is not None and jax_digest.can_digest(x)]
         if at:
-            for i, h in zip(at, self.digests.lanes_of([xs[i] for i in at])):
-                out[i] = h
+            for i, got in zip(at, self.digests.fetch([xs[i] for i in at])):
+                out[i] = got
         return out
 
     @staticmethod
@@ -386,10 +387,11 @@ class JaxCapture(Capture):
                 if probed is not None:
                     self.prober.check(name, probed, outs)
                 names = self._result_names(jaxpr, len(outs))
-                hashes = self._hashes_at_full(outs)
+                fetched = self._fetch_at_full(outs)
                 with self._outputs():
-                    refs = [self.store(call_id, slot, x, name=names[slot], h=hashes[slot])
-                            for slot, x in enumerate(outs)]
+                    refs = [self.store(call_id, slot, x if host is None else host,
+                                       name=names[slot], h=h)
+                            for slot, (x, (h, host)) in enumerate(zip(outs, fetched))]
                     for slot, x in enumerate(outs):
                         self._register(x, call_id, slot)
                 if valued is not None:   # by the hashes of both sides where they were made
@@ -439,10 +441,11 @@ class JaxCapture(Capture):
                 if record:
                     outs = jax_internals.call_outputs(result)
                     names = self._result_names(jaxpr, len(outs))
-                    hashes = self._hashes_at_full(outs)
+                    fetched = self._fetch_at_full(outs)
                     with self._outputs():
-                        for slot, x in enumerate(outs):
-                            self.store(call_id, slot, x, name=names[slot], h=hashes[slot])
+                        for slot, (x, (h, host)) in enumerate(zip(outs, fetched)):
+                            self.store(call_id, slot, x if host is None else host,
+                                       name=names[slot], h=h)
                             self._register(x, call_id, slot)
                     if self.digests is not None:
                         self.digests.dispatch()
@@ -568,9 +571,11 @@ class JaxCapture(Capture):
         if h is None and self.digests is not None and jax_digest.can_digest(x):
             if w.level != "full":   # hash and statistics on the device: no bytes cross
                 return self.digests.add(eid, slot, x, role, name, logical)
-            h = self.digests.lanes_of([x])[0]
+            h, arr = self.digests.fetch([x])[0]
+        else:
+            arr = None
         try:
-            arr = np.asarray(x)
+            arr = np.asarray(x) if arr is None else arr
         except Exception:  # tokens, non-addressable arrays: keep shape and dtype only
             w.add_meta_value(eid, slot, str(dtype), getattr(x, "shape", ()), role=role, name=name)
             if self.per_device:   # a process's own shards of a multi-process array
@@ -886,11 +891,11 @@ class JaxCapture(Capture):
                           params="optax update: grads, params, updates, state after the step",
                           step=self.step)
         taken = sorted(self._pending_optim.items())
-        hashes = self._hashes_at_full([arr for _, arr in taken])
+        fetched = self._fetch_at_full([arr for _, arr in taken])
         with self._outputs():   # hashed on the device as one program, as a call's outputs
-            for slot, (name, arr) in enumerate(taken):
+            for slot, ((name, arr), (h, host)) in enumerate(zip(taken, fetched)):
                 if arr is not None:
-                    self.store(eid, slot, arr, name=name, h=hashes[slot])
+                    self.store(eid, slot, arr if host is None else host, name=name, h=h)
         self._pending_optim = {}
         self.step += 1
 
