@@ -266,3 +266,36 @@ def test_full_level_on_the_device_stores_the_bytes_it_hashed(tmp_path):
             big += a.nbytes > 1 << 20
     assert stored > 50 and big
     assert {"float32", "bfloat16", "bool", "int32", "uint8", "complex64"} <= dtypes
+
+
+def test_a_device_program_that_fails_at_level_full_leaves_the_host_to_hash(tmp_path,
+                                                                          monkeypatch):
+    """Where the device cannot run the program that hashes and joins a call's outputs (a
+    program one backend rejects), the call still returns and its values are hashed on the
+    host: the same results, every stored value's words64 its row's hash."""
+    import tracediff
+    from tracediff.capture import jax_digest
+    from tracediff.trace.reader import Trace
+
+    def refuse(self, xs):
+        raise RuntimeError("UNIMPLEMENTED: this backend refuses the program")
+
+    monkeypatch.setenv("TRACEDIFF_JAX_DIGEST_ON_DEVICE", "1")
+    monkeypatch.setattr(jax_digest.DeviceDigests, "fetch", refuse)
+    f = jax.jit(lambda w, x: (jax.numpy.tanh(x @ w), (x @ w) > 0))
+    w, x = jax.numpy.ones((4, 3)), jax.numpy.linspace(-1, 1, 8).reshape(2, 4)
+    want = [np.asarray(v) for v in f(w, x)]
+    out = tmp_path / "refused.h5"
+    with tracediff.record(out, level="full", hash="words64", frameworks=("jax",)):
+        got = [np.asarray(v) for v in f(w, x)]
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(got, want))
+    with h5py.File(out, "r") as fh:
+        rows = fh["values"][:]
+    stored = 0
+    with Trace(str(out)) as t:
+        for row in rows:
+            a = t.read_value(row)
+            if a is not None:
+                assert values.words_digest(values.prepare(a)[0]) == int(row["hash"])
+                stored += 1
+    assert stored >= 2

@@ -247,8 +247,12 @@ class JaxCapture(Capture):
             return out
         at = [i for i, x in enumerate(xs) if x is not None and jax_digest.can_digest(x)]
         if at:
-            for i, got in zip(at, self.digests.fetch([xs[i] for i in at])):
-                out[i] = got
+            try:
+                got = self.digests.fetch([xs[i] for i in at])
+            except Exception:   # never break the script: `store` takes each value alone
+                return out
+            for i, g in zip(at, got):
+                out[i] = g
         return out
 
     @staticmethod
@@ -571,7 +575,10 @@ class JaxCapture(Capture):
         if h is None and self.digests is not None and jax_digest.can_digest(x):
             if w.level != "full":   # hash and statistics on the device: no bytes cross
                 return self.digests.add(eid, slot, x, role, name, logical)
-            h, arr = self.digests.fetch([x])[0]
+            try:
+                h, arr = self.digests.fetch([x])[0]
+            except Exception:   # a program the device could not run: hashed on the host
+                h, arr = None, None
         else:
             arr = None
         try:
