@@ -10,8 +10,8 @@ program of a call (`--jax-values compiled`, jax_probe), or, for a call's own inp
 outputs and eager values, by one small jitted program per dtype and shape run as the value
 is recorded. Only those words are copied to the host, asynchronously, and the writer's
 reserved rows are filled when they are read (`drain`: at a flush, or when many are
-pending). At level full a values program's values come back (the small ones joined in one
-buffer, jax_probe) and are hashed by a program over the returned buffers.
+pending). At level full the values are hashed by one program over the arrays themselves,
+which also joins the small ones into one buffer for the host (`DeviceDigests.fetch`).
 
 The same code runs on XLA:CPU (`record --hash words64`; tests/test_jax_digest.py), where
 it is slower than hashing on the host (xxh3), so the CPU default stays xxh3_64.
@@ -131,19 +131,19 @@ def packed(xs, with_stats):
     return jnp.concatenate(parts) if parts else jnp.zeros((0,), jnp.uint32)
 
 
-def joined(shapes, digested):
-    """Per value ((shape, dtype) pairs): is it returned inside the joined buffer? Digested
-    values of at most JOIN_VALUE bytes, while the total stays within JOIN_CALL; never on a
-    process with several devices (a value spread over them is recorded shard by shard,
+def joined(shapes):
+    """Per value ((shape, dtype) pairs): is it returned inside the joined buffer? Values of
+    at most JOIN_VALUE bytes, while the total stays within JOIN_CALL; never on a process
+    with several devices (a value spread over them is recorded shard by shard,
     jax_devices.store_shards, from the array itself)."""
     import jax
 
     if jax.local_device_count() != 1 or jax.process_count() != 1:
         return [False] * len(shapes)
     out, total = [], 0
-    for (shape, dtype), m in zip(shapes, digested):
+    for shape, dtype in shapes:
         n = math.prod(shape) * np.dtype(dtype).itemsize
-        j = bool(m) and n <= JOIN_VALUE and total + n <= JOIN_CALL
+        j = n <= JOIN_VALUE and total + n <= JOIN_CALL
         total += n if j else 0
         out.append(j)
     return out
@@ -413,12 +413,14 @@ class DeviceDigests:
         return fn
 
     def fetch(self, xs):
-        """Level full: [(words64 hash, bytes on the host)] of arrays on their device, read
-        now, by one program for all of them (a call's outputs, an optimizer step's values:
-        one dispatch and one read, not one a value) that also joins the small ones' words
-        into one buffer (`joined`): one copy to the host for those, one each for the
-        others (started first). The hashes are of the arrays given, not of a recomputation."""
-        small = tuple(joined([(x.shape, x.dtype) for x in xs], [True] * len(xs)))
+        """Level full: [(words64 hash, bytes on the host or None)] of arrays on their
+        device, read now, by one program for all of them (a call's outputs, a values
+        program's values, an optimizer step's values: one dispatch and one read, not one a
+        value) that also joins the small ones' words into one buffer (`joined`): one copy
+        to the host for those, returned as views of it; the others' copies are started
+        here and left to the caller (None). The hashes are of the arrays given, not of a
+        recomputation."""
+        small = tuple(joined([(x.shape, x.dtype) for x in xs]))
         for x, j in zip(xs, small):
             if not j:
                 try:
@@ -437,10 +439,11 @@ class DeviceDigests:
                 flat.copy_to_host_async()
             lanes = np.asarray(lanes)
             views = HostViews(np.asarray(flat)) if flat is not None else None
-            hosts = [views.next(x.dtype, x.shape) if j else np.asarray(x)
-                     for x, j in zip(xs, small)]
-        return [(values.words_finish(a, b, x.nbytes), host) for (a, b, _), x, host in
-                zip(unpack(lanes, len(xs), False), xs, hosts)]
+        self.values += len(xs)
+        self.batches += 1
+        return [(values.words_finish(a, b, x.nbytes),
+                 views.next(x.dtype, x.shape) if j else None)
+                for (a, b, _), x, j in zip(unpack(lanes, len(xs), False), xs, small)]
 
     def adopt(self, out, rows):
         """A packed result computed elsewhere (the values program of a call) for rows

@@ -30,6 +30,7 @@ from .optax_tags import OPTAX_TAG
 # `_Plan`s on (the default); TRACEDIFF_JAX_EMIT_PLAN=0 writes every event through `_emit`
 _PLANS_ON = os.environ.get("TRACEDIFF_JAX_EMIT_PLAN", "1") != "0"
 
+
 class Prober:
     """Builds, caches and records the probe program of the calls whose name matches."""
 
@@ -72,8 +73,6 @@ class Prober:
         full = self.capture.session.writer.level == "full"
         mask = []   # per found value: digested on the device (filled while tracing)
         out_at = []  # per final output: its value's place in the packed result, or None
-        joined = []  # level full: per found value, returned inside the joined buffer
-        sizes = []   # ... and the words of each joined value there
 
         # statistics in the program only off the CPU: there they save moving every byte
         # across the bus; on the CPU XLA's extra reductions were measured dearer than
@@ -85,15 +84,12 @@ class Prober:
             found, tags = [], []
             outs = self._walk(closed, list(args), found, tags)
             if digest and full:
-                # the values themselves come back (small ones joined); their hashes are
-                # computed afterwards from the returned buffers (`_FullLanes`), not here:
-                # XLA may recompute a value inside a hashing fusion with other rounding
-                # (an FMA contracted in one fusion and not the other, seen on XLA:CPU)
+                # the values come back as they are and are hashed afterwards from the
+                # returned arrays (`_Digested`: DeviceDigests.fetch), not here: XLA may
+                # recompute a value inside a hashing fusion with other rounding (an FMA
+                # contracted in one fusion and not the other, seen on XLA:CPU)
                 mask[:] = [jax_digest.dtype_ok(x.dtype) and not t for x, t in zip(found, tags)]
-                joined[:] = jax_digest.joined([(x.shape, x.dtype) for x in found], mask)
-                sizes[:] = [jax_digest.words(x).shape[0] for x, j in zip(found, joined) if j]
-                flat = jax_digest.join([x for x, j in zip(found, joined) if j])
-                return outs, [None if j else x for x, j in zip(found, joined)], flat
+                return outs, found
             if digest:
                 # every value of a hashable dtype is digested here, optax-tagged ones too
                 # (the optimizer step's rows take their words: `Ref`), and the program's
@@ -122,9 +118,8 @@ class Prober:
             return outs, found
 
         fn = jax.jit(program)
-        lanes = _FullLanes(mask, joined, sizes) if digest and full else None
-        self._programs[id(closed)] = (closed, fn, mask if digest else None, out_at, lanes)
-        return fn, (mask if digest else None), out_at, lanes
+        self._programs[id(closed)] = (closed, fn, mask if digest else None, out_at)
+        return fn, (mask if digest else None), out_at
 
     def _walk(self, closed, vals, found, tags=None):
         """Trace the equations of `closed` (under jax.jit), appending every equation's
@@ -159,13 +154,13 @@ class Prober:
         returns the probe's final outputs (for `check`), None when it could not run."""
         cap = self.capture
         try:
-            fn, mask, out_at, lanes = self._program(closed)
+            fn, mask, out_at = self._program(closed)
             res = fn(*args)
             outs, found = res[0], res[1]
             stats = iter(res[2]) if len(res) > 2 and mask is None else None
             digested = None
             if mask is not None:
-                digested = _Digested(cap, mask, res[2], found, lanes)
+                digested = _Digested(cap, mask, res[2] if len(res) > 2 else None, found)
         except Exception as exc:  # never break the script: the probe is extra work
             if len(self.errors) < 100:
                 self.errors.append(f"{name}: {type(exc).__name__}: {str(exc)[:200]}")
@@ -319,88 +314,33 @@ def _is_tag(site, eqn):
     return site.op == "name" and str(eqn.params.get("name", "")).startswith(OPTAX_TAG)
 
 
-class _FullLanes:
-    """Level full: the words64 lanes of a values program's returned values, computed on
-    the device from the buffers it returned (each joined value's words sliced from the
-    joined buffer, the larger values whole), in found order: one program a call. `mask`,
-    `joined` and `sizes` (words of each joined value) are filled when the values program
-    is traced."""
-
-    def __init__(self, mask, joined, sizes):
-        self.mask, self.joined, self.sizes, self.fn = mask, joined, sizes, None
-
-    def _values(self, flat, bigs):
-        out, at, sizes, bigs = [], 0, iter(self.sizes), iter(bigs)
-        for m, j in zip(self.mask, self.joined):
-            if m and j:
-                n = next(sizes)
-                out.append(flat[at:at + n])
-                at += n
-            elif m:
-                out.append(next(bigs))
-        return out
-
-    def __call__(self, flat, found, quiet):
-        if self.fn is None:
-            import jax
-
-            self.fn = jax.jit(lambda flat, bigs: jax_digest.packed(self._values(flat, bigs),
-                                                                   False))
-        bigs = [x for x, m, j in zip(found, self.mask, self.joined) if m and not j]
-        with quiet():
-            return self.fn(flat, bigs)
-
-
 class _Digested:
     """The values of one values-program run hashed on the device: at level stats their
     rows are reserved and filled from the packed result (read asynchronously, at the next
-    drain); at level full the values come back in as few copies as can be (the small
-    values' words in one buffer, `jax_digest.joined`; each larger value in a copy of its own, all
-    started at once) and their hashes from one program over those returned buffers."""
+    drain); at level full the returned values are hashed and brought to the host by
+    `DeviceDigests.fetch` (the small ones in one copy), as a call's outputs are."""
 
-    def __init__(self, cap, mask, third, found, lanes):
-        """third: the values program's third output, its packed digests (level stats) or
-        its joined words (level full: `lanes` then computes their hashes)."""
-        self.cap = cap
-        self.full = lanes is not None
-        self.flags = iter(zip(mask, lanes.joined if self.full else [False] * len(mask)))
+    def __init__(self, cap, mask, packed, found):
+        """packed: the values program's digests (level stats); None at level full."""
+        self.cap, self.mask = cap, iter(mask)
+        self.full = cap.session.writer.level == "full"
         self.reserve = cap.digests.reserve
         self.at = 0                   # the next digested value's place in the result
-        self.result = jax_digest.Result(None if self.full else third)
+        self.result = jax_digest.Result(packed)
         self.rows = self.result.rows
-        self.views = None
         if self.full:
-            flat = third
-            for x, m in zip(found, mask):
-                if m and x is not None:
-                    try:
-                        x.copy_to_host_async()
-                    except Exception:
-                        pass
-            if flat is not None:
-                flat.copy_to_host_async()
-            n = sum(mask)
-            host = np.asarray(lanes(flat, found, cap.digests.quiet))
-            self.lanes = iter(jax_digest.unpack(host, n, False))
-            if flat is not None:
-                self.views = jax_digest.HostViews(np.asarray(flat))
-            cap.digests.values += n
-            cap.digests.batches += 1
+            self.fetched = iter(cap.digests.fetch([x for x, m in zip(found, mask) if m]))
 
     def take(self, eid, slot, var, x, keep):
         """Record one found value if it was digested: its `Ref` (True at level full);
         False: the caller stores it."""
-        digested, joined = next(self.flags)
-        if not digested:
+        if not next(self.mask):
             return False
-        aval = var.aval
         if self.full:
-            if joined:
-                x = self.views.next(aval.dtype, aval.shape)
-            a, b, _ = next(self.lanes)
-            nbytes = math.prod(aval.shape) * np.dtype(aval.dtype).itemsize
-            self.cap.store(eid, slot, x, store=keep, h=values.words_finish(a, b, nbytes))
+            h, host = next(self.fetched)
+            self.cap.store(eid, slot, x if host is None else host, store=keep, h=h)
             return True
+        aval = var.aval
         if keep:
             handle, nbytes = self.reserve(eid, slot, aval, schema.ROLE_OUT)
         else:   # outside an --ops/--modules window: shape and dtype only

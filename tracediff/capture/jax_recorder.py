@@ -238,11 +238,11 @@ class JaxCapture(Capture):
         return self.digests.outputs()
 
     def _fetch_at_full(self, xs):
-        """Level full, values hashed on the device: [(hash, bytes on the host)] of a call's
+        """Level full, values hashed on the device: [(what to store, hash)] of a call's
         outputs (or an optimizer step's values) by one program and few copies
-        (`DeviceDigests.fetch`); (None, None) for each value `store` hashes itself (and
-        at other levels)."""
-        out = [(None, None)] * len(xs)
+        (`DeviceDigests.fetch`): a host view where the value came back joined, else the
+        array; (x, None) for each value `store` hashes itself (and at other levels)."""
+        out = [(x, None) for x in xs]
         if self.digests is None or self.session.writer.level != "full":
             return out
         at = [i for i, x in enumerate(xs) if x is not None and jax_digest.can_digest(x)]
@@ -251,8 +251,8 @@ class JaxCapture(Capture):
                 got = self.digests.fetch([xs[i] for i in at])
             except Exception:   # never break the script: `store` takes each value alone
                 return out
-            for i, g in zip(at, got):
-                out[i] = g
+            for i, (h, host) in zip(at, got):
+                out[i] = (xs[i] if host is None else host, h)
         return out
 
     @staticmethod
@@ -393,9 +393,8 @@ class JaxCapture(Capture):
                 names = self._result_names(jaxpr, len(outs))
                 fetched = self._fetch_at_full(outs)
                 with self._outputs():
-                    refs = [self.store(call_id, slot, x if host is None else host,
-                                       name=names[slot], h=h)
-                            for slot, (x, (h, host)) in enumerate(zip(outs, fetched))]
+                    refs = [self.store(call_id, slot, v, name=names[slot], h=h)
+                            for slot, (v, h) in enumerate(fetched)]
                     for slot, x in enumerate(outs):
                         self._register(x, call_id, slot)
                 if valued is not None:   # by the hashes of both sides where they were made
@@ -447,9 +446,8 @@ class JaxCapture(Capture):
                     names = self._result_names(jaxpr, len(outs))
                     fetched = self._fetch_at_full(outs)
                     with self._outputs():
-                        for slot, (x, (h, host)) in enumerate(zip(outs, fetched)):
-                            self.store(call_id, slot, x if host is None else host,
-                                       name=names[slot], h=h)
+                        for slot, (x, (v, h)) in enumerate(zip(outs, fetched)):
+                            self.store(call_id, slot, v, name=names[slot], h=h)
                             self._register(x, call_id, slot)
                     if self.digests is not None:
                         self.digests.dispatch()
@@ -900,9 +898,9 @@ class JaxCapture(Capture):
         taken = sorted(self._pending_optim.items())
         fetched = self._fetch_at_full([arr for _, arr in taken])
         with self._outputs():   # hashed on the device as one program, as a call's outputs
-            for slot, ((name, arr), (h, host)) in enumerate(zip(taken, fetched)):
+            for slot, ((name, arr), (v, h)) in enumerate(zip(taken, fetched)):
                 if arr is not None:
-                    self.store(eid, slot, arr if host is None else host, name=name, h=h)
+                    self.store(eid, slot, v, name=name, h=h)
         self._pending_optim = {}
         self.step += 1
 

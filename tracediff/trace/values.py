@@ -129,14 +129,14 @@ def _fmix32_into(x, tmp):
 
 
 _CHUNK = 1 << 16        # words a pass: three scratch arrays of 256 KB stay in the cache
-_POSITIONS = {}         # lane -> i*A + B for i < _CHUNK (the position term of a chunk)
+_POSITIONS = {}         # (A, B) -> i*A + B for i < _CHUNK (the position term of a chunk)
 
 
 def _positions(a, b):
-    hit = _POSITIONS.get(a)
+    hit = _POSITIONS.get((a, b))
     if hit is None:
         with np.errstate(over="ignore"):
-            hit = _POSITIONS[a] = np.arange(_CHUNK, dtype=np.uint32) * np.uint32(a) + \
+            hit = _POSITIONS[(a, b)] = np.arange(_CHUNK, dtype=np.uint32) * np.uint32(a) + \
                 np.uint32(b)
     return hit
 
