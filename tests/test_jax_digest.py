@@ -24,10 +24,9 @@ def _device_hashes(arrays):
     from tracediff.capture import jax_digest
 
     fn = jax.jit(lambda xs: jax_digest.packed(xs, True))
-    res = jax_digest.unpack(np.asarray(fn([jax.numpy.asarray(a) for a in arrays])),
-                            len(arrays), True)
-    return [values.words_finish(a, b, np.asarray(x).nbytes) for (a, b, _), x in
-            zip(res, arrays)]
+    a, b, _, _ = jax_digest.unpack_all(np.asarray(fn([jax.numpy.asarray(a) for a in arrays])),
+                                       True)
+    return [values.words_finish(p, q, np.asarray(x).nbytes) for p, q, x in zip(a, b, arrays)]
 
 
 def test_words64_on_the_device_equals_the_host():

@@ -201,20 +201,6 @@ def finish_all(lane1, lane2, nbytes):
     return h
 
 
-def unpack(host, n, with_stats):
-    """(lane1, lane2, stats or None) per value from a packed result read on the host."""
-    width = WORDS if with_stats else 2
-    rows = np.asarray(host, np.uint32).reshape(n, width)
-    out = []
-    for r in rows:
-        st = None
-        if with_stats:
-            f = r[2:6].view(np.float32).astype(np.float64)
-            st = (float(f[0]), float(f[1]), float(f[2]), float(f[3]), int(r[6]), int(r[7]))
-        out.append((int(r[0]), int(r[1]), st))
-    return out
-
-
 def storage_of(dtype):
     """(storage dtype name, logical name) of a JAX dtype, as values.prepare names them."""
     dt = np.dtype(dtype)
@@ -313,6 +299,17 @@ class Ref:
         self.result, self.index, self.dtype, self.shape, self.nbytes = \
             result, index, dtype, shape, nbytes
         self.array = array   # the value itself, where a caller may still need it
+
+
+class Fetched:
+    """Level full: a value already brought to the host by `DeviceDigests.fetch` and its
+    hash (`value`: a host view, or the array whose copy was started): an optimizer step's
+    row takes it as it is, with no second program or copy."""
+
+    __slots__ = ("value", "h")
+
+    def __init__(self, value, h):
+        self.value, self.h = value, h
 
 
 class DeviceDigests:
@@ -441,9 +438,10 @@ class DeviceDigests:
             views = HostViews(np.asarray(flat)) if flat is not None else None
         self.values += len(xs)
         self.batches += 1
-        return [(values.words_finish(a, b, x.nbytes),
-                 views.next(x.dtype, x.shape) if j else None)
-                for (a, b, _), x, j in zip(unpack(lanes, len(xs), False), xs, small)]
+        a, b, _, _ = unpack_all(lanes, False)
+        hashes = finish_all(a, b, [x.nbytes for x in xs]).tolist()
+        return [(h, views.next(x.dtype, x.shape) if j else None)
+                for h, x, j in zip(hashes, xs, small)]
 
     def adopt(self, out, rows):
         """A packed result computed elsewhere (the values program of a call) for rows

@@ -85,10 +85,16 @@ class Prober:
             outs = self._walk(closed, list(args), found, tags)
             if digest and full:
                 # the values come back as they are and are hashed afterwards from the
-                # returned arrays (`_Digested`: DeviceDigests.fetch), not here: XLA may
+                # returned arrays (`_Digested`: DeviceDigests.fetch, one program and one
+                # copy for all the small ones, optax-tagged ones too), not here: XLA may
                 # recompute a value inside a hashing fusion with other rounding (an FMA
-                # contracted in one fusion and not the other, seen on XLA:CPU)
-                mask[:] = [jax_digest.dtype_ok(x.dtype) and not t for x, t in zip(found, tags)]
+                # contracted in one fusion and not the other, seen on XLA:CPU); a final
+                # output that is an equation's value takes that value's hash and bytes
+                mask[:] = [jax_digest.dtype_ok(x.dtype) for x in found]
+                at = {}
+                for n, x in enumerate(x for x, m in zip(found, mask) if m):
+                    at.setdefault(id(x), n)
+                out_at[:] = [at.get(id(x)) for x in outs]
                 return outs, found
             if digest:
                 # every value of a hashable dtype is digested here, optax-tagged ones too
@@ -203,19 +209,22 @@ class Prober:
                 return finals
             if digested is not None:
                 digested.done()
-            for slot, x in enumerate(outs):
-                cap.store(pid, slot, x)
+            fetched = cap._fetch_at_full([digested.fetched_at(i, x) for x, i in
+                                          zip(outs, out_at)] if digested is not None else outs)
+            for slot, (v, h) in enumerate(fetched):
+                cap.store(pid, slot, v, h=h)
+        if all(h is not None for _, h in fetched):   # level full: `check` compares hashes
+            return [jax_digest.Fetched(v, h) for v, h in fetched]
         return outs
 
     def _plan_for(self, closed, ns, source, mask, digested, stats):
         """The `_Plan` of this call's events in this context, or None: the first call of a
         context runs `_emit` (and registers the program's constants), the second builds
-        the plan, later ones reuse it. Only for values digested on the device at level
-        stats with no --ops/--modules window (the steady state of a long run); never when
+        the plan, later ones reuse it. Only for values digested on the device (levels
+        stats and full) with no --ops/--modules window (the steady state of a long run); never when
         TRACEDIFF_JAX_EMIT_PLAN=0 (the tests compare the two paths)."""
         cap = self.capture
-        if digested is None or digested.full or stats is not None or cap.filtered or \
-                not _PLANS_ON:
+        if digested is None or stats is not None or cap.filtered or not _PLANS_ON:
             return None
         w = cap.session.writer
         key = (id(closed), ns, source, cap._cur_device)
@@ -239,6 +248,12 @@ class Prober:
         digests = self.capture.digests
         if len(outs) != len(compiled):
             self._count(name, False)
+        elif len(compiled_refs) == len(outs) and all(
+                type(r) is jax_digest.Fetched for r in (*outs, *compiled_refs)):
+            # level full: both sides were hashed as they were fetched (no program runs)
+            self._count(name, all(
+                p.h == c.h and p.value.dtype == c.value.dtype and p.value.shape == c.value.shape
+                for p, c in zip(outs, compiled_refs)))
         elif digests is not None:
             arrays = [x.array if type(x) is jax_digest.Ref else x for x in outs]
             for x in outs:   # a Ref waiting for a drain keeps no array alive
@@ -291,8 +306,8 @@ class Prober:
                     cap.store(eid, slot, x, store=keep,
                               stats=None if st is None else np.asarray(st, np.float64))
                 if tags and site.tag is not None:   # digested here: the step's row takes
-                    cap._pending_optim[site.tag] = got if type(got) is jax_digest.Ref \
-                        else cap.optim_value(x)     # its words (no second program)
+                    cap._pending_optim[site.tag] = got if type(got) in (    # its words or
+                        jax_digest.Ref, jax_digest.Fetched) else cap.optim_value(x)  # bytes
                 if type(v).__name__ != "DropVar":
                     env[v] = (eid, slot)
 
@@ -329,17 +344,19 @@ class _Digested:
         self.result = jax_digest.Result(packed)
         self.rows = self.result.rows
         if self.full:
-            self.fetched = iter(cap.digests.fetch([x for x, m in zip(found, mask) if m]))
+            self.fetched = cap.digests.fetch([x for x, m in zip(found, mask) if m])
+            self.at_full = 0
 
     def take(self, eid, slot, var, x, keep):
-        """Record one found value if it was digested: its `Ref` (True at level full);
-        False: the caller stores it."""
+        """Record one found value if it was digested: its `Ref` (its `Fetched` at level
+        full); False: the caller stores it."""
         if not next(self.mask):
             return False
         if self.full:
-            h, host = next(self.fetched)
-            self.cap.store(eid, slot, x if host is None else host, store=keep, h=h)
-            return True
+            got = self.fetched_at(self.at_full, x)
+            self.at_full += 1
+            self.cap.store(eid, slot, got.value, store=keep, h=got.h)
+            return got
         aval = var.aval
         if keep:
             handle, nbytes = self.reserve(eid, slot, aval, schema.ROLE_OUT)
@@ -350,6 +367,14 @@ class _Digested:
         self.rows.append((handle, nbytes))
         self.at += 1
         return jax_digest.Ref(self.result, self.at - 1, aval.dtype, tuple(aval.shape), nbytes)
+
+    def fetched_at(self, i, x):
+        """Level full: value `i` of the fetched ones as a `Fetched` (x: its array), or x
+        itself where i is None (a final output that is no equation's value)."""
+        if i is None:
+            return x
+        h, host = self.fetched[i]
+        return jax_digest.Fetched(x if host is None else host, h)
 
     def ref(self, i, aval):
         """The `Ref` of value `i` of the packed result (a final output of the program)."""
@@ -426,7 +451,7 @@ class _Plan:
                         ids, nbytes = reserve_ids(aval)
                         self.ops.append((1, k, slot, (schema.ROLE_OUT, 0, *ids, -1, -1, 0, 0),
                                          nbytes, site.tag, state["at"], aval.dtype,
-                                         tuple(aval.shape)))
+                                         tuple(aval.shape), ids, i))
                         state["at"] += 1
                     else:
                         self.ops.append((2, k, slot, i, site.tag))
@@ -464,9 +489,18 @@ class _Plan:
         held = digested.rows
         result = digested.result
         optim = cap._pending_optim
+        fetched = digested.fetched if digested.full else None
         for op in self.ops:
             kind = op[0]
-            if kind == 1:       # digested in the program: a reserved row
+            if fetched is not None and kind == 1:   # level full: hashed and fetched
+                h, host = fetched[op[6]]
+                event = base + op[1]
+                if host is None or not w.add_fetched(event, op[2], op[9], host, op[4], h):
+                    host = found[op[10]] if host is None else host
+                    cap.store(event, op[2], host, h=h)
+                if op[5] is not None:
+                    optim[op[5]] = jax_digest.Fetched(host, h)
+            elif kind == 1:       # digested in the program: a reserved row
                 values_rows.append((base + op[1], op[2]) + op[3])
                 held.append((len(values_rows) - 1, op[4]))
                 if op[5] is not None:

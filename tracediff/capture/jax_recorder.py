@@ -241,11 +241,14 @@ class JaxCapture(Capture):
         """Level full, values hashed on the device: [(what to store, hash)] of a call's
         outputs (or an optimizer step's values) by one program and few copies
         (`DeviceDigests.fetch`): a host view where the value came back joined, else the
-        array; (x, None) for each value `store` hashes itself (and at other levels)."""
-        out = [(x, None) for x in xs]
+        array; (x, None) for each value `store` hashes itself (and at other levels); a
+        `jax_digest.Fetched` gives its own (an optimizer step's value fetched with its
+        values program's)."""
+        out = [(x.value, x.h) if type(x) is jax_digest.Fetched else (x, None) for x in xs]
         if self.digests is None or self.session.writer.level != "full":
             return out
-        at = [i for i, x in enumerate(xs) if x is not None and jax_digest.can_digest(x)]
+        at = [i for i, x in enumerate(xs) if x is not None and type(x) is not
+              jax_digest.Fetched and jax_digest.can_digest(x)]
         if at:
             try:
                 got = self.digests.fetch([xs[i] for i in at])
@@ -398,6 +401,8 @@ class JaxCapture(Capture):
                     for slot, x in enumerate(outs):
                         self._register(x, call_id, slot)
                 if valued is not None:   # by the hashes of both sides where they were made
+                    if all(h is not None for _, h in fetched):   # level full: as fetched
+                        refs = [jax_digest.Fetched(v, h) for v, h in fetched]
                     self.values_prober.check(name, valued, outs, refs)
                 if not _TL.optax_depth:  # a jit call inside an eager optax update is not its end
                     self.flush_optim()

@@ -328,6 +328,18 @@ class TraceWriter:
         return (c, dtype_name, storage, self.value_ids(dtype_name, storage, shape), c.nbytes,
                 self.digest(c), bytes(values.as_bytes(c)), c.itemsize or 1)
 
+    def add_fetched(self, event, slot, ids, data, nbytes, h):
+        """`add_value(event, slot, data, h=h)` for a value fetched from its device with its
+        hash (a planned values program's output at level full, `ids` from `value_ids`):
+        the same row and bytes, in a few steps. False, having written nothing, where a
+        byte cap applies (the caller takes `add_value`, which keeps statistics past it)."""
+        if self.max_bytes is not None or self.level != "full":
+            return False
+        offset = self._keep_bytes(event, data, nbytes)
+        self._rows["values"].append((event, slot, schema.ROLE_OUT, 0, *ids, -1, offset,
+                                     nbytes, h))
+        return True
+
     def add_host_value(self, event, slot, hv, role=schema.ROLE_OUT):
         """`add_value(event, slot, array, role=role)` for a `host_value`: the same row, bytes
         and statistics (queued with the other small values, as `add_value` queues them)."""
@@ -718,15 +730,19 @@ class TraceWriter:
         Everything recorded so far is committed when it returns."""
         self._flush(wait=True)
 
-    @_signals_deferred
     def _auto_flush(self):
         """The flush the buffers' thresholds ask for, pipelined with the disk: the data is
         written and its fsync started in a thread, and its commit (phase 2) waits for the
         next flush, so the program runs on while the disk writes (a commit still only
-        ever counts data already on disk). Inside `held()` it waits for the end."""
+        ever counts data already on disk). Inside `held()` it waits for the end (asked
+        at every value past a threshold: a flag, not a signal-deferring call each)."""
         if self._held:
             self._flush_wanted = True
             return
+        self._pipelined_flush()
+
+    @_signals_deferred
+    def _pipelined_flush(self):
         self._flush(wait=not FSYNC)
 
     @contextlib.contextmanager
