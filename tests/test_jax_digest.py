@@ -42,9 +42,36 @@ def test_words64_on_the_device_equals_the_host():
              np.float32(3.0), np.zeros(0, np.float32), rng.integers(0, 9, (2, 3)).astype(np.int32),
              # across the host path's chunks of 64K words, and a partial last word
              rng.standard_normal((2 << 16) + 5).astype(np.float32),
-             rng.integers(0, 255, (4 << 16) + 3).astype(np.uint8)]
+             rng.integers(0, 255, (4 << 16) + 3).astype(np.uint8),
+             # hashed in place as (rows, last axis): 3-D, one column, one row, empty
+             rng.standard_normal((2, 3, 4)).astype(np.float32),
+             rng.integers(0, 9, (5, 1)).astype(np.uint32), np.float32([[1, 2, 3]]),
+             np.zeros((0, 3), np.float32)]
     for case, h in zip(cases, _device_hashes(cases)):
-        assert h == values.words_digest(values.prepare(case)[0]), case.dtype
+        assert h == values.words_digest(values.prepare(case)[0]), (case.dtype, case.shape)
+
+
+def test_device_statistics_follow_the_hosts_definitions():
+    """min, max, mean over the finite numbers (min/max over the non-NaN ones), L2 of the
+    finite ones, NaN and Inf counts: computed on the device by the finite-only reductions
+    when every number of the batch is finite, else by the masked ones for the whole batch;
+    both equal the host's statistics (float32 accumulation: within rounding)."""
+    from tracediff.capture import jax_digest
+
+    rng = np.random.default_rng(1)
+    finite = [rng.standard_normal((4, 6)).astype(np.float32), np.arange(7, dtype=np.int32),
+              np.array([True, False, True]), np.float32(-2.5),
+              (rng.standard_normal(3) + 1j * rng.standard_normal(3)).astype(np.complex64),
+              np.zeros(0, np.float32)]
+    odd = [np.float32([1, np.nan, -3]), np.float32([np.inf, 2, -np.inf, np.nan]),
+           np.float32([np.nan, np.nan]), np.float32([np.inf, 1])]
+    fn = jax.jit(lambda xs: jax_digest.packed(xs, True))
+    for batch in (finite, finite + odd, odd):
+        rows = np.asarray(fn([jax.numpy.asarray(a) for a in batch])).reshape(-1, 8)
+        for a, r in zip(batch, rows):
+            got = np.concatenate([r[2:6].view(np.float32).astype(np.float64), r[6:8]])
+            want = values.value_stats(np.asarray(a))
+            assert np.allclose(got, want, rtol=1e-6, equal_nan=True), (a, got, want)
 
 
 def test_words64_equal_hash_means_equal_bytes():
