@@ -54,8 +54,9 @@ def test_words64_on_the_device_equals_the_host():
 def test_device_statistics_follow_the_hosts_definitions():
     """min, max, mean over the finite numbers (min/max over the non-NaN ones), L2 of the
     finite ones, NaN and Inf counts: computed on the device by the finite-only reductions
-    when every number of the batch is finite, else by the masked ones for the whole batch;
-    both equal the host's statistics (float32 accumulation: within rounding)."""
+    when every number of the batch is finite, else by the masked ones for the whole batch
+    (inside a values program: the masked ones); all equal the host's statistics (float32
+    accumulation: within rounding)."""
     from tracediff.capture import jax_digest
 
     rng = np.random.default_rng(1)
@@ -65,13 +66,14 @@ def test_device_statistics_follow_the_hosts_definitions():
               np.zeros(0, np.float32)]
     odd = [np.float32([1, np.nan, -3]), np.float32([np.inf, 2, -np.inf, np.nan]),
            np.float32([np.nan, np.nan]), np.float32([np.inf, 1])]
-    fn = jax.jit(lambda xs: jax_digest.packed(xs, True))
-    for batch in (finite, finite + odd, odd):
-        rows = np.asarray(fn([jax.numpy.asarray(a) for a in batch])).reshape(-1, 8)
-        for a, r in zip(batch, rows):
-            got = np.concatenate([r[2:6].view(np.float32).astype(np.float64), r[6:8]])
-            want = values.value_stats(np.asarray(a))
-            assert np.allclose(got, want, rtol=1e-6, equal_nan=True), (a, got, want)
+    for inside in (False, True):   # a batch of a call's outputs; a values program's own
+        fn = jax.jit(lambda xs: jax_digest.packed(xs, True, inside=inside))
+        for batch in (finite, finite + odd, odd):
+            rows = np.asarray(fn([jax.numpy.asarray(a) for a in batch])).reshape(-1, 8)
+            for a, r in zip(batch, rows):
+                got = np.concatenate([r[2:6].view(np.float32).astype(np.float64), r[6:8]])
+                want = values.value_stats(np.asarray(a))
+                assert np.allclose(got, want, rtol=1e-6, equal_nan=True), (inside, a, got)
 
 
 def test_words64_equal_hash_means_equal_bytes():

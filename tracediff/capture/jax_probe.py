@@ -116,7 +116,8 @@ class Prober:
                     else:
                         out_at.append(n + len(more))
                         more.append(x)
-                pk = jax_digest.packed([x for x, m in zip(found, mask) if m] + more, True)
+                pk = jax_digest.packed([x for x, m in zip(found, mask) if m] + more, True,
+                                       inside=True)
                 return outs, [None if m else x for x, m in zip(found, mask)], pk
             if with_stats:  # statistics computed by XLA next to the values (jax_stats.py)
                 return outs, found, [jax_stats.stats_vector(x) if jax_stats.wants(x) else None
