@@ -29,8 +29,8 @@ import weakref
 import numpy as np
 
 from ..trace import schema, values
-from . import (Capture, ImportWatcher, jax_devices, jax_digest, jax_host, jax_internals, jax_probe,
-               nnx_paths, optax_tags)
+from . import (Capture, ImportWatcher, jax_devices, jax_digest, jax_fastjit, jax_host,
+               jax_internals, jax_probe, nnx_paths, optax_tags)
 from .optax_tags import OPTAX_TAG
 
 _CALL_PRIMS = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
@@ -159,6 +159,7 @@ class JaxCapture(Capture):
         self._cur_device = None   # the one device of the call being replayed, if any
         self._mesh_calls = {}     # id(jaxpr) -> (jaxpr, holds a shard_map)
         self._dtype_names = {}    # dtype -> str(dtype)
+        self.fast_calls = 0       # calls recorded around JAX's fast path (jax_fastjit)
 
     # -- install -----------------------------------------------------------------------------
     def install(self, session):
@@ -199,6 +200,9 @@ class JaxCapture(Capture):
         pjit._pjit_call_impl_python = self._impl_hook
         pjit._get_fastpath_data = self._fast_hook
         core.EvalTrace.process_primitive = self._make_pp_hook()
+        if self.calls_only and jax_fastjit.enabled():   # the script's jits keep the fast path
+            self._orig["jit"] = jax.jit
+            jax.jit = jax_fastjit.patched_jit(self, jax.jit)
         jax.clear_caches()
         self._optax = ImportWatcher({"optax": self._patch_optax, "flax.nnx": self._patch_nnx})
         self._optax.install()
@@ -276,6 +280,10 @@ class JaxCapture(Capture):
         self._pjit._pjit_call_impl_python = self._orig["impl"]
         self._pjit._get_fastpath_data = self._orig["fast"]
         self._core.EvalTrace.process_primitive = self._orig["pp"]
+        if "jit" in self._orig:
+            import jax
+
+            jax.jit = self._orig.pop("jit")
         self.flush_optim()
         if self.session is not None and self.session.active:
             w = self.session.writer
@@ -319,6 +327,12 @@ class JaxCapture(Capture):
         out["per_device"] = {"enabled": self.per_device, "shard_rows": self.shards,
                              "shard_map_bodies": self.bodies.bodies if self.session else 0,
                              "device_events": self.bodies.device_events if self.session else 0}
+        if "jit" in self._orig or self.fast_calls:
+            out["calls_on_fast_path"] = {
+                "calls": self.fast_calls,
+                "note": "--level calls: jit calls of functions with no static arguments ran "
+                        "through JAX's C++ fast path (the script's own executable), recorded "
+                        "around it where in the --steps window (capture/jax_fastjit.py)"}
         out["values"] = self.values_mode if self.session else None
         if self.session:
             out["values_default"] = "auto: compiled on an accelerator, replay on the CPU" \
@@ -421,6 +435,27 @@ class JaxCapture(Capture):
         """`--level calls` (and calls outside a --steps window): run the compiled call
         as is; record it (inputs and outputs, hash + stats) only when its step is in the
         window; count it as an optimizer step when its jaxpr holds optax tags."""
+        result = []
+
+        def run():
+            result.append(orig(*args, jaxpr=jaxpr, **params))
+            return jax_internals.call_outputs(result[0])
+
+        self.record_light_call(params.get("name", "?"), jaxpr, args, run)
+        _TL.intercepted = True
+        return result[0]
+
+    def records_fast_calls(self):
+        """Is a `jax_fastjit.FastJit` call to be recorded now (a concrete call of the
+        script's, not tracediff's own JAX work)?"""
+        return not _TL.suppress and self.session is not None and self.session.active and \
+            self._core.trace_state_clean()
+
+    def record_light_call(self, name, jaxpr, args, run):
+        """`_call_light`'s recording of one call: `args` its flat inputs, `run()` runs it
+        and returns its flat outputs (the hook's compiled call, or a `FastJit`'s)."""
+        if not self._decided:
+            self._decide()
         record = self._in_window()
         _TL.suppress += 1
         try:
@@ -433,7 +468,7 @@ class JaxCapture(Capture):
                     w = self.session.writer
                     names = self._arg_names(jaxpr, len(args))
                     call_id = w.add_event(framework=schema.FW_JAX, kind=schema.KIND_CALL,
-                                          op=f"jit:{params.get('name', '?')}",
+                                          op=f"jit:{name}",
                                           origin=schema.ORIGIN_COMPILED,
                                           name_stack=self._name_stack(),
                                           source=self._live_source(), step=self.step,
@@ -445,9 +480,8 @@ class JaxCapture(Capture):
                                     store=self._arg_needs_bytes(ref))
                 if self.digests is not None:   # before the call may donate its arguments
                     self.digests.dispatch()
-                result = orig(*args, jaxpr=jaxpr, **params)
+                outs = run()
                 if record:
-                    outs = jax_internals.call_outputs(result)
                     names = self._result_names(jaxpr, len(outs))
                     fetched = self._fetch_at_full(outs)
                     with self._outputs():
@@ -460,8 +494,6 @@ class JaxCapture(Capture):
                     self.step += 1
         finally:
             _TL.suppress -= 1
-        _TL.intercepted = True
-        return result
 
     def _known_producer(self, x):
         """(event, slot) of a recorded array, else unknown (no input snapshot event)."""

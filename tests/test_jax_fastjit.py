@@ -1,0 +1,95 @@
+"""At `--level calls` the script's jitted functions keep JAX's C++ fast path
+(capture/jax_fastjit.py): the calls are recorded around the script's own executable
+instead of through JAX's Python dispatch path. The trace must be the one the hook writes,
+row by row, and the script must not notice: same printed results, same errors, the
+jitted function's attributes and its use as a decorator factory, static arguments (left
+to the hook), donation, nested jits, optimizer steps counted for a --steps window."""
+
+import textwrap
+
+import pytest
+
+from .helpers import first_difference, record, run_plain
+
+jax = pytest.importorskip("jax")
+pytest.importorskip("optax")
+
+SCRIPT = textwrap.dedent("""
+    import functools, json, sys
+    import jax, jax.numpy as jnp, optax
+
+    opt = optax.adam(1e-2)
+
+    @jax.jit
+    def step(params, state, batch, *, scale=1.0):
+        print("tracing step")             # as often as plain: .trace() and the call share
+                                          # JAX's trace cache
+        def loss_fn(p):
+            return jnp.sum((p["w"] * batch["x"] + p["b"] - batch["y"]) ** 2) * scale
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, state = opt.update(grads, state, params)
+        return optax.apply_updates(params, updates), state, loss
+
+    @jax.jit(donate_argnums=0)            # a decorator factory, donating its argument
+    def bump(x):
+        return x + 1.0
+
+    @jax.jit
+    def inner(x):
+        return jnp.sin(x)
+
+    @jax.jit
+    def outer(x):                         # a jit called inside another's trace
+        return inner(x) * 2.0
+
+    @functools.partial(jax.jit, static_argnums=1)   # static: left to the hook
+    def power(x, n):
+        return x ** n
+
+    params = {"w": jnp.arange(4.0), "b": jnp.float32(0.5)}
+    state = opt.init(params)
+    batch = {"x": jnp.linspace(-1, 1, 4), "y": jnp.ones(4)}
+    x = jnp.zeros(3)
+    for i in range(6):
+        params, state, loss = step(params, state, batch, scale=0.5)
+        x = bump(x)
+        y = outer(x) + power(x, 2) + power(x, 3)
+    lowered = step.lower(params, state, batch).as_text()[:20]   # attributes still there
+    try:
+        step(params, state)                                  # the script's own error
+    except TypeError as exc:
+        print("error:", type(exc).__name__)
+    print(json.dumps({"loss": float(loss), "w": [float(v) for v in params["w"]],
+                      "y": [float(v) for v in y], "name": step.__name__,
+                      "lowered": bool(lowered)}))
+""")
+
+
+@pytest.mark.parametrize("window", [(), ("--steps", "2:4")])
+def test_calls_on_the_fast_path_write_the_hooks_trace(tmp_path, window):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    plain = run_plain(str(script))
+    traces = {}
+    for name, flag in (("hook", "0"), ("fast", "1")):
+        out = tmp_path / f"{name}.h5"
+        proc = record(str(script), out, env={"TRACEDIFF_JAX_FAST_JIT": flag},
+                      extra=("--level", "calls", *window))
+        assert proc.stdout == plain.stdout, proc.stderr[-2000:]
+        traces[name] = out
+    assert "error: TypeError" in plain.stdout and "tracing step" in plain.stdout
+    assert first_difference(traces["hook"], traces["fast"]) is None
+
+    import json
+
+    import h5py
+
+    with h5py.File(traces["fast"], "r") as f:
+        jx = json.loads(f["manifest"][()])["frameworks"]["jax"]
+        ops = [o.decode() if isinstance(o, bytes) else o for o in f["strings"][:]]
+    assert jx["optimizer_steps"] == 6
+    # step, bump and outer ran on the fast path, in the window or not (power: the hook)
+    assert jx["calls_on_fast_path"]["calls"] == 18
+    assert "jit:step" in ops and "jit:power" in ops
+    with h5py.File(traces["hook"], "r") as f:
+        assert "calls_on_fast_path" not in json.loads(f["manifest"][()])["frameworks"]["jax"]
