@@ -84,7 +84,8 @@ class FastJit:
 
 
 def patched_jit(capture, orig):
-    """`jax.jit` returning a `FastJit` for a function with no static arguments."""
+    """`jax.jit` returning a `FastJit` for a script's function with no static arguments
+    (tracediff's own programs, made while it records, stay plain)."""
 
     @functools.wraps(orig)
     def jit(*args, **kwargs):
@@ -92,7 +93,7 @@ def patched_jit(capture, orig):
             orig(**kwargs)   # has one (else its error)
             return lambda f: jit(f, **kwargs)
         fn = orig(*args, **kwargs)
-        if len(args) > 1 or any(kwargs.get(k) not in (None, (), []) for k in
+        if capture.own_work() or len(args) > 1 or any(kwargs.get(k) not in (None, (), []) for k in
                                 ("static_argnums", "static_argnames")) or \
                 not hasattr(fn, "trace"):
             return fn

@@ -445,6 +445,11 @@ class JaxCapture(Capture):
         _TL.intercepted = True
         return result[0]
 
+    @staticmethod
+    def own_work():
+        """Is tracediff's own JAX work running (nothing of it is recorded)?"""
+        return _TL.suppress > 0
+
     def records_fast_calls(self):
         """Is a `jax_fastjit.FastJit` call to be recorded now (a concrete call of the
         script's, not tracediff's own JAX work)?"""
