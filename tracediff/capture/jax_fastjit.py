@@ -62,7 +62,10 @@ class FastJit:
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
         key = (tree, tuple((getattr(x, "shape", None), getattr(x, "dtype", type(x)),
                             getattr(x, "weak_type", None)) for x in leaves))
-        sig = self._signatures.get(key)
+        try:
+            sig = self._signatures.get(key)
+        except TypeError:   # a leaf JAX will refuse (an unhashable shape): its error, by
+            return self._fn(*args, **kwargs)   # the hook's path
         if sig is None:
             try:
                 traced = self._fn.trace(*args, **kwargs)
