@@ -67,14 +67,16 @@ class FastJit:
         except TypeError:   # a leaf JAX will refuse (an unhashable shape): its error, by
             return self._fn(*args, **kwargs)   # the hook's path
         if sig is None:
+            if len(self._signatures) > 256:
+                self._signatures.clear()
             try:
                 traced = self._fn.trace(*args, **kwargs)
                 sig = Signature(traced.fun_name, traced.jaxpr)
-            except Exception:   # JAX raises it again, from the call itself
-                return self._fn(*args, **kwargs)
-            if len(self._signatures) > 256:
-                self._signatures.clear()
+            except Exception:   # the call's own error (JAX raises it again from the call),
+                sig = False     # or a JAX without these: this signature keeps the hook
             self._signatures[key] = sig
+        if sig is False:
+            return self._fn(*args, **kwargs)
         out = []
 
         def run():

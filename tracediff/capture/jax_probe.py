@@ -222,8 +222,8 @@ class Prober:
         """The `_Plan` of this call's events in this context, or None: the first call of a
         context runs `_emit` (and registers the program's constants), the second builds
         the plan, later ones reuse it. Only for values digested on the device (levels
-        stats and full) with no --ops/--modules window (the steady state of a long run); never when
-        TRACEDIFF_JAX_EMIT_PLAN=0 (the tests compare the two paths)."""
+        stats and full) with no --ops/--modules window (the steady state of a long run);
+        never when TRACEDIFF_JAX_EMIT_PLAN=0 (the tests compare the two paths)."""
         cap = self.capture
         if digested is None or stats is not None or cap.filtered or not _PLANS_ON:
             return None
