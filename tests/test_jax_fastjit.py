@@ -30,7 +30,12 @@ SCRIPT = textwrap.dedent("""
         updates, state = opt.update(grads, state, params)
         return optax.apply_updates(params, updates), state, loss
 
-    @jax.jit(donate_argnums=0)            # a decorator factory, donating its argument
+    try:
+        donating = jax.jit(donate_argnums=0)   # a decorator factory, where this JAX has one
+    except TypeError:
+        donating = functools.partial(jax.jit, donate_argnums=0)
+
+    @donating
     def bump(x):
         return x + 1.0
 
