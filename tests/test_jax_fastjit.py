@@ -2,8 +2,9 @@
 (capture/jax_fastjit.py): the calls are recorded around the script's own executable
 instead of through JAX's Python dispatch path. The trace must be the one the hook writes,
 row by row, and the script must not notice: same printed results, same errors, the
-jitted function's attributes and its use as a decorator factory, static arguments (left
-to the hook), donation, nested jits, optimizer steps counted for a --steps window."""
+jitted function's attributes, a jitted method, its use as a decorator factory, static
+arguments (left to the hook), donation, nested jits, optimizer steps counted for a
+--steps window."""
 
 import textwrap
 
@@ -51,6 +52,22 @@ SCRIPT = textwrap.dedent("""
     def power(x, n):
         return x ** n
 
+    @jax.tree_util.register_pytree_node_class
+    class Scaler:                         # a jitted method of a pytree class
+        def __init__(self, s):
+            self.s = s
+
+        def tree_flatten(self):
+            return (self.s,), None
+
+        @classmethod
+        def tree_unflatten(cls, aux, children):
+            return cls(*children)
+
+        @jax.jit
+        def apply(self, x):
+            return x * self.s
+
     params = {"w": jnp.arange(4.0), "b": jnp.float32(0.5)}
     state = opt.init(params)
     batch = {"x": jnp.linspace(-1, 1, 4), "y": jnp.ones(4)}
@@ -58,7 +75,7 @@ SCRIPT = textwrap.dedent("""
     for i in range(6):
         params, state, loss = step(params, state, batch, scale=0.5)
         x = bump(x)
-        y = outer(x) + power(x, 2) + power(x, 3)
+        y = outer(x) + power(x, 2) + power(x, 3) + Scaler(jnp.float32(i)).apply(x)
     lowered = step.lower(params, state, batch).as_text()[:20]   # attributes still there
     try:
         step(params, state)                                  # the script's own error
@@ -93,8 +110,9 @@ def test_calls_on_the_fast_path_write_the_hooks_trace(tmp_path, window):
         jx = json.loads(f["manifest"][()])["frameworks"]["jax"]
         ops = [o.decode() if isinstance(o, bytes) else o for o in f["strings"][:]]
     assert jx["optimizer_steps"] == 6
-    # step, bump and outer ran on the fast path, in the window or not (power: the hook)
-    assert jx["calls_on_fast_path"]["calls"] == 18
+    # step, bump, outer and apply ran on the fast path, in the window or not (power: the
+    # hook)
+    assert jx["calls_on_fast_path"]["calls"] == 24
     assert "jit:step" in ops and "jit:power" in ops
     with h5py.File(traces["hook"], "r") as f:
         assert "calls_on_fast_path" not in json.loads(f["manifest"][()])["frameworks"]["jax"]
