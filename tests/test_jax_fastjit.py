@@ -16,7 +16,7 @@ jax = pytest.importorskip("jax")
 pytest.importorskip("optax")
 
 SCRIPT = textwrap.dedent("""
-    import functools, json, sys
+    import functools, json, pickle, sys
     import jax, jax.numpy as jnp, optax
 
     opt = optax.adam(1e-2)
@@ -81,6 +81,10 @@ SCRIPT = textwrap.dedent("""
         step(params, state)                                  # the script's own error
     except TypeError as exc:
         print("error:", type(exc).__name__)
+    try:
+        print("pickled:", type(pickle.loads(pickle.dumps(bump))).__name__)
+    except Exception as exc:                                 # as JAX pickles it, or not
+        print("pickle:", type(exc).__name__)
     print(json.dumps({"loss": float(loss), "w": [float(v) for v in params["w"]],
                       "y": [float(v) for v in y], "name": step.__name__,
                       "lowered": bool(lowered)}))

@@ -53,6 +53,11 @@ class FastJit:
     def __get__(self, obj, objtype=None):   # a jitted method, as PjitFunction binds one
         return self if obj is None else types.MethodType(self, obj)
 
+    def __reduce_ex__(self, protocol):      # pickled (or refused) as the PjitFunction is
+        import pickle
+
+        return pickle.loads, (pickle.dumps(self._fn, protocol),)
+
     def __call__(self, *args, **kwargs):
         cap = self._capture
         if not cap.records_fast_calls():
