@@ -53,6 +53,9 @@ class FastJit:
     def __get__(self, obj, objtype=None):   # a jitted method, as PjitFunction binds one
         return self if obj is None else types.MethodType(self, obj)
 
+    def __repr__(self):
+        return repr(self._fn)
+
     def __reduce_ex__(self, protocol):      # pickled (or refused) as the PjitFunction is
         import pickle
 
