@@ -9,7 +9,7 @@ and what its jaxpr says once (name, argument and result names, whether it is an 
 step): `jax.jit` then returns a `FastJit`, which learns that from `.trace()` once per
 call signature and records each call around the script's own `PjitFunction`, called as
 it is (the same executable, through the C++ fast path). The calls it records are written
-by the recorder's `_light` exactly as the hook writes them (tests/test_jax_fastjit.py
+by the recorder's `record_light_call`, as the hook's are (tests/test_jax_fastjit.py
 compares the traces). Only jitted functions with no static arguments are wrapped (their
 mapping from arguments to the jaxpr's inputs is plain flattening); the others, and
 every jit call JAX's own modules make, keep the hook. TRACEDIFF_JAX_FAST_JIT=0 turns it
@@ -106,9 +106,9 @@ def patched_jit(capture, orig):
             orig(**kwargs)   # has one (else its error)
             return lambda f: jit(f, **kwargs)
         fn = orig(*args, **kwargs)
-        if capture.own_work() or len(args) > 1 or any(kwargs.get(k) not in (None, (), []) for k in
-                                ("static_argnums", "static_argnames")) or \
-                not hasattr(fn, "trace"):
+        static = any(kwargs.get(k) not in (None, (), []) for k in ("static_argnums",
+                                                                  "static_argnames"))
+        if capture.own_work() or len(args) > 1 or static or not hasattr(fn, "trace"):
             return fn
         return FastJit(capture, fn)
 
