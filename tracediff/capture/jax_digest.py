@@ -117,10 +117,7 @@ def stat_words(x):
     import jax.numpy as jnp
     from jax import lax
 
-    v = x
-    if np.dtype(x.dtype).kind == "c":
-        v = jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
-    v = v.astype(jnp.float32).reshape(-1)
+    v = _numbers(x).reshape(-1)
     nan = jnp.isnan(v)
     fin = jnp.isfinite(v)
     n_nan = nan.sum(dtype=jnp.uint32)
@@ -139,7 +136,8 @@ def stat_words(x):
 
 
 def _numbers(x):
-    """Traced: x's numbers as float32 (complex: real and imaginary parts), x's shape."""
+    """Traced: x's numbers as float32 (complex: its real and imaginary parts, on a last
+    axis of 2)."""
     import jax.numpy as jnp
 
     if np.dtype(x.dtype).kind == "c":

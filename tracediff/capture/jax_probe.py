@@ -67,8 +67,8 @@ class Prober:
 
         # values hashed (and summarised) on the device (jax_digest): the program returns
         # one packed uint32 vector for them, and at level stats not the values themselves,
-        # so XLA need not write the intermediates out (a 4096-wide MLP's step: 14 GB);
-        # optax-tagged values are returned (the optimizer step records them)
+        # so XLA need not write the intermediates out (a 4096-wide MLP's step: 14 GB); at
+        # level full it returns the values, hashed from the arrays it returns
         digest = self.values_mode and self.capture.digests is not None
         full = self.capture.session.writer.level == "full"
         mask = []   # per found value: digested on the device (filled while tracing)
@@ -83,30 +83,29 @@ class Prober:
         def program(*args):
             found, tags = [], []
             outs = self._walk(closed, list(args), found, tags)
-            if digest and full:
-                # the values come back as they are and are hashed afterwards from the
-                # returned arrays (`_Digested`: DeviceDigests.fetch, one program and one
-                # copy for all the small ones, optax-tagged ones too), not here: XLA may
-                # recompute a value inside a hashing fusion with other rounding (an FMA
-                # contracted in one fusion and not the other, seen on XLA:CPU); a final
-                # output that is an equation's value takes that value's hash and bytes
-                mask[:] = [jax_digest.dtype_ok(x.dtype) for x in found]
-                at = {}
-                for n, x in enumerate(x for x, m in zip(found, mask) if m):
-                    at.setdefault(id(x), n)
-                out_at[:] = [at.get(id(x)) for x in outs]
-                return outs, found
             if digest:
-                # every value of a hashable dtype is digested here, optax-tagged ones too
-                # (the optimizer step's rows take their words: `Ref`), and the program's
-                # final outputs where they are not equation outputs already (the probe
-                # call's rows): one program a call, no second pass over the same values
+                # every value of a hashable dtype is digested, optax-tagged ones too;
+                # `at`: a value's place among them (a final output that is an equation's
+                # value takes that value's words)
                 mask[:] = [jax_digest.dtype_ok(x.dtype) for x in found]
                 at, n = {}, 0
                 for x, m in zip(found, mask):
                     if m:
                         at.setdefault(id(x), n)
                         n += 1
+            if digest and full:
+                # the values come back as they are and are hashed afterwards from the
+                # returned arrays (`_Digested`: DeviceDigests.fetch, one program and one
+                # copy for all the small ones), not here: XLA may recompute a value inside
+                # a hashing fusion with other rounding (an FMA contracted in one fusion
+                # and not the other, seen on XLA:CPU)
+                out_at[:] = [at.get(id(x)) for x in outs]
+                return outs, found
+            if digest:
+                # digested here (the optimizer step's rows take their words: `Ref`), and
+                # the program's final outputs where they are not equation outputs already
+                # (the probe call's rows): one program a call, no second pass over the
+                # same values
                 more = []
                 for x in outs:
                     if not jax_digest.dtype_ok(x.dtype):

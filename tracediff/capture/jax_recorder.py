@@ -453,7 +453,7 @@ class JaxCapture(Capture):
     def records_fast_calls(self):
         """Is a `jax_fastjit.FastJit` call to be recorded now (a concrete call of the
         script's, not tracediff's own JAX work)?"""
-        return not _TL.suppress and self.session is not None and self.session.active and \
+        return not self.own_work() and self.session is not None and self.session.active and \
             self._core.trace_state_clean()
 
     def record_light_call(self, name, jaxpr, args, run):
