@@ -113,6 +113,8 @@ def main():
     extra = shlex.split(args.extra)
     print("| program | run | steps | loop a step | vs plain | trace | values a step | disk | |")
     print("|---|---|---|---|---|---|---|---|---|")
+    if args.folder:
+        os.makedirs(args.folder, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.folder) as folder:
         for name in args.only.split(","):
             if name == "defaults":

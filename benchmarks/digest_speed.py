@@ -6,9 +6,16 @@ program over the call's outputs that computes their words64 hashes and statistic
 (parameters and both Adam moments). This prints, for arrays of that shape on the
 device, the time of one such program beside a plain read of the same bytes (a sum):
 
-    read (sum)        the memory floor
-    words64           the two hash lanes alone
-    words64 + stats   what `calls` and `stats` compute (jax_digest.packed)
+    read (sum)                  the memory floor
+    words64                     the two hash lanes alone (level full)
+    words64 + stats, one pass   what `calls` and `stats` compute on an accelerator: one
+                                variadic reduction a value (jax_digest.packed)
+    words64 + stats, apart      the same with each float reduction alone (XLA:CPU's)
+    masked, one pass / apart    the statistics of a values program (`inside`)
+
+and beside each program with statistics the largest error of a value's mean (over its RMS)
+and of its L2 (relative) against float64 sums on the host: locate's bounds allow ~1e-6 *
+log2 n and ~eps * sqrt n (diff/compare/levels.py).
 
     python benchmarks/digest_speed.py [--arrays 12] [--side 4096] [--repeat 10]
 
@@ -23,6 +30,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
+import numpy as np  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from tracediff.capture import jax_digest  # noqa: E402
@@ -51,12 +59,30 @@ def main():
     nbytes = sum(x.nbytes for x in xs)
     print(f"backend={jax.default_backend()} kind={jax.devices()[0].device_kind} "
           f"values={len(xs)} bytes={nbytes / 1e6:.0f} MB")
+    host = [np.asarray(x, np.float64) for x in xs]
+    want = np.array([[h.mean(), np.sqrt((h * h).sum())] for h in host])
+    rms = want[:, 1] / np.sqrt([h.size for h in host])
     programs = [("read (sum)", lambda xs: jnp.stack([x.sum() for x in xs])),
-                ("words64", lambda xs: jax_digest.packed(xs, False)),
-                ("words64 + stats", lambda xs: jax_digest.packed(xs, True))]
+                ("words64", lambda xs: jax_digest.packed(xs, False))]
+    for together in (True, False):
+        how = "one pass" if together else "apart"
+        programs += [(f"words64 + stats, {how}",
+                      lambda xs, t=together: jax_digest.packed(xs, True, together=t)),
+                     (f"masked, {how}",
+                      lambda xs, t=together: jax_digest.packed(xs, True, inside=True,
+                                                               together=t))]
+    print("| program | time | speed | error: mean / RMS, L2 |")
+    print("|---|---|---|---|")
     for name, fn in programs:
-        dt = timed(jax.jit(fn), xs, args.repeat)
-        print(f"| {name} | {dt * 1e3:.3f} ms | {nbytes / dt / 1e9:.1f} GB/s |", flush=True)
+        fn = jax.jit(fn)
+        dt = timed(fn, xs, args.repeat)
+        err = ""
+        if "stats" in name or "masked" in name:
+            _, _, st, _ = jax_digest.unpack_all(np.asarray(fn(xs)), True)
+            off = np.abs(st[:, 2:4] - want)
+            err = f"{(off[:, 0] / rms).max():.1e}, {(off[:, 1] / want[:, 1]).max():.1e}"
+        print(f"| {name} | {dt * 1e3:.3f} ms | {nbytes / dt / 1e9:.1f} GB/s | {err} |",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ float64/complex128 replayed on the host CPU (capture/jax_host.py) leave the scri
 ending as it is. The device code paths run here on XLA:CPU (TRACEDIFF_JAX_DIGEST_ON_DEVICE,
 TRACEDIFF_JAX_WIDE_ON_HOST), as on a TPU."""
 
+import itertools
 import json
 import textwrap
 
@@ -20,13 +21,21 @@ jax = pytest.importorskip("jax")
 
 
 def _device_hashes(arrays):
-    """words64 of each array computed by the device program (jax_digest) on XLA:CPU."""
+    """words64 of each array computed by the device programs (jax_digest) on XLA:CPU: the
+    hash alone (level full), and with the statistics reduced in the same pass (an
+    accelerator's) or beside it (XLA:CPU's); the three agree."""
     from tracediff.capture import jax_digest
 
-    fn = jax.jit(lambda xs: jax_digest.packed(xs, True))
-    a, b, _, _ = jax_digest.unpack_all(np.asarray(fn([jax.numpy.asarray(a) for a in arrays])),
-                                       True)
-    return [values.words_finish(p, q, np.asarray(x).nbytes) for p, q, x in zip(a, b, arrays)]
+    found = []
+    for fn in (lambda xs: jax_digest.packed(xs, False),
+               lambda xs: jax_digest.packed(xs, True, together=True),
+               lambda xs: jax_digest.packed(xs, True, together=False)):
+        out = np.asarray(jax.jit(fn)([jax.numpy.asarray(a) for a in arrays]))
+        a, b, _, _ = jax_digest.unpack_all(out, out.size > 2 * len(arrays))
+        found.append([values.words_finish(p, q, np.asarray(x).nbytes)
+                      for p, q, x in zip(a, b, arrays)])
+    assert found[0] == found[1] == found[2]
+    return found[0]
 
 
 def test_words64_on_the_device_equals_the_host():
@@ -55,7 +64,7 @@ def test_device_statistics_follow_the_hosts_definitions():
     """min, max, mean over the finite numbers (min/max over the non-NaN ones), L2 of the
     finite ones, NaN and Inf counts: computed on the device by the finite-only reductions
     when every number of the batch is finite, else by the masked ones for the whole batch
-    (inside a values program: the masked ones); all equal the host's statistics (float32
+    (inside a values program: the masked ones), in one pass or apart; all equal the host's statistics (float32
     accumulation: within rounding)."""
     from tracediff.capture import jax_digest
 
@@ -66,14 +75,44 @@ def test_device_statistics_follow_the_hosts_definitions():
               np.zeros(0, np.float32)]
     odd = [np.float32([1, np.nan, -3]), np.float32([np.inf, 2, -np.inf, np.nan]),
            np.float32([np.nan, np.nan]), np.float32([np.inf, 1])]
-    for inside in (False, True):   # a batch of a call's outputs; a values program's own
-        fn = jax.jit(lambda xs: jax_digest.packed(xs, True, inside=inside))
+    for inside, together in itertools.product((False, True), (False, True)):
+        # a batch of a call's outputs, or a values program's own; one pass (an
+        # accelerator) or float reductions apart (XLA:CPU)
+        fn = jax.jit(lambda xs: jax_digest.packed(xs, True, inside=inside, together=together))
         for batch in (finite, finite + odd, odd):
             rows = np.asarray(fn([jax.numpy.asarray(a) for a in batch])).reshape(-1, 8)
             for a, r in zip(batch, rows):
                 got = np.concatenate([r[2:6].view(np.float32).astype(np.float64), r[6:8]])
                 want = values.value_stats(np.asarray(a))
-                assert np.allclose(got, want, rtol=1e-6, equal_nan=True), (inside, a, got)
+                assert np.allclose(got, want, rtol=1e-6, equal_nan=True), \
+                    (inside, together, a, got)
+
+
+def test_device_statistics_stay_within_locates_rounding_allowance():
+    """A large value's mean and L2, summed on the device in float32 in one pass or apart,
+    stay within the rounding locate allows for when it bounds a difference by them
+    (diff/compare/levels.py: 1e-6 * RMS * log2 n for the mean, eps * sqrt n more for the
+    L2 over sqrt n): otherwise two equal values read as different. XLA:CPU accumulates a
+    variadic reduction in one sequential chain, the worst order there is: the one-pass
+    form reduces rows first, then columns."""
+    import math
+
+    from tracediff.capture import jax_digest
+
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal((2048, 1024)) + 3.0).astype(np.float32)
+    exact = x.astype(np.float64)
+    n = x.size
+    mean, l2 = exact.mean(), math.sqrt((exact * exact).sum())
+    rms = l2 / math.sqrt(n)
+    slack = 1e-6 * rms * math.log2(n)
+    for inside, together in itertools.product((False, True), (False, True)):
+        fn = jax.jit(lambda xs: jax_digest.packed(xs, True, inside=inside, together=together))
+        row = np.asarray(fn([jax.numpy.asarray(x)])).reshape(8)
+        got_mean, got_l2 = row[4:6].view(np.float32).astype(np.float64)
+        assert abs(got_mean - mean) <= slack, (inside, together, got_mean, mean)
+        assert abs(got_l2 - l2) / math.sqrt(n) <= slack + rms * 2.0 ** -23 * math.sqrt(n), \
+            (inside, together, got_l2, l2)
 
 
 def test_words64_equal_hash_means_equal_bytes():
