@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 import pytest
 
-from tracediff.trace import values
+from tracediff.trace import schema, values
 
 from .helpers import record, script_env
 
@@ -199,6 +199,67 @@ def test_device_hashing_and_host_replay_change_neither_trace_nor_ending(tmp_path
         assert (sd["value"] == sh["value"]).all()   # rows filled later, in another order
         for field in ("min", "max"):
             assert np.allclose(sd[field], sh[field], equal_nan=True)
+
+
+TRAIN = textwrap.dedent("""
+    import jax, jax.numpy as jnp, optax
+    opt = optax.adam(1e-2)
+
+    @jax.jit
+    def step(params, state, x):
+        loss, grads = jax.value_and_grad(
+            lambda p: jnp.sum(jnp.tanh(x @ p["w"] + p["b"]) ** 2))(params)
+        updates, state = opt.update(grads, state, params)
+        return optax.apply_updates(params, updates), state, loss, (loss > 0).astype(jnp.int8)
+
+    params = {"w": jnp.linspace(-1, 1, 12, dtype=jnp.float32).reshape(4, 3),
+              "b": jnp.zeros(3, jnp.bfloat16).astype(jnp.float32)}
+    state = opt.init(params)
+    x = jnp.ones((2, 4), jnp.float32)
+    for _ in range(4):
+        params, state, loss, flag = step(params, state, x)
+    print(float(loss), int(flag))
+""")
+
+
+def test_calls_hashed_on_the_device_write_the_hosts_rows(tmp_path):
+    """At --level calls a jitted step's rows are made once per signature and its outputs
+    hashed on the device by one program (`_LightPlan`, `DeviceDigests.add_rows`): the
+    trace holds the rows the host path writes value by value (names, dtypes, shapes,
+    flags, hashes; statistics within float32 rounding), and a later step's arguments
+    (outputs of the step before, known by name, dtype and shape only) say what those
+    outputs were."""
+    from .helpers import trace_rows
+
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    traces = {}
+    for name, flag in (("device", "1"), ("host", "0")):
+        out = tmp_path / f"{name}.h5"
+        record(str(script), out, env={"TRACEDIFF_JAX_DIGEST_ON_DEVICE": flag},
+               extra=("--level", "calls", "--hash", "words64"))
+        traces[name] = out
+    assert _manifest(traces["device"])["frameworks"]["jax"]["digests_on_device"]["values"] > 0
+    rows, host = trace_rows(traces["device"]), trace_rows(traces["host"])
+    for table in rows:
+        if table != "stats":
+            assert rows[table] == host[table], table
+    assert len(rows["stats"]) == len(host["stats"]) > 0
+    for a, b in zip(rows["stats"], host["stats"]):   # value, min, max, mean, l2, nan, inf
+        scale = max(abs(a[1]), abs(a[2]), 1e-30)
+        assert a[:3] == b[:3] and a[5:] == b[5:]
+        assert np.allclose(a[3:5], b[3:5], rtol=1e-6, atol=1e-6 * scale), (a, b)
+    with h5py.File(traces["device"], "r") as f:
+        fields = f["values"].dtype.names
+    vals = [dict(zip(fields, r)) for r in rows["values"]]
+    by_slot = {(v["event"], v["role"], v["slot"]): v for v in vals}
+    inputs = [r for r in rows["inputs"] if r[2] >= 0]   # (event, slot, producer, slot)
+    assert len(inputs) == 3 * 7    # steps 2-4: params (2), Adam state (5), from the step before
+    for event, slot, producer, pslot in inputs:
+        arg = by_slot[(event, schema.ROLE_IN, slot)]
+        made = by_slot[(producer, schema.ROLE_OUT, pslot)]
+        assert (arg["dtype"], arg["shape"]) == (made["dtype"], made["shape"])
+        assert arg["flags"] & schema.VFLAG_NOT_STORED and arg["name"]
 
 
 CAN_DIGEST = textwrap.dedent("""

@@ -491,6 +491,11 @@ class DeviceDigests:
             self.drain()
         return Ref(res, 0, x.dtype, tuple(x.shape), nbytes)
 
+    def add_rows(self, xs, first, nbytes):
+        """`add` for values whose rows are reserved already, one after another from handle
+        `first` (a call's outputs: `TraceWriter.reserve_rows`), run as one program."""
+        self._run_batch(list(xs), Result(None, [(first + i, n) for i, n in enumerate(nbytes)]))
+
     def add_ref(self, eid, slot, ref, role, name=None):
         """A row for a value already digested (`Ref`): filled from its result, now if it
         was read already, else at the drain that reads it. No program runs."""

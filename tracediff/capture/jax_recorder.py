@@ -137,6 +137,33 @@ def _jaxpr_has_tag(jaxpr, depth):
     return False
 
 
+class _LightPlan:
+    """The rows of a recorded call made once per jitted function and signature, where
+    `record_light_call` wrote them value by value at every call (~5 us a value, 20-40
+    values a training step's call): its arguments' rows for when each was recorded
+    already (name, dtype and shape only; `in_rows`), and its outputs' string ids and byte
+    counts for rows hashed on the device (`out_ids`, `out_nbytes`; None where a dtype is
+    not hashed there)."""
+
+    __slots__ = ("jaxpr", "in_rows", "out_ids", "out_nbytes")
+
+    def __init__(self, closed, writer, digests, arg_names, result_names):
+        self.jaxpr = closed
+        self.in_rows = self.out_ids = self.out_nbytes = None
+        ins, outs = closed.in_avals, closed.out_avals
+        if not all(hasattr(a, "dtype") and hasattr(a, "shape") for a in (*ins, *outs)):
+            return
+        names = arg_names(closed, len(ins))
+        self.in_rows = [writer.meta_row(slot, str(a.dtype), a.shape, schema.ROLE_IN,
+                                        names[slot]) for slot, a in enumerate(ins)]
+        if digests is None or not all(jax_digest.dtype_ok(a.dtype) for a in outs):
+            return
+        names = result_names(closed, len(outs))
+        made = [digests.ids_of(a) for a in outs]
+        self.out_ids = [(ids, writer.intern(name)) for (ids, _), name in zip(made, names)]
+        self.out_nbytes = [n for _, n in made]
+
+
 class JaxCapture(Capture):
     framework = "jax"
     trigger = "jax"
@@ -175,6 +202,7 @@ class JaxCapture(Capture):
         self.calls_only = getattr(self.opts, "level", "full") == "calls"
         self.filtered = bool(getattr(self.opts, "filtered", False))
         self._optax_calls = {}      # id(jaxpr) -> (jaxpr, contains optax tags)
+        self._light_plans = {}      # id(jaxpr) -> _LightPlan
         probe = getattr(self.opts, "probe", None)
         self.prober = jax_probe.Prober(self, probe) if probe and not self.calls_only else None
         # per-device capture (jax_devices): shards/replicas of global arrays, shard_map and
@@ -471,34 +499,57 @@ class JaxCapture(Capture):
                 if record:
                     self.calls += 1
                     w = self.session.writer
-                    names = self._arg_names(jaxpr, len(args))
                     call_id = w.add_event(framework=schema.FW_JAX, kind=schema.KIND_CALL,
                                           op=f"jit:{name}",
                                           origin=schema.ORIGIN_COMPILED,
                                           name_stack=self._name_stack(),
                                           source=self._live_source(), step=self.step,
                                           params=f"{len(jaxpr.jaxpr.eqns)} eqns")
-                    for slot, x in enumerate(args):
-                        ref = self._known_producer(x)
-                        w.add_input(call_id, slot, *ref)
-                        self.store(call_id, slot, x, name=names[slot], role=schema.ROLE_IN,
-                                    store=self._arg_needs_bytes(ref))
+                    plan = self._light_plan(jaxpr)
+                    refs = [self._known_producer(x) for x in args]
+                    w.add_inputs(call_id, refs)
+                    if plan.in_rows is not None and not self.filtered and \
+                            all(r[0] >= 0 for r in refs):
+                        w.add_meta_rows(call_id, plan.in_rows)   # all recorded already
+                    else:
+                        names = self._arg_names(jaxpr, len(args))
+                        for slot, (x, ref) in enumerate(zip(args, refs)):
+                            self.store(call_id, slot, x, name=names[slot],
+                                       role=schema.ROLE_IN, store=self._arg_needs_bytes(ref))
                 if self.digests is not None:   # before the call may donate its arguments
                     self.digests.dispatch()
                 outs = run()
                 if record:
-                    names = self._result_names(jaxpr, len(outs))
-                    fetched = self._fetch_at_full(outs)
-                    with self._outputs():
-                        for slot, (x, (v, h)) in enumerate(zip(outs, fetched)):
-                            self.store(call_id, slot, v, name=names[slot], h=h)
+                    if plan.out_ids is not None and self.digests is not None and \
+                            w.level != "full" and all(map(jax_digest.can_digest, outs)):
+                        self.digests.add_rows(outs, w.reserve_rows(call_id, schema.ROLE_OUT,
+                                                                   plan.out_ids),
+                                              plan.out_nbytes)
+                        for slot, x in enumerate(outs):
                             self._register(x, call_id, slot)
+                    else:
+                        names = self._result_names(jaxpr, len(outs))
+                        fetched = self._fetch_at_full(outs)
+                        with self._outputs():
+                            for slot, (x, (v, h)) in enumerate(zip(outs, fetched)):
+                                self.store(call_id, slot, v, name=names[slot], h=h)
+                                self._register(x, call_id, slot)
                     if self.digests is not None:
                         self.digests.dispatch()
                 if self._has_optax(jaxpr):
                     self.step += 1
         finally:
             _TL.suppress -= 1
+
+    def _light_plan(self, closed):
+        """A jitted function's rows made once per signature (`_LightPlan`, cached by its
+        closed jaxpr)."""
+        hit = self._light_plans.get(id(closed))
+        if hit is not None and hit.jaxpr is closed:
+            return hit
+        plan = self._light_plans[id(closed)] = _LightPlan(
+            closed, self.session.writer, self.digests, self._arg_names, self._result_names)
+        return plan
 
     def _known_producer(self, x):
         """(event, slot) of a recorded array, else unknown (no input snapshot event)."""

@@ -315,6 +315,31 @@ class TraceWriter:
             sid = self._shape_ids[shape] = self.intern(values.shape_str(shape))
         return (self.intern(dtype_name), self.intern(storage), sid)
 
+    def add_meta_rows(self, event, rows):
+        """`add_meta_value` for many values of one event whose rows were made once (a
+        jitted call's arguments at every step): rows = [(slot, role, flags, dtype id,
+        dtype id, shape id, name id, -1, 0, 0)] (`meta_row`)."""
+        self._rows["values"].extend([(event, *row) for row in rows])
+
+    def meta_row(self, slot, dtype_name, shape, role=schema.ROLE_OUT, name=None,
+                 flags=schema.VFLAG_NOT_STORED):
+        """The row `add_meta_value` appends, less its event (for `add_meta_rows`)."""
+        shape = tuple(shape)
+        sid = self._shape_ids.get(shape)
+        if sid is None:
+            sid = self._shape_ids[shape] = self.intern(values.shape_str(shape))
+        dt = self.intern(dtype_name)
+        return (slot, role, flags, dt, dt, sid, self.intern(name), -1, 0, 0)
+
+    def reserve_rows(self, event, role, ids):
+        """`reserve_ids` for slots 0.. of one event: ids = [(string ids, name id)]; returns
+        the first row's handle (the others follow it)."""
+        rows = self._rows["values"]
+        first = len(rows)
+        rows.extend([(event, slot, role, 0, *i, name_id, -1, 0, 0)
+                     for slot, (i, name_id) in enumerate(ids)])
+        return first
+
     def reserve_ids(self, event, slot, role, ids, name_id=-1):
         """`reserve_value` with the row's string ids already made (`value_ids`)."""
         rows = self._rows["values"]
@@ -701,13 +726,8 @@ class TraceWriter:
     def add_meta_value(self, event, slot, dtype_name, shape, *, role=schema.ROLE_OUT, name=None,
                        flags=schema.VFLAG_NOT_STORED):
         """A value whose bytes are not stored (uninitialised memory, meta tensors)."""
-        shape = tuple(shape)
-        sid = self._shape_ids.get(shape)
-        if sid is None:
-            sid = self._shape_ids[shape] = self.intern(values.shape_str(shape))
-        dt = self.intern(dtype_name)
-        self._rows["values"].append((event, slot, role, flags, dt, dt, sid, self.intern(name),
-                                     -1, 0, 0))
+        self._rows["values"].append((event, *self.meta_row(slot, dtype_name, shape, role,
+                                                           name, flags)))
 
     def add_input(self, event, slot, producer, producer_slot=0):
         self._rows["inputs"].append((event, slot, producer, producer_slot))
