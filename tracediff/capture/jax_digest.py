@@ -292,6 +292,12 @@ def joined(shapes):
     return out
 
 
+def fetch_parts(xs, small):
+    """Traced: (the words64 lanes of xs, the words of those marked in `small` end to end
+    or None), for `DeviceDigests.fetched`."""
+    return packed(xs, False), join([x for x, j in zip(xs, small) if j])
+
+
 def join(xs):
     """Traced: the words of xs end to end (one uint32 vector), or None for no value."""
     import jax.numpy as jnp
@@ -559,37 +565,44 @@ class DeviceDigests:
 
     def fetch(self, xs):
         """Level full: [(words64 hash, bytes on the host or None)] of arrays on their
-        device, read now, by one program for all of them (a call's outputs, a values
-        program's values, an optimizer step's values: one dispatch and one read, not one a
-        value) that also joins the small ones' words into one buffer (`joined`): one copy
-        to the host for those, returned as views of it; the others' copies are started
-        here and left to the caller (None). The hashes are of the arrays given, not of a
-        recomputation."""
+        device, read now, by one program for all of them (a call's outputs, an optimizer
+        step's values: one dispatch and one read, not one a value) that also joins the
+        small ones' words into one buffer (`fetch_parts`): one copy to the host for those,
+        returned as views of it; the others' copies are started here and left to the
+        caller (None). The hashes are of the arrays given, not of a recomputation."""
         small = tuple(joined([(x.shape, x.dtype) for x in xs]))
-        for x, j in zip(xs, small):
-            if not j:
-                try:
-                    x.copy_to_host_async()
-                except Exception:
-                    pass
         fn = self._programs.get(("fetch", small))
         if fn is None:
             import jax
 
-            fn = self._programs[("fetch", small)] = jax.jit(lambda xs: (
-                packed(xs, False), join([x for x, j in zip(xs, small) if j])))
+            fn = self._programs[("fetch", small)] = jax.jit(
+                lambda xs: fetch_parts(xs, small))
         with self.quiet():
             lanes, flat = fn(list(xs))
+        return self.fetched([(x.shape, x.dtype) for x in xs], small, lanes, flat,
+                            [x for x, j in zip(xs, small) if not j])
+
+    def fetched(self, avals, small, lanes, flat, rest):
+        """`fetch`'s answer from `fetch_parts`' results (lanes, joined words) of values of
+        these (shape, dtype)s, computed in some program (`fetch`'s, or a values program's),
+        `rest` the values not joined, whose copies start here."""
+        for x in rest:
+            try:
+                x.copy_to_host_async()
+            except Exception:
+                pass
+        with self.quiet():
             if flat is not None:
                 flat.copy_to_host_async()
             lanes = np.asarray(lanes)
             views = HostViews(np.asarray(flat)) if flat is not None else None
-        self.values += len(xs)
+        self.values += len(avals)
         self.batches += 1
         a, b, _, _ = unpack_all(lanes, False)
-        hashes = finish_all(a, b, [x.nbytes for x in xs]).tolist()
-        return [(h, views.next(x.dtype, x.shape) if j else None)
-                for h, x, j in zip(hashes, xs, small)]
+        nbytes = [math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in avals]
+        hashes = finish_all(a, b, nbytes).tolist()
+        return [(h, views.next(dtype, shape) if j else None)
+                for h, (shape, dtype), j in zip(hashes, avals, small)]
 
     def adopt(self, out, rows):
         """A packed result computed elsewhere (the values program of a call) for rows

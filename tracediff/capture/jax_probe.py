@@ -68,11 +68,12 @@ class Prober:
         # values hashed (and summarised) on the device (jax_digest): the program returns
         # one packed uint32 vector for them, and at level stats not the values themselves,
         # so XLA need not write the intermediates out (a 4096-wide MLP's step: 14 GB); at
-        # level full it returns the values, hashed from the arrays it returns
+        # level full it returns their hashes, the small ones' words joined, the others
         digest = self.values_mode and self.capture.digests is not None
         full = self.capture.session.writer.level == "full"
         mask = []   # per found value: digested on the device (filled while tracing)
         out_at = []  # per final output: its value's place in the packed result, or None
+        joined, avals = [], []   # level full: per digested value, joined? and (shape, dtype)
 
         # statistics in the program only off the CPU: there they save moving every byte
         # across the bus; on the CPU XLA's extra reductions were measured dearer than
@@ -94,13 +95,22 @@ class Prober:
                         at.setdefault(id(x), n)
                         n += 1
             if digest and full:
-                # the values come back as they are and are hashed afterwards from the
-                # returned arrays (`_Digested`: DeviceDigests.fetch, one program and one
-                # copy for all the small ones), not here: XLA may recompute a value inside
-                # a hashing fusion with other rounding (an FMA contracted in one fusion
-                # and not the other, seen on XLA:CPU)
+                # hashed here, and the small ones joined into one buffer (`fetch_parts`),
+                # from the values as an optimization barrier hands them on: XLA may not
+                # recompute a value inside a hashing fusion with other rounding (an FMA
+                # contracted in one fusion and not the other, seen on XLA:CPU), so the
+                # hashes are of the very bytes returned. One program a call, and no
+                # per-value output for the joined ones (on a TPU v5e a program's output
+                # costs its dispatch ~7 us, and a defaults step has ~300 values)
                 out_at[:] = [at.get(id(x)) for x in outs]
-                return outs, found
+                kept = [x for x, m in zip(found, mask) if m]
+                avals[:] = [(x.shape, x.dtype) for x in kept]
+                joined[:] = small = jax_digest.joined(avals)
+                if kept:
+                    kept = list(jax.lax.optimization_barrier(kept))
+                parts = jax_digest.fetch_parts(kept, small)
+                back = iter(None if j else x for x, j in zip(kept, small))
+                return outs, [next(back) if m else x for x, m in zip(found, mask)], parts
             if digest:
                 # digested here (the optimizer step's rows take their words: `Ref`), and
                 # the program's final outputs where they are not equation outputs already
@@ -124,8 +134,9 @@ class Prober:
             return outs, found
 
         fn = jax.jit(program)
-        self._programs[id(closed)] = (closed, fn, mask if digest else None, out_at)
-        return fn, (mask if digest else None), out_at
+        full_meta = (joined, avals) if digest and full else None
+        self._programs[id(closed)] = (closed, fn, mask if digest else None, out_at, full_meta)
+        return fn, (mask if digest else None), out_at, full_meta
 
     def _walk(self, closed, vals, found, tags=None):
         """Trace the equations of `closed` (under jax.jit), appending every equation's
@@ -160,13 +171,14 @@ class Prober:
         returns the probe's final outputs (for `check`), None when it could not run."""
         cap = self.capture
         try:
-            fn, mask, out_at = self._program(closed)
+            fn, mask, out_at, full_meta = self._program(closed)
             res = fn(*args)
             outs, found = res[0], res[1]
             stats = iter(res[2]) if len(res) > 2 and mask is None else None
             digested = None
             if mask is not None:
-                digested = _Digested(cap, mask, res[2] if len(res) > 2 else None, found)
+                digested = _Digested(cap, mask, res[2] if len(res) > 2 else None, found,
+                                     full_meta)
         except Exception as exc:  # never break the script: the probe is extra work
             if len(self.errors) < 100:
                 self.errors.append(f"{name}: {type(exc).__name__}: {str(exc)[:200]}")
@@ -332,19 +344,23 @@ def _is_tag(site, eqn):
 class _Digested:
     """The values of one values-program run hashed on the device: at level stats their
     rows are reserved and filled from the packed result (read asynchronously, at the next
-    drain); at level full the returned values are hashed and brought to the host by
-    `DeviceDigests.fetch` (the small ones in one copy), as a call's outputs are."""
+    drain); at level full the program hashed them and joined the small ones into one
+    buffer, brought to the host by `DeviceDigests.fetched` (one copy), the others
+    returned as arrays."""
 
-    def __init__(self, cap, mask, packed, found):
-        """packed: the values program's digests (level stats); None at level full."""
+    def __init__(self, cap, mask, packed, found, full_meta=None):
+        """packed: the values program's digests (level stats), or at level full its
+        `fetch_parts` with `full_meta` = (joined?, (shape, dtype)) per digested value."""
         self.cap, self.mask = cap, iter(mask)
         self.full = cap.session.writer.level == "full"
         self.reserve = cap.digests.reserve
         self.at = 0                   # the next digested value's place in the result
-        self.result = jax_digest.Result(packed)
+        self.result = jax_digest.Result(None if self.full else packed)
         self.rows = self.result.rows
         if self.full:
-            self.fetched = cap.digests.fetch([x for x, m in zip(found, mask) if m])
+            small, avals = full_meta
+            rest = [x for x, m in zip(found, mask) if m and x is not None]
+            self.fetched = cap.digests.fetched(avals, small, *packed, rest)
             self.at_full = 0
 
     def take(self, eid, slot, var, x, keep):
