@@ -548,10 +548,12 @@ _STRING_FIELDS = {"events": ("op", "params", "name_stack", "source", "node"),
                                  "param")}
 
 
-def trace_rows(path):
+def trace_rows(path, by_value=False):
     """Every table of a trace as lists of row tuples, string indices resolved to their
     text (two traces intern strings in their own order); stats rows keyed by value row
-    and sorted (device results fill them later, in another order)."""
+    and sorted (device results fill them later, in another order). `by_value`: each value
+    row's blob offset replaced by the sha256 of its bytes, and the blob not compared as a
+    whole (values fetched as one buffer keep its layout)."""
     import h5py
 
     from tracediff.trace import schema
@@ -570,15 +572,22 @@ def trace_rows(path):
                                (None if k in text else v.item()) for k, v in zip(fields, r))
                          for r in rows]
         out["stats"].sort()
-        out["blob"] = hashlib.sha256(f["blob"][:].tobytes()).hexdigest() if "blob" in f else ""
+        blob = f["blob"][:].tobytes() if "blob" in f else b""
+        out["blob"] = "" if by_value else hashlib.sha256(blob).hexdigest() if blob else ""
+    if by_value:
+        at = {k: i for i, k in enumerate(schema.TABLES["values"].names)}
+        out["values"] = [r[:at["offset"]] + (None if r[at["offset"]] < 0 else hashlib.sha256(
+            blob[r[at["offset"]]:r[at["offset"]] + r[at["nbytes"]]]).hexdigest(),) +
+            r[at["offset"] + 1:] for r in out["values"]]
     return out
 
 
-def first_difference(a, b, stats_rtol=0.0):
-    """None when two traces hold the same rows (trace_rows), else where they first differ.
+def first_difference(a, b, stats_rtol=0.0, by_value=False):
+    """None when two traces hold the same rows (trace_rows; `by_value`: the same bytes
+    for each value, wherever in the blob), else where they first differ.
     `stats_rtol`: statistics equal within it count as equal (the host reduces small values
     in batches whose makeup follows the flush clock: float32 or float64 accumulation)."""
-    ra, rb = trace_rows(a), trace_rows(b)
+    ra, rb = trace_rows(a, by_value), trace_rows(b, by_value)
     for name in ra:
         if len(ra[name]) != len(rb[name]):
             return f"{name}: {len(ra[name])} rows against {len(rb[name])}"

@@ -306,6 +306,17 @@ def join(xs):
     return jnp.concatenate(parts) if parts else None
 
 
+def joined_starts(avals, small):
+    """The byte offset of each joined value in its buffer (`join`: each starts on a word),
+    None for the others."""
+    out, at = [], 0
+    for (shape, dtype), j in zip(avals, small):
+        out.append(at if j else None)
+        if j:
+            at += (math.prod(shape) * np.dtype(dtype).itemsize + 3) // 4 * 4
+    return out
+
+
 class HostViews:
     """The values of a joined buffer read on the host, in order: numpy arrays over its
     bytes (no copy)."""
@@ -580,12 +591,14 @@ class DeviceDigests:
         with self.quiet():
             lanes, flat = fn(list(xs))
         return self.fetched([(x.shape, x.dtype) for x in xs], small, lanes, flat,
-                            [x for x, j in zip(xs, small) if not j])
+                            [x for x, j in zip(xs, small) if not j])[0]
 
     def fetched(self, avals, small, lanes, flat, rest):
-        """`fetch`'s answer from `fetch_parts`' results (lanes, joined words) of values of
-        these (shape, dtype)s, computed in some program (`fetch`'s, or a values program's),
-        `rest` the values not joined, whose copies start here."""
+        """(`fetch`'s answer, the joined buffer's bytes on the host or None) from
+        `fetch_parts`' results (lanes, joined words) of values of these (shape, dtype)s,
+        computed in some program (`fetch`'s, or a values program's), `rest` the values not
+        joined, whose copies start here. Value i's bytes start at `joined_starts(...)[i]`
+        of the buffer."""
         for x in rest:
             try:
                 x.copy_to_host_async()
@@ -602,7 +615,8 @@ class DeviceDigests:
         nbytes = [math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in avals]
         hashes = finish_all(a, b, nbytes).tolist()
         return [(h, views.next(dtype, shape) if j else None)
-                for h, (shape, dtype), j in zip(hashes, avals, small)]
+                for h, (shape, dtype), j in zip(hashes, avals, small)], \
+            None if views is None else views.words.view(np.uint8)
 
     def adopt(self, out, rows):
         """A packed result computed elsewhere (the values program of a call) for rows

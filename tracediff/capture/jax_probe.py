@@ -360,7 +360,8 @@ class _Digested:
         if self.full:
             small, avals = full_meta
             rest = [x for x, m in zip(found, mask) if m and x is not None]
-            self.fetched = cap.digests.fetched(avals, small, *packed, rest)
+            self.fetched, self.joined = cap.digests.fetched(avals, small, *packed, rest)
+            self.starts = jax_digest.joined_starts(avals, small)
             self.at_full = 0
 
     def take(self, eid, slot, var, x, keep):
@@ -506,12 +507,18 @@ class _Plan:
         result = digested.result
         optim = cap._pending_optim
         fetched = digested.fetched if digested.full else None
+        # level full: the joined values' bytes go to the trace as the one buffer they came
+        # back in, each row pointing into it (no copy a value)
+        at = w.keep_joined(pid, digested.joined) if fetched is not None else None
+        starts = digested.starts if at is not None else None
         for op in self.ops:
             kind = op[0]
             if fetched is not None and kind == 1:   # level full: hashed and fetched
                 h, host = fetched[op[6]]
                 event = base + op[1]
-                if host is None or not w.add_fetched(event, op[2], op[9], host, op[4], h):
+                if starts is not None and starts[op[6]] is not None:
+                    w.add_fetched_row(event, op[2], op[9], at + starts[op[6]], op[4], h)
+                elif host is None or not w.add_fetched(event, op[2], op[9], host, op[4], h):
                     host = found[op[10]] if host is None else host
                     cap.store(event, op[2], host, h=h)
                 if op[5] is not None:

@@ -360,10 +360,22 @@ class TraceWriter:
         byte cap applies (the caller takes `add_value`, which keeps statistics past it)."""
         if self.max_bytes is not None or self.level != "full":
             return False
-        offset = self._keep_bytes(event, data, nbytes)
+        self.add_fetched_row(event, slot, ids, self._keep_bytes(event, data, nbytes), nbytes, h)
+        return True
+
+    def keep_joined(self, event, data):
+        """The blob offset of `data` (uint8), the bytes of many values fetched as one
+        buffer (`add_fetched_row` rows point into it), or None where they are not kept so
+        (no buffer, or a byte cap, which `add_fetched` applies value by value)."""
+        if data is None or self.max_bytes is not None or self.level != "full":
+            return None
+        return self._keep_bytes(event, data, data.nbytes)
+
+    def add_fetched_row(self, event, slot, ids, offset, nbytes, h):
+        """`add_fetched`'s row for a value whose bytes are kept already at `offset`
+        (`keep_joined`)."""
         self._rows["values"].append((event, slot, schema.ROLE_OUT, 0, *ids, -1, offset,
                                      nbytes, h))
-        return True
 
     def add_host_value(self, event, slot, hv, role=schema.ROLE_OUT):
         """`add_value(event, slot, array, role=role)` for a `host_value`: the same row, bytes
