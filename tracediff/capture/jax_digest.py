@@ -317,20 +317,11 @@ def joined_starts(avals, small):
     return out
 
 
-class HostViews:
-    """The values of a joined buffer read on the host, in order: numpy arrays over its
-    bytes (no copy)."""
-
-    def __init__(self, words):
-        self.words, self.at = words, 0
-
-    def next(self, dtype, shape):
-        dtype = np.dtype(dtype)
-        nbytes = math.prod(shape) * dtype.itemsize
-        n = (nbytes + 3) // 4
-        w = self.words[self.at:self.at + n]
-        self.at += n
-        return w.view(np.uint8)[:nbytes].view(dtype).reshape(shape)
+def view_at(data, start, dtype, shape):
+    """A joined value's bytes on the host (`data`: the joined buffer as uint8, `start`:
+    from `joined_starts`) as an array of its dtype and shape, without a copy."""
+    dtype = np.dtype(dtype)
+    return data[start:start + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
 
 
 def unpack_all(host, with_stats):
@@ -590,15 +581,16 @@ class DeviceDigests:
                 lambda xs: fetch_parts(xs, small))
         with self.quiet():
             lanes, flat = fn(list(xs))
-        return self.fetched([(x.shape, x.dtype) for x in xs], small, lanes, flat,
-                            [x for x, j in zip(xs, small) if not j])[0]
+        avals = [(x.shape, x.dtype) for x in xs]
+        hashes, data = self.fetched(avals, lanes, flat, [x for x, j in zip(xs, small) if not j])
+        return [(h, None if at is None else view_at(data, at, dtype, shape))
+                for h, at, (shape, dtype) in zip(hashes, joined_starts(avals, small), avals)]
 
-    def fetched(self, avals, small, lanes, flat, rest):
-        """(`fetch`'s answer, the joined buffer's bytes on the host or None) from
+    def fetched(self, avals, lanes, flat, rest):
+        """(words64 hashes, the joined buffer's bytes on the host as uint8 or None) from
         `fetch_parts`' results (lanes, joined words) of values of these (shape, dtype)s,
         computed in some program (`fetch`'s, or a values program's), `rest` the values not
-        joined, whose copies start here. Value i's bytes start at `joined_starts(...)[i]`
-        of the buffer."""
+        joined, whose copies start here. A joined value's bytes: `view_at`."""
         for x in rest:
             try:
                 x.copy_to_host_async()
@@ -608,15 +600,12 @@ class DeviceDigests:
             if flat is not None:
                 flat.copy_to_host_async()
             lanes = np.asarray(lanes)
-            views = HostViews(np.asarray(flat)) if flat is not None else None
+            data = np.asarray(flat).view(np.uint8) if flat is not None else None
         self.values += len(avals)
         self.batches += 1
         a, b, _, _ = unpack_all(lanes, False)
         nbytes = [math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in avals]
-        hashes = finish_all(a, b, nbytes).tolist()
-        return [(h, views.next(dtype, shape) if j else None)
-                for h, (shape, dtype), j in zip(hashes, avals, small)], \
-            None if views is None else views.words.view(np.uint8)
+        return finish_all(a, b, nbytes).tolist(), data
 
     def adopt(self, out, rows):
         """A packed result computed elsewhere (the values program of a call) for rows

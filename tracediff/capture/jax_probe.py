@@ -360,8 +360,9 @@ class _Digested:
         if self.full:
             small, avals = full_meta
             rest = [x for x, m in zip(found, mask) if m and x is not None]
-            self.fetched, self.joined = cap.digests.fetched(avals, small, *packed, rest)
+            self.hashes, self.joined = cap.digests.fetched(avals, *packed, rest)
             self.starts = jax_digest.joined_starts(avals, small)
+            self.avals = avals
             self.at_full = 0
 
     def take(self, eid, slot, var, x, keep):
@@ -390,8 +391,17 @@ class _Digested:
         itself where i is None (a final output that is no equation's value)."""
         if i is None:
             return x
-        h, host = self.fetched[i]
-        return jax_digest.Fetched(x if host is None else host, h)
+        host = self.host(i)
+        return jax_digest.Fetched(x if host is None else host, self.hashes[i])
+
+    def host(self, i):
+        """Level full: digested value i's bytes on the host, or None where it was not
+        joined (made when asked: a planned call writes most of them as the buffer)."""
+        at = self.starts[i]
+        if at is None:
+            return None
+        shape, dtype = self.avals[i]
+        return jax_digest.view_at(self.joined, at, dtype, shape)
 
     def ref(self, i, aval):
         """The `Ref` of value `i` of the packed result (a final output of the program)."""
@@ -506,19 +516,23 @@ class _Plan:
         held = digested.rows
         result = digested.result
         optim = cap._pending_optim
-        fetched = digested.fetched if digested.full else None
+        hashes = digested.hashes if digested.full else None
         # level full: the joined values' bytes go to the trace as the one buffer they came
         # back in, each row pointing into it (no copy a value)
-        at = w.keep_joined(pid, digested.joined) if fetched is not None else None
-        starts = digested.starts if at is not None else None
+        at = w.keep_joined(pid, digested.joined) if hashes is not None else None
+        starts = digested.starts if hashes is not None else None
         for op in self.ops:
             kind = op[0]
-            if fetched is not None and kind == 1:   # level full: hashed and fetched
-                h, host = fetched[op[6]]
-                event = base + op[1]
-                if starts is not None and starts[op[6]] is not None:
-                    w.add_fetched_row(event, op[2], op[9], at + starts[op[6]], op[4], h)
-                elif host is None or not w.add_fetched(event, op[2], op[9], host, op[4], h):
+            if hashes is not None and kind == 1:   # level full: hashed and fetched
+                i, event = op[6], base + op[1]
+                h = hashes[i]
+                if at is not None and starts[i] is not None:
+                    w.add_fetched_row(event, op[2], op[9], at + starts[i], op[4], h)
+                    if op[5] is not None:
+                        optim[op[5]] = jax_digest.Fetched(digested.host(i), h)
+                    continue
+                host = digested.host(i)
+                if host is None or not w.add_fetched(event, op[2], op[9], host, op[4], h):
                     host = found[op[10]] if host is None else host
                     cap.store(event, op[2], host, h=h)
                 if op[5] is not None:

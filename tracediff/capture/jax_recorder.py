@@ -547,6 +547,8 @@ class JaxCapture(Capture):
         hit = self._light_plans.get(id(closed))
         if hit is not None and hit.jaxpr is closed:
             return hit
+        if len(self._light_plans) > 1024:   # a script whose shapes change every step: its
+            self._light_plans.clear()        # jaxprs (constants too) are not kept forever
         plan = self._light_plans[id(closed)] = _LightPlan(
             closed, self.session.writer, self.digests, self._arg_names, self._result_names)
         return plan
