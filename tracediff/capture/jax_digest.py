@@ -10,8 +10,10 @@ program of a call (`--jax-values compiled`, jax_probe), or, for a call's own inp
 outputs and eager values, by one small jitted program per dtype and shape run as the value
 is recorded. Only those words are copied to the host, asynchronously, and the writer's
 reserved rows are filled when they are read (`drain`: at a flush, or when many are
-pending). At level full the values are hashed by one program over the arrays themselves,
-which also joins the small ones into one buffer for the host (`DeviceDigests.fetch`).
+pending). At level full the values are hashed from the arrays themselves, and the small
+ones joined into one buffer for the host (`fetch_parts`): inside a values program, from
+its values past an optimization barrier (jax_probe), else by one program over the arrays
+(`DeviceDigests.fetch`).
 
 The same code runs on XLA:CPU (`record --hash words64`; tests/test_jax_digest.py), where
 it is slower than hashing on the host (xxh3), so the CPU default stays xxh3_64.
