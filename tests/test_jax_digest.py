@@ -222,6 +222,20 @@ TRAIN = textwrap.dedent("""
 """)
 
 
+def _device_and_host(tmp_path, text, *options):
+    """{"device": trace, "host": trace} of one script recorded with words64 hashes
+    computed on the device (XLA:CPU here) and on the host."""
+    script = tmp_path / "script.py"
+    script.write_text(text)
+    traces = {}
+    for name, flag in (("device", "1"), ("host", "0")):
+        out = tmp_path / f"{name}.h5"
+        record(str(script), out, env={"TRACEDIFF_JAX_DIGEST_ON_DEVICE": flag},
+               extra=(*options, "--hash", "words64"))
+        traces[name] = out
+    return traces
+
+
 def test_calls_hashed_on_the_device_write_the_hosts_rows(tmp_path):
     """At --level calls a jitted step's rows are made once per signature and its outputs
     hashed on the device by one program (`_LightPlan`, `DeviceDigests.add_rows`): the
@@ -231,14 +245,7 @@ def test_calls_hashed_on_the_device_write_the_hosts_rows(tmp_path):
     outputs were."""
     from .helpers import trace_rows
 
-    script = tmp_path / "train.py"
-    script.write_text(TRAIN)
-    traces = {}
-    for name, flag in (("device", "1"), ("host", "0")):
-        out = tmp_path / f"{name}.h5"
-        record(str(script), out, env={"TRACEDIFF_JAX_DIGEST_ON_DEVICE": flag},
-               extra=("--level", "calls", "--hash", "words64"))
-        traces[name] = out
+    traces = _device_and_host(tmp_path, TRAIN, "--level", "calls")
     assert _manifest(traces["device"])["frameworks"]["jax"]["digests_on_device"]["values"] > 0
     rows, host = trace_rows(traces["device"]), trace_rows(traces["host"])
     for table in rows:
@@ -363,18 +370,13 @@ def test_full_level_on_the_device_stores_the_bytes_it_hashed(tmp_path):
     """At --level full with values hashed on the device, a values program's values come
     back batched (the small ones joined in one buffer a call) and their hashes are those
     of the returned bytes: every stored value's words64 is its row's hash (hashed inside
-    the values program instead, XLA:CPU recomputed an `add` in the hashing fusion with
-    another rounding), of every dtype, with as many rows as the host path writes."""
+    the values program without an optimization barrier, XLA:CPU once recomputed an `add`
+    in the hashing fusion with another rounding), of every dtype, with as many rows as the
+    host path writes."""
     from tracediff.trace.reader import Trace
 
-    script = tmp_path / "full.py"
-    script.write_text(FULL_SCRIPT)
-    traces = {}
-    for name, flag in (("device", "1"), ("host", "0")):
-        out = tmp_path / f"{name}.h5"
-        record(str(script), out, env={"TRACEDIFF_JAX_DIGEST_ON_DEVICE": flag},
-               extra=("--level", "full", "--hash", "words64", "--jax-values", "compiled"))
-        traces[name] = out
+    traces = _device_and_host(tmp_path, FULL_SCRIPT, "--level", "full", "--jax-values",
+                              "compiled")
     jd = _manifest(traces["device"])["frameworks"]["jax"]
     assert jd["digests_on_device"]["values"] > 50
     with h5py.File(traces["device"], "r") as fd, h5py.File(traces["host"], "r") as fh:
