@@ -154,9 +154,9 @@ def _reduce(pairs, together=True):
     (identity, combine))]. `together`: one variadic reduction, which reads the value once
     for all of them, in two stages where it has two or more axes (over all but the last
     axis, then over that one), so that no float sum runs in a chain longer than the
-    number of rows even where the reduction is sequential (XLA:CPU's: an L2 norm 1.4% off
-    over 16 M numbers in one stage, where locate's bounds allow ~eps * sqrt n:
-    diff/compare/levels.py). Otherwise each float reduction alone: XLA:CPU vectorises a
+    number of rows or columns even where the reduction is sequential (XLA:CPU's: an L2
+    norm 1.4% off over 16 M numbers in one stage, where locate's bounds allow ~eps *
+    sqrt n: diff/compare/levels.py; a 1-D value is reduced in one stage). Otherwise each float reduction alone: XLA:CPU vectorises a
     lone float sum, min or max, not one inside a variadic reduction (the hash and
     unmasked statistics of 16 MB there: 1.2 ms apart, 7.0 in one stage)."""
     from jax import lax
