@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Issue 37's measurements on an accelerator machine, in one command (docs/accelerators.md,
+# "Next on the chip"): each benchmark's output to its own file in FOLDER as it is
+# printed (nothing buffered behind a pipe), and the seconds each took, so that a run cut
+# off by a time limit still leaves what it measured.
+#
+#     bash benchmarks/on_device.sh FOLDER [SITE]
+#
+# SITE: a folder holding tracediff's dependencies, added to the end of PYTHONPATH (the
+# machine's own JAX stays first); installed there from the machine's package index when
+# it lacks h5py (PIP_OPTIONS: more pip options, e.g. the index to use).
+set -u
+out="${1:?usage: on_device.sh FOLDER [SITE]}"
+site="${2:-/tmp/site}"
+root="$(cd "$(dirname "$0")/.." && pwd)"
+mkdir -p "$out"
+if [ ! -d "$site/h5py" ]; then
+    python3 -m pip install -q ${PIP_OPTIONS:-} --only-binary=:all: --target "$site" \
+        flax optax h5py click rich xxhash > "$out/install.txt" 2>&1
+fi
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$site:$root" PYTHONUNBUFFERED=1
+cd "$root"
+step() {   # name, command...
+    local name="$1" start
+    shift
+    start=$(date +%s)
+    "$@" > "$out/$name.txt" 2>&1
+    echo "$name: exit $? in $(( $(date +%s) - start )) s" | tee -a "$out/times.txt"
+}
+step digest_speed python3 benchmarks/digest_speed.py
+step defaults python3 benchmarks/accelerator.py --only defaults --levels calls,stats,full
+step wide python3 benchmarks/accelerator.py --only wide --levels calls,stats
+step profile python3 benchmarks/record_profile.py --levels calls,full \
+    --extra "--jax-values compiled"
+step call_floor python3 benchmarks/jax_call_floor.py --arrays 20 --repeat 1
