@@ -457,12 +457,13 @@ class Ref:
 class Fetched:
     """Level full: a value already brought to the host by `DeviceDigests.fetch` and its
     hash (`value`: a host view, or the array whose copy was started): an optimizer step's
-    row takes it as it is, with no second program or copy."""
+    row takes it as it is, with no second program or copy; `kept`: where the trace's blob
+    holds its bytes already (`TraceWriter.keep_joined`), for a row that points there."""
 
-    __slots__ = ("value", "h")
+    __slots__ = ("value", "h", "kept")
 
-    def __init__(self, value, h):
-        self.value, self.h = value, h
+    def __init__(self, value, h, kept=None):
+        self.value, self.h, self.kept = value, h, kept
 
 
 class DeviceDigests:

@@ -221,10 +221,12 @@ class Prober:
                 return finals
             if digested is not None:
                 digested.done()
-            fetched = cap._fetch_at_full([digested.fetched_at(i, x) for x, i in
-                                          zip(outs, out_at)] if digested is not None else outs)
-            for slot, (v, h) in enumerate(fetched):
-                cap.store(pid, slot, v, h=h)
+            finals = [digested.fetched_at(i, x) for x, i in zip(outs, out_at)] \
+                if digested is not None else outs
+            fetched = cap._fetch_at_full(finals)
+            for slot, ((v, h), x) in enumerate(zip(fetched, finals)):
+                cap.store(pid, slot, v, h=h,
+                          kept=x.kept if type(x) is jax_digest.Fetched else None)
         if all(h is not None for _, h in fetched):   # level full: `check` compares hashes
             return [jax_digest.Fetched(v, h) for v, h in fetched]
         return outs
@@ -364,6 +366,7 @@ class _Digested:
             self.starts = jax_digest.joined_starts(avals, small)
             self.avals = avals
             self.at_full = 0
+            self.kept_at = None       # the joined buffer's blob offset, once kept whole
 
     def take(self, eid, slot, var, x, keep):
         """Record one found value if it was digested: its `Ref` (its `Fetched` at level
@@ -392,7 +395,8 @@ class _Digested:
         if i is None:
             return x
         host = self.host(i)
-        return jax_digest.Fetched(x if host is None else host, self.hashes[i])
+        kept = None if self.kept_at is None or host is None else self.kept_at + self.starts[i]
+        return jax_digest.Fetched(x if host is None else host, self.hashes[i], kept)
 
     def host(self, i):
         """Level full: digested value i's bytes on the host, or None where it was not
@@ -519,7 +523,8 @@ class _Plan:
         hashes = digested.hashes if digested.full else None
         # level full: the joined values' bytes go to the trace as the one buffer they came
         # back in, each row pointing into it (no copy a value)
-        at = w.keep_joined(pid, digested.joined) if hashes is not None else None
+        at = digested.kept_at = w.keep_joined(pid, digested.joined) \
+            if hashes is not None else None
         starts = digested.starts if hashes is not None else None
         for op in self.ops:
             kind = op[0]
@@ -528,8 +533,8 @@ class _Plan:
                 h = hashes[i]
                 if at is not None and starts[i] is not None:
                     w.add_fetched_row(event, op[2], op[9], at + starts[i], op[4], h)
-                    if op[5] is not None:
-                        optim[op[5]] = jax_digest.Fetched(digested.host(i), h)
+                    if op[5] is not None:   # the step's row points at the same bytes
+                        optim[op[5]] = jax_digest.Fetched(digested.host(i), h, at + starts[i])
                     continue
                 host = digested.host(i)
                 if host is None or not w.add_fetched(event, op[2], op[9], host, op[4], h):

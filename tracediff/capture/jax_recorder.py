@@ -642,9 +642,10 @@ class JaxCapture(Capture):
         return x if self.digests is not None and jax_digest.can_digest(x) else self._host(x)
 
     def store(self, eid, slot, x, name=None, role=schema.ROLE_OUT, store=True, stats=None,
-              h=None):
+              h=None, kept=None):
         """Write one value (an array, a Python scalar, or a `jax_digest.Ref` to a value
-        digested already); returns its `Ref` where it is hashed on the device, else None."""
+        digested already); returns its `Ref` where it is hashed on the device, else None.
+        `kept`: with `h`, where the blob holds x's bytes already (`jax_digest.Fetched`)."""
         w = self.session.writer
         if type(x) is jax_digest.Ref:   # an optimizer step's value, digested in its program
             self.digests.add_ref(eid, slot, x, role, name)
@@ -681,7 +682,8 @@ class JaxCapture(Capture):
             if self.per_device:   # a process's own shards of a multi-process array
                 self.shards += jax_devices.store_shards(w, eid, slot, x, None, role, logical)
             return
-        w.add_value(eid, slot, arr, role=role, name=name, logical_dtype=logical, stats=stats, h=h)
+        w.add_value(eid, slot, arr, role=role, name=name, logical_dtype=logical, stats=stats, h=h,
+                    kept=kept if h is not None and logical is None else None)
         if self.per_device:
             self.shards += jax_devices.store_shards(w, eid, slot, x, arr, role, logical)
 
@@ -994,8 +996,9 @@ class JaxCapture(Capture):
         fetched = self._fetch_at_full([arr for _, arr in taken])
         with self._outputs():   # hashed on the device as one program, as a call's outputs
             for slot, ((name, arr), (v, h)) in enumerate(zip(taken, fetched)):
-                if arr is not None:
-                    self.store(eid, slot, v, name=name, h=h)
+                if arr is not None:   # bytes the trace holds already: pointed at
+                    self.store(eid, slot, v, name=name, h=h,
+                               kept=arr.kept if type(arr) is jax_digest.Fetched else None)
         self._pending_optim = {}
         self.step += 1
 

@@ -428,11 +428,13 @@ class TraceWriter:
         return idx
 
     def add_value(self, event, slot, array, *, role=schema.ROLE_OUT, name=None, flags=0,
-                  logical_dtype=None, store=True, stats=None, h=None):
+                  logical_dtype=None, store=True, stats=None, h=None, kept=None):
         """Append one value of `event`. `array` must be a host numpy array (or scalar).
         `stats`: its statistics already computed by the framework (STAT_FIELDS order),
         used when the value is kept as hash + statistics; `h`: its hash already computed
-        (on the device, with this trace's hash function).
+        (on the device, with this trace's hash function); `kept`: the blob offset where
+        these very bytes are kept already (`keep_joined`; with `h`): the row points there,
+        nothing is copied.
 
         `store=False`: metadata only (no hash). Otherwise the bytes (level "full", under
         `max_bytes`) or the hash and statistics (level "stats", or past the cap); the
@@ -444,7 +446,7 @@ class TraceWriter:
         else:
             nbytes = c.nbytes
             h = self.digest(c) if h is None else h
-            offset = self._keep_bytes(event, c, nbytes)
+            offset = self._keep_bytes(event, c, nbytes) if kept is None else kept
             if offset < 0:
                 flags |= schema.VFLAG_NOT_STORED | schema.VFLAG_STATS
                 if stats is None:
