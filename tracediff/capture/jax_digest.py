@@ -585,13 +585,14 @@ class DeviceDigests:
         with self.quiet():
             lanes, flat = fn(list(xs))
         avals = [(x.shape, x.dtype) for x in xs]
-        hashes, data = self.fetched(avals, lanes, flat, [x for x, j in zip(xs, small) if not j])
+        hashes, data = self.fetched([x.nbytes for x in xs], lanes, flat,
+                                    [x for x, j in zip(xs, small) if not j])
         return [(h, None if at is None else view_at(data, at, dtype, shape))
                 for h, at, (shape, dtype) in zip(hashes, joined_starts(avals, small), avals)]
 
-    def fetched(self, avals, lanes, flat, rest):
+    def fetched(self, nbytes, lanes, flat, rest):
         """(words64 hashes, the joined buffer's bytes on the host as uint8 or None) from
-        `fetch_parts`' results (lanes, joined words) of values of these (shape, dtype)s,
+        `fetch_parts`' results (lanes, joined words) of values of these byte counts,
         computed in some program (`fetch`'s, or a values program's), `rest` the values not
         joined, whose copies start here. A joined value's bytes: `view_at`."""
         for x in rest:
@@ -604,10 +605,9 @@ class DeviceDigests:
                 flat.copy_to_host_async()
             lanes = np.asarray(lanes)
             data = np.asarray(flat).view(np.uint8) if flat is not None else None
-        self.values += len(avals)
+        self.values += len(nbytes)
         self.batches += 1
         a, b, _, _ = unpack_all(lanes, False)
-        nbytes = [math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in avals]
         return finish_all(a, b, nbytes).tolist(), data
 
     def adopt(self, out, rows):

@@ -73,7 +73,9 @@ class Prober:
         full = self.capture.session.writer.level == "full"
         mask = []   # per found value: digested on the device (filled while tracing)
         out_at = []  # per final output: its value's place in the packed result, or None
-        joined, avals = [], []   # level full: per digested value, joined? and (shape, dtype)
+        # level full, per digested value (made while tracing): (shape, dtype), its byte
+        # count, and its byte offset in the joined buffer or None
+        avals, nbytes, starts = [], [], []
 
         # statistics in the program only off the CPU: there they save moving every byte
         # across the bus; on the CPU XLA's extra reductions were measured dearer than
@@ -105,7 +107,9 @@ class Prober:
                 out_at[:] = [at.get(id(x)) for x in outs]
                 kept = [x for x, m in zip(found, mask) if m]
                 avals[:] = [(x.shape, x.dtype) for x in kept]
-                joined[:] = small = jax_digest.joined(avals)
+                nbytes[:] = [x.size * np.dtype(x.dtype).itemsize for x in kept]
+                small = jax_digest.joined(avals)
+                starts[:] = jax_digest.joined_starts(avals, small)
                 if kept:
                     kept = list(jax.lax.optimization_barrier(kept))
                 parts = jax_digest.fetch_parts(kept, small)
@@ -134,7 +138,7 @@ class Prober:
             return outs, found
 
         fn = jax.jit(program)
-        full_meta = (joined, avals) if digest and full else None
+        full_meta = (avals, nbytes, starts) if digest and full else None
         self._programs[id(closed)] = (closed, fn, mask if digest else None, out_at, full_meta)
         return fn, (mask if digest else None), out_at, full_meta
 
@@ -352,7 +356,8 @@ class _Digested:
 
     def __init__(self, cap, mask, packed, found, full_meta=None):
         """packed: the values program's digests (level stats), or at level full its
-        `fetch_parts` with `full_meta` = (joined?, (shape, dtype)) per digested value."""
+        `fetch_parts` with `full_meta` = ((shape, dtype), byte count, byte offset in the
+        joined buffer or None) per digested value."""
         self.cap, self.mask = cap, iter(mask)
         self.full = cap.session.writer.level == "full"
         self.reserve = cap.digests.reserve
@@ -360,10 +365,9 @@ class _Digested:
         self.result = jax_digest.Result(None if self.full else packed)
         self.rows = self.result.rows
         if self.full:
-            small, avals = full_meta
+            avals, nbytes, self.starts = full_meta
             rest = [x for x, m in zip(found, mask) if m and x is not None]
-            self.hashes, self.joined = cap.digests.fetched(avals, *packed, rest)
-            self.starts = jax_digest.joined_starts(avals, small)
+            self.hashes, self.joined = cap.digests.fetched(nbytes, *packed, rest)
             self.avals = avals
             self.at_full = 0
             self.kept_at = None       # the joined buffer's blob offset, once kept whole
