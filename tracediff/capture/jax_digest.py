@@ -103,17 +103,14 @@ def _terms(w):
 
 def lanes(x):
     """Traced: the two words64 lanes of x (uint32[2]), as values.words_lanes. A value of
-    4-byte elements with two or more axes is hashed in place as (rows, last axis): the
-    same words in the same order, without flattening it (a copy on a TPU's tiled
-    layout) or a multiply per position."""
+    4-byte numbers is hashed in place (`_in_place`; two or more axes as (rows, last
+    axis)): the same words in the same order, without flattening it (a copy on a TPU's
+    tiled layout) or a multiply per position."""
     import jax.numpy as jnp
     from jax import lax
 
-    dt = np.dtype(x.dtype)
-    if x.ndim >= 2 and dt.itemsize == 4 and dt.kind in "fiu" and x.size:
-        w = lax.bitcast_convert_type(x.reshape(-1, x.shape[-1]), jnp.uint32)
-    else:
-        w = words(x)
+    pair = _in_place(x) if x.size else None
+    w = words(x) if pair is None else pair[0]
     if w.size == 0:
         return jnp.zeros((2,), jnp.uint32)
     one, two = _terms(w)
@@ -156,9 +153,10 @@ def _reduce(pairs, together=True):
     axis, then over that one), so that no float sum runs in a chain longer than the
     number of rows or columns even where the reduction is sequential (XLA:CPU's: an L2
     norm 1.4% off over 16 M numbers in one stage, where locate's bounds allow ~eps *
-    sqrt n: diff/compare/levels.py; a 1-D value is reduced in one stage). Otherwise each float reduction alone: XLA:CPU vectorises a
-    lone float sum, min or max, not one inside a variadic reduction (the hash and
-    unmasked statistics of 16 MB there: 1.2 ms apart, 7.0 in one stage)."""
+    sqrt n: diff/compare/levels.py; a 1-D value is reduced in one stage). Otherwise
+    each float reduction alone: XLA:CPU vectorises a lone float sum, min or max, not one
+    inside a variadic reduction (the hash and unmasked statistics of 16 MB there: 1.2 ms
+    apart, 7.0 in one stage)."""
     from jax import lax
 
     def variadic(ops, dims):
@@ -193,11 +191,11 @@ def _digest(x, masked, together):
     number finite?) of a non-empty value; `together`: in one pass over its memory where
     its numbers are its words (`_in_place`; measured on a TPU v5e over 805 MB in one
     stage: 1.93 ms, against 2.85 in separate reductions; in `_reduce`'s two stages not
-    yet measured there). Unmasked, the statistics are sum, sum of
-    squares, min and max alone, exact only where every number is finite, which a finite
-    sum proves (an infinity or NaN stays one through any order of additions); masked, the
-    definitions of values.segment_stats (min and max without NaNs, mean and L2 over the
-    finite numbers, NaN and Inf counts; 2.17 ms over those 805 MB)."""
+    yet measured there). Unmasked, the statistics are sum, sum of squares, min and max
+    alone, exact only where every number is finite, which a finite sum proves (an
+    infinity or NaN stays one through any order of additions); masked, the definitions
+    of values.segment_stats (min and max without NaNs, mean and L2 over the finite
+    numbers, NaN and Inf counts; 2.17 ms over those 805 MB)."""
     import jax.numpy as jnp
     from jax import lax
 
@@ -241,10 +239,11 @@ def _digest(x, masked, together):
 def packed(xs, with_stats, inside=False, together=None):
     """Traced: one uint32 vector, WORDS (or 2) words per value of xs (`_digest`;
     `together`: `one_pass()` where not given). A batch's statistics are the unmasked ones
-    when every number of it is finite, else, by one `lax.cond`, the masked ones. `inside`: xs are intermediates of the
-    program being traced (a values program), summarised by the masked pass alone: a
-    conditional over them would take them all as operands, written out to memory, where
-    XLA otherwise fuses their reductions into the equations that make them."""
+    when every number of it is finite, else, by one `lax.cond`, the masked ones.
+    `inside`: xs are intermediates of the program being traced (a values program),
+    summarised by the masked pass alone: a conditional over them would take them all as
+    operands, written out to memory, where XLA otherwise fuses their reductions into the
+    equations that make them."""
     import jax.numpy as jnp
     from jax import lax
 
@@ -575,7 +574,8 @@ class DeviceDigests:
         small ones' words into one buffer (`fetch_parts`): one copy to the host for those,
         returned as views of it; the others' copies are started here and left to the
         caller (None). The hashes are of the arrays given, not of a recomputation."""
-        small = tuple(joined([(x.shape, x.dtype) for x in xs]))
+        avals = [(x.shape, x.dtype) for x in xs]
+        small = tuple(joined(avals))
         fn = self._programs.get(("fetch", small))
         if fn is None:
             import jax
@@ -584,7 +584,6 @@ class DeviceDigests:
                 lambda xs: fetch_parts(xs, small))
         with self.quiet():
             lanes, flat = fn(list(xs))
-        avals = [(x.shape, x.dtype) for x in xs]
         hashes, data = self.fetched([x.nbytes for x in xs], lanes, flat,
                                     [x for x, j in zip(xs, small) if not j])
         return [(h, None if at is None else view_at(data, at, dtype, shape))

@@ -324,12 +324,8 @@ class TraceWriter:
     def meta_row(self, slot, dtype_name, shape, role=schema.ROLE_OUT, name=None,
                  flags=schema.VFLAG_NOT_STORED):
         """The row `add_meta_value` appends, less its event (for `add_meta_rows`)."""
-        shape = tuple(shape)
-        sid = self._shape_ids.get(shape)
-        if sid is None:
-            sid = self._shape_ids[shape] = self.intern(values.shape_str(shape))
-        dt = self.intern(dtype_name)
-        return (slot, role, flags, dt, dt, sid, self.intern(name), -1, 0, 0)
+        return (slot, role, flags, *self.value_ids(dtype_name, dtype_name, tuple(shape)),
+                self.intern(name), -1, 0, 0)
 
     def reserve_rows(self, event, role, ids):
         """`reserve_ids` for slots 0.. of one event: ids = [(string ids, name id)]; returns
