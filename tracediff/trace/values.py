@@ -55,34 +55,32 @@ def _dtype_name(dt):
 
 def encode(array, logical_dtype=None):
     """Return (bytes, logical dtype name, storage dtype name, shape) for a numpy array."""
-    a = np.asarray(array)
-    dname = _dtype_name(a.dtype)
-    name = logical_dtype or dname
-    if dname in _NATIVE:
-        storage = dname
-        raw = np.ascontiguousarray(a).tobytes()
-    else:
-        storage = _UINT_OF_SIZE.get(a.dtype.itemsize)
-        if storage is None or a.dtype.kind == "O":
-            raise TypeError(f"cannot store dtype {a.dtype}")
-        raw = np.ascontiguousarray(a).view(storage).tobytes()
-    return raw, name, storage, a.shape
+    c, name, storage, shape = prepare(array, logical_dtype)
+    return c.tobytes(), name, storage, shape
 
 
 def prepare(array, logical_dtype=None):
     """Like `encode` without copying: (C-contiguous array in its storage dtype, logical
     dtype name, storage dtype name, shape). The writer hashes and appends its buffer."""
     a = array if type(array) is np.ndarray else np.asarray(array)
-    dname = _dtype_name(a.dtype)
+    dname, storage = storage_names(a.dtype)
     name = logical_dtype or dname
     if not a.flags.c_contiguous:
         a = np.ascontiguousarray(a)
-    if dname in _NATIVE:
+    if storage == dname:
         return a, name, dname, a.shape
-    storage = _UINT_OF_SIZE.get(a.dtype.itemsize)
-    if storage is None or a.dtype.kind == "O":
-        raise TypeError(f"cannot store dtype {a.dtype}")
     return a.view(storage), name, storage, a.shape
+
+
+def storage_names(dtype):
+    """(dtype name, storage dtype name) of a numpy dtype, as `prepare` names them."""
+    name = _dtype_name(dtype)
+    if name in _NATIVE:
+        return name, name
+    storage = _UINT_OF_SIZE.get(dtype.itemsize)
+    if storage is None or dtype.kind == "O":
+        raise TypeError(f"cannot store dtype {dtype}")
+    return name, storage
 
 
 def as_bytes(c):

@@ -36,6 +36,7 @@ import atexit
 import contextlib
 import functools
 import json
+import math
 import os
 import shutil
 import signal
@@ -155,7 +156,7 @@ class TraceWriter:
         self._new_strings = []
         self._rows = {name: [] for name in schema.TABLES}
         self._counts = {name: 0 for name in schema.TABLES}   # rows on disk
-        self._blob = _ByteBuffer()   # value bytes not yet written
+        self._blob = _PendingBytes()   # value bytes not yet written
         self._blob_size = 0        # bytes recorded, buffered ones included
         self._blob_written = 0     # bytes on disk
         self._n_strings = 0        # strings on disk
@@ -191,6 +192,7 @@ class TraceWriter:
         self._shape_ids = {}
         self._slice_digests = {}   # add_shard: digests of the last global value's slices
         self._dtype_ids = {}       # numpy dtype -> (interned name, storage name) for add_array
+        self._kept_names = {}      # numpy dtype -> (dtype name, storage name), add_kept_value
         # statistics of a batch of values (values.segment_stats's signature); a capture
         # sets its framework's own (capture/torch_stats.py: torch ops on the value's device)
         self.stats_reducer = values.segment_stats
@@ -360,18 +362,39 @@ class TraceWriter:
         return True
 
     def keep_joined(self, event, data):
-        """The blob offset of `data` (uint8), the bytes of many values fetched as one
-        buffer (`add_fetched_row` rows point into it), or None where they are not kept so
-        (no buffer, or a byte cap, which `add_fetched` applies value by value)."""
+        """The blob offset of `data`, the bytes of many values fetched as one buffer
+        (`add_fetched_row` rows point into it), or None where they are not kept so (no
+        buffer, or a byte cap, which `add_fetched` applies value by value). `data`: a
+        uint8 array nobody writes to, or a callable returning one with an `nbytes`, read
+        when the flush writes it (a copy from a device still under way); held, not copied."""
         if data is None or self.max_bytes is not None or self.level != "full":
             return None
-        return self._keep_bytes(event, data, data.nbytes)
+        offset = self._blob_size
+        self._blob.hold(data, data.nbytes)
+        self._blob_size += data.nbytes
+        self.bytes_recorded += data.nbytes
+        return offset
 
     def add_fetched_row(self, event, slot, ids, offset, nbytes, h):
         """`add_fetched`'s row for a value whose bytes are kept already at `offset`
         (`keep_joined`)."""
         self._rows["values"].append((event, slot, schema.ROLE_OUT, 0, *ids, -1, offset,
                                      nbytes, h))
+
+    def add_kept_value(self, event, slot, dtype, shape, offset, h, role=schema.ROLE_OUT,
+                       name=None):
+        """`add_value(event, slot, array, h=h, kept=offset)` from the array's dtype and
+        shape alone: the row of a value whose bytes the blob holds already at `offset`
+        (`keep_joined`), which need not have reached the host yet."""
+        dt = np.dtype(dtype)
+        names = self._kept_names.get(dt)
+        if names is None:
+            names = self._kept_names[dt] = values.storage_names(dt)
+        nbytes = math.prod(shape) * dt.itemsize
+        self._rows["values"].append((event, slot, role, 0, *self.value_ids(*names, shape),
+                                     self.intern(name), offset, nbytes, h))
+        if len(self._rows["values"]) >= FLUSH_ROWS:
+            self._auto_flush()
 
     def add_host_value(self, event, slot, hv, role=schema.ROLE_OUT):
         """`add_value(event, slot, array, role=role)` for a `host_value`: the same row, bytes
@@ -866,7 +889,7 @@ class TraceWriter:
             n, k = self._blob_written, len(self._blob)
             ds = f["blob"]
             ds.resize((n + k,))
-            self._write_blob(ds, n, self._blob.view())
+            self._write_blob(ds, n, self._blob.pieces(), k)
             self._blob_written = n + k
             self._blob.clear()
         for name, dt in schema.TABLES.items():
@@ -882,22 +905,27 @@ class TraceWriter:
         counts = dict(self._counts, blob=self._blob_written, strings=self._n_strings)
         self._synced = (counts, _Fsync(self._file) if FSYNC else None)
 
-    def _write_blob(self, ds, n, data):
-        """Write `data` at byte `n` of the blob. Whole chunks of an unfiltered blob go to
-        HDF5 as chunks (`write_direct_chunk`: no copy through the chunk cache, ~0.7 s per
-        GB less, measured); the partial chunks at either end through a plain write."""
-        k = len(data)
+    def _write_blob(self, ds, n, pieces, k):
+        """Write `k` bytes, the concatenation of `pieces` (uint8 arrays), at byte `n` of the
+        blob. Whole chunks of an unfiltered blob go to HDF5 as chunks (`write_direct_chunk`:
+        no copy through the chunk cache, ~0.7 s per GB less, measured), straight from the
+        piece that holds them where one does; the partial chunks at either end and the
+        chunks pieces share are joined first, then written."""
         head = min(k, -n % CHUNK_BYTES)
-        whole = (k - head) // CHUNK_BYTES * CHUNK_BYTES
+        whole = (k - head) // CHUNK_BYTES
+        tail = k - head - whole * CHUNK_BYTES
         if self._blob_filter or whole == 0 or not hasattr(ds.id, "write_direct_chunk"):
-            ds[n:n + k] = data
+            ds[n:n + k] = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
             return
-        if head:
-            ds[n:n + head] = data[:head]
-        for i in range(head, head + whole, CHUNK_BYTES):
-            ds.id.write_direct_chunk((n + i,), data[i:i + CHUNK_BYTES])
-        if head + whole < k:
-            ds[n + head + whole:n + k] = data[head + whole:]
+        sizes = ([head] if head else []) + [CHUNK_BYTES] * whole + ([tail] if tail else [])
+        at = n
+        for size, parts in zip(sizes, _regions(pieces, sizes)):
+            data = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            if size == CHUNK_BYTES:
+                ds.id.write_direct_chunk((at,), data)
+            else:
+                ds[at:at + size] = data
+            at += size
 
     def _commit_synced(self):
         """Phase 2 of the last `_write_pending`, if not done yet: wait for its fsync
@@ -1038,7 +1066,7 @@ class TraceWriter:
     def _drop_buffers(self):
         self._synced = None
         self._rows = {name: [] for name in schema.TABLES}
-        self._blob = _ByteBuffer()
+        self._blob = _PendingBytes()
         self._new_strings = []
         self._pstats, self._pstats_bytes = {}, 0
 
@@ -1118,18 +1146,25 @@ class _Fsync:
         if self.again:
             self.trace_file.sync()
 
-class _ByteBuffer:
-    """The value bytes of the next flush, in one buffer that is reused from flush to flush.
+class _PendingBytes:
+    """The value bytes of the next flush, in blob order: small values copied into one
+    buffer reused from flush to flush, large buffers that nobody can change (a device's
+    joined values, `hold`) kept as they are and read only when written.
 
     A fresh `bytearray` per flush cost ~1.6 s per GB recorded (measured on the JAX MLP at
-    full): its growth reallocates, and each new buffer's pages fault in again. Here the
-    pages are touched once; an append is one memcpy."""
+    full): its growth reallocates, and each new buffer's pages fault in again. Copying
+    every value into one buffer grown to the flush size cost ~0.2 s in the first dozen
+    steps of the same MLP (each doubling copies and faults in again) and a memcpy of every
+    byte after that; a held buffer costs neither, and one still on its way from a device
+    is waited for at the flush, not when its rows are written."""
 
-    __slots__ = ("_arr", "_mem", "_len")
+    __slots__ = ("_arr", "_mem", "_used", "_parts", "_len")
 
     def __init__(self):
         self._arr = np.empty(0, "u1")
         self._mem = memoryview(self._arr)
+        self._used = 0      # bytes of _arr in use
+        self._parts = []    # [start, end) ranges of _arr, or held sources, in blob order
         self._len = 0
 
     def __len__(self):
@@ -1141,20 +1176,62 @@ class _ByteBuffer:
     def append(self, data):
         """Copy `data` (bytes or a 1-byte-format buffer) after the bytes held."""
         k = len(data)
-        end = self._len + k
+        if not k:
+            return
+        end = self._used + k
         if end > len(self._arr):
             grown = np.empty(max(end, 2 * len(self._arr), FIRST_FLUSH_BYTES), "u1")
-            grown[:self._len] = self._arr[:self._len]
+            grown[:self._used] = self._arr[:self._used]
             self._arr, self._mem = grown, memoryview(grown)
-        self._mem[self._len:end] = data
-        self._len = end
+        self._mem[self._used:end] = data
+        last = self._parts[-1] if self._parts else None
+        if type(last) is list and last[1] == self._used:
+            last[1] = end
+        else:
+            self._parts.append([self._used, end])
+        self._used = end
+        self._len += k
 
-    def view(self):
-        """The bytes held, as a uint8 array (valid until the next append or clear)."""
-        return self._arr[:self._len]
+    def hold(self, source, nbytes):
+        """Keep `nbytes` bytes after those held without copying them: `source` is a uint8
+        array nobody writes to, or a callable returning one (read at the flush)."""
+        if nbytes:
+            self._parts.append(source)
+            self._len += nbytes
+
+    def pieces(self):
+        """The bytes held, as a list of uint8 arrays in order (held sources read now)."""
+        out = []
+        for part in self._parts:
+            if type(part) is list:
+                out.append(self._arr[part[0]:part[1]])
+            else:
+                data = part() if callable(part) else part
+                out.append(np.asarray(data).reshape(-1).view("u1"))
+        if sum(len(p) for p in out) != self._len:
+            raise ValueError("a held buffer changed size before it was written")
+        return out
 
     def clear(self):
-        self._len = 0
+        self._used = self._len = 0
+        self._parts = []
+
+
+def _regions(pieces, sizes):
+    """For consecutive regions of these byte counts over the concatenation of `pieces`:
+    each region's slices of the pieces (one slice where a single piece covers it)."""
+    i, off = 0, 0
+    for size in sizes:
+        parts = []
+        while size:
+            p = pieces[i]
+            take = min(size, len(p) - off)
+            parts.append(p[off:off + take])
+            off += take
+            size -= take
+            if off == len(p):
+                i, off = i + 1, 0
+        yield parts
 
 
 def write_finished(path, tables, manifest, attrs, replace=False, blob_filter=None):

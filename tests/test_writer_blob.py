@@ -1,0 +1,74 @@
+"""The trace writer's value bytes: values copied as they come and buffers held without a
+copy (`TraceWriter.keep_joined`: a device's joined values, maybe still on their way to the
+host) land in the blob in their order, byte for byte, whatever chunk boundaries they
+straddle, with or without a codec; a held buffer still to be read is read when its flush
+writes it, not before."""
+
+import h5py
+import numpy as np
+import pytest
+
+from tracediff.trace import codec as codecs, writer as W
+
+
+class _Later:
+    """A buffer read when the writer asks (as a device copy is): counts the reads."""
+
+    def __init__(self, data):
+        self.data, self.nbytes, self.reads = data, data.nbytes, 0
+
+    def __call__(self):
+        self.reads += 1
+        return self.data
+
+
+@pytest.mark.parametrize("codec", [c for c in codecs.CODECS
+                                   if c == "none" or codecs.plugin_available()])
+def test_copied_and_held_bytes_land_in_order_across_chunks(tmp_path, codec, monkeypatch):
+    monkeypatch.setattr(W, "FIRST_FLUSH_BYTES", 64 << 20)   # one flush, at the end
+    rng = np.random.default_rng(0)
+    chunk = W.CHUNK_BYTES
+    # sizes around the chunk boundaries: inside one chunk, exactly one, straddling two,
+    # several whole chunks, and small values between them
+    sizes = [10, chunk - 10, 3, 2 * chunk + 5, 7, chunk, 1, 3 * chunk - 1, 100, chunk // 2]
+    w = W.TraceWriter(str(tmp_path / "t.h5"), {}, codec=codec)
+    e = w.add_event(framework=2, kind=3, op="op", source="s.py:1")
+    expected, offsets, later = [], [], []
+    for i, n in enumerate(sizes):
+        data = rng.integers(0, 256, n, dtype=np.uint8)
+        if i % 3 == 0:            # copied, as a host value is
+            w.add_value(e, i, data)
+            offsets.append(None)
+        elif i % 3 == 1:          # held as it is
+            offsets.append(w.keep_joined(e, data))
+        else:                     # held, read at the flush
+            later.append(_Later(data))
+            offsets.append(w.keep_joined(e, later[-1]))
+        expected.append(data.tobytes())
+    assert all(x.reads == 0 for x in later)   # nothing read while rows were written
+    w.flush()
+    assert all(x.reads == 1 for x in later)
+    w.close()
+    with h5py.File(tmp_path / "t.h5", "r") as f:
+        blob = f["blob"][:int(f.attrs["committed_blob"])].tobytes()
+        rows = f["values"][:]
+    assert blob == b"".join(expected)
+    starts = np.cumsum([0] + [len(b) for b in expected])[:-1]
+    held = [(at, int(s)) for at, s in zip(offsets, starts) if at is not None]
+    assert all(at == s for at, s in held)
+    assert [int(r["offset"]) for r in rows] == [int(s) for s, at in zip(starts, offsets)
+                                                if at is None]
+
+
+def test_a_held_buffer_that_changed_size_stops_the_recording_cleanly(tmp_path):
+    """A held buffer read back another size than it claimed never writes a wrong blob:
+    the flush fails, the recording stops with the reason, and the last commit stays."""
+    w = W.TraceWriter(str(tmp_path / "t.h5"), {})
+    e = w.add_event(framework=2, kind=3, op="op", source="s.py:1")
+    w.add_value(e, 0, np.arange(4, dtype=np.float32))
+    w.flush()
+    wrong = _Later(np.zeros(8, np.uint8))
+    wrong.nbytes = 16
+    w.keep_joined(e, wrong)
+    w.flush()
+    assert w.error and "changed size" in w.error
