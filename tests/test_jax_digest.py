@@ -407,7 +407,7 @@ def test_a_device_program_that_fails_at_level_full_leaves_the_host_to_hash(tmp_p
     from tracediff.capture import jax_digest
     from tracediff.trace.reader import Trace
 
-    def refuse(self, xs):
+    def refuse(self, xs, copy=True):
         raise RuntimeError("UNIMPLEMENTED: this backend refuses the program")
 
     monkeypatch.setenv("TRACEDIFF_JAX_DIGEST_ON_DEVICE", "1")
@@ -429,3 +429,68 @@ def test_a_device_program_that_fails_at_level_full_leaves_the_host_to_hash(tmp_p
                 assert values.words_digest(values.prepare(a)[0]) == int(row["hash"])
                 stored += 1
     assert stored >= 2
+
+
+def _call_and_probe_outputs(path):
+    """{"jit": rows, "probe": rows}: (slot, offset, nbytes, hash, bytes) of each output row
+    of the last jitted call and of its values program's event."""
+    from tracediff.trace.reader import Trace
+
+    out = {}
+    with h5py.File(path, "r") as f:
+        strings = [s.decode() if isinstance(s, bytes) else s for s in f["strings"][:]]
+        ops = [strings[i] for i in f["events"]["op"][:]]
+        rows = f["values"][:]
+    with Trace(str(path)) as t:
+        for key in ("jit", "probe"):
+            eid = max(i for i, op in enumerate(ops) if op.startswith(key + ":"))
+            out[key] = [(int(r["slot"]), int(r["offset"]), int(r["nbytes"]), int(r["hash"]),
+                         t.read_value(r).tobytes()) for r in rows
+                        if r["event"] == eid and r["role"] == schema.ROLE_OUT]
+    return out
+
+
+@pytest.mark.parametrize("perturbed", [False, True])
+def test_a_calls_outputs_share_its_values_programs_bytes_only_where_equal(
+        tmp_path, monkeypatch, perturbed):
+    """At level full a jitted call's outputs are hashed on the device, and in the steady
+    state (a call whose rows are planned: the third here) where the hash, dtype and shape
+    equal its values program's final output's, the call's row points at the bytes the
+    trace holds for that output (held once, their copy never started);
+    where the values program computed something else (one op perturbed in it, as a
+    compiler's other rounding would), the call's rows hold the call's own bytes, and the
+    manifest counts the difference."""
+    import tracediff
+    from tracediff.capture import jax_recorder
+
+    monkeypatch.setenv("TRACEDIFF_JAX_DIGEST_ON_DEVICE", "1")
+    if perturbed:
+        bind = jax_recorder.JaxCapture.bind
+
+        def nudged(eqn, vals):
+            outs = bind(eqn, vals)
+            return [o + 1 for o in outs] if eqn.primitive.name == "sin" else outs
+
+        monkeypatch.setattr(jax_recorder.JaxCapture, "bind", staticmethod(nudged))
+    f = jax.jit(lambda w, x: (jax.numpy.tanh(x @ w), jax.numpy.sin(x @ w)))
+    w, x = jax.numpy.ones((4, 3)), jax.numpy.linspace(-1, 1, 8).reshape(2, 4)
+    want = [np.asarray(v).tobytes() for v in f(w, x)]
+    out = tmp_path / "call.h5"
+    with tracediff.record(out, level="full", hash="words64", frameworks=("jax",),
+                          jax_values="compiled"):
+        for _ in range(3):
+            got = [np.asarray(v).tobytes() for v in f(w, x)]
+            assert got == want
+    rows = _call_and_probe_outputs(out)
+    call, probe = rows["jit"], rows["probe"]
+    assert [r[4] for r in call] == want   # the call's rows: the call's values, always
+    assert [r[3] for r in call] == [values.words_digest(np.frombuffer(b, np.float32))
+                                    for b in want]
+    probe_info = _manifest(out)["frameworks"]["jax"]["compiled_values"]
+    if perturbed:   # sin's output differs: its own bytes; tanh's still shared
+        assert probe_info["differing_calls"] and not probe_info["final_outputs_equal_compiled"]
+        assert call[0][1] == probe[0][1] and call[1][1] != probe[1][1]
+        assert probe[1][4] != want[1]
+    else:
+        assert probe_info["final_outputs_equal_compiled"] == 3
+        assert [r[1] for r in call] == [r[1] for r in probe]

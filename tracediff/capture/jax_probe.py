@@ -228,11 +228,10 @@ class Prober:
             finals = [digested.fetched_at(i, x) for x, i in zip(outs, out_at)] \
                 if digested is not None else outs
             fetched = cap._fetch_at_full(finals)
-            for slot, ((v, h), x) in enumerate(zip(fetched, finals)):
-                cap.store(pid, slot, v, h=h,
-                          kept=x.kept if type(x) is jax_digest.Fetched else None)
-        if all(h is not None for _, h in fetched):   # level full: `check` compares hashes
-            return [jax_digest.Fetched(v, h) for v, h in fetched]
+            for slot, (v, h, kept) in enumerate(fetched):
+                cap.store(pid, slot, v, h=h, kept=kept)
+        if all(h is not None for _, h, _ in fetched):   # level full: `check` compares hashes
+            return [jax_digest.Fetched(v, h, kept) for v, h, kept in fetched]
         return outs
 
     def _plan_for(self, closed, ns, source, mask, digested, stats):
@@ -403,13 +402,14 @@ class _Digested:
         return jax_digest.Fetched(x if host is None else host, self.hashes[i], kept)
 
     def host(self, i):
-        """Level full: digested value i's bytes on the host, or None where it was not
-        joined (made when asked: a planned call writes most of them as the buffer)."""
+        """Level full: digested value i's bytes on the host (a `HostView`, read when asked),
+        or None where it was not joined (a planned call writes most of them as the buffer,
+        its rows pointing into it)."""
         at = self.starts[i]
         if at is None:
             return None
         shape, dtype = self.avals[i]
-        return jax_digest.view_at(self.joined, at, dtype, shape)
+        return jax_digest.HostView(self.joined, at, dtype, shape)
 
     def ref(self, i, aval):
         """The `Ref` of value `i` of the packed result (a final output of the program)."""
@@ -541,6 +541,7 @@ class _Plan:
                         optim[op[5]] = jax_digest.Fetched(digested.host(i), h, at + starts[i])
                     continue
                 host = digested.host(i)
+                host = None if host is None else np.asarray(host)   # to be copied: read now
                 if host is None or not w.add_fetched(event, op[2], op[9], host, op[4], h):
                     host = found[op[10]] if host is None else host
                     cap.store(event, op[2], host, h=h)

@@ -269,25 +269,38 @@ class JaxCapture(Capture):
             return contextlib.nullcontext()
         return self.digests.outputs()
 
-    def _fetch_at_full(self, xs):
-        """Level full, values hashed on the device: [(what to store, hash)] of a call's
-        outputs (or an optimizer step's values) by one program and few copies
-        (`DeviceDigests.fetch`): a host view where the value came back joined, else the
-        array; (x, None) for each value `store` hashes itself (and at other levels); a
-        `jax_digest.Fetched` gives its own (an optimizer step's value fetched with its
-        values program's)."""
-        out = [(x.value, x.h) if type(x) is jax_digest.Fetched else (x, None) for x in xs]
+    def _fetch_at_full(self, xs, same_as=None):
+        """Level full, values hashed on the device: [(what to store, hash, kept)] of a
+        call's outputs (or an optimizer step's values) by one program and few copies
+        (`DeviceDigests.fetch`): a `HostView` where the value came back joined, else the
+        array; (x, None, None) for each value `store` hashes itself (and at other levels);
+        a `jax_digest.Fetched` gives its own (an optimizer step's value fetched with its
+        values program's). `same_as`: the values program's final outputs (`Fetched`) of a
+        call whose outputs these are: an output with the same hash, dtype and shape points
+        at the bytes the trace holds for it already (`kept`: their blob offset), and its
+        own bytes never cross to the host."""
+        out = [(x.value, x.h, x.kept) if type(x) is jax_digest.Fetched else (x, None, None)
+               for x in xs]
         if self.digests is None or self.session.writer.level != "full":
             return out
         at = [i for i, x in enumerate(xs) if x is not None and type(x) is not
               jax_digest.Fetched and jax_digest.can_digest(x)]
         if at:
+            twins = [None] * len(xs)
+            if same_as is not None and len(same_as) == len(xs):
+                twins = [f if type(f) is jax_digest.Fetched and f.kept is not None else None
+                         for f in same_as]
             try:
-                got = self.digests.fetch([xs[i] for i in at])
+                got = self.digests.fetch([xs[i] for i in at],
+                                         copy=any(twins[i] is None for i in at))
             except Exception:   # never break the script: `store` takes each value alone
                 return out
             for i, (h, host) in zip(at, got):
-                out[i] = (xs[i] if host is None else host, h)
+                f, kept = twins[i], None
+                if f is not None and f.h == h and f.value.dtype == xs[i].dtype and \
+                        tuple(f.value.shape) == tuple(xs[i].shape):
+                    kept = f.kept
+                out[i] = (xs[i] if host is None else host, h, kept)
         return out
 
     @staticmethod
@@ -436,15 +449,15 @@ class JaxCapture(Capture):
                 if probed is not None:
                     self.prober.check(name, probed, outs)
                 names = self._result_names(jaxpr, len(outs))
-                fetched = self._fetch_at_full(outs)
+                fetched = self._fetch_at_full(outs, same_as=valued)
                 with self._outputs():
-                    refs = [self.store(call_id, slot, v, name=names[slot], h=h)
-                            for slot, (v, h) in enumerate(fetched)]
+                    refs = [self.store(call_id, slot, v, name=names[slot], h=h, kept=kept)
+                            for slot, (v, h, kept) in enumerate(fetched)]
                     for slot, x in enumerate(outs):
                         self._register(x, call_id, slot)
                 if valued is not None:   # by the hashes of both sides where they were made
-                    if all(h is not None for _, h in fetched):   # level full: as fetched
-                        refs = [jax_digest.Fetched(v, h) for v, h in fetched]
+                    if all(h is not None for _, h, _ in fetched):   # level full: as fetched
+                        refs = [jax_digest.Fetched(v, h) for v, h, _ in fetched]
                     self.values_prober.check(name, valued, outs, refs)
                 if not _TL.optax_depth:  # a jit call inside an eager optax update is not its end
                     self.flush_optim()
@@ -531,7 +544,7 @@ class JaxCapture(Capture):
                         names = self._result_names(jaxpr, len(outs))
                         fetched = self._fetch_at_full(outs)
                         with self._outputs():
-                            for slot, (x, (v, h)) in enumerate(zip(outs, fetched)):
+                            for slot, (x, (v, h, _)) in enumerate(zip(outs, fetched)):
                                 self.store(call_id, slot, v, name=names[slot], h=h)
                                 self._register(x, call_id, slot)
                     if self.digests is not None:
@@ -666,6 +679,9 @@ class JaxCapture(Capture):
             import jax
 
             logical, x = str(dtype), jax.random.key_data(x)
+        elif kept is not None and h is not None:   # bytes held already: a row, no array
+            w.add_kept_value(eid, slot, dtype, tuple(x.shape), kept, h, role=role, name=name)
+            return
         if h is None and self.digests is not None and jax_digest.can_digest(x):
             if w.level != "full":   # hash and statistics on the device: no bytes cross
                 return self.digests.add(eid, slot, x, role, name, logical)
@@ -676,7 +692,7 @@ class JaxCapture(Capture):
         else:
             arr = None
         try:
-            arr = np.asarray(x) if arr is None else arr
+            arr = np.asarray(x if arr is None else arr)
         except Exception:  # tokens, non-addressable arrays: keep shape and dtype only
             w.add_meta_value(eid, slot, str(dtype), getattr(x, "shape", ()), role=role, name=name)
             if self.per_device:   # a process's own shards of a multi-process array
@@ -995,10 +1011,9 @@ class JaxCapture(Capture):
         taken = sorted(self._pending_optim.items())
         fetched = self._fetch_at_full([arr for _, arr in taken])
         with self._outputs():   # hashed on the device as one program, as a call's outputs
-            for slot, ((name, arr), (v, h)) in enumerate(zip(taken, fetched)):
+            for slot, ((name, arr), (v, h, kept)) in enumerate(zip(taken, fetched)):
                 if arr is not None:   # bytes the trace holds already: pointed at
-                    self.store(eid, slot, v, name=name, h=h,
-                               kept=arr.kept if type(arr) is jax_digest.Fetched else None)
+                    self.store(eid, slot, v, name=name, h=h, kept=kept)
         self._pending_optim = {}
         self.step += 1
 
