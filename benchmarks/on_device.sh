@@ -8,7 +8,8 @@
 #
 # SITE: a folder holding tracediff's dependencies, added to the end of PYTHONPATH (the
 # machine's own JAX stays first); installed there from the machine's package index when
-# it lacks h5py (PIP_OPTIONS: more pip options, e.g. the index to use).
+# it lacks h5py (PIP_OPTIONS: more pip options, e.g. the index to use). ONLY: the steps to
+# run, in that order (default: all of them, in the order below).
 set -u
 out="${1:?usage: on_device.sh FOLDER [SITE]}"
 site="${2:-/tmp/site}"
@@ -27,9 +28,17 @@ step() {   # name, command...
     "$@" > "$out/$name.txt" 2>&1
     echo "$name: exit $? in $(( $(date +%s) - start )) s" | tee -a "$out/times.txt"
 }
-step digest_speed python3 benchmarks/digest_speed.py
-step defaults python3 benchmarks/accelerator.py --only defaults --levels calls,stats,full
-step wide python3 benchmarks/accelerator.py --only wide --levels calls,stats
-step profile python3 benchmarks/record_profile.py --levels calls,full \
-    --extra "--jax-values compiled"
-step call_floor python3 benchmarks/jax_call_floor.py --arrays 20 --repeat 1
+run() {   # name: that step's command
+    case "$1" in
+    digest_speed) step digest_speed python3 benchmarks/digest_speed.py ;;
+    defaults) step defaults python3 benchmarks/accelerator.py --only defaults --levels calls,stats,full ;;
+    wide) step wide python3 benchmarks/accelerator.py --only wide --levels calls,stats ;;
+    profile) step profile python3 benchmarks/record_profile.py --levels calls,full \
+        --extra "--jax-values compiled" ;;
+    call_floor) step call_floor python3 benchmarks/jax_call_floor.py --arrays 20 --repeat 1 ;;
+    *) echo "no step $1" >&2; exit 2 ;;
+    esac
+}
+for name in ${ONLY:-digest_speed defaults wide profile call_floor}; do
+    run "$name"
+done
