@@ -6,7 +6,8 @@ program over the call's outputs that computes their words64 hashes and statistic
 (parameters and both Adam moments). This prints, for arrays of that shape on the
 device, the time of one such program beside a plain read of the same bytes (a sum):
 
-    read (sum)                  the memory floor
+    read (sum)                  the memory floor (also summed over rows first, and over
+                                (8, 128) tiles first: the reduction order's cost)
     words64                     the two hash lanes alone (level full)
     words64 + stats, one pass   what `calls` and `stats` compute on an accelerator: one
                                 variadic reduction a value (jax_digest.packed)
@@ -47,6 +48,14 @@ def timed(fn, xs, repeat):
     return best
 
 
+def _by_tiles(x):
+    """A sum whose first stage adds whole (8, 128) tiles (a TPU's float32 tile) elementwise."""
+    if x.ndim != 2 or x.shape[0] % 8 or x.shape[1] % 128:
+        return x.sum()
+    r, c = x.shape
+    return x.reshape(r // 8, 8, c // 128, 128).sum(axis=(0, 2)).sum()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--arrays", type=int, default=12, help="side x side float32 arrays")
@@ -63,6 +72,9 @@ def main():
     want = np.array([[h.mean(), np.sqrt((h * h).sum())] for h in host])
     rms = want[:, 1] / np.sqrt([h.size for h in host])
     programs = [("read (sum)", lambda xs: jnp.stack([x.sum() for x in xs])),
+                ("read (sum over rows first)",
+                 lambda xs: jnp.stack([x.sum(axis=0).sum() for x in xs])),
+                ("read (sum over (8, 128) tiles)", lambda xs: jnp.stack([_by_tiles(x) for x in xs])),
                 ("words64", lambda xs: jax_digest.packed(xs, False))]
     for together in (True, False):
         how = "one pass" if together else "apart"
