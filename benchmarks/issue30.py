@@ -63,12 +63,17 @@ def workloads(jax_steps, gru_steps, codec):
 
 def run(cmd, env):
     proc, wall, cpu = run_timed(cmd, env)
+    ended = time.time()
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
     loop = re.search(r"loop_cpu_s=([0-9.]+)", proc.stderr)
     loop_wall = re.search(r"loop_wall_s=([0-9.]+)", proc.stderr)
+    script_end = re.search(r"script_end_unix=([0-9.]+)", proc.stderr)
     return {"wall": wall, "cpu": cpu, "loop": float(loop.group(1)),
             "loop_wall": float(loop_wall.group(1)) if loop_wall else None,
+            # seconds from the script's last line to the process's end: a recording's last
+            # flush and its fsync, the trace's close, and the interpreter's exit
+            "tail": ended - float(script_end.group(1)) if script_end else None,
             "stdout": proc.stdout, "stderr": proc.stderr}
 
 
