@@ -9,7 +9,8 @@
 # SITE: a folder holding tracediff's dependencies, added to the end of PYTHONPATH (the
 # machine's own JAX stays first); installed there from the machine's package index when
 # it lacks h5py (PIP_OPTIONS: more pip options, e.g. the index to use). ONLY: the steps to
-# run, in that order (default: all of them, in the order below).
+# run, in that order (default: all of them but truths, in the order below; truths, issue
+# 37's behaviours against their truths, installs torch's CPU build first).
 set -u
 out="${1:?usage: on_device.sh FOLDER [SITE]}"
 site="${2:-/tmp/site}"
@@ -19,6 +20,13 @@ if [ ! -d "$site/h5py" ]; then
     python3 -m pip install -q ${PIP_OPTIONS:-} --only-binary=:all: --target "$site" \
         flax optax h5py click rich xxhash > "$out/install.txt" 2>&1
 fi
+case " ${ONLY:-} " in
+*" truths "*)   # the seed's Dense vs Linear needs torch: a CPU build, from the machine's wheels
+    if [ ! -d "$site/torch" ]; then
+        python3 -m pip install -q ${PIP_OPTIONS:-} --only-binary=:all: --target "$site" \
+            torch==2.13.0 --find-links /opt/wheels >> "$out/install.txt" 2>&1
+    fi ;;
+esac
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$site:$root" PYTHONUNBUFFERED=1
 cd "$root"
 step() {   # name, command...
@@ -36,6 +44,7 @@ run() {   # name: that step's command
     profile) step profile python3 benchmarks/record_profile.py --levels calls,full \
         --extra "--jax-values compiled" ;;
     call_floor) step call_floor python3 benchmarks/jax_call_floor.py --arrays 20 --repeat 1 ;;
+    truths) step truths python3 benchmarks/accelerator_truths.py ;;
     *) echo "no step $1" >&2; exit 2 ;;
     esac
 }
