@@ -40,10 +40,10 @@ def test_copied_and_held_bytes_land_in_order_across_chunks(tmp_path, codec, monk
             w.add_value(e, i, data)
             offsets.append(None)
         elif i % 3 == 1:          # held as it is
-            offsets.append(w.keep_joined(e, data))
+            offsets.append(w.keep_joined(data))
         else:                     # held, read at the flush
             later.append(_Later(data))
-            offsets.append(w.keep_joined(e, later[-1]))
+            offsets.append(w.keep_joined(later[-1]))
         expected.append(data.tobytes())
     assert all(x.reads == 0 for x in later)   # nothing read while rows were written
     w.flush()
@@ -69,6 +69,6 @@ def test_a_held_buffer_that_changed_size_stops_the_recording_cleanly(tmp_path):
     w.flush()
     wrong = _Later(np.zeros(8, np.uint8))
     wrong.nbytes = 16
-    w.keep_joined(e, wrong)
+    w.keep_joined(wrong)
     w.flush()
     assert w.error and "changed size" in w.error

@@ -527,7 +527,7 @@ class _Plan:
         hashes = digested.hashes if digested.full else None
         # level full: the joined values' bytes go to the trace as the one buffer they came
         # back in, each row pointing into it (no copy a value)
-        at = digested.kept_at = w.keep_joined(pid, digested.joined) \
+        at = digested.kept_at = w.keep_joined(digested.joined) \
             if hashes is not None else None
         starts = digested.starts if hashes is not None else None
         for op in self.ops:

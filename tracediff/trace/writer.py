@@ -361,7 +361,7 @@ class TraceWriter:
         self.add_fetched_row(event, slot, ids, self._keep_bytes(event, data, nbytes), nbytes, h)
         return True
 
-    def keep_joined(self, event, data):
+    def keep_joined(self, data):
         """The blob offset of `data`, the bytes of many values fetched as one buffer
         (`add_fetched_row` rows point into it), or None where they are not kept so (no
         buffer, or a byte cap, which `add_fetched` applies value by value). `data`: a
