@@ -450,18 +450,20 @@ def _call_and_probe_outputs(path):
     return out
 
 
+@pytest.mark.parametrize("width", [3, 300_000])   # outputs joined, and each its own copy
 @pytest.mark.parametrize("perturbed", [False, True])
 def test_a_calls_outputs_share_its_values_programs_bytes_only_where_equal(
-        tmp_path, monkeypatch, perturbed):
+        tmp_path, monkeypatch, perturbed, width):
     """At level full a jitted call's outputs are hashed on the device, and in the steady
     state (a call whose rows are planned: the third here) where the hash, dtype and shape
     equal its values program's final output's, the call's row points at the bytes the
     trace holds for that output (held once, their copy never started);
     where the values program computed something else (one op perturbed in it, as a
     compiler's other rounding would), the call's rows hold the call's own bytes, and the
-    manifest counts the difference."""
+    manifest counts the difference. Outputs small enough to come back joined, and outputs
+    each copied on its own."""
     import tracediff
-    from tracediff.capture import jax_recorder
+    from tracediff.capture import jax_digest, jax_recorder
 
     monkeypatch.setenv("TRACEDIFF_JAX_DIGEST_ON_DEVICE", "1")
     if perturbed:
@@ -473,8 +475,9 @@ def test_a_calls_outputs_share_its_values_programs_bytes_only_where_equal(
 
         monkeypatch.setattr(jax_recorder.JaxCapture, "bind", staticmethod(nudged))
     f = jax.jit(lambda w, x: (jax.numpy.tanh(x @ w), jax.numpy.sin(x @ w)))
-    w, x = jax.numpy.ones((4, 3)), jax.numpy.linspace(-1, 1, 8).reshape(2, 4)
+    w, x = jax.numpy.ones((4, width)), jax.numpy.linspace(-1, 1, 8).reshape(2, 4)
     want = [np.asarray(v).tobytes() for v in f(w, x)]
+    assert (len(want[0]) > jax_digest.JOIN_VALUE) == (width > 3)
     out = tmp_path / "call.h5"
     with tracediff.record(out, level="full", hash="words64", frameworks=("jax",),
                           jax_values="compiled"):

@@ -370,6 +370,7 @@ class _Digested:
             self.avals = avals
             self.at_full = 0
             self.kept_at = None       # the joined buffer's blob offset, once kept whole
+            self.kept_alone = {}      # value -> blob offset of a value kept on its own
 
     def take(self, eid, slot, var, x, keep):
         """Record one found value if it was digested: its `Ref` (its `Fetched` at level
@@ -398,8 +399,10 @@ class _Digested:
         if i is None:
             return x
         host = self.host(i)
-        kept = None if self.kept_at is None or host is None else self.kept_at + self.starts[i]
-        return jax_digest.Fetched(x if host is None else host, self.hashes[i], kept)
+        if host is None:
+            return jax_digest.Fetched(x, self.hashes[i], self.kept_alone.get(i))
+        kept = None if self.kept_at is None else self.kept_at + self.starts[i]
+        return jax_digest.Fetched(host, self.hashes[i], kept)
 
     def host(self, i):
         """Level full: digested value i's bytes on the host (a `HostView`, read when asked),
@@ -540,6 +543,15 @@ class _Plan:
                     if op[5] is not None:   # the step's row points at the same bytes
                         optim[op[5]] = jax_digest.Fetched(digested.host(i), h, at + starts[i])
                     continue
+                if starts[i] is None:   # too large to join: held as it came back, no copy
+                    x = found[op[10]]
+                    off = w.keep_joined(jax_digest.Joined(x, copy=False))   # copy under way
+                    if off is not None:
+                        digested.kept_alone[i] = off
+                        w.add_fetched_row(event, op[2], op[9], off, op[4], h)
+                        if op[5] is not None:
+                            optim[op[5]] = jax_digest.Fetched(x, h, off)
+                        continue
                 host = digested.host(i)
                 host = None if host is None else np.asarray(host)   # to be copied: read now
                 if host is None or not w.add_fetched(event, op[2], op[9], host, op[4], h):
