@@ -120,3 +120,29 @@ def test_calls_on_the_fast_path_write_the_hooks_trace(tmp_path, window):
     assert "jit:step" in ops and "jit:power" in ops
     with h5py.File(traces["hook"], "r") as f:
         assert "calls_on_fast_path" not in json.loads(f["manifest"][()])["frameworks"]["jax"]
+
+
+def test_after_an_api_recording_the_scripts_jits_take_the_fast_path_again(tmp_path,
+                                                                         monkeypatch):
+    """A recorded call goes through JAX's Python dispatch (the hook), which leaves the
+    jitted function without C++ fast-path data; where the script goes on after
+    `tracediff.record` (the API), its jits must get that path back (`jax.clear_caches` at
+    uninstall), or every later call pays Python's dispatch. `tracediff record` skips it:
+    the process ends with the recording."""
+    import tracediff
+    from jax._src import pjit
+
+    f = jax.jit(lambda x: x * 2)
+    x = jax.numpy.ones(3)
+    with tracediff.record(tmp_path / "t.h5", level="stats", frameworks=("jax",)):
+        f(x)
+        f(x)
+    python_path = []
+    impl = pjit._pjit_call_impl_python
+    monkeypatch.setattr(pjit, "_pjit_call_impl_python",
+                        lambda *a, **k: python_path.append(1) or impl(*a, **k))
+    f(x)   # the first call after the recording fills the fast path's cache again
+    python_path.clear()
+    for _ in range(3):
+        f(x)
+    assert not python_path

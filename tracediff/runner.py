@@ -198,6 +198,9 @@ class Recording:
         self._old_gc = None
         self._stopped = False
         self.pid = os.getpid()
+        # the script's process ends with the recording (`tracediff record`): the captures
+        # need not hand the rest of the process back as they found it (JAX's caches)
+        self.ends_process = False
 
     @property
     def lost(self):
@@ -224,6 +227,7 @@ class Recording:
         self.writer.max_bytes = self.options.max_bytes
         self.session = Session(self.writer, self.options, tool_dirs=(TOOL_DIR,))
         self.session.script_dir = self.script_dir
+        self.session.ends_process = self.ends_process
         # The op log grows large; generation-0 collections over it cost more than recording.
         self._old_gc = gc.get_threshold()
         gc.set_threshold(100_000, 50, 100)
@@ -374,6 +378,7 @@ def record_script(script, args, output, options=None, frameworks=("jax", "torch"
     script = os.path.abspath(script)
     rec = Recording(output, options, frameworks, script=script, argv=[script, *args],
                     tool="tracediff record")
+    rec.ends_process = True
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     end = {"status": "completed", "exit_code": 0}
     rec.start()

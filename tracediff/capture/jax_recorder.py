@@ -334,9 +334,11 @@ class JaxCapture(Capture):
                 dist = None
             if dist is not None:
                 w.update_manifest(distributed=dist)
-        import jax
+        if self.session is None or not self.session.ends_process:   # ~0.15 s: only where
+            # the script goes on after the recording (the API), not at the process's end
+            import jax
 
-        jax.clear_caches()  # calls recorded without the C++ fast path get it back
+            jax.clear_caches()  # calls recorded without the C++ fast path get it back
 
     def manifest(self):
         import jax
