@@ -198,9 +198,6 @@ class Recording:
         self._old_gc = None
         self._stopped = False
         self.pid = os.getpid()
-        # the script's process ends with the recording (`tracediff record`): the captures
-        # need not hand the rest of the process back as they found it (JAX's caches)
-        self.ends_process = False
 
     @property
     def lost(self):
@@ -227,7 +224,6 @@ class Recording:
         self.writer.max_bytes = self.options.max_bytes
         self.session = Session(self.writer, self.options, tool_dirs=(TOOL_DIR,))
         self.session.script_dir = self.script_dir
-        self.session.ends_process = self.ends_process
         # The op log grows large; generation-0 collections over it cost more than recording.
         self._old_gc = gc.get_threshold()
         gc.set_threshold(100_000, 50, 100)
@@ -378,10 +374,12 @@ def record_script(script, args, output, options=None, frameworks=("jax", "torch"
     script = os.path.abspath(script)
     rec = Recording(output, options, frameworks, script=script, argv=[script, *args],
                     tool="tracediff record")
-    rec.ends_process = True
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     end = {"status": "completed", "exit_code": 0}
     rec.start()
+    # the process ends with the recording: the captures need not hand the rest of it back
+    # as they found it (JAX's caches)
+    rec.session.ends_process = True
     sys.argv = [script, *args]
     sys.path.insert(0, rec.script_dir)
     old_term = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None

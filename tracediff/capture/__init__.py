@@ -239,7 +239,7 @@ class Session:
         self.script_dir = None
         self.tool_dirs = tuple(tool_dirs)
         self.captures = []
-        self.ends_process = False   # the process ends with the recording (runner.Recording)
+        self.ends_process = False   # the process ends with the recording (record_script)
         self._user_files = {}
         self._site_kinds = {}
         # the lines around each new events.source, stored in the trace (trace/sources.py)

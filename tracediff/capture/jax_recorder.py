@@ -700,8 +700,7 @@ class JaxCapture(Capture):
             if self.per_device:   # a process's own shards of a multi-process array
                 self.shards += jax_devices.store_shards(w, eid, slot, x, None, role, logical)
             return
-        w.add_value(eid, slot, arr, role=role, name=name, logical_dtype=logical, stats=stats, h=h,
-                    kept=kept if h is not None and logical is None else None)
+        w.add_value(eid, slot, arr, role=role, name=name, logical_dtype=logical, stats=stats, h=h)
         if self.per_device:
             self.shards += jax_devices.store_shards(w, eid, slot, x, arr, role, logical)
 

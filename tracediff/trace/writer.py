@@ -192,7 +192,6 @@ class TraceWriter:
         self._shape_ids = {}
         self._slice_digests = {}   # add_shard: digests of the last global value's slices
         self._dtype_ids = {}       # numpy dtype -> (interned name, storage name) for add_array
-        self._kept_names = {}      # numpy dtype -> (dtype name, storage name), add_kept_value
         # statistics of a batch of values (values.segment_stats's signature); a capture
         # sets its framework's own (capture/torch_stats.py: torch ops on the value's device)
         self.stats_reducer = values.segment_stats
@@ -383,15 +382,13 @@ class TraceWriter:
 
     def add_kept_value(self, event, slot, dtype, shape, offset, h, role=schema.ROLE_OUT,
                        name=None):
-        """`add_value(event, slot, array, h=h, kept=offset)` from the array's dtype and
-        shape alone: the row of a value whose bytes the blob holds already at `offset`
-        (`keep_joined`), which need not have reached the host yet."""
+        """`add_value(event, slot, array, h=h)`'s row, from the array's dtype and shape
+        alone, for a value whose bytes the blob holds already at `offset` (`keep_joined`),
+        which need not have reached the host yet."""
         dt = np.dtype(dtype)
-        names = self._kept_names.get(dt)
-        if names is None:
-            names = self._kept_names[dt] = values.storage_names(dt)
         nbytes = math.prod(shape) * dt.itemsize
-        self._rows["values"].append((event, slot, role, 0, *self.value_ids(*names, shape),
+        self._rows["values"].append((event, slot, role, 0,
+                                     *self.value_ids(*values.storage_names(dt), shape),
                                      self.intern(name), offset, nbytes, h))
         if len(self._rows["values"]) >= FLUSH_ROWS:
             self._auto_flush()
@@ -447,13 +444,12 @@ class TraceWriter:
         return idx
 
     def add_value(self, event, slot, array, *, role=schema.ROLE_OUT, name=None, flags=0,
-                  logical_dtype=None, store=True, stats=None, h=None, kept=None):
+                  logical_dtype=None, store=True, stats=None, h=None):
         """Append one value of `event`. `array` must be a host numpy array (or scalar).
         `stats`: its statistics already computed by the framework (STAT_FIELDS order),
         used when the value is kept as hash + statistics; `h`: its hash already computed
-        (on the device, with this trace's hash function); `kept`: the blob offset where
-        these very bytes are kept already (`keep_joined`; with `h`): the row points there,
-        nothing is copied.
+        (on the device, with this trace's hash function). A value whose bytes the blob
+        holds already: `add_kept_value`.
 
         `store=False`: metadata only (no hash). Otherwise the bytes (level "full", under
         `max_bytes`) or the hash and statistics (level "stats", or past the cap); the
@@ -465,7 +461,7 @@ class TraceWriter:
         else:
             nbytes = c.nbytes
             h = self.digest(c) if h is None else h
-            offset = self._keep_bytes(event, c, nbytes) if kept is None else kept
+            offset = self._keep_bytes(event, c, nbytes)
             if offset < 0:
                 flags |= schema.VFLAG_NOT_STORED | schema.VFLAG_STATS
                 if stats is None:
