@@ -72,3 +72,45 @@ def test_a_held_buffer_that_changed_size_stops_the_recording_cleanly(tmp_path):
     w.keep_joined(wrong)
     w.flush()
     assert w.error and "changed size" in w.error
+
+
+def test_a_held_buffer_is_read_only_once_the_bytes_before_it_are_written(tmp_path, monkeypatch):
+    """A device's copy of a flush's last values goes on while the bytes before them are
+    written: each held buffer is read when the writing reaches it. Before: every held
+    buffer was read (each waiting for its copy) before the flush wrote its first byte."""
+    monkeypatch.setattr(W, "FIRST_FLUSH_BYTES", 64 << 20)   # one flush, at the end
+    log = []
+    pwrite = W._pwrite
+
+    def spy(fd, view, offset):
+        log.append(("write", len(view)))
+        return pwrite(fd, view, offset)
+
+    class _Logged(_Later):
+        def __call__(self):
+            log.append(("read", self.name))
+            return super().__call__()
+
+    monkeypatch.setattr(W, "_pwrite", spy)
+    size = 3 * W.CHUNK_BYTES
+    rng = np.random.default_rng(1)
+    w = W.TraceWriter(str(tmp_path / "t.h5"), {})
+    e = w.add_event(framework=2, kind=3, op="op", source="s.py:1")
+    w.add_value(e, 0, rng.integers(0, 256, size, dtype=np.uint8))
+    for name in "ab":
+        held = _Logged(rng.integers(0, 256, size, dtype=np.uint8))
+        held.name = name
+        w.keep_joined(held)
+    log.clear()
+    w.flush()
+    w.close()
+    written = {}
+    total = 0
+    for kind, what in log:
+        if kind == "write":
+            total += what
+        else:
+            written[what] = total
+    # all but the chunk a buffer shares with the bytes before it is on its way to disk
+    assert written["a"] >= size - W.CHUNK_BYTES, written
+    assert written["b"] >= 2 * size - W.CHUNK_BYTES, written
