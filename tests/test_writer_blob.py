@@ -4,6 +4,9 @@ host) land in the blob in their order, byte for byte, whatever chunk boundaries 
 straddle, with or without a codec; a held buffer still to be read is read when its flush
 writes it, not before."""
 
+import threading
+import time
+
 import h5py
 import numpy as np
 import pytest
@@ -114,3 +117,41 @@ def test_a_held_buffer_is_read_only_once_the_bytes_before_it_are_written(tmp_pat
     # all but the chunk a buffer shares with the bytes before it is on its way to disk
     assert written["a"] >= size - W.CHUNK_BYTES, written
     assert written["b"] >= 2 * size - W.CHUNK_BYTES, written
+
+
+def test_chunks_written_behind_land_byte_for_byte_while_the_program_writes_on(tmp_path,
+                                                                              monkeypatch):
+    """A pipelined flush leaves its whole chunks to the thread that fsyncs it (write-behind,
+    `TraceFile.behind`) and returns; the program copies its next values meanwhile. Here
+    that thread is slow (each write waits 20 ms), so the values copied during it would
+    overwrite chunks not yet written if they went into the same buffer. Every byte lands,
+    in order, and the whole chunks were written by that thread, not the program's."""
+    monkeypatch.setattr(W, "WRITE_BEHIND", True)
+    monkeypatch.setattr(W, "FLUSH_BYTES", 4 << 20)
+    writers = []
+    pwritev = W._pwritev
+
+    def slow(fd, views, offset):
+        writers.append(threading.current_thread() is threading.main_thread())
+        time.sleep(0.02)
+        return pwritev(fd, views, offset)
+
+    monkeypatch.setattr(W, "_pwritev", slow)
+    rng = np.random.default_rng(2)
+    w = W.TraceWriter(str(tmp_path / "t.h5"), {})
+    e = w.add_event(framework=2, kind=3, op="op", source="s.py:1")
+    expected = []
+    for i in range(40):
+        n = int(rng.integers(1, 3 * W.CHUNK_BYTES // 2))
+        data = rng.integers(0, 256, n, dtype=np.uint8)
+        if i % 4 == 3:
+            w.keep_joined(data)          # held as it is
+        else:
+            w.add_value(e, i, data)      # copied into the writer's buffer
+        expected.append(data.tobytes())
+    w.close()
+    assert writers and not any(writers), writers
+    assert w.flushes >= 5
+    with h5py.File(tmp_path / "t.h5", "r") as f:
+        blob = f["blob"][:int(f.attrs["committed_blob"])].tobytes()
+    assert blob == b"".join(expected)

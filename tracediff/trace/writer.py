@@ -13,7 +13,9 @@ power loss, full disk), so the file on disk must be consistent at every instant:
   `H5Fflush`. A reader trusts only committed rows, so a writer killed during phase one
   leaves the previous commit intact, one killed during phase two the new one. The
   flushes the buffers' thresholds start are pipelined with the disk (`_auto_flush`): the
-  fsync runs in a thread and phase two waits for it at the next flush;
+  fsync runs in a thread (with `TRACEDIFF_WRITE_BEHIND=1`, after the whole chunks of
+  value bytes, which that thread then writes: HDF5 placed them, the program computes on
+  while they are written), and phase two waits for it at the next flush;
 - `flush` restarts from the committed counts, so an exception raised into it (Ctrl-C,
   SIGTERM) and a later retry cannot leave gaps or duplicated rows;
 - besides the row and byte thresholds, `flush` runs at least every `FLUSH_SECONDS` while
@@ -73,6 +75,10 @@ CHUNK_ROWS = 8192
 CHUNK_BYTES = 1 << 20
 RESERVE_BYTES = 3 * CHUNK_BYTES + (1 << 20)  # chunk allocations and metadata of one flush
 FSYNC = os.environ.get("TRACEDIFF_FSYNC", "1") != "0"
+# 1: the whole blob chunks of a pipelined flush are written by its fsync's thread
+# (write-behind, `TraceFile.behind`), not the program's. Off by default: slower on the
+# 2-core VM where it was measured (docs/performance.md), to be measured on a TPU host
+WRITE_BEHIND = os.environ.get("TRACEDIFF_WRITE_BEHIND", "0") == "1"
 # A finished trace at most this big is rewritten without the unused tails of its chunks
 # (a 3-op script: ~2.2 MB of empty chunk space -> tens of KB); above it the tails are a
 # small part of the file and the rewrite would cost more than it saves.
@@ -157,6 +163,7 @@ class TraceWriter:
         self._rows = {name: [] for name in schema.TABLES}
         self._counts = {name: 0 for name in schema.TABLES}   # rows on disk
         self._blob = _PendingBytes()   # value bytes not yet written
+        self._spare_blob = None    # the other one, while a write-behind reads the last
         self._blob_size = 0        # bytes recorded, buffered ones included
         self._blob_written = 0     # bytes on disk
         self._n_strings = 0        # strings on disk
@@ -211,6 +218,8 @@ class TraceWriter:
         f.attrs["last_flush_unix"] = time.time()
         f.flush()
         _live_writers.add(self)
+        if WRITE_BEHIND:
+            _guard_descriptors()
 
     # -- strings ---------------------------------------------------------------------------
     def intern(self, text):
@@ -765,6 +774,7 @@ class TraceWriter:
     @_signals_deferred
     def update_manifest(self, **fields):
         self._manifest.update(fields)
+        self._quiet()
         if not self.closed and not self._check_file():
             self._f["manifest"][()] = self._manifest_text()
 
@@ -792,7 +802,7 @@ class TraceWriter:
 
     @_signals_deferred
     def _pipelined_flush(self):
-        self._flush(wait=not FSYNC)
+        self._flush(wait=not (FSYNC or WRITE_BEHIND))
 
     @contextlib.contextmanager
     def held(self):
@@ -824,7 +834,7 @@ class TraceWriter:
             self._stop_cleanly(short)
             return
         try:
-            self._write_pending()
+            self._write_pending(behind=WRITE_BEHIND and not wait)
             if wait:
                 self._commit_synced()
         except Exception as exc:  # disk full, file size limit, I/O error
@@ -869,7 +879,9 @@ class TraceWriter:
             pass
         self.closed = True
 
-    def _write_pending(self):
+    def _write_pending(self, behind=False):
+        """Phase 1; `behind`: the blob's whole chunks left to the thread that fsyncs
+        (`_Fsync`), which the next flush waits for before its commit."""
         f = self._f
         # Phase 1: data past the committed counts. Each write starts from the counts on
         # disk, so redoing an interrupted flush overwrites instead of appending twice.
@@ -881,13 +893,21 @@ class TraceWriter:
             self._n_strings, self._new_strings = n + k, []
         if self._pstats:
             self._reduce_stats()
+        writes = []
         if self._blob:
             n, k = self._blob_written, len(self._blob)
             ds = f["blob"]
             ds.resize((n + k,))
-            self._write_blob(ds, n, self._blob.pieces(), k)
+            self._file.behind = writes if behind else None
+            try:
+                self._write_blob(ds, n, self._blob.pieces(), k)
+            finally:
+                self._file.behind = None
             self._blob_written = n + k
-            self._blob.clear()
+            if writes:   # they may point into its buffer: the next flush fills the other
+                self._blob, self._spare_blob = self._spare_blob or _PendingBytes(), self._blob
+            else:
+                self._blob.clear()
         for name, dt in schema.TABLES.items():
             rows = self._rows[name]
             if not rows:
@@ -899,7 +919,7 @@ class TraceWriter:
             self._counts[name], self._rows[name] = n + k, []
         f.flush()
         counts = dict(self._counts, blob=self._blob_written, strings=self._n_strings)
-        self._synced = (counts, _Fsync(self._file) if FSYNC else None)
+        self._synced = (counts, _Fsync(self._file, writes, FSYNC) if FSYNC or writes else None)
 
     def _write_blob(self, ds, n, pieces, k):
         """Write `k` bytes, the concatenation of `pieces` (uint8 arrays, taken one by one as
@@ -920,7 +940,11 @@ class TraceWriter:
         for size, parts in zip(sizes, _regions(pieces, sizes)):
             data = parts[0] if len(parts) == 1 else np.concatenate(parts)
             if size == CHUNK_BYTES:
-                ds.id.write_direct_chunk((at,), data)
+                self._file.expect = data     # written behind if HDF5 hands it on as it is
+                try:
+                    ds.id.write_direct_chunk((at,), data)
+                finally:
+                    self._file.expect = None
             else:
                 ds[at:at + size] = data
             at += size
@@ -933,8 +957,18 @@ class TraceWriter:
         counts, sync = self._synced
         if sync is not None:
             sync.wait()
+            if sync.writes and self._spare_blob is not None:
+                self._spare_blob.clear()   # written: its buffer is free for reuse
         self._synced = None
         self._commit(counts)
+
+    def _quiet(self):
+        """Wait until no chunk is being written behind (before the program's thread
+        touches the file, forks, closes the trace's descriptor or exits): an error
+        there is raised by the commit that follows."""
+        sync = self._synced[1] if self._synced is not None else None
+        if sync is not None and sync.writes:
+            sync.join()
 
     def _commit(self, counts):
         # Phase 2: the counts a reader trusts, written only once phase 1 is on disk.
@@ -1062,6 +1096,7 @@ class TraceWriter:
         return True
 
     def _drop_buffers(self):
+        self._quiet()
         self._synced = None
         self._rows = {name: [] for name in schema.TABLES}
         self._blob = _PendingBytes()
@@ -1080,29 +1115,40 @@ class TraceWriter:
 
 
 class _Fsync:
-    """An fsync of the trace running in a thread (os.fsync lets go of the GIL), on a
-    duplicate of its descriptor. `wait` returns once the data is on disk, raising what
-    fsync raised; where no thread or duplicate can be had, the fsync happens at once.
+    """The end of a pipelined flush's phase 1, in a thread: the whole chunks of value
+    bytes HDF5 placed and left to it (`writes`, `TraceFile.behind`: each run of adjacent
+    ones one os.pwritev), then an fsync of the trace on a duplicate of its descriptor
+    (both let go of the GIL: the program computes on). `wait` returns once the data is
+    on disk, raising what the writes or the fsync raised; where no thread or duplicate
+    can be had, they happen at once.
 
-    The script may close the duplicate while the thread runs (`os.closerange(3, 4096)`
-    closes every number, ours included) and may get the number back for a file of its
-    own. Then the thread's fsync failed (EBADF) or synced the script's file: neither says
-    anything about the trace, so `wait` syncs it again through `TraceFile.sync`, which
-    reopens the trace by path (seen in CI: the EBADF was taken for a write error and the
-    trace was cut after 0 events)."""
+    The chunks go through the trace's own descriptor, checked before each run
+    (`TraceFile._fd`); the script's `os.close`, `os.closerange` and `os.dup2` of that
+    number wait for the thread first (`_guard_descriptors`). The script may close the
+    duplicate while the thread runs (`os.closerange(3, 4096)` closes every number, ours
+    included) and may get the number back for a file of its own. Then the thread's
+    fsync failed (EBADF) or synced the script's file: neither says anything about the
+    trace, so `wait` syncs it again through `TraceFile.sync`, which reopens the trace by
+    path (seen in CI: the EBADF was taken for a write error and the trace was cut after
+    0 events)."""
 
-    def __init__(self, trace_file):
+    def __init__(self, trace_file, writes=(), sync=True):
         self.error = None
         self.thread = None
         self.again = False      # the thread's fsync did not reach the trace
         self.trace_file = trace_file
+        self.writes = writes
         fd = trace_file._fd()
-        if fd is None:      # discarding: nothing of ours to sync
+        if fd is None:      # discarding: nothing of ours to write or sync
+            self.writes = ()
             return
-        try:
-            dup = os.dup(fd)
-        except OSError:
-            trace_file.sync()
+        dup = None
+        if sync:
+            try:
+                dup = os.dup(fd)
+            except OSError:
+                self.again = True   # synced by `wait`, after the writes
+        if dup is None and not writes:
             return
         self.ident = trace_file.ident
         self.thread = threading.Thread(target=self._run, args=(dup,), daemon=True,
@@ -1121,6 +1167,16 @@ class _Fsync:
         return (st.st_dev, st.st_ino) == self.ident
 
     def _run(self, fd):
+        if self.writes:
+            try:
+                self.trace_file.write_behind(self.writes)
+            except Exception as exc:   # disk full, I/O error: the next commit raises it
+                self.error = exc
+                if fd is not None and self._is_trace(fd):
+                    os.close(fd)
+                return
+        if fd is None:
+            return
         try:
             os.fsync(fd)
         except OSError as exc:
@@ -1136,13 +1192,17 @@ class _Fsync:
             _drop_cached(fd)
         os.close(fd)
 
-    def wait(self):
-        if self.thread is not None:
+    def join(self):
+        if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join()
+
+    def wait(self):
+        self.join()
         if self.error is not None:
             raise self.error
         if self.again:
             self.trace_file.sync()
+
 
 class _PendingBytes:
     """The value bytes of the next flush, in blob order: small values copied into one
@@ -1311,6 +1371,8 @@ class TraceFile:
         self.lost = None
         self.discarding = False
         self.pid = os.getpid()
+        self.behind = None   # a list while a flush leaves its whole chunks to `_Fsync`
+        self.expect = None   # the chunk HDF5 is writing: left behind if handed on as it is
         _live_files.add(self)
 
     # -- the descriptor --------------------------------------------------------------------
@@ -1436,6 +1498,12 @@ class TraceFile:
 
     def write(self, data):
         view = memoryview(data).cast("B")
+        if self.behind is not None and self.expect is not None and \
+                _same_buffer(view, self.expect):
+            self.behind.append((self.pos, self.expect))   # `write_behind` writes it
+            self.pos += len(view)
+            self.end = max(self.end, self.pos)
+            return len(view)
         fd = self._fd()
         if fd is not None:
             n = 0
@@ -1447,6 +1515,21 @@ class TraceFile:
         self.pos += len(view)
         self.end = max(self.end, self.pos)
         return len(view)
+
+    def write_behind(self, writes):
+        """In `_Fsync`'s thread: the chunks a flush left ((offset, uint8 array) pairs),
+        each run of adjacent ones in one call."""
+        run, at = [], None
+        for offset, data in list(writes) + [(None, None)]:
+            if run and offset != at:
+                fd = self._fd()
+                if fd is None:      # discarding, or lost: nowhere to write
+                    return
+                self.stamp = max(self.stamp, _write_all(fd, run, at - sum(map(len, run))))
+                run = []
+            if data is not None:
+                run.append(memoryview(data).cast("B"))
+                at = offset + len(run[-1])
 
     def truncate(self, size=None):
         size = self.pos if size is None else size
@@ -1496,6 +1579,39 @@ def _drop_cached(fd):
             pass
 
 
+def _same_buffer(view, array):
+    """Does `view` (what HDF5 hands `TraceFile.write`) show `array`'s memory?"""
+    return len(view) == array.nbytes and \
+        np.frombuffer(view, np.uint8).ctypes.data == array.ctypes.data
+
+
+_IOV_MAX = 1024
+
+
+def _write_all(fd, views, offset):
+    """Write `views` one after the other at `offset`, in as few calls as the system takes;
+    returns the offset after them."""
+    views = list(views)
+    while views:
+        if hasattr(os, "pwritev"):
+            n = _pwritev(fd, views[:_IOV_MAX], offset)
+        else:
+            n = _pwrite(fd, views[0], offset)
+        if n <= 0:
+            raise OSError(f"a write of the trace returned {n}")
+        offset += n
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if n:
+            views[0] = views[0][n:]
+    return offset
+
+
+def _pwritev(fd, views, offset):
+    return os.pwritev(fd, views, offset)
+
+
 def _pwrite(fd, view, offset):
     if hasattr(os, "pwrite"):
         return os.pwrite(fd, view, offset)
@@ -1509,6 +1625,13 @@ def _pwrite(fd, view, offset):
 # one hook for the process, whatever number of recordings it makes).
 _live_writers = weakref.WeakSet()
 _live_files = weakref.WeakSet()
+
+
+def _before_fork():
+    """No chunk is written behind while the process forks: the child would not have the
+    thread, and its copy of the buffers would be half written."""
+    for w in list(_live_writers):
+        w._quiet()
 
 
 def _after_fork_in_child():
@@ -1527,6 +1650,7 @@ def _close_at_exit():
     for w in list(_live_writers):
         f = getattr(w, "_f", None)
         try:
+            w._quiet()
             if f is None or not f.id.valid:
                 continue
             w._file.discard()
@@ -1535,8 +1659,47 @@ def _close_at_exit():
             pass
 
 
+def _quiet_writers(closes):
+    """Wait for the chunks written behind by the writers whose descriptor `closes`."""
+    for w in list(_live_writers):
+        fd = w._file.fd
+        if fd is not None and closes(fd):
+            w._quiet()
+
+
+def _guard_descriptors():
+    """The script's `os.close`, `os.closerange` and `os.dup2` of a trace's descriptor
+    number first wait for the chunks a thread is writing behind (`_Fsync`). Otherwise the
+    script could close the number between the thread's check that it is the trace's
+    (`TraceFile._fd`) and its write, and even get it back for a file of its own, which
+    the write would then change. Process-wide and once, like the fork hook; other numbers
+    go straight through."""
+    if getattr(os.close, "_tracediff_guard", False):
+        return
+    real_close, real_closerange, real_dup2 = os.close, os.closerange, os.dup2
+
+    @functools.wraps(real_close)
+    def close(fd):
+        _quiet_writers(lambda n: n == fd)
+        return real_close(fd)
+
+    @functools.wraps(real_closerange)
+    def closerange(fd_low, fd_high):
+        _quiet_writers(lambda n: fd_low <= n < fd_high)
+        return real_closerange(fd_low, fd_high)
+
+    @functools.wraps(real_dup2)
+    def dup2(fd, fd2, inheritable=True):
+        _quiet_writers(lambda n: n == fd2)
+        return real_dup2(fd, fd2, inheritable)
+
+    for wrapper in (close, closerange, dup2):
+        wrapper._tracediff_guard = True
+        setattr(os, wrapper.__name__, wrapper)
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 atexit.register(_close_at_exit)
 
 
