@@ -211,6 +211,34 @@ def test_an_op_reading_an_in_place_result_links_to_the_write(tmp_path):
         assert np.array_equal(_out(t, u_mul)[1], u.detach().numpy())
 
 
+def test_an_empty_tensor_links_to_its_producer_whatever_object_held_its_id_before(tmp_path):
+    """An empty tensor has no storage. Where storages may be freed (FSDP imported, as HF
+    transformers does), the recorder checks that a known tensor's storage is still the
+    one its producer wrote; an empty output left that check the storage of the last
+    object that had the same id. So, as the allocator reused addresses, a BatchNorm's
+    empty `save_mean` was its producer's or an `<input>` snapshot from run to run (HF
+    ResNet: 106-120 of 130 torch units paired between identical runs; now 122 each)."""
+    import torch.distributed.fsdp  # noqa: F401  (what makes the recorder watch for it)
+
+    import tracediff
+
+    path = tmp_path / "empty.h5"
+    with tracediff.record(str(path), frameworks=("torch",)):
+        lin = torch.nn.Linear(4, 4)
+        x = torch.randn(2, 4)
+        lin(x)
+        for _ in range(20):
+            a = x * 2.0          # an output with a storage, at some address...
+            del a
+            e = torch.empty(0)   # ... that the next tensor object may get
+            e + 1.0
+    with Trace(path) as t:
+        empties = [e["index"] for e in _ops(t, "aten::empty.memory_format")][-20:]  # not
+        adds = [e["index"] for e in _ops(t, "aten::add.Tensor")]                  # Linear's
+        assert len(adds) == 20
+        assert [_inputs(t, a)[0] for a in adds] == [(e, 0) for e in empties]
+
+
 # -- GRU + Adam ---------------------------------------------------------------------------
 def test_gru_recording_leaves_output_bitwise_identical(gru, recorded):
     _, proc = gru

@@ -984,6 +984,10 @@ class TorchCapture(Capture):
                             and ptr in self.subclasses.param_shards):
                         # a write to, or a view of, a DTensor parameter's local shard
                         self.subclasses.tag_write(eid, slot, ptr, o)
+                elif resizable:
+                    # no storage (an empty tensor): forget what an earlier object at the
+                    # same id had, or `_moved` takes that for this one's and snapshots it
+                    self.storage_of.pop(key, None)
                 if not keep:  # outside the --ops/--modules window: metadata only
                     w.add_meta_value(eid, slot, self._dtype_info(o.dtype)[0], tuple(o.shape))
                     continue
@@ -1062,6 +1066,8 @@ class TorchCapture(Capture):
             self.last_writer[ptr] = (eid, slot, wr, False)
             if self.keep_resizable:
                 self.storage_of[id(t)] = ptr
+        elif self.keep_resizable:
+            self.storage_of.pop(id(t), None)
 
     def store(self, eid, slot, t, name=None, keep=True, uninit=False, role=schema.ROLE_OUT):
         """Write tensor t (or a Python scalar) as value `slot` of event eid (an output, or
