@@ -466,8 +466,9 @@ class Joined:
     """The joined buffer of a values program (`fetch_parts`), or one value too large to
     join, on its way to the host: its copy starts when it is made and it is read once,
     when something first needs its bytes (`HostView`), at the latest when the trace writes
-    it (`TraceWriter.keep_joined` holds it, not a copy). The wait for the copy then falls at the trace's next flush, a few
-    steps later, instead of in every recorded call (~4 ms a step for 14 MB on a TPU v5e)."""
+    it (`TraceWriter.keep_joined` holds it, not a copy). The wait for the copy then falls
+    at the trace's next flush, a few steps later, instead of in every recorded call (~4 ms
+    a step for 14 MB on a TPU v5e)."""
 
     __slots__ = ("_array", "_host", "nbytes")
 
