@@ -4,6 +4,7 @@ host) land in the blob in their order, byte for byte, whatever chunk boundaries 
 straddle, with or without a codec; a held buffer still to be read is read when its flush
 writes it, not before."""
 
+import os
 import threading
 import time
 
@@ -125,18 +126,32 @@ def test_chunks_written_behind_land_byte_for_byte_while_the_program_writes_on(tm
     `TraceFile.behind`) and returns; the program copies its next values meanwhile. Here
     that thread is slow (each write waits 20 ms), so the values copied during it would
     overwrite chunks not yet written if they went into the same buffer. Every byte lands,
-    in order, and the whole chunks were written by that thread, not the program's."""
+    in order, and the whole chunks were written by that thread, not the program's, at most
+    `WRITEBACK_BYTES` a call, the disk started on each as it was written."""
     monkeypatch.setattr(W, "WRITE_BEHIND", True)
     monkeypatch.setattr(W, "FLUSH_BYTES", 4 << 20)
-    writers = []
+    monkeypatch.setattr(W, "WRITEBACK_BYTES", 2 * W.CHUNK_BYTES)
+    monkeypatch.setattr(W, "EARLY_WRITEBACK", True)
+    writers, written, started = [], [], []
     pwritev = W._pwritev
 
     def slow(fd, views, offset):
         writers.append(threading.current_thread() is threading.main_thread())
         time.sleep(0.02)
-        return pwritev(fd, views, offset)
+        n = pwritev(fd, views, offset)
+        written.append((offset, n))
+        return n
+
+    advise = getattr(os, "posix_fadvise", None)
+
+    def seen(fd, offset, length, how):
+        if threading.current_thread() is not threading.main_thread() and length:
+            started.append((offset, length))
+        return advise(fd, offset, length, how)
 
     monkeypatch.setattr(W, "_pwritev", slow)
+    if advise is not None:   # Linux; elsewhere the disk starts at the fsync
+        monkeypatch.setattr(os, "posix_fadvise", seen)
     rng = np.random.default_rng(2)
     w = W.TraceWriter(str(tmp_path / "t.h5"), {})
     e = w.add_event(framework=2, kind=3, op="op", source="s.py:1")
@@ -155,3 +170,28 @@ def test_chunks_written_behind_land_byte_for_byte_while_the_program_writes_on(tm
     with h5py.File(tmp_path / "t.h5", "r") as f:
         blob = f["blob"][:int(f.attrs["committed_blob"])].tobytes()
     assert blob == b"".join(expected)
+    assert max(n for _, n in written) == 2 * W.CHUNK_BYTES, written   # adjacent: one call
+    assert started == (written if advise is not None else [])
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise (not Linux)")
+def test_the_disk_starts_on_whole_chunks_as_the_program_writes_them(tmp_path, monkeypatch):
+    """Written in the program's thread, each whole chunk is handed to the disk as it is
+    written (`EARLY_WRITEBACK`), not left to the fsync at the end of the flush: the
+    chunks' ranges are the ones started."""
+    monkeypatch.setattr(W, "WRITE_BEHIND", False)
+    monkeypatch.setattr(W, "EARLY_WRITEBACK", True)
+    advise, started = os.posix_fadvise, []
+
+    def seen(fd, offset, length, how):
+        if length:
+            started.append((offset, length))
+        return advise(fd, offset, length, how)
+
+    monkeypatch.setattr(os, "posix_fadvise", seen)
+    w = W.TraceWriter(str(tmp_path / "t.h5"), {})
+    w.keep_joined(np.random.default_rng(3).integers(0, 256, 5 * W.CHUNK_BYTES, dtype=np.uint8))
+    w.close()
+    whole = [s for s in started if s[1] == W.CHUNK_BYTES]
+    assert len(whole) >= 4, started
+    assert len({at for at, _ in whole}) == len(whole)

@@ -13,9 +13,10 @@ power loss, full disk), so the file on disk must be consistent at every instant:
   `H5Fflush`. A reader trusts only committed rows, so a writer killed during phase one
   leaves the previous commit intact, one killed during phase two the new one. The
   flushes the buffers' thresholds start are pipelined with the disk (`_auto_flush`): the
-  fsync runs in a thread (with `TRACEDIFF_WRITE_BEHIND=1`, after the whole chunks of
+  fsync runs in a thread (with write-behind, `WRITE_BEHIND`, after the whole chunks of
   value bytes, which that thread then writes: HDF5 placed them, the program computes on
-  while they are written), and phase two waits for it at the next flush;
+  while they are written), and phase two waits for it at the next flush; the disk is
+  started on each whole chunk as it is written (`EARLY_WRITEBACK`), not at the fsync;
 - `flush` restarts from the committed counts, so an exception raised into it (Ctrl-C,
   SIGTERM) and a later retry cannot leave gaps or duplicated rows;
 - besides the row and byte thresholds, `flush` runs at least every `FLUSH_SECONDS` while
@@ -76,9 +77,18 @@ CHUNK_BYTES = 1 << 20
 RESERVE_BYTES = 3 * CHUNK_BYTES + (1 << 20)  # chunk allocations and metadata of one flush
 FSYNC = os.environ.get("TRACEDIFF_FSYNC", "1") != "0"
 # 1: the whole blob chunks of a pipelined flush are written by its fsync's thread
-# (write-behind, `TraceFile.behind`), not the program's. Off by default: slower on the
-# 2-core VM where it was measured (docs/performance.md), to be measured on a TPU host
-WRITE_BEHIND = os.environ.get("TRACEDIFF_WRITE_BEHIND", "0") == "1"
+# (write-behind, `TraceFile.behind`), not the program's. Unset: on where the host has
+# cores to spare for it (the TPU v5e host, 13 cores: `full` 12.5-12.9 ms a step behind,
+# 16.2-17.3 in the program's thread); off on fewer (the 2-core VM: 2x slower there, the
+# thread and the program took turns), docs/performance.md
+WRITE_BEHIND = os.environ.get("TRACEDIFF_WRITE_BEHIND",
+                              "1" if (os.cpu_count() or 1) >= 8 else "0") == "1"
+# 1: the disk starts writing a large write's bytes as soon as they are in the page cache
+# (`_start_writeback`), as `dd oflag=nocache` does, instead of all of a flush's at its
+# fsync: the fsync then waits for the last few MB, not for the whole flush after it was
+# copied (on the TPU v5e host, copy then fsync took ~2x dd's time for the same bytes)
+EARLY_WRITEBACK = os.environ.get("TRACEDIFF_EARLY_WRITEBACK", "1") != "0"
+WRITEBACK_BYTES = 8 << 20   # the bytes written behind between two starts of writeback
 # A finished trace at most this big is rewritten without the unused tails of its chunks
 # (a 3-op script: ~2.2 MB of empty chunk space -> tens of KB); above it the tails are a
 # small part of the file and the rewrite would cost more than it saves.
@@ -1509,6 +1519,8 @@ class TraceFile:
             n = 0
             while n < len(view):
                 n += _pwrite(fd, view[n:], self.pos + n)
+            if n >= CHUNK_BYTES:
+                _start_writeback(fd, self.pos, n)
             # the size our write leaves, without an fstat (~0.3 ms of a 17 ms TPU v5e
             # step at full); a change by anyone else still fails the next `_ours`
             self.stamp = max(self.stamp, self.pos + n)
@@ -1518,14 +1530,17 @@ class TraceFile:
 
     def write_behind(self, writes):
         """In `_Fsync`'s thread: the chunks a flush left ((offset, uint8 array) pairs),
-        each run of adjacent ones in one call."""
+        each run of adjacent ones in as few calls as `WRITEBACK_BYTES` allows, the disk
+        starting on each as it is written."""
         run, at = [], None
         for offset, data in list(writes) + [(None, None)]:
-            if run and offset != at:
+            if run and (offset != at or sum(map(len, run)) >= WRITEBACK_BYTES):
                 fd = self._fd()
                 if fd is None:      # discarding, or lost: nowhere to write
                     return
-                self.stamp = max(self.stamp, _write_all(fd, run, at - sum(map(len, run))))
+                start = at - sum(map(len, run))
+                self.stamp = max(self.stamp, _write_all(fd, run, start))
+                _start_writeback(fd, start, at - start)
                 run = []
             if data is not None:
                 run.append(memoryview(data).cast("B"))
@@ -1575,6 +1590,18 @@ def _drop_cached(fd):
     if advise is not None:
         try:
             advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
+
+
+def _start_writeback(fd, offset, length):
+    """Have the disk start writing these bytes now (`EARLY_WRITEBACK`), without waiting:
+    POSIX_FADV_DONTNEED starts the writeback of a range's dirty pages (and drops the
+    clean ones, none of which a recording reads back)."""
+    advise = getattr(os, "posix_fadvise", None)
+    if EARLY_WRITEBACK and advise is not None:
+        try:
+            advise(fd, offset, length, os.POSIX_FADV_DONTNEED)
         except OSError:
             pass
 
