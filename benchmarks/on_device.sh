@@ -9,10 +9,11 @@
 # SITE: a folder holding tracediff's dependencies, added to the end of PYTHONPATH (the
 # machine's own JAX stays first); installed there from the machine's package index when
 # it lacks h5py (PIP_OPTIONS: more pip options, e.g. the index to use). ONLY: the steps to
-# run, in that order (default: all of them but truths, behind and writer_overlap, in the
+# run, in that order (default: all of them but truths, behind, full and writer_overlap, in the
 # order below; truths, issue 37's behaviours against their truths, installs torch's CPU
 # build first; behind: the defaults' full level with TRACEDIFF_WRITE_BEHIND=1, beside
-# `defaults`; writer_overlap: the same choice on the writer alone, no accelerator used).
+# `defaults`; full: the defaults' full level alone; writer_overlap: the same choices on
+# the writer alone, no accelerator used).
 set -u
 out="${1:?usage: on_device.sh FOLDER [SITE]}"
 site="${2:-/tmp/site}"
@@ -50,6 +51,7 @@ run() {   # name: that step's command
     behind) step behind env TRACEDIFF_WRITE_BEHIND=1 python3 benchmarks/accelerator.py \
         --only defaults --levels full ;;   # the full level with the chunks written behind
     writer_overlap) step writer_overlap python3 benchmarks/writer_overlap.py ;;
+    full) step full python3 benchmarks/accelerator.py --only defaults --levels full ;;
     *) echo "no step $1" >&2; exit 2 ;;
     esac
 }

@@ -1,5 +1,6 @@
 """The trace writer's whole chunks of value bytes written in the program's thread or
-behind it, by the thread that fsyncs the flush (`TRACEDIFF_WRITE_BEHIND=1`), on the
+behind it, by the thread that fsyncs the flush (`TRACEDIFF_WRITE_BEHIND=1`), the disk
+started on them as they are written or at the fsync (`TRACEDIFF_EARLY_WRITEBACK`), on the
 load of a JAX step recorded at `full` on an accelerator: each step a large buffer of
 values held as it is (a device's joined values, `keep_joined`), a few hundred small
 values copied, and host work that holds the GIL (the recorder's own Python),
@@ -39,7 +40,7 @@ def child(args):
     rng = np.random.default_rng(0)
     held = [rng.integers(0, 256, args.mb << 20, dtype=np.uint8) for _ in range(4)]
     small = rng.standard_normal((args.values, 64)).astype(np.float32)
-    w = None if args.mode == "none" else W.TraceWriter(args.out, {"script": {"name": "x"}})
+    w = None if MODES[args.mode][1] is None else W.TraceWriter(args.out, {"script": {"name": "x"}})
     times, written = [], 0
     for step in range(args.warmup + args.steps):
         start = time.perf_counter()
@@ -63,11 +64,22 @@ def child(args):
                       "bytes": written, "close_s": close_s}))
 
 
+# mode: its label and the writer's settings (None: no trace)
+MODES = {
+    "none": ("(no trace)", None),
+    "inline": ("in the program's thread", {"TRACEDIFF_WRITE_BEHIND": "0"}),
+    "behind": ("behind it", {"TRACEDIFF_WRITE_BEHIND": "1"}),
+    "inline_late": ("in the program's thread, disk started at the fsync",
+                    {"TRACEDIFF_WRITE_BEHIND": "0", "TRACEDIFF_EARLY_WRITEBACK": "0"}),
+    "behind_late": ("behind it, disk started at the fsync",
+                    {"TRACEDIFF_WRITE_BEHIND": "1", "TRACEDIFF_EARLY_WRITEBACK": "0"}),
+}
+
+
 def run(mode, args, folder):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [ROOT] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
-    if mode != "none":
-        env["TRACEDIFF_WRITE_BEHIND"] = "1" if mode == "behind" else "0"
+    env.update(MODES[mode][1] or {})
     out = os.path.join(folder, f"{mode}.h5")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--mode", mode,
            "--out", out, "--steps", str(args.steps), "--warmup", str(args.warmup),
@@ -77,7 +89,7 @@ def run(mode, args, folder):
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     if os.path.exists(out):
         os.remove(out)
-    if mode != "none":
+    if MODES[mode][1] is not None:
         res["dd"], res["dd_bytes"] = dd_seconds(folder, res["bytes"])
     return res
 
@@ -99,7 +111,7 @@ def main():
         return child(args)
     folder = args.folder or tempfile.mkdtemp(prefix="writer_overlap_")
     os.makedirs(folder, exist_ok=True)
-    runs = {"none": [], "inline": [], "behind": []}
+    runs = {mode: [] for mode in MODES}
     for _ in range(args.repeat):
         for mode in runs:
             runs[mode].append(run(mode, args, folder))
@@ -110,7 +122,7 @@ def main():
     print("| whole chunks written | ms a step | extra ms a step | dd MB/s | extra / dd | close s |")
     print("|---|---|---|---|---|---|")
     print(f"| (no trace) | {base:.2f} | | | | |")
-    for mode, label in (("inline", "in the program's thread"), ("behind", "behind it")):
+    for mode, (label, _) in list(MODES.items())[1:]:
         rs = runs[mode]
         ms = statistics.median(r["ms_step"] for r in rs)
         # each run against the dd beside it (the disk's speed drifts between minutes)
