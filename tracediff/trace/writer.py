@@ -1586,20 +1586,21 @@ def _drop_cached(fd):
     fresh memory for every new page. On a VM whose host hands memory in lazily, a
     first touch costs up to ~50 us a page (the JAX MLP at full: 12 s of system time for
     1.9 GB); the pages dropped here are the ones the next flush reuses."""
-    advise = getattr(os, "posix_fadvise", None)
-    if advise is not None:
-        try:
-            advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        except OSError:
-            pass
+    _dont_need(fd, 0, 0)
 
 
 def _start_writeback(fd, offset, length):
     """Have the disk start writing these bytes now (`EARLY_WRITEBACK`), without waiting:
     POSIX_FADV_DONTNEED starts the writeback of a range's dirty pages (and drops the
     clean ones, none of which a recording reads back)."""
+    if EARLY_WRITEBACK:
+        _dont_need(fd, offset, length)
+
+
+def _dont_need(fd, offset, length):
+    """POSIX_FADV_DONTNEED of a range (length 0: to the end), where the system has it."""
     advise = getattr(os, "posix_fadvise", None)
-    if EARLY_WRITEBACK and advise is not None:
+    if advise is not None:
         try:
             advise(fd, offset, length, os.POSIX_FADV_DONTNEED)
         except OSError:
