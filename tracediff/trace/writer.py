@@ -1532,17 +1532,18 @@ class TraceFile:
         """In `_Fsync`'s thread: the chunks a flush left ((offset, uint8 array) pairs),
         each run of adjacent ones in as few calls as `WRITEBACK_BYTES` allows, the disk
         starting on each as it is written."""
-        run, at = [], None
+        run, start, at = [], None, None    # the run's chunks, and where it starts and ends
         for offset, data in list(writes) + [(None, None)]:
-            if run and (offset != at or sum(map(len, run)) >= WRITEBACK_BYTES):
+            if run and (offset != at or at - start >= WRITEBACK_BYTES):
                 fd = self._fd()
                 if fd is None:      # discarding, or lost: nowhere to write
                     return
-                start = at - sum(map(len, run))
                 self.stamp = max(self.stamp, _write_all(fd, run, start))
                 _start_writeback(fd, start, at - start)
                 run = []
             if data is not None:
+                if not run:
+                    start = offset
                 run.append(memoryview(data).cast("B"))
                 at = offset + len(run[-1])
 
