@@ -56,6 +56,7 @@ from ..trace.reader import Trace
 from ..trace.values import rows_with_data
 from .align import sequence as _align
 from .explain import analysis as _analysis
+from .explain import sources as _sources
 from .compare import values as compare
 from .pairing import compiled as _compiled
 from .pairing import cross as _cross
@@ -255,7 +256,7 @@ def noise_mask(ta, n1, n2):
 def locate(a, b=None, rtol: Optional[float] = None, atol: Optional[float] = None,
            map_file: Optional[str] = None, ulp: Optional[float] = None,
            noise: Optional[Sequence] = None, explain: bool = True,
-           progress: Optional[Callable] = None) -> LocateResult:
+           progress: Optional[Callable] = None, sources: bool = True) -> LocateResult:
     """Python API: compare two trace files (paths or open `Trace` objects).
 
     Traces of different frameworks (or a `map_file`) go through the cross-framework
@@ -264,10 +265,10 @@ def locate(a, b=None, rtol: Optional[float] = None, atol: Optional[float] = None
     (alone, or in addition to rtol/atol when those are given). `noise`: two traces
     recorded on a's machine; events that differ between them are never blamed.
     `explain`: replay the origin and add the short verdict and the chain (`explain`,
-    `chain`). `progress(phase, done=None, total=None)`: called as the work goes (the
-    CLI's bar)."""
+    `chain`) and every source of the difference, ranked (`sources`, with `explain`).
+    `progress(phase, done=None, total=None)`: called as the work goes (the CLI's bar)."""
     result, _ = _locate(a, b, rtol, atol, map_file, ulp, noise, progress,
-                        explain=explain, full=False)
+                        explain=explain, full=False, sources=sources)
     return result
 
 
@@ -282,7 +283,8 @@ def locate_with_analysis(a, b, event: Optional[int] = None, rtol: Optional[float
                    full=True, event=event)
 
 
-def _locate(a, b, rtol, atol, map_file, ulp, noise, progress, explain, full, event=None):
+def _locate(a, b, rtol, atol, map_file, ulp, noise, progress, explain, full, event=None,
+            sources=True):
     progress = progress or _no_progress
 
     if rtol is not None and (rtol < 0 or rtol != rtol):
@@ -323,7 +325,7 @@ def _locate(a, b, rtol, atol, map_file, ulp, noise, progress, explain, full, eve
             analysis = None
             if explain or full:
                 progress("explaining: replaying the origin op")
-                result, analysis = _explained(result, d, full, event)
+                result, analysis = _explained(result, d, full, event, sources, progress)
             return result, analysis
         except (ValueError, IndexError, KeyError, OSError) as exc:
             # damaged tables (bad shapes, dangling references) that the reader let through
@@ -373,9 +375,11 @@ def _no_progress(phase, done=None, total=None):
     pass
 
 
-def _explained(result, d, full=False, event=None):
+def _explained(result, d, full=False, event=None, sources=True, progress=None):
     """(the result with the short replay verdict and the chain, the full `Analysis` when
-    `full`); an explanation that fails never fails locate."""
+    `full`), with every source of the difference (`sources`); an explanation that fails
+    never fails locate."""
+    progress = progress or _no_progress
     if result.first_difference is None and event is None:
         return result, (_analysis.analyse(result, d) if full else None)
     try:
@@ -386,11 +390,23 @@ def _explained(result, d, full=False, event=None):
         replay = Replay(verdict=f"no explanation: {type(exc).__name__}: {str(exc)[:160]}")
         return dataclasses.replace(result, explain=replay), None
     explain, chain = _analysis.short(analysis)
+    if sources:
+        progress("sources: where differences enter")
+        analysis.sources = _find_sources(d, result)
     o = analysis.origin
     if o is not None and o.dtype_note and explain is not None:
         # a change of dtype explains the origin before any numeric mechanism does
         cast = f"computed in another dtype ({o.dtype_note})"
         explain = dataclasses.replace(
             explain, mechanism=cast + (f"; {explain.mechanism}" if explain.mechanism else ""))
-    return (dataclasses.replace(result, explain=explain, chain=chain),
+    return (dataclasses.replace(result, explain=explain, chain=chain,
+                                sources=analysis.sources),
             analysis if full else None)
+
+
+def _find_sources(d, result):
+    """Every source of the difference (explain/sources.py); a failure never fails locate."""
+    try:
+        return _sources.find(d, result)
+    except Exception as exc:  # the sources are a bonus on top of the located result
+        return _sources.Sources(note=f"no sources: {type(exc).__name__}: {str(exc)[:160]}")

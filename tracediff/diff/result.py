@@ -551,6 +551,54 @@ class TraceInfo(_ByKey):
     framework: Optional[str] = None    # a side of a cross-framework comparison: jax / torch
 
 
+@dataclass(repr=False)
+class Source(_ByKey):
+    """One source of the difference (`explain/sources.py`): where a difference enters,
+    grouped by mechanism and side over events and steps, with its estimated share of the
+    whole, its fix and the counterfactual run that checks it."""
+
+    rank: int
+    share: float                  # estimated fraction of the difference (0..1)
+    weight: float                 # sum over its events of ||added|| / ||output|| (L2)
+    mechanism: str                # initialiser, bf16_inputs, fma, implementation:<class>, ...
+    mechanism_text: str
+    side: str                     # "a" / "b": the side that computes differently; "both":
+                                  # introduced on bitwise-equal inputs
+    how: str                      # "introduced" (inputs bitwise equal) or "adds" (beyond
+                                  # what its inputs carry)
+    ops: list                     # [[op, events]]
+    modules: list                 # module path patterns (digits as *)
+    steps: list                   # [first, last]
+    events: int                   # events of trace a in this source
+    replayed: int                 # of them, re-run here to measure local errors
+    local_a: Optional[float] = None   # worst local error, relative L2, a / b
+    local_b: Optional[float] = None
+    added: Optional[float] = None     # worst relative difference added at one event
+    event_a: int = -1             # its largest event, a and b
+    event_b: int = -1
+    first_event: int = -1
+    fix: str = ""
+    counterfactual: list = field(default_factory=list)   # command / comment lines
+    causes: list = field(default_factory=list)           # environment keys, ranked
+    text: str = ""                # one line for the terminal
+
+
+@dataclass(repr=False)
+class Sources(_ByKey):
+    """Every source of the difference, ranked by estimated share (`explain/sources.py`)."""
+
+    sources: list = field(default_factory=list)   # [Source], largest share first
+    examined: int = 0             # paired computing events whose outputs differ
+    replayed: int = 0             # op runs spent measuring local errors
+    bound: bool = False           # stats-level: introduced sources only, shares are bounds
+    # [[op, events, reason]]: differing ops whose local error could not be measured here
+    # (not replayable): the shares are of the measured sources only
+    not_judged: list = field(default_factory=list)
+    estimator: str = ("share = the relative difference each source adds where it acts "
+                      "(||added|| / ||output||), summed over its events, over the total")
+    note: str = ""
+
+
 @dataclass
 class Analysis:
     """What `tracediff explain` computes (`analysis.analyse`): the origin and the chain
@@ -573,6 +621,7 @@ class Analysis:
     noise: Optional[Noise] = None
     mechanisms: list = field(default_factory=list)   # [Mechanism] of the origin's replay
     structural: Optional[Structural] = None       # an op only one run has, the first difference
+    sources: Optional[Sources] = None             # every source, ranked (explain/sources.py)
 
 
 # -- recording levels (compare/levels.py) ------------------------------------------------------------
@@ -712,6 +761,7 @@ class LocateResult:
     first_parameter: Optional[ParamDivergence] = None   # two frameworks: optimizer by role
     structural: Optional[Structural] = None        # an op only one run has (align/structure.py)
     coverage: Optional[Coverage] = None            # what was compared (diff/coverage.py)
+    sources: Optional[Sources] = None              # every source, ranked (explain/sources.py)
 
     @property
     def exit_code(self) -> int:

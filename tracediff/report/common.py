@@ -577,3 +577,38 @@ def explain_parts(explain: Replay) -> tuple:
         rows.append((k.replace("_", " "), v if isinstance(v, str) else
                      fmt(v) if isinstance(v, (int, float)) else str(v)))
     return str(head), summ, rows
+
+
+def sources_lines(srcs, limit=None, details=False) -> list:
+    """Plain text lines for the sources of a difference (`Sources`, explain/sources.py):
+    a heading, one line a source (the first `limit`), and with `details` each one's
+    mechanism, fix and counterfactual run. Trace strings are in them: callers escape."""
+    if srcs is None:
+        return []
+    if not srcs.sources:
+        return [f"sources: none ({srcs.note})"] if srcs.note else []
+    shown = srcs.sources if limit is None else srcs.sources[:limit]
+    more = len(srcs.sources) - len(shown)
+    bound = " (bounds: stats-level traces)" if srcs.bound else ""
+    out = [f"sources of the difference, ranked by estimated share{bound} "
+           f"({srcs.examined} differing ops examined, {srcs.replayed} op runs replayed):"]
+    for s in shown:
+        out.append(f"  {s.rank}. {s.text}")
+        if details:
+            out.append(f"       mechanism: {s.mechanism_text}")
+            out.append(f"       largest at a #{s.event_a} / b #{s.event_b}; "
+                       f"{s.events} events, {s.replayed} replayed")
+            if s.fix:
+                out.append(f"       fix: {s.fix}")
+            for line in s.counterfactual:
+                out.append(f"       {line}")
+    if more > 0:
+        out.append(f"  ... {more} more (tracediff explain lists every source)")
+    if srcs.not_judged:
+        out.append("  shares are of the measured sources; not measured (not replayable here): " +
+                   "; ".join(f"{op} x{n} ({why})" for op, n, why in srcs.not_judged[:4]) +
+                   (f"; +{len(srcs.not_judged) - 4} more" if len(srcs.not_judged) > 4 else ""))
+    if not details and shown and shown[0].counterfactual:
+        out.append("  check source 1 with a counterfactual run:")
+        out += [f"    {line}" for line in shown[0].counterfactual]
+    return out

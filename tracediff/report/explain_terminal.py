@@ -17,7 +17,7 @@ from ..diff.explain.chain import collapse
 from ..diff.result import Analysis, Gap
 from ..diff.explain.verdict import fmt, ulp_text
 from ..untrusted import markup
-from .common import site, typed, ulp_cell, worst_detail
+from .common import site, sources_lines, typed, ulp_cell, worst_detail
 
 
 def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) -> None:
@@ -129,6 +129,8 @@ def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) ->
                     f"{'  ' + markup(cause.note) if cause.note else ''}")
     elif env.none_found:
         c.print(f"[bold]likely causes[/]: {markup(env.none_found)}")
+    for line in sources_lines(an.sources, details=True):   # diff/explain/sources.py
+        c.print(markup(line))
     _print_steps(c, an.steps)
     noise = an.noise
     if noise:

@@ -25,7 +25,8 @@ from ..untrusted import printable
 from .common import (GITHUB_ATTACH_LIMIT, MATCHES, NO_LINES, RECORDED, ReportContext,
                      chain_items, coverage_lines, culprit, event_label, explain_parts, finding_rows,
                      first_parameter_text, fmt,
-                     fmt_bytes, fmt_pct, summary, typed, ulp_cell, worst_detail)
+                     fmt_bytes, fmt_pct, sources_lines, summary, typed, ulp_cell,
+                     worst_detail)
 
 MAX_POINTS = 2500          # wider runs are binned (max per bin) to keep the page small
 MAX_EVENT_ROWS = 500
@@ -398,6 +399,10 @@ def render(result: LocateResult, ctx: Optional[ReportContext] = None, profile=No
         body.append('<h2>From origin to outputs</h2><div class="card"><ol>' +
                     "".join(f"<li>{t}</li>" for t in chain_items(result.chain, code, e, bold)) +
                     "</ol></div>")
+    src = sources_lines(result.sources, details=True)   # diff/explain/sources.py
+    if src:
+        body.append('<h2>Sources of the difference</h2><div class="card"><pre>' +
+                    "\n".join(e(printable(line, 2000)) for line in src) + "</pre></div>")
     fd = result.first_difference
     if fd is not None and f is not None and fd.a.index != f.a.index:
         body.append(_finding(fd, "First bitwise difference (earlier, within tolerance)"))

@@ -258,7 +258,15 @@ def build(r: LocateResult) -> dict:
         out["noise"] = _plain(r.noise)
     if r.structural is not None:   # an op only one run has (diff/align/structure.py)
         out["structural"] = structural_json(r.structural)
+    if r.sources is not None:      # every source, ranked (diff/explain/sources.py)
+        out["sources"] = sources_json(r.sources)
     return strict(out)
+
+
+def sources_json(srcs) -> dict:
+    """The sources of a difference (`Sources`), every field."""
+    return {**{k: v for k, v in _plain(srcs).items() if k != "sources"},
+            "sources": [_plain(s) for s in srcs.sources]}
 
 
 def structural_json(st) -> dict:
@@ -381,6 +389,8 @@ def analysis_json(an: Optional[Analysis]) -> dict:
     out["steps"] = [_step(s) for s in an.steps]
     out["noise"] = _plain(an.noise) if an.noise is not None else None
     out["summary"] = an.summary
+    if an.sources is not None:
+        out["sources"] = sources_json(an.sources)
     return strict(out)
 
 

@@ -25,7 +25,8 @@ from ..untrusted import md_code, md_text, printable
 from .common import (GITHUB_ATTACH_LIMIT, MATCHES, NO_LINES, RECORDED, ReportContext,
                      chain_items, coverage_lines, culprit, event_label, explain_parts, finding_rows,
                      first_parameter_text, fmt,
-                     fmt_bytes, fmt_pct, summary, typed, ulp_cell, worst_detail)
+                     fmt_bytes, fmt_pct, sources_lines, summary, typed, ulp_cell,
+                     worst_detail)
 from .json_report import MAX_VALUES
 
 MAX_STEP_ROWS = 30
@@ -181,6 +182,11 @@ def render(result: LocateResult, ctx: Optional[ReportContext] = None) -> str:
         _explain(lines, result.explain)
     if result.chain:
         _chain(lines, result.chain)
+    src = sources_lines(result.sources, details=True)   # diff/explain/sources.py
+    if src:
+        src = [printable(line, 2000) for line in src]
+        fence = _fence(src)
+        lines += ["## Sources of the difference", "", fence, *src, fence, ""]
     fd = result.first_difference
     if fd is not None and f is not None and fd is not f and fd.a.index != f.a.index:
         _finding(lines, fd, "First bitwise difference (earlier, within tolerance)")

@@ -21,10 +21,11 @@ from rich.console import Console
 
 from ..diff.result import Finding, Gap, LocateResult
 from ..untrusted import markup
-from .common import args_text, coverage_lines, site, typed, ulp_cell
+from .common import args_text, coverage_lines, site, sources_lines, typed, ulp_cell
 from .json_report import next_steps
 
 MAX_ENV = 15
+SOURCES_SHOWN = 5   # sources under the first difference; `explain` prints them all
 MAX_PAIRS = 12
 MAX_ENV_SHORT = 8
 
@@ -392,3 +393,5 @@ def _extras(console, r, verbose=False):
         if skipped:
             shown.append(f"({skipped} hops)")
         console.print("chain: " + " [dim]->[/] ".join(markup(n) for n in shown))
+    for line in sources_lines(r.sources, limit=SOURCES_SHOWN):   # diff/explain/sources.py
+        console.print(markup(line))
