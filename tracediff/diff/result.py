@@ -581,6 +581,7 @@ class Source(_ByKey):
     counterfactual: list = field(default_factory=list)   # command / comment lines
     causes: list = field(default_factory=list)           # environment keys, ranked
     text: str = ""                # one line for the terminal
+    estimator: str = "local"      # how `share` was estimated: "local" or "drift" (Sources)
 
 
 @dataclass(repr=False)
@@ -594,8 +595,9 @@ class Sources(_ByKey):
     # [[op, events, reason]]: differing ops whose local error could not be measured here
     # (not replayable): the shares are of the measured sources only
     not_judged: list = field(default_factory=list)
-    estimator: str = ("share = the relative difference each source adds where it acts "
-                      "(||added|| / ||output||), summed over its events, over the total")
+    # local: share = the relative difference each source adds where it acts (||added|| /
+    # ||output||), summed over its events, over the total; drift: see explain/sources.py DRIFT
+    estimator: str = "local"
     note: str = ""
 
 

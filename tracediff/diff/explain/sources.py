@@ -107,6 +107,8 @@ def find(d, result) -> Sources:
     for i, cl in enumerate(found):
         cl.name_mechanism(d, explain=i < MAX_EXPLAINED)
     out.sources = _group(d, result, found)
+    if any(s.estimator == "drift" for s in out.sources):
+        out.estimator = "drift"
     out.bound = not full
     if not full:
         out.note = ("stats-level traces hold hashes and statistics, not values: only ops "
@@ -163,6 +165,8 @@ def _candidates(d):
             match = d.inputs_match(ea, eb, BITWISE)[0]
         except Exception:   # an odd input row: judged as inheriting (never a false source)
             match = False
+        if match is None and is_initialiser(d.ta, ea):
+            match = True   # an RNG op writes over what it reads (normal_ on empty memory)
         if match is None:
             continue
         out.append((ea, eb, bool(match)))
@@ -298,10 +302,11 @@ class Measure:
     it adds where it acts."""
 
     __slots__ = ("source", "side", "local_a", "local_b", "added_rel", "diff_rel", "replayed",
-                 "reason", "reproduced")
+                 "reason", "reproduced", "sq_diff", "sq_out")
 
     def __init__(self):
         self.source, self.side = False, ""
+        self.sq_diff = self.sq_out = 0.0   # ||out_a - out_b||^2, ||out_a||^2 (introduced)
         self.local_a = self.local_b = None
         self.added_rel = self.diff_rel = 0.0
         self.replayed = 0
@@ -343,6 +348,7 @@ def _measure(d, ea, eb, inputs_equal, replay):
                                       .ravel() for x, y in pairs]))
             den = _l2(np.concatenate([np.asarray(x, np.float64).ravel() for x, _ in pairs]))
             m.added_rel = m.diff_rel = num / den if den > 0 else float(num > 0)
+            m.sq_diff, m.sq_out = num * num, den * den
         else:
             m.added_rel = m.diff_rel = _metric_rel(d, ea, eb)
         return m
@@ -512,13 +518,56 @@ def _group(d, result, clusters):
             added=max(m.added_rel for m in judged) if judged else None,
             event_a=int(worst[0]), event_b=int(worst[1]),
             first_event=int(min(events)))
-        src.fix, src.counterfactual, src.causes = _fix(d, result, lead, src)
-        src.text = _text(src)
-        out.append(src)
+        out.append((src, lead))
+    out = [src for src, _ in _with_fixes(d, result, clusters, out)]
     out.sort(key=lambda s: -s.share)
     for i, s in enumerate(out, 1):
         s.rank = i
     return out
+
+
+def _with_fixes(d, result, clusters, pairs):
+    """Shares (by drift where it applies), then each source's fix, counterfactual and text
+    (the counterfactual names the share it should remove)."""
+    _drift_shares(result, clusters, [src for src, _ in pairs])
+    for src, lead in pairs:
+        src.fix, src.counterfactual, src.causes = _fix(d, result, lead, src)
+        src.text = _text(src)
+    return pairs
+
+
+DRIFT = ("per-step drift: the initialiser's share is the initial parameters' relative "
+         "difference over the final parameters' (a difference carried forward, not "
+         "amplified); the rest is split among the other sources by the relative difference "
+         "each adds where it acts, summed over its events")
+
+
+def _drift_shares(result, clusters, sources):
+    """Shares by per-step drift where the run has optimizer steps and the initialiser is a
+    source: what the initial parameters already differ by, against what the parameters
+    after the last step differ by, is the initialiser's; the others share the rest by weight.
+    The local weights alone rank a 1-ULP initialiser above kernels that Adam's steps feed
+    every step (a GPT trained 3 steps: the initialiser is under 1 % of the difference)."""
+    steps = [s for s in (result.optimizer_steps or []) if s.rel_l2]
+    init = [s for s in sources if s.mechanism == "initialiser"]
+    if not steps or not init:
+        return
+    sq_diff = sum(m.sq_diff for cl in clusters if cl.init for _, _, m in cl.sources())
+    sq_out = sum(m.sq_out for cl in clusters if cl.init for _, _, m in cl.sources())
+    if sq_out <= 0:
+        return
+    init_share = min(1.0, float(np.sqrt(sq_diff / sq_out)) / float(steps[-1].rel_l2))
+    rest = [s for s in sources if s.mechanism != "initialiser"]
+    w_init = sum(s.weight for s in init) or 1.0
+    w_rest = sum(s.weight for s in rest)
+    if not rest or w_rest <= 0:
+        init_share = 1.0
+    for s in init:
+        s.share = init_share * s.weight / w_init
+        s.estimator = "drift"
+    for s in rest:
+        s.share = (1.0 - init_share) * s.weight / w_rest
+        s.estimator = "drift"
 
 
 def _fix(d, result, cl, src):
@@ -572,7 +621,8 @@ def _ops_text(ops):
 
 def _text(s):
     """One line for the terminal: share, mechanism, side, ops, where, how large."""
-    who = {"a": "on a", "b": "on b", "both": "introduced (inputs bitwise equal)"}.get(s.side, "")
+    who = "in RNG and initialiser ops" if s.mechanism == "initialiser" else \
+        {"a": "on a", "b": "on b", "both": "introduced (inputs bitwise equal)"}.get(s.side, "")
     steps = "" if not s.steps else (f"step {s.steps[0]}" if s.steps[0] == s.steps[1] else
                                    f"steps {s.steps[0]}-{s.steps[1]}")
     mech = "initialiser" if s.mechanism == "initialiser" else \
