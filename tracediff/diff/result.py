@@ -581,7 +581,6 @@ class Source(_ByKey):
     counterfactual: list = field(default_factory=list)   # command / comment lines
     causes: list = field(default_factory=list)           # environment keys, ranked
     text: str = ""                # one line for the terminal
-    estimator: str = "local"      # how `share` was estimated: "local" or "drift" (Sources)
 
 
 @dataclass(repr=False)
@@ -595,9 +594,9 @@ class Sources(_ByKey):
     # [[op, events, reason]]: differing ops whose local error could not be measured here
     # (not replayable): the shares are of the measured sources only
     not_judged: list = field(default_factory=list)
-    # local: share = the relative difference each source adds where it acts (||added|| /
-    # ||output||), summed over its events, over the total; drift: see explain/sources.py DRIFT
-    estimator: str = "local"
+    estimator: str = ("share = the relative difference each source adds where it acts "
+                      "(||added|| / ||output||, L2), summed over its events (the initialiser: "
+                      "its initial values as a whole), over the total")
     note: str = ""
 
 

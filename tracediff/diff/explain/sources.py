@@ -27,7 +27,8 @@ sources by mechanism and side: "bf16 pass on b: 12 convolutions and 6 matmuls".
 
 **Share** (the estimator): a source's weight is the relative difference it adds where it acts,
 `||added|| / ||output||` (L2), summed over its events (the events a cluster did not replay
-are counted at the mean of those it did). Share = weight / total weight. It is an estimate:
+are counted at the mean of those it did); the initialiser's is the relative difference of
+the initial values as a whole. Share = weight / total weight. It is an estimate:
 each source carries the counterfactual run that checks it (the program re-run with that
 source removed), printed as the next step. On stats-level traces there are no values to
 replay: only introduced sources are found, their weights come from the statistics, and the
@@ -107,8 +108,6 @@ def find(d, result) -> Sources:
     for i, cl in enumerate(found):
         cl.name_mechanism(d, explain=i < MAX_EXPLAINED)
     out.sources = _group(d, result, found)
-    if any(s.estimator == "drift" for s in out.sources):
-        out.estimator = "drift"
     out.bound = not full
     if not full:
         out.note = ("stats-level traces hold hashes and statistics, not values: only ops "
@@ -527,47 +526,36 @@ def _group(d, result, clusters):
 
 
 def _with_fixes(d, result, clusters, pairs):
-    """Shares (by drift where it applies), then each source's fix, counterfactual and text
-    (the counterfactual names the share it should remove)."""
-    _drift_shares(result, clusters, [src for src, _ in pairs])
+    """Shares (the initialiser's from its initial values as a whole), then each source's
+    fix, counterfactual and text (the counterfactual names the share it should remove)."""
+    _initial_values_share(clusters, [src for src, _ in pairs])
     for src, lead in pairs:
         src.fix, src.counterfactual, src.causes = _fix(d, result, lead, src)
         src.text = _text(src)
     return pairs
 
 
-DRIFT = ("per-step drift: the initialiser's share is the initial parameters' relative "
-         "difference over the final parameters' (a difference carried forward, not "
-         "amplified); the rest is split among the other sources by the relative difference "
-         "each adds where it acts, summed over its events")
-
-
-def _drift_shares(result, clusters, sources):
-    """Shares by per-step drift where the run has optimizer steps and the initialiser is a
-    source: what the initial parameters already differ by, against what the parameters
-    after the last step differ by, is the initialiser's; the others share the rest by weight.
-    The local weights alone rank a 1-ULP initialiser above kernels that Adam's steps feed
-    every step (a GPT trained 3 steps: the initialiser is under 1 % of the difference)."""
-    steps = [s for s in (result.optimizer_steps or []) if s.rel_l2]
+def _initial_values_share(clusters, sources):
+    """Reweigh the initialiser: its weight is the relative difference of the initial values
+    as a whole (||out_a - out_b|| / ||out_a|| over every RNG output it judged), not a sum
+    over its events: the initial parameters differ once, by that much, whatever number of
+    tensors they come in. Summed per event, 19 tensors 1 ULP apart outweighed the kernels
+    that Adam's steps feed every step (a GPT trained 3 steps: the counterfactual run with
+    the same initial parameters keeps 99.5 % of the difference)."""
     init = [s for s in sources if s.mechanism == "initialiser"]
-    if not steps or not init:
+    if not init:
         return
     sq_diff = sum(m.sq_diff for cl in clusters if cl.init for _, _, m in cl.sources())
     sq_out = sum(m.sq_out for cl in clusters if cl.init for _, _, m in cl.sources())
     if sq_out <= 0:
         return
-    init_share = min(1.0, float(np.sqrt(sq_diff / sq_out)) / float(steps[-1].rel_l2))
-    rest = [s for s in sources if s.mechanism != "initialiser"]
+    whole = float(np.sqrt(sq_diff / sq_out))
     w_init = sum(s.weight for s in init) or 1.0
-    w_rest = sum(s.weight for s in rest)
-    if not rest or w_rest <= 0:
-        init_share = 1.0
     for s in init:
-        s.share = init_share * s.weight / w_init
-        s.estimator = "drift"
-    for s in rest:
-        s.share = (1.0 - init_share) * s.weight / w_rest
-        s.estimator = "drift"
+        s.weight = whole * s.weight / w_init
+    total = sum(s.weight for s in sources) or 1.0
+    for s in sources:
+        s.share = s.weight / total
 
 
 def _fix(d, result, cl, src):

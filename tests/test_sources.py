@@ -1,0 +1,123 @@
+"""Every source of a difference, ranked (diff/explain/sources.py), on real recordings whose
+truth is computed without tracediff: counterfactual runs of the plain scripts (the same
+program re-run with one source removed), and the identical runs' empty list."""
+
+
+import numpy as np
+import pytest
+
+from .helpers import locate_json, run_cli, run_plain
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+GPT = "torch_gpt_adamw.py"
+KERNELS = {"ATEN_CPU_CAPABILITY": "default"}
+
+
+def _rel_l2(a, b):
+    num = sum(float(np.sum((a[k].astype(np.float64) - b[k].astype(np.float64)) ** 2))
+              for k in a)
+    den = sum(float(np.sum(a[k].astype(np.float64) ** 2)) for k in a)
+    return (num / den) ** 0.5
+
+
+def _torch_params(path):
+    import torch
+
+    return {k: v.numpy() for k, v in torch.load(path).items()}
+
+
+@pytest.fixture(scope="module")
+def gpt(recorded, tmp_path_factory):
+    """The GPT trained 3 AdamW steps with the CPU's vector kernels (a) and without them
+    (b), recorded; and the truth from plain runs: the final parameters' difference as
+    written, and with b started from a's initial parameters (the initialiser removed)."""
+    tmp = tmp_path_factory.mktemp("gpt_truth")
+    init, fa, fb, fc = (str(tmp / n) for n in ("init.pt", "a.pt", "b.pt", "c.pt"))
+    run_plain(GPT, "--save-init", init, "--save-final", fa)
+    run_plain(GPT, "--save-final", fb, env=KERNELS)
+    run_plain(GPT, "--init-from", init, "--save-final", fc, env=KERNELS)
+    pa, pb, pc = _torch_params(fa), _torch_params(fb), _torch_params(fc)
+    as_written, same_init = _rel_l2(pa, pb), _rel_l2(pa, pc)
+    if as_written == 0:
+        pytest.skip("ATEN_CPU_CAPABILITY=default computes this GPT bitwise like this CPU's "
+                    "vector kernels: no difference to explain here")
+    paths = recorded.many({"a": (GPT, (), None), "b": (GPT, (), KERNELS)})
+    return paths["a"], paths["b"], {"as_written": as_written, "same_init": same_init}
+
+
+def test_sources_rank_the_kernels_above_the_initialiser_as_the_counterfactual_run_does(gpt):
+    a, b, truth = gpt
+    doc = locate_json(a, b)
+    sources = doc["sources"]["sources"]
+    assert sources, doc["sources"]
+    init = [s for s in sources if s["mechanism"] == "initialiser"]
+    kernels = [s for s in sources if s["mechanism"] != "initialiser"]
+    assert init and kernels, [(s["mechanism"], s["share"]) for s in sources]
+    # the truth: starting b from a's initial parameters leaves most of the difference
+    init_truth = 1.0 - truth["same_init"] / truth["as_written"]
+    assert init_truth < 0.1, truth
+    assert sources[0]["mechanism"] != "initialiser"
+    assert sum(s["share"] for s in init) < 0.1
+    assert abs(sum(s["share"] for s in init) - init_truth) < 0.05, (init, truth)
+    # the kernels are b's (the side whose kernels this machine does not run)
+    assert all(s["side"] in ("a", "b") and s["how"] == "adds" for s in kernels)
+    ops = {op for s in kernels for op, _ in s["ops"]}
+    assert any("addcmul" in op or "lerp" in op for op in ops), ops   # AdamW's vector kernels
+    # the initialiser: RNG ops at step 0, with its fix
+    assert {op for s in init for op, _ in s["ops"]} <= {"aten::normal_", "aten::uniform_"}
+    assert init[0]["steps"] == [0, 0] and "load them" in init[0]["fix"]
+    # each kernel source says what would remove it: the variable the runs set differently
+    assert any("ATEN_CPU_CAPABILITY" in line for line in sources[0]["counterfactual"])
+    assert "initial values" in doc["sources"]["estimator"]
+
+
+def test_locate_prints_the_top_sources_and_explain_all_of_them(gpt):
+    a, b, _ = gpt
+    out = run_cli("locate", a, b).stdout
+    block = out[out.index("sources of the difference"):].splitlines()
+    ranked = [line for line in block[1:] if line.startswith("  ") and line.strip()[:2]
+              in {f"{i}." for i in range(1, 10)}]
+    assert 2 <= len(ranked) <= 5, block[:8]
+    assert "initialiser" in out[out.index("sources of the difference"):]
+    explained = run_cli("explain", a, b).stdout
+    assert "sources of the difference" in explained and "mechanism:" in explained
+    assert "fix:" in explained
+
+
+def test_identical_runs_have_no_sources(jax_gru):
+    a, _ = jax_gru["a"]
+    a2, _ = jax_gru["a2"]
+    doc = locate_json(a, a2)
+    assert doc["verdict"] == "match"
+    assert not (doc.get("sources") or {}).get("sources")
+
+
+def test_the_seed_under_sse4_lists_its_sources_with_mechanisms(jax_gru):
+    a, _ = jax_gru["a"]
+    isa, _ = jax_gru["isa"]
+    doc = locate_json(a, isa)
+    before = doc["first_difference"]["a"]["op"]
+    sources = doc["sources"]["sources"]
+    assert sources and sources[0]["mechanism"] == "initialiser"
+    assert before == "erf_inv"                        # the first difference is unchanged
+    assert {op for op, _ in sources[0]["ops"]} == {"erf_inv"}
+    for s in sources[1:]:                             # each later one computes differently on b
+        assert s["side"] == "b" and s["mechanism_text"]
+        assert any("XLA_FLAGS" in line for line in s["counterfactual"]), s["counterfactual"]
+    # an op both sides compute alike from their inputs (this machine reproduces both) is
+    # never a source: every source's ops are ones the ISA flag changes or RNG ops
+    assert all(op not in ("add", "mul", "sub", "div") for s in sources for op, _ in s["ops"])
+
+
+def test_stats_level_sources_are_bounds_from_hashes(recorded):
+    jobs = {"a": ("jax_gru_expm_adam.py", ("--steps", "1"), None, ("--level", "stats")),
+            "b": ("jax_gru_expm_adam.py", ("--steps", "1"), {"XLA_FLAGS":
+                                                            "--xla_cpu_max_isa=SSE4_2"},
+                  ("--level", "stats"))}
+    paths = recorded.many(jobs)
+    doc = locate_json(paths["a"], paths["b"])
+    src = doc["sources"]
+    assert src["bound"] is True and "bounds" in src["note"]
+    assert all(s["how"] == "introduced" for s in src["sources"])
+    assert src["sources"][0]["mechanism"] == "initialiser"
