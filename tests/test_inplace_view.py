@@ -20,3 +20,21 @@ def test_the_in_place_write_through_a_view_is_named_not_the_view(recorded):
     proc = run_cli("explain", a, b)
     assert proc.returncode == 1
     assert "aten::mul_.Tensor" in proc.stdout
+
+
+def test_explain_takes_per_rank_folders_and_names_the_rank(recorded, tmp_path):
+    import json
+    import shutil
+
+    a, b = recorded(SCRIPT), recorded(SCRIPT, env=INPLACE)
+    for side, src in (("run_a", a), ("run_b", b)):
+        (tmp_path / side).mkdir()
+        shutil.copy(src, tmp_path / side / "trace.h5")
+    proc = run_cli("explain", tmp_path / "run_a", tmp_path / "run_b", env={"NO_COLOR": "1"})
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout.startswith("rank 0: explaining its pair")
+    assert "only in b: aten::mul_.Tensor" in proc.stdout
+    doc = json.loads(run_cli("explain", tmp_path / "run_a", tmp_path / "run_b", "--json").stdout)
+    assert doc["rank"] == 0 and doc["verdict"] == "diverged"
+    bad = run_cli("explain", tmp_path / "run_a", tmp_path / "run_b", "--rank", "3")
+    assert bad.returncode == 2 and "no rank 3" in bad.stderr and "Traceback" not in bad.stderr
