@@ -601,17 +601,20 @@ def replicas(trace, as_json, quiet, workers, scheduler):
 
 
 @main.command(context_settings=CONTEXT)
-@click.argument("trace_a", type=click.Path(dir_okay=False))
-@click.argument("trace_b", type=click.Path(dir_okay=False), required=False)
+@click.argument("trace_a", type=click.Path())
+@click.argument("trace_b", type=click.Path(), required=False)
 @click.argument("event", type=int, required=False)
 @_tolerance_options
 @_explain_options
 @click.option("--map", "map_file", default=None, metavar="FILE|JSON",
               help="Name map for traces of different frameworks, inline JSON or a JSON file "
                    "(as for locate).")
+@click.option("--rank", type=click.IntRange(min=0), default=None,
+              help="With directories of per-rank traces: explain this rank's pair (default: "
+                   "the rank where the divergence started).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @_guard
-def explain(trace_a, trace_b, event, rtol, atol, ulp, noise, map_file, as_json):
+def explain(trace_a, trace_b, event, rtol, atol, ulp, noise, map_file, rank, as_json):
     """Explain a divergence: where it starts, how it grows, which machine is right, why.
 
     \b
@@ -633,11 +636,25 @@ def explain(trace_a, trace_b, event, rtol, atol, ulp, noise, map_file, as_json):
       tracediff explain a.h5 b.h5 375 --json
       tracediff explain a.h5 b.h5 --noise a.h5 a_again.h5
       tracediff explain flax_and_torch.h5 [EVENT]      # one trace, both frameworks
+      tracediff explain run_a/ run_b/ [--rank N]       # per-rank traces, as locate takes
     """
+    from .diff.distributed.ranks import first_rank_pair, is_rank_set
     from .diff.locate import locate_with_analysis
     from .report.explain_terminal import print_analysis
 
     trace_b, event = _one_trace_event(trace_b, event)
+    ranked = None   # (rank, its trace of a, of b): per-rank traces, that rank's pair explained
+    if is_rank_set(trace_a) or (trace_b is not None and is_rank_set(trace_b)):
+        if trace_b is None or map_file is not None or noise:
+            raise click.UsageError("give two directories (or globs) of per-rank traces, "
+                                   "without --map or --noise: tracediff explain run_a/ run_b/")
+        for p in (trace_a, trace_b):
+            if not os.path.exists(p) and not any(c in p for c in "*?["):
+                raise TraceError(f"{p}: no such directory or trace file")
+        ranked = first_rank_pair(trace_a, trace_b, rtol=rtol, atol=atol, ulp=ulp, rank=rank)
+        _, trace_a, trace_b = ranked
+    elif rank is not None:
+        raise click.UsageError("--rank applies to directories of per-rank traces")
     map_file = _user_map(map_file)
     _need_trace(trace_a)
     if trace_b is not None:
@@ -653,8 +670,14 @@ def explain(trace_a, trace_b, event, rtol, atol, ulp, noise, map_file, as_json):
     if as_json:
         from .report.json_report import analysis_json
 
-        click.echo(json.dumps(analysis_json(analysis), indent=2))
+        doc = analysis_json(analysis)
+        if ranked is not None:
+            doc = {"rank": ranked[0], **doc}
+        click.echo(json.dumps(doc, indent=2))
     else:
+        if ranked is not None:
+            click.echo(f"rank {ranked[0]}: explaining its pair, {printable(trace_a)} against "
+                       f"{printable(trace_b)}")
         print_analysis(analysis)
     sys.exit(result.exit_code)
 

@@ -178,7 +178,7 @@ class _OpInfo:
     """Per-aten-overload facts computed once: name, argument names, writes, uninit."""
 
     __slots__ = ("name", "arg_names", "write_pos", "write_kw", "uninit", "skip", "collective",
-                 "view", "func", "call", "uninit_slots")
+                 "view", "func", "call", "uninit_slots", "optional_tensors")
 
     def __init__(self, func):
         self.func = func   # held: the recorder's cache is keyed by id(func)
@@ -191,6 +191,11 @@ class _OpInfo:
         sch = func._schema
         self.name = sch.name if func._overloadname == "default" else f"{sch.name}.{func._overloadname}"
         self.arg_names = [a.name for a in sch.arguments]
+        # `Tensor?` arguments: one passed as None is a parameter (`bias=None`), so that a
+        # replay knows which optional tensor the recorded inputs leave out
+        self.optional_tensors = frozenset(
+            a.name for a in sch.arguments
+            if str(a.type) in ("Tensor?", "Optional[Tensor]"))
         self.write_pos, self.write_kw = [], []
         for i, a in enumerate(sch.arguments):
             if a.alias_info is not None and a.alias_info.is_write:
@@ -1030,11 +1035,13 @@ class TorchCapture(Capture):
     def _params(self, info, args, kwargs):
         """Short deterministic summary of the non-tensor arguments."""
         names = info.arg_names
+        none = info.optional_tensors
         parts = [f"{names[i] if i < len(names) else i}={_short_repr(a)}"
-                 for i, a in enumerate(args) if not _tensor_like(a)]
+                 for i, a in enumerate(args)
+                 if not _tensor_like(a) or (a is None and i < len(names) and names[i] in none)]
         if kwargs:
             parts += [f"{k}={_short_repr(a)}" for k, a in kwargs.items()
-                      if k != "pin_memory" and not _tensor_like(a)]
+                      if k != "pin_memory" and (not _tensor_like(a) or (a is None and k in none))]
         if not parts:
             return None
         s = ", ".join(parts)

@@ -399,7 +399,10 @@ def _explained(result, d, full=False, event=None, sources=True, progress=None):
         cast = f"computed in another dtype ({o.dtype_note})"
         explain = dataclasses.replace(
             explain, mechanism=cast + (f"; {explain.mechanism}" if explain.mechanism else ""))
-    return (dataclasses.replace(result, explain=explain, chain=chain,
+    fb = result.first_beyond_tolerance   # with what its own op adds, where it was replayed
+    fb = next((x for x in (analysis.tolerance_origin, o) if x is not None and fb is not None
+               and x.a.index == fb.a.index and x.local_error is not None), fb)
+    return (dataclasses.replace(result, explain=explain, chain=chain, first_beyond_tolerance=fb,
                                 sources=analysis.sources),
             analysis if full else None)
 

@@ -212,8 +212,20 @@ class Finding(_ByKey):
     b: EventRef
     metrics: Optional[Metrics] = None            # worst over the event's differing values
     values: list = field(default_factory=list)   # [ValueComparison] per output value
-    inputs_match: Optional[bool] = None          # True / False / None (unknown)
+    inputs_match: Optional[bool] = None          # True / False / None (unknown), at `level`
     inputs_reason: str = ""
+    # every input bitwise equal (True), one differs bitwise (False), unknown (None): only
+    # True makes the event the op that introduced the difference
+    inputs_bitwise: Optional[bool] = None
+    # inputs within tolerance but not bitwise: [a, b], each side's max rel error from the
+    # float64 replay of the op on its own inputs (what the op adds), when replayed
+    local_error: Optional[list] = None
+
+    @property
+    def introduced(self) -> bool:
+        """The event introduced the difference: its inputs match and none differs bitwise
+        (an op whose inputs differ within tolerance may add to a difference, or carry it)."""
+        return self.inputs_match is True and self.inputs_bitwise is not False
     origin: str = ""                             # compiled / replay / eager / snapshot / ...
     note: str = ""
     call: Optional[CallRef] = None               # enclosing compiled call when descended into

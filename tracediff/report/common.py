@@ -141,6 +141,28 @@ def where(e: EventRef, code=md_code) -> str:
     return ", ".join(parts)
 
 
+def inputs_words(f: Finding) -> tuple:
+    """(word, detail) on what a finding's inputs say of it, plain text: "introduced here"
+    only where every input is bitwise equal; inputs that differ within tolerance give
+    "adds X beyond what its inputs carry" where the op's own error (`local_error`, from
+    the float64 replay on each side's inputs) accounts for at least half its output
+    difference, else "inherited within tolerance"."""
+    reason = f.inputs_reason or ""
+    if f.inputs_match is True and f.inputs_bitwise is False:
+        le = f.local_error
+        if le and all(x is not None for x in le):
+            local = f"local error a {fmt(le[0])} / b {fmt(le[1])}, max rel from float64 on " \
+                    f"each side's own inputs"
+            out = _metric(f, "max_rel")
+            if out is not None and max(le) * 2 >= out:
+                return (f"adds {fmt(max(le))} beyond what its inputs carry",
+                        f"{local}; {reason}")
+            return "inherited within tolerance", f"{reason}; {local}"
+        return "inherited within tolerance", reason
+    return {True: "introduced here", False: "inherited"}.get(f.inputs_match,
+                                                               "inputs unknown"), reason
+
+
 def finding_rows(f: Finding, code, text, strong) -> list:
     """The (label, cell) rows describing a finding, rendered with the caller's markup:
     `code` and `text` turn trace strings into safe cells of the output format, `strong`
@@ -173,8 +195,8 @@ def finding_rows(f: Finding, code, text, strong) -> list:
                                     f"(by {text(f.pair_by)})"))
     shapes = ", ".join(f"{d}{list(s)}" for d, s in zip(a.dtypes, a.shapes))
     rows.append(("outputs", code(shapes or "-")))
-    word = {True: strong("introduced here"), False: "inherited", None: "unknown"}[f.inputs_match]
-    rows.append(("inputs", f"{word}: {text(f.inputs_reason or '')}"))
+    word, detail = inputs_words(f)
+    rows.append(("inputs", f"{strong(word) if f.introduced else text(word)}: {text(detail)}"))
     if f.call is not None:
         c = f.call
         rows.append(("inside compiled call", f"{code(c.op)} (a #{text(c.a)}, b #{text(c.b)})"))
@@ -233,8 +255,12 @@ def summary(result: LocateResult, code=md_code, text=md_text) -> str:
                    f"{fmt(_metric(f, 'max_abs'))}){_ulp_words(f)}, "
                    f"{fmt_pct(_metric(f, 'beyond_tolerance_fraction'))} of its elements beyond "
                    f"tolerance.")
-        if f.inputs_match is True:
-            out.append("Its inputs match, so the difference is introduced by this operation.")
+        if f.introduced:
+            out.append("Its inputs match bitwise, so the difference is introduced by this "
+                       "operation.")
+        elif f.inputs_match is True:
+            word, _ = inputs_words(f)
+            out.append(f"Its inputs differ bitwise, within tolerance: it {text(word)}.")
         elif f.inputs_match is False:
             out.append("Its inputs already differ, so the difference is inherited from an "
                        "earlier operation.")

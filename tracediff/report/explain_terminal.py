@@ -17,7 +17,7 @@ from ..diff.explain.chain import collapse
 from ..diff.result import Analysis, Gap
 from ..diff.explain.verdict import fmt, ulp_text
 from ..untrusted import markup
-from .common import site, sources_lines, typed, ulp_cell, worst_detail
+from .common import inputs_words, site, sources_lines, typed, ulp_cell, worst_detail
 
 
 def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) -> None:
@@ -52,9 +52,9 @@ def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) ->
     if getattr(o, "device_note", ""):
         c.print(f"  devices: {markup(o.device_note)}")
     m = o.metrics
-    word = {True: "[bold]introduced here[/]", False: "inherited", None: "inputs unknown"}[
-        o.inputs_match]
-    c.print(f"  {word}: {markup(o.inputs_reason or '')}; outputs differ by max abs "
+    word, detail = inputs_words(o)   # "introduced here" only on bitwise equal inputs
+    word = f"[bold]{word}[/]" if o.introduced else markup(word)
+    c.print(f"  {word}: {markup(detail)}; outputs differ by max abs "
             f"{fmt(m.max_abs if m else None)}, max rel {fmt(m.max_rel if m else None)}, "
             f"max ULP {markup(ulp_cell(m))}")
     if o.call is not None:
@@ -67,7 +67,7 @@ def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) ->
         t = an.tolerance_origin
         c.print(f"  first beyond tolerance: {markup(t.a.op)} (a #{t.a.index}, step {t.a.step}"
                 f"{'; ' + markup(t.optimizer) if t.optimizer else ''}),"
-                f" its inputs within tolerance: {markup(t.inputs_reason or '')}")
+                f" {markup(': '.join(inputs_words(t)))}")
     chain = an.chain
     if chain.hops:
         c.print(f"[bold]chain[/] (dataflow from the origin; {chain.hops_total} "

@@ -19,7 +19,8 @@ hypotheses were tested), chain (links {a, b, metrics, input_rel, amplification, 
 outputs, collapsed to ~10, a `Gap` written as the string "... N more hops"), noise (the
 --noise floor: nondeterministic_events, skipped).
 
-A finding is null or {level, a, b, metrics, inputs_match, inputs_reason, origin, note,
+A finding is null or {level, a, b, metrics, inputs_match, inputs_reason, inputs_bitwise,
+introduced, local_error {a, b} (inputs within tolerance but not bitwise, replayed), origin, note,
 call, paired_by, values, arguments_differ [{name, a, b}] (the op's non-tensor arguments
 whose recorded values differ: "start" "8" vs "9") when some do, and device_note + devices [{slot, device, shard, replica,
 differs}] when its values were recorded per device}; a and b hold index, op, name_stack,
@@ -133,6 +134,10 @@ def finding_json(f):
         "metrics": metrics_json(f.metrics),
         "inputs_match": f.inputs_match,
         "inputs_reason": f.inputs_reason,
+        "inputs_bitwise": f.inputs_bitwise,
+        "introduced": f.introduced,
+        **({"local_error": {"a": f.local_error[0], "b": f.local_error[1]}}
+           if f.local_error else {}),
         "origin": f.origin,
         "note": f.note,
         "call": call_json(f.call),
@@ -367,7 +372,8 @@ def analysis_json(an: Optional[Analysis]) -> dict:
         return strict(out)
     out["origin"] = {"a": event_json(f.a, ORIGIN_A_FIELDS), "b": event_json(f.b, ORIGIN_B_FIELDS),
                      "level": f.level, "inputs_match": f.inputs_match,
-                     "inputs_reason": f.inputs_reason, "note": f.note, "call": call_json(f.call),
+                     "inputs_reason": f.inputs_reason, "inputs_bitwise": f.inputs_bitwise,
+                     "introduced": f.introduced, "note": f.note, "call": call_json(f.call),
                      "metrics": metrics_json(f.metrics, HOP_METRIC_FIELDS)}
     out["chain"] = [hop_json(h) for h in an.chain.hops]
     out["chain_info"] = _chain_info(an.chain)
@@ -384,7 +390,9 @@ def analysis_json(an: Optional[Analysis]) -> dict:
     if to is not None:
         out["tolerance_origin"] = {
             "index": to.a.index, "op": to.a.op, "step": to.a.step, "source": to.a.source,
-            "inputs_reason": to.inputs_reason,
+            "inputs_reason": to.inputs_reason, "inputs_bitwise": to.inputs_bitwise,
+            **({"local_error": {"a": to.local_error[0], "b": to.local_error[1]}}
+               if to.local_error else {}),
             "max_rel": to.metrics.max_rel if to.metrics is not None else None}
     out["steps"] = [_step(s) for s in an.steps]
     out["noise"] = _plain(an.noise) if an.noise is not None else None

@@ -21,7 +21,7 @@ from rich.console import Console
 
 from ..diff.result import Finding, Gap, LocateResult
 from ..untrusted import markup
-from .common import args_text, coverage_lines, site, sources_lines, typed, ulp_cell
+from .common import args_text, coverage_lines, inputs_words, site, sources_lines, typed, ulp_cell
 from .json_report import next_steps
 
 MAX_ENV = 15
@@ -139,12 +139,9 @@ def _finding(console, title, f: Finding, verbose=False, context=None):
             dtype, shape = (desc.dtype, desc.shape) if desc is not None else (None, None)
             console.print(f"    output {markup(v.key)} "
                           f"{markup(str(dtype) + str(shape))}: {markup(state)}")
-    if f.inputs_match is True:
-        console.print(f"  [bold]introduced here[/]: {markup(f.inputs_reason)}")
-    elif f.inputs_match is False:
-        console.print(f"  inherited: {markup(f.inputs_reason)}")
-    else:
-        console.print(f"  inputs unknown: {markup(f.inputs_reason)}")
+    word, detail = inputs_words(f)   # "introduced here" only on bitwise equal inputs
+    console.print(f"  {'[bold]' + word + '[/]' if f.introduced else markup(word)}: "
+                  f"{markup(detail)}")
     if f.call is not None:
         console.print(f"  inside compiled call {markup(f.call.op)} (a #{f.call.a}, b #{f.call.b})")
     if f.note:
@@ -227,7 +224,7 @@ def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bo
         elif r.first_beyond_tolerance is not None and not verbose:
             # short form: the beyond-tolerance finding above is the main one
             fm = fd.metrics
-            word = {True: "introduced here", False: "inherited"}.get(fd.inputs_match, "inputs unknown")
+            word = inputs_words(fd)[0]
             console.print(f"[bold]first bitwise difference[/] (earlier, within tolerance): "
                           f"{_what(fd)}  (a #{fd.a.index}, b #{fd.b.index}"
                           f"{', ' + markup(fd.origin) if fd.origin else ''})"

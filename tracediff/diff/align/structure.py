@@ -24,14 +24,33 @@ MAX_REACH = 64          # events followed through unpaired consumers per candida
 MAX_CONSUMERS = 5
 
 
+# ops that only reinterpret the bytes they are given (a view, an alias, a transpose): never
+# the op that changed values; an in-place write through one is
+VIEW_OPS = frozenset(("view", "_unsafe_view", "_reshape_alias", "reshape", "alias", "t",
+                      "transpose", "permute", "as_strided", "expand", "slice", "select",
+                      "unsqueeze", "squeeze", "flatten", "unflatten", "detach", "narrow",
+                      "split", "chunk", "unbind", "view_as", "_local_tensor", "to_local"))
+
+
+def is_view(op: str) -> bool:
+    """aten::view, aten::transpose.int, ...: an op that reinterprets bytes (`VIEW_OPS`)."""
+    base = op.split("::")[-1].split(".")[0]
+    return base in VIEW_OPS
+
+
 def _consumers(trace):
-    """producer event -> [consumer events], from the inputs table."""
+    """producer event -> [consumer events], from the inputs table, and from an in-place
+    write to the `<input>` snapshot of what it wrote through another view (the snapshot's
+    `parent`, capture/torch_recorder.py)."""
     ins = trace.inputs
     prod = ins["producer"].astype(np.int64)
     ok = prod >= 0
-    order = np.argsort(prod[ok], kind="stable")
-    p, c = prod[ok][order], ins["event"][ok][order].astype(np.int64)
-    return p, c
+    ev = trace.events
+    snap = np.flatnonzero((ev["kind"] == schema.KIND_INPUT) & (ev["parent"] >= 0))
+    prod = np.concatenate([prod[ok], ev["parent"][snap].astype(np.int64)])
+    cons = np.concatenate([ins["event"][ok].astype(np.int64), snap.astype(np.int64)])
+    order = np.argsort(prod, kind="stable")
+    return prod[order], cons[order]
 
 
 def _users(p, c, e):
@@ -58,6 +77,8 @@ def first_inserted(d, before=None):
             pos = _position(u, side, paired, own)
             if best is not None and pos >= best[0]:
                 break
+            if is_view(t.string(t.events["op"][u])):
+                continue   # a view is not what changed the values: what wrote through it is
             hit = _reaches_changed(d, side, own, p, c, u)
             if hit:
                 best = (pos, side, u, hit)

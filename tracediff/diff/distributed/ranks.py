@@ -223,6 +223,21 @@ def locate_ranks(a, b, rtol: Optional[float] = None, atol: Optional[float] = Non
     return combine(pool.run(locate_pair, jobs, workers=workers, scheduler=scheduler))
 
 
+def first_rank_pair(a, b, rtol: Optional[float] = None, atol: Optional[float] = None,
+                    ulp: Optional[float] = None, rank: Optional[int] = None,
+                    workers: Optional[int] = None) -> tuple:
+    """(rank, path_a, path_b) for `tracediff explain DIR_A DIR_B`: the pair of the rank
+    where the divergence started (`locate_ranks`, without replays), or of `rank`."""
+    pairs = pair_ranks(a, b)
+    if rank is None:
+        rr = locate_ranks(a, b, rtol=rtol, atol=atol, ulp=ulp, explain=False, workers=workers)
+        rank = rr.first_rank if rr.first_rank is not None else pairs[0][0]
+    found = [(r, pa, pb) for r, pa, pb in pairs if r == rank]
+    if not found:
+        raise TraceError(f"no rank {rank} in these runs (they hold {_ranks_text(dict((r, pa) for r, pa, _ in pairs))})")
+    return found[0]
+
+
 def combine(done) -> RanksResult:
     """The `RanksResult` of the per-rank `locate_pair` results (in rank order): the
     earliest divergence, and how it reached the other ranks."""

@@ -24,21 +24,34 @@ class FindingBuilder:
         r = self.compare_event(ea, eb)
         ok, reason, bad = self.inputs_match(ea, eb, level)
         if ok is False and bad:
-            reason += ": " + ", ".join(
-                f"input {d['input']}" + (f" from {d['producer_op']} (event {d['producer_a']})"
-                                         if "producer_op" in d else "") for d in bad[:3])
+            reason += ": " + _inputs_named(bad)
+        bitwise = ok if level == compare.BITWISE or ok is False else None
+        if ok is True and level != compare.BITWISE and self.judges_inputs_bitwise(ea, eb):
+            # within tolerance is not equal: an op reading inputs that differ bitwise did
+            # not introduce the difference on its own, whatever its output shows
+            bitwise, _, bad = self.inputs_match(ea, eb, compare.BITWISE)
+            if bitwise is False and bad:
+                reason = (f"{reason}, but {len(bad)} of them differ bitwise: "
+                          f"{_inputs_named(bad)}")
         per_device, device_note = _devices.spread(self.ta, self.tb, ea, eb)
         ref_a, ref_b = _event(self.ta, ea, self.sa), _event(self.tb, eb, self.sb)
         return Finding(level=level, a=ref_a, b=ref_b,
                        metrics=Metrics.from_dict(r["metrics"]),
                        values=[_value_comparison(v) for v in r["values"]], inputs_match=ok,
-                       inputs_reason=reason,
+                       inputs_reason=reason, inputs_bitwise=bitwise,
                        origin=schema.ORIGIN_NAMES.get(int(self.ta.events[ea]["origin"]), ""),
                        note=note, pair_by=self.pair_by.get(ea, "structure"),
                        devices=per_device, device_note=device_note,
                        optimizer=self._op_label(ea), arguments=self.arguments(ea, eb),
                        dtype_note=_dtypes.dtype_note(self.ta, self.tb, ea, eb, ref_a.dtypes,
                                                      ref_b.dtypes))
+
+    def judges_inputs_bitwise(self, ea, eb):
+        """Whether inputs that differ bitwise (within tolerance) keep a pair from being the
+        op that introduced a difference: yes for two runs of one program; no where the two
+        sides compute a value differently by design (two frameworks, eager against a
+        compiled decomposition: `pairing/`), whose inputs never agree bitwise."""
+        return True
 
     def arguments(self, ea, eb):
         """The non-tensor arguments that differ between two paired events of one op
@@ -165,6 +178,12 @@ class FindingBuilder:
                                       worst_max_abs=worst[2],
                                       max_abs_is_lower_bound=True if unmeasured else None))
         return rows
+
+
+def _inputs_named(bad):
+    """"input 0 from aten::mul (event 12), input 1" for the first three inputs of `bad`."""
+    return ", ".join(f"input {d['input']}" + (f" from {d['producer_op']} (event {d['producer_a']})"
+                                             if "producer_op" in d else "") for d in bad[:3])
 
 
 def _apply_update(p, u):

@@ -20,6 +20,7 @@ It puts together what the modules beside it compute:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import numpy as np
@@ -32,19 +33,33 @@ from .causes import bf16_pass_cause, environment
 from . import replay as _replay
 from ..result import (Analysis, Chain, CompiledCall, Finding, Inner, LocateResult, Replay)
 from .steps import steps_table
-from .verdict import fmt, meaningful_ulp, replay_verdict
+from .verdict import fmt, local_errors, meaningful_ulp, replay_verdict
 
 
 def _culprit(result):
     """The origin to explain: the first bitwise difference when it is introduced there
-    (inputs bitwise equal), else the first difference beyond tolerance when its inputs
-    are within tolerance, else the first difference."""
+    (inputs bitwise equal), else the first difference beyond tolerance when it is (its
+    inputs bitwise equal too: inputs within tolerance that differ bitwise carry a
+    difference in, `Finding.introduced`), else the first difference."""
     f, fd = result.first_beyond_tolerance, result.first_difference
-    if fd is not None and fd.inputs_match is True:
+    if fd is not None and fd.introduced:
         return fd
-    if f is not None and f.inputs_match is True:
+    if f is not None and f.introduced:
         return f
     return fd or f
+
+
+def with_local_error(d, f: Optional[Finding]) -> Optional[Finding]:
+    """The finding with `local_error` (`verdict.local_errors`) where its inputs are within
+    tolerance but differ bitwise: how much of its difference the op adds itself."""
+    if f is None or f.inputs_match is not True or f.inputs_bitwise is not False or \
+            f.local_error is not None:
+        return f
+    try:
+        local = local_errors(d, f.a.index, f.b.index)
+    except Exception:   # never fail the analysis over it
+        local = None
+    return f if local is None else dataclasses.replace(f, local_error=local)
 
 
 def structural_text(st) -> str:
@@ -81,7 +96,7 @@ def analyse(result: LocateResult, d, event: Optional[int] = None) -> Analysis:
         out.steps = steps_table(d, result)
         return out
     ea, eb = f.a.index, f.b.index
-    out.origin = f
+    out.origin = f = with_local_error(d, f)
     fb = result.first_beyond_tolerance
     target = fb.a.index if fb is not None else None
     try:
@@ -128,7 +143,7 @@ def analyse(result: LocateResult, d, event: Optional[int] = None) -> Analysis:
                                   out.inner)
     _device_numerics(out.environment, d, rv)
     if fb is not None and fb.a.index != ea and fb.inputs_match is True:
-        out.tolerance_origin = fb
+        out.tolerance_origin = with_local_error(d, fb)
     out.steps = steps_table(d, result)
     out.noise = result.noise
     out.summary = _summary(out, f)
@@ -203,10 +218,12 @@ def _summary(out: Analysis, f: Finding) -> str:
     e = f.a
     where = f"{e.op} (a #{e.index}, step {e.step}" + (f", {e.source}" if e.source else "") + ")"
     words = []
-    if f.inputs_match is True:
-        words.append(f"{where} introduced the difference: its inputs are "
-                     f"{'bitwise equal' if f.level == 'bitwise' else 'within tolerance'} and "
+    if f.introduced:
+        words.append(f"{where} introduced the difference: its inputs are bitwise equal and "
                      f"its outputs differ ({_differ_by(f.metrics)})")
+    elif f.inputs_match is True:
+        words.append(f"{where} differs; its inputs are within tolerance but differ bitwise, "
+                     f"so it carries a difference it did not start ({_differ_by(f.metrics)})")
     elif f.inputs_match is False:
         words.append(f"{where} differs but inherits the difference from its inputs")
     else:
@@ -214,9 +231,12 @@ def _summary(out: Analysis, f: Finding) -> str:
                      f"({f.inputs_reason})")
     to = out.tolerance_origin
     if to is not None:
+        le = to.local_error
+        own = (f" (its own local error a {fmt(le[0])} / b {fmt(le[1])}, from float64 on "
+               f"each side's inputs)" if le else "")
         words.append(f"it first exceeds tolerance at {to.a.op} (a #{to.a.index}, step "
-                     f"{to.a.step}), whose inputs are within tolerance: that op magnified it to "
-                     f"{fmt(to.metrics.max_rel if to.metrics is not None else None)}")
+                     f"{to.a.step}), whose inputs are within tolerance: it reaches "
+                     f"{fmt(to.metrics.max_rel if to.metrics is not None else None)}{own}")
     chain = out.chain
     st = chain.strongest
     if st:

@@ -294,6 +294,35 @@ def replay_verdict(d, ea: int, eb: int) -> ReplayRun:
     return res
 
 
+def local_errors(d, ea: int, eb: int):
+    """[a, b]: each side's max relative error from the float64 replay of its op on its own
+    recorded inputs: what the op itself adds, apart from what its inputs carry; None where
+    a side cannot be replayed (not allow-listed, inputs not stored, not floating)."""
+    out = []
+    for side, idx in (("a", ea), ("b", eb)):
+        t = _side(d, side)[0]
+        e = t.event(idx)
+        try:
+            if e["kind"] not in ("eqn", "eager", "op"):
+                return None
+            inputs = event_inputs(d, side, idx)
+            call = _replay.build_call(e["framework"], e["op"], e["params"], len(inputs),
+                                      _replay.recorded_output_size(t, idx))
+            recorded = event_outputs(d, side, idx)
+            if not any(r is not None and compare.is_floating(np.asarray(r).dtype.name)
+                       for r in recorded):
+                return None
+            exact = call.run(inputs, upcast=True)
+        except Exception:   # not replayable here: no local error to tell
+            return None
+        dist = [oracle_distance(r, o) for r, o in zip(recorded, exact) if r is not None]
+        dist = [x for x in dist if x is not None]
+        if not dist:
+            return None
+        out.append(max(x["max_rel"] for x in dist))
+    return out
+
+
 def _not_judged(d, res, ea, eb, sides, dtypes):
     """The verdict of an op that rounds nothing (a selection, view, copy or conversion;
     an integer op, `args.judged_by_float64`): no float64 comparison, no numeric

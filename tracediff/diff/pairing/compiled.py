@@ -425,6 +425,9 @@ class EagerCompiledDiffer(CompiledValues, Differ):
                 out.append((kp, idx, p))
         return out
 
+    def judges_inputs_bitwise(self, ea, eb):
+        return not self._is_cross(ea, eb)   # a decomposition reads what the graph computed
+
     def inputs_match(self, ea, eb, level):
         """For an eager op against a decomposition: each value the unit reads from outside
         is matched with the eager op's input from the paired producer (through the

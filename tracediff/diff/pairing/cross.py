@@ -363,6 +363,9 @@ class CrossDiffer(LayerNames, FormulaMeeting, RoundingInherited, RoleSteps, Diff
             out.append((row, None if j is None else ins_b[j][2], key, j is None and region))
         return out
 
+    def judges_inputs_bitwise(self, ea, eb):
+        return False   # two frameworks: inputs within tolerance are what "match" can mean
+
     def inputs_match(self, ea, eb, level):
         ka, kb = int(self.ga.unit_of[ea]), int(self.gb.unit_of[eb])
         if ka < 0 or kb < 0:
