@@ -47,7 +47,36 @@ class _Local(threading.local):
 _TL = _Local()
 
 
-def _summarize_params(params):
+# the params summary's bounds (they bound the trace's string table): one value's text,
+# the whole summary's; a value or tail that does not fit is written "..." (replay then
+# says the parameters were shortened), never cut in the middle
+_PARAM_VALUE_CAP, _PARAMS_CAP = 60, 240
+# primitives whose parameters are recorded whole, in a form replay rebuilds (their tuples
+# of ints are bounded by the array's rank)
+_WHOLE_PARAMS = frozenset({"conv_general_dilated"})
+
+
+def _int_tuple(val):
+    return isinstance(val, (tuple, list)) and all(
+        isinstance(x, (int, np.integer)) and not isinstance(x, bool) or _int_tuple(x)
+        for x in val)
+
+
+def _param_text(val):
+    """repr of one value; a ConvDimensionNumbers written as its three specs in full."""
+    if type(val).__name__ == "ConvDimensionNumbers" and len(val) == 3 and _int_tuple(val):
+        lhs, rhs, out = (tuple(int(d) for d in spec) for spec in val)
+        return f"ConvDimensionNumbers(lhs_spec={lhs!r}, rhs_spec={rhs!r}, out_spec={out!r})"
+    return repr(val)
+
+
+def _summarize_params(params, prim=None):
+    """`key=repr, ...` of an equation's parameters (sorted by name; jaxprs, callables and
+    reprs holding addresses left out). Values over `_PARAM_VALUE_CAP` characters are
+    written `key=...` and a summary over `_PARAMS_CAP` ends in `...` after its last whole
+    value, except for `_WHOLE_PARAMS` primitives, whose int tuples and dimension numbers
+    are written whole."""
+    whole = prim in _WHOLE_PARAMS
     parts = []
     for key in sorted(params):
         val = params[key]
@@ -56,11 +85,20 @@ def _summarize_params(params):
             continue
         if isinstance(val, (tuple, list)) and val and "Jaxpr" in type(val[0]).__name__:
             continue
-        text = repr(val)
+        text = _param_text(val)
         if " at 0x" in text:
             continue
-        parts.append(f"{key}={text[:60]}")
-    return ", ".join(parts)[:240]
+        if len(text) > _PARAM_VALUE_CAP and not (whole and (
+                _int_tuple(val) or text.startswith("ConvDimensionNumbers("))):
+            text = "..."
+        part = f"{key}={text}"
+        parts.append(part)
+    out = ", ".join(parts)
+    if whole or len(out) <= _PARAMS_CAP:
+        return out
+    while parts and len(", ".join(parts + ["..."])) > _PARAMS_CAP:
+        parts.pop()
+    return ", ".join(parts + ["..."])
 
 
 class _Site:
@@ -78,7 +116,7 @@ class _Site:
         # nested jits are named like top-level calls: `jit:_normal_real`, whatever the
         # primitive is called in this JAX version (`pjit` before 0.7)
         self.op = f"jit:{eqn.params.get('name', '?')}" if prim in jax_internals.JIT_NAMES else prim
-        self.params = _summarize_params(eqn.params)
+        self.params = _summarize_params(eqn.params, prim)
         self.name_stack = str(eqn.source_info.name_stack)
         tb = eqn.source_info.traceback
         self.source = None if tb is None else \
@@ -767,7 +805,7 @@ class JaxCapture(Capture):
             self._pending_optim[params["name"][len(OPTAX_TAG):]] = self.optim_value(out)
         refs = [self.producer(x) for x in args]
         eid = w.add_event(framework=schema.FW_JAX, kind=schema.KIND_EAGER, op=prim.name,
-                          origin=schema.ORIGIN_EAGER, params=_summarize_params(params),
+                          origin=schema.ORIGIN_EAGER, params=_summarize_params(params, prim.name),
                           name_stack=self._name_stack(), source=self._live_source(), step=self.step)
         for slot, ref in enumerate(refs):
             w.add_input(eid, slot, *ref)

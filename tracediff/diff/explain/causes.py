@@ -18,10 +18,12 @@ from typing import Optional
 
 from ..result import Cause, Causes, Inner, ReplayRun
 from . import reasons
-from .mechanisms import fix_for, ran_as_bf16_pass
+from .mechanisms import fix_for, is_conv, ran_as_bf16_pass
 
+# convolutions are matmuls here (`conv\w*` but not `convert_element_type`)
 MATMUL = re.compile(r"^(aten::)?(dot|vdot|mm|addmm|bmm|baddbmm|addbmm|matmul|mv|addmv|linear|"
-                    r"einsum|tensordot|dot_general|conv\w*|_convolution\w*|addr|outer)(\.|$)")
+                    r"einsum|tensordot|dot_general|conv(?!ert_)\w*|_convolution\w*|addr|"
+                    r"outer)(\.|$)")
 TRANSCENDENTAL = re.compile(r"^(aten::)?(exp\w*|log\w*|tanh\w*|sigmoid\w*|logistic|sin|cos|tan|"
                             r"sinh|cosh|asin\w*|acos\w*|atan\w*|erf\w*|pow|sqrt|rsqrt|cbrt|gelu\w*|"
                             r"silu\w*|softplus|lgamma|digamma|"
@@ -172,7 +174,8 @@ def environment(env_diff: list, op: str, framework: Optional[str], inputs_match:
 
 def bf16_pass_cause(sides) -> Optional[Cause]:
     """The accelerator's numerics as the cause where the manifests cannot show it (one
-    trace holding both frameworks, a Flax model and its torch port): one side's matmul ran
+    trace holding both frameworks, a Flax model and its torch port): one side's matmul (or
+    convolution) ran
     on a TPU at default precision (one bf16 pass) and the other side's did not. `sides`:
     {side: (framework, backend, op, params, jax_default_matmul_precision)}."""
     bf16 = {s: fw == "jax" and ran_as_bf16_pass(backend, op, params, prec)
@@ -183,12 +186,13 @@ def bf16_pass_cause(sides) -> Optional[Cause]:
     other = "b" if side == "a" else "a"
     fw, backend, op, _, prec = sides[side]
     ofw, obackend, oop = sides[other][:3]
+    kind = "convolution" if is_conv(op) else "matmul"
     return Cause(key="frameworks.jax.backend",
                  a=f"{sides['a'][0]} on {sides['a'][1] or 'cpu'}",
                  b=f"{sides['b'][0]} on {sides['b'][1] or 'cpu'}",
                  reason=f"{side}'s {op} ran on a TPU at default matmul precision "
                         f"(jax_default_matmul_precision {prec or 'unset'}): the chip computes a "
-                        f"float32 matmul as one bfloat16 pass (inputs rounded to bf16, float32 "
+                        f"float32 {kind} as one bfloat16 pass (inputs rounded to bf16, float32 "
                         f"accumulation), {other}'s {oop} ({ofw} on {obackend or 'cpu'}) in "
                         f"float32; "
                         f"fix: {fix_for('bf16_inputs', 'jax')}", rank=0, device=True)

@@ -7,7 +7,7 @@ compared with that side's recorded output, bitwise or in ULP of the output dtype
 
     b's aten::addmm is reproduced bitwise by TF32-rounded inputs (an Ampere GPU ...)
 
-Data-driven: `FAMILIES` maps each op family (matmul, reduction, division,
+Data-driven: `FAMILIES` maps each op family (matmul, convolution, reduction, division,
 transcendental, fused expression) to the hypotheses that apply to it, and `HYPOTHESES`
 maps each hypothesis name to its description and the function that yields its candidate
 results (one per variant: summation order, where the bias is added, rounding mode); the
@@ -35,6 +35,7 @@ import numpy as np
 
 from ...trace import schema
 from ..compare import values as compare
+from . import convolution as _conv
 from . import replay as _replay
 from ..result import Mechanism
 
@@ -49,8 +50,8 @@ DESCRIPTIONS = {
     "tf32_inputs": "TF32-rounded inputs (an Ampere or newer NVIDIA GPU with allow_tf32, or "
                    "matmul precision 'high')",
     "bf16_inputs": "a bf16 pass: inputs rounded to bfloat16, products accumulated in float32 "
-                   "(a TPU's float32 matmul at default precision, matmul precision 'medium', "
-                   "autocast)",
+                   "(a TPU's float32 matmul or convolution at default precision, matmul precision "
+                   "'medium', autocast)",
     "fp16_inputs": "float16-rounded inputs (a half-precision matmul, autocast)",
     "reciprocal_multiply": "division as multiplication by the reciprocal, x * (1/y) (a compiler "
                            "rewrite of division by a constant, fast math)",
@@ -71,6 +72,8 @@ DESCRIPTIONS = {
 FAMILIES = {
     "matmul": ("tf32_inputs", "bf16_inputs", "fp16_inputs", "fma", "separate_multiply_add",
                "summation_order", "float64_accumulation", "flush_denormals"),
+    # a convolution as dot products at sampled output positions (explain/convolution.py)
+    "convolution": ("tf32_inputs", "bf16_inputs", "fp16_inputs", "float64_accumulation"),
     "reduction": ("summation_order", "float64_accumulation", "flush_denormals"),
     "division": ("reciprocal_multiply", "correctly_rounded", "flush_denormals"),
     "expression": ("fma", "separate_multiply_add", "flush_denormals"),
@@ -79,6 +82,7 @@ FAMILIES = {
 
 MATMUL_OPS = {"dot", "mm", "bmm", "addmm", "addmv", "mv", "matmul", "linear", "baddbmm",
               "dot_general"}
+CONV_OPS = _conv.CONV_OPS
 REDUCTION_OPS = {"reduce_sum", "sum"}
 DIVISION_OPS = {"div", "div_", "true_divide"}
 TRANSCENDENTAL_OPS = {
@@ -366,6 +370,42 @@ def matmul_problem(case):
     return Dot(a=A[bt, mm, :], b=B[bt, :, nn].reshape(len(pos), k), bias=full_bias,
                alpha=float(alpha), beta=float(beta), out=out.dtype.name,
                target=out.reshape(-1)[pos], positions=pos, slots=slots, case=case,
+               sample=_sample_note(out.size, pos))
+
+
+def conv_problem(case):
+    """The convolution as a `Dot` at sampled output positions: each one the input window
+    under the kernel against that output feature's weights (explain/convolution.py)."""
+    out = np.asarray(case.outputs[0])
+    x = [np.asarray(v) for v in case.inputs]
+    if len(x) not in (2, 3) or not (_is_float(x[0]) and _is_float(x[1])) or \
+            x[0].ndim != x[1].ndim or x[0].ndim < 3 or out.ndim != x[0].ndim:
+        return None
+    name = base_name(case.op)
+    try:
+        if case.framework == "jax" and name == "conv_general_dilated" and len(x) == 2:
+            geo = _conv.jax_geometry(case.params, x[0].ndim)
+        elif case.framework == "torch" and name in _conv.TORCH_CONVS:
+            geo = _conv.torch_geometry(name, case.params, x[0].ndim, x[1].shape)
+        else:
+            return None
+    except (TypeError, ValueError, KeyError):
+        return None
+    if geo is None:
+        return None
+    pos = _positions(out.size)
+    ops = _conv.operands(geo, x[0], x[1], out.shape, pos)
+    if ops is None:
+        return None
+    bias = None
+    if len(x) == 3:   # torch's bias: one value per output feature (axis 1)
+        feat = np.unravel_index(pos, out.shape)[1]
+        if x[2].shape != (out.shape[1],):
+            return None
+        bias = x[2][feat]
+    a, b = ops
+    return Dot(a=a, b=b, bias=bias, alpha=1.0, beta=1.0, out=out.dtype.name,
+               target=out.reshape(-1)[pos], positions=pos, slots=(0, 1), case=case,
                sample=_sample_note(out.size, pos))
 
 
@@ -873,6 +913,8 @@ def family(case):
     name = base_name(case.op)
     if name in MATMUL_OPS:
         return "matmul", matmul_problem(case)
+    if name in CONV_OPS:
+        return "convolution", conv_problem(case)
     if name in REDUCTION_OPS:
         return "reduction", reduction_problem(case)
     if name in DIVISION_OPS:
@@ -884,7 +926,8 @@ def family(case):
 
 # family -> the hypothesis that is the exact result rounded once: another hypothesis that
 # reproduces a side only where it agrees with this one is no evidence for itself
-GENERIC = {"matmul": "float64_accumulation", "reduction": "float64_accumulation",
+GENERIC = {"matmul": "float64_accumulation", "convolution": "float64_accumulation",
+           "reduction": "float64_accumulation",
            "division": "correctly_rounded", "transcendental": "correctly_rounded"}
 
 
@@ -963,24 +1006,54 @@ _BF16_DEFAULTS = (None, "default", "fastest", "bfloat16", "BF16_BF16_F32")
 
 
 def tpu_default_precision(case):
-    """True when a side's matmul ran on a TPU at default precision: one bf16 pass."""
+    """True when a side's matmul or convolution ran on a TPU at default precision: one
+    bf16 pass."""
     if case is None:
         return False
     return ran_as_bf16_pass(case.backend, case.op, case.params, case.matmul_precision)
 
 
+def _default_precision(p):
+    """An op's `precision` parameter (parsed, or its text) that leaves the default: None,
+    DEFAULT, or a pair of those (lhs, rhs). A pair holding HIGH or HIGHEST is not."""
+    if p is None:
+        return True
+    if isinstance(p, _replay.Named):
+        return p[0] == "precision" and p[1] == "DEFAULT"
+    if isinstance(p, (tuple, list)):
+        return all(_default_precision(x) for x in p)
+    text = str(p).upper()
+    return "DEFAULT" in text and "HIGH" not in text
+
+
+def _float32_result(p):
+    """`preferred_element_type` None or float32: the op's float32 result (a bfloat16 or
+    float64 one is not a float32 matmul run as a bf16 pass)."""
+    if p is None:
+        return True
+    name = p[1] if isinstance(p, _replay.Named) else str(p)
+    return name == "float32" or name in ("dtype('float32')", "float32")
+
+
+def is_conv(op):
+    return base_name(op) in CONV_OPS
+
+
 def ran_as_bf16_pass(backend, op, params, matmul_precision):
-    """A float32 matmul on a TPU with neither the op's precision nor the process's
-    jax_default_matmul_precision raised: the chip ran it as one bf16 pass."""
-    if backend != "tpu" or base_name(op) not in MATMUL_OPS:
+    """A float32 matmul or convolution on a TPU with neither the op's precision nor the
+    process's jax_default_matmul_precision raised (and no other result type asked for):
+    the chip ran it as one bf16 pass."""
+    if backend != "tpu" or base_name(op) not in MATMUL_OPS | CONV_OPS:
         return False
-    op_precision = (params or {}).get("precision")
-    default_op = op_precision is None or "DEFAULT" in str(op_precision).upper()
-    return default_op and matmul_precision in _BF16_DEFAULTS
+    params = params or {}
+    return _default_precision(params.get("precision")) and \
+        _float32_result(params.get("preferred_element_type")) and \
+        matmul_precision in _BF16_DEFAULTS
 
 
 def fix_for(name, fw):
-    """The setting that removes a reduced-precision mechanism, for a side's framework."""
+    """The setting that removes a reduced-precision mechanism, for a side's framework
+    (a matmul's and a convolution's alike: JAX's matmul precision covers both)."""
     if name == "bf16_inputs" and fw == "jax":
         return ('jax.default_matmul_precision("highest") around the computation, or '
                 'jax_default_matmul_precision="highest" (or precision=lax.Precision.HIGHEST '

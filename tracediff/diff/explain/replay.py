@@ -10,9 +10,13 @@ Honest by construction:
   `ast.parse` (which never executes anything) and accepted only when every value is a
   literal (numbers, strings, None, booleans, tuples/lists of those) or one of a few
   named constants mapped here (`dtype('float32')`, `torch.float32`,
-  `torch.contiguous_format`, `device(type='cpu')`, `Precision.HIGHEST`). A summary that
-  was shortened at recording time ("...") or holds anything else gives "cannot replay:
-  parameters not recorded in a form that can rebuild the call" (`CannotReplay`).
+  `torch.contiguous_format`, `device(type='cpu')`, `Precision.HIGHEST`,
+  `ConvDimensionNumbers(lhs_spec=(..), rhs_spec=(..), out_spec=(..))` of int tuples, built
+  as `jax.lax.ConvDimensionNumbers`). A summary that was shortened at recording time
+  ("..."; or, in a trace of an older tracediff that cut values in the middle, a summary
+  of 240 characters or a value of 60 that does not parse) gives "parameters were
+  shortened when recorded"; one that holds anything else gives "cannot replay: parameters not
+  recorded in a form that can rebuild the call" (`CannotReplay`).
 * Array inputs are the producer values of the event's rows in the `inputs` table. A
   literal constant of a jaxpr (producer -2) or a value that was not stored cannot be
   rebuilt: the op is then not replayed, and the reason says so.
@@ -56,7 +60,8 @@ class CannotReplay(Exception):
 
 class Named(tuple):
     """(kind, name) of an allow-listed named constant (`torch.float32`, `dtype('float32')`,
-    `Precision.HIGHEST`, `device(type='cpu')`), distinct from a literal tuple in the params:
+    `Precision.HIGHEST`, `device(type='cpu')`; for `ConvDimensionNumbers(...)` the kind
+    "conv_dims" and as name its three int tuples), distinct from a literal tuple in the params:
     a recorded `('torch_dtype', 'float32 if ... else 0')` must stay a tuple of strings, never
     become code in a reproducer or an attribute looked up here."""
 
@@ -113,6 +118,7 @@ t transpose permute reshape view _unsafe_view expand clone contiguous _to_copy s
 unsqueeze cat stack select slice index_select gather sqrt mul_ add_ sub_ div_ lerp_
 addcmul_ addcdiv_ mean sum linalg_matrix_exp matrix_exp linalg_solve linalg_inv
 native_layer_norm layer_norm var_mean
+convolution _convolution conv1d conv2d conv3d
 """.split())
 
 JAX_PRIMITIVES = frozenset("""
@@ -121,7 +127,7 @@ cos cosh cumsum cumprod cumlogsumexp cummax cummin digamma div dot_general erf e
 exp2 expm1 floor imag integer_pow is_finite lgamma log log1p logistic max min mul neg nextafter
 pow real reduce_max reduce_min reduce_prod reduce_sum rem round rsqrt select_n sign sin sinh
 sqrt square sub tan tanh transpose reshape broadcast_in_dim squeeze rev slice concatenate pad
-copy
+copy conv_general_dilated
 """.split())
 
 # named constants accepted in a params summary, mapped to what the framework needs
@@ -169,6 +175,9 @@ def _lit(node):
             and node.keywords[0].arg == "type":
         _lit(node.keywords[0].value)
         return Named("device", "cpu")
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args \
+            and node.func.id == "ConvDimensionNumbers":
+        return _conv_dims(node)
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and len(node.args) == 1 \
             and not node.keywords:
         fn = node.func.id
@@ -188,6 +197,39 @@ def _lit(node):
     raise CannotReplay(f"parameter value {ast.unparse(node)[:60]!r} is not a plain literal")
 
 
+_CONV_SPECS = ("lhs_spec", "rhs_spec", "out_spec")
+
+
+def _conv_dims(node):
+    """`ConvDimensionNumbers(lhs_spec=(0, 3, 1, 2), rhs_spec=(..), out_spec=(..))`, each
+    spec a permutation of the same rank: Named("conv_dims", (lhs, rhs, out))."""
+    given = {kw.arg: _lit(kw.value) for kw in node.keywords}
+    specs = tuple(given.get(k) for k in _CONV_SPECS)
+    ok = set(given) == set(_CONV_SPECS) and all(
+        isinstance(sp, tuple) and all(isinstance(d, int) and not isinstance(d, bool)
+                                      for d in sp) and sorted(sp) == list(range(len(sp)))
+        for sp in specs) and len({len(sp) for sp in specs}) == 1
+    if not ok:
+        raise CannotReplay(f"parameter value {ast.unparse(node)[:60]!r} is not a convolution's "
+                           f"dimension numbers")
+    return Named("conv_dims", specs)
+
+
+# a summary written by a tracediff that cut values at 60 characters and the whole at 240
+_OLD_VALUE_CUT, _OLD_CUT = 60, 240
+_VALUE_START = re.compile(r"(?:^|, )[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def _cut_in_the_middle(text):
+    """An unparseable summary that an older tracediff cut in the middle: 240 characters,
+    or a value of exactly 60."""
+    if len(text) == _OLD_CUT:
+        return True
+    found = list(_VALUE_START.finditer(text))
+    starts = {m.start() for m in found} | {len(text)}
+    return any(m.end() + _OLD_VALUE_CUT in starts for m in found)
+
+
 _POS_KEY = re.compile(r"(^|, )(\d+)=")
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")   # ASCII names only (`**x` has no name)
 
@@ -204,6 +246,10 @@ def parse_params(text):
     try:
         tree = ast.parse(f"f({src})", mode="eval")
     except SyntaxError:
+        if _cut_in_the_middle(text):
+            raise CannotReplay("parameters were shortened when recorded (cut at "
+                               f"{_OLD_VALUE_CUT} characters a value, {_OLD_CUT} in all, by an "
+                               "older tracediff)") from None
         raise CannotReplay("parameters not recorded in a form that can rebuild the call") from None
     call = tree.body
     if not isinstance(call, ast.Call) or call.args or \
@@ -473,6 +519,10 @@ class JaxCall(OpCall):
                 from jax import lax
 
                 return lax.Precision[name]
+            if kind == "conv_dims":
+                from jax import lax
+
+                return lax.ConvDimensionNumbers(*name)
             raise CannotReplay(f"{kind} parameters do not apply to jax primitives")
         if isinstance(v, list):
             return tuple(self._value(x, upcast) for x in v)
@@ -537,6 +587,9 @@ def _py(v, fw):
         kind, name = v
         if kind == "device":
             return "torch.device('cpu')"
+        if kind == "conv_dims" and fw == "jax":
+            lhs, rhs, out = (_py(tuple(int(d) for d in sp), fw) for sp in name)
+            return f"lax.ConvDimensionNumbers(lhs_spec={lhs}, rhs_spec={rhs}, out_spec={out})"
         if name not in _NAMES.get(kind, ()):   # never: parse_params makes only these
             raise CannotReplay(f"{kind} {name!r} is not an allow-listed constant")
         if kind == "np_dtype":
@@ -567,6 +620,17 @@ def build_call(framework, op, params_text, n_inputs, recorded=None):
     return call
 
 
+_TORCH_CONVS = {"convolution", "_convolution", "conv1d", "conv2d", "conv3d"}
+
+
+def _torch_conv_without_bias(op, params, n_inputs):
+    """A torch convolution recorded with two tensors (input, weight) and no bias in its
+    params: its bias was None, which the recording leaves out (the schema still needs it)."""
+    name = op.split("::", 1)[-1].split(".", 1)[0]
+    return name in _TORCH_CONVS and n_inputs == 2 and "bias" not in params and \
+        "_pos2" not in params
+
+
 def _build_call(framework, op, params_text, n_inputs):
     if framework == "jax" and op not in JAX_PRIMITIVES:
         JaxCall(op, {}, n_inputs)   # raises CannotReplay with the reason
@@ -578,6 +642,8 @@ def _build_call(framework, op, params_text, n_inputs):
             import torch  # noqa: F401
         except ImportError:
             raise CannotReplay("torch is not installed here") from None
+        if _torch_conv_without_bias(op, params, n_inputs):
+            params["bias"] = None
         return TorchCall(op, params, n_inputs)
     if framework == "jax":
         try:
