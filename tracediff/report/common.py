@@ -631,7 +631,7 @@ def sources_lines(srcs, limit=None, details=False) -> list:
     if more > 0:
         out.append(f"  ... {more} more (tracediff explain lists every source)")
     if srcs.not_judged:
-        out.append("  shares are of the measured sources; not measured (not replayable here): " +
+        out.append("  shares are of the measured sources; not measured: " +
                    "; ".join(f"{op} x{n} ({why})" for op, n, why in srcs.not_judged[:4]) +
                    (f"; +{len(srcs.not_judged) - 4} more" if len(srcs.not_judged) > 4 else ""))
     if not details and shown and shown[0].counterfactual:
