@@ -247,6 +247,76 @@ def test_a_scripts_own_sigterm_handler_ends_the_run_as_the_plain_one(tmp_path, h
     assert show.exit_code == 0 and "aten::ones" in show.output, show.output
 
 
+WAKEUP_SCRIPT = """
+    import os, signal, socket, sys
+    signal.signal(signal.SIGUSR1, lambda *a: None)
+    os.kill(os.getpid(), signal.SIGUSR1)       # the caller's wakeup fd, if any, hears it
+    r, w = socket.socketpair()
+    r.setblocking(False)
+    w.setblocking(False)
+    previous = signal.set_wakeup_fd(w.fileno())
+    print("previous:", "none" if previous == -1 else "the caller's")
+    os.kill(os.getpid(), signal.SIGUSR1)
+    print("the script's fd got:", list(r.recv(64)))
+    if sys.argv[1:] == ["put back"]:
+        print("put back:", signal.set_wakeup_fd(previous) == w.fileno())
+    else:                                      # left set: still set when the run is over
+        sys.script_wakeup = (r, w)
+"""
+
+WAKEUP_CALLER = """
+    import os, runpy, signal, socket, sys
+    from tracediff.runner import record_script
+    script, out, how, caller = sys.argv[1:]
+    if caller == "caller":
+        r, w = socket.socketpair()
+        r.setblocking(False)
+        w.setblocking(False)
+        signal.signal(signal.SIGUSR1, lambda *a: None)
+        signal.set_wakeup_fd(w.fileno())
+    sys.argv = [script, *(["put back"] if caller == "caller" else [])]
+    if how == "recorded":
+        record_script(script, sys.argv[1:], out)
+    else:
+        runpy.run_path(script, run_name="__main__")
+    now = signal.set_wakeup_fd(-1)
+    if caller == "caller":
+        print("the caller's fd kept:", now == w.fileno(), "got:", list(r.recv(64)))
+    else:
+        print("the script's fd kept:", now == sys.script_wakeup[1].fileno())
+"""
+
+
+@pytest.mark.parametrize("caller", ["caller", "no caller"])
+def test_a_wakeup_fd_set_before_or_by_the_script_stays_theirs(tmp_path, caller):
+    """`signal.set_wakeup_fd` is the program's: one its caller set before the recording is
+    kept (its signals reach it, and it is set when the recording ends); one the script
+    sets is the one it hears on and is still set after the script, as when the same code
+    runs without tracediff (runpy, the truth here)."""
+    script = _script(tmp_path, "wakeup.py", WAKEUP_SCRIPT)
+    caller_py = _script(tmp_path, "caller.py", WAKEUP_CALLER)
+    got = {}
+    for how in ("plain", "recorded"):
+        proc = subprocess.run([sys.executable, str(caller_py), str(script),
+                               str(tmp_path / "w.h5"), how, caller], env=_env(), cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+        got[how] = (proc.returncode, proc.stdout)
+    assert got["recorded"] == got["plain"], got
+    assert got["plain"][0] == 0 and "True" in got["plain"][1], got
+
+
+def test_a_script_setting_its_own_wakeup_fd_sees_what_it_would_see_without_tracediff(tmp_path):
+    """Recorded, `signal.set_wakeup_fd` answered the number of tracediff's socket where the
+    plain script gets -1 (none); setting that -1 back gives the wakeup to tracediff again."""
+    script = _script(tmp_path, "wakeup.py", WAKEUP_SCRIPT)
+    plain = subprocess.run([sys.executable, str(script), "put back"], env=_env(), cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    proc = run_cli("record", "-o", tmp_path / "w.h5", script, "put back")
+    assert (proc.returncode, proc.stdout) == (plain.returncode, plain.stdout), proc.stderr
+    assert plain.stdout.splitlines() == ["previous: none", "the script's fd got: [10]",
+                                         "put back: True"]
+
+
 LOST_CTRL_C = """
     import weakref
     import torch
