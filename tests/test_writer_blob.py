@@ -195,3 +195,53 @@ def test_the_disk_starts_on_whole_chunks_as_the_program_writes_them(tmp_path, mo
     whole = [s for s in started if s[1] == W.CHUNK_BYTES]
     assert len(whole) >= 4, started
     assert len({at for at, _ in whole}) == len(whole)
+
+
+@pytest.mark.parametrize("how", ["close", "closerange", "dup2"])
+def test_closing_the_traces_descriptor_waits_for_the_chunks_written_behind(tmp_path, monkeypatch,
+                                                                           how):
+    """With write-behind, the script's `os.close`, `os.closerange` or `os.dup2` of the trace's
+    descriptor number comes while the fsync thread is writing a chunk (checked as the
+    trace's, not yet written). It waits for that write: the chunk lands in the trace, not in
+    a file of the script's that got the number (dup2), and is no write error (close: EBADF);
+    the trace is reopened by path and every byte is there."""
+    monkeypatch.setattr(W, "WRITE_BEHIND", True)
+    monkeypatch.setattr(W, "FLUSH_BYTES", 4 << 20)
+    in_write, pwritev = threading.Event(), W._pwritev
+
+    def slow(fd, views, offset):    # the thread, past its check, in the middle of a write
+        if threading.current_thread() is not threading.main_thread() and not in_write.is_set():
+            in_write.set()
+            time.sleep(0.3)
+        return pwritev(fd, views, offset)
+
+    monkeypatch.setattr(W, "_pwritev", slow)
+    own = tmp_path / "own.txt"
+    rng = np.random.default_rng(5)
+    w = W.TraceWriter(str(tmp_path / "t.h5"), {})
+    e = w.add_event(framework=2, kind=3, op="op", source="s.py:1")
+    expected, closed = [], False
+    for i in range(24):
+        data = rng.integers(0, 256, int(rng.integers(1, 2 * W.CHUNK_BYTES)), dtype=np.uint8)
+        w.add_value(e, i, data)
+        expected.append(data.tobytes())
+        if not closed and in_write.wait(0.05 if i < 23 else 0):
+            closed = True
+            fd = w._file.fd
+            if how == "dup2":
+                mine = os.open(own, os.O_RDWR | os.O_CREAT)
+                os.dup2(mine, fd)
+                os.close(mine)
+            elif how == "close":
+                os.close(fd)
+            else:
+                os.closerange(fd, fd + 1)
+    w.close()
+    assert closed, "no chunk was written behind"
+    assert w.error is None and w.reopened == 1, (w.error, w.reopened)
+    with h5py.File(tmp_path / "t.h5", "r") as f:
+        blob = f["blob"][:int(f.attrs["committed_blob"])].tobytes()
+    assert blob == b"".join(expected)
+    if how == "dup2":
+        assert own.read_bytes() == b""
+        os.close(fd)

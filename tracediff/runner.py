@@ -195,6 +195,7 @@ class Recording:
         self.script_dir = script_dir or (os.path.dirname(script) if script else None)
         self.writer = self.session = self.watcher = None
         self.incomplete = None   # why a trace whose recording stopped early does not open
+        self.signals_taken = []  # signals the script's own handlers took (term_watch)
         self._old_gc = None
         self._stopped = False
         self.pid = os.getpid()
@@ -242,6 +243,8 @@ class Recording:
             return   # a forked child: the trace, captures and gc settings are the parent's
         self._stopped = True
         end = end or {"status": "completed", "exit_code": 0}
+        if self.signals_taken:   # how the run ended was the script's handlers' call
+            end = {**end, "signals_handled_by_script": list(self.signals_taken)}
         # A descriptor the script closed is found (and the trace reopened) on the next
         # write: do one now, so that the manifest below can say so.
         self.writer.flush()
@@ -385,12 +388,12 @@ def record_script(script, args, output, options=None, frameworks=("jax", "torch"
     old_term = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
     if old_term is not None:
         _term_before.append(old_term)
+    ends = _ProcessEnds(rec)
+    watch = term_watch.TermWatch(ends.stop, exit_by_signal, _on_sigterm, rec.signals_taken)
     try:
         # the frames below the script and the recorder's own never count against the
         # script's recursion budget (capture/budget.py)
         std = _std_files()
-        ends = _ProcessEnds(rec)
-        watch = term_watch.TermWatch(ends.stop, exit_by_signal)
         with _LostInterrupts(rec.writer), ends, watch, budget.Shift(budget.below_script()):
             try:
                 runpy.run_path(script, run_name="__main__")

@@ -11,10 +11,22 @@ So the C-level handler's write of the signal's number to a socket
 (`signal.set_wakeup_fd`) wakes a thread at once. It gives the main thread `GRACE`
 seconds to take the signal (`taken`, set by the handler); if it does not, the thread
 closes the trace (its end says the script was blocked) and ends the process by SIGTERM,
-as the plain script would have ended. A script that sets its own wakeup fd (asyncio's
-loop) keeps it: then only the handler runs, as before. A script that closes every
-descriptor (`os.closerange`) closes the sockets too: they sit at numbers >= 1000 (its
-files reopen at the lowest free ones), and what is no longer ours is left alone.
+as the plain script would have ended.
+
+Only while SIGTERM's handler is tracediff's own: a script that installs its own
+(preemption: a flag, a checkpoint, then exit 0; or a handler that raises SystemExit and
+a slow `finally`) or ignores SIGTERM decides how it ends, exactly as without tracediff,
+and the trace is closed on the path it takes (its end lists the signals the script's
+handlers took: `received`). Before, the watch killed such a run after 2 s, checkpoint
+unwritten.
+
+The wakeup fd stays the script's business: one set before (asyncio's loop) is kept, and
+then only the handler runs, as before; the script never sees ours (`set_wakeup_fd`
+answers -1 where it is set, and -1 from the script sets it back). The sockets sit at
+numbers >= 1000 (a script that closes every descriptor and opens files again gets the
+lowest free ones) and are reserved: the script's `os.closerange` leaves them open
+(trace.writer.reserve_descriptor), so SIGTERM still ends a blocked run at once; what is
+no longer ours (a `dup2` over one) is left alone.
 """
 
 import fcntl
@@ -23,20 +35,30 @@ import signal
 import socket
 import threading
 
+from .trace.writer import installed_handler, release_descriptor, reserve_descriptor
+
 GRACE = 2.0                 # seconds the main thread has to take SIGTERM itself
 taken = threading.Event()   # set by the Python-level SIGTERM handler (runner._on_sigterm)
 _active = []                # the wakeup fd a TermWatch set, while it is set
+_real_set_wakeup_fd = signal.set_wakeup_fd
+# the signals whose arrival the trace's end records when the script's own handler took them
+ENDING = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT",
+                                            "SIGUSR1", "SIGUSR2") if hasattr(signal, n))
 
 
 class TermWatch:
     """Context manager around the script's run (main thread only; see the module
     docstring). `stop(end)` closes the trace from the watch thread and flushes the
     standard streams, never raising (runner._ProcessEnds.stop); `exit_by_signal(signum,
-    finalize)` ends the process by that signal from any thread (runner.exit_by_signal)."""
+    finalize)` ends the process by that signal from any thread (runner.exit_by_signal);
+    `handler` is tracediff's own SIGTERM handler (runner._on_sigterm); `received` gets
+    the names of the signals the script's own handlers took."""
 
-    def __init__(self, stop, exit_by_signal):
+    def __init__(self, stop, exit_by_signal, handler, received=None):
         self.stop = stop
         self.exit_by_signal = exit_by_signal
+        self.handler = handler
+        self.received = [] if received is None else received
         self.sockets = None
         self.thread = None
 
@@ -49,20 +71,24 @@ class TermWatch:
         except OSError:
             return self
         try:
-            previous = signal.set_wakeup_fd(w.fileno(), warn_on_full_buffer=False)
+            previous = _real_set_wakeup_fd(w.fileno(), warn_on_full_buffer=False)
         except (ValueError, OSError):
             r.close()
             w.close()
             return self
         if previous != -1:           # the caller's own (an event loop): leave it theirs
-            signal.set_wakeup_fd(previous)
+            _real_set_wakeup_fd(previous)
             r.close()
             w.close()
             return self
         taken.clear()
+        self.pid = os.getpid()
         self.sockets = (r, w)
         self.ids = (_identity(r.fileno()), _identity(w.fileno()))
+        for sock in (r, w):
+            reserve_descriptor(sock.fileno())
         _active.append(w.fileno())
+        signal.set_wakeup_fd = self._set_wakeup_fd
         self.thread = threading.Thread(target=self._watch, name="tracediff-sigterm",
                                        daemon=True)
         self.thread.start()
@@ -74,12 +100,15 @@ class TermWatch:
         r, w = self.sockets
         if _active:
             _active.pop()
+        signal.set_wakeup_fd = _real_set_wakeup_fd
         try:
-            mine = signal.set_wakeup_fd(-1)
+            mine = _real_set_wakeup_fd(-1)
             if mine != w.fileno():          # the script set its own since: put it back
-                signal.set_wakeup_fd(mine)
+                _real_set_wakeup_fd(mine)
         except (ValueError, OSError):
             pass
+        for sock in (r, w):
+            release_descriptor(sock.fileno())
         # a script that closed every descriptor (os.closerange) may hold these numbers
         # for its own files now: never shut down or close what is no longer ours
         ours = [_identity(x.fileno()) == i for x, i in zip((r, w), self.ids)]
@@ -96,9 +125,22 @@ class TermWatch:
                 sock.detach()
         self.sockets = None
 
+    def _set_wakeup_fd(self, fd, /, **kwargs):
+        """`signal.set_wakeup_fd` as the script sees it while recorded: ours reads as -1
+        (none), and setting -1 gives the wakeup back to the watch."""
+        ours = self.sockets[1].fileno() if self.sockets and os.getpid() == self.pid else None
+        if fd == -1 and ours is not None:
+            previous = _real_set_wakeup_fd(ours, warn_on_full_buffer=False)
+        else:
+            previous = _real_set_wakeup_fd(fd, **kwargs)
+        return -1 if previous == ours and ours is not None else previous
+
+    def _ours(self):
+        """SIGTERM's handler is still tracediff's: the script installed none, ignores it not."""
+        return installed_handler(signal.SIGTERM) is self.handler
+
     def _watch(self):
         r = self.sockets[0]
-        pid = os.getpid()
         while True:
             try:
                 data = r.recv(64)
@@ -106,12 +148,27 @@ class TermWatch:
                 return
             if not data:
                 return
-            if signal.SIGTERM not in data or os.getpid() != pid:
+            if os.getpid() != self.pid:
                 continue
+            self._note_the_scripts(data)
+            if signal.SIGTERM not in data or not self._ours():
+                continue            # the script's own handler decides how the run ends
             if taken.wait(GRACE):
                 return              # the main thread took it: it closes the trace
+            if not self._ours():
+                continue            # the script put in its own meanwhile: its call
             self._end()
             return
+
+    def _note_the_scripts(self, data):
+        for sig in ENDING:
+            if sig not in data:
+                continue
+            handler = installed_handler(sig)
+            name = signal.Signals(sig).name
+            if callable(handler) and handler not in (self.handler, signal.default_int_handler) \
+                    and name not in self.received:
+                self.received.append(name)
 
     def _end(self):
         end = {"status": "terminated (SIGTERM)", "exit_code": 143, "exception": "SIGTERM",
@@ -156,9 +213,9 @@ def forget_in_child():
     if not _active:
         return
     try:
-        fd = signal.set_wakeup_fd(-1)
+        fd = _real_set_wakeup_fd(-1)
         if fd != _active[-1]:
-            signal.set_wakeup_fd(fd)
+            _real_set_wakeup_fd(fd)
     except (ValueError, OSError):
         pass
     _active.clear()

@@ -409,7 +409,11 @@ class TorchCapture(Capture):
         if getattr(self, "autocast", None) is not None:
             self.autocast.uninstall()
         try:
-            if self.mode_on:
+            if self.mode_on and threading.get_ident() != self.thread:
+                # closed from another thread (term_watch's, the process ends): the mode
+                # stack is per thread, and ours is on the recorded thread's, not this one's
+                self.mode_on = False
+            elif self.mode_on:
                 self.mode_on = False
                 if self._mode_removed():
                     self.failed = self.failed or (

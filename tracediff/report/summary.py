@@ -101,7 +101,8 @@ def print_summary(s, console=None):
                   f"{'' if s['complete'] else '  [red]TRUNCATED (recording did not finish)[/]'}")
     console.print(f"script: {markup(script.get('name', '?'))}  sha256 "
                   f"{markup(str(script.get('sha256', '?'))[:12])}  ended: "
-                  f"{markup(end.get('status', '?'))} (exit {markup(end.get('exit_code', '?'))})")
+                  f"{markup(end.get('status', '?'))} (exit {markup(end.get('exit_code', '?'))})"
+                  f"{_handled(end)}")
     console.print(f"recorded {markup(m.get('created', '?'))} on {markup(m.get('hostname', '?'))}: "
                   f"{markup((m.get('os') or {}).get('platform', '?'))}, "
                   f"{markup((m.get('cpu') or {}).get('model', '?'))}")
@@ -172,3 +173,12 @@ def print_event(d, console=None):
         console.print(f"    output {p['slot']} on {markup(p['device'])}  shard "
                       f"{markup(p['shard'] or 'whole')}  replica {p['replica']}  "
                       f"hash {markup(p['digest'] or '-')}")
+
+
+def _handled(end):
+    """", after SIGTERM taken by the script's own handler" where the trace says so."""
+    taken = end.get("signals_handled_by_script")
+    if not isinstance(taken, list) or not taken:
+        return ""
+    names = ", ".join(markup(str(x)[:20]) for x in taken[:6])
+    return f", after {names} taken by the script's own handler"

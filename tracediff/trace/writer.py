@@ -37,6 +37,7 @@ trace was lost.
 
 import atexit
 import contextlib
+import errno
 import functools
 import json
 import math
@@ -104,7 +105,8 @@ def _signals_deferred(method):
     of an HDF5 operation, which HDF5 cannot recover from. While the writer is in HDF5,
     every handler installed from Python is replaced by one that notes the signal; the
     originals are put back and called (raising KeyboardInterrupt, ...) once HDF5 has
-    returned. Handlers only ever run in the main thread, so other threads skip this."""
+    returned. Handlers only ever run in the main thread, so other threads skip this.
+    Meanwhile `installed_handler` still tells another thread which handler is the process's."""
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
@@ -119,19 +121,34 @@ def _signals_deferred(method):
             for sig in _CATCHABLE:
                 handler = signal.getsignal(sig)
                 if callable(handler):
+                    outer = _held.setdefault(sig, handler) is handler
                     try:
                         signal.signal(sig, note)
                     except (ValueError, OSError, RuntimeError):
+                        if outer:
+                            del _held[sig]
                         continue
                     saved[sig] = handler
             return method(self, *args, **kwargs)
         finally:
             for sig, handler in saved.items():
                 signal.signal(sig, handler)
+                if _held.get(sig) is handler:   # the outermost deferral: nothing held now
+                    del _held[sig]
             for signum in caught:
                 saved[signum](signum, sys._getframe())
 
     return wrapper
+
+
+_held = {}   # signal -> the process's handler, while `_signals_deferred` holds it back
+
+
+def installed_handler(sig):
+    """The Python handler of SIG (as `signal.getsignal`), from any thread: the one held
+    back while the writer is in HDF5, not the stand-in that notes the signal meanwhile."""
+    held = _held.get(sig)
+    return held if held is not None else signal.getsignal(sig)
 
 
 _CATCHABLE = tuple(s for s in getattr(signal, "valid_signals", lambda: ())()
@@ -1696,25 +1713,52 @@ def _quiet_writers(closes):
             w._quiet()
 
 
+# Descriptors of tracediff's own that the script never had (term_watch's sockets), by the
+# process that owns them: the script's `os.closerange` leaves them open, its `os.close`
+# of one fails as it would in the plain script (EBADF). A forked child's are not kept.
+_reserved = {}
+
+
+def reserve_descriptor(fd):
+    _guard_descriptors()
+    _reserved[fd] = os.getpid()
+
+
+def release_descriptor(fd):
+    _reserved.pop(fd, None)
+
+
+def _reserved_here():
+    pid = os.getpid()
+    return sorted(fd for fd, owner in list(_reserved.items()) if owner == pid)
+
+
 def _guard_descriptors():
     """The script's `os.close`, `os.closerange` and `os.dup2` of a trace's descriptor
     number first wait for the chunks a thread is writing behind (`_Fsync`). Otherwise the
     script could close the number between the thread's check that it is the trace's
     (`TraceFile._fd`) and its write, and even get it back for a file of its own, which
-    the write would then change. Process-wide and once, like the fork hook; other numbers
-    go straight through."""
+    the write would then change. A reserved descriptor (`reserve_descriptor`) is not the
+    script's to close. Process-wide and once, like the fork hook; other numbers go
+    straight through."""
     if getattr(os.close, "_tracediff_guard", False):
         return
     real_close, real_closerange, real_dup2 = os.close, os.closerange, os.dup2
 
     @functools.wraps(real_close)
     def close(fd):
+        if fd in _reserved_here():
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
         _quiet_writers(lambda n: n == fd)
         return real_close(fd)
 
     @functools.wraps(real_closerange)
     def closerange(fd_low, fd_high):
         _quiet_writers(lambda n: fd_low <= n < fd_high)
+        for fd in _reserved_here():
+            if fd_low <= fd < fd_high:
+                real_closerange(fd_low, fd)
+                fd_low = fd + 1
         return real_closerange(fd_low, fd_high)
 
     @functools.wraps(real_dup2)
