@@ -268,3 +268,44 @@ def test_a_frame_of_raw_blocks_too_short_for_its_chunk_is_refused(pair, tmp_path
     assert codec.frame_problem(frame, c // 2) is None and codec.frame_problem(whole, c) is None
     frame[pos:pos + w] = (c - 256 if w == 2 else c).to_bytes(w, "little")
     assert codec.frame_problem(frame, c) == f"holds blocks that cannot make its {c} bytes"
+
+
+@pytest.fixture(scope="module")
+def words_pair(recorded):
+    """(plain, zstd) of one run, both hashed with words64 (`record --hash words64`)."""
+    return (recorded(*MLP, options=("--hash", "words64")),
+            recorded(*MLP, options=("--codec", "zstd", "--hash", "words64")))
+
+
+def test_a_compressed_words64_trace_reads_and_locates(words_pair, tmp_path):
+    """The reader checks a compressed trace's bytes with the trace's own hash function: a
+    valid `--codec zstd --hash words64` trace is never "a damaged chunk" to show, locate,
+    report or slice."""
+    plain, packed = words_pair
+    with tracediff.load(packed) as t:
+        assert t.manifest["recording"]["hash"] == "words64" and t.codec == "zstd"
+        stored = [r for r in t.values if t.read_value(r) is not None]
+        assert len(stored) > 10
+    assert locate_json(plain, packed)["verdict"] == "match"
+    for args in (("show", packed, "3"), ("report", plain, packed, "-o", tmp_path / "r.md"),
+                 ("slice", packed, "--around", "3", "-o", tmp_path / "s.h5")):
+        proc = run_cli(*args)
+        assert proc.returncode in (0, 1), (args, proc.stderr)
+        assert "damaged" not in proc.stdout + proc.stderr
+
+
+def test_a_compressed_trace_naming_an_unknown_hash_is_refused_in_one_line(words_pair,
+                                                                           tmp_path):
+    """Bytes whose hash function is unknown cannot be checked: refused, never read."""
+    import json
+
+    bad = tmp_path / "unknown_hash.h5"
+    shutil.copy(words_pair[1], bad)
+    with h5py.File(bad, "r+") as f:
+        manifest = json.loads(f["manifest"][()])
+        manifest["recording"]["hash"] = "md5"
+        del f["manifest"]
+        f["manifest"] = json.dumps(manifest)
+    proc = run_cli("show", bad, "3")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "md5" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

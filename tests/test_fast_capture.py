@@ -222,3 +222,41 @@ def test_device_batch_reads_values_back_as_the_host_path_stores_them(tmp_path):
                     assert got["nan"] == want["nan"] and got["inf"] == want["inf"]
                     for k in ("min", "max", "mean", "l2"):
                         np.testing.assert_allclose(got[k], want[k], rtol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("reducer", [values.segment_stats, torch_stats.segment_stats],
+                         ids=["numpy", "torch"])
+def test_a_small_values_statistics_do_not_depend_on_its_batch(reducer):
+    """The writer reduces small values in batches whose makeup follows its flush clock
+    (a flush every 2 s): a value reduced alone, or beside others, must get the same
+    statistics bit for bit, or two recordings of one run differ where the machine was
+    busy (tests/test_jax_fastjit.py's hook-against-fast comparison failed so under
+    load: a float32 sum alone, a float64 one in a batch)."""
+    rng = np.random.default_rng(0)
+    small = (rng.standard_normal(5) * [1e-3, 1.0, 1e4, -7.0, 3.3]).astype(np.float32)
+    other = rng.standard_normal(30).astype(np.float32)
+    alone = reducer(small, [0], [small.size], "float32")[0]
+    batch = np.concatenate([other, small])
+    beside = reducer(batch, [0, other.size], [other.size, small.size], "float32")[1]
+    assert alone.tolist() == beside.tolist()
+
+
+def test_two_recordings_of_one_run_hold_the_same_statistics_whatever_the_flush_clock(
+        tmp_path, monkeypatch):
+    """The same JAX program recorded at --level calls twice, once with a flush after
+    every value (a slow, busy machine), holds the same rows."""
+    from tracediff.trace import writer
+
+    from .helpers import first_difference
+
+    f = jax.jit(lambda x: jnp.sin(x) * 3.1 + jnp.cumsum(x) / 7)   # one value a call
+    x = jnp.linspace(-1.3, 2.9, 13, dtype=jnp.float32)
+    paths = []
+    for clock in (writer.FLUSH_SECONDS, 0.0):
+        monkeypatch.setattr(writer, "FLUSH_SECONDS", clock)
+        paths.append(tmp_path / f"flush{clock}.h5")
+        with tracediff.record(paths[-1], level="calls", frameworks=("jax",)):
+            y = x
+            for _ in range(3):
+                y = f(y)
+    assert first_difference(*paths) is None

@@ -497,3 +497,25 @@ def test_a_calls_outputs_share_its_values_programs_bytes_only_where_equal(
     else:
         assert probe_info["final_outputs_equal_compiled"] == 3
         assert [r[1] for r in call] == [r[1] for r in probe]
+
+
+def test_the_device_paths_hash_is_never_zero_as_the_hosts_is_not():
+    """A hash of 0 means "no hash" (a metadata-only value, docs/format.md): words64 maps
+    the one mix that would finish as 0 to 1, on the host (`values.words_finish`) and on the
+    device path's batched finish (`jax_digest.finish_all`, the zero-hash fix), so a value
+    hashed on the device never reads as metadata-only nor differs from the host's hash.
+    fmix64(0) is 0: lanes equal to the byte count's term finish as 0 before the fix."""
+    from tracediff.capture import jax_digest
+
+    nbytes = np.array([4, 64, 1 << 20], np.uint64)
+    with np.errstate(over="ignore"):
+        term = nbytes * np.uint64(0x9E3779B97F4A7C15)
+    lane1, lane2 = term >> np.uint64(32), term & np.uint64(0xFFFFFFFF)
+    got = jax_digest.finish_all(lane1, lane2, nbytes).tolist()
+    want = [values.words_finish(int(a), int(b), int(n)) for a, b, n in zip(lane1, lane2, nbytes)]
+    assert got == want == [1, 1, 1]
+    # and an ordinary value still finishes as the host's hash
+    x = np.arange(7, dtype=np.float32)
+    a, b = values.words_lanes(x.tobytes())
+    assert jax_digest.finish_all(np.array([a], np.uint64), np.array([b], np.uint64),
+                                 [x.nbytes]).tolist() == [values.words_digest(x)]

@@ -146,3 +146,40 @@ def test_after_an_api_recording_the_scripts_jits_take_the_fast_path_again(tmp_pa
     for _ in range(3):
         f(x)
     assert not python_path
+
+
+TRANSFORMED = textwrap.dedent("""
+    import json
+    import jax, jax.numpy as jnp
+
+    @jax.jit
+    def f(w):
+        return jnp.sum(jnp.tanh(w @ w))
+
+    grad = jax.jit(jax.grad(f))               # wrappers of a jitted f, jitted again
+    both = jax.jit(jax.value_and_grad(f))
+    rows = jax.jit(jax.vmap(f))
+    w = jnp.arange(64.0, dtype=jnp.float32).reshape(8, 8) / 64
+    for _ in range(2):
+        loss, g = both(w)
+        out = [f(w), grad(w), g, rows(jnp.stack([w, 2 * w]))]
+        print(json.dumps([[list(x.shape), float(jnp.sum(x))] for x in out]))
+""")
+
+
+def test_jit_of_a_transformed_jitted_function_runs_its_own_program(tmp_path):
+    """`jax.grad(f)` of a jitted f copies f's attributes (`functools.wraps`); the
+    `FastJit` of `jit(grad(f))` must still run and record grad(f)'s program, not f's: the
+    script prints a plain run's [8, 8] gradients, and the trace is the hook's."""
+    script = tmp_path / "transformed.py"
+    script.write_text(TRANSFORMED)
+    plain = run_plain(str(script))
+    assert "[[], " in plain.stdout and "[[8, 8], " in plain.stdout
+    traces = {}
+    for name, flag in (("hook", "0"), ("fast", "1")):
+        out = tmp_path / f"{name}.h5"
+        proc = record(str(script), out, env={"TRACEDIFF_JAX_FAST_JIT": flag},
+                      extra=("--level", "calls"))
+        assert proc.stdout == plain.stdout, proc.stderr[-2000:]
+        traces[name] = out
+    assert first_difference(traces["hook"], traces["fast"]) is None

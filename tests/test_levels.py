@@ -2,6 +2,7 @@
 --max-bytes) on real recordings, locate across levels, and the two-level search end to
 end (cheap traces -> locate prints zoom commands -> run them -> locate names the op)."""
 
+import json
 import os
 
 import numpy as np
@@ -354,3 +355,44 @@ def test_a_repeated_value_of_another_logical_dtype_has_its_own_statistics(tmp_pa
         v = arr.astype(np.float64)
         assert (st["min"], st["max"]) == (v.min(), v.max())
         assert st["mean"] == pytest.approx(v.mean(), rel=1e-5, abs=1e-6 * np.abs(v).max())
+
+
+DENSE = ("flax_dense.py", "--mlp", "--jit")
+
+
+@pytest.fixture(scope="module")
+def mixed_hashes(recorded):
+    """One small JAX run at stats and full level under each hash function, and the run
+    with tanh one ULP off (tests/perturb/tanh_ulp)."""
+    from .conftest import TANH_ULP as ULP
+
+    jobs = {f"{lvl}_{h}": (DENSE[0], DENSE[1:], None, ["--level", lvl, "--hash", h])
+            for lvl in ("stats", "full") for h in ("words64", "xxh3_64")}
+    jobs["ulp_stats_xxh3_64"] = (DENSE[0], DENSE[1:], ULP, ["--level", "stats", "--hash", "xxh3_64"])
+    return {k: str(p) for k, p in recorded.many(jobs).items()}
+
+
+@pytest.mark.parametrize("a,b,verdict", [
+    ("stats_words64", "stats_xxh3_64", "inconclusive"),   # no bytes: nothing compared
+    ("full_words64", "stats_xxh3_64", "match"),           # a's bytes hashed with xxh3
+    ("stats_words64", "full_xxh3_64", "match"),
+    ("full_words64", "full_xxh3_64", "match"),
+])
+def test_hashes_of_two_functions_are_never_a_difference(mixed_hashes, a, b, verdict):
+    """A words64 trace against an xxh3 trace of one run: where one side stored bytes they
+    are hashed with the other side's function; where neither did, the pair is not
+    compared (INCONCLUSIVE, coverage says so). Never "bitwise differences exist"."""
+    proc = run_cli("locate", mixed_hashes[a], mixed_hashes[b], "--json")
+    r = json.loads(proc.stdout)
+    assert proc.returncode == r["exit_code"] == {"match": 0, "inconclusive": 3}[verdict]
+    assert r["verdict"] == verdict and r["first_difference"] is None
+    assert any("hash values differently" in w for w in r["warnings"])
+    if verdict == "inconclusive":
+        assert r["coverage"]["a"]["compared"] == 0
+
+
+def test_a_perturbed_run_still_diverges_across_hash_functions(mixed_hashes):
+    """The bytes of the words64 side, hashed with xxh3, differ from the one-ULP run's."""
+    r = locate_json(mixed_hashes["full_words64"], mixed_hashes["ulp_stats_xxh3_64"],
+                    "--rtol", "0", "--atol", "0")
+    assert r["verdict"] == "diverged" and "tanh" in r["first_difference"]["a"]["op"]

@@ -454,3 +454,27 @@ def test_a_wrapper_subclass_never_stops_capture(recorded):
         assert len(unread) == 3 and all(t.string(r["shape"]) == "4" for r in unread)
     out = run_cli("info", str(path), env={"NO_COLOR": "1", "COLUMNS": "200"})
     assert "capture: 3 torch values of tensor subclasses (Wrap)" in out.stdout
+
+
+@pytest.mark.parametrize("level", ["full", "stats"])
+def test_hash_words64_applies_to_torch_values(recorded, dtypes, level):
+    """`record --hash words64` hashes torch values with words64 too (the docs say
+    anywhere): the trace names it, every stored value's hash is the words64 of its bytes,
+    and the run compares with its xxh3_64 recording as the same run."""
+    from tests.helpers import locate_json
+    from tracediff.trace import values
+
+    out = recorded("torch_dtypes.py", options=("--level", level, "--hash", "words64"))
+    with Trace(out) as t:
+        assert t.manifest["recording"]["hash"] == "words64"
+        full = dtypes[0]
+        checked = 0
+        for r, rf in zip(t.values, full.values):
+            raw = full.read_value(rf)
+            if raw is None or not int(r["hash"]):
+                continue
+            stored = np.ascontiguousarray(raw).view(full.string(rf["storage"]))
+            assert int(r["hash"]) == values.words_digest(stored.tobytes())
+            checked += 1
+        assert checked > 10
+    assert locate_json(out, dtypes[0].path)["verdict"] == "match"

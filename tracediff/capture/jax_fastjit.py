@@ -36,18 +36,26 @@ class Signature:
 
 
 class FastJit:
-    """A jitted function whose calls are recorded around JAX's fast path (see module)."""
+    """A jitted function whose calls are recorded around JAX's fast path (see module).
+
+    Its own state lives in slots, not in `__dict__`: `functools.wraps` copies a wrapped
+    function's `__dict__` into its wrapper, so `jax.grad(f)` of a `FastJit` f, jitted
+    again, handed f's executable to the new `FastJit` (`jit(grad(f))` returned f's
+    outputs). Only the function's own attributes (`update_wrapper`) are in `__dict__`."""
+
+    __slots__ = ("_capture", "_fn", "_signatures", "__dict__", "__weakref__")
 
     def __init__(self, capture, fn):
-        self._capture, self._fn = capture, fn
-        self._signatures = {}
         functools.update_wrapper(self, fn)
         self.__wrapped__ = getattr(fn, "__wrapped__", fn)
+        self._capture, self._fn = capture, fn
+        self._signatures = {}
 
     def __getattr__(self, name):    # lower, trace, eval_shape, clear_cache, ...
-        fn = self.__dict__.get("_fn")
-        if fn is None:   # not initialised (a copy made without __init__)
-            raise AttributeError(name)
+        try:
+            fn = object.__getattribute__(self, "_fn")
+        except AttributeError:   # not initialised (a copy made without __init__)
+            raise AttributeError(name) from None
         return getattr(fn, name)
 
     def __get__(self, obj, objtype=None):   # a jitted method, as PjitFunction binds one

@@ -34,6 +34,7 @@ import numpy as np
 
 from ..trace import schema
 from ..trace.values import rows_with_data
+from .compare.levels import same_hash_function
 from .pairing.graph import module_path
 from .result import Coverage, CoverageSide, UnpairedRegion
 
@@ -63,6 +64,13 @@ def _has_value(t):
     if sh is not None and len(sh):
         has |= _events_of(t, sh)
     return has
+
+
+def _has_bytes(t):
+    """Bool per event: an output whose bytes were stored (what still compares across two
+    hash functions: compare/levels.py `hashes_agree`)."""
+    out = t.values[t.values["role"] == schema.ROLE_OUT]
+    return _events_of(t, out[rows_with_data(out)[0]])
 
 
 def _has_output(t):
@@ -318,20 +326,27 @@ def _runs(reps, paired):
     return out
 
 
-def _side(d, side, has_a, has_b, problems):
+def _side(d, side, has_a, has_b, problems, stored=None):
+    """`stored`: (a's, b's) events with bytes, where the traces hash with two functions
+    (a pair compares only where one side holds bytes), else None."""
     t = d.ta if side == "a" else d.tb
     reps, paired, phase, counted, setup, runs = _counted(d, side)
     own, other = (has_a, has_b) if side == "a" else (has_b, has_a)
+    own_b, other_b = (None, None) if stored is None else \
+        (stored if side == "a" else stored[::-1])
     partner = (d.al.a2b if side == "a" else d.al.b2a)[reps] if len(reps) else reps
     compared = paired & own[reps] if len(reps) else np.zeros(0, bool)
     direct = compared & (partner >= 0)
     compared[direct] = other[partner[direct]]
+    if stored is not None:
+        compared[direct] &= own_b[reps[direct]] | other_b[partner[direct]]
     if hasattr(d.al, "units_a"):   # optimizer snapshots are paired by role, not in a2b
         optim = dict(getattr(d, "optim", []))
         optim = optim if side == "a" else {v: k for k, v in optim.items()}
         for i, e in enumerate(reps.tolist()):
             if phase[i] == "optimizer" and e in optim:
-                compared[i] = bool(own[e]) and bool(other[optim[e]])
+                compared[i] = bool(own[e]) and bool(other[optim[e]]) and (
+                    stored is None or bool(own_b[e]) or bool(other_b[optim[e]]))
     by_phase = {}
     for name in ("forward", "backward", "optimizer"):
         sel = np.asarray([p == name for p in phase], bool)
@@ -371,8 +386,9 @@ def measure(d) -> Coverage:
     has_b = has_a if tb is ta else _has_value(tb)
     pa = capture_problems(ta)
     pb = [] if tb is ta else capture_problems(tb)
-    a, runs_a = _side(d, "a", has_a, has_b, pa)
-    b, runs_b = _side(d, "b", has_a, has_b, pb)
+    stored = None if same_hash_function(ta, tb) else (_has_bytes(ta), _has_bytes(tb))
+    a, runs_a = _side(d, "a", has_a, has_b, pa, stored)
+    b, runs_b = _side(d, "b", has_a, has_b, pb, stored)
     return assess(a, b, _regions(d, runs_a + runs_b), cross=hasattr(d.al, "units_a"))
 
 

@@ -403,6 +403,7 @@ class Trace:
             raise TraceError(f"{self.path}: the trace claims {self.blob_size} value bytes, more "
                              f"than {more}")
         self.manifest = self._load_manifest(_dataset(f, "manifest"))
+        self.hash_name, self.hash_function = self._hash_function()
         dist = self.manifest.get("distributed") or {}
         self.rank = dist.get("rank") if isinstance(dist.get("rank"), int) else None
         ws = dist.get("world_size")
@@ -412,6 +413,20 @@ class Trace:
         self._v_sorted = self.values["event"][self._v_order]
         self._i_order = np.argsort(self.inputs["event"], kind="stable")
         self._i_sorted = self.inputs["event"][self._i_order]
+
+    def _hash_function(self):
+        """(name, function) of the hash the trace's values were recorded with (manifest
+        recording.hash; older traces: xxh3_64). A compressed trace's bytes are checked
+        with it (`check_digest`), so one naming a hash this reader does not know is
+        refused; an uncompressed one opens (function None: its bytes are not rehashed)."""
+        rec = self.manifest.get("recording")
+        name = rec.get("hash", values.HASH_NAME) if isinstance(rec, dict) else values.HASH_NAME
+        fn = values.DIGESTS.get(name) if isinstance(name, str) else None
+        if fn is None and self.chunks is not None:
+            raise TraceError(f"{self.path}: the values are hashed with {str(name)[:40]!r}, "
+                             f"which this tracediff cannot check (it knows "
+                             f"{', '.join(values.DIGESTS)})")
+        return name if fn is not None else str(name)[:40], fn
 
     def _referenced_strings(self, n):
         """Sorted indices of the strings that the events, values and sources tables refer to."""
@@ -983,8 +998,9 @@ class Trace:
         return raw
 
     def check_digest(self, raw, off, digest):
-        """TraceError unless `raw` (the value at byte `off`) hashes to `digest`."""
-        if values.digest(raw) != int(digest):
+        """TraceError unless `raw` (the value at byte `off`) hashes to `digest` with the
+        trace's own hash function (`hash_name`)."""
+        if self.hash_function(raw) != int(digest):
             raise TraceError(f"{self.path}: the value at byte {off} of the compressed value bytes "
                              f"does not match its recorded hash (a damaged chunk)")
 

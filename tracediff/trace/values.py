@@ -265,6 +265,14 @@ def _one_float_stats(x):
     return np.array([[np.minimum.reduce(x), np.maximum.reduce(x), tot / x.size, l2, 0.0, 0.0]])
 
 
+# A value of at least this many bytes has its statistics reduced alone, in its own dtype
+# (pairwise sums, one dot: `_one_float_stats`); a smaller one always in float64 through
+# reduceat, whether it is reduced alone or in a batch with others: which batch a small
+# value lands in follows the writer's flush clock, and its statistics must not (two
+# recordings of one run hold the same rows).
+WHOLE_VALUE_BYTES = 1 << 16
+
+
 def segment_stats(flat, starts, counts, logical):
     """Statistics of many values stored back to back in one 1-D array (one storage dtype).
 
@@ -272,7 +280,7 @@ def segment_stats(flat, starts, counts, logical):
     array of shape (n, 6) in `STAT_FIELDS` order (NaN where undefined: empty values, keys).
     Vectorised: one pass of numpy reductions for the whole batch."""
     if len(counts) == 1 and flat.ndim == 1 and flat.dtype in _WHOLE_FLOATS and \
-            starts[0] == 0 and counts[0] == flat.size > 0:
+            starts[0] == 0 and counts[0] == flat.size > 0 and flat.nbytes >= WHOLE_VALUE_BYTES:
         one = _one_float_stats(flat)
         if one is not None:
             return one
@@ -290,7 +298,8 @@ def segment_stats(flat, starts, counts, logical):
         return out
     s, c = starts[nz], counts[nz]
     res = np.empty((len(s), 6))
-    one = len(s) == 1 and s[0] == 0  # a single value: plain reductions (faster, pairwise)
+    # a single large value: plain reductions (faster, pairwise); small ones: reduceat
+    one = len(s) == 1 and s[0] == 0 and flat.nbytes >= WHOLE_VALUE_BYTES
 
     def red(ufunc, x, **kw):
         return ufunc.reduce(x, **kw) if one else ufunc.reduceat(x, s, **kw)

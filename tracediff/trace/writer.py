@@ -675,7 +675,7 @@ class TraceWriter:
         self.update_manifest(recording=rec)
         return True
 
-    STATS_DIRECT_BYTES = 1 << 16
+    STATS_DIRECT_BYTES = values.WHOLE_VALUE_BYTES
 
     def _add_stats(self, c, storage, logical, row=None, h=None):
         """Queue the statistics of the value about to be appended (row = next values row).

@@ -6,14 +6,15 @@ import numpy as np
 
 from ...trace import schema
 from ..result import DeviceDiff
+from .levels import same_hash_function
 
 
 def spread(ta, tb, ea, eb, max_rows=64):
     """([DeviceDiff], note) for paired events `ea`/`eb`: every per-device copy of their
     output values, whether it differs from b's copy on the same device, shard and replica,
     and a one-line summary; ([], "") when the values are not recorded per device."""
-    if not (ta.has_devices() and tb.has_devices()):
-        return [], ""
+    if not (ta.has_devices() and tb.has_devices()) or not same_hash_function(ta, tb):
+        return [], ""   # (digests of two hash functions say nothing about each other)
     rows, summary = [], ""
     slots = sorted({int(r["slot"]) for r in ta.value_rows(int(ea), schema.ROLE_OUT)})
     for slot in slots:
@@ -79,7 +80,7 @@ def replica_only(ta, tb, a2b):
     device: `locate` compares global values and would not see it), as a warning line;
     None when there is none. Vectorised over the shards tables."""
     sa, sb = ta.shard_rows, tb.shard_rows
-    if not len(sa) or not len(sb):
+    if not len(sa) or not len(sb) or not same_hash_function(ta, tb):
         return None
     ea = sa["event"].astype(np.int64)
     eb = a2b[np.clip(ea, 0, len(a2b) - 1)]

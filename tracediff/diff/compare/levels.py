@@ -5,7 +5,11 @@ A value is stored at one of three depths: its bytes (level full), its hash and s
 (level stats or calls, or past a --max-bytes cap: `VFLAG_STATS`), or metadata only. Two
 values can be compared whenever both have a hash:
 
-* equal hashes (same dtype and shape) mean bitwise equal, at any level;
+* equal hashes (same dtype and shape) mean bitwise equal, at any level, where both traces
+  hash with one function (`recording.hash`). Hashes of two functions are never evidence:
+  where one side stored the bytes, they are hashed with the other side's function
+  (`hashes_agree`); where neither did, the pair is not compared (it counts against
+  coverage, never as a difference);
 * different hashes with the bytes of both: the ordinary element-wise comparison;
 * different hashes with only statistics on one side (or both): the statistics bound the
   largest element-wise difference from below (min, max and mean are 1-Lipschitz in the
@@ -28,7 +32,7 @@ import re
 from ... import shell
 from ...trace import schema
 from ...untrusted import printable
-from ...trace.values import STAT_FIELDS, has_bytes
+from ...trace.values import DIGESTS, HASH_NAME, STAT_FIELDS, has_bytes
 from . import values as compare
 from ..result import Levels, LevelSide, Zoom, ZoomSide
 
@@ -36,6 +40,33 @@ def hashed(row):
     """True when the row's hash describes its exact bytes (bytes or stats stored)."""
     return row is not None and not (row["flags"] & schema.VFLAG_UNINIT) and (
         has_bytes(row) or bool(row["flags"] & schema.VFLAG_STATS))
+
+
+def hash_name(t):
+    """The hash function a trace's values were recorded with (older traces: xxh3_64)."""
+    return getattr(t, "hash_name", HASH_NAME)
+
+
+def same_hash_function(ta, tb):
+    """Do two traces hash their values with one function? (Else their hashes, and their
+    per-device digests, say nothing about each other.)"""
+    return hash_name(ta) == hash_name(tb)
+
+
+def hashes_agree(differ, row_a, row_b):
+    """Do two value rows' hashes say their bytes are equal? Compared as recorded where both
+    traces hash with one function; else the stored bytes of one side hashed with the other
+    side's function; None where neither side stored bytes (two functions' hashes say
+    nothing about each other)."""
+    if same_hash_function(differ.ta, differ.tb):
+        return int(row_a["hash"]) == int(row_b["hash"])
+    for t, row, other, other_row in ((differ.ta, row_a, differ.tb, row_b),
+                                     (differ.tb, row_b, differ.ta, row_a)):
+        fn = DIGESTS.get(hash_name(other))
+        if fn is not None and has_bytes(row):
+            raw = t.stored_bytes(int(row["offset"]), int(row["nbytes"]), row["hash"])
+            return fn(raw) == int(other_row["hash"])
+    return None
 
 
 def _counts(differ):
@@ -47,17 +78,21 @@ def _counts(differ):
 
 
 def compare_hashed(differ, row_a, row_b, tol_dtype=None):
-    """Metrics of two value rows of which at least one has only hash + statistics."""
+    """Metrics of two value rows of which at least one has only hash + statistics; None
+    where their hashes, of two functions, cannot be compared (`hashes_agree`)."""
     ta, tb = differ.ta, differ.tb
     da, db = ta.string(row_a["dtype"]), tb.string(row_b["dtype"])
     shape_a, shape_b = ta.string(row_a["shape"]), tb.string(row_b["shape"])
     key = ("stats", int(row_a["hash"]), int(row_b["hash"]), da, db, shape_a, shape_b, tol_dtype)
-    hit = differ._cmp_val.get(key)
-    if hit is not None:
-        return hit
+    if key in differ._cmp_val:
+        return differ._cmp_val[key]
+    agree = hashes_agree(differ, row_a, row_b)
+    if agree is None:
+        differ._cmp_val[key] = None
+        return None
     r, t = compare.tolerance(tol_dtype or da, differ.rtol, differ.atol)
     counts = _counts(differ)
-    if row_a["hash"] == row_b["hash"] and da == db and shape_a == shape_b:
+    if agree and da == db and shape_a == shape_b:
         counts["hash_equal"] += 1
         m = {"bitwise_equal": True, "within_tolerance": True, "max_abs": 0.0, "max_rel": 0.0,
              "max_ulp": 0.0, "mismatch_fraction": 0.0, "beyond_tolerance_fraction": 0.0,
@@ -148,9 +183,11 @@ def annotate(first_difference, first_beyond_tolerance, ta, tb, differ):
                   {"hash_equal": 0, "stats_beyond_tolerance": 0, "stats_undecided": 0})
     info = Levels(a=_side(la, ra), b=_side(lb, rb), compared_without_bytes=counts)
     warnings = []
-    if ra.get("hash") and rb.get("hash") and ra.get("hash") != rb.get("hash"):
-        warnings.append(f"the traces hash values differently ({ra.get('hash')} vs "
-                        f"{rb.get('hash')}): stats-only values cannot be compared")
+    if not same_hash_function(ta, tb):
+        warnings.append(f"the traces hash values differently ({hash_name(ta)} vs "
+                        f"{hash_name(tb)}): a value whose bytes one side stored was hashed "
+                        f"with the other side's function; one neither stored was not "
+                        f"compared (record both with one --hash)")
     cheap = la != "full" or lb != "full"
     fd, ft = first_difference, first_beyond_tolerance
     if fd is not None:
@@ -337,4 +374,5 @@ def zoom_lines(result):
     return out
 
 
-__all__ = ["annotate", "compare_hashed", "hashed", "stats_metrics", "zoom_lines", "STAT_FIELDS"]
+__all__ = ["annotate", "compare_hashed", "hashed", "hashes_agree", "same_hash_function",
+           "stats_metrics", "zoom_lines", "STAT_FIELDS"]

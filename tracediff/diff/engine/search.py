@@ -9,6 +9,7 @@ import dataclasses
 import numpy as np
 
 from ...trace import schema
+from ..compare import levels as _levels
 from ..compare import nearzero as _nearzero
 from ..compare import values as compare
 from ..compare.values import BITWISE, TOLERANCE
@@ -150,7 +151,7 @@ class DivergenceSearch:
         cache = self._departed_cache
         if key not in cache:
             out = set()
-            if self.tb.has_devices():
+            if self.tb.has_devices() and _levels.same_hash_function(self.ta, self.tb):
                 slots = sorted({int(r["slot"]) for r in self.ta.value_rows(ca, schema.ROLE_OUT)})
                 for slot in slots:
                     da, db = self.ta.device_values(ca, slot), self.tb.device_values(cb, slot)
