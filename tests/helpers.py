@@ -545,7 +545,8 @@ _STRING_FIELDS = {"events": ("op", "params", "name_stack", "source", "node"),
                   "sources": ("source", "lines", "sha256"), "devices": ("device",),
                   "shards": ("device", "index", "shape"),
                   "placements": ("placements", "mesh", "coord", "global_shape", "offset",
-                                 "param")}
+                                 "param"),
+                  "optim_settings": ("key", "text")}
 
 
 def trace_rows(path, by_value=False):

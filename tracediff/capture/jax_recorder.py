@@ -17,7 +17,8 @@ Emitter API (public methods, used by jax_probe and optax_tags as by the recorder
 `site(eqn)` (cached per-equation metadata), `bind(eqn, vals)` (run one equation),
 `producer(x)` (the event that made an array), `eqn_event(...)` (write one equation's
 event and input links), `store(eid, slot, x)` (write a value), `flush_optim()` (write
-the tagged optax values as one step) and `optax_update()` (bracket an optax update).
+the tagged optax values as one step), `optax_update()` (bracket an optax update) and
+`optax_settings(update)` (keep the settings of the update being called).
 """
 
 import contextlib
@@ -30,7 +31,7 @@ import numpy as np
 
 from ..trace import schema, values
 from . import (Capture, ImportWatcher, jax_devices, jax_digest, jax_fastjit, jax_host,
-               jax_internals, jax_probe, nnx_paths, optax_tags)
+               jax_internals, jax_probe, nnx_paths, optax_tags, optim_settings)
 from .optax_tags import OPTAX_TAG
 
 _CALL_PRIMS = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
@@ -212,6 +213,7 @@ class JaxCapture(Capture):
         self._sites = {}
         self._producers = {}        # id(array) -> (weakref, event, slot)
         self._pending_optim = {}    # optax tag -> numpy value, flushed as one optim event
+        self._optax_settings = []   # the last optax update's settings (optim_settings rows)
         self._orig = {}
         self.calls = self.eqns = self.eager = 0
         self.replay_errors = []
@@ -1033,6 +1035,16 @@ class JaxCapture(Capture):
         finally:
             _TL.optax_depth -= 1
 
+    def optax_settings(self, update):
+        """Keep the settings of the outermost optax update being called (its closures,
+        `optim_settings.optax_settings`), written with every step after it: a jitted step
+        calls `update` once, while tracing."""
+        try:
+            self._optax_settings = optim_settings.optax_settings(update)
+        except Exception as exc:   # never fail the program for its settings
+            self._optax_settings = []
+            self.replay_errors.append(f"optax settings not recorded: {type(exc).__name__}")
+
     def flush_optim(self):
         """Write the optax values tagged during the last call (or eager update) as one step."""
         if not self._pending_optim or not self.session.active:
@@ -1047,6 +1059,8 @@ class JaxCapture(Capture):
                           phase=schema.PHASE_OPTIM, origin=schema.ORIGIN_REPLAY,
                           params="optax update: grads, params, updates, state after the step",
                           step=self.step)
+        for row in self._optax_settings:
+            w.add_optim_setting(eid, *row)
         taken = sorted(self._pending_optim.items())
         fetched = self._fetch_at_full([arr for _, arr in taken])
         with self._outputs():   # hashed on the device as one program, as a call's outputs

@@ -61,6 +61,7 @@ def install(capture):
         def update_fn(updates, state, params=None, *args, **kwargs):
             with capture.optax_update() as outer:
                 if outer:
+                    capture.optax_settings(update)
                     updates = tag(updates, "grads")
                     if params is not None:
                         params = tag(params, "params")

@@ -79,7 +79,7 @@ import weakref
 
 import numpy as np
 
-from . import Capture, torch_device
+from . import Capture, optim_settings, torch_device
 from .budget import HEADROOM, get_limit, set_limit
 from ..trace import schema
 from ..trace.sources import LIB_SEP
@@ -1179,6 +1179,8 @@ class TorchCapture(Capture):
                                         op=f"optim:{type(opt).__name__}", phase=schema.PHASE_OPTIM,
                                         origin=schema.ORIGIN_SNAPSHOT, params=", ".join(hyper)[:_MAX_PARAMS] or None,
                                         step=self.step)
+            for row in optim_settings.torch_groups(opt.param_groups):
+                self.writer.add_optim_setting(eid, *row)
             slot = 0
             for g, group in enumerate(opt.param_groups):
                 for i, p in enumerate(group["params"]):

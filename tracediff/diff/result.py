@@ -515,6 +515,10 @@ class ParamDivergence(_ByKey):
     decay: Optional[float] = None           # (a - b) / parameter: lr * wd that a lacks (>0)
     decay_parameters: list = field(default_factory=list)   # every parameter with that signature
     note: str = ""
+    # the optimizer settings of this parameter that differ between the sides, where both
+    # recorded them (the `optim_settings` table): [{"setting": "b2", "a": "0.95", "b": "0.999"}]
+    settings: list = field(default_factory=list)
+    settings_recorded: Optional[bool] = None   # both sides recorded settings to compare
 
 
 @dataclass(repr=False)

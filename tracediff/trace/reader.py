@@ -384,6 +384,7 @@ class Trace:
         self.device_rows = tables["devices"]  # the device of per-device events (empty: none)
         self.shard_rows = tables["shards"]    # per-device copies of global values (empty: none)
         self.placement_rows = tables["placements"]  # DTensor local shards (empty: none)
+        self.optim_setting_rows = tables["optim_settings"]  # optimizer settings (empty: none)
         self.strings = self._load_strings(_dataset(f, "strings"), _int_attr(f, "committed_strings", 0))
         blob = _dataset(f, "blob", codec_ok=True)
         if blob.dtype != np.uint8 or blob.ndim != 1:
@@ -434,7 +435,8 @@ class Trace:
             [self.values[c] for c in ("dtype", "storage", "shape", "name")] + \
             [self.source_rows[c] for c in ("source", "lines", "sha256")] + \
             [self.device_rows["device"]] + [self.shard_rows[c] for c in ("device", "index", "shape")] + \
-            [self.placement_rows[c] for c in schema.PLACEMENT_STRINGS]
+            [self.placement_rows[c] for c in schema.PLACEMENT_STRINGS] + \
+            [self.optim_setting_rows[c] for c in schema.OPTIM_SETTING_STRINGS]
         ref = np.unique(np.concatenate([np.asarray(c, np.int64) for c in cols])) if cols else \
             np.zeros(0, np.int64)
         return ref[(ref >= 0) & (ref < n)]
@@ -565,6 +567,11 @@ class Trace:
         for col in schema.PLACEMENT_STRINGS:
             if len(pl) and ((pl[col] < -1) | (pl[col] >= n_str)).any():
                 raise bad(f"placements.{col} refers to a string that does not exist")
+        os_ = self.optim_setting_rows
+        os_ = self.optim_setting_rows = os_[(os_["event"] >= 0) & (os_["event"] < n_ev)]
+        for col in schema.OPTIM_SETTING_STRINGS:
+            if len(os_) and ((os_[col] < -1) | (os_[col] >= n_str)).any():
+                raise bad(f"optim_settings.{col} refers to a string that does not exist")
         i = self.inputs
         if len(i) and ((i["producer"] < schema.PRODUCER_CONST) | (i["producer"] >= n_ev)).any():
             raise bad("inputs.producer refers to an event that does not exist")
@@ -678,6 +685,18 @@ class Trace:
         r = hit[0]
         out = {c: self.string(r[c]) if r[c] >= 0 else None for c in schema.PLACEMENT_STRINGS}
         return out
+
+    def optim_settings(self, event_index):
+        """The settings recorded for optimizer-step event `event_index` (the
+        `optim_settings` table): [(group, key, value, text)], keys and texts as recorded
+        (untrusted), value a float (NaN: no number); [] where none were recorded (an older
+        trace, or a framework that exposes none)."""
+        rows = self.optim_setting_rows
+        if not len(rows):
+            return []
+        hit = rows[rows["event"] == int(event_index)]
+        return [(int(r["group"]), self.string(r["key"]), float(r["value"]),
+                 self.string(r["text"]) if r["text"] >= 0 else "") for r in hit]
 
     def has_devices(self) -> bool:
         """True when the trace records any per-device event or per-device value."""

@@ -144,9 +144,23 @@ PLACEMENT_DTYPE = np.dtype([
     ("param", "<i4"),       # strings index: the parameter's qualified name, -1 if none
 ])
 
+# An optimizer's settings at one of its steps, as the framework holds them: one row per
+# scalar setting of an optimizer-step event (KIND_OPTIM): torch's `param_groups` (lr, betas,
+# eps, weight_decay, amsgrad, maximize, foreach, ...), per group; optax's: the scalar values
+# its transformations close over (`chain/0/scale_by_adam/b2`), group 0.
+OPTIM_SETTING_DTYPE = np.dtype([
+    ("event", "<i8"),     # the optimizer-step event
+    ("group", "<i4"),     # torch: the index in `param_groups`; optax: 0
+    ("key", "<i4"),       # strings index: the setting's name ("lr", "betas/1", ".../b2")
+    ("value", "<f8"),     # the setting as a number (a bool as 0/1); NaN where it is none
+    ("text", "<i4"),      # strings index: the setting as the framework prints it, -1 if none
+])
+
 TABLES = {"events": EVENT_DTYPE, "values": VALUE_DTYPE, "inputs": INPUT_DTYPE,
           "stats": STATS_DTYPE, "sources": SOURCE_DTYPE, "devices": DEVICE_DTYPE,
-          "shards": SHARD_DTYPE, "placements": PLACEMENT_DTYPE}
+          "shards": SHARD_DTYPE, "placements": PLACEMENT_DTYPE,
+          "optim_settings": OPTIM_SETTING_DTYPE}
 # Tables a trace may lack (written by an older tracediff): read as empty.
-OPTIONAL_TABLES = {"stats", "sources", "devices", "shards", "placements"}
+OPTIONAL_TABLES = {"stats", "sources", "devices", "shards", "placements", "optim_settings"}
+OPTIM_SETTING_STRINGS = ("key", "text")
 PLACEMENT_STRINGS = ("placements", "mesh", "coord", "global_shape", "offset", "param")

@@ -119,6 +119,8 @@ def slice_trace(t, around, out, hops=2, replace=False):
     shards["event"] = new_id[shards["event"].astype(np.int64)]
     placements = t.placement_rows[np.isin(t.placement_rows["event"], keep)].copy()
     placements["event"] = new_id[placements["event"].astype(np.int64)]
+    settings = t.optim_setting_rows[np.isin(t.optim_setting_rows["event"], keep)].copy()
+    settings["event"] = new_id[settings["event"].astype(np.int64)]
     own = shards["offset"] >= 0
     shards["flags"][own] |= schema.SHARD_DIGEST
     shards["offset"][own], shards["nbytes"][own] = -1, 0
@@ -126,7 +128,8 @@ def slice_trace(t, around, out, hops=2, replace=False):
     # strings: only those the slice refers to, renumbered
     refs = [events[c] for c in _EVENT_STRINGS] + [vals[c] for c in _VALUE_STRINGS] + \
         [sources[c] for c in _SOURCE_STRINGS] + [devices["device"]] + \
-        [shards[c] for c in _SHARD_STRINGS] + [placements[c] for c in schema.PLACEMENT_STRINGS]
+        [shards[c] for c in _SHARD_STRINGS] + [placements[c] for c in schema.PLACEMENT_STRINGS] + \
+        [settings[c] for c in schema.OPTIM_SETTING_STRINGS]
     used = np.unique(np.concatenate([r.astype(np.int64) for r in refs])) if refs else []
     used = used[used >= 0]
     strings = [t.string(i) for i in used.tolist()]
@@ -137,7 +140,8 @@ def slice_trace(t, around, out, hops=2, replace=False):
 
     for table, cols in ((events, _EVENT_STRINGS), (vals, _VALUE_STRINGS),
                         (sources, _SOURCE_STRINGS), (devices, ("device",)),
-                        (shards, _SHARD_STRINGS), (placements, schema.PLACEMENT_STRINGS)):
+                        (shards, _SHARD_STRINGS), (placements, schema.PLACEMENT_STRINGS),
+                        (settings, schema.OPTIM_SETTING_STRINGS)):
         for c in cols:
             table[c] = restring(table[c])
 
@@ -155,7 +159,7 @@ def slice_trace(t, around, out, hops=2, replace=False):
              "complete": bool(t.complete)}
     write_finished(out, {"events": events, "values": vals, "inputs": inputs, "stats": stats,
                          "sources": sources, "devices": devices, "shards": shards,
-                         "placements": placements,
+                         "placements": placements, "optim_settings": settings,
                          "blob": blob, "strings": strings},
                    json.dumps(manifest, sort_keys=True, default=str), attrs, replace=replace)
     return {"events": int(len(keep)), "values": int(len(vals)), "bytes": int(len(blob)),

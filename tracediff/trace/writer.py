@@ -788,6 +788,12 @@ class TraceWriter:
                                          s(mesh), s(coord), s(global_shape), s(offset),
                                          s(param)))
 
+    def add_optim_setting(self, event, group, key, value, text):
+        """One scalar setting of optimizer-step `event` (the `optim_settings` table): `value`
+        a float (NaN where the setting is no number), `text` how the framework prints it."""
+        self._rows["optim_settings"].append((int(event), int(group), self.intern(key),
+                                             float(value), self.intern(text)))
+
     def add_meta_value(self, event, slot, dtype_name, shape, *, role=schema.ROLE_OUT, name=None,
                        flags=schema.VFLAG_NOT_STORED):
         """A value whose bytes are not stored (uninitialised memory, meta tensors)."""

@@ -5,8 +5,9 @@ Trainer's two parameter groups, the same steps on one fixed batch, one process.
 
 Options every training program takes: --bug decay_mask (the Flax side forgets the mask,
 `optax.adamw(..., mask=None)`, and decays the biases and norm parameters torch's no-decay
-group leaves alone); --steps N; --dump F (both sides' parameters after every step and the
-gradients of every step, numpy, each side in its own layout and names, into F.npz); --eager
+group leaves alone); --bug b2 (the Flax side's `b2=0.95`, torch's betas (0.9, 0.999)); --bug
+eps (the Flax side's `eps=1e-6`, torch's 1e-8); --steps N; --dump F (both sides' parameters after every step and the
+gradients and Adam's moments of every step, numpy, each side in its own layout and names, into F.npz); --eager
 (the Flax train step not jitted: value_and_grad's jvp and transpose run op by op).
 """
 import argparse
@@ -43,7 +44,7 @@ def torch_groups(model):
 def arguments(bn=None):
     """The options above; `bn` (choices, the first the default): a `--bn` option too."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bug", choices=("none", "decay_mask"), default="none")
+    ap.add_argument("--bug", choices=("none", "decay_mask", "b2", "eps"), default="none")
     if bn:
         ap.add_argument("--bn", choices=bn, default=bn[0])
     ap.add_argument("--steps", type=int, default=2)
@@ -59,7 +60,8 @@ def train_both(args, params, flax_hidden, tmodel, torch_hidden):
     dump = {}
 
     # Flax
-    tx = optax.adamw(LR, weight_decay=WD,
+    tx = optax.adamw(LR, b2=0.95 if args.bug == "b2" else 0.999,
+                     eps=1e-6 if args.bug == "eps" else 1e-8, weight_decay=WD,
                      mask=None if args.bug == "decay_mask" else decay_mask_fn)
     opt_state = tx.init(params)
 
@@ -82,6 +84,10 @@ def train_both(args, params, flax_hidden, tmodel, torch_hidden):
             dump[f"flax/{step}/{'/'.join(path)}"] = np.asarray(v)
         for path, v in traverse_util.flatten_dict(grads).items():
             dump[f"flax_grad/{step}/{'/'.join(path)}"] = np.asarray(v)
+        adam = opt_state[0]           # chain(scale_by_adam, decay, scale): Adam's state first
+        for moment, tree in (("mu", adam.mu), ("nu", adam.nu)):
+            for path, v in traverse_util.flatten_dict(tree).items():
+                dump[f"flax_{moment}/{step}/{'/'.join(path)}"] = np.asarray(v)
 
     # torch
     for name, v in tmodel.named_parameters():
@@ -97,6 +103,8 @@ def train_both(args, params, flax_hidden, tmodel, torch_hidden):
         print(f"torch step {step}: loss {loss.item():.9f}")
         for name, v in tmodel.named_parameters():
             dump[f"torch/{step}/{name}"] = v.detach().numpy().copy()
+            for moment, key in (("mu", "exp_avg"), ("nu", "exp_avg_sq")):
+                dump[f"torch_{moment}/{step}/{name}"] = opt.state[v][key].numpy().copy()
 
     if args.dump:
         np.savez(args.dump, **dump)

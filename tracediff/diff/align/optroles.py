@@ -49,6 +49,20 @@ def _torch_param(name):
     return mod.replace(".", "/"), LEAF.get(leaf, leaf), name
 
 
+WRAPPED_STATE = ("inner_state", "inner_opt_state")   # inject_hyperparams, masked, MultiSteps
+
+
+def _unwrapped(parts):
+    """An optax state path without the wrappers' levels: `state/inner_state/mu/...` (under
+    `inject_hyperparams` or `masked`) is `state/mu/...`."""
+    if parts and parts[0] == "state":
+        i = 1
+        while i < len(parts) - 1 and parts[i] in WRAPPED_STATE:
+            i += 1
+        return [parts[0]] + parts[i:]
+    return parts
+
+
 def parse(names, framework):
     """{role: {param key: value name}} of one snapshot. Roles: params, grads, updates,
     state:<torch state key>, count."""
@@ -56,6 +70,7 @@ def parse(names, framework):
     for name in names:
         parts = name.split("/")
         if framework == "jax":
+            parts = _unwrapped(parts)
             if parts[0] == "state" and len(parts) >= 2 and parts[1] == "count":
                 out.setdefault("count", {})[""] = name
                 continue
@@ -312,6 +327,7 @@ def _leaf_path(name, fw):
     name = name[0] if isinstance(name, tuple) else name
     parts = name.split("/")
     if fw == "jax":
+        parts = _unwrapped(parts)
         if parts[0] == "state":
             parts = parts[2:]
         elif parts[0] in ("params", "grads", "updates"):

@@ -16,6 +16,7 @@ from ..align import optroles
 from ..compare import values as compare
 from ..result import OptimizerStep, ParamDivergence
 from .layers import _num
+from .optcause import OptimizerCause
 
 DECAY_RESIDUAL = 0.05  # (a - b) within 5% of c * parameter: decoupled weight decay
 DECAY_SPREAD = 0.05    # parameters with the same c (within 5%): one weight decay, one mask
@@ -23,7 +24,7 @@ NOISE_GRAD = 1e-3      # a gradient element whose sides differ by more: rounding
 NOISE_TENSOR = 0.5     # a gradient whose sides differ by more (relative L2): noise throughout
 
 
-class RoleSteps:
+class RoleSteps(OptimizerCause):
     """The optimizer snapshots of a `CrossDiffer`, paired and judged by role."""
 
     def _optim_pairs(self, ta, tb, sa, sb):
@@ -130,8 +131,8 @@ class RoleSteps:
         for ea, eb in self.optim:
             na, nb, pairs = self._roles(ea, eb, self.p.module_map)
             step = int(self.ta.events["step"][ea])
-            worst_rel, worst_abs, worst_name, bit, n = 0.0, 0.0, None, True, 0
-            worst_l2 = worst_tabs = None
+            worst_rel, worst_abs, bit, n = 0.0, 0.0, True, 0
+            candidates = []       # (measure where determined or None, whole, max abs, name)
             l2 = compare.RelL2()
             judged = []
             order, ranks = {}, self._param_ranks(na, nb)
@@ -159,10 +160,6 @@ class RoleSteps:
                     l2.add(xa, xb_t)
                     worst_rel = max(worst_rel, _num(m.get("max_rel")))
                     worst_abs = max(worst_abs, _num(m.get("max_abs")))
-                    if v and (worst_name is None or v > worst_l2):
-                        worst_l2, worst_tabs = v, _num(m.get("max_abs"))
-                        worst_name = (f"{optroles.after_step_name(xa_name)} <-> "
-                                      f"{optroles.after_step_name(xb_name)}")
                 floats = [x for x in (da, db) if compare.is_floating(x)] or [da]
                 rtol, atol = compare.tolerance(max(floats, key=lambda x: compare.tolerance(x)[0]),
                                                self.rtol, self.atol)
@@ -202,6 +199,13 @@ class RoleSteps:
                         fit = optroles.decay_fit(np.asarray(xa, np.float64)[keep] -
                                                  np.asarray(xb_t, np.float64)[keep],
                                                  np.asarray(before)[keep])
+                if role == "params" and v:
+                    if before is None and pname in noisy:
+                        before = self._before_step(xa_name, xb_name, na, nb, xa)
+                    candidates.append(worst_candidate(
+                        xa, xb_t, noisy.get(pname), fit, before,
+                        f"{optroles.after_step_name(xa_name)} <-> "
+                        f"{optroles.after_step_name(xb_name)}", v, _num(m.get("max_abs"))))
                 judged.append(dict(role=role, pname=pname, xa_name=xa_name, xb_name=xb_name,
                                    rel=v, max_abs=_num(m.get("max_abs")), rtol=rtol,
                                    atol=atol, beyond=beyond, fit=fit, undetermined=undetermined,
@@ -215,6 +219,7 @@ class RoleSteps:
                         r = None if isinstance(x, tuple) else named.get(x)
                         if r is not None:      # the value the next forward reads
                             self.undetermined_hashes[side].add(int(r["hash"]))
+            worst_l2, worst_tabs, worst_name = _worst(candidates)
             first = self._first_beyond(step, ea, eb, judged, order)
             if first is not None and self.first_parameter is None:
                 self.first_parameter = first
@@ -251,9 +256,18 @@ class RoleSteps:
             a_event=ea, b_event=eb, rel_l2=float(j["rel"]), max_abs=float(j["max_abs"]),
             rtol=float(j["rtol"]), atol=float(j["atol"]),
             upstream_match=(not any(u["beyond"] for u in upstream)) if upstream else None)
-        if j["role"] != "params":
+        if j["role"] == "grads":
             res.note = (f"the {res.role} differ before the optimizer updates anything: the "
                         f"divergence is upstream (the forward or backward pass)")
+            return res
+        if j["role"] != "params":
+            grads = [u for u in upstream if u["role"] == "grads"]
+            if not grads:
+                res.note = (f"the {res.role} differs; its grads were not compared, so "
+                            f"whether the divergence starts before the optimizer is not known")
+                return res
+            res.note = (f"its grads match (relative L2 {grads[0]['rel']:.3g}) and its "
+                        f"{res.role} does not: {self._optimizer_cause(res, ea, eb)}")
             return res
         fa, fb = self._fw_name(self.fw_a), self._fw_name(self.fw_b)
         fits = {}
@@ -264,14 +278,15 @@ class RoleSteps:
         if j["pname"] not in fits:
             res.weight_decay = False
             res.note = ("the parameter differs after the step" +
-                        (" while its grads and optimizer state match: the update rule differs"
-                         if res.upstream_match else ""))
+                        (" while its grads and optimizer state match: the update rule differs; "
+                         + self._optimizer_cause(res, ea, eb) if res.upstream_match else ""))
             return res
         c0 = fits[j["pname"]][0]
         same = [name for name, (c, _) in fits.items() if abs(c - c0) <= DECAY_SPREAD * abs(c0)]
         same.sort(key=lambda x: order.get(x, 1 << 30))
         res.weight_decay, res.decay, res.decay_parameters = True, c0, same
-        res.note = _decay_note(c0, same, judged, fa, fb, res.upstream_match)
+        res.note = _decay_note(c0, same, judged, fa, fb, res.upstream_match) + \
+            self._decay_settings(res, ea, eb)
         return res
 
 
@@ -331,3 +346,40 @@ def _decay_note(c, same, judged, fw_a, fw_b, upstream_match):
             f"{abs(c):.3g} x the parameter before the step, lr * weight_decay"
             f"{', while grads and optimizer state match' if upstream_match else ''}): "
             f"a weight-decay mask on one side")
+
+
+def worst_candidate(xa, xb, mask, fit, before, name, whole, tabs):
+    """(relative L2 where the parameter's gradient is no rounding noise, or None where it
+    is noise throughout; the whole tensor's; their max abs; the pair's name) of one
+    parameter after the step, for the step's worst (`_worst`). A gradient that is noise
+    throughout (a key projection's bias) says nothing of what a bug changed, whatever
+    else moved the parameter; where only part of it is noise, a difference that is
+    decoupled weight decay as a whole is determined by the program, noise or not."""
+    real, real_abs = whole, tabs
+    if mask is not None and mask.shape == np.shape(xa) and mask.all():
+        return None, whole, None, tabs, name
+    if mask is not None and mask.shape == np.shape(xa):
+        if fit[0] is None and before is not None:
+            fit = optroles.decay_fit(np.asarray(xa, np.float64) -
+                                     np.asarray(xb, np.float64), before)
+        if not (fit[0] is not None and fit[1] < DECAY_RESIDUAL):
+            keep = ~mask
+            real = _rel_where(xa, xb, keep) if keep.any() else None
+            real_abs = float(np.max(np.abs(np.asarray(xa, np.float64)[keep] -
+                                           np.asarray(xb, np.float64)[keep]))) \
+                if keep.any() else None
+    return real, whole, real_abs, tabs, name
+
+
+def _worst(candidates):
+    """(relative L2, max abs, name) of a step's worst parameter after the step: the largest
+    difference where the gradient is no rounding noise; a parameter whose gradient is noise
+    throughout (a key projection's bias) only when no other parameter differs."""
+    real = [c for c in candidates if c[0]]
+    if real:
+        c = max(real, key=lambda c: c[0])
+        return c[0], c[2], c[4]
+    if candidates:
+        c = max(candidates, key=lambda c: c[1])
+        return c[1], c[3], c[4]
+    return None, None, None
