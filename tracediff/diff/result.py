@@ -573,6 +573,7 @@ class Analysis:
     noise: Optional[Noise] = None
     mechanisms: list = field(default_factory=list)   # [Mechanism] of the origin's replay
     structural: Optional[Structural] = None       # an op only one run has, the first difference
+    coverage: Any = None                          # locate's Coverage: explain's verdict is locate's
 
 
 # -- recording levels (compare/levels.py) ------------------------------------------------------------
