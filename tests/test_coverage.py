@@ -196,3 +196,81 @@ def test_an_op_only_one_run_has_is_unpaired_on_that_side_only(recorded):
     assert a.paired == a.compared == a.events > 0
     assert b.events == a.events + 1 and b.paired == b.compared == a.events
     assert [(u.side, u.length, u.op) for u in r.coverage.unpaired] == [("b", 1, "aten::mul.Tensor")]
+
+
+@pytest.fixture(scope="module")
+def rng_train(recorded):
+    """fixtures/torch_rng_train.py plainly and with aten::dot broken (its logged metric
+    differs, its parameters do not): (plain, broken)."""
+    from .conftest import BROKEN_DOT
+
+    runs = recorded.many({"plain": ("torch_rng_train.py", (), None),
+                          "broken": ("torch_rng_train.py", (), BROKEN_DOT)})
+    return runs["plain"], runs["broken"]
+
+
+def test_a_map_that_pairs_nothing_never_makes_a_training_loop_match(rng_train):
+    """The truth: the broken run's metric differs (plain locate: DIVERGED). A map that
+    sends every module nowhere pairs no computing unit; the units computing from the
+    weights and data both runs drew from their RNG are still both runs' work (counted, not
+    "RNG, initialisers, optimizer internals"), so the optimizer snapshots alone (equal:
+    the metric is off the gradient path) never make a MATCH. The old answer: MATCH, exit 0,
+    2 of 2 'computing units' compared, 42 units not counted."""
+    assert tracediff.locate(*rng_train, explain=False).verdict == "diverged"   # the premise
+    r = tracediff.locate(*rng_train, map_file='{"*": "x"}', explain=False)
+    assert r.verdict == "inconclusive" and r.exit_code == 3
+    for s in (r.coverage.a, r.coverage.b):
+        work = s.by_phase["forward"]["events"] + s.by_phase["backward"]["events"]
+        assert work > 2 * s.setup and s.by_phase["forward"]["compared"] == 0
+        assert s.paired < 0.8 * s.events
+    cli = _cli("locate", *rng_train, "--map", '{"*": "x"}', "--no-explain")
+    assert cli.returncode == 3 and cli.stdout.startswith("INCONCLUSIVE"), cli.stdout
+
+
+def test_optimizer_snapshots_alone_are_no_match():
+    """assess(): a side whose only compared entries are its optimizer snapshots, while it
+    ran computing units, is below the bar whatever its share: the snapshots say where the
+    training ended, not what computed it."""
+    from tracediff.diff.result import CoverageSide
+
+    snaps = dict(events=2, paired=2, compared=2, setup=40,
+                 by_phase={"optimizer": {"events": 2, "paired": 2, "compared": 2}})
+    r = _coverage.assess(CoverageSide("a", "a.h5", **snaps), CoverageSide("b", "b.h5", **snaps), [])
+    assert not r.sufficient
+    assert [x for x in r.reasons if "only the 2 optimizer snapshots" in x] == [
+        "side a: no computing unit was compared, only the 2 optimizer snapshots",
+        "side b: no computing unit was compared, only the 2 optimizer snapshots"]
+
+
+def test_every_event_with_an_output_is_counted_from_the_first(tmp_path):
+    """The events counted are exactly those the trace holds an initialised output for,
+    read here with h5py: event 0 (the script's first op, `torch.ones`) included."""
+    script = tmp_path / "three.py"
+    script.write_text("import torch\nx = torch.ones(3)\ny = x * 2\nprint(float(y.sum()))\n")
+    traces = [str(tmp_path / f"{n}.h5") for n in "ab"]
+    for t in traces:
+        rec = _cli("record", "-o", t, str(script))
+        assert rec.returncode == 0 and "6.0" in rec.stdout, rec.stderr
+    with h5py.File(traces[0], "r") as f:
+        v = f["values"][...]
+    out = v[(v["role"] == schema.ROLE_OUT) & ((v["flags"] & schema.VFLAG_UNINIT) == 0)]
+    expected = set(out["event"].tolist())
+    assert 0 in expected
+    r = tracediff.locate(*traces, explain=False)
+    assert r.verdict == "match"
+    for s in (r.coverage.a, r.coverage.b):
+        assert s.events == s.paired == s.compared == len(expected) >= 3
+        assert s.values == len(out)
+
+
+def test_the_reason_names_each_side_below_the_bar():
+    """Both sides below the bar: the reason gives each side's own share, a's and b's."""
+    from tracediff.diff.result import CoverageSide
+
+    r = _coverage.assess(CoverageSide("a", "a.h5", framework="jax", counted="computing units",
+                                      events=37, paired=25, compared=25),
+                         CoverageSide("b", "b.h5", framework="torch", counted="computing units",
+                                      events=36, paired=2, compared=2), [], cross=True)
+    assert r.reasons == [
+        "side a (jax): only 25 of 37 computing units paired (68%; the bar is 80%)",
+        "side b (torch): only 2 of 36 computing units paired (6%; the bar is 80%)"]

@@ -301,3 +301,41 @@ def test_explain_says_a_divergence_is_only_structural(recorded):
     assert d["origin"] is None and d["structural"]["side"] == "b"
     assert d["structural"]["event"]["op"] == "aten::mul.Tensor"
     assert d["structural"]["event"]["source"] == line
+
+
+# -- explain's verdict is locate's ----------------------------------------------------------------
+
+def _coverage_block(text):
+    """The coverage lines of a terminal output, from "coverage:" to the next step."""
+    lines = text.splitlines()
+    i = next(i for i, x in enumerate(lines) if x.startswith("coverage: "))
+    return [x for x in lines[i:] if x.startswith(("coverage: ", "          ", "not enough",
+                                                    "below the bar", "unpaired: ", "next step: "))]
+
+
+@pytest.mark.parametrize("case", ["metadata_only", "map_pairs_nothing"])
+def test_explain_on_an_inconclusive_pair_says_what_locate_says(recorded, tmp_path, case):
+    """Where locate says INCONCLUSIVE (a golden of metadata-only values: nothing compared;
+    a map that pairs no computing unit of a training loop whose metric really differs),
+    explain says it too: exit code 3, locate's headline and its coverage lines, never
+    "MATCH" and "the traces match bitwise" (what it printed, exit 3 beside a MATCH)."""
+    from .helpers import metadata_only_copy
+
+    if case == "metadata_only":
+        a = recorded("torch_dot.py")
+        args = (str(metadata_only_copy(a, tmp_path / "golden.h5")), recorded("torch_dot.py", tag="again"))
+    else:
+        args = (recorded("torch_rng_train.py"), recorded("torch_rng_train.py", env=BROKEN_DOT),
+                "--map", '{"*": "x"}')
+    loc = run_cli("locate", *args, "--no-explain")
+    assert loc.returncode == 3 and loc.stdout.startswith("INCONCLUSIVE"), loc.stdout
+    ex = run_cli("explain", *args)
+    assert ex.returncode == 3, ex.stdout + ex.stderr
+    head = loc.stdout.splitlines()[0].split("   a=")[0]
+    assert ex.stdout.splitlines()[0] == head
+    assert "MATCH" not in ex.stdout and "the traces match bitwise" not in ex.stdout
+    assert _coverage_block(ex.stdout) == _coverage_block(loc.stdout)
+    js = run_cli("explain", *args, "--json")
+    assert js.returncode == 3
+    js = __import__("json").loads(js.stdout)
+    assert js["verdict"] == "inconclusive" and js["coverage"]["sufficient"] is False

@@ -139,12 +139,16 @@ def missed_frameworks(t):
 # -- two frameworks: which units are the other side's work, which were compared ---------------
 
 def _external_atoms(p, g, s):
-    """The support items (`pairing/atoms.py`) of the atoms side `s` (graph `g`) was
-    handed from outside its recorded computation: data and weights given to both sides,
-    not values this side computed."""
+    """The support items (`pairing/atoms.py`) of the atoms that are the other side's too:
+    those side `s` (graph `g`) was handed from outside its recorded computation (data and
+    weights given to both sides), and those both sides computed themselves (two runs of
+    one program drawing the same weights and data from their RNG: the forward on them is
+    both runs' work, whatever a user map pairs). A value only this side computed (Flax's
+    fresh weights, which the torch port is handed) is not."""
     memo = {}
     return {("a", aid) for aid, rows in p.atom_rows.items()
-            if rows[s] is not None and _handed_in(g, rows[s], memo)}
+            if rows[s] is not None and (_handed_in(g, rows[s], memo) or (
+                rows[1 - s] is not None and g.key(rows[s]) in p.computed))}
 
 
 def _handed_in(g, row, memo, depth=0):
@@ -419,6 +423,12 @@ def assess(a: CoverageSide, b: CoverageSide, regions, cross=False) -> Coverage:
     if not (a.compared or b.compared):
         unvalued = True
         reasons.append("nothing was compared: no paired event holds values on both sides")
+    for s in (a, b):
+        opt = s.by_phase.get("optimizer", {})
+        if s.compared and s.compared == opt.get("compared") and (s.setup or s.events > opt["events"]):
+            # the snapshots say where training ended, not what computed it
+            reasons.append(f"side {s.side}: no computing unit was compared, only the "
+                           f"{opt['compared']:,} optimizer snapshots")
     if unvalued:
         steps.append("record both runs with values (--level full, or --level stats: a hash "
                      "and statistics of every value)")

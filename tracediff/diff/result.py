@@ -639,6 +639,7 @@ class Analysis:
     mechanisms: list = field(default_factory=list)   # [Mechanism] of the origin's replay
     structural: Optional[Structural] = None       # an op only one run has, the first difference
     sources: Optional[Sources] = None             # every source, ranked (explain/sources.py)
+    coverage: Any = None                          # locate's Coverage: explain's verdict is locate's
 
 
 # -- recording levels (compare/levels.py) ------------------------------------------------------------

@@ -317,13 +317,17 @@ def coverage_lines(result: LocateResult) -> list:
     """What the comparison compared, in plain lines (each renderer escapes them: they hold
     module names and ops from the traces): per side, then why it is not enough for a
     match, the largest unpaired regions and the next step (diff/coverage.py)."""
-    cov = result.coverage
+    return coverage_text(result.coverage, result.verdict)
+
+
+def coverage_text(cov, verdict: str) -> list:
+    """`coverage_lines` of a `Coverage` and the verdict it stands beside (explain's too)."""
     if cov is None:
         return []
     out = [f"coverage: {_side_coverage(cov.a)}", f"          {_side_coverage(cov.b)}"]
     if not cov.sufficient:
         what = ("below the bar for a match (the divergence stands; what was not compared may "
-                "hold an earlier one)" if result.verdict == "diverged" else "not enough for a match")
+                "hold an earlier one)" if verdict == "diverged" else "not enough for a match")
         out.append(f"{what} (the bar: {cov.bar:.0%} of each side's computing events paired and "
                    f"compared, no capture stopped): " + "; ".join(cov.reasons))
     for r in cov.unpaired:

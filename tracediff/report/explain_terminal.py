@@ -17,7 +17,7 @@ from ..diff.explain.chain import collapse
 from ..diff.result import Analysis, Gap
 from ..diff.explain.verdict import fmt, ulp_text
 from ..untrusted import markup
-from .common import inputs_words, site, sources_lines, typed, ulp_cell, worst_detail
+from .common import coverage_text, inputs_words, site, sources_lines, typed, ulp_cell, worst_detail
 
 
 def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) -> None:
@@ -25,18 +25,23 @@ def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) ->
     typed(an, Analysis, optional=True)
     c = console or Console(highlight=False, soft_wrap=True, emoji=False)
     diverged = an is not None and an.verdict == "diverged"
-    head = "[bold red]DIVERGED[/]" if diverged else "[bold green]MATCH[/]"
     o = an.origin if an is not None else None
     st = an.structural if an is not None else None
-    why = "an op only one run has" if st is not None and o is None else \
-        f"beyond tolerance: {'yes' if diverged else 'no'}"
-    c.print(f"{head} ({why})")
+    if an is not None and an.verdict == "inconclusive":   # locate's headline, word for word
+        c.print("[bold yellow]INCONCLUSIVE[/]: no divergence in what was compared, but too "
+                "little was compared for a match (exit code 3)")
+    else:
+        head = "[bold red]DIVERGED[/]" if diverged else "[bold green]MATCH[/]"
+        why = "an op only one run has" if st is not None and o is None else \
+            f"beyond tolerance: {'yes' if diverged else 'no'}"
+        c.print(f"{head} ({why})")
     if st is not None and o is not None:   # the values differ after the structural difference
         c.print(f"[bold]first difference[/]: {markup(st.text)} (step {st.event.step}, "
                 f"{markup(st.side)} #{st.event.index}); the origin below comes after it")
     if o is None:
         c.print(markup((an.summary if an is not None else "") or "nothing to explain"))
         _print_steps(c, an.steps if an is not None else [])
+        _print_coverage(c, an)
         return
     a = o.a
     # two frameworks: the layer on both sides, not the unit's last op (Flax's bias `add`
@@ -137,6 +142,14 @@ def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) ->
         c.print(f"noise floor: {noise.nondeterministic_events} events nondeterministic on a's "
                 f"machine; {noise.skipped_total} skipped as origin")
     c.print(f"[bold]summary[/]: {markup(an.summary or '')}")
+    _print_coverage(c, an)
+
+
+def _print_coverage(c, an):
+    """What was compared, as locate prints it beside the same verdict."""
+    for line in coverage_text(an.coverage if an is not None else None,
+                              an.verdict if an is not None else "match"):
+        c.print(markup(line))
 
 
 def _print_steps(c, steps):

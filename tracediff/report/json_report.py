@@ -363,7 +363,7 @@ def analysis_json(an: Optional[Analysis]) -> dict:
     if an is None:
         return {}
     out = {"verdict": an.verdict, "traces": {k: _trace_json(t) for k, t in an.traces.items()},
-           "tolerance": an.tolerance}
+           "tolerance": an.tolerance, "coverage": coverage_json(an.coverage)}
     if an.structural is not None:
         out["structural"] = structural_json(an.structural)
     f = an.origin

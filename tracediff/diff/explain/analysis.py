@@ -73,11 +73,17 @@ def structural_text(st) -> str:
             f"inputs of {feeds or 'what follows'}")
 
 
+# no origin and too little compared (diff/coverage.py): nothing is claimed to match
+INCONCLUSIVE = ("every compared value is bitwise identical, but too little was compared for "
+                "a match: nothing to explain")
+
+
 def analyse(result: LocateResult, d, event: Optional[int] = None) -> Analysis:
     """The full analysis of a located result (see the module docstring); `event`: an
     event of trace a to explain instead of the origin."""
     out = Analysis(verdict=result.verdict, traces=result.traces, tolerance=result.tolerance,
-                   structural=result.structural if event is None else None)
+                   structural=result.structural if event is None else None,
+                   coverage=result.coverage)
     if event is not None:
         if not 0 <= event < len(d.ta):
             raise TraceError(f"no event {event} in trace a (it has events 0 to {len(d.ta) - 1})")
@@ -92,6 +98,7 @@ def analyse(result: LocateResult, d, event: Optional[int] = None) -> Analysis:
     if f is None:
         out.summary = structural_text(out.structural) + "; every compared value is bitwise " \
             "identical: no op's values to replay" if out.structural is not None else \
+            INCONCLUSIVE if result.verdict == "inconclusive" else \
             "the traces match bitwise: nothing to explain"
         out.steps = steps_table(d, result)
         return out
