@@ -35,7 +35,8 @@ def load(path: Union[str, "os.PathLike[str]"]) -> "Trace":
 def locate(a: _PathOrTrace, b: Optional[_PathOrTrace] = None, rtol: Optional[float] = None,
            atol: Optional[float] = None, map_file: Optional[str] = None,
            ulp: Optional[float] = None, noise: Optional[Sequence[_PathOrTrace]] = None,
-           explain: bool = True, progress: Optional[Callable] = None) -> "LocateResult":
+           explain: bool = True, progress: Optional[Callable] = None,
+           sources: bool = True) -> "LocateResult":
     """Compare two traces (paths or open traces); returns a `LocateResult`. With `b`
     None, `a` is one trace that recorded both JAX (side a) and PyTorch (side b).
 
@@ -48,12 +49,14 @@ def locate(a: _PathOrTrace, b: Optional[_PathOrTrace] = None, rtol: Optional[flo
     `ulp=N` accepts elements N ULP apart; `noise=(a1, a2)` (two traces from a's machine)
     never blames events that differ between them; `map_file` is the module map of two
     frameworks (a JSON file, inline JSON, or a dict; as `--map`); `explain` adds `result.explain` (the
-    replay verdict of the origin) and `result.chain` (origin to outputs); `progress(phase,
-    done, total)` is called as the work goes (the CLI draws its progress bar from it)."""
+    replay verdict of the origin), `result.chain` (origin to outputs) and, with `sources`,
+    `result.sources` (every source of the difference, ranked by estimated share);
+    `progress(phase, done, total)` is called as the work goes (the CLI draws its progress
+    bar from it)."""
     from .diff.locate import locate as _locate
 
     return _locate(a, b, rtol=rtol, atol=atol, map_file=map_file, ulp=ulp, noise=noise,
-                   explain=explain, progress=progress)
+                   explain=explain, progress=progress, sources=sources)
 
 
 def locate_ranks(a, b, rtol: Optional[float] = None, atol: Optional[float] = None,

@@ -458,12 +458,15 @@ def _pool_options(fn):
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing; only the exit code tells.")
 @_explain_options
 @click.option("--no-explain", is_flag=True,
-              help="Skip the replay verdict and the chain (no op is re-executed).")
+              help="Skip the replay verdict, the chain and the sources (no op is re-executed).")
+@click.option("--no-sources", is_flag=True,
+              help="Skip the sources of the difference (every op where one enters, ranked "
+                   "by share; a few ops of each kind are re-executed).")
 @_source_dir_option
 @_pool_options
 @_guard
 def locate(trace_a, trace_b, rtol, atol, map_file, as_json, verbose, quiet, ulp, noise,
-           no_explain, source_dir, workers, scheduler):
+           no_explain, no_sources, source_dir, workers, scheduler):
     """Name the first operation where TRACE_A and TRACE_B disagree.
 
     Prints the first difference beyond tolerance (op, name stack, source line, step,
@@ -515,7 +518,7 @@ def locate(trace_a, trace_b, rtol, atol, map_file, as_json, verbose, quiet, ulp,
     with _Progress(quiet) as progress:
         result = _locate(trace_a, trace_b, rtol=rtol, atol=atol, map_file=map_file, ulp=ulp,
                          noise=noise or None, explain=not no_explain and not quiet,
-                         progress=progress)
+                         progress=progress, sources=not no_sources)
     _print_result(result, as_json, verbose, quiet, source_dir)
     sys.exit(result.exit_code)
 

@@ -56,6 +56,8 @@ from .verdict import event_inputs, event_outputs, recorded_backend, \
     replay_backend, replay_verdict
 
 LOCAL_RATIO = 4.0      # one side's local error this many times the other's: it computes differently
+FUSED_APART = 0.5      # a compiled call's fusion errors this far apart (of the larger): compiled
+                       # differently (compiled alike, nearly equal inputs round nearly alike)
 SAMPLE = 4             # events replayed per cluster
 MAX_REPLAYED = 400     # events replayed in all
 MAX_EXPLAINED = 8      # clusters whose mechanism is named by the full replay verdict
@@ -96,9 +98,13 @@ def find(d, result) -> Sources:
         cl = _Cluster(key, members)
         budget -= cl.measure(d, full, budget)
         measured.append(cl)
+    compiled = _compiled_clusters(d) if full else []
+    for cl in compiled:
+        cl.measure(d, full, budget)
+    measured += compiled
     found = [cl for cl in measured if cl.is_source()]
     out.replayed = MAX_REPLAYED - budget
-    out.not_judged = _not_judged(measured, found) + _compiled_calls(d)
+    out.not_judged = _not_judged(measured, found) + _compiled_calls(compiled)
     if not found:
         out.note = ("every difference is inherited: no paired op adds one of its own that "
                     "could be measured" if full else
@@ -134,20 +140,100 @@ def _not_judged(clusters, found):
     return [[op, n, why] for (op, why), n in merged.items()]
 
 
-def _compiled_calls(d):
-    """[[what, calls, why]] for the compiled jit calls whose outputs differ while their
-    inputs differ too: their equations are judged one by one as replayed, but what the
-    compiled program itself adds (fusion, an FMA contraction inside the jit) is not
-    measured there, so the shares leave it out (a Flax CNN under SSE4.2 keeps 30 % of its
-    difference with the initial parameters made equal, in its compiled steps)."""
-    differs = differing_mask(d)
-    ia, _ = d.pairs()
-    calls = [ea for ea in ia.tolist() if d.sa.kind[ea] == schema.KIND_CALL and differs[ea]]
-    if not calls:
+def _compiled_calls(compiled):
+    """[[what, calls, why]] for the compiled jit calls whose fusion could not be measured
+    (no replayed equation gives their outputs): the shares leave out what their compiled
+    programs add."""
+    n = sum(1 for cl in compiled for _, _, m in cl.judged if not m.replayed)
+    if not n:
         return []
-    return [["compiled jit calls", len(calls), "judged through their replayed equations; what "
-             "the compiled program adds where its inputs already differ (fusion, FMA "
-             "contraction) is not measured"]]
+    return [["compiled jit calls", n, "no replayed equation gives their outputs: what the "
+             "compiled program adds (fusion, FMA contraction) is not measured"]]
+
+
+def _sinks(t, call):
+    """The call's direct equations whose outputs no event reads: what leaves the jit."""
+    kids = np.flatnonzero(t.events["parent"] == call)
+    if not len(kids):
+        return kids
+    read = np.zeros(len(t), bool)
+    prod = t.inputs["producer"]
+    read[prod[(prod >= 0) & (prod < len(t))]] = True
+    return kids[~read[kids]]
+
+
+def _fusion(d, ea, eb):
+    """Judge a compiled call: each of its floating outputs matched to the replayed equation
+    output closest to it on a (the replay of that very value), the same equation's output
+    on b; fusion_x = compiled_x - replayed_x; a source where one side's is `LOCAL_RATIO`
+    times the other's."""
+    m = Measure()
+    comp_a, comp_b = event_outputs(d, "a", ea), event_outputs(d, "b", eb)
+    sinks = [int(e) for e in _sinks(d.ta, ea) if int(d.al.a2b[int(e)]) >= 0]
+    outs = [(e, k, x) for e in sinks for k, x in enumerate(event_outputs(d, "a", e))
+            if _floating(x)]
+    fa, fb, added, norm = [], [], [], []
+    for ca, cb in zip(comp_a, comp_b):
+        if not (_floating(ca) and _floating(cb)) or np.shape(ca) != np.shape(cb):
+            continue
+        ca64 = np.asarray(ca, np.float64)
+        best = None
+        for e, k, x in outs:
+            if np.shape(x) != np.shape(ca) or np.asarray(x).dtype != np.asarray(ca).dtype:
+                continue
+            with np.errstate(all="ignore"):
+                gap = float(np.nanmax(np.abs(np.asarray(x, np.float64) - ca64))) if ca64.size \
+                    else 0.0
+            if best is None or gap < best[0]:
+                best = (gap, e, k)
+        if best is None or not best[0] <= 1e-3 * (float(np.max(np.abs(ca64))) if ca64.size
+                                                  else 0.0) + 1e-30:
+            continue   # no replayed equation gives this output
+        ra = event_outputs(d, "a", best[1])[best[2]]
+        rb_all = event_outputs(d, "b", int(d.al.a2b[best[1]]))
+        rb = rb_all[best[2]] if best[2] < len(rb_all) else None
+        if not _floating(rb) or np.shape(rb) != np.shape(cb):
+            continue
+        with np.errstate(all="ignore"):
+            xa = ca64 - np.asarray(ra, np.float64)
+            xb = np.asarray(cb, np.float64) - np.asarray(rb, np.float64)
+        ok = np.isfinite(xa) & np.isfinite(xb)
+        fa.append(np.where(ok, xa, 0).ravel())
+        fb.append(np.where(ok, xb, 0).ravel())
+        added.append(np.where(ok, xa - xb, 0).ravel())
+        norm.append(np.where(ok, ca64, 0).ravel())
+    if not fa:
+        m.reason = "not replayed: no replayed equation gives its outputs"
+        return m
+    m.replayed = 1
+    den = _l2(np.concatenate(norm)) or 1.0
+    la, lb = _l2(np.concatenate(fa)) / den, _l2(np.concatenate(fb)) / den
+    m.local_a, m.local_b = la, lb
+    m.added_rel = _l2(np.concatenate(added)) / den
+    # compiled alike on both sides, nearly equal inputs give nearly the same fusion error
+    # (added far below either); compiled differently, what they add is as large as either
+    hi = max(la, lb)
+    if hi > 0 and m.added_rel > 0 and (hi >= LOCAL_RATIO * min(la, lb) or
+                                       m.added_rel >= FUSED_APART * hi):
+        m.source, m.side = True, "a" if la > lb else "b"
+    return m
+
+
+def _compiled_clusters(d):
+    """Clusters of the paired compiled calls whose outputs differ while their inputs differ
+    too (a call with equal inputs is judged through its equations, `_candidates`), one per
+    jitted function."""
+    differs = differing_mask(d)
+    ia, ib = d.pairs()
+    by_op = collections.OrderedDict()
+    for ea, eb in zip(ia.tolist(), ib.tolist()):
+        if d.sa.kind[ea] != schema.KIND_CALL or not differs[ea]:
+            continue
+        op = d.ta.string(d.ta.events[ea]["op"])
+        if is_initialiser(d.ta, ea):
+            continue
+        by_op.setdefault(op, []).append((ea, eb, False))
+    return [_CompiledCluster(op, members) for op, members in by_op.items()]
 
 
 def _has_bytes(d):
@@ -327,6 +413,28 @@ class Measure:
         self.replayed = 0
         self.reason = ""
         self.reproduced = (None, None)
+
+
+class _CompiledCluster(_Cluster):
+    """The compiled calls of one jitted function: what the compiled program adds beyond its
+    equations run one by one (fusion), measured on each side as compiled - replayed."""
+
+    def __init__(self, op, members):
+        super().__init__((op, "", schema.PHASE_FWD, False, False), members)
+
+    def measure(self, d, full, budget):
+        for ea, eb, _ in self.sample(SAMPLE):
+            self.judged.append((ea, eb, _fusion(d, ea, eb)))
+        return 0
+
+    def name_mechanism(self, d, explain):
+        ea, eb, m = self.worst
+        self.side, self.framework = m.side, "jax"
+        self.mechanism = "fusion"
+        self.mechanism_text = (f"{m.side}'s compiled program computes differently from its "
+                               f"equations run one by one: fusion (a multiply and an add "
+                               f"contracted into one FMA, reductions reassociated or "
+                               f"vectorised), where the other side's does not or less")
 
 
 def _replay_here(d, side, ev):
