@@ -33,6 +33,26 @@ def test_params_parse_literals_and_named_constants_only():
             replay.parse_params(bad)
 
 
+def test_conv_dimension_numbers_are_an_allow_listed_constant_of_permutations():
+    """A recorded `ConvDimensionNumbers(...)` is rebuilt as `lax.ConvDimensionNumbers` from
+    three int permutations of one rank, never called by name. Before: "not a plain
+    literal" for all of them."""
+    specs = "lhs_spec=(0, 3, 1, 2), rhs_spec=(3, 2, 0, 1), out_spec=(0, 3, 1, 2)"
+    p = replay.parse_params(f"dimension_numbers=ConvDimensionNumbers({specs})")
+    assert p["dimension_numbers"] == ("conv_dims", ((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2)))
+    assert replay._py(p["dimension_numbers"], "jax") == f"lax.ConvDimensionNumbers({specs})"
+    for bad in ("lhs_spec=(0, 0, 1, 2), rhs_spec=(3, 2, 0, 1), out_spec=(0, 3, 1, 2)",
+                "lhs_spec=(0, 1, 2), rhs_spec=(3, 2, 0, 1), out_spec=(0, 3, 1, 2)",
+                "lhs_spec=(0, 3, 1, 2), rhs_spec=(3, 2, 0, 1)",
+                "lhs_spec=(0, 3, 1, 2), rhs_spec=(3, 2, 0, 1), out_spec=(0, 3, 1, 2), x=1",
+                "lhs_spec=__import__('os'), rhs_spec=(3, 2, 0, 1), out_spec=(0, 3, 1, 2)",
+                "(0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2)"):
+        with pytest.raises(replay.CannotReplay):
+            replay.parse_params(f"dimension_numbers=ConvDimensionNumbers({bad})")
+    with pytest.raises(replay.CannotReplay):
+        replay._py(p["dimension_numbers"], "torch")
+
+
 def test_only_allow_listed_ops_are_rebuilt():
     with pytest.raises(replay.CannotReplay, match="not on the list"):
         replay.build_call("torch", "aten::uniform_", "", 1)

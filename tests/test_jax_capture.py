@@ -280,3 +280,35 @@ def test_eager_optax_update_is_one_step(tmp_path):
     t = tracediff.load(calls)   # calls level: steps counted, not recorded
     assert t.manifest["frameworks"]["jax"]["optimizer_steps"] == 4
     assert not [e for e in events(t) if e["kind"] == "optim"]
+
+
+def test_a_params_summary_never_cuts_a_value_in_the_middle():
+    """An equation's params over the caps (60 characters a value, 240 in all) are marked
+    `...`, which replay reads as "shortened"; a convolution's are written whole. Before:
+    each value's repr was cut at 60 characters and the whole at 240, mid-token
+    (`rhs_spec=(3, 2, , feature_group_count=1`), so replay could not even tell."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    from tracediff.capture.jax_recorder import _summarize_params
+    from tracediff.diff.explain import replay
+
+    def conv(x, w):
+        return lax.conv_general_dilated(x, w, (1, 2), ((1, 1), (2, 0)), rhs_dilation=(2, 1),
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    eqn = jax.make_jaxpr(conv)(jnp.ones((2, 9, 9, 3)), jnp.ones((3, 3, 3, 4))).jaxpr.eqns[0]
+    text = _summarize_params(eqn.params, eqn.primitive.name)
+    assert "dimension_numbers=ConvDimensionNumbers(lhs_spec=(0, 3, 1, 2), rhs_spec=(3, 2, 0, " \
+           "1), out_spec=(0, 3, 1, 2))" in text and len(text) > 240 and "..." not in text
+    params = replay.parse_params(text)
+    assert params["padding"] == ((1, 1), (2, 0)) and params["window_strides"] == (1, 2)
+    assert params["dimension_numbers"] == ("conv_dims", ((0, 3, 1, 2), (3, 2, 0, 1),
+                                                         (0, 3, 1, 2)))
+    assert _summarize_params({"a": "x" * 70, "b": 1}) == "a=..., b=1"
+    many = _summarize_params({f"k{i:02}": "v" * 50 for i in range(9)})
+    assert len(many) <= 240 and many.endswith(", ...") and "k03='" + "v" * 50 + "'" in many
+    for cut in ("a=..., b=1", many):
+        with pytest.raises(replay.CannotReplay, match="shortened"):
+            replay.parse_params(cut)

@@ -23,7 +23,7 @@ import pytest
 import tracediff
 from tracediff.diff.explain import mechanisms
 
-from .conftest import MKL_SSE, OTHER_JAX, TF32_ADDMM, TORCH_GRU_STEPS, XLA_SSE4
+from .conftest import MKL_SSE, OTHER_JAX, PERTURB, TF32_ADDMM, TORCH_GRU_STEPS, XLA_SSE4
 from .helpers import FIXTURES, ROOT
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
@@ -201,3 +201,142 @@ def test_division_across_jax_versions_is_reciprocal_multiply_on_one_side(recorde
         "a": ("correctly_rounded", True), "b": ("reciprocal_multiply", True)}, \
         (old_version, jax.__version__)
     assert "b's div is reproduced bitwise by division as multiplication by the reciprocal" in text
+
+
+# -- convolutions (issue 51): a Flax CNN, its convolutions run as one bf16 pass ---------------
+
+BF16_PASS = {"PYTHONPATH": os.path.join(PERTURB, "bf16_pass")}
+FIX = 'jax.default_matmul_precision("highest")'
+
+
+@pytest.fixture(scope="module")
+def cnn(recorded):
+    """fixtures/flax_cnn_adam.py plainly and with XLA:CPU's float32 convolutions (and
+    matmuls) run as a TPU runs them at default precision, one bf16 pass
+    (tests/perturb/bf16_pass: the trace still holds a float32 conv of float32 inputs); and
+    the convolutions of step 0 (forward, and three of the backward pass: other dimension
+    numbers, strides, lhs dilation)."""
+    runs = recorded.many({"plain": ("flax_cnn_adam.py", (), None),
+                          "bf16": ("flax_cnn_adam.py", (), BF16_PASS)})
+    with tracediff.load(runs["plain"]) as t:
+        convs = [i for i in range(len(t)) if t.event(i)["op"] == "conv_general_dilated"
+                 and t.event(i)["step"] == 0]
+    return runs["plain"], runs["bf16"], convs
+
+
+def _replayed(path, ev):
+    """(call, inputs, recorded output) of one event, as explain rebuilds them."""
+    from tracediff.diff.align import sequence
+    from tracediff.diff.explain import replay
+    from tracediff.diff.explain.verdict import trace_inputs
+    from tracediff.trace import schema
+    from tracediff.trace.blob import ValueReader
+
+    with tracediff.load(path) as t:
+        reader = ValueReader(t)
+        inputs = trace_inputs(t, sequence.prepare(t, sequence.StringIds()), reader, ev)
+        e = t.event(ev)
+        call = replay.build_call(e["framework"], e["op"], e["params"], len(inputs),
+                                 replay.recorded_output_size(t, ev))
+        out = reader.read(t.value_rows(ev, schema.ROLE_OUT)[0])
+    return call, inputs, out
+
+
+def test_a_recorded_conv_replays_bitwise_and_its_float64_oracle_is_within_a_few_ulp(cnn):
+    """Before: the params were cut at 60/240 characters and conv_general_dilated was not
+    on the allow-list: "cannot replay"."""
+    from tracediff.diff.compare import values as compare
+
+    plain, _, convs = cnn
+    assert len(convs) >= 5
+    for ev in convs:
+        call, inputs, recorded = _replayed(plain, ev)
+        dims = call.params["dimension_numbers"]
+        assert dims[0] == "conv_dims" and len(dims[1]) == 3 and "window_strides" in call.params
+        out = call.run(inputs)[0]
+        assert out.dtype == recorded.dtype and out.tobytes() == recorded.tobytes(), ev
+        exact = call.run(inputs, upcast=True)[0]
+        assert exact.dtype == np.float64 and exact.shape == recorded.shape
+        # float32 sums of up to 2048 products: a few ULP of the output's largest value
+        # (elements near zero, where terms cancel, are many of their own ULP off)
+        top = np.abs(exact).max()
+        assert np.abs(recorded - exact).max() <= 8 * np.spacing(np.float32(top)), ev
+        assert np.median(compare.ulp_distance(exact.astype(np.float32), recorded,
+                                              "float32")) <= 2
+
+
+def test_a_conv_run_as_one_bf16_pass_is_named_bf16_inputs_on_that_side_only(cnn):
+    """Before: a conv had no mechanism family (no mechanisms at all) and could not be
+    replayed."""
+    from tracediff.diff.explain.verdict import replay_verdict
+    from tracediff.diff.differ import Differ
+
+    plain, bf16, convs = cnn
+    an, text = explain(plain, bf16)
+    o = an["origin"]
+    assert o["a"]["op"] == "conv_general_dilated" and o["a"]["index"] == convs[0]
+    assert o["inputs_match"] is True
+    rv = an["replay"]
+    assert rv["a"]["reproduced_here"] is True and rv["reproduces"] == "a"
+    m = best(an, "b")
+    assert m["name"] == "bf16_inputs" and m["bitwise"] is True and "bfloat16" in m["note"]
+    assert named(an, "a", "bf16_inputs")["bitwise"] is False
+    assert best(an, "a")["name"] != "bf16_inputs"
+    assert {m["name"] for m in an["mechanisms"] if m["side"] == "a"} == {
+        "tf32_inputs", "bf16_inputs", "fp16_inputs", "float64_accumulation"}
+    assert "b's conv_general_dilated is reproduced bitwise by a bf16 pass" in text
+    assert FIX in rv["mechanism"]
+    with tracediff.load(plain) as ta, tracediff.load(bf16) as tb:
+        res = replay_verdict(Differ(ta, tb), convs[0], convs[0])
+    by = {(m.side, m.name): m for m in res.mechanisms}
+    assert by["b", "bf16_inputs"].bitwise is True and by["a", "bf16_inputs"].bitwise is False
+    # the other side is nearest its exact result rounded (XLA:CPU's float32 conv)
+    assert res.mechanisms[0].side == "a" and res.mechanisms[0].name == "float64_accumulation"
+
+
+def test_a_float32_conv_on_a_tpu_at_default_precision_is_one_bf16_pass(cnn):
+    """The recorded conv's own parameters (precision None, no preferred type): a TPU runs
+    it as one bf16 pass unless the op or the process raises the precision. Before: only
+    matmuls were."""
+    from tracediff.diff.explain import causes, replay
+
+    plain, _, convs = cnn
+    params = _replayed(plain, convs[0])[0].params
+    op = "conv_general_dilated"
+    assert mechanisms.ran_as_bf16_pass("tpu", op, params, None) is True
+    assert mechanisms.ran_as_bf16_pass("cpu", op, params, None) is False
+    assert mechanisms.ran_as_bf16_pass("tpu", op, params, "highest") is False
+    highest = replay.Named("precision", "HIGHEST")
+    default = replay.Named("precision", "DEFAULT")
+    for precision, pass_ in ((default, True), ((default, default), True), (highest, False),
+                             ((highest, default), False)):
+        assert mechanisms.ran_as_bf16_pass("tpu", op, {**params, "precision": precision},
+                                           None) is pass_
+    bf16_out = {**params, "preferred_element_type": replay.Named("np_dtype", "bfloat16")}
+    f32_out = {**params, "preferred_element_type": replay.Named("np_dtype", "float32")}
+    assert mechanisms.ran_as_bf16_pass("tpu", op, bf16_out, None) is False
+    assert mechanisms.ran_as_bf16_pass("tpu", op, f32_out, None) is True
+    cause = causes.bf16_pass_cause({"a": ("jax", "tpu", op, params, None),
+                                    "b": ("torch", "", "aten::convolution", {}, None)})
+    assert "computes a float32 convolution as one bfloat16 pass" in cause.reason
+    assert FIX in cause.reason and mechanisms.fix_for("bf16_inputs", "jax").startswith(FIX)
+    assert causes.op_class("conv_general_dilated") == "matmul"
+    assert causes.op_class("convert_element_type") == "elementwise"   # not a conv
+
+
+@needs_torch
+def test_a_torch_conv_replays_and_its_float64_accumulation_is_nearest(recorded):
+    """fixtures/port_conv.py's torch side: aten::convolution with its bias (a third input),
+    replayed bitwise; rewritten as dot products, the float64 accumulation is its nearest
+    hypothesis. Before: aten::convolution was not on the allow-list."""
+    t = recorded("port_conv.py", "--side", "torch")
+    with tracediff.load(t) as tr:
+        ev = next(i for i in range(len(tr)) if tr.event(i)["op"] == "aten::convolution")
+    call, inputs, recorded_out = _replayed(t, ev)
+    assert len(inputs) == 3 and call.run(inputs)[0].tobytes() == recorded_out.tobytes()
+    case = mechanisms.Case(side="a", framework="torch", op="aten::convolution",
+                           params=call.params, inputs=inputs, outputs=[recorded_out],
+                           kernel=call.run, wide=lambda xs: call.run(xs, upcast=True))
+    found = mechanisms.side_mechanisms(case)
+    assert found[0].name == "float64_accumulation" and found[0].max_ulp < 1e4
+    assert mechanisms.family(case)[0] == "convolution"

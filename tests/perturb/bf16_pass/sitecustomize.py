@@ -1,13 +1,15 @@
-"""Test perturbation: make XLA:CPU run float32 matmuls as a TPU does at default precision.
+"""Test perturbation: make XLA:CPU run float32 matmuls and convolutions as a TPU does at
+default precision.
 
-A TPU's float32 `dot_general` at default precision is one bfloat16 pass: both operands
-rounded to bfloat16, the products (exact in float32) accumulated in float32. Put this
-folder on PYTHONPATH of a subprocess: the CPU lowering rule of `dot_general` is wrapped so
-that float32 operands at default precision (`precision=None` or DEFAULT) are rounded to
-bfloat16 first and the dot accumulates in float32; an explicit precision (HIGHEST) keeps
-float32, as on the chip. With TRACEDIFF_BF16_ORDER=reverse the contracting dimensions are
-also reversed: the same bf16 pass summed in another order (the chip's accumulation order
-is its own), which no hypothesis reproduces bitwise.
+A TPU's float32 `dot_general` and `conv_general_dilated` at default precision are one
+bfloat16 pass: both operands rounded to bfloat16, the products (exact in float32)
+accumulated in float32. Put this folder on PYTHONPATH of a subprocess: the CPU lowering
+rules of `dot_general` and `conv_general_dilated` are wrapped so that float32 operands at
+default precision (`precision=None` or DEFAULT) are rounded to bfloat16 first and the op
+accumulates in float32; an explicit precision (HIGHEST) keeps float32, as on the chip.
+With TRACEDIFF_BF16_ORDER=reverse the contracting dimensions of a dot are also reversed:
+the same bf16 pass summed in another order (the chip's accumulation order is its own),
+which no hypothesis reproduces bitwise.
 """
 
 import os
@@ -48,5 +50,27 @@ def _bf16_pass(ctx, lhs, rhs, *, dimension_numbers, precision=None, preferred_el
     return mlir.lower_fun(one_pass, multiple_results=False)(ctx, lhs, rhs)
 
 
+_conv_entry = mlir._platform_specific_lowerings["cpu"].get(lax.conv_general_dilated_p) or \
+    mlir._lowerings[lax.conv_general_dilated_p]
+_conv_original = getattr(_conv_entry, "rule", _conv_entry)
+
+
+def _conv_bf16_pass(ctx, lhs, rhs, *, precision=None, preferred_element_type=None, **params):
+    """The same for a float32 convolution: a TPU runs it as one bf16 pass too."""
+    a, b = ctx.avals_in
+    if not (a.dtype == jnp.float32 and b.dtype == jnp.float32 and _default_precision(precision)
+            and jax.config.jax_default_matmul_precision in (None, "default", "bfloat16")):
+        return _conv_original(ctx, lhs, rhs, precision=precision,
+                              preferred_element_type=preferred_element_type, **params)
+
+    def one_pass(x, y):
+        return lax.conv_general_dilated_p.bind(
+            x.astype(jnp.bfloat16), y.astype(jnp.bfloat16), precision=None,
+            preferred_element_type=jnp.dtype(jnp.float32), **params)
+
+    return mlir.lower_fun(one_pass, multiple_results=False)(ctx, lhs, rhs)
+
+
 mlir.register_lowering(lax.dot_general_p, _bf16_pass, platform="cpu")
+mlir.register_lowering(lax.conv_general_dilated_p, _conv_bf16_pass, platform="cpu")
 jax.clear_caches()

@@ -50,6 +50,7 @@ import numpy as np
 
 from ...trace import schema
 from ...trace import values as _values
+from .convolution import TORCH_CONVS
 
 MAX_OUTPUT_BYTES = 256 << 20   # what one replay run may produce, whatever was recorded
 
@@ -620,14 +621,11 @@ def build_call(framework, op, params_text, n_inputs, recorded=None):
     return call
 
 
-_TORCH_CONVS = {"convolution", "_convolution", "conv1d", "conv2d", "conv3d"}
-
-
 def _torch_conv_without_bias(op, params, n_inputs):
     """A torch convolution recorded with two tensors (input, weight) and no bias in its
     params: its bias was None, which the recording leaves out (the schema still needs it)."""
     name = op.split("::", 1)[-1].split(".", 1)[0]
-    return name in _TORCH_CONVS and n_inputs == 2 and "bias" not in params and \
+    return name in TORCH_CONVS and n_inputs == 2 and "bias" not in params and \
         "_pos2" not in params
 
 
