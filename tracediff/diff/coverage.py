@@ -34,6 +34,7 @@ import numpy as np
 
 from ..trace import schema
 from ..trace.values import rows_with_data
+from .compare.levels import not_compared
 from .pairing.graph import module_path
 from .result import Coverage, CoverageSide, UnpairedRegion
 
@@ -330,6 +331,9 @@ def _side(d, side, has_a, has_b, problems):
     compared = paired & own[reps] if len(reps) else np.zeros(0, bool)
     direct = compared & (partner >= 0)
     compared[direct] = other[partner[direct]]
+    missing = not_compared(d)[0 if side == "a" else 1]
+    if missing and len(reps):   # a hash pair that differs, with no statistics to compare
+        compared &= ~np.isin(reps, np.fromiter(missing, np.int64))
     if hasattr(d.al, "units_a"):   # optimizer snapshots are paired by role, not in a2b
         optim = dict(getattr(d, "optim", []))
         optim = optim if side == "a" else {v: k for k, v in optim.items()}
