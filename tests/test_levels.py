@@ -396,3 +396,37 @@ def test_a_perturbed_run_still_diverges_across_hash_functions(mixed_hashes):
     r = locate_json(mixed_hashes["full_words64"], mixed_hashes["ulp_stats_xxh3_64"],
                     "--rtol", "0", "--atol", "0")
     assert r["verdict"] == "diverged" and "tanh" in r["first_difference"]["a"]["op"]
+
+
+def test_a_stats_trace_without_its_statistics_table_is_never_a_match(recorded, tmp_path):
+    """The truth: the broken dot's run prints y = 0.0 where the correct run prints 28.0.
+    Recorded at --level stats, its values hold a hash and statistics; with the statistics
+    table emptied by h5py (a trace from before the table, or written without it) the
+    differing hashes can be decided by nothing: those pairs are not compared (coverage),
+    never read as agreeing statistics (the old answer: MATCH, exit 0)."""
+    import shutil
+
+    import h5py
+
+    from .conftest import BROKEN_DOT
+
+    runs = recorded.many({"full": ("torch_dot.py", (), None),
+                          "stats": ("torch_dot.py", (), BROKEN_DOT, ["--level", "stats"])})
+    assert recorded.proc(runs["full"]).stdout.splitlines()[0] == "28.0"
+    assert recorded.proc(runs["stats"]).stdout.splitlines()[0] == "0.0"
+    assert tracediff.locate(runs["full"], runs["stats"], explain=False).verdict == "diverged"
+    old = tmp_path / "no_statistics.h5"
+    shutil.copyfile(runs["stats"], old)
+    with h5py.File(old, "r+") as f:
+        dtype = f["stats"].dtype
+        assert len(f["stats"]) > 0
+        del f["stats"]
+        f.create_dataset("stats", shape=(0,), maxshape=(None,), dtype=dtype)
+    for a, b in ((runs["full"], str(old)), (str(old), runs["full"])):
+        r = tracediff.locate(a, b, explain=False)
+        assert r.verdict == "inconclusive" and r.exit_code == 3
+        assert r.levels.compared_without_bytes["stats_missing"] == 3
+        assert r.coverage.a.compared == r.coverage.a.events - 3
+        assert any("no statistics" in w for w in r.warnings)
+        cli = run_cli("locate", a, b, "--no-explain")
+        assert cli.returncode == 3 and cli.stdout.startswith("INCONCLUSIVE"), cli.stdout

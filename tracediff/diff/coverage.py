@@ -34,7 +34,7 @@ import numpy as np
 
 from ..trace import schema
 from ..trace.values import rows_with_data
-from .compare.levels import same_hash_function
+from .compare.levels import not_compared, same_hash_function
 from .pairing.graph import module_path
 from .result import Coverage, CoverageSide, UnpairedRegion
 
@@ -344,6 +344,9 @@ def _side(d, side, has_a, has_b, problems, stored=None):
     compared[direct] = other[partner[direct]]
     if stored is not None:
         compared[direct] &= own_b[reps[direct]] | other_b[partner[direct]]
+    missing = not_compared(d)[0 if side == "a" else 1]
+    if missing and len(reps):   # a hash pair that differs, with no statistics to compare
+        compared &= ~np.isin(reps, np.fromiter(missing, np.int64))
     if hasattr(d.al, "units_a"):   # optimizer snapshots are paired by role, not in a2b
         optim = dict(getattr(d, "optim", []))
         optim = optim if side == "a" else {v: k for k, v in optim.items()}

@@ -69,12 +69,33 @@ def hashes_agree(differ, row_a, row_b):
     return None
 
 
+NO_STATISTICS = "no statistics recorded"
+
+
 def _counts(differ):
     c = getattr(differ, "level_counts", None)
     if c is None:
         c = differ.level_counts = {"hash_equal": 0, "stats_beyond_tolerance": 0,
-                                   "stats_undecided": 0}
+                                   "stats_undecided": 0, "stats_missing": 0}
     return c
+
+
+def not_compared(differ):
+    """Per side, the events with a value pair that differs bitwise while one side has no
+    statistics for it (a trace from before the statistics table, or written without it):
+    nothing was compared there, whatever the verdict of the rest (diff/coverage.py)."""
+    nc = getattr(differ, "stats_missing_events", None)
+    if nc is None:
+        nc = differ.stats_missing_events = (set(), set())
+    return nc
+
+
+def _missing(differ, row_a, row_b, m):
+    if m.get("note") == NO_STATISTICS:
+        nc = not_compared(differ)
+        nc[0].add(int(row_a["event"]))
+        nc[1].add(int(row_b["event"]))
+    return m
 
 
 def compare_hashed(differ, row_a, row_b, tol_dtype=None):
@@ -85,7 +106,8 @@ def compare_hashed(differ, row_a, row_b, tol_dtype=None):
     shape_a, shape_b = ta.string(row_a["shape"]), tb.string(row_b["shape"])
     key = ("stats", int(row_a["hash"]), int(row_b["hash"]), da, db, shape_a, shape_b, tol_dtype)
     if key in differ._cmp_val:
-        return differ._cmp_val[key]
+        hit = differ._cmp_val[key]
+        return hit if hit is None else _missing(differ, row_a, row_b, hit)
     agree = hashes_agree(differ, row_a, row_b)
     if agree is None:
         differ._cmp_val[key] = None
@@ -101,9 +123,10 @@ def compare_hashed(differ, row_a, row_b, tol_dtype=None):
         return m
     sa, sb = ta.value_stats(row_a), tb.value_stats(row_b)
     m = stats_metrics(sa, sb, da, db, shape_a, shape_b, r, t)
-    counts["stats_beyond_tolerance" if m["decided"] else "stats_undecided"] += 1
+    counts["stats_beyond_tolerance" if m["decided"] else "stats_missing"
+           if m["note"] == NO_STATISTICS else "stats_undecided"] += 1
     differ._cmp_val[key] = m
-    return m
+    return _missing(differ, row_a, row_b, m)
 
 
 def stats_metrics(sa, sb, da, db, shape_a, shape_b, rtol, atol):
@@ -117,7 +140,7 @@ def stats_metrics(sa, sb, da, db, shape_a, shape_b, rtol, atol):
     elif not compare.is_floating(da) or (rtol == 0 and atol == 0):
         decided, why = True, "exact dtype: a different hash is a different value"
     elif sa is None or sb is None:
-        why = "no statistics recorded"
+        why = NO_STATISTICS      # not compared (coverage), never agreement
     elif sa["nan"] != sb["nan"] or sa["inf"] != sb["inf"]:
         decided, lb, why = True, math.inf, "NaN/Inf counts differ"
     else:
@@ -180,7 +203,8 @@ def annotate(first_difference, first_beyond_tolerance, ta, tb, differ):
     la, ra = _level(ta)
     lb, rb = _level(tb)
     counts = dict(getattr(differ, "level_counts", None) or
-                  {"hash_equal": 0, "stats_beyond_tolerance": 0, "stats_undecided": 0})
+                  {"hash_equal": 0, "stats_beyond_tolerance": 0, "stats_undecided": 0,
+                   "stats_missing": 0})
     info = Levels(a=_side(la, ra), b=_side(lb, rb), compared_without_bytes=counts)
     warnings = []
     if not same_hash_function(ta, tb):
@@ -204,6 +228,11 @@ def annotate(first_difference, first_beyond_tolerance, ta, tb, differ):
             f"recorded and they agree within tolerance: whether they are beyond tolerance is "
             f"unknown (the verdict treats them as within tolerance)")
         warnings.append(info.not_decided[-1] + "; zoom in at --level full to decide")
+    if counts.get("stats_missing"):
+        info.not_decided.append(
+            f"{counts['stats_missing']} value pair(s) differ bitwise and one side recorded no "
+            f"statistics for them (its statistics table lacks them): not compared")
+        warnings.append(info.not_decided[-1] + "; record that run again (--level stats or full)")
     if la == "calls" or lb == "calls":   # calls implies cheap
         info.not_decided.append("calls level: operations inside compiled calls and eager "
                                 "ops were not recorded; the op cannot be named")
