@@ -94,6 +94,7 @@ TORCH_GRU_STEPS = "2"
 BROKEN_DOT = {"PYTHONPATH": os.path.join(PERTURB, "broken_dot")}
 TANH_ULP = {"PYTHONPATH": os.path.join(PERTURB, "tanh_ulp")}
 TF32_ADDMM = {"PYTHONPATH": os.path.join(PERTURB, "tf32_addmm")}
+BF16_PASS = {"PYTHONPATH": os.path.join(PERTURB, "bf16_pass")}
 XLA_SSE4 = {"XLA_FLAGS": "--xla_cpu_max_isa=SSE4_2"}
 MKL_SSE = {"MKL_CBWR": "COMPATIBLE"}
 MAX_DIM_INDICES = {"PYTHONPATH": os.path.join(PERTURB, "max_dim_indices")}

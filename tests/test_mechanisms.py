@@ -23,7 +23,8 @@ import pytest
 import tracediff
 from tracediff.diff.explain import mechanisms
 
-from .conftest import MKL_SSE, OTHER_JAX, PERTURB, TF32_ADDMM, TORCH_GRU_STEPS, XLA_SSE4
+from .conftest import (BF16_PASS, MKL_SSE, OTHER_JAX, PERTURB, TF32_ADDMM, TORCH_GRU_STEPS,
+                       XLA_SSE4)
 from .helpers import FIXTURES, ROOT
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
@@ -205,7 +206,6 @@ def test_division_across_jax_versions_is_reciprocal_multiply_on_one_side(recorde
 
 # -- convolutions (issue 51): a Flax CNN, its convolutions run as one bf16 pass ---------------
 
-BF16_PASS = {"PYTHONPATH": os.path.join(PERTURB, "bf16_pass")}
 FIX = 'jax.default_matmul_precision("highest")'
 
 

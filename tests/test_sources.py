@@ -12,6 +12,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 GPT = "torch_gpt_adamw.py"
 KERNELS = {"ATEN_CPU_CAPABILITY": "default"}
+CNN = "flax_cnn_adam.py"
 
 
 def _rel_l2(a, b):
@@ -102,9 +103,11 @@ def test_the_seed_under_sse4_lists_its_sources_with_mechanisms(jax_gru):
     assert sources and sources[0]["mechanism"] == "initialiser"
     assert before == "erf_inv"                        # the first difference is unchanged
     assert {op for op, _ in sources[0]["ops"]} == {"erf_inv"}
-    for s in sources[1:]:                             # each later one computes differently on b
-        assert s["side"] == "b" and s["mechanism_text"]
+    for s in sources[1:]:   # each later one computes differently on one side: the ISA flag
+        assert s["side"] in ("a", "b") and s["mechanism_text"]
         assert any("XLA_FLAGS" in line for line in s["counterfactual"]), s["counterfactual"]
+    # b's kernels limited to SSE4.2: the compiled step's fusion differs, a's contracts FMAs
+    assert any(s["mechanism"] == "fusion" and s["side"] == "a" for s in sources)
     # an op both sides compute alike from their inputs (this machine reproduces both) is
     # never a source: every source's ops are ones the ISA flag changes or RNG ops
     assert all(op not in ("add", "mul", "sub", "div") for s in sources for op, _ in s["ops"])
@@ -121,3 +124,49 @@ def test_stats_level_sources_are_bounds_from_hashes(recorded):
     assert src["bound"] is True and "bounds" in src["note"]
     assert all(s["how"] == "introduced" for s in src["sources"])
     assert src["sources"][0]["mechanism"] == "initialiser"
+
+
+@pytest.fixture(scope="module")
+def cnn_on_a_tpu(recorded, tmp_path_factory):
+    """The Flax CNN on this CPU (a) and as on a TPU at default precision (b): its float32
+    convolutions and matmuls run as one bf16 pass (tests/perturb/bf16_pass) and its XLA
+    code limited to SSE4.2, so its initialiser differs too; and the truth from plain runs:
+    the final parameters' difference as written, with b's matmul precision "highest", and
+    with b started from a's initial parameters."""
+    from .conftest import BF16_PASS, XLA_SSE4
+
+    tpu = {**XLA_SSE4, **BF16_PASS}
+    tmp = tmp_path_factory.mktemp("cnn_truth")
+    init, fa, fb, fh, fi = (str(tmp / n) for n in ("init.npz", "a.npz", "b.npz", "h.npz",
+                                                    "i.npz"))
+    run_plain(CNN, "--save-init", init, "--save-final", fa)
+    run_plain(CNN, "--save-final", fb, env=tpu)
+    run_plain(CNN, "--save-final", fh, env={**tpu, "JAX_DEFAULT_MATMUL_PRECISION": "highest"})
+    run_plain(CNN, "--init-from", init, "--save-final", fi, env=tpu)
+    pa, pb, ph, pi = (dict(np.load(f)) for f in (fa, fb, fh, fi))
+    truth = {"as_written": _rel_l2(pa, pb), "highest": _rel_l2(pa, ph),
+             "same_init": _rel_l2(pa, pi)}
+    paths = recorded.many({"a": (CNN, (), None), "b": (CNN, (), tpu)})
+    return paths["a"], paths["b"], truth
+
+
+def test_the_bf16_passes_come_first_with_their_fix_as_the_counterfactual_run_says(cnn_on_a_tpu):
+    a, b, truth = cnn_on_a_tpu
+    # the truth: at precision "highest" b keeps under 1 % of the difference; with a's
+    # initial parameters it keeps nearly all of it
+    bf16_truth = 1 - truth["highest"] / truth["as_written"]
+    init_truth = 1 - truth["same_init"] / truth["as_written"]
+    assert bf16_truth > 0.99 and init_truth < 0.01, truth
+    doc = locate_json(a, b)
+    sources = doc["sources"]["sources"]
+    first = sources[0]
+    assert first["mechanism"] == "bf16_inputs" and first["side"] == "b", first
+    ops = {op for op, _ in first["ops"]}
+    assert {"conv_general_dilated", "dot_general"} <= ops, ops
+    assert first["share"] > 0.9
+    assert "highest" in first["fix"]
+    assert any(line.startswith("JAX_DEFAULT_MATMUL_PRECISION=highest tracediff record")
+               for line in first["counterfactual"]), first["counterfactual"]
+    rng = [s for s in sources if s["mechanism"] in ("initialiser", "random_data")]
+    assert rng and all(s["rank"] > 1 and s["share"] < 0.1 for s in rng)
+    assert {s["mechanism"] for s in rng} == {"initialiser", "random_data"}

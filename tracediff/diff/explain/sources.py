@@ -47,7 +47,7 @@ from ...trace import schema
 from ..compare import args as _args
 from ..compare import values as compare
 from ..differ import BITWISE
-from ..result import Source, Sources
+from ..result import Cause, Source, Sources
 from . import replay as _replay
 from .causes import environment, op_class
 from .chain import differing_mask
@@ -298,6 +298,15 @@ def is_initialiser(t, ev) -> bool:
     return any(_INIT.match(op) for op in _ancestor_ops(t, ev))
 
 
+def _random_data(op, module, framework):
+    """An RNG op that draws data rather than parameters: in JAX, one outside any module
+    (Flax initialises inside the module's name stack); in torch, one that makes a new
+    tensor (`randn`) rather than filling a parameter in place (`normal_`)."""
+    if framework == "torch":
+        return not op.split("::", 1)[-1].split(".", 1)[0].endswith("_")
+    return not module
+
+
 def _cluster_key(d, ea, inputs_equal):
     e = d.ta.events[ea]
     module = _DIGITS.sub("*", d.ta.string(e["name_stack"]))
@@ -369,6 +378,12 @@ class _Cluster:
         ea, eb, m = self.worst
         self.side = m.side
         self.framework = schema.FW_NAMES.get(int(d.ta.events[ea]["framework"]), "")
+        if self.init and _random_data(self.op, self.module, self.framework):
+            self.mechanism = "random_data"
+            self.mechanism_text = ("the random data differ: an RNG op drawing the program's "
+                                   "inputs (not a module's parameters) computes its values "
+                                   "differently on the two sides")
+            return
         if self.init:
             self.mechanism = "initialiser"
             self.mechanism_text = ("the initialiser differs: an RNG or initialiser op computes "
@@ -611,7 +626,8 @@ def _group(d, result, clusters):
     implementation), ranked by share."""
     groups = collections.OrderedDict()
     for cl in clusters:
-        key = (cl.mechanism, cl.side, "introduced" if cl.inputs_equal else "adds")
+        key = (cl.mechanism, "", "") if cl.init else \
+            (cl.mechanism, cl.side, "introduced" if cl.inputs_equal else "adds")
         groups.setdefault(key, []).append(cl)
     total = sum(cl.weight for cl in clusters) or 1.0
     out = []
@@ -660,23 +676,21 @@ def _with_fixes(d, result, clusters, pairs):
 
 
 def _initial_values_share(clusters, sources):
-    """Reweigh the initialiser: its weight is the relative difference of the initial values
-    as a whole (||out_a - out_b|| / ||out_a|| over every RNG output it judged), not a sum
-    over its events: the initial parameters differ once, by that much, whatever number of
+    """Reweigh the random numbers (initialiser, random data): each one's weight is the
+    relative difference of its values as a whole (||out_a - out_b|| / ||out_a|| over every
+    RNG output it judged with bitwise equal inputs), not a sum over its events: the initial parameters differ once, by that much, whatever number of
     tensors they come in. Summed per event, 19 tensors 1 ULP apart outweighed the kernels
     that Adam's steps feed every step (a GPT trained 3 steps: the counterfactual run with
     the same initial parameters keeps 99.5 % of the difference)."""
-    init = [s for s in sources if s.mechanism == "initialiser"]
-    if not init:
+    rng = [s for s in sources if s.mechanism in ("initialiser", "random_data")]
+    if not rng:
         return
-    sq_diff = sum(m.sq_diff for cl in clusters if cl.init for _, _, m in cl.sources())
-    sq_out = sum(m.sq_out for cl in clusters if cl.init for _, _, m in cl.sources())
-    if sq_out <= 0:
-        return
-    whole = float(np.sqrt(sq_diff / sq_out))
-    w_init = sum(s.weight for s in init) or 1.0
-    for s in init:
-        s.weight = whole * s.weight / w_init
+    for src in rng:
+        mine = [m for cl in clusters if cl.init and cl.mechanism == src.mechanism
+                for _, _, m in cl.sources()]
+        sq_out = sum(m.sq_out for m in mine)
+        if sq_out > 0:
+            src.weight = float(np.sqrt(sum(m.sq_diff for m in mine) / sq_out))
     total = sum(s.weight for s in sources) or 1.0
     for s in sources:
         s.share = s.weight / total
@@ -695,6 +709,12 @@ def _fix(d, result, cl, src):
                 [shell.comment(f"re-run {argv_side} with the other run's initial parameters "
                                f"loaded from a file (a change to the script): the difference "
                                f"left is what the other sources make")], [])
+    if src.mechanism == "random_data":
+        return ("draw the random inputs once (or with numpy on the host), save them and load "
+                "them in both runs",
+                [shell.comment(f"re-run {argv_side} with the other run's random inputs loaded "
+                               f"from a file (a change to the script): the difference left is "
+                               f"what the other sources make")], [])
     if src.mechanism == "bf16_inputs":
         fw = cl.framework or "jax"
         fix = fix_for("bf16_inputs", fw) or "run the matmuls and convolutions in float32"
@@ -705,8 +725,11 @@ def _fix(d, result, cl, src):
             return fix, lines, ["frameworks.jax.backend"]
         return fix, [], []
     causes = environment(result.env_diff, cl.op, cl.framework, cl.inputs_equal, cl.rv)
+    _backend_first(d, causes)
     keys = [c.key for c in causes.causes[:3]]
-    env_cause = next((c for c in causes.causes if c.key.startswith("env.")), None)
+    # a command only for the cause ranked first, where it is a variable a shell can set
+    env_cause = causes.causes[0] if causes.causes and \
+        causes.causes[0].key.startswith("env.") else None
     if env_cause is not None:
         var = env_cause.key[len("env."):]
         mine = env_cause.a if argv_side == "b" else env_cause.b   # the other side's value
@@ -721,9 +744,26 @@ def _fix(d, result, cl, src):
         return fix, lines, keys
     if causes.causes:
         c = causes.causes[0]
+        if c.key == "frameworks.jax.backend":
+            return (f"none on the command line: the backends compute it differently ({c.a} "
+                    f"vs {c.b}); run it on one backend to compare values", [], keys)
         return (f"align {c.key} ({c.a} vs {c.b}) between the two machines", [], keys)
     return ("no recorded environment difference explains it (hardware, or a library loaded "
             "at run time)", [], [])
+
+
+def _backend_first(d, causes):
+    """JAX ops of two backends (a TPU against a CPU): the backend is the first cause of an
+    op that computes differently, ahead of any path variable the machines also differ in."""
+    backends = [((t.manifest or {}).get("frameworks") or {}).get("jax") or {}
+                for t in (d.ta, d.tb)]
+    ba, bb = (str(x.get("backend") or "") if isinstance(x, dict) else "" for x in backends)
+    if not ba or not bb or ba == bb:
+        return
+    rest = [c for c in causes.causes if c.key != "frameworks.jax.backend"]
+    causes.causes = [Cause(key="frameworks.jax.backend", a=ba, b=bb, rank=0, device=True,
+                           reason="the op ran on two backends, whose kernels compute it "
+                                  "differently")] + rest
 
 
 def _ops_text(ops):
@@ -734,10 +774,12 @@ def _ops_text(ops):
 def _text(s):
     """One line for the terminal: share, mechanism, side, ops, where, how large."""
     who = "in RNG and initialiser ops" if s.mechanism == "initialiser" else \
+        "in RNG ops drawing data" if s.mechanism == "random_data" else \
         {"a": "on a", "b": "on b", "both": "introduced (inputs bitwise equal)"}.get(s.side, "")
     steps = "" if not s.steps else (f"step {s.steps[0]}" if s.steps[0] == s.steps[1] else
                                    f"steps {s.steps[0]}-{s.steps[1]}")
-    mech = "initialiser" if s.mechanism == "initialiser" else \
+    mech = "random data" if s.mechanism == "random_data" else \
+        "initialiser" if s.mechanism == "initialiser" else \
         "bf16 pass" if s.mechanism == "bf16_inputs" else s.mechanism.replace("implementation:",
                                                                              "implementation, ")
     local = ""
