@@ -58,8 +58,8 @@ from .verdict import event_inputs, event_outputs, recorded_backend, \
 LOCAL_RATIO = 4.0      # one side's local error this many times the other's: it computes differently
 FUSED_APART = 0.5      # a compiled call's fusion errors this far apart (of the larger): compiled
                        # differently (compiled alike, nearly equal inputs round nearly alike)
-SAMPLE = 4             # events replayed per cluster
-MAX_REPLAYED = 400     # events replayed in all
+SAMPLE = 3             # events replayed per cluster
+MAX_REPLAYED = 240     # events replayed in all
 MAX_EXPLAINED = 8      # clusters whose mechanism is named by the full replay verdict
 SHOWN = 5              # sources in locate's text
 
@@ -127,8 +127,8 @@ def _not_judged(clusters, found):
     be measured (not replayable here): the shares are of what was measured, and say so."""
     out = []
     for cl in clusters:
-        if cl in found or cl.inputs_equal:
-            continue
+        if cl in found or cl.inputs_equal or isinstance(cl, _CompiledCluster):
+            continue   # (compiled calls: `_compiled_calls`)
         reasons = [m.reason for _, _, m in cl.judged if m.reason.startswith(("not replayed:",
                                                                               "no exact"))]
         if reasons and len(reasons) == len(cl.judged):
