@@ -632,6 +632,11 @@ def _group(d, result, clusters):
     total = sum(cl.weight for cl in clusters) or 1.0
     out = []
     for (mech, side, how), members in groups.items():
+        if not how:   # random numbers: one source, whatever the sides of its ops
+            how = "introduced" if all(cl.inputs_equal for cl in members) else "adds"
+            sides = {cl.side for cl in members}
+            side = "both" if how == "introduced" else sides.pop() if len(sides) == 1 else \
+                "both"
         weight = sum(cl.weight for cl in members)
         events = [ea for cl in members for ea, _, _ in cl.members]
         steps = sorted({int(d.ta.events[e]["step"]) for e in events})
