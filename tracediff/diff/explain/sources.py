@@ -42,26 +42,21 @@ import re
 
 import numpy as np
 
-from ... import shell
 from ...trace import schema
-from ..compare import args as _args
-from ..compare import values as compare
 from ..differ import BITWISE
-from ..result import Cause, Source, Sources
+from ..result import Source, Sources
 from . import replay as _replay
-from .causes import environment, op_class
+from . import source_fixes
+from .causes import op_class
 from .chain import differing_mask
-from .mechanisms import DESCRIPTIONS, fix_for, ran_as_bf16_pass
-from .verdict import event_inputs, event_outputs, recorded_backend, \
-    replay_backend, replay_verdict
+from .local_error import measure_compiled, measure_event
+from .mechanisms import DESCRIPTIONS, ran_as_bf16_pass
+from .verdict import replay_verdict
 
-LOCAL_RATIO = 4.0      # one side's local error this many times the other's: it computes differently
-FUSED_APART = 0.5      # a compiled call's fusion errors this far apart (of the larger): compiled
                        # differently (compiled alike, nearly equal inputs round nearly alike)
 SAMPLE = 3             # events replayed per cluster
 MAX_REPLAYED = 240     # events replayed in all
 MAX_EXPLAINED = 8      # clusters whose mechanism is named by the full replay verdict
-SHOWN = 5              # sources in locate's text
 
 # RNG and initialiser ops: a difference there is "the initialiser differs"
 _INIT = re.compile(
@@ -149,74 +144,6 @@ def _compiled_calls(compiled):
         return []
     return [["compiled jit calls", n, "no replayed equation gives their outputs: what the "
              "compiled program adds (fusion, FMA contraction) is not measured"]]
-
-
-def _sinks(t, call):
-    """The call's direct equations whose outputs no event reads: what leaves the jit."""
-    kids = np.flatnonzero(t.events["parent"] == call)
-    if not len(kids):
-        return kids
-    read = np.zeros(len(t), bool)
-    prod = t.inputs["producer"]
-    read[prod[(prod >= 0) & (prod < len(t))]] = True
-    return kids[~read[kids]]
-
-
-def _fusion(d, ea, eb):
-    """Judge a compiled call: each of its floating outputs matched to the replayed equation
-    output closest to it on a (the replay of that very value), the same equation's output
-    on b; fusion_x = compiled_x - replayed_x; a source where one side's is `LOCAL_RATIO`
-    times the other's."""
-    m = Measure()
-    comp_a, comp_b = event_outputs(d, "a", ea), event_outputs(d, "b", eb)
-    sinks = [int(e) for e in _sinks(d.ta, ea) if int(d.al.a2b[int(e)]) >= 0]
-    outs = [(e, k, x) for e in sinks for k, x in enumerate(event_outputs(d, "a", e))
-            if _floating(x)]
-    fa, fb, added, norm = [], [], [], []
-    for ca, cb in zip(comp_a, comp_b):
-        if not (_floating(ca) and _floating(cb)) or np.shape(ca) != np.shape(cb):
-            continue
-        ca64 = np.asarray(ca, np.float64)
-        best = None
-        for e, k, x in outs:
-            if np.shape(x) != np.shape(ca) or np.asarray(x).dtype != np.asarray(ca).dtype:
-                continue
-            with np.errstate(all="ignore"):
-                gap = float(np.nanmax(np.abs(np.asarray(x, np.float64) - ca64))) if ca64.size \
-                    else 0.0
-            if best is None or gap < best[0]:
-                best = (gap, e, k)
-        if best is None or not best[0] <= 1e-3 * (float(np.max(np.abs(ca64))) if ca64.size
-                                                  else 0.0) + 1e-30:
-            continue   # no replayed equation gives this output
-        ra = event_outputs(d, "a", best[1])[best[2]]
-        rb_all = event_outputs(d, "b", int(d.al.a2b[best[1]]))
-        rb = rb_all[best[2]] if best[2] < len(rb_all) else None
-        if not _floating(rb) or np.shape(rb) != np.shape(cb):
-            continue
-        with np.errstate(all="ignore"):
-            xa = ca64 - np.asarray(ra, np.float64)
-            xb = np.asarray(cb, np.float64) - np.asarray(rb, np.float64)
-        ok = np.isfinite(xa) & np.isfinite(xb)
-        fa.append(np.where(ok, xa, 0).ravel())
-        fb.append(np.where(ok, xb, 0).ravel())
-        added.append(np.where(ok, xa - xb, 0).ravel())
-        norm.append(np.where(ok, ca64, 0).ravel())
-    if not fa:
-        m.reason = "not replayed: no replayed equation gives its outputs"
-        return m
-    m.replayed = 1
-    den = _l2(np.concatenate(norm)) or 1.0
-    la, lb = _l2(np.concatenate(fa)) / den, _l2(np.concatenate(fb)) / den
-    m.local_a, m.local_b = la, lb
-    m.added_rel = _l2(np.concatenate(added)) / den
-    # compiled alike on both sides, nearly equal inputs give nearly the same fusion error
-    # (added far below either); compiled differently, what they add is as large as either
-    hi = max(la, lb)
-    if hi > 0 and m.added_rel > 0 and (hi >= LOCAL_RATIO * min(la, lb) or
-                                       m.added_rel >= FUSED_APART * hi):
-        m.source, m.side = True, "a" if la > lb else "b"
-    return m
 
 
 def _compiled_clusters(d):
@@ -314,15 +241,6 @@ def _cluster_key(d, ea, inputs_equal):
     return (d.ta.string(e["op"]), module, int(e["phase"]), init, inputs_equal)
 
 
-def _l2(x):
-    return float(np.sqrt(np.sum(np.square(np.asarray(x, np.float64)))))
-
-
-def _floating(x):
-    return x is not None and compare.is_floating(np.asarray(x).dtype.name) and \
-        np.asarray(x).dtype.kind != "c"
-
-
 class _Cluster:
     """Differing events of one op in one module pattern and phase: replayed on a sample,
     judged source or inherited, weighed."""
@@ -348,7 +266,7 @@ class _Cluster:
         """Measure a sample of the cluster; returns the replays spent."""
         spent = 0
         for ea, eb, equal in self.sample(min(SAMPLE, max(budget, 1))):
-            m = _measure(d, ea, eb, equal, full and budget - spent > 0)
+            m = measure_event(d, ea, eb, equal, full and budget - spent > 0)
             spent += m.replayed
             self.judged.append((ea, eb, m))
         return spent
@@ -413,23 +331,6 @@ class _Cluster:
                                    f"numerics reproduce it bitwise)")
 
 
-class Measure:
-    """One event judged: source or not, which side, local errors, the relative difference
-    it adds where it acts."""
-
-    __slots__ = ("source", "side", "local_a", "local_b", "added_rel", "diff_rel", "replayed",
-                 "reason", "reproduced", "sq_diff", "sq_out")
-
-    def __init__(self):
-        self.source, self.side = False, ""
-        self.sq_diff = self.sq_out = 0.0   # ||out_a - out_b||^2, ||out_a||^2 (introduced)
-        self.local_a = self.local_b = None
-        self.added_rel = self.diff_rel = 0.0
-        self.replayed = 0
-        self.reason = ""
-        self.reproduced = (None, None)
-
-
 class _CompiledCluster(_Cluster):
     """The compiled calls of one jitted function: what the compiled program adds beyond its
     equations run one by one (fusion), measured on each side as compiled - replayed."""
@@ -439,7 +340,7 @@ class _CompiledCluster(_Cluster):
 
     def measure(self, d, full, budget):
         for ea, eb, _ in self.sample(SAMPLE):
-            self.judged.append((ea, eb, _fusion(d, ea, eb)))
+            self.judged.append((ea, eb, measure_compiled(d, ea, eb)))
         return 0
 
     def name_mechanism(self, d, explain):
@@ -450,138 +351,6 @@ class _CompiledCluster(_Cluster):
                                f"equations run one by one: fusion (a multiply and an add "
                                f"contracted into one FMA, reductions reassociated or "
                                f"vectorised), where the other side's does not or less")
-
-
-def _replay_here(d, side, ev):
-    """(call, inputs, recorded outputs, reproduced) of one side's event re-run here in its
-    dtype from its own recorded inputs; reproduced is None when it was computed on another
-    backend (a TPU's values replayed on a CPU say nothing of the TPU). Raises CannotReplay."""
-    t = d.ta if side == "a" else d.tb
-    e = t.event(ev)
-    inputs = event_inputs(d, side, ev)
-    call = _replay.build_call(e["framework"], e["op"], e["params"], len(inputs),
-                              _replay.recorded_output_size(t, ev))
-    recorded = event_outputs(d, side, ev)
-    there, mine = recorded_backend(t, e["framework"]), replay_backend(e["framework"])
-    if there and mine and there != mine:
-        return call, inputs, recorded, None
-    here = call.run(inputs)
-    reproduced = len(here) == len(recorded) and all(
-        r is not None and np.shape(h) == np.shape(r) and
-        np.asarray(h).dtype == np.asarray(r).dtype and
-        np.asarray(h).tobytes() == np.asarray(r).tobytes() for h, r in zip(here, recorded))
-    return call, inputs, recorded, reproduced
-
-
-def _measure(d, ea, eb, inputs_equal, replay):
-    """Judge one differing event (see the module docstring)."""
-    m = Measure()
-    oa, ob = event_outputs(d, "a", ea), event_outputs(d, "b", eb)
-    pairs = [(x, y) for x, y in zip(oa, ob) if _floating(x) and _floating(y) and
-             np.shape(x) == np.shape(y)]
-    if inputs_equal:
-        m.source, m.side = True, "both"
-        if pairs:
-            num = _l2(np.concatenate([(np.asarray(x, np.float64) - np.asarray(y, np.float64))
-                                      .ravel() for x, y in pairs]))
-            den = _l2(np.concatenate([np.asarray(x, np.float64).ravel() for x, _ in pairs]))
-            m.added_rel = m.diff_rel = num / den if den > 0 else float(num > 0)
-            m.sq_diff, m.sq_out = num * num, den * den
-        else:
-            m.added_rel = m.diff_rel = _metric_rel(d, ea, eb)
-        return m
-    op = d.ta.string(d.ta.events[ea]["op"])
-    if not replay or not pairs or not rounds_its_own(op):
-        m.reason = "not replayed" if rounds_its_own(op) else \
-            "a single correctly rounded operation or a copy: it cannot compute differently"
-        return m
-    try:
-        here_a = _replay_here(d, "a", ea)
-        here_b = _replay_here(d, "b", eb)
-    except Exception as exc:   # CannotReplay, or an odd value: not judged (never a source)
-        m.reason = f"not replayed: {str(exc)[:80]}"
-        return m
-    m.replayed = 2
-    ra, rb = m.reproduced = (here_a[3], here_b[3])
-    if ra and rb:
-        m.reason = "both sides reproduced here: the op computes the same way on both"
-        return m
-    try:
-        _local(m, here_a, here_b)
-    except Exception as exc:   # the float64 run failed: not judged
-        m.reason = f"no exact result: {str(exc)[:80]}"
-        return m
-    if not m.added_rel and m.local_a is None:
-        return m
-    la, lb = m.local_a or 0.0, m.local_b or 0.0
-    lo, hi = min(la, lb), max(la, lb)
-    differently = ra is False or rb is False or (m.local_a is not None and
-                                                  hi >= LOCAL_RATIO * max(lo, 1e-300))
-    if differently and m.added_rel > 0:
-        m.source = True
-        m.side = ("b" if ra and rb is False else "a" if rb and ra is False else
-                  "a" if la > lb else "b")
-    return m
-
-
-def _local(m, here_a, here_b):
-    """Fill in the local errors (relative L2 of recorded - exact(own inputs)) of both sides
-    and the relative difference the op adds (`local_a - local_b`)."""
-    outs = []
-    for call, inputs, recorded, _ in (here_a, here_b):
-        outs.append((recorded, call.run(inputs, upcast=True)))
-    (rec_a, ex_a), (rec_b, ex_b) = outs
-    la, lb, added, diff, norm = [], [], [], [], []
-    for ra, xa, rb, xb in zip(rec_a, ex_a, rec_b, ex_b):
-        if not (_floating(ra) and _floating(rb)) or np.shape(ra) != np.shape(rb) or \
-                np.shape(xa) != np.shape(ra) or np.shape(xb) != np.shape(rb):
-            continue
-        ra64, rb64 = np.asarray(ra, np.float64), np.asarray(rb, np.float64)
-        xa64, xb64 = np.asarray(xa, np.float64), np.asarray(xb, np.float64)
-        with np.errstate(all="ignore"):
-            ea_, eb_ = ra64 - xa64, rb64 - xb64
-        ok = np.isfinite(ea_) & np.isfinite(eb_)
-        la.append(np.where(ok, ea_, 0).ravel())
-        lb.append(np.where(ok, eb_, 0).ravel())
-        added.append(np.where(ok, ea_ - eb_, 0).ravel())
-        diff.append(np.where(ok, ra64 - rb64, 0).ravel())
-        norm.append(np.where(ok, xa64, 0).ravel())
-    if not la:
-        m.reason = "no floating outputs to measure"
-        return
-    den = _l2(np.concatenate(norm)) or 1.0
-    if np.asarray(rec_a[0]).dtype.itemsize < 8:   # float64 ops: "exact" is this machine's own
-        m.local_a = _l2(np.concatenate(la)) / den
-        m.local_b = _l2(np.concatenate(lb)) / den
-    m.added_rel = _l2(np.concatenate(added)) / den
-    m.diff_rel = _l2(np.concatenate(diff)) / den
-
-
-# JAX primitives that are one correctly rounded IEEE operation (or exact): every machine
-# computes them alike from the same inputs, so they only carry what they inherit (denormals
-# flushed to zero aside)
-_EXACT_JAX = frozenset("""
-add add_any sub mul div neg abs max min sqrt select_n sign floor ceil round convert_element_type
-square clamp nextafter rem copy copy_p eq ne lt le gt ge and or not xor
-""".split())
-
-
-def rounds_its_own(op) -> bool:
-    """False for an op that cannot compute differently on two machines from the same
-    inputs: a copy, view or selection, or a single correctly rounded JAX operation."""
-    base = _args.base_name(op)
-    return base not in _args.DATA_MOVEMENT and op not in _EXACT_JAX
-
-
-def _metric_rel(d, ea, eb):
-    """The worst relative difference of a pair from the comparison (hash-and-statistics
-    traces: a bound from the statistics), 1.0 when none is known."""
-    try:
-        metrics = d.compare_event(ea, eb).get("metrics") or {}
-    except Exception:   # an odd row: the source is kept, its weight unknown
-        metrics = {}
-    rel = metrics.get("max_rel")
-    return float(rel) if rel is not None and np.isfinite(rel) else 1.0
 
 
 def _bf16_side(d, ea, eb):
@@ -675,8 +444,8 @@ def _with_fixes(d, result, clusters, pairs):
     fix, counterfactual and text (the counterfactual names the share it should remove)."""
     _initial_values_share(clusters, [src for src, _ in pairs])
     for src, lead in pairs:
-        src.fix, src.counterfactual, src.causes = _fix(d, result, lead, src)
-        src.text = _text(src)
+        src.fix, src.counterfactual, src.causes = source_fixes.fix(d, result, lead, src)
+        src.text = source_fixes.source_line(src)
     return pairs
 
 
@@ -701,96 +470,3 @@ def _initial_values_share(clusters, sources):
         s.share = s.weight / total
 
 
-def _fix(d, result, cl, src):
-    """(fix, counterfactual command lines, cause keys) of a source."""
-    argv_side = src.side if src.side in ("a", "b") else "b"
-    t = d.ta if argv_side == "a" else d.tb
-    argv = shell.script_argv(t.manifest) or ["SCRIPT.py"]
-    out = f"{argv_side}.counterfactual.h5"
-    other = d.tb.path if argv_side == "a" else d.ta.path
-    if src.mechanism == "initialiser":
-        return ("initialise the parameters once, save them (np.savez, torch.save, a "
-                "checkpoint) and load them in both runs; or initialise on one device and copy",
-                [shell.comment(f"re-run {argv_side} with the other run's initial parameters "
-                               f"loaded from a file (a change to the script): the difference "
-                               f"left is what the other sources make")], [])
-    if src.mechanism == "random_data":
-        return ("draw the random inputs once (or with numpy on the host), save them and load "
-                "them in both runs",
-                [shell.comment(f"re-run {argv_side} with the other run's random inputs loaded "
-                               f"from a file (a change to the script): the difference left is "
-                               f"what the other sources make")], [])
-    if src.mechanism == "bf16_inputs":
-        fw = cl.framework or "jax"
-        fix = fix_for("bf16_inputs", fw) or "run the matmuls and convolutions in float32"
-        if fw == "jax":
-            lines = shell.record_command(argv, out, {"JAX_DEFAULT_MATMUL_PRECISION": "highest"})
-            lines.append(shell.with_comment(shell.command("tracediff", "locate", other, out),
-                                            f"should remove ~{src.share:.0%} of the difference"))
-            return fix, lines, ["frameworks.jax.backend"]
-        return fix, [], []
-    causes = environment(result.env_diff, cl.op, cl.framework, cl.inputs_equal, cl.rv)
-    _backend_first(d, causes)
-    keys = [c.key for c in causes.causes[:3]]
-    # a command only for the cause ranked first, where it is a variable a shell can set
-    env_cause = causes.causes[0] if causes.causes and \
-        causes.causes[0].key.startswith("env.") else None
-    if env_cause is not None:
-        var = env_cause.key[len("env."):]
-        mine = env_cause.a if argv_side == "b" else env_cause.b   # the other side's value
-        fix = f"the same {var} on both machines (a: {env_cause.a!s}, b: {env_cause.b!s})"
-        if isinstance(mine, str):
-            lines = shell.record_command(argv, out, {var: mine})
-            lines.append(shell.with_comment(shell.command("tracediff", "locate", other, out),
-                                            f"should remove ~{src.share:.0%} of the difference"))
-        else:
-            lines = [shell.comment(f"re-run {argv_side} with {var} unset, then locate again: "
-                                   f"should remove ~{src.share:.0%} of the difference")]
-        return fix, lines, keys
-    if causes.causes:
-        c = causes.causes[0]
-        if c.key == "frameworks.jax.backend":
-            return (f"none on the command line: the backends compute it differently ({c.a} "
-                    f"vs {c.b}); run it on one backend to compare values", [], keys)
-        return (f"align {c.key} ({c.a} vs {c.b}) between the two machines", [], keys)
-    return ("no recorded environment difference explains it (hardware, or a library loaded "
-            "at run time)", [], [])
-
-
-def _backend_first(d, causes):
-    """JAX ops of two backends (a TPU against a CPU): the backend is the first cause of an
-    op that computes differently, ahead of any path variable the machines also differ in."""
-    backends = [((t.manifest or {}).get("frameworks") or {}).get("jax") or {}
-                for t in (d.ta, d.tb)]
-    ba, bb = (str(x.get("backend") or "") if isinstance(x, dict) else "" for x in backends)
-    if not ba or not bb or ba == bb:
-        return
-    rest = [c for c in causes.causes if c.key != "frameworks.jax.backend"]
-    causes.causes = [Cause(key="frameworks.jax.backend", a=ba, b=bb, rank=0, device=True,
-                           reason="the op ran on two backends, whose kernels compute it "
-                                  "differently")] + rest
-
-
-def _ops_text(ops):
-    return ", ".join(f"{op} x{n}" if n > 1 else op for op, n in ops[:4]) + \
-        (f", +{len(ops) - 4} more ops" if len(ops) > 4 else "")
-
-
-def _text(s):
-    """One line for the terminal: share, mechanism, side, ops, where, how large."""
-    who = "in RNG and initialiser ops" if s.mechanism == "initialiser" else \
-        "in RNG ops drawing data" if s.mechanism == "random_data" else \
-        {"a": "on a", "b": "on b", "both": "introduced (inputs bitwise equal)"}.get(s.side, "")
-    steps = "" if not s.steps else (f"step {s.steps[0]}" if s.steps[0] == s.steps[1] else
-                                   f"steps {s.steps[0]}-{s.steps[1]}")
-    mech = "random data" if s.mechanism == "random_data" else \
-        "initialiser" if s.mechanism == "initialiser" else \
-        "bf16 pass" if s.mechanism == "bf16_inputs" else s.mechanism.replace("implementation:",
-                                                                             "implementation, ")
-    local = ""
-    if s.local_a is not None and s.local_b is not None and s.how == "adds":
-        local = f"; local error a {s.local_a:.2g} / b {s.local_b:.2g}"
-    return (f"{s.share:6.1%}  {mech} {who}: {_ops_text(s.ops)} in "
-            f"{', '.join(s.modules[:3]) or '(top level)'}{' ...' if len(s.modules) > 3 else ''}"
-            f"; {steps}; adds up to {s.added:.2g} rel{local}" if s.added is not None else
-            f"{s.share:6.1%}  {mech} {who}: {_ops_text(s.ops)}; {steps}")
