@@ -145,11 +145,13 @@ def require_loopback():
 def script_env(extra=None):
     """The environment of a subprocess that runs tracediff or a fixture: this one, without
     XLA_FLAGS (so a developer's flags never leak in), with EXTRA, and this checkout on
-    PYTHONPATH after any PYTHONPATH in EXTRA (a perturbation's sitecustomize first)."""
+    PYTHONPATH after any PYTHONPATH in EXTRA (a perturbation's sitecustomize first) and
+    before this process's own (where a machine keeps its packages: the TPU host's JAX)."""
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
     env.update(extra or {})
-    env["PYTHONPATH"] = os.pathsep.join(p for p in ((extra or {}).get("PYTHONPATH"), ROOT) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in ((extra or {}).get("PYTHONPATH"), ROOT,
+                                                    os.environ.get("PYTHONPATH")) if p)
     return env
 
 
