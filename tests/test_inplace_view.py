@@ -38,3 +38,52 @@ def test_explain_takes_per_rank_folders_and_names_the_rank(recorded, tmp_path):
     assert doc["rank"] == 0 and doc["verdict"] == "diverged"
     bad = run_cli("explain", tmp_path / "run_a", tmp_path / "run_b", "--rank", "3")
     assert bad.returncode == 2 and "no rank 3" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def _is_view(op):
+    """A reinterpretation by name, as a reader of the report sees it (not tracediff's list)."""
+    base = op.split("::")[-1].split(".")[0]
+    return base in ("t", "view", "transpose", "reshape", "_unsafe_view", "expand", "detach",
+                    "alias", "permute", "slice", "select", "unsqueeze", "squeeze")
+
+
+def test_explain_names_the_write_as_origin_and_amplifies_no_view(recorded):
+    """The write only b executed is explain's origin, with no environment ("hardware") cause;
+    no hop of the chain that is a view carries an amplification, none is the origin."""
+    import json
+
+    a, b = recorded(SCRIPT), recorded(SCRIPT, env=INPLACE)
+    proc = run_cli("explain", a, b, env={"NO_COLOR": "1"})
+    assert proc.returncode == 1, proc.stderr
+    assert "origin: torch op aten::mul_.Tensor (only in b" in proc.stdout
+    assert "hardware" not in proc.stdout
+    assert "origin: torch op aten::t " not in proc.stdout
+    doc = json.loads(run_cli("explain", a, b, "--json").stdout)
+    o = doc["origin"]
+    assert o["write"] is True and o["side"] == "b"
+    assert o["b"]["op"] == "aten::mul_.Tensor"
+    assert o["b"]["source"].endswith(fixture_line(SCRIPT, "the write through a view"))
+    assert doc["environment"]["causes"] == []
+    views = [h for h in doc["chain"] if _is_view(h["a"]["op"])]
+    assert views                                  # aten::t reads the written weight
+    for h in views:
+        assert h["amplification"] is None and "origin" not in h["role"].split(","), h
+    assert "amplified" not in doc["summary"] or not any(
+        f"{h['a']['op']} (a #{h['a']['index']}) amplified" in doc["summary"] for h in views)
+
+
+def test_a_view_is_never_the_origin(recorded):
+    """A write no op records (through numpy): the values first differ at the view that reads
+    them next (`aten::t`, its input bitwise equal). explain names no view as the origin and
+    blames no hardware: the bytes were changed before the view."""
+    import json
+
+    a, b = recorded(SCRIPT), recorded(SCRIPT, env={"TRACEDIFF_TEST_NUMPY_WRITE": "1"})
+    r = tracediff.locate(str(a), str(b))
+    assert r.verdict == "diverged" and r.first_difference.a.op == "aten::t"   # the construction
+    proc = run_cli("explain", a, b, env={"NO_COLOR": "1"})
+    assert proc.returncode == 1, proc.stderr
+    assert "origin:" not in proc.stdout and "hardware" not in proc.stdout
+    assert "aten::t (a #" in proc.stdout and "a view that only reinterprets" in proc.stdout
+    doc = json.loads(run_cli("explain", a, b, "--json").stdout)
+    assert doc["verdict"] == "diverged" and doc["origin"] is None
