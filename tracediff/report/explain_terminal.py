@@ -33,7 +33,8 @@ def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) ->
                 "little was compared for a match (exit code 3)")
     else:
         head = "[bold red]DIVERGED[/]" if diverged else "[bold green]MATCH[/]"
-        why = "an op only one run has" if st is not None and o is None else \
+        why = "an op only one run has" if st is not None and o is None and \
+            not an.origin_write else \
             f"beyond tolerance: {'yes' if diverged else 'no'}"
         c.print(f"{head} ({why})")
     if an is not None and an.origin_write:   # the script's own write only one run executed
