@@ -17,6 +17,9 @@ def test_the_in_place_write_through_a_view_is_named_not_the_view(recorded):
     assert st.event.op == "aten::mul_.Tensor"
     assert st.event.source.endswith(fixture_line(SCRIPT, "the write through a view"))
     assert st.event.step == 2   # after the second optimizer step
+    fb = r.first_beyond_tolerance      # the transpose that reads the written weight
+    assert fb.a.op == "aten::t" and f"aten::mul_.Tensor (b #{st.event.index})" in fb.note
+    assert "is a view" in run_cli("locate", a, b, env={"NO_COLOR": "1"}).stdout
     proc = run_cli("explain", a, b)
     assert proc.returncode == 1
     assert "aten::mul_.Tensor" in proc.stdout
