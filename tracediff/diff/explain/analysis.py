@@ -163,7 +163,8 @@ def analyse(result: LocateResult, d, event: Optional[int] = None) -> Analysis:
     out.environment = environment(result.env_diff, env_op, env_fw, f.inputs_match, rv,
                                   out.inner)
     _device_numerics(out.environment, d, rv)
-    if fb is not None and fb.a.index != ea and fb.inputs_match is True:
+    if fb is not None and fb.a.index != ea and fb.inputs_match is True and \
+            not is_view(fb.a.op):   # a view magnifies nothing
         out.tolerance_origin = with_local_error(d, fb)
     out.steps = steps_table(d, result)
     out.noise = result.noise
