@@ -90,3 +90,71 @@ def test_a_view_is_never_the_origin(recorded):
     assert "aten::t (a #" in proc.stdout and "a view that only reinterprets" in proc.stdout
     doc = json.loads(run_cli("explain", a, b, "--json").stdout)
     assert doc["verdict"] == "diverged" and doc["origin"] is None
+
+
+DTENSOR = """
+import os, sys
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
+dist.init_process_group("gloo", rank=0, world_size=1)
+torch.manual_seed(0)
+mesh = init_device_mesh("cpu", (1,))
+w = torch.nn.Parameter(distribute_tensor(torch.randn(4, 8), mesh, [Shard(0)]))
+opt = torch.optim.Adam([w], lr=1e-2)
+x = torch.randn(3, 8)
+for step in range(2):
+    loss = (w.full_tensor() @ x.t()).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if step == 0 and "--bad" in sys.argv:
+        with torch.no_grad():
+            w.to_local().mul_(1.001)   # the write through the local view
+print(float(loss))
+dist.destroy_process_group()
+"""
+
+
+def test_a_dtensor_parameter_read_after_a_write_to_its_shard_reads_the_write(tmp_path):
+    """`p.to_local().mul_` on a DTensor parameter: the ops that read the parameter next
+    (Adam's `addcdiv_` on the DTensor and its local op) read what the write left, so no op after it is
+    blamed for adding a difference of its own (before: its input was the value before
+    the write, and explain's sources named `addcdiv_` "implementation on b")."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT, require_loopback, script_env
+
+    require_loopback()
+    script = tmp_path / "dtensor_mul.py"
+    script.write_text(DTENSOR)
+    traces = {}
+    for i, name in enumerate(("a", "b")):
+        traces[name] = tmp_path / f"{name}.h5"
+        proc = subprocess.run(
+            [sys.executable, "-m", "tracediff", "record", "-o", str(traces[name]), str(script),
+             *(["--bad"] if name == "b" else [])], cwd=ROOT, text=True, capture_output=True,
+            timeout=300, env=script_env({"PORT": str(31000 + 2 * (os.getpid() % 500) + i),
+                                         "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    with tracediff.load(traces["b"]) as t:
+        ops = [t.event(i)["op"] for i in range(len(t))]
+        line = next(n for n, text in enumerate(DTENSOR.splitlines(), 1) if "local view" in text)
+        write = next(i for i in range(len(ops)) if ops[i] == "aten::mul_.Tensor" and
+                     t.event(i)["source"].endswith(f"dtensor_mul.py:{line}"))
+        after = [i for i in range(write, len(ops)) if ops[i] == "aten::addcdiv_"]
+        assert after   # Adam's step 1 writes the parameter
+        ins = t.inputs
+        # the parameter is the first input of each (the DTensor op and its local op)
+        read = [int(ins[ins["event"] == i][0]["producer"]) for i in after]
+        assert read == [write] * len(after), [(i, ops[i]) for i in read]
+    proc = run_cli("explain", traces["a"], traces["b"], "--json")
+    assert proc.returncode == 1, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["origin"]["write"] is True and doc["origin"]["b"]["op"] == "aten::mul_.Tensor"
+    blamed = [op for src in doc["sources"]["sources"] for op, _ in src["ops"]]
+    assert "aten::addcdiv_" not in blamed, doc["sources"]["sources"]
