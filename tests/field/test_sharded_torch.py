@@ -112,6 +112,8 @@ def test_in_place_mul_on_rank_1s_shard_is_named_with_rank_param_and_step(mul_run
     assert o["write"] is True and o["b"]["op"] == "aten::mul_.Tensor"
     assert (o["b"]["rank"], o["b"]["step"]) == (want["rank"], want["step"])
     assert doc["environment"]["causes"] == []
+    blamed = [op for src in doc["sources"]["sources"] for op, _ in src["ops"]]
+    assert "aten::addcdiv_" not in blamed, doc["sources"]   # Adam read what the write left
     for hop in doc["chain"]:
         if _is_view(hop["a"]["op"]):
             assert hop["amplification"] is None and "origin" not in hop["role"], hop
