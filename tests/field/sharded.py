@@ -67,8 +67,9 @@ def _params(stdout):
         for s, n, shape, vals in _PARAM.findall(stdout)]
 
 
-def truth(runs, program):
-    """The fault as the printed numbers show it: parameter, rank, shard offset, step, line."""
+def truth(runs, program, marker="# the fault"):
+    """The fault as the printed numbers show it: parameter, rank, shard offset, step, line
+    (the program's line marked `marker`)."""
     clean, bad = _params(runs["stdout"]["clean"]), _params(runs["stdout"]["bad"])
     assert [(s, n) for s, n, _ in clean] == [(s, n) for s, n, _ in bad] and clean
     step, name, a, b = next((s, n, x, y) for (s, n, x), (_, _, y) in zip(clean, bad)
@@ -78,7 +79,7 @@ def truth(runs, program):
     rank = int(rows[0]) // chunk
     assert int(rows[-1]) // chunk == rank, "the difference spans two ranks' shards"
     with open(os.path.join(PROGRAMS, program)) as fh:
-        line = next(i for i, text in enumerate(fh, 1) if "# the fault" in text)
+        line = next(i for i, text in enumerate(fh, 1) if marker in text)
     offset = ",".join([str(rank * chunk)] + ["0"] * (a.ndim - 1))
     return {"param": name, "rank": rank, "offset": offset, "step": step + 1,
             "global_shape": ",".join(map(str, a.shape)), "source": f"{program}:{line}"}

@@ -124,6 +124,22 @@ def _after_fork_in_child():
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _local_start(t):
+    """The start of a DTensor's local shard's storage (0: none, or not a DTensor): the
+    wrapper has no storage of its own, a write through `p.to_local()` lands there."""
+    local = getattr(t, "_local_tensor", None)
+    try:
+        return local.untyped_storage().data_ptr() if local is not None else 0
+    except Exception:
+        return 0
+
+
+def _shard(t):
+    """The tensor whose geometry a storage write is compared with: a DTensor's local shard."""
+    local = getattr(t, "_local_tensor", None)
+    return t if local is None else local
+
+
 def _flat(xs, out):
     """Append the tensors of xs (args tuple, kwargs values, nested one level) to out."""
     Tensor = _torch.Tensor
@@ -697,8 +713,9 @@ class TorchCapture(Capture):
                 w = self._written_since(t, e[1])
                 if w is None:
                     return e[1], e[2]
-                if w[2] == tuple(t.shape) and w[3] == t.stride() and w[4] == \
-                        t.storage_offset() and w[5] == t.dtype:
+                g = _shard(t)
+                if w[2] == tuple(g.shape) and w[3] == g.stride() and w[4] == \
+                        g.storage_offset() and w[5] == g.dtype:
                     # the write covered exactly t: its recorded output is t's value now
                     self.producer[id(t)] = (e[0], w[0], w[1], v)
                     return w[0], w[1]
@@ -707,22 +724,23 @@ class TorchCapture(Capture):
         try:
             ptr = t.untyped_storage().data_ptr()
         except Exception:
-            ptr = 0
+            ptr = _local_start(t)
         lw = self.last_writer.get(ptr) if ptr else None
         parent, uninit = -1, False
+        g = _shard(t)
         if lw is not None:
             o = lw[2]()
             if o is not None:
                 # The writer's output is alive, so the storage is the same one: an alias.
-                if (o.shape == t.shape and o.dtype == t.dtype and o.stride() == t.stride()
-                        and o.storage_offset() == t.storage_offset()):
+                if (o.shape == g.shape and o.dtype == g.dtype and o.stride() == g.stride()
+                        and o.storage_offset() == g.storage_offset()):
                     return lw[0], lw[1]
                 parent, uninit = lw[0], lw[3]   # an alias of uninitialised memory
             elif known and lw[0] > e[1]:
                 parent = lw[0]  # written in place through a view that is gone
                 w = self.storage_writes.get(ptr)
-                if w is not None and w[0] == lw[0] and w[2] == tuple(t.shape) and \
-                        w[3] == t.stride() and w[4] == t.storage_offset() and w[5] == t.dtype:
+                if w is not None and w[0] == lw[0] and w[2] == tuple(g.shape) and \
+                        w[3] == g.stride() and w[4] == g.storage_offset() and w[5] == g.dtype:
                     # ... that covered exactly t (`p.to_local().add_()` on a DTensor
                     # parameter's shard): that write's output is t's value now
                     self.producer[id(t)] = (e[0], w[0], w[1], t._version)
@@ -773,7 +791,7 @@ class TorchCapture(Capture):
         try:
             ptr = t.untyped_storage().data_ptr()
         except Exception:
-            return None
+            ptr = _local_start(t)   # a DTensor parameter: its local shard's storage
         w = self.storage_writes.get(ptr)
         return w if w is not None and w[0] > eid else None
 
@@ -857,8 +875,8 @@ class TorchCapture(Capture):
                                 continue
                             try:
                                 ptr = t.untyped_storage().data_ptr()
-                            except Exception:
-                                ptr = 0
+                            except Exception:   # a DTensor: its local shard's storage
+                                ptr = _local_start(t)
                             sw = writes.get(ptr) if ptr else None
                             if sw is None or sw[0] <= e[1]:
                                 refs.append((e[1], e[2]))

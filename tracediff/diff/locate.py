@@ -169,6 +169,8 @@ def run(ta, tb, rtol=None, atol=None, differ=None, mapping=None) -> LocateResult
     first_param = getattr(d, "first_parameter", None)   # two frameworks: optimizer by role
     near_zero, near_zero_total = _near_zero(d)
     structural = _structural(d, first_bit) if not mapping else None
+    for f in {id(x): x for x in (first_bit, first_tol) if x is not None}.values():
+        _view_of_write(f, structural)
     cov = _coverage.measure(d)
     diverged = first_tol is not None or first_param is not None or structural is not None
     if not diverged and not cov.sufficient:
@@ -213,6 +215,18 @@ def _structural(d, first_bit):
     if s is not None:
         s.first = True
     return s
+
+
+def _view_of_write(f, structural):
+    """A view as the first difference reads what an in-place write only one run executed
+    wrote (`p.to_local().mul_`): say so on it (`Finding.note`), the write changed the values."""
+    if structural is None or not _structure.is_view(f.a.op) or \
+            not _structure.is_inplace_write(structural.event.op):
+        return
+    e = structural.event
+    f.note = (f"{f.a.op} is a view: it only reinterprets what it reads; the values were "
+              f"changed by {e.op} ({structural.side} #{e.index}), an in-place write only "
+              f"{structural.side} executed")
 
 
 def _noise_info(d):

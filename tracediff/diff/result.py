@@ -638,6 +638,9 @@ class Analysis:
     noise: Optional[Noise] = None
     mechanisms: list = field(default_factory=list)   # [Mechanism] of the origin's replay
     structural: Optional[Structural] = None       # an op only one run has, the first difference
+    # the origin is `structural`, an in-place write only one run executed (`p.to_local().mul_`):
+    # the script's own op changed the values; `origin` is then None (nothing to replay)
+    origin_write: bool = False
     sources: Optional[Sources] = None             # every source, ranked (explain/sources.py)
     coverage: Any = None                          # locate's Coverage: explain's verdict is locate's
 

@@ -33,9 +33,13 @@ def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) ->
                 "little was compared for a match (exit code 3)")
     else:
         head = "[bold red]DIVERGED[/]" if diverged else "[bold green]MATCH[/]"
-        why = "an op only one run has" if st is not None and o is None else \
+        why = "an op only one run has" if st is not None and o is None and \
+            not an.origin_write else \
             f"beyond tolerance: {'yes' if diverged else 'no'}"
         c.print(f"{head} ({why})")
+    if an is not None and an.origin_write:   # the script's own write only one run executed
+        _print_write_origin(c, an)
+        return
     if st is not None and o is not None:   # the values differ after the structural difference
         c.print(f"[bold]first difference[/]: {markup(st.text)} (step {st.event.step}, "
                 f"{markup(st.side)} #{st.event.index}); the origin below comes after it")
@@ -74,27 +78,7 @@ def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) ->
         c.print(f"  first beyond tolerance: {markup(t.a.op)} (a #{t.a.index}, step {t.a.step}"
                 f"{'; ' + markup(t.optimizer) if t.optimizer else ''}),"
                 f" {markup(': '.join(inputs_words(t)))}")
-    chain = an.chain
-    if chain.hops:
-        c.print(f"[bold]chain[/] (dataflow from the origin; {chain.hops_total} "
-                f"hops; amplification = output rel / input rel):")
-        c.print("  [dim]   a #  step  op                          out rel    in rel     ampl.   "
-                "role[/]")
-        for hop in collapse(chain.hops):
-            if isinstance(hop, Gap):
-                c.print(f"  [dim]{markup(str(hop))}[/]")
-                continue
-            e = hop.a
-            c.print(f"  {e.index:>6}  {e.step:>4}  {markup(e.op, limit=26):<26}  "
-                    f"{fmt(hop.metrics.max_rel):>9}  {fmt(hop.input_rel):>9}  "
-                    f"{fmt(hop.amplification):>7}   {markup(hop.role or '')}")
-        st = chain.strongest
-        if st:
-            c.print(f"  strongest: {markup(st.op)} (a #{st.index}) amplified a "
-                    f"{fmt(st.input_rel)} difference to {fmt(st.output_rel)}")
-        if chain.reaches_target is False:
-            c.print("  the first difference beyond tolerance is not reached through the "
-                    "recorded dataflow")
+    _print_chain(c, an.chain)
     rv = an.replay
     c.print(f"[bold]replay verdict[/]: {markup(rv.verdict or '-')}")
     if rv.replayed:
@@ -142,6 +126,53 @@ def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) ->
     if noise:
         c.print(f"noise floor: {noise.nondeterministic_events} events nondeterministic on a's "
                 f"machine; {noise.skipped_total} skipped as origin")
+    c.print(f"[bold]summary[/]: {markup(an.summary or '')}")
+    _print_coverage(c, an)
+
+
+def _print_chain(c, chain):
+    """The chain's hops, collapsed to those that matter (a view has no amplification)."""
+    if chain is None:
+        return
+    if chain.hops:
+        c.print(f"[bold]chain[/] (dataflow from the origin; {chain.hops_total} "
+                f"hops; amplification = output rel / input rel):")
+        c.print("  [dim]   a #  step  op                          out rel    in rel     ampl.   "
+                "role[/]")
+        for hop in collapse(chain.hops):
+            if isinstance(hop, Gap):
+                c.print(f"  [dim]{markup(str(hop))}[/]")
+                continue
+            e = hop.a
+            c.print(f"  {e.index:>6}  {e.step:>4}  {markup(e.op, limit=26):<26}  "
+                    f"{fmt(hop.metrics.max_rel):>9}  {fmt(hop.input_rel):>9}  "
+                    f"{fmt(hop.amplification):>7}   {markup(hop.role or '')}")
+        st = chain.strongest
+        if st:
+            c.print(f"  strongest: {markup(st.op)} (a #{st.index}) amplified a "
+                    f"{fmt(st.input_rel)} difference to {fmt(st.output_rel)}")
+        if chain.reaches_target is False:
+            c.print("  the first difference beyond tolerance is not reached through the "
+                    "recorded dataflow")
+
+
+def _print_write_origin(c, an):
+    """The origin is an in-place write only one run executed (`Analysis.origin_write`): the
+    write, what it feeds, the chain of what it changed, and no environment cause."""
+    st = an.structural
+    e = st.event
+    c.print(f"[bold]origin[/]: {markup(e.framework)} {markup(e.kind)} [bold]{markup(e.op)}[/] "
+            f"(only in {markup(st.side)}, {markup(st.side)} #{e.index}), step {e.step}"
+            f"{', rank ' + str(e.rank) if e.rank is not None else ''}"
+            f"{'  ' + markup(site(e)) if e.source else ''}")
+    feeds = ", ".join(f"{x.op} ({st.side} #{x.index})" for x in st.consumers[:3])
+    c.print(f"  [bold]an in-place write only {markup(st.side)} executed[/]: it changed the "
+            f"values {markup(feeds or 'that follow')} read")
+    _print_chain(c, an.chain)
+    c.print(f"[bold]likely causes[/]: {markup(an.environment.none_found or '-')}")
+    for line in sources_lines(an.sources, details=True):   # diff/explain/sources.py
+        c.print(markup(line))
+    _print_steps(c, an.steps)
     c.print(f"[bold]summary[/]: {markup(an.summary or '')}")
     _print_coverage(c, an)
 

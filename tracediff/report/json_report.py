@@ -367,6 +367,17 @@ def analysis_json(an: Optional[Analysis]) -> dict:
     if an.structural is not None:
         out["structural"] = structural_json(an.structural)
     f = an.origin
+    if an.origin_write:   # the origin is the structural write (`Analysis.origin_write`)
+        env = an.environment
+        out.update(origin={"write": True, "side": an.structural.side,
+                           an.structural.side: event_json(an.structural.event)},
+                   chain=[hop_json(h) for h in an.chain.hops], chain_info=_chain_info(an.chain),
+                   environment={"op_class": env.op_class, "causes": [],
+                                "none_found": env.none_found},
+                   summary=an.summary, steps=[_step(s) for s in an.steps])
+        if an.sources is not None:
+            out["sources"] = sources_json(an.sources)
+        return strict(out)
     if f is None:
         out.update(origin=None, summary=an.summary, steps=[_step(s) for s in an.steps])
         return strict(out)

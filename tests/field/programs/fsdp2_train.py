@@ -19,6 +19,8 @@ for layer in model:
     if isinstance(layer, torch.nn.Linear):
         fully_shard(layer)
 fully_shard(model)
+fault = (sys.argv[sys.argv.index("--bad") + 1] if sys.argv.index("--bad") + 1 < len(sys.argv)
+         else "add") if "--bad" in sys.argv else None
 opt = torch.optim.Adam(model.parameters(), lr=1e-2)
 x = torch.randn(6, 8, generator=torch.Generator().manual_seed(1 + rank))
 y = torch.randn(6, 4, generator=torch.Generator().manual_seed(100 + rank))
@@ -27,9 +29,13 @@ for step in range(2):
     opt.zero_grad()
     loss.backward()
     opt.step()
-    if "--bad" in sys.argv and step == 0 and rank == 1:
+    if fault == "add" and step == 0 and rank == 1:
         with torch.no_grad():
             model[2].weight.to_local().add_(1e-3)      # the fault
+    if fault == "mul" and step == 0 and rank == 1:
+        with torch.no_grad():
+            model[2].weight.to_local().mul_(1.001)     # the mul fault
+        print(f"fault rank {rank} param 2.weight step {step} op mul_", flush=True)
     print(f"rank {rank} step {step} loss {loss.item():.9e}", flush=True)
     for name, p in model.named_parameters():
         full = p.full_tensor()

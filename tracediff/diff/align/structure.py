@@ -38,6 +38,13 @@ def is_view(op: str) -> bool:
     return base in VIEW_OPS
 
 
+def is_inplace_write(op: str) -> bool:
+    """aten::mul_.Tensor, aten::copy_, aten::index_put_, ...: an op that writes the values of
+    a tensor it is given (torch's trailing underscore), through a view or not."""
+    base = op.split("::")[-1].split(".")[0]
+    return base.endswith("_") and not base.startswith("__") and base not in VIEW_OPS
+
+
 def _consumers(trace):
     """producer event -> [consumer events], from the inputs table, and from an in-place
     write to the `<input>` snapshot of what it wrote through another view (the snapshot's

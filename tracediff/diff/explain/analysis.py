@@ -6,7 +6,9 @@ It puts together what the modules beside it compute:
 
 * origin: the event to explain (EVENT, or the first bitwise difference when its inputs
   match, else the first difference beyond tolerance when its inputs do: the op that
-  introduced it).
+  introduced it). Never a view (`align.structure.is_view`: it only reinterprets bytes);
+  an in-place write only one run executed (`p.to_local().mul_`, the structural first
+  difference) is the origin itself: the script's own op changed the values (issue 51).
 * chain (`explain/chain.py`): dataflow path origin -> first beyond tolerance -> last differing
   event, with the amplification at each hop.
 * replay (`explain/verdict.py`): the origin op re-executed here from each side's inputs; which
@@ -28,10 +30,12 @@ import numpy as np
 from ...errors import TraceError
 from ...shell import command
 from . import chain as _chain
+from ..align.structure import is_inplace_write, is_view
 from ..compare import levels as _levels
 from .causes import bf16_pass_cause, environment
 from . import replay as _replay
-from ..result import (Analysis, Chain, CompiledCall, Finding, Inner, LocateResult, Replay)
+from ..result import (Analysis, Causes, Chain, CompiledCall, Finding, Inner, LocateResult,
+                      Replay)
 from .steps import steps_table
 from .verdict import fmt, local_errors, meaningful_ulp, replay_verdict
 
@@ -40,13 +44,19 @@ def _culprit(result):
     """The origin to explain: the first bitwise difference when it is introduced there
     (inputs bitwise equal), else the first difference beyond tolerance when it is (its
     inputs bitwise equal too: inputs within tolerance that differ bitwise carry a
-    difference in, `Finding.introduced`), else the first difference."""
+    difference in, `Finding.introduced`), else the first difference. Never a view: it
+    moves the bytes it is given, what wrote them changed the values (None: only views)."""
     f, fd = result.first_beyond_tolerance, result.first_difference
-    if fd is not None and fd.introduced:
-        return fd
-    if f is not None and f.introduced:
-        return f
-    return fd or f
+    ordered = [x for x in (fd, f) if x is not None and x.introduced] + [fd, f]
+    return next((x for x in ordered if x is not None and not is_view(x.a.op)), None)
+
+
+def _view_text(result) -> str:
+    """Why there is no origin where the values first differ at a view."""
+    v = result.first_difference or result.first_beyond_tolerance
+    return (f"the values first differ at {v.a.op} (a #{v.a.index}, step {v.a.step}), a view "
+            f"that only reinterprets the bytes it is given: they were changed before it, by a "
+            f"write (an in-place op) the trace does not show as differing")
 
 
 def with_local_error(d, f: Optional[Finding]) -> Optional[Finding]:
@@ -93,10 +103,14 @@ def analyse(result: LocateResult, d, event: Optional[int] = None) -> Analysis:
                              f"different ops there); pick a paired event")
         f = d.finding(event, eb, "bitwise")
         f.note = "chosen on the command line"
+    elif result.structural is not None and is_inplace_write(result.structural.event.op):
+        return _write_origin(out, result, d)
     else:
         f = _culprit(result)
     if f is None:
-        out.summary = structural_text(out.structural) + "; every compared value is bitwise " \
+        out.summary = _view_text(result) if result.verdict == "diverged" and (
+            result.first_difference or result.first_beyond_tolerance) else \
+            structural_text(out.structural) + "; every compared value is bitwise " \
             "identical: no op's values to replay" if out.structural is not None else \
             INCONCLUSIVE if result.verdict == "inconclusive" else \
             "the traces match bitwise: nothing to explain"
@@ -149,11 +163,52 @@ def analyse(result: LocateResult, d, event: Optional[int] = None) -> Analysis:
     out.environment = environment(result.env_diff, env_op, env_fw, f.inputs_match, rv,
                                   out.inner)
     _device_numerics(out.environment, d, rv)
-    if fb is not None and fb.a.index != ea and fb.inputs_match is True:
+    if fb is not None and fb.a.index != ea and fb.inputs_match is True and \
+            not is_view(fb.a.op):   # a view magnifies nothing
         out.tolerance_origin = with_local_error(d, fb)
     out.steps = steps_table(d, result)
     out.noise = result.noise
     out.summary = _summary(out, f)
+    return out
+
+
+def _write_origin(out: Analysis, result: LocateResult, d) -> Analysis:
+    """The origin is an in-place write only one run executed (`result.structural`): the
+    script's own op changed the values, so there is nothing to replay and no environment
+    cause; the chain follows what it changed from the first value difference."""
+    st = out.structural
+    out.origin_write = True
+    first = result.first_difference or result.first_beyond_tolerance
+    fb = result.first_beyond_tolerance
+    out.chain = Chain()
+    if first is not None:
+        try:
+            out.chain = _chain.build(d, first.a.index, fb.a.index if fb is not None else None,
+                                     role="first_difference")
+        except Exception as exc:  # never fail the analysis over the chain
+            out.chain = Chain(error=f"{type(exc).__name__}: {exc}"[:200])
+    out.environment = Causes(op_class="in-place write", none_found=(
+        f"none from the environment: {st.event.op} is the script's own write, executed only "
+        f"in {st.side}"))
+    out.steps = steps_table(d, result)
+    e = st.event
+    words = [f"{e.op} ({st.side} #{e.index}, step {e.step}" +
+             (f", rank {e.rank}" if e.rank is not None else "") +
+             (f", {e.source}" if e.source else "") +
+             f") changed the values: an in-place write only {st.side} executed"]
+    if fb is not None:
+        m = fb.metrics
+        rel = fmt(m.max_rel if m is not None else None)
+        words.append(f"what it wrote is beyond tolerance (max rel {rel}), first read through "
+                     f"{fb.a.op} (a #{fb.a.index}, step {fb.a.step}), a view of it"
+                     if is_view(fb.a.op) else
+                     f"the first difference beyond tolerance follows at {fb.a.op} (a "
+                     f"#{fb.a.index}, step {fb.a.step}), max rel {rel}")
+    strongest = out.chain.strongest if out.chain is not None else None
+    if strongest:
+        words.append(f"{strongest.op} (a #{strongest.index}) amplified a "
+                     f"{fmt(strongest.input_rel)} difference to {fmt(strongest.output_rel)}")
+    out.summary = ". ".join(words) + "."
     return out
 
 

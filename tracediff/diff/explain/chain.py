@@ -11,7 +11,8 @@ From the origin, a breadth-first search gives the shortest dataflow path to the 
 (the latest along the run: the final outputs as far as the trace shows them). Each hop
 reports its outputs' worst relative difference, its inputs' worst relative difference
 and their ratio, the amplification (output rel / input rel): >1 the op magnified the
-difference, <1 it damped it.
+difference, <1 it damped it. A view or reinterpretation (`align.structure.is_view`: a
+transpose, `to_local()`, a reshape) computes nothing: it has no amplification (issue 51).
 """
 
 import collections
@@ -20,6 +21,7 @@ from typing import Optional
 import numpy as np
 
 from ...trace import schema
+from ..align.structure import is_view
 from ..differ import BITWISE
 from ..result import Chain, EventRef, Gap, Hop, Metrics, Strongest
 
@@ -114,9 +116,10 @@ def _path(prev, end):
     return out[::-1]
 
 
-def build(d, origin: int, target: Optional[int] = None) -> Chain:
+def build(d, origin: int, target: Optional[int] = None, role: str = "origin") -> Chain:
     """The `Chain` from `origin` (an a-event) through `target` (the first beyond
-    tolerance, if any) to the last differing event it reaches."""
+    tolerance, if any) to the last differing event it reaches; `role`: what the first hop
+    is called ("first_difference" where the origin is a write only one run has)."""
     allowed = differing_mask(d)
     allowed[origin] = True
     starts, targets = consumers(d)
@@ -139,10 +142,10 @@ def build(d, origin: int, target: Optional[int] = None) -> Chain:
     hops = chain.hops
     prev_rel = None
     for i, ea in enumerate(path[:MAX_LINKS]):
-        hops.append(_hop(d, ea, i, origin, target, last, prev_rel))
+        hops.append(_hop(d, ea, i, origin, target, last, prev_rel, role))
         prev_rel = hops[-1].metrics.max_rel
     if len(path) > MAX_LINKS:
-        hops.append(_hop(d, path[-1], len(path) - 1, origin, target, last, None))
+        hops.append(_hop(d, path[-1], len(path) - 1, origin, target, last, None, role))
     amps = [(h.amplification, j) for j, h in enumerate(hops)
             if isinstance(h.amplification, float) and np.isfinite(h.amplification) and j > 0]
     if amps:
@@ -154,7 +157,7 @@ def build(d, origin: int, target: Optional[int] = None) -> Chain:
     return chain
 
 
-def _hop(d, ea, i, origin, target, last, prev_rel):
+def _hop(d, ea, i, origin, target, last, prev_rel, role="origin"):
     eb = int(d.al.a2b[ea])
     e = d.ta.event(ea)
     ev = EventRef(index=e["index"], op=e["op"], name_stack=e["name_stack"], source=e["source"],
@@ -177,11 +180,12 @@ def _hop(d, ea, i, origin, target, last, prev_rel):
         in_rel = prev_rel   # the parent link (a call's outputs from its equations)
     out_rel = metrics.max_rel
     amp = None
-    if in_rel and out_rel is not None and np.isfinite(in_rel) and in_rel > 0:
+    if in_rel and out_rel is not None and np.isfinite(in_rel) and in_rel > 0 and \
+            not is_view(ev.op):   # a view moves the bytes it is given: nothing amplified
         amp = out_rel / in_rel
     roles = []
     if ea == origin:
-        roles.append("origin")
+        roles.append(role)
     if target is not None and ea == target:
         roles.append("first_beyond_tolerance")
     if ea == last:

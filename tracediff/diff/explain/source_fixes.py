@@ -65,6 +65,10 @@ def fix(d, result, cl, src):
             return (f"none on the command line: the backends compute it differently ({c.a} "
                     f"vs {c.b}); run it on one backend to compare values", [], keys)
         return (f"align {c.key} ({c.a} vs {c.b}) between the two machines", [], keys)
+    st = result.structural
+    if st is not None:   # an op only one run executed changed the values before this one
+        return (f"none from the environment: it follows {st.text}, an op the other run did "
+                f"not execute", [], [])
     return ("no recorded environment difference explains it (hardware, or a library loaded "
             "at run time)", [], [])
 

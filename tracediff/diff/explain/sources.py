@@ -468,5 +468,3 @@ def _initial_values_share(clusters, sources):
     total = sum(s.weight for s in sources) or 1.0
     for s in sources:
         s.share = s.weight / total
-
-
