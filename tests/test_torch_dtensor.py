@@ -17,6 +17,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed.fsdp")
+if not (torch.distributed.is_available() and torch.distributed.is_gloo_available()):
+    pytest.skip("torch built without gloo: no process group on the CPU", allow_module_level=True)
 
 from tests.helpers import run_cli  # noqa: E402
 from tracediff.trace import schema  # noqa: E402
