@@ -24,7 +24,7 @@ from ..helpers import ROOT, run_cli
 
 PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "hf_bert_train.py")
 RTOL, ATOL = 1e-5, 1e-6
-CASES = {"ok": (), "mask": ("--bug", "decay_mask"), "ok_eager": ("--attn", "eager"),
+CASES = {"ok": ("--grads",), "mask": ("--bug", "decay_mask"), "ok_eager": ("--attn", "eager"),
          "mask_eager": ("--attn", "eager", "--bug", "decay_mask")}
 
 
@@ -218,7 +218,9 @@ def test_correct_port_optimizer_by_role_no_false_positive(runs):
     for s in r.optimizer_steps:
         assert s.by == "role" and s.beyond == 0 and s.first_beyond is None
         # every 64x64 projection compared transposed by role: the worst tensor agrees as
-        # the truth's worst does (was "relative L2 1.41" untransposed)
+        # the truth's worst does (was "relative L2 1.41" untransposed), both measured where
+        # the gradient is no rounding noise (the "ok" case dumps the gradients: a key
+        # projection's bias, whose gradient is noise throughout, is never the worst)
         worst_truth = max(row[1] for row in tr[s.step])
         assert s.worst_rel_l2 is not None and s.worst_rel_l2 < 1e-5
         assert worst_truth / 3 < s.worst_rel_l2 < worst_truth * 3
