@@ -24,7 +24,7 @@ from ..helpers import ROOT, run_cli
 
 PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "hf_bert_train.py")
 RTOL, ATOL = 1e-5, 1e-6
-CASES = {"ok": (), "mask": ("--bug", "decay_mask"), "ok_eager": ("--attn", "eager"),
+CASES = {"ok": ("--grads",), "mask": ("--bug", "decay_mask"), "ok_eager": ("--attn", "eager"),
          "mask_eager": ("--attn", "eager", "--bug", "decay_mask")}
 
 
@@ -218,8 +218,12 @@ def test_correct_port_optimizer_by_role_no_false_positive(runs):
     for s in r.optimizer_steps:
         assert s.by == "role" and s.beyond == 0 and s.first_beyond is None
         # every 64x64 projection compared transposed by role: the worst tensor agrees as
-        # the truth's worst does (was "relative L2 1.41" untransposed)
-        worst_truth = max(row[1] for row in tr[s.step])
+        # the truth's worst does (was "relative L2 1.41" untransposed); a parameter whose
+        # gradient is rounding noise throughout (a key projection's bias: the "ok" case
+        # dumps the gradients) is no step's worst while another differs
+        z = np.load(dump)
+        worst_truth = max(row[1] for row in truth(dump, determined=False)[s.step]
+                          if not _noise(z, s.step, row[0]).all())
         assert s.worst_rel_l2 is not None and s.worst_rel_l2 < 1e-5
         assert worst_truth / 3 < s.worst_rel_l2 < worst_truth * 3
 

@@ -4,12 +4,13 @@ converter, then `optax.adamw` against `torch.optim.AdamW` with the same hyper-pa
 the same batch (loss: mean of squares of the last hidden state over the tokens that are not padding).
 
     python hf_bert_train.py [--attn sdpa|eager] [--bug none|decay_mask] [--steps N] [--dump F]
-                            [--side both|flax|torch]
+                            [--side both|flax|torch] [--grads]
 
 --bug decay_mask: the HF Flax examples' weight-decay mask (no decay on biases and LayerNorm
 scales) on the Flax side only. --dump F: the parameters of both sides after every step
 (numpy, each side in its own layout and names) into F.npz. --side flax / torch: one
-framework's training only (two scripts: record each with --framework jax / torch).
+framework's training only (two scripts: record each with --framework jax / torch). --grads:
+the dump holds both sides' gradients of every step too (`flax_grad/`, `torch_grad/`).
 """
 import argparse
 import types
@@ -41,6 +42,7 @@ def main():
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--dump", default=None)
     ap.add_argument("--side", choices=("both", "flax", "torch"), default="both")
+    ap.add_argument("--grads", action="store_true")
     args = ap.parse_args()
 
     config = BertConfig(vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -81,14 +83,16 @@ def main():
     def train_step(p, opt_state):
         loss, grads = jax.value_and_grad(loss_fn)(p)
         updates, opt_state = tx.update(grads, opt_state, p)
-        return optax.apply_updates(p, updates), opt_state, loss
+        return optax.apply_updates(p, updates), opt_state, loss, grads if args.grads else None
 
     p = params
     for step in range(args.steps if args.side != "torch" else 0):
-        p, opt_state, loss = train_step(p, opt_state)
+        p, opt_state, loss, grads = train_step(p, opt_state)
         print(f"flax step {step}: loss {float(loss):.9f}")
         for path, v in traverse_util.flatten_dict(p).items():
             dump[f"flax/{step}/{'/'.join(path)}"] = np.asarray(v)
+        for path, v in traverse_util.flatten_dict(grads).items() if grads is not None else ():
+            dump[f"flax_grad/{step}/{'/'.join(path)}"] = np.asarray(v)
 
     # torch
     for name, v in tmodel.named_parameters():
@@ -100,6 +104,8 @@ def main():
         h = tmodel(tids, attention_mask=tmask).last_hidden_state
         loss = (h ** 2 * tmask[:, :, None]).sum() / (tmask.sum() * h.shape[-1])
         loss.backward()
+        for name, v in tmodel.named_parameters() if args.grads else ():
+            dump[f"torch_grad/{step}/{name}"] = v.grad.numpy().copy()
         opt.step()
         print(f"torch step {step}: loss {loss.item():.9f}")
         for name, v in tmodel.named_parameters():

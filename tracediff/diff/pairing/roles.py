@@ -152,7 +152,7 @@ class RoleSteps(OptimizerCause):
                     continue
                 own = compare.RelL2()   # this tensor's ||a - b|| / ||a||
                 own.add(xa, xb_t)
-                v = own.value() if not m["bitwise_equal"] else 0.0
+                v = whole = own.value() if not m["bitwise_equal"] else 0.0
                 pname = optroles.param_name(xa_name, fa, xb_name, fb)
                 if role == "params":   # the model's order: torch's named_parameters()
                     x = xb_name if side_b else xa_name
@@ -199,13 +199,10 @@ class RoleSteps(OptimizerCause):
                         fit = optroles.decay_fit(np.asarray(xa, np.float64)[keep] -
                                                  np.asarray(xb_t, np.float64)[keep],
                                                  np.asarray(before)[keep])
-                if role == "params" and v:
-                    if before is None and pname in noisy:
-                        before = self._before_step(xa_name, xb_name, na, nb, xa)
+                if role == "params" and whole:
                     candidates.append(worst_candidate(
-                        xa, xb_t, noisy.get(pname), fit, before,
-                        f"{optroles.after_step_name(xa_name)} <-> "
-                        f"{optroles.after_step_name(xb_name)}", v, _num(m.get("max_abs"))))
+                        noisy.get(pname), f"{optroles.after_step_name(xa_name)} <-> "
+                        f"{optroles.after_step_name(xb_name)}", whole, _num(m.get("max_abs"))))
                 judged.append(dict(role=role, pname=pname, xa_name=xa_name, xb_name=xb_name,
                                    rel=v, max_abs=_num(m.get("max_abs")), rtol=rtol,
                                    atol=atol, beyond=beyond, fit=fit, undetermined=undetermined,
@@ -348,33 +345,21 @@ def _decay_note(c, same, judged, fw_a, fw_b, upstream_match):
             f"a weight-decay mask on one side")
 
 
-def worst_candidate(xa, xb, mask, fit, before, name, whole, tabs):
-    """(relative L2 where the parameter's gradient is no rounding noise, or None where it
-    is noise throughout; the whole tensor's; their max abs; the pair's name) of one
-    parameter after the step, for the step's worst (`_worst`). A gradient that is noise
-    throughout (a key projection's bias) says nothing of what a bug changed, whatever
-    else moved the parameter; where only part of it is noise, a difference that is
-    decoupled weight decay as a whole is determined by the program, noise or not."""
-    real, real_abs = whole, tabs
-    if mask is not None and mask.shape == np.shape(xa) and mask.all():
-        return None, whole, None, tabs, name
-    if mask is not None and mask.shape == np.shape(xa):
-        if fit[0] is None and before is not None:
-            fit = optroles.decay_fit(np.asarray(xa, np.float64) -
-                                     np.asarray(xb, np.float64), before)
-        if not (fit[0] is not None and fit[1] < DECAY_RESIDUAL):
-            keep = ~mask
-            real = _rel_where(xa, xb, keep) if keep.any() else None
-            real_abs = float(np.max(np.abs(np.asarray(xa, np.float64)[keep] -
-                                           np.asarray(xb, np.float64)[keep]))) \
-                if keep.any() else None
-    return real, whole, real_abs, tabs, name
+def worst_candidate(mask, name, whole, tabs):
+    """(its relative L2, or None where the parameter's gradient is rounding noise
+    throughout; the same whole; its max abs; the pair's name) of one parameter after the
+    step, for the step's worst (`_worst`). A gradient that is noise throughout (a key
+    projection's bias, which softmax makes zero but for rounding) says nothing of what a
+    bug changed: Adam makes each side's noise a step of up to lr of its own."""
+    if mask is not None and mask.size and mask.all():
+        return None, whole, tabs, tabs, name
+    return whole, whole, tabs, tabs, name
 
 
 def _worst(candidates):
     """(relative L2, max abs, name) of a step's worst parameter after the step: the largest
-    difference where the gradient is no rounding noise; a parameter whose gradient is noise
-    throughout (a key projection's bias) only when no other parameter differs."""
+    relative L2 among parameters whose gradient is not rounding noise throughout; one whose
+    gradient is (a key projection's bias) only when no other parameter differs."""
     real = [c for c in candidates if c[0]]
     if real:
         c = max(real, key=lambda c: c[0])
