@@ -55,8 +55,11 @@ ATTACK = """\
         signal.signal(sig, signal.SIG_IGN)
     elif sig is not None and handler != "default":
         signal.signal(sig, globals()[handler])
-    if timing == "first":
+    if timing == "first":           # the signal comes before the script's first output
         ready()
+        wait = time.monotonic() + 2.0
+        while not stop and time.monotonic() < wait:
+            time.sleep(0.005)
     print("started", flush=True)
     if game == "closerange3":
         os.closerange(3, 65536)

@@ -216,6 +216,8 @@ def test_a_small_difference_that_is_not_noise_is_the_headline(small_quotient):
     assert r.first_difference.metrics.within_tolerance   # ~1.5e-7 apart: within atol
     f = r.first_beyond_tolerance
     assert f is not None and r.verdict == "diverged", r.near_zero
-    assert f.a.op == "aten::div.Tensor" and f.inputs_reason.endswith("(within tolerance)")
+    # its input is within tolerance, and says that it differs bitwise (never "introduced")
+    assert f.a.op == "aten::div.Tensor" and "(within tolerance)" in f.inputs_reason
+    assert "differs bitwise" in f.inputs_reason and f.inputs_bitwise is False
     assert f.a.source == f"test_show_change.py:{_line('QUOTIENT_LINE')}"
     assert r.near_zero is None

@@ -138,17 +138,18 @@ def missed_frameworks(t):
 
 # -- two frameworks: which units are the other side's work, which were compared ---------------
 
-def _external_atoms(p, g, s):
+def _external_atoms(p, g, s, same_framework):
     """The support items (`pairing/atoms.py`) of the atoms that are the other side's too:
     those side `s` (graph `g`) was handed from outside its recorded computation (data and
     weights given to both sides), and those both sides computed themselves (two runs of
     one program drawing the same weights and data from their RNG: the forward on them is
-    both runs' work, whatever a user map pairs). A value only this side computed (Flax's
-    fresh weights, which the torch port is handed) is not."""
+    both runs' work, whatever a user map pairs: `same_framework`). A value only this side
+    computed (Flax's fresh weights, which the torch port is handed) is not, nor one each
+    framework of a port computes on its own (`jnp.arange` and `torch.arange`: setup)."""
     memo = {}
     return {("a", aid) for aid, rows in p.atom_rows.items()
             if rows[s] is not None and (_handed_in(g, rows[s], memo) or (
-                rows[1 - s] is not None and g.key(rows[s]) in p.computed))}
+                same_framework and rows[1 - s] is not None and g.key(rows[s]) in p.computed))}
 
 
 def _handed_in(g, row, memo, depth=0):
@@ -284,7 +285,8 @@ def _counted(d, side):
     ph, kind = t.events["phase"], t.events["kind"]
     if hasattr(al, "units_a"):                              # two frameworks
         g = d.ga if side == "a" else d.gb
-        counted, covered = _port_units(g, m, _external_atoms(d.p, g, 0 if side == "a" else 1),
+        counted, covered = _port_units(g, m, _external_atoms(d.p, g, 0 if side == "a" else 1,
+                                                             d.ga.fw == d.gb.fw),
                                        optimizer_compared=bool(getattr(d, "optim", None)))
         units = [u for u, c in zip(g.units, counted) if c]
         paired = [p for p, c in zip(covered, counted) if c]

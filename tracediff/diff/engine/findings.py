@@ -31,8 +31,8 @@ class FindingBuilder:
             # not introduce the difference on its own, whatever its output shows
             bitwise, _, bad = self.inputs_match(ea, eb, compare.BITWISE)
             if bitwise is False and bad:
-                reason = (f"{reason}, but {len(bad)} of them differ bitwise: "
-                          f"{_inputs_named(bad)}")
+                which = "it differs" if len(bad) == 1 else f"{len(bad)} of them differ"
+                reason = f"{reason}, but {which} bitwise: {_inputs_named(bad)}"
         per_device, device_note = _devices.spread(self.ta, self.tb, ea, eb)
         ref_a, ref_b = _event(self.ta, ea, self.sa), _event(self.tb, eb, self.sb)
         return Finding(level=level, a=ref_a, b=ref_b,
