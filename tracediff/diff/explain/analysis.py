@@ -44,11 +44,18 @@ def _culprit(result):
     """The origin to explain: the first bitwise difference when it is introduced there
     (inputs bitwise equal), else the first difference beyond tolerance when it is (its
     inputs bitwise equal too: inputs within tolerance that differ bitwise carry a
-    difference in, `Finding.introduced`), else the first difference. Never a view: it
-    moves the bytes it is given, what wrote them changed the values (None: only views)."""
+    difference in, `Finding.introduced`), else the first difference. Never a view whose
+    arguments are equal: it moves the bytes it is given, what wrote them changed the values
+    (None: only such views)."""
     f, fd = result.first_beyond_tolerance, result.first_difference
     ordered = [x for x in (fd, f) if x is not None and x.introduced] + [fd, f]
-    return next((x for x in ordered if x is not None and not is_view(x.a.op)), None)
+    return next((x for x in ordered if x is not None and not _reinterprets(x)), None)
+
+
+def _reinterprets(f: Finding) -> bool:
+    """A view that only reinterprets what it reads: its arguments are equal on both sides
+    (a slice that starts elsewhere selects other values: it is an origin)."""
+    return is_view(f.a.op) and not f.arguments
 
 
 def _view_text(result) -> str:
