@@ -43,6 +43,7 @@ import re
 import numpy as np
 
 from ...trace import schema
+from ..compare import dtypes as _dtypes
 from ..differ import BITWISE
 from ..result import Source, Sources
 from . import replay as _replay
@@ -249,7 +250,7 @@ class _Cluster:
         self.op, self.module, self.phase, self.init, self.inputs_equal = key
         self.members = members
         self.judged = []          # [(ea, eb, Measure)] of the replayed/compared events
-        self.mechanism = ""       # short key: bf16_inputs, initialiser, fma, ...
+        self.mechanism = ""       # short key: dtype, bf16_inputs, initialiser, fma, ...
         self.mechanism_text = ""
         self.side = ""            # "a", "b" or "both"
         self.framework = ""
@@ -307,6 +308,11 @@ class _Cluster:
             self.mechanism_text = ("the initialiser differs: an RNG or initialiser op computes "
                                    "its values differently on the two sides")
             return
+        cast, narrow = _dtype_change(d, ea, eb)
+        if cast:
+            self.mechanism, self.side = "dtype", narrow
+            self.mechanism_text = f"computed in another dtype ({cast})"
+            return
         bf16 = _bf16_side(d, ea, eb)
         if bf16:
             self.mechanism, self.side = "bf16_inputs", bf16
@@ -351,6 +357,26 @@ class _CompiledCluster(_Cluster):
                                f"equations run one by one: fusion (a multiply and an add "
                                f"contracted into one FMA, reductions reassociated or "
                                f"vectorised), where the other side's does not or less")
+
+
+_WIDTH = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def _out_dtypes(t, ev):
+    rows = t.value_rows(ev, schema.ROLE_OUT)
+    return [t.string(r["dtype"]) for r in rows[np.argsort(rows["slot"], kind="stable")]]
+
+
+def _dtype_change(d, ea, eb):
+    """(note, narrower side) when the paired outputs differ in dtype (autocast on one
+    side, or a cast in the program): the dtype, not a kernel, makes the difference;
+    ("", "") otherwise."""
+    da, db = _out_dtypes(d.ta, ea), _out_dtypes(d.tb, eb)
+    note = _dtypes.dtype_note(d.ta, d.tb, ea, eb, da, db)
+    if not note:
+        return "", ""
+    x, y = next((x, y) for x, y in zip(da, db) if x != y)
+    return note, "a" if _WIDTH.get(x, 4) < _WIDTH.get(y, 4) else "b"
 
 
 def _bf16_side(d, ea, eb):
