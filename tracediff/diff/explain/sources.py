@@ -226,13 +226,19 @@ def is_initialiser(t, ev) -> bool:
     return any(_INIT.match(op) for op in _ancestor_ops(t, ev))
 
 
-def _random_data(op, module, framework):
+# a module library's own file: an RNG op run there initialises a module's parameters
+_MODULE_LIB = re.compile(r"[/\\](flax|haiku|equinox)[/\\]")
+
+
+def _random_data(op, module, framework, lib_source=""):
     """An RNG op that draws data rather than parameters: in JAX, one outside any module
-    (Flax initialises inside the module's name stack); in torch, one that makes a new
-    tensor (`randn`) rather than filling a parameter in place (`normal_`)."""
+    (Flax linen initialises inside the module's name stack) and not run from a module
+    library's file (NNX has no name stack: its `nnx.Linear` draws in flax/nnx/nn/linear.py);
+    in torch, one that makes a new tensor (`randn`) rather than filling a parameter in place
+    (`normal_`)."""
     if framework == "torch":
         return not op.split("::", 1)[-1].split(".", 1)[0].endswith("_")
-    return not module
+    return not module and not _MODULE_LIB.search(lib_source or "")
 
 
 def _cluster_key(d, ea, inputs_equal):
@@ -297,7 +303,8 @@ class _Cluster:
         ea, eb, m = self.worst
         self.side = m.side
         self.framework = schema.FW_NAMES.get(int(d.ta.events[ea]["framework"]), "")
-        if self.init and _random_data(self.op, self.module, self.framework):
+        lib = d.ta.event(ea).get("lib_source", "") if self.init else ""
+        if self.init and _random_data(self.op, self.module, self.framework, lib):
             self.mechanism = "random_data"
             self.mechanism_text = ("the random data differ: an RNG op drawing the program's "
                                    "inputs (not a module's parameters) computes its values "
