@@ -65,6 +65,8 @@ _INIT = re.compile(
     r"random_\w+|threefry\w*|bernoulli_?|exponential_|random_|randn\w*|rand\w*|randint\w*|"
     r"randperm\w*|normal_|uniform_|trunc_normal_|kaiming\w*|xavier\w*|variance_scaling\w*|"
     r"lecun\w*|glorot\w*|he_\w+)$")
+# torch's RNG fills: their outputs never depend on the values they overwrite
+_FILLS = frozenset({"aten::normal_", "aten::uniform_"})
 _COMPUTING = {schema.KIND_EQN, schema.KIND_EAGER, schema.KIND_OP}
 # equations that hold other equations (those are the detail), or pass values through
 _CONTAINERS = re.compile(r"^(jit:.*|pjit|closed_call|core_call|custom_jvp_call|custom_vjp_call\w*|"
@@ -194,8 +196,9 @@ def _candidates(d):
             match = d.inputs_match(ea, eb, BITWISE)[0]
         except Exception:   # an odd input row: judged as inheriting (never a false source)
             match = False
-        if match is None and is_initialiser(d.ta, ea):
-            match = True   # an RNG op writes over what it reads (normal_ on empty memory)
+        if (match is None and is_initialiser(d.ta, ea)) or op in _FILLS:
+            match = True   # an RNG op writes over what it reads (normal_ on empty memory,
+            # or HF's `_init_weights` re-drawing a weight the constructor drew first)
         if match is None:
             continue
         out.append((ea, eb, bool(match)))
