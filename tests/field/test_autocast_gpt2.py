@@ -6,13 +6,19 @@ Truth, independent of tracediff: forward hooks on every module of the same model
 ways; the first module (in the order the hooks fire) whose output differs is the attention's
 `c_attn` of the first block (its `addmm` computes in bfloat16). tracediff must name that op
 and say bfloat16 and autocast, not a residual add further on.
+
+Its sources (issue 51): the float32 program run twice plainly ends with bitwise equal
+parameters, so autocast is the only thing the two runs differ in: the counterfactual run
+(b without autocast) removes the whole difference. Every source must be the change of dtype,
+on b, with autocast as its cause; never a kernel "computing differently" (a transpose of a
+bfloat16 weight, a dropout's division in bfloat16).
 """
 
 import os
 
 import pytest
 
-from ..helpers import locate_json, run_cli
+from ..helpers import locate_json, run_cli, run_plain
 
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs", "gpt2_autocast.py")
 
@@ -76,3 +82,28 @@ def test_autocast_gpt2_names_the_first_bfloat16_op(runs):
     assert "autocast" in r["explain"]["mechanism"]
     assert any(e["key"] == "frameworks.torch.autocast.used" and e["b"] == "cpu bfloat16"
                for e in r["env_diff"])
+
+
+def _final_params(path):
+    import torch
+
+    return {k: v.numpy() for k, v in torch.load(path).items()}
+
+
+def test_autocast_gpt2_every_source_is_the_change_of_dtype(runs, tmp_path):
+    # the truth: without autocast the program is bitwise reproducible; with it, it differs
+    finals = [tmp_path / f"{n}.pt" for n in ("fp32", "fp32_again", "bf16")]
+    for path, args in zip(finals, ((), (), ("--autocast",))):
+        run_plain(PROGRAM, *args, "--save-final", path)
+    fp32, again, bf16 = map(_final_params, finals)
+    assert all((fp32[k] == again[k]).all() for k in fp32)
+    assert any((fp32[k] != bf16[k]).any() for k in fp32)
+    sources = locate_json(*runs)["sources"]["sources"]
+    ranked = [(s["mechanism"], s["side"], s["how"], round(s["share"], 3)) for s in sources]
+    assert sources, ranked
+    assert all(s["mechanism"] == "dtype" and s["side"] == "b" for s in sources), ranked
+    assert "float32 vs bfloat16" in sources[0]["mechanism_text"]
+    assert all("autocast" in s["fix"] and "frameworks.torch.autocast.used" in s["causes"]
+               for s in sources), [(s["fix"], s["causes"]) for s in sources]
+    # the first op computed in bfloat16 (the hooks' c_attn) is one of them
+    assert any(op == "aten::addmm" for s in sources for op, _ in s["ops"]), ranked

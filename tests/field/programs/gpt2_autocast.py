@@ -1,5 +1,6 @@
 """A user's GPT-2 training step (transformers, 2 layers, n_embd 64, random init, AdamW),
-in float32, or with `--autocast` under torch.autocast("cpu", dtype=torch.bfloat16)."""
+in float32, or with `--autocast` under torch.autocast("cpu", dtype=torch.bfloat16).
+`--save-final FILE` writes the parameters after the step (torch.save)."""
 
 import argparse
 import contextlib
@@ -9,6 +10,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 p = argparse.ArgumentParser()
 p.add_argument("--autocast", action="store_true")
+p.add_argument("--save-final")
 args = p.parse_args()
 
 torch.manual_seed(0)
@@ -23,3 +25,5 @@ with ctx:
 out.loss.backward()
 opt.step()
 print("loss", out.loss.item())
+if args.save_final:
+    torch.save(model.state_dict(), args.save_final)

@@ -1,6 +1,14 @@
 """A small Flax NNX regression trained with nnx.Optimizer(Adam) under nnx.jit, plus an
-evaluation under jax.jit with a static flag, as a user writes one."""
+evaluation under jax.jit with a static flag, as a user writes one.
 
+The options are what a user adds to test what made two runs differ (counterfactual runs):
+
+  --save-init FILE     write the initial parameters (np.savez) after initialisation
+  --init-from FILE     start from these initial parameters instead of the initialiser's
+  --save-final FILE    write the parameters after the last step
+"""
+
+import argparse
 import functools
 
 import jax
@@ -40,10 +48,31 @@ def predict(graphdef, state, x):
     return nnx.merge(graphdef, state)(x)
 
 
+def params(model):
+    return {f"{layer}.{name}": np.asarray(getattr(getattr(model, layer), name)[...])
+            for layer in ("fc1", "fc2") for name in ("kernel", "bias")}
+
+
+def load(model, path):
+    with np.load(path) as saved:
+        for key in saved.files:
+            layer, name = key.split(".")
+            getattr(getattr(model, layer), name)[...] = jnp.asarray(saved[key])
+
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--save-init")
+ap.add_argument("--init-from")
+ap.add_argument("--save-final")
+args = ap.parse_args()
 rng = np.random.default_rng(0)
 x = jnp.asarray(rng.standard_normal((64, 8)), jnp.float32)
 y = jnp.asarray(rng.standard_normal((64, 1)), jnp.float32)
 model = MLP(nnx.Rngs(0))
+if args.init_from:
+    load(model, args.init_from)
+if args.save_init:
+    np.savez(args.save_init, **params(model))
 optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
 for _ in range(5):
     loss = train_step(model, optimizer, x, y)
@@ -51,3 +80,5 @@ graphdef, state = nnx.split(model)
 pred = predict(graphdef, state, x)
 print("loss", repr(float(loss)), "mse", repr(float(error(pred, y, squared=True))),
       "mae", repr(float(error(pred, y, squared=False))))
+if args.save_final:
+    np.savez(args.save_final, **params(model))

@@ -4,8 +4,8 @@ An op whose inputs already differ carries what it inherits; the question for the
 (`explain/sources.py`) is whether it adds more. Each side's op is re-run here on that
 side's own recorded inputs (`explain/replay.py`), in its dtype and in float64:
 
-* this machine reproduces both sides bitwise: both computed the same way, the op adds
-  nothing of its own (`Measure.source` False);
+* this machine reproduces both sides bitwise, in the same dtypes: both computed the same
+  way, the op adds nothing of its own (`Measure.source` False);
 * otherwise a side's local error is `recorded - exact(its own inputs)` and the op adds
   `local_a - local_b` (what is left of `out_a - out_b` once the inherited part is taken
   out); it is a source where one side computes differently: reproduced on one side only, or
@@ -107,7 +107,7 @@ def measure_event(d, ea, eb, inputs_equal, replay):
         return m
     m.replayed = 2
     ra, rb = m.reproduced = (here_a[3], here_b[3])
-    if ra and rb:
+    if ra and rb and _same_dtypes(here_a[2], here_b[2]):
         m.reason = "both sides reproduced here: the op computes the same way on both"
         return m
     try:
@@ -126,6 +126,14 @@ def measure_event(d, ea, eb, inputs_equal, replay):
         m.side = ("b" if ra and rb is False else "a" if rb and ra is False else
                   "a" if la > lb else "b")
     return m
+
+
+def _same_dtypes(outs_a, outs_b):
+    """True when the two sides' outputs have the same dtypes: reproduced on both sides then
+    means computed the same way; in two dtypes (autocast on one side) the narrower one adds
+    its own rounding however faithfully this machine reproduces it."""
+    return [np.asarray(x).dtype for x in outs_a if x is not None] == \
+        [np.asarray(y).dtype for y in outs_b if y is not None]
 
 
 def _local(m, here_a, here_b):

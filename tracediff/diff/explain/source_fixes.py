@@ -32,6 +32,13 @@ def fix(d, result, cl, src):
                 [shell.comment(f"re-run {argv_side} with the other run's random inputs loaded "
                                f"from a file (a change to the script): the difference left is "
                                f"what the other sources make")], [])
+    if src.mechanism == "dtype":
+        keys = [e["key"] for e in result.env_diff if ".autocast." in e["key"]]
+        return (f"compute in the same dtype on both sides: autocast off on {argv_side}, or "
+                f"on for both (or the program's cast as on the other side)",
+                [shell.comment(f"re-run {argv_side} in the other run's dtype (autocast or "
+                               f"the cast as on the other side: a change to the script): "
+                               f"should remove ~{src.share:.0%} of the difference")], keys)
     if src.mechanism == "bf16_inputs":
         fw = cl.framework or "jax"
         fix = fix_for("bf16_inputs", fw) or "run the matmuls and convolutions in float32"
@@ -101,7 +108,8 @@ def source_line(s):
                                    f"steps {s.steps[0]}-{s.steps[1]}")
     mech = "random data" if s.mechanism == "random_data" else \
         "initialiser" if s.mechanism == "initialiser" else \
-        "bf16 pass" if s.mechanism == "bf16_inputs" else s.mechanism.replace("implementation:",
+        "bf16 pass" if s.mechanism == "bf16_inputs" else \
+        "another dtype" if s.mechanism == "dtype" else s.mechanism.replace("implementation:",
                                                                              "implementation, ")
     local = ""
     if s.local_a is not None and s.local_b is not None and s.how == "adds":

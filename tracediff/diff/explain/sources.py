@@ -43,6 +43,7 @@ import re
 import numpy as np
 
 from ...trace import schema
+from ..compare import dtypes as _dtypes
 from ..differ import BITWISE
 from ..result import Source, Sources
 from . import replay as _replay
@@ -64,6 +65,8 @@ _INIT = re.compile(
     r"random_\w+|threefry\w*|bernoulli_?|exponential_|random_|randn\w*|rand\w*|randint\w*|"
     r"randperm\w*|normal_|uniform_|trunc_normal_|kaiming\w*|xavier\w*|variance_scaling\w*|"
     r"lecun\w*|glorot\w*|he_\w+)$")
+# torch's RNG fills: their outputs never depend on the values they overwrite
+_FILLS = frozenset({"aten::normal_", "aten::uniform_"})
 _COMPUTING = {schema.KIND_EQN, schema.KIND_EAGER, schema.KIND_OP}
 # equations that hold other equations (those are the detail), or pass values through
 _CONTAINERS = re.compile(r"^(jit:.*|pjit|closed_call|core_call|custom_jvp_call|custom_vjp_call\w*|"
@@ -193,8 +196,9 @@ def _candidates(d):
             match = d.inputs_match(ea, eb, BITWISE)[0]
         except Exception:   # an odd input row: judged as inheriting (never a false source)
             match = False
-        if match is None and is_initialiser(d.ta, ea):
-            match = True   # an RNG op writes over what it reads (normal_ on empty memory)
+        if (match is None and is_initialiser(d.ta, ea)) or op in _FILLS:
+            match = True   # an RNG op writes over what it reads (normal_ on empty memory,
+            # or HF's `_init_weights` re-drawing a weight the constructor drew first)
         if match is None:
             continue
         out.append((ea, eb, bool(match)))
@@ -225,13 +229,19 @@ def is_initialiser(t, ev) -> bool:
     return any(_INIT.match(op) for op in _ancestor_ops(t, ev))
 
 
-def _random_data(op, module, framework):
+# a module library's own file: an RNG op run there initialises a module's parameters
+_MODULE_LIB = re.compile(r"[/\\](flax|haiku|equinox)[/\\]")
+
+
+def _random_data(op, module, framework, lib_source=""):
     """An RNG op that draws data rather than parameters: in JAX, one outside any module
-    (Flax initialises inside the module's name stack); in torch, one that makes a new
-    tensor (`randn`) rather than filling a parameter in place (`normal_`)."""
+    (Flax linen initialises inside the module's name stack) and not run from a module
+    library's file (NNX has no name stack: its `nnx.Linear` draws in flax/nnx/nn/linear.py);
+    in torch, one that makes a new tensor (`randn`) rather than filling a parameter in place
+    (`normal_`)."""
     if framework == "torch":
         return not op.split("::", 1)[-1].split(".", 1)[0].endswith("_")
-    return not module
+    return not module and not _MODULE_LIB.search(lib_source or "")
 
 
 def _cluster_key(d, ea, inputs_equal):
@@ -249,7 +259,7 @@ class _Cluster:
         self.op, self.module, self.phase, self.init, self.inputs_equal = key
         self.members = members
         self.judged = []          # [(ea, eb, Measure)] of the replayed/compared events
-        self.mechanism = ""       # short key: bf16_inputs, initialiser, fma, ...
+        self.mechanism = ""       # short key: dtype, bf16_inputs, initialiser, fma, ...
         self.mechanism_text = ""
         self.side = ""            # "a", "b" or "both"
         self.framework = ""
@@ -296,7 +306,8 @@ class _Cluster:
         ea, eb, m = self.worst
         self.side = m.side
         self.framework = schema.FW_NAMES.get(int(d.ta.events[ea]["framework"]), "")
-        if self.init and _random_data(self.op, self.module, self.framework):
+        lib = d.ta.event(ea).get("lib_source", "") if self.init else ""
+        if self.init and _random_data(self.op, self.module, self.framework, lib):
             self.mechanism = "random_data"
             self.mechanism_text = ("the random data differ: an RNG op drawing the program's "
                                    "inputs (not a module's parameters) computes its values "
@@ -306,6 +317,11 @@ class _Cluster:
             self.mechanism = "initialiser"
             self.mechanism_text = ("the initialiser differs: an RNG or initialiser op computes "
                                    "its values differently on the two sides")
+            return
+        cast, narrow = _dtype_change(d, ea, eb)
+        if cast:
+            self.mechanism, self.side = "dtype", narrow
+            self.mechanism_text = f"computed in another dtype ({cast})"
             return
         bf16 = _bf16_side(d, ea, eb)
         if bf16:
@@ -351,6 +367,26 @@ class _CompiledCluster(_Cluster):
                                f"equations run one by one: fusion (a multiply and an add "
                                f"contracted into one FMA, reductions reassociated or "
                                f"vectorised), where the other side's does not or less")
+
+
+_WIDTH = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def _out_dtypes(t, ev):
+    rows = t.value_rows(ev, schema.ROLE_OUT)
+    return [t.string(r["dtype"]) for r in rows[np.argsort(rows["slot"], kind="stable")]]
+
+
+def _dtype_change(d, ea, eb):
+    """(note, narrower side) when the paired outputs differ in dtype (autocast on one
+    side, or a cast in the program): the dtype, not a kernel, makes the difference;
+    ("", "") otherwise."""
+    da, db = _out_dtypes(d.ta, ea), _out_dtypes(d.tb, eb)
+    note = _dtypes.dtype_note(d.ta, d.tb, ea, eb, da, db)
+    if not note:
+        return "", ""
+    x, y = next((x, y) for x, y in zip(da, db) if x != y)
+    return note, "a" if _WIDTH.get(x, 4) < _WIDTH.get(y, 4) else "b"
 
 
 def _bf16_side(d, ea, eb):
