@@ -491,7 +491,7 @@ class TorchCapture(Capture):
     def _mod_name(self, m):
         n = self.mod_names.get(m)
         if n is None:
-            if "torch.distributed.fsdp" in sys.modules:   # FSDP1 frees storages too
+            if not self.keep_resizable and _fsdp_possible():   # FSDP1 frees storages too
                 self.keep_resizable = True
             if not self.mod_stack:
                 self.roots.append(weakref.ref(m))
@@ -1224,6 +1224,17 @@ def _host_keeping_storage(t):
         return np.from_dlpack(t)
     except (RuntimeError, TypeError, BufferError, ValueError):
         return t.clone().numpy()
+
+
+def _fsdp_possible():
+    """Can FSDP1 be freeing storages (`keep_resizable`)? Only with FSDP imported and a
+    process group up: FSDP needs one. Imported alone is no sign of use: torch._dynamo
+    imports FSDP (an optimizer's first step does), so does HF transformers, and reading
+    values through DLPack and checking each input's storage cost ~10 % of a tiny-op loop."""
+    if "torch.distributed.fsdp" not in sys.modules:
+        return False
+    dist = _torch.distributed
+    return dist.is_available() and dist.is_initialized()
 
 
 def _strip_compiled(name):
