@@ -569,12 +569,18 @@ class TraceWriter:
                 p = self._pstats.get(ids[2])
                 if p is None:
                     p = self._pstats[ids[2]] = self._batch(ids[2], a.itemsize or 1)
-                pbuf = p[0]
-                p[2].append(len(pbuf))
+                arena = p[0]   # `arena += buf`, inlined
+                start = arena.used
+                p[2].append(start)
                 p[3].append(nbytes)
                 p[1].append(self._counts["values"] + len(self._rows["values"]))
                 if nbytes:
-                    pbuf += buf
+                    end = start + nbytes
+                    if end > len(arena.arr):
+                        arena += buf
+                    else:
+                        arena.mem[start:end] = buf
+                        arena.used = end
                 self._pstats_bytes += nbytes
                 if self._pstats_bytes >= STATS_BATCH_BYTES:
                     self._reduce_stats()
