@@ -17,6 +17,13 @@ that times its training loop (CPU seconds of the loop, `time.process_time`) and 
 SHA-1 of the final parameters, so we can tell whether a recorder changed the result.
 
     python benchmarks/peers.py [--peers-python .venv-peers/bin/python] [--only gru]
+
+`--one-process`: torch's own DebugMode (op log alone, then with `log_tensor_hashes`)
+against tracediff's calls / stats / full (`tracediff.record`) on the same GRU loop in this
+one process, in rounds that alternate the recorders (the machine may be shared), median
+loop CPU seconds of `--repeat` rounds; no peers venv needed (DebugMode ships with torch).
+
+    python benchmarks/peers.py --one-process [--repeat 5] [--steps 100]
 """
 
 import argparse
@@ -147,6 +154,93 @@ def child(workload, recorder, out):
                       "loss": float(loss), "rss_mb": _r.getrusage(_r.RUSAGE_SELF).ru_maxrss / 1024}))
 
 
+# -- one process: DebugMode against tracediff, alternating ------------------------------------
+
+ONE_PROCESS = ("none", "debugmode log", "debugmode hashes", "td_calls", "td_stats", "td_full")
+
+
+def _gru_loop(steps, recorder, folder):
+    """The GRU + Adam loop of `child`, from seed 0, under one recorder: (loop CPU s,
+    records, SHA-1 of the trained parameters)."""
+    import contextlib
+
+    import torch
+
+    model, (xs, y), opt, _ = _models("gru")
+    records = None
+    if recorder.startswith("debugmode"):
+        from torch.utils._debug_mode import DebugMode
+
+        dm = DebugMode(record_nn_module=True)
+        ctx = contextlib.ExitStack()
+        ctx.enter_context(dm)
+        if recorder == "debugmode hashes":
+            ctx.enter_context(DebugMode.log_tensor_hashes())
+    elif recorder.startswith("td_"):
+        import tracediff
+
+        trace = os.path.join(folder, f"{recorder}.h5")
+        ctx = tracediff.record(trace, level=recorder[3:], frameworks=("torch",))
+    else:
+        ctx = contextlib.nullcontext()
+    with ctx:   # the loop alone is timed: not the recorder's start and close
+        t0 = time.process_time()
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(xs), y)
+            loss.backward()
+            opt.step()
+        loop = time.process_time() - t0
+    if recorder.startswith("debugmode"):
+        records = len(dm.logs)
+    elif recorder.startswith("td_"):
+        import tracediff
+
+        with tracediff.load(trace) as t:
+            records = len(t)
+        os.unlink(trace)
+    h = hashlib.sha1()
+    for p in model.parameters():
+        h.update(p.detach().numpy().tobytes())
+    return loop, records, h.hexdigest()
+
+
+def one_process(steps, repeat):
+    """Print the table of DebugMode's modes against tracediff's levels, one process."""
+    import statistics
+
+    import torch
+
+    torch.set_num_threads(1)
+    loops = {r: [] for r in ONE_PROCESS}
+    facts = {}
+    with tempfile.TemporaryDirectory(dir="/tmp") as folder:
+        _gru_loop(3, "none", folder)   # warm-up: imports, allocator, first-call caches
+        for _ in range(repeat):
+            for rec in ONE_PROCESS:
+                loop, records, sha = _gru_loop(steps, rec, folder)
+                loops[rec].append(loop)
+                facts[rec] = (records, sha)
+    base = statistics.median(loops["none"])
+    print(f"GRU + Adam, {steps} steps, one process, {repeat} alternating rounds, "
+          f"torch threads 1; load average at end {os.getloadavg()}")
+    print("| recorder | loop CPU s (median) | × plain | rounds (s) | records | params = plain |")
+    print("|---|---:|---:|---|---:|---|")
+    names = {"none": "plain", "debugmode log": "DebugMode, op log",
+             "debugmode hashes": "DebugMode + log_tensor_hashes", "td_calls": "tracediff calls",
+             "td_stats": "tracediff stats", "td_full": "tracediff full"}
+    for rec in ONE_PROCESS:
+        m = statistics.median(loops[rec])
+        records, sha = facts[rec]
+        same = "yes" if sha == facts["none"][1] else "**no**"
+        print(f"| {names[rec]} | {m:.2f} | {m / base:.1f}x | "
+              f"{' '.join(f'{x:.2f}' for x in loops[rec])} | "
+              f"{'' if records is None else f'{records:,}'} | {same} |", flush=True)
+    ratios = [s / f for s, f in zip(loops["td_stats"], loops["td_full"])]
+    print(f"tracediff stats / full, per round: {' '.join(f'{r:.2f}' for r in ratios)} "
+          f"(median {statistics.median(ratios):.2f})")
+
+
 # -- parent ---------------------------------------------------------------------------------
 
 def du(path):
@@ -179,9 +273,17 @@ def main():
     ap.add_argument("--recorders", default="none,debugmode,ms_stat,ms_md5,ms_tensor,torchlens,"
                                            "td_calls,td_stats,td_full")
     ap.add_argument("--threads", default="1")
+    ap.add_argument("--one-process", action="store_true",
+                    help="DebugMode's modes against tracediff's levels in this one process")
+    ap.add_argument("--repeat", type=int, default=5, help="rounds of --one-process")
+    ap.add_argument("--steps", type=int, default=100, help="GRU steps of --one-process")
     args = ap.parse_args()
     if args.child:
         return child(*args.child)
+    if args.one_process:
+        if args.threads:
+            os.environ["OMP_NUM_THREADS"] = args.threads
+        return one_process(args.steps, args.repeat)
     env = dict(os.environ, PYTHONPATH=ROOT)
     if args.threads:
         env["OMP_NUM_THREADS"] = args.threads

@@ -217,21 +217,27 @@ def test_an_empty_tensor_links_to_its_producer_whatever_object_held_its_id_befor
     one its producer wrote; an empty output left that check the storage of the last
     object that had the same id. So, as the allocator reused addresses, a BatchNorm's
     empty `save_mean` was its producer's or an `<input>` snapshot from run to run (HF
-    ResNet: 106-120 of 130 torch units paired between identical runs; now 122 each)."""
-    import torch.distributed.fsdp  # noqa: F401  (what makes the recorder watch for it)
+    ResNet: 106-120 of 130 torch units paired between identical runs; now 122 each).
+    FSDP imported and a process group up is what makes the recorder watch for it."""
+    import torch.distributed as dist
+    import torch.distributed.fsdp  # noqa: F401
 
     import tracediff
 
     path = tmp_path / "empty.h5"
-    with tracediff.record(str(path), frameworks=("torch",)):
-        lin = torch.nn.Linear(4, 4)
-        x = torch.randn(2, 4)
-        lin(x)
-        for _ in range(20):
-            a = x * 2.0          # an output with a storage, at some address...
-            del a
-            e = torch.empty(0)   # ... that the next tensor object may get
-            e + 1.0
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        with tracediff.record(str(path), frameworks=("torch",)):
+            lin = torch.nn.Linear(4, 4)
+            x = torch.randn(2, 4)
+            lin(x)
+            for _ in range(20):
+                a = x * 2.0          # an output with a storage, at some address...
+                del a
+                e = torch.empty(0)   # ... that the next tensor object may get
+                e + 1.0
+    finally:
+        dist.destroy_process_group()
     with Trace(path) as t:
         empties = [e["index"] for e in _ops(t, "aten::empty.memory_format")][-20:]  # not
         adds = [e["index"] for e in _ops(t, "aten::add.Tensor")]                  # Linear's

@@ -507,7 +507,7 @@ class TorchCapture(Capture):
     def _mod_name(self, m):
         n = self.mod_names.get(m)
         if n is None:
-            if "torch.distributed.fsdp" in sys.modules:   # FSDP1 frees storages too
+            if not self.keep_resizable and _fsdp_possible():   # FSDP1 frees storages too
                 self.keep_resizable = True
             if not self.mod_stack:
                 self.roots.append(weakref.ref(m))
@@ -801,7 +801,10 @@ class TorchCapture(Capture):
         level the user wrote it and its local ops below (capture/torch_subclass.py), any
         other as one op whose subclass values are metadata."""
         sub = self.subclasses
-        self.keep_resizable = True   # DTensor / FSDP2: storages are freed with resize_(0)
+        if not self.keep_resizable and (_own_dispatch(types) or _fsdp_possible()):
+            # DTensor / FSDP2: storages are freed with resize_(0); FSDP1 frees the flat
+            # parameter its constructor concatenates (an op on parameters) when it shards
+            self.keep_resizable = True
         if sub.redispatch is func:   # handed back by `Subclasses.run`: DTensor's turn
             sub.redispatch = None
             return NotImplemented
@@ -1242,6 +1245,25 @@ def _host_keeping_storage(t):
         return np.from_dlpack(t)
     except (RuntimeError, TypeError, BufferError, ValueError):
         return t.clone().numpy()
+
+
+def _own_dispatch(types):
+    """Does one of these tensor subclasses dispatch ops itself (DTensor, another wrapper)?
+    nn.Parameter and nn.Buffer are listed in `types` too (every op on a parameter), but
+    their `__torch_dispatch__` is torch's disabled one: plain tensors underneath."""
+    disabled = _torch._C._disabled_torch_dispatch_impl
+    return any(getattr(tp, "__torch_dispatch__", None) is not disabled for tp in types)
+
+
+def _fsdp_possible():
+    """Can FSDP1 be freeing storages (`keep_resizable`)? Only with FSDP imported and a
+    process group up: FSDP needs one. Imported alone is no sign of use: torch._dynamo
+    imports FSDP (an optimizer's first step does), so does HF transformers, and reading
+    values through DLPack and checking each input's storage cost ~12 % of a tiny-op loop."""
+    if "torch.distributed.fsdp" not in sys.modules:
+        return False
+    dist = _torch.distributed
+    return dist.is_available() and dist.is_initialized()
 
 
 def _strip_compiled(name):

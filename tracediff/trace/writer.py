@@ -220,8 +220,9 @@ class TraceWriter:
         self.max_bytes = None
         self.capped_at_event = None
         self.stats_values = 0
-        self._pstats = {}          # (storage, logical) -> [bytearray, rows, starts, counts]
+        self._pstats = {}          # (storage, logical) -> [arena, rows, starts, counts, size]
         self._pstats_bytes = 0
+        self._arenas = {}          # (storage, logical) -> _StatsArena, kept between batches
         self._stats_memo = {}
         self._shape_ids = {}
         self._slice_digests = {}   # add_shard: digests of the last global value's slices
@@ -444,7 +445,8 @@ class TraceWriter:
                 self.stats_values += 1
                 p = self._pstats.get((storage, dtype_name))
                 if p is None:
-                    p = self._pstats[(storage, dtype_name)] = [bytearray(), [], [], [], itemsize]
+                    p = self._pstats[(storage, dtype_name)] = self._batch((storage, dtype_name),
+                                                                          itemsize)
                 pbuf = p[0]
                 p[2].append(len(pbuf))
                 p[3].append(nbytes)
@@ -566,13 +568,19 @@ class TraceWriter:
                 self.stats_values += 1
                 p = self._pstats.get(ids[2])
                 if p is None:
-                    p = self._pstats[ids[2]] = [bytearray(), [], [], [], a.itemsize or 1]
-                pbuf = p[0]
-                p[2].append(len(pbuf))
+                    p = self._pstats[ids[2]] = self._batch(ids[2], a.itemsize or 1)
+                arena = p[0]   # `arena += buf`, inlined
+                start = arena.used
+                p[2].append(start)
                 p[3].append(nbytes)
                 p[1].append(self._counts["values"] + len(self._rows["values"]))
                 if nbytes:
-                    pbuf += buf
+                    end = start + nbytes
+                    if end > len(arena.arr):
+                        arena += buf
+                    else:
+                        arena.mem[start:end] = buf
+                        arena.used = end
                 self._pstats_bytes += nbytes
                 if self._pstats_bytes >= STATS_BATCH_BYTES:
                     self._reduce_stats()
@@ -708,7 +716,7 @@ class TraceWriter:
         key = (storage, logical)
         p = self._pstats.get(key)
         if p is None:
-            p = self._pstats[key] = [bytearray(), [], [], [], c.itemsize or 1]
+            p = self._pstats[key] = self._batch(key, c.itemsize or 1)
         buf = p[0]
         p[2].append(len(buf))
         p[3].append(nbytes)
@@ -719,10 +727,19 @@ class TraceWriter:
         if self._pstats_bytes >= STATS_BATCH_BYTES:
             self._reduce_stats()
 
+    def _batch(self, key, itemsize):
+        """A new batch of small values for statistics: [bytes, rows, starts, counts,
+        itemsize], its bytes in the dtype's arena, reused from batch to batch."""
+        arena = self._arenas.get(key)
+        if arena is None:
+            arena = self._arenas[key] = _StatsArena()
+        arena.used = 0
+        return [arena, [], [], [], itemsize]
+
     def _reduce_stats(self):
         """Statistics of the queued small values, vectorised per dtype, as stats rows."""
         for (storage, logical), (buf, rows, starts, counts, size) in self._pstats.items():
-            flat = np.frombuffer(buf, dtype=storage) if buf else np.zeros(0, storage)
+            flat = buf.arr[:buf.used].view(storage) if buf.used else np.zeros(0, storage)
             starts = np.asarray(starts, np.int64) // size
             counts = np.asarray(counts, np.int64) // size
             st = self.stats_reducer(flat, starts, counts, logical)
@@ -1134,7 +1151,7 @@ class TraceWriter:
         self._rows = {name: [] for name in schema.TABLES}
         self._blob = _PendingBytes()
         self._new_strings = []
-        self._pstats, self._pstats_bytes = {}, 0
+        self._pstats, self._pstats_bytes, self._arenas = {}, 0, {}
 
     def _after_fork_in_child(self):
         """In a forked child: never write, flush or close the parent's trace. HDF5's own
@@ -1308,6 +1325,34 @@ class _PendingBytes:
     def clear(self):
         self._used = self._len = 0
         self._parts = []
+
+
+class _StatsArena:
+    """The bytes of one dtype's batch of small values queued for statistics (`pbuf +=
+    data`, `len(pbuf)`), in one buffer reused by every batch. A fresh bytearray per batch
+    grew into fresh pages each time, and first touches of fresh pages cost ~30-50 us a
+    page on this VM: that made `--level stats` dearer than `full`, whose byte arena
+    (`_PendingBytes`) is reused."""
+
+    __slots__ = ("arr", "mem", "used")
+
+    def __init__(self):
+        self.arr = np.empty(STATS_BATCH_BYTES + values.WHOLE_VALUE_BYTES, "u1")
+        self.mem = memoryview(self.arr)
+        self.used = 0
+
+    def __len__(self):
+        return self.used
+
+    def __iadd__(self, data):
+        end = self.used + len(data)
+        if end > len(self.arr):   # only when a batch outgrows its usual size
+            grown = np.empty(max(end, 2 * len(self.arr)), "u1")
+            grown[:self.used] = self.arr[:self.used]
+            self.arr, self.mem = grown, memoryview(grown)
+        self.mem[self.used:end] = data
+        self.used = end
+        return self
 
 
 def _regions(pieces, sizes):
