@@ -165,11 +165,16 @@ def run(ta, tb, rtol=None, atol=None, differ=None, mapping=None) -> LocateResult
                          f"captures a framework whenever it is loaded)")
     if missed:
         warnings.append(f"{missed}: what that framework computed is not compared")
-    levels, level_warnings = _levels.annotate(first_bit, first_tol, ta, tb, d)
     first_param = getattr(d, "first_parameter", None)   # two frameworks: optimizer by role
-    near_zero, near_zero_total = _near_zero(d)
     structural = _structural(d, first_bit) if not mapping else None
     cov = _coverage.measure(d)
+    if first_tol is None and first_param is None and structural is None and \
+            not cov.sufficient and hasattr(d, "pairing_stops"):
+        # two frameworks: the pairing stopped, and the outputs differ (pairing/stops.py)
+        first_tol = d.pairing_stops(TOLERANCE)
+        first_bit = first_bit or first_tol
+    levels, level_warnings = _levels.annotate(first_bit, first_tol, ta, tb, d)
+    near_zero, near_zero_total = _near_zero(d)
     diverged = first_tol is not None or first_param is not None or structural is not None
     if not diverged and not cov.sufficient:
         warnings.append("INCONCLUSIVE: every compared value agrees, but too little was "

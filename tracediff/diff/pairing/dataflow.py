@@ -226,6 +226,7 @@ class Pairing(RegionSteps, Atoms, MovedAtoms, NearAtoms, ModuleCorrespondence, R
                 n_atoms = sum(1 for x in sup if x[0] == "a")
                 while self._pair_strict(la, lb, n_atoms) or self._pair_broadcast(la, lb, n_atoms) \
                         or self._pair_meeting(la, lb, n_atoms) \
+                        or self._pair_other_shape(la, lb, n_atoms) \
                         or self._pair_composite(la, lb, n_atoms) \
                         or self._pair_module_output(la, lb, n_atoms):
                     pass

@@ -12,6 +12,12 @@ same shape or one the other's broadcast (dimensions of size 1 dropped:
 At least one of the two must come from a value only its side has (two values both made
 of constants add nothing to a support already); a constant (every element equal) is
 never one; integers and bools never pair by value (dataflow only, `atoms.py`).
+
+Such values that do not agree (a rotary table built with another base) are no atom, and
+nothing that reads them pairs. They are paired by role instead (`tables`): the value of
+each side read by an op of the same family whose other inputs come from the same atoms
+(the `q * cos` of both sides), the closest of those; a difference there is where the
+tables are, said by `stops.py`.
 """
 
 import numpy as np
@@ -53,6 +59,8 @@ class NearAtoms:
     def _near_atoms(self):
         """Make the near atoms (see the module docstring); returns whether any was made
         (the supports are then computed again)."""
+        self.tables = {}           # a key -> (row a, row b, max abs): tables paired by role
+        self._roles = ({}, {})
         if self.agree is None:
             return False
         ca = self._near_candidates(self.ga, 0)
@@ -86,9 +94,8 @@ class NearAtoms:
                 budget[1] -= 1
                 if budget[0] < 0 or budget[1] < 0:
                     return made
-                if not _sample_close(xa, xb):
-                    continue
-                if not self.agree(ra, rb):
+                if not _sample_close(xa, xb) or not self.agree(ra, rb):
+                    self._table_by_role(ka, ra, xa, kb, rb, xb)
                     continue
                 aid = len(self.atom_rows)
                 self.atom_rows[aid] = (ra, rb, "equal within tolerance"
@@ -99,6 +106,43 @@ class NearAtoms:
                 made = True
                 break
         return made
+
+    def _table_by_role(self, ka, ra, xa, kb, rb, xb):
+        """Keep (ra, rb) as a pair by role (see the module docstring) when an op of each side
+        of one family reads them and its other inputs come from the same atoms; the closest
+        b value for each a value."""
+        roles_a, roles_b = self._readers_by_role(self.ga, 0, ka), \
+            self._readers_by_role(self.gb, 1, kb)
+        if not roles_a & roles_b:
+            return
+        d = _max_abs(xa, xb)
+        if ka not in self.tables or d < self.tables[ka][2]:
+            self.tables[ka] = (ra, rb, d)
+
+    def _readers_by_role(self, g, s, key):
+        """{(family, atoms of its support)} of the forward units of side s reading the value
+        of `key`."""
+        memo = self._roles[s]
+        if key in memo:
+            return memo[key]
+        out = memo[key] = set()
+        for k, u in enumerate(g.units):
+            if u.phase != PHASE_FWD:
+                continue
+            if any(g.nodes[nd][0] is not None and g.key(g.nodes[nd][0]) == key
+                   for _, _, nd in g.input_nodes(u)):
+                atoms = frozenset(x for x in g.support[k] if x[0] == "a")
+                if atoms:
+                    out.add((u.family, atoms))
+        return out
+
+
+def _max_abs(xa, xb):
+    shapes = (xa.shape, xb.shape) if xa.shape == xb.shape else \
+        broadcast_shapes_of(xa.shape, xb.shape)
+    a, b = np.broadcast_arrays(xa.reshape(shapes[0]), xb.reshape(shapes[1]))
+    with np.errstate(invalid="ignore", over="ignore"):
+        return float(np.nanmax(np.abs(a.astype(np.float64) - b.astype(np.float64))))
 
 
 def _sample_close(xa, xb, n=256):
