@@ -38,6 +38,7 @@ from .layers import LayerNames, _num
 from .meet import FormulaMeeting
 from .roles import RoleSteps
 from .rounding import RoundingInherited
+from .regions import INDEX_ROLE
 from .shapes import OTHER_SHAPE, OtherShapes
 from .stops import PairingStops
 
@@ -452,6 +453,8 @@ class CrossDiffer(LayerNames, FormulaMeeting, RoundingInherited, RoleSteps, Othe
             f.layer = self.layer(pr)
             if pr.by == OTHER_SHAPE:     # the same inputs, another shape (shapes.py)
                 return self.other_shape(f, i), None
+            if pr.by == INDEX_ROLE:      # a lookup of one table at other indices (shapes.py)
+                self.indices_differ(f, pr)
             mod = self.module_output(i)
             if self._gradient_meets(pr, mod, level):
                 continue         # other backward formulas inside, the same module gradient

@@ -221,17 +221,29 @@ class Pairing(RegionSteps, Atoms, MovedAtoms, NearAtoms, ModuleCorrespondence, R
         Never two ops whose inputs do not pair: a pair made by 2 or 3 compares its region's
         inputs (`region_inputs`), and consumers pair strictly after it."""
         for _ in range(MAX_FORWARD_PASSES):
-            before = len(self.pairs)
-            for sup, (la, lb) in self._classes(PHASE_FWD):
-                n_atoms = sum(1 for x in sup if x[0] == "a")
-                while self._pair_strict(la, lb, n_atoms) or self._pair_broadcast(la, lb, n_atoms) \
-                        or self._pair_meeting(la, lb, n_atoms) \
-                        or self._pair_other_shape(la, lb, n_atoms) \
-                        or self._pair_composite(la, lb, n_atoms) \
-                        or self._pair_module_output(la, lb, n_atoms):
-                    pass
-            if len(self.pairs) == before:
+            if not self._sweep_forward() and not self._pair_index_role(*self._forward_units()):
                 break
+
+    def _sweep_forward(self):
+        """One sweep over the forward classes (`_pair_forward`); whether it paired any."""
+        before = len(self.pairs)
+        for sup, (la, lb) in self._classes(PHASE_FWD):
+            n_atoms = sum(1 for x in sup if x[0] == "a")
+            while self._pair_strict(la, lb, n_atoms) or self._pair_broadcast(la, lb, n_atoms) \
+                    or self._pair_meeting(la, lb, n_atoms) \
+                    or self._pair_other_shape(la, lb, n_atoms) \
+                    or self._pair_composite(la, lb, n_atoms) \
+                    or self._pair_module_output(la, lb, n_atoms):
+                pass
+        return len(self.pairs) > before
+
+    def _forward_units(self):
+        """([a's], [b's]) forward units that read no value only their side has, across
+        classes (indices one side computes from the ids and the other is given put two
+        lookups of one table in two classes)."""
+        return tuple([k for k, u in enumerate(g.units) if u.phase == PHASE_FWD and
+                      g.support[k] and not any(x[0] == "l" for x in g.support[k])]
+                     for g in (self.ga, self.gb))
 
     def _classes(self, phase):
         """[(support, ([a units], [b units]))] of the units of one phase (paired ones too: the

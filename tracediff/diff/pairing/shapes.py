@@ -13,7 +13,8 @@ import re
 
 from ..compare import args as _args
 from ..result import ArgDiff, Metrics
-from .graph import broadcast_shapes_of, permutations_to
+from ...trace import schema
+from .graph import broadcast_shapes_of, is_int, permutations_to
 from .layers import _finite, _num
 
 OTHER_SHAPE = "dataflow (other shape)"
@@ -59,6 +60,23 @@ class OtherShapes:
                   "; " + f.note)
         return f
 
+    def indices_differ(self, f, pr):
+        """Complete finding `f` at a lookup pair of one table whose indices were not paired
+        (`regions._pair_index_role`): the integer inputs of the two lookup ops compared by
+        value, named as the input that differs (position ids that forgot an offset)."""
+        ua, ub = self.ga.units[pr.a], self.gb.units[pr.b]
+        ra, rb = _int_input(self.ta, ua.rep), _int_input(self.tb, ub.rep)
+        if ra is None or rb is None:
+            return
+        m = self.compare_rows(ra, rb)
+        if m is None or m.get("within_tolerance"):
+            return
+        la, lb = self._label(self.ta, self.sa, ra), self._label(self.tb, self.sb, rb)
+        f.inputs_match, f.inputs_bitwise = False, False
+        f.inputs_reason = (f"its indices differ: a {la} vs b {lb}: max abs "
+                           f"{_num(m.get('max_abs')):.3g} (the same table, other rows)")
+        f.layer["indices"] = {"a": la, "b": lb, "max_abs": _finite(m.get("max_abs"))}
+
     def geometry_args(self, ea, eb):
         """[ArgDiff] of the arguments of two ops of two frameworks that differ, each named
         once and read as numbers: JAX's `window_strides=(1, 1)` against torch's
@@ -84,6 +102,20 @@ class OtherShapes:
             if ia != ib:
                 out.append(ArgDiff(name=k, a=_tuple(ia, va), b=_tuple(ib, vb)))
         return out
+
+
+def _int_input(t, e):
+    """The stored integer input of event e (a gather's indices): its producer's output
+    row, or None."""
+    for r in t.input_rows(e):
+        p = int(r["producer"])
+        if p < 0:
+            continue
+        rows = [v for v in t.value_rows(p, schema.ROLE_OUT)
+                if int(v["slot"]) == int(r["producer_slot"])]
+        if rows and is_int(t.string(rows[0]["dtype"])):
+            return rows[0]
+    return None
 
 
 def _ints(text):
