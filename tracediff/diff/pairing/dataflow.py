@@ -45,12 +45,13 @@ import numpy as np
 
 from ..align import sequence as _align
 from .atoms import Atoms
-from .graph import PHASE_BWD, PHASE_FWD, is_int
+from .graph import PHASE_BWD, PHASE_FWD, broadcast_pair, is_int
 from .modules import ModuleCorrespondence
 from .moved import MovedAtoms
 from .near import NearAtoms
 from .reads import Reads
 from .regions import RegionSteps
+from .shapes import OTHER_SHAPE
 
 
 MAX_FORWARD_PASSES = 4              # sweeps over the forward classes (a later class may feed one)
@@ -332,21 +333,36 @@ class Pairing(RegionSteps, Atoms, MovedAtoms, NearAtoms, ModuleCorrespondence, R
             if not la or not lb:
                 continue
             for phase in (PHASE_FWD, PHASE_BWD):
-                pa = [k for k in la if self.ga.units[k].phase == phase]
-                pb = [k for k in lb if self.gb.units[k].phase == phase]
-                ids = {}
-                sym_a = np.array([ids.setdefault((self.ga.units[k].family, self.ga.units[k].size),
-                                                 len(ids)) for k in pa], np.uint64)
-                sym_b = np.array([ids.setdefault((self.gb.units[k].family, self.gb.units[k].size),
-                                                 len(ids)) for k in pb], np.uint64)
-                if not len(sym_a) or not len(sym_b):
-                    continue
-                ia, ib, _ = _align.align_arrays(sym_a[::-1], sym_b[::-1])
-                for x, y in zip((len(pa) - 1 - ia)[::-1].tolist(), (len(pb) - 1 - ib)[::-1].tolist()):
-                    self.pair_of[0][pa[x]] = len(self.pairs)
-                    self.pair_of[1][pb[y]] = len(self.pairs)
-                    self.pairs.append(Pair(pa[x], pb[y], "user map",
-                                           f"by structure (op family and size) within the "
-                                           f"modules the map names ({self.user_map[i][0]!r} -> "
-                                           f"{self.user_map[i][1]!r}); their inputs were not "
-                                           f"paired by value"))
+                # by op family and size, then what is left by op family alone: a map pairs
+                # units of other shapes too (a conv with another stride, [2, 6, 6, 8] against
+                # [2, 8, 3, 3]: the finding says so, `shapes.py`)
+                for sized in (True, False):
+                    self._align_user_units(i, [k for k in la if self.ga.units[k].phase == phase
+                                               and k not in self.pair_of[0]],
+                                           [k for k in lb if self.gb.units[k].phase == phase
+                                            and k not in self.pair_of[1]], sized)
+
+    def _align_user_units(self, i, pa, pb, sized):
+        """Pair units pa of a with pb of b, of the modules user-map entry i names, by
+        structure from the end: op family (and size where `sized`)."""
+        def sym(u):
+            return (u.family, u.size) if sized else u.family
+        ids = {}
+        sym_a = np.array([ids.setdefault(sym(self.ga.units[k]), len(ids)) for k in pa], np.uint64)
+        sym_b = np.array([ids.setdefault(sym(self.gb.units[k]), len(ids)) for k in pb], np.uint64)
+        if not len(sym_a) or not len(sym_b):
+            return
+        ia, ib, _ = _align.align_arrays(sym_a[::-1], sym_b[::-1])
+        for x, y in zip((len(pa) - 1 - ia)[::-1].tolist(), (len(pb) - 1 - ib)[::-1].tolist()):
+            ux, uy = self.ga.units[pa[x]], self.gb.units[pb[y]]
+            other = ux.shape != uy.shape and not broadcast_pair(ux.shape, uy.shape) and \
+                ux.size != uy.size
+            self.pair_of[0][pa[x]] = len(self.pairs)
+            self.pair_of[1][pb[y]] = len(self.pairs)
+            self.pairs.append(Pair(pa[x], pb[y], OTHER_SHAPE if other else "user map",
+                                   f"by structure (op family{' and size' if sized else ''}) "
+                                   f"within the modules the map names ({self.user_map[i][0]!r} "
+                                   f"-> {self.user_map[i][1]!r}); their inputs were not paired "
+                                   f"by value" + (f"; its output has another shape "
+                                                  f"({list(ux.shape)} and {list(uy.shape)})"
+                                                  if other else "")))
