@@ -53,6 +53,10 @@ class OtherShapes:
             break
         f.layer["shape"] = {"a": list(ua.shape), "b": list(ub.shape), "text": text,
                             "meet": meet}
+        f.layer["module"] = {"a": self.p.unit_module(0, pr.a), "b": self.p.unit_module(1, pr.b),
+                             "a_event": int(ua.rep), "b_event": int(ub.rep),
+                             "max_abs": meet and meet["max_abs"],
+                             "max_rel": meet and meet["max_rel"]}
         f.note = (f"the same inputs, another result: {text}" +
                   (f"; where the values meet again, a {meet['a_op']} (event {meet['a']}) <-> "
                    f"b {meet['b_op']} (event {meet['b']}): max abs {_num(meet['max_abs']):.3g}"
