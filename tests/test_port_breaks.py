@@ -24,6 +24,7 @@ from .helpers import FIXTURES, ROOT
 JOBS = {
     "conv_stride": ("port_conv.py", "--bug", "stride"),
     "rotary_base": ("port_rotary.py", "--bug", "base"),
+    "rotary_gain": ("port_rotary.py", "--bug", "gain"),
     "pos_offset": ("port_positions.py", "--padding-offset"),
     "pos_offset_bug": ("port_positions.py", "--padding-offset", "--bug", "pos"),
 }
@@ -106,6 +107,24 @@ def test_position_ids_that_forgot_the_padding_offset_are_found_at_the_lookup(tra
     assert ok.verdict == "match", ok.first_beyond_tolerance
     assert ok.coverage.a.paired == ok.coverage.a.events and \
         ok.coverage.b.paired == ok.coverage.b.events, ok.coverage
+
+
+def test_outputs_that_differ_where_the_pairing_stops_are_diverged(traces):
+    """Flax multiplies q by a numpy gain, torch divides it by the reciprocal of another:
+    values of one side only, read by ops of two families, so nothing after them pairs and
+    every compared value agrees (before: INCONCLUSIVE). The outputs differ: DIVERGED, bounded
+    to the first unpaired region (the gain's ops on each side), with the outputs' magnitude
+    (numpy's truth)."""
+    flax_out, torch_out = _fixture("port_rotary.py")["numpy_forward"]("gain")
+    truth = float(np.abs(flax_out - torch_out).max())
+    r = tracediff.locate(traces["rotary_gain"], explain=False)
+    assert r.verdict == "diverged" and r.exit_code == 1, r.coverage.reasons
+    f = r.first_beyond_tolerance
+    assert f.pair_by.startswith("outputs") and f.inputs_match is None, f.pair_by
+    assert (f.layer["module"]["a"], f.layer["module"]["b"]) == ("Rotary", ""), f.layer
+    assert (f.layer["a"], f.layer["b"]) == ("mul in Rotary", "div in (top level)"), f.layer
+    assert f.metrics.max_abs == pytest.approx(truth, rel=1e-4), (f.metrics.max_abs, truth)
+    assert not r.coverage.sufficient
 
 
 def test_the_first_unpaired_region_is_named_first(traces):

@@ -14,10 +14,9 @@ of constants add nothing to a support already); a constant (every element equal)
 never one; integers and bools never pair by value (dataflow only, `atoms.py`).
 
 Such values that do not agree (a rotary table built with another base) are no atom, and
-nothing that reads them pairs. They are paired by role instead (`tables`): the value of
-each side read by an op of the same family whose other inputs come from the same atoms
-(the `q * cos` of both sides), the closest of those; a difference there is where the
-tables are, said by `stops.py`.
+nothing that reads them pairs. They are kept (`tables`), and `stops.py` pairs them by role
+once the pairing is known: read by ops of one family whose other inputs pair (the
+`q * cos` of both sides).
 """
 
 import numpy as np
@@ -27,6 +26,7 @@ from .graph import PHASE_FWD, _size, broadcast_shapes_of
 
 MAX_NEAR_BYTES = 64 << 20          # values read to look for near atoms
 MAX_NEAR_COMPARISONS = 2000        # pairs of candidates compared
+MAX_TABLES = 256                   # candidate tables that do not agree, kept for stops.py
 
 
 class NearAtoms:
@@ -59,8 +59,7 @@ class NearAtoms:
     def _near_atoms(self):
         """Make the near atoms (see the module docstring); returns whether any was made
         (the supports are then computed again)."""
-        self.tables = {}           # a key -> (row a, row b, max abs): tables paired by role
-        self._roles = ({}, {})
+        self.tables = []           # [(a key, row a, b key, row b, max abs)]: not agreeing
         if self.agree is None:
             return False
         ca = self._near_candidates(self.ga, 0)
@@ -108,33 +107,10 @@ class NearAtoms:
         return made
 
     def _table_by_role(self, ka, ra, xa, kb, rb, xb):
-        """Keep (ra, rb) as a pair by role (see the module docstring) when an op of each side
-        of one family reads them and its other inputs come from the same atoms; the closest
-        b value for each a value."""
-        roles_a, roles_b = self._readers_by_role(self.ga, 0, ka), \
-            self._readers_by_role(self.gb, 1, kb)
-        if not roles_a & roles_b:
-            return
-        d = _max_abs(xa, xb)
-        if ka not in self.tables or d < self.tables[ka][2]:
-            self.tables[ka] = (ra, rb, d)
-
-    def _readers_by_role(self, g, s, key):
-        """{(family, atoms of its support)} of the forward units of side s reading the value
-        of `key`."""
-        memo = self._roles[s]
-        if key in memo:
-            return memo[key]
-        out = memo[key] = set()
-        for k, u in enumerate(g.units):
-            if u.phase != PHASE_FWD:
-                continue
-            if any(g.nodes[nd][0] is not None and g.key(g.nodes[nd][0]) == key
-                   for _, _, nd in g.input_nodes(u)):
-                atoms = frozenset(x for x in g.support[k] if x[0] == "a")
-                if atoms:
-                    out.add((u.family, atoms))
-        return out
+        """Keep (ra, rb), two such values that do not agree, as a candidate table pair with
+        their max abs difference: `stops.py` pairs them by role once the pairing is known."""
+        if len(self.tables) < MAX_TABLES:
+            self.tables.append((ka, ra, kb, rb, _max_abs(xa, xb)))
 
 
 def _max_abs(xa, xb):

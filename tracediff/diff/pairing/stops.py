@@ -32,8 +32,9 @@ class PairingStops:
         if ka is None or kb is None or ka in self.p.pair_of[0] or kb in self.p.pair_of[1]:
             return None
         ua, ub = self.ga.units[ka], self.gb.units[kb]
-        if not _one_shape(ua.shape, ub.shape):
-            return None
+        if not _one_shape(ua.shape, ub.shape) or ua.family != ub.family or \
+                not self.p.modules_correspond(self.p.unit_module(0, ka), self.p.unit_module(1, kb)):
+            return None     # not one quantity for certain (a loss against logits): no claim
         ea, eb = ua.rep, ub.rep
         if self.equal_at(ea, eb, level):
             return None
@@ -68,17 +69,44 @@ class PairingStops:
         return f
 
     def _differing_table(self, level):
-        """The first table paired by role (`near.py`, in a's order) whose values differ at
-        `level`: (row a, row b, metrics), or None."""
-        for key, (ra, rb, _) in sorted(getattr(self.p, "tables", {}).items(),
-                                       key=lambda kv: int(kv[1][0]["event"])):
-            if key in self.p.atoms:
+        """The first table paired by role (in a's order) whose values differ at `level`:
+        (row a, row b, metrics), or None. Two values each side computes from what only it
+        has (`near.py`) pair by role where ops of one family read them whose other inputs
+        pair (the same atoms, values of paired units): the closest such b value for each a
+        value."""
+        best = {}
+        for ka, ra, kb, rb, d in getattr(self.p, "tables", ()):
+            if ka in self.p.atoms or kb in self.p.atoms or \
+                    (ka in best and best[ka][2] <= d) or \
+                    not self._readers(0, ka) & self._readers(1, kb):
                 continue
+            best[ka] = (ra, rb, d)
+        for ra, rb, _ in sorted(best.values(), key=lambda v: int(v[0]["event"])):
             m = self.compare_rows(ra, rb)
             if m is not None and not (m["bitwise_equal"] if level == BITWISE
                                       else m["within_tolerance"]):
                 return ra, rb, m
         return None
+
+    def _readers(self, s, key):
+        """{(op family, what else it reads)} of the forward units of side s reading the
+        value of `key`, their other inputs as pair keys (`Reads._input_keys`); readers that
+        read nothing else paired are left out."""
+        memo = self.__dict__.setdefault("_table_readers", {})
+        if (s, key) in memo:
+            return memo[(s, key)]
+        g = self.ga if s == 0 else self.gb
+        out = set()
+        for k, u in enumerate(g.units):
+            if u.phase != PHASE_FWD:
+                continue
+            if any(g.nodes[nd][0] is not None and g.key(g.nodes[nd][0]) == key
+                   for _, _, nd in g.input_nodes(u)):
+                keys = frozenset(self.p._input_keys(s, k))
+                if keys:
+                    out.add((u.family, keys))
+        memo[(s, key)] = out
+        return out
 
     def _table_finding(self, table, level, ua, ub, out_metrics):
         """The finding at a table each side computes from what only it has, paired by role
