@@ -33,8 +33,10 @@ class PairingStops:
             return None
         ua, ub = self.ga.units[ka], self.gb.units[kb]
         if not _one_shape(ua.shape, ub.shape) or ua.family != ub.family or \
+                self.p.groups[0][ka] != self.p.groups[1][kb] or \
                 not self.p.modules_correspond(self.p.unit_module(0, ka), self.p.unit_module(1, kb)):
-            return None     # not one quantity for certain (a loss against logits): no claim
+            return None     # not one quantity for certain (a loss against logits, modules a
+            #                 user map keeps apart): no claim
         ea, eb = ua.rep, ub.rep
         if self.equal_at(ea, eb, level):
             return None
