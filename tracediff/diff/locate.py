@@ -387,6 +387,9 @@ def _explained(result, d, full=False, event=None, sources=True, progress=None):
     progress = progress or _no_progress
     if result.first_difference is None and event is None:
         return result, (_analysis.analyse(result, d) if full else None)
+    unrounded = _not_rounding(result.first_difference)
+    if unrounded and event is None and not full:     # locate: `explain` still analyses it
+        return dataclasses.replace(result, explain=Replay(verdict=unrounded)), None
     try:
         analysis = _analysis.analyse(result, d, event)
     except TraceError:
@@ -410,6 +413,23 @@ def _explained(result, d, full=False, event=None, sources=True, progress=None):
     return (dataclasses.replace(result, explain=explain, chain=chain, first_beyond_tolerance=fb,
                                 sources=analysis.sources),
             analysis if full else None)
+
+
+def _not_rounding(f):
+    """Why the origin is not replayed, where no rounding can explain it (two frameworks,
+    `pairing/shapes.py`, `pairing/stops.py`): two ops returning other shapes, two tables each
+    side computes, outputs compared where the pairing stopped; else None."""
+    layer = getattr(f, "layer", None) or {}
+    if layer.get("shape"):
+        return (f"not replayed: the two ops return other shapes ({layer['shape']['text']}): "
+                f"what differs is their arguments, not their rounding")
+    if layer.get("table"):
+        return ("not replayed: two tables each side computes from values of its own differ "
+                "(not a rounding)")
+    if layer.get("outputs"):
+        return ("not replayed: the outputs were compared where the pairing stopped; the ops "
+                "between were not paired")
+    return None
 
 
 def _find_sources(d, result):
