@@ -70,7 +70,7 @@ def test_a_conv_stride_that_changes_the_shape_is_found_at_the_conv(traces):
     assert r.coverage.sufficient, r.coverage.reasons     # the whole of both sides compared
     # no rounding mechanism is sought between ops of other shapes (it compared 512 of 576
     # elements of two different convolutions and named the "closest" hypothesis)
-    explained = tracediff.locate(traces["conv_stride"], sources=False).explain
+    explained = tracediff.locate(traces["conv_stride"]).explain
     assert explained.verdict.startswith("not replayed: the two ops return other shapes"), \
         explained
 
