@@ -5,8 +5,8 @@ kernel and returns [2, 8, 3, 3] against [2, 6, 6, 8]. The pairing pairs the two 
 their inputs (`regions._pair_other_shape`); no element of one output is an element of the
 other, so the finding says what differs (the shapes, and the arguments that made them:
 "stride (1, 1) vs (2, 2)") and measures the difference where the two sides' values can
-meet again: the first later pair whose outputs have one shape (a pooled feature, the
-model's output).
+meet again: the first later pair whose outputs have one shape (a pooled feature), else
+the model's outputs.
 """
 
 import re
@@ -31,7 +31,8 @@ class OtherShapes:
         """Complete finding `f` made at the i-th entry of `pairs_list`, a pair of other
         output shapes: the shapes and differing arguments in `f.layer["shape"]` and the
         note; `f.metrics` those of the first later pair of one shape ("where values meet
-        again"), that pair named. Returns f."""
+        again"), else of the two sides' outputs (`stops.py`) where they are one shape and op
+        family, that pair named. Returns f."""
         pr = self.p.pairs[self.pairs_list[i][1]]
         ua, ub = self.ga.units[pr.a], self.gb.units[pr.b]
         diffs = self.geometry_args(ua.events[0], ub.events[0])   # the op, not its bias add
@@ -40,14 +41,17 @@ class OtherShapes:
         if diffs:
             text = f"{ua.family} {_args.text(diffs)}; {text}"
         meet = None
-        for ea, k in self.pairs_list[i + 1:]:
-            q = self.p.pairs[k]
-            qa, qb = self.ga.units[q.a], self.gb.units[q.b]
-            if q.by == OTHER_SHAPE or not _one_shape(qa.shape, qb.shape):
+        later = [(self.p.pairs[k].a, self.p.pairs[k].b, True) for _, k in
+                 self.pairs_list[i + 1:] if self.p.pairs[k].by != OTHER_SHAPE]
+        outputs = (self._output_unit(0), self._output_unit(1))   # stops.py: where else to meet
+        for qa_k, qb_k, paired in later + ([(*outputs, False)] if None not in outputs else []):
+            qa, qb = self.ga.units[qa_k], self.gb.units[qb_k]
+            if not _one_shape(qa.shape, qb.shape) or not (paired or qa.family == qb.family):
                 continue
             m = self.compare_event(qa.rep, qb.rep)["metrics"]
             meet = {"a": int(qa.rep), "b": int(qb.rep), "a_op": qa.label, "b_op": qb.label,
-                    "a_module": self.p.unit_module(0, q.a), "b_module": self.p.unit_module(1, q.b),
+                    "a_module": self.p.unit_module(0, qa_k),
+                    "b_module": self.p.unit_module(1, qb_k),
                     "max_abs": _finite(m.get("max_abs")), "max_rel": _finite(m.get("max_rel"))}
             f.metrics = Metrics.from_dict(m)
             break
