@@ -29,11 +29,16 @@ Values anchor the pairing instead, and dataflow carries it forward:
    their direct inputs pair; where the two sides reach one value by other ops (scale
    before or after a matmul, a composite against one aten op), the points where values
    meet pair, else the last units after the class's last pair, else two modules' outputs,
-   each region between compared as one unit. Backward units pair by symbol and direct
+   each region between compared as one unit. The one unit of a family on each side whose
+   direct inputs pair, in corresponding modules, pairs whatever its output shape (a conv of
+   another stride: `dataflow (other shape)`); the one lookup of a family whose float inputs
+   pair and whose integer indices do not, across classes (`dataflow (indices by role)`).
+   Backward units pair by symbol and direct
    inputs (ties to the latest), carrying the module pairs of the forward; a composite's
    last unit pairs only if it is not a term of a sum its module accumulates (`add_any`).
 5. A user map (`{"MLP/fc1": "fc1"}`) confines the units of the modules it names to each
-   other, never across op families, and pairs what dataflow left there by structure.
+   other, never across op families, and pairs what dataflow left there by structure (op
+   family and size, then op family alone: units of other shapes too).
 
 Every pair says how it was made (`by`, `how`).
 """

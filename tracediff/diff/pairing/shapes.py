@@ -61,7 +61,9 @@ class OtherShapes:
                              "a_event": int(ua.rep), "b_event": int(ub.rep),
                              "max_abs": meet and meet["max_abs"],
                              "max_rel": meet and meet["max_rel"]}
-        f.note = (f"the same inputs, another result: {text}" +
+        opening = "the same inputs, another result" if f.inputs_match is True else \
+            "another result (paired by the user map's structure)"
+        f.note = (f"{opening}: {text}" +
                   (f"; where the values meet again, a {meet['a_op']} (event {meet['a']}) <-> "
                    f"b {meet['b_op']} (event {meet['b']}): max abs {_num(meet['max_abs']):.3g}"
                    if meet else "; the values never meet again: no later pair has one shape") +
