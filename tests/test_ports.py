@@ -491,9 +491,11 @@ def test_rotary_tables_each_side_computes_from_its_own_values_pair_within_tolera
         table = runpy.run_path(os.path.join(FIXTURES, "port_rotary.py"))["sincos_table"]()
         diff = np.abs(t.outputs(cos)[0][0] - table[:8, 8:]).max()
     assert 0 < diff < 1e-6, diff           # other bytes, the same values
-    # a table built with another base is another value: never an atom, never a MATCH
+    # a table built with another base is another value: never an atom, never a MATCH; the
+    # tables pair by role and are the finding (tests/test_port_breaks.py)
     r = _locate(traces["rotary_base"])
-    assert r.verdict == "inconclusive" and r.exit_code == 3, r.first_beyond_tolerance
+    assert r.verdict == "diverged" and r.exit_code == 1, r.coverage
+    assert r.first_beyond_tolerance.layer["family"] == "table"
     assert not any("within tolerance" in m["how"] for m in r.mapping if m["by"] == "value")
 
 

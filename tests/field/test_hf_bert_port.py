@@ -246,3 +246,33 @@ def test_port_bug_named_at_its_module(traces, case):
     else:
         assert first["module"] == module, (first, rows)
     assert mod["max_abs"] == pytest.approx(truth_abs, rel=1e-3), (mod, truth_abs)
+
+
+# -- positions after a padding index, which the port forgot (issue 52)
+
+@pytest.fixture(scope="module")
+def padpos_trace(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hf_bert_padpos")
+    return _record(str(d / "padpos.h5"), "--bug", "padpos", cwd=d)
+
+
+def test_positions_after_the_padding_index_are_found_at_the_position_lookup(padpos_trace):
+    """Torch is given positions as RoBERTa computes them from the ids (after the padding
+    index, torch ops); the Flax port forgot the offset (0, 1, 2, ...). The two lookups read
+    one table at indices that pair with nothing (before: found at layer 0's attention, the
+    lookups in two classes). Now they pair by role: DIVERGED at `position_embeddings` with
+    the truth's magnitude (numpy: the table's rows at both sides' positions) and the
+    indices named."""
+    import torch
+    prog = _program()
+    ids, _ = prog.batch()
+    _, state = prog.torch_model("eager", "none")
+    table = state["embeddings.position_embeddings.weight"]
+    pos_b = prog.torch_positions(torch.from_numpy(ids)).numpy()
+    truth = float(np.abs(table[prog.positions(ids)] - table[pos_b]).max())
+    r = tracediff.locate(padpos_trace, explain=False)
+    assert r.verdict == "diverged" and r.exit_code == 1, r.coverage.reasons
+    f = r.first_beyond_tolerance
+    assert f.layer["module"]["b"].replace("/", ".") == "embeddings.position_embeddings", f.layer
+    assert truth / 3 <= f.metrics.max_abs <= 3 * truth, (f.metrics.max_abs, truth)
+    assert f.inputs_match is False and "its indices differ" in f.inputs_reason, f.inputs_reason

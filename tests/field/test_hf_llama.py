@@ -121,3 +121,46 @@ def test_a_port_bug_is_never_a_match(traces, bug):
         assert _module_b(r).startswith(WHERE[bug]), (r.first_beyond_tolerance.layer, first)
     else:
         assert r.exit_code == 3 and not r.coverage.sufficient
+
+
+# -- a rotary table of another base (issue 52): FlaxLlama ignores `rope_theta`
+
+@pytest.fixture(scope="module")
+def rope_trace(tmp_path_factory):
+    return record_cases(PROGRAM, {"rope": "rope"}, tmp_path_factory.mktemp("hf_llama_rope"))["rope"]
+
+
+def test_a_rotary_base_the_port_ignores_is_found_at_the_rotary_tables(rope_trace):
+    """`rope_theta` 500000: torch's cos/sin honour it, FlaxLlama's table hard-codes 10000.
+    Each side computes its table from what only it has and the two disagree, so nothing
+    that reads them pairs (before: INCONCLUSIVE, 16-18 % paired). The tables pair by role
+    and the finding is there, with the truth's magnitude: torch's `rotary_emb` cos (a
+    forward hook) against the Flax module's own table (its `create_sinusoidal_positions`);
+    the truth's first module both sides have differs too (o_proj)."""
+    import numpy as np
+    import torch
+    from transformers.models.llama import modeling_flax_llama as flax_llama
+
+    prog = load_program(PROGRAM)
+    ids = prog.batch()
+    tmodel, state = prog.torch_model("eager", "rope")
+    seen = {}
+
+    def keep(_m, _i, out):
+        seen.setdefault("cos", out[0].detach().numpy())
+
+    hook = tmodel.rotary_emb.register_forward_hook(keep)
+    rows = module_differences(tmodel, lambda m: m(input_ids=torch.from_numpy(ids)),
+                              *prog.flax_model(state, "none"), prog.flax_args(ids))
+    hook.remove()
+    dim = prog.HIDDEN // prog.HEADS
+    table = np.asarray(flax_llama.create_sinusoidal_positions(16, dim))[:prog.LENGTH, 0]
+    cos = float(np.abs(table[:, dim:] - seen["cos"][0]).max())
+    first = next(r for r in rows if r[2])
+    assert first[0].endswith("o_proj") and cos > 0.1, (first, cos)
+    r = tracediff.locate(rope_trace, explain=False)
+    assert r.verdict == "diverged" and r.exit_code == 1, r.coverage.reasons
+    f = r.first_beyond_tolerance
+    assert f.layer["family"] == "table" and _module_b(r) == "rotary_emb", f.layer
+    assert f.layer["module"]["a"].endswith("layers/0/self_attn/rotary_emb"), f.layer
+    assert cos / 3 <= f.metrics.max_abs <= 3 * cos, (f.metrics.max_abs, cos)

@@ -20,7 +20,7 @@ import pytest
 import tracediff
 
 from ..helpers import ROOT
-from .hf_truth import load_program, module_differences, record_cases
+from .hf_truth import first_array, load_program, module_differences, record_cases
 
 pytestmark = pytest.mark.field
 
@@ -77,3 +77,57 @@ def test_port_bug_named_at_its_module_with_its_magnitude(traces, bug):
     assert first[1] / 2 <= f.metrics.max_abs <= 2 * first[1], (f.metrics.max_abs, first)
     assert r.coverage.sufficient, r.coverage.reasons
 
+
+
+# -- a conv stride that changes the shape of every feature map after it (issue 52)
+
+@pytest.fixture(scope="module")
+def stride_trace(tmp_path_factory):
+    return record_cases(PROGRAM, {"stride": "stride"},
+                        tmp_path_factory.mktemp("hf_resnet_stride"))["stride"]
+
+
+def _stride_truth():
+    """(embedder conv output shapes (Flax NHWC, torch NCHW), pooled output max abs): torch
+    forward hooks and Flax `capture_intermediates`, no tracediff."""
+    import torch
+    prog = load_program(PROGRAM)
+    x = prog.batch()
+    tmodel, state = prog.torch_model("stride")
+    fmodel, variables = prog.flax_model(state, "none")
+    seen = {}
+
+    def keep(name):
+        def fn(_m, _i, out):
+            seen.setdefault(name, first_array(out))
+        return fn
+
+    hooks = [tmodel.embedder.embedder.convolution.register_forward_hook(keep("conv")),
+             tmodel.pooler.register_forward_hook(keep("pooler"))]
+    with torch.no_grad():
+        tmodel(pixel_values=torch.from_numpy(x))
+    for h in hooks:
+        h.remove()
+    out, inter = fmodel.module.apply(variables, np.transpose(x, (0, 2, 3, 1)), True,
+                                     capture_intermediates=True, mutable=["intermediates"])
+    conv = inter["intermediates"]["embedder"]["embedder"]["convolution"]["__call__"][0]
+    pooled = first_array(out.pooler_output)
+    return (list(np.shape(conv)), list(seen["conv"].shape)), \
+        float(np.abs(pooled.reshape(seen["pooler"].shape) - seen["pooler"]).max())
+
+
+def test_a_conv_stride_that_changes_every_shape_after_it_is_found_at_the_conv(stride_trace):
+    """Torch's embedder conv has stride 3, Flax's 2: every feature map after it has another
+    shape, so no value pairs until the pooled output. The two convs read the same image and
+    kernel: they pair, the finding names the stride and the shapes, and its magnitude is
+    the pooled output's (where the values meet again; truth by hooks and
+    capture_intermediates)."""
+    shapes, pooled = _stride_truth()
+    assert shapes == ([2, 10, 10, 12], [2, 12, 7, 7]), shapes
+    r = tracediff.locate(stride_trace, explain=False)
+    assert r.verdict == "diverged" and r.exit_code == 1, r.coverage.reasons
+    f = r.first_beyond_tolerance
+    assert f.layer["module"]["b"].replace("/", ".") == "embedder.embedder.convolution", f.layer
+    assert f.layer["shape"]["text"] == ("conv stride (2, 2) vs (3, 3); shape [2,10,10,12] vs "
+                                        "[2,12,7,7]"), f.layer["shape"]
+    assert pooled / 3 <= f.metrics.max_abs <= 3 * pooled, (f.metrics.max_abs, pooled)

@@ -375,9 +375,18 @@ def _side(d, side, has_a, has_b, problems, stored=None):
 
 
 def _regions(d, runs):
-    """The largest unpaired runs of both sides, biggest first, named by op, module, line."""
+    """The unpaired runs named, by op, module and line: two frameworks, the first of each
+    side (the nearest the paired frontier: where the pairing stopped, what a `--map`
+    should name), then the largest; else the largest, biggest first."""
+    first = []
+    if hasattr(d.al, "units_a"):
+        for side in ("a", "b"):
+            mine = [r for r in runs if r[0] == side]
+            if mine:
+                first.append(min(mine, key=lambda r: r[1]))
+    rest = [r for r in sorted(runs, key=lambda r: -r[2]) if r not in first]
     out = []
-    for side, e, length in sorted(runs, key=lambda r: -r[2])[:MAX_REGIONS]:
+    for side, e, length in (first + rest)[:max(MAX_REGIONS, len(first))]:
         t = d.ta if side == "a" else d.tb
         ev = t.events[e]
         out.append(UnpairedRegion(side=side, start=int(e), length=int(length),

@@ -165,13 +165,18 @@ def run(ta, tb, rtol=None, atol=None, differ=None, mapping=None) -> LocateResult
                          f"captures a framework whenever it is loaded)")
     if missed:
         warnings.append(f"{missed}: what that framework computed is not compared")
-    levels, level_warnings = _levels.annotate(first_bit, first_tol, ta, tb, d)
     first_param = getattr(d, "first_parameter", None)   # two frameworks: optimizer by role
-    near_zero, near_zero_total = _near_zero(d)
     structural = _structural(d, first_bit) if not mapping else None
     for f in {id(x): x for x in (first_bit, first_tol) if x is not None}.values():
         _view_of_write(f, structural)
     cov = _coverage.measure(d)
+    if first_tol is None and first_param is None and structural is None and \
+            not cov.sufficient and hasattr(d, "pairing_stops"):
+        # two frameworks: the pairing stopped, and the outputs differ (pairing/stops.py)
+        first_tol = d.pairing_stops(TOLERANCE)
+        first_bit = first_bit or first_tol
+    levels, level_warnings = _levels.annotate(first_bit, first_tol, ta, tb, d)
+    near_zero, near_zero_total = _near_zero(d)
     diverged = first_tol is not None or first_param is not None or structural is not None
     if not diverged and not cov.sufficient:
         warnings.append("INCONCLUSIVE: every compared value agrees, but too little was "
@@ -396,6 +401,9 @@ def _explained(result, d, full=False, event=None, sources=True, progress=None):
     progress = progress or _no_progress
     if result.first_difference is None and event is None:
         return result, (_analysis.analyse(result, d) if full else None)
+    unrounded = _not_rounding(result.first_difference)
+    if unrounded and event is None and not full:     # locate: `explain` still analyses it
+        return dataclasses.replace(result, explain=Replay(verdict=unrounded)), None
     try:
         analysis = _analysis.analyse(result, d, event)
     except TraceError:
@@ -419,6 +427,23 @@ def _explained(result, d, full=False, event=None, sources=True, progress=None):
     return (dataclasses.replace(result, explain=explain, chain=chain, first_beyond_tolerance=fb,
                                 sources=analysis.sources),
             analysis if full else None)
+
+
+def _not_rounding(f):
+    """Why the origin is not replayed, where no rounding can explain it (two frameworks,
+    `pairing/shapes.py`, `pairing/stops.py`): two ops returning other shapes, two tables each
+    side computes, outputs compared where the pairing stopped; else None."""
+    layer = getattr(f, "layer", None) or {}
+    if layer.get("shape"):
+        return (f"not replayed: the two ops return other shapes ({layer['shape']['text']}): "
+                f"what differs is their arguments, not their rounding")
+    if layer.get("table"):
+        return ("not replayed: two tables each side computes from values of its own differ "
+                "(not a rounding)")
+    if layer.get("outputs"):
+        return ("not replayed: the outputs were compared where the pairing stopped; the ops "
+                "between were not paired")
+    return None
 
 
 def _find_sources(d, result):

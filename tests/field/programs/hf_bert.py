@@ -1,14 +1,19 @@
 """HF transformers' BertModel (torch) and its FlaxBertModel port, random weights converted by
 transformers' own converter, run forward on the same padded batch: a port as users check one.
 
-    python hf_bert.py [--side both|torch|flax] [--attn eager|sdpa] [--bug none|eps|gelu|qk|scale]
+    python hf_bert.py [--side both|torch|flax] [--attn eager|sdpa]
+                      [--bug none|eps|gelu|qk|scale|pos|padpos]
                       [--weights FILE.npz]
 
 `--side torch --weights W` saves the weights it ran with; `--side flax --weights W` loads
 them (two scripts). Port bugs, each on one side: `eps` (Flax LayerNorm epsilon 1e-5
 instead of BERT's 1e-12), `gelu` (Flax `gelu_new`, the tanh approximation, instead of
 `gelu`), `qk` (the query and key parameters of Flax's layer 1 swapped in the conversion),
-`scale` (torch layer 1 runs its own self-attention without the 1/sqrt(head size) scale).
+`scale` (torch layer 1 runs its own self-attention without the 1/sqrt(head size) scale),
+`pos` (Flax given position ids shifted by 2, RoBERTa's offset after its padding index, where
+BERT's start at 0; torch reads its own `position_ids` buffer), `padpos` (torch given
+positions as RoBERTa computes them from the ids, after the padding index: `cumsum(ids != 0)
+* (ids != 0) + 1`, torch ops; Flax, a port that forgot the offset, its own 0, 1, 2, ...).
 """
 import argparse
 import copy
@@ -105,17 +110,34 @@ def flax_model(state, bug):
     return model, params
 
 
-def flax_args(ids, mask):
+POSITION_OFFSET = 2           # `--bug pos`: RoBERTa's positions start after its padding index
+
+
+def positions(ids, bug="none"):
+    """The Flax side's position ids."""
+    start = POSITION_OFFSET if bug == "pos" else 0
+    return np.broadcast_to(np.arange(ids.shape[1]) + start, ids.shape).astype(np.int32)
+
+
+def torch_positions(ids):
+    """`--bug padpos`: RoBERTa's `create_position_ids_from_input_ids` (padding index 0 here,
+    BERT's pad token), in torch."""
+    keep = ids.ne(0).int()
+    return (torch.cumsum(keep, dim=1).type_as(keep) * keep).long() + 1
+
+
+def flax_args(ids, mask, bug="none"):
     """FlaxBertModule's positional arguments (for the test's capture_intermediates)."""
     return (ids.astype(np.int32), mask.astype(np.int32), np.zeros_like(ids, np.int32),
-            np.broadcast_to(np.arange(ids.shape[1]), ids.shape).astype(np.int32), None)
+            positions(ids, bug), None)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--side", choices=("both", "torch", "flax"), default="both")
     ap.add_argument("--attn", choices=("eager", "sdpa"), default="eager")
-    ap.add_argument("--bug", choices=("none", "eps", "gelu", "qk", "scale"), default="none")
+    ap.add_argument("--bug", choices=("none", "eps", "gelu", "qk", "scale", "pos", "padpos"),
+                    default="none")
     ap.add_argument("--weights")
     args = ap.parse_args()
     ids, mask = batch()
@@ -123,7 +145,10 @@ def main():
     if args.side in ("both", "torch"):
         model, state = torch_model(args.attn, args.bug)
         with torch.no_grad():
-            out = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
+            kw = {"position_ids": torch_positions(torch.from_numpy(ids))} \
+                if args.bug == "padpos" else {}
+            out = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                        **kw)
         h = out.last_hidden_state.numpy()
         print(f"torch last_hidden_state checksum: {float(np.sum(h, dtype=np.float64)):.6f}")
         if args.weights and args.side == "torch":
@@ -133,7 +158,9 @@ def main():
             with np.load(args.weights) as f:
                 state = {k: f[k] for k in f.files}
         model, params = flax_model(state, args.bug)
-        out = model(ids.astype(np.int32), attention_mask=mask.astype(np.int32), params=params)
+        kw = {"position_ids": positions(ids, args.bug)} if args.bug == "pos" else {}
+        out = model(ids.astype(np.int32), attention_mask=mask.astype(np.int32), params=params,
+                    **kw)
         h = np.asarray(out.last_hidden_state)
         print(f"flax last_hidden_state checksum: {float(np.sum(h, dtype=np.float64)):.6f}")
 

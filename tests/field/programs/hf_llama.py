@@ -4,11 +4,13 @@ one. What BERT, GPT-2, ViT, CLIP and T5 do not have: rotary position embeddings 
 indexes a sin/cos table built in numpy, torch computes cos and sin per call), grouped-query
 attention (2 key/value heads for 4 query heads), a gated SiLU MLP, RMSNorm.
 
-    python hf_llama.py [--attn eager|sdpa] [--bug none|gelu|eps|oproj]
+    python hf_llama.py [--attn eager|sdpa] [--bug none|gelu|eps|oproj|rope]
 
 Port bugs, on the Flax side: `gelu` (hidden_act "gelu" instead of Llama's "silu"), `eps`
 (RMSNorm epsilon 1e-2 instead of 1e-6), `oproj` (layer 1's attention output kernel
-transposed after the conversion).
+transposed after the conversion). `rope`: the config's `rope_theta` is 500000, which torch
+honours and FlaxLlama ignores (its rotary table hard-codes base 10000): the rotary tables
+differ (a port bug as a user meets it: the Flax class, not the user's code).
 """
 import argparse
 import copy
@@ -49,10 +51,11 @@ def weights(model):
     return out
 
 
-def torch_model(attn):
+def torch_model(attn, bug="none"):
     from transformers import LlamaModel
     torch.manual_seed(0)
-    model = LlamaModel(config(attn)).eval()
+    model = LlamaModel(config(attn, **({"rope_theta": 500000.0} if bug == "rope" else {})))
+    model = model.eval()
     state = weights(model)
     model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=False)
     return model, state
@@ -83,10 +86,10 @@ def flax_args(ids):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--attn", choices=("eager", "sdpa"), default="eager")
-    ap.add_argument("--bug", choices=("none", "gelu", "eps", "oproj"), default="none")
+    ap.add_argument("--bug", choices=("none", "gelu", "eps", "oproj", "rope"), default="none")
     args = ap.parse_args()
     ids = batch()
-    model, state = torch_model(args.attn)
+    model, state = torch_model(args.attn, args.bug)
     with torch.no_grad():
         h = model(input_ids=torch.from_numpy(ids)).last_hidden_state.numpy()
     print(f"torch last_hidden_state checksum: {float(np.sum(h, dtype=np.float64)):.6f}")

@@ -4,12 +4,15 @@ transformers' own converter, run forward in inference mode on the same images: a
 users check one. Bottleneck layers (ResNet-50's): the converter names the basic layers'
 convolutions "0" where FlaxResNetBasicLayerCollection expects "layer_0".
 
-    python hf_resnet.py [--bug none|std|gelu|flip|affine]
+    python hf_resnet.py [--bug none|std|gelu|flip|affine|stride]
 
 Port bugs, on the Flax side: `std` (BatchNorm's running variance converted as a standard
 deviation, in every BatchNorm), `gelu` (hidden_act "gelu" instead of ResNet's "relu"),
 `flip` (stage 1's 3x3 kernel flipped in H and W, as if torch's conv were a true
-convolution), `affine` (stage 0's first BatchNorm with its scale and bias exchanged).
+convolution), `affine` (stage 0's first BatchNorm with its scale and bias exchanged). On
+the torch side: `stride` (the embedder's convolution with stride 3, not 2: every feature map
+after it has another shape, [2, 12, 7, 7] against Flax's [2, 10, 10, 12]; the pooled output
+keeps its shape).
 """
 import argparse
 import copy
@@ -48,12 +51,14 @@ def weights(model):
     return out
 
 
-def torch_model():
+def torch_model(bug="none"):
     from transformers import ResNetModel
     torch.manual_seed(0)
     model = ResNetModel(config()).eval()
     state = weights(model)
     model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+    if bug == "stride":      # the embedder's conv with another stride (torch reads it per call)
+        model.embedder.embedder.convolution.stride = (3, 3)
     return model, state
 
 
@@ -86,10 +91,11 @@ def flax_model(state, bug):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bug", choices=("none", "std", "gelu", "flip", "affine"), default="none")
+    ap.add_argument("--bug", choices=("none", "std", "gelu", "flip", "affine", "stride"),
+                    default="none")
     args = ap.parse_args()
     x = batch()
-    model, state = torch_model()
+    model, state = torch_model(args.bug)
     with torch.no_grad():
         h = model(pixel_values=torch.from_numpy(x)).last_hidden_state.numpy()
     print(f"torch last_hidden_state checksum: {float(np.sum(h, dtype=np.float64)):.6f}")

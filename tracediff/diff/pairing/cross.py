@@ -38,6 +38,9 @@ from .layers import LayerNames, _num
 from .meet import FormulaMeeting
 from .roles import RoleSteps
 from .rounding import RoundingInherited
+from .regions import INDEX_ROLE
+from .shapes import OTHER_SHAPE, OtherShapes
+from .stops import PairingStops
 
 SAMPLE = 2048          # elements compared to choose a layout
 
@@ -161,7 +164,8 @@ class CrossAlignment(_align.Alignment):
         return out
 
 
-class CrossDiffer(LayerNames, FormulaMeeting, RoundingInherited, RoleSteps, Differ):
+class CrossDiffer(LayerNames, FormulaMeeting, RoundingInherited, RoleSteps, OtherShapes,
+                  PairingStops, Differ):
     """A `Differ` whose pairs come from `pairing/dataflow.py`, for two frameworks; the
     optimizer steps by role are in `roles.py`, the layer names and the mapping in `layers.py`."""
 
@@ -447,6 +451,10 @@ class CrossDiffer(LayerNames, FormulaMeeting, RoundingInherited, RoleSteps, Diff
             ea, eb = self.ga.units[pr.a].rep, self.gb.units[pr.b].rep
             f = self.finding(ea, eb, level, note=moved + self._note(pr))
             f.layer = self.layer(pr)
+            if pr.by == OTHER_SHAPE:     # the same inputs, another shape (shapes.py)
+                return self.other_shape(f, i), None
+            if pr.by == INDEX_ROLE:      # a lookup of one table at other indices (shapes.py)
+                self.indices_differ(f, pr)
             mod = self.module_output(i)
             if self._gradient_meets(pr, mod, level):
                 continue         # other backward formulas inside, the same module gradient

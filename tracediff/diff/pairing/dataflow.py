@@ -29,11 +29,16 @@ Values anchor the pairing instead, and dataflow carries it forward:
    their direct inputs pair; where the two sides reach one value by other ops (scale
    before or after a matmul, a composite against one aten op), the points where values
    meet pair, else the last units after the class's last pair, else two modules' outputs,
-   each region between compared as one unit. Backward units pair by symbol and direct
+   each region between compared as one unit. The one unit of a family on each side whose
+   direct inputs pair, in corresponding modules, pairs whatever its output shape (a conv of
+   another stride: `dataflow (other shape)`); the one lookup of a family whose float inputs
+   pair and whose integer indices do not, across classes (`dataflow (indices by role)`).
+   Backward units pair by symbol and direct
    inputs (ties to the latest), carrying the module pairs of the forward; a composite's
    last unit pairs only if it is not a term of a sum its module accumulates (`add_any`).
 5. A user map (`{"MLP/fc1": "fc1"}`) confines the units of the modules it names to each
-   other, never across op families, and pairs what dataflow left there by structure.
+   other, never across op families, and pairs what dataflow left there by structure (op
+   family and size, then op family alone: units of other shapes too).
 
 Every pair says how it was made (`by`, `how`).
 """
@@ -45,12 +50,13 @@ import numpy as np
 
 from ..align import sequence as _align
 from .atoms import Atoms
-from .graph import PHASE_BWD, PHASE_FWD, is_int
+from .graph import PHASE_BWD, PHASE_FWD, broadcast_pair, is_int
 from .modules import ModuleCorrespondence
 from .moved import MovedAtoms
 from .near import NearAtoms
 from .reads import Reads
 from .regions import RegionSteps
+from .shapes import OTHER_SHAPE
 
 
 MAX_FORWARD_PASSES = 4              # sweeps over the forward classes (a later class may feed one)
@@ -221,16 +227,29 @@ class Pairing(RegionSteps, Atoms, MovedAtoms, NearAtoms, ModuleCorrespondence, R
         Never two ops whose inputs do not pair: a pair made by 2 or 3 compares its region's
         inputs (`region_inputs`), and consumers pair strictly after it."""
         for _ in range(MAX_FORWARD_PASSES):
-            before = len(self.pairs)
-            for sup, (la, lb) in self._classes(PHASE_FWD):
-                n_atoms = sum(1 for x in sup if x[0] == "a")
-                while self._pair_strict(la, lb, n_atoms) or self._pair_broadcast(la, lb, n_atoms) \
-                        or self._pair_meeting(la, lb, n_atoms) \
-                        or self._pair_composite(la, lb, n_atoms) \
-                        or self._pair_module_output(la, lb, n_atoms):
-                    pass
-            if len(self.pairs) == before:
+            if not self._sweep_forward() and not self._pair_index_role(*self._forward_units()):
                 break
+
+    def _sweep_forward(self):
+        """One sweep over the forward classes (`_pair_forward`); whether it paired any."""
+        before = len(self.pairs)
+        for sup, (la, lb) in self._classes(PHASE_FWD):
+            n_atoms = sum(1 for x in sup if x[0] == "a")
+            while self._pair_strict(la, lb, n_atoms) or self._pair_broadcast(la, lb, n_atoms) \
+                    or self._pair_meeting(la, lb, n_atoms) \
+                    or self._pair_other_shape(la, lb, n_atoms) \
+                    or self._pair_composite(la, lb, n_atoms) \
+                    or self._pair_module_output(la, lb, n_atoms):
+                pass
+        return len(self.pairs) > before
+
+    def _forward_units(self):
+        """([a's], [b's]) forward units that read no value only their side has, across
+        classes (indices one side computes from the ids and the other is given put two
+        lookups of one table in two classes)."""
+        return tuple([k for k, u in enumerate(g.units) if u.phase == PHASE_FWD and
+                      g.support[k] and not any(x[0] == "l" for x in g.support[k])]
+                     for g in (self.ga, self.gb))
 
     def _classes(self, phase):
         """[(support, ([a units], [b units]))] of the units of one phase (paired ones too: the
@@ -319,21 +338,36 @@ class Pairing(RegionSteps, Atoms, MovedAtoms, NearAtoms, ModuleCorrespondence, R
             if not la or not lb:
                 continue
             for phase in (PHASE_FWD, PHASE_BWD):
-                pa = [k for k in la if self.ga.units[k].phase == phase]
-                pb = [k for k in lb if self.gb.units[k].phase == phase]
-                ids = {}
-                sym_a = np.array([ids.setdefault((self.ga.units[k].family, self.ga.units[k].size),
-                                                 len(ids)) for k in pa], np.uint64)
-                sym_b = np.array([ids.setdefault((self.gb.units[k].family, self.gb.units[k].size),
-                                                 len(ids)) for k in pb], np.uint64)
-                if not len(sym_a) or not len(sym_b):
-                    continue
-                ia, ib, _ = _align.align_arrays(sym_a[::-1], sym_b[::-1])
-                for x, y in zip((len(pa) - 1 - ia)[::-1].tolist(), (len(pb) - 1 - ib)[::-1].tolist()):
-                    self.pair_of[0][pa[x]] = len(self.pairs)
-                    self.pair_of[1][pb[y]] = len(self.pairs)
-                    self.pairs.append(Pair(pa[x], pb[y], "user map",
-                                           f"by structure (op family and size) within the "
-                                           f"modules the map names ({self.user_map[i][0]!r} -> "
-                                           f"{self.user_map[i][1]!r}); their inputs were not "
-                                           f"paired by value"))
+                # by op family and size, then what is left by op family alone: a map pairs
+                # units of other shapes too (a conv with another stride, [2, 6, 6, 8] against
+                # [2, 8, 3, 3]: the finding says so, `shapes.py`)
+                for sized in (True, False):
+                    self._align_user_units(i, [k for k in la if self.ga.units[k].phase == phase
+                                               and k not in self.pair_of[0]],
+                                           [k for k in lb if self.gb.units[k].phase == phase
+                                            and k not in self.pair_of[1]], sized)
+
+    def _align_user_units(self, i, pa, pb, sized):
+        """Pair units pa of a with pb of b, of the modules user-map entry i names, by
+        structure from the end: op family (and size where `sized`)."""
+        def sym(u):
+            return (u.family, u.size) if sized else u.family
+        ids = {}
+        sym_a = np.array([ids.setdefault(sym(self.ga.units[k]), len(ids)) for k in pa], np.uint64)
+        sym_b = np.array([ids.setdefault(sym(self.gb.units[k]), len(ids)) for k in pb], np.uint64)
+        if not len(sym_a) or not len(sym_b):
+            return
+        ia, ib, _ = _align.align_arrays(sym_a[::-1], sym_b[::-1])
+        for x, y in zip((len(pa) - 1 - ia)[::-1].tolist(), (len(pb) - 1 - ib)[::-1].tolist()):
+            ux, uy = self.ga.units[pa[x]], self.gb.units[pb[y]]
+            other = ux.shape != uy.shape and not broadcast_pair(ux.shape, uy.shape) and \
+                ux.size != uy.size
+            self.pair_of[0][pa[x]] = len(self.pairs)
+            self.pair_of[1][pb[y]] = len(self.pairs)
+            self.pairs.append(Pair(pa[x], pb[y], OTHER_SHAPE if other else "user map",
+                                   f"by structure (op family{' and size' if sized else ''}) "
+                                   f"within the modules the map names ({self.user_map[i][0]!r} "
+                                   f"-> {self.user_map[i][1]!r}); their inputs were not paired "
+                                   f"by value" + (f"; its output has another shape "
+                                                  f"({list(ux.shape)} and {list(uy.shape)})"
+                                                  if other else "")))

@@ -12,6 +12,11 @@ same shape or one the other's broadcast (dimensions of size 1 dropped:
 At least one of the two must come from a value only its side has (two values both made
 of constants add nothing to a support already); a constant (every element equal) is
 never one; integers and bools never pair by value (dataflow only, `atoms.py`).
+
+Such values that do not agree (a rotary table built with another base) are no atom, and
+nothing that reads them pairs. They are kept (`tables`), and `stops.py` pairs them by role
+once the pairing is known: read by ops of one family whose other inputs pair (the
+`q * cos` of both sides).
 """
 
 import numpy as np
@@ -21,6 +26,7 @@ from .graph import PHASE_FWD, _size, broadcast_shapes_of
 
 MAX_NEAR_BYTES = 64 << 20          # values read to look for near atoms
 MAX_NEAR_COMPARISONS = 2000        # pairs of candidates compared
+MAX_TABLES = 256                   # candidate tables that do not agree, kept for stops.py
 
 
 class NearAtoms:
@@ -53,6 +59,7 @@ class NearAtoms:
     def _near_atoms(self):
         """Make the near atoms (see the module docstring); returns whether any was made
         (the supports are then computed again)."""
+        self.tables = []           # [(a key, row a, b key, row b, max abs)]: not agreeing
         if self.agree is None:
             return False
         ca = self._near_candidates(self.ga, 0)
@@ -86,9 +93,8 @@ class NearAtoms:
                 budget[1] -= 1
                 if budget[0] < 0 or budget[1] < 0:
                     return made
-                if not _sample_close(xa, xb):
-                    continue
-                if not self.agree(ra, rb):
+                if not _sample_close(xa, xb) or not self.agree(ra, rb):
+                    self._table_by_role(ka, ra, xa, kb, rb, xb)
                     continue
                 aid = len(self.atom_rows)
                 self.atom_rows[aid] = (ra, rb, "equal within tolerance"
@@ -99,6 +105,20 @@ class NearAtoms:
                 made = True
                 break
         return made
+
+    def _table_by_role(self, ka, ra, xa, kb, rb, xb):
+        """Keep (ra, rb), two such values that do not agree, as a candidate table pair with
+        their max abs difference: `stops.py` pairs them by role once the pairing is known."""
+        if len(self.tables) < MAX_TABLES:
+            self.tables.append((ka, ra, kb, rb, _max_abs(xa, xb)))
+
+
+def _max_abs(xa, xb):
+    shapes = (xa.shape, xb.shape) if xa.shape == xb.shape else \
+        broadcast_shapes_of(xa.shape, xb.shape)
+    a, b = np.broadcast_arrays(xa.reshape(shapes[0]), xb.reshape(shapes[1]))
+    with np.errstate(invalid="ignore", over="ignore"):
+        return float(np.nanmax(np.abs(a.astype(np.float64) - b.astype(np.float64))))
 
 
 def _sample_close(xa, xb, n=256):

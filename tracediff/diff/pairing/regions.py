@@ -10,9 +10,10 @@ backward stay in dataflow.py.
 import collections
 
 from ..differ import comparable
-from .graph import broadcast_pair
+from .graph import broadcast_pair, is_int
 
 MAX_MEET_COMPARISONS = 2000         # value comparisons per class to find where two sides meet
+INDEX_ROLE = "dataflow (indices by role)"
 
 
 class RegionSteps:
@@ -46,6 +47,105 @@ class RegionSteps:
                           f"({list(ux.shape)} and {list(uy.shape)})")
                 return True
         return False
+
+    def _pair_other_shape(self, la, lb, n_atoms):
+        """Step 1c: the same inputs, a different result. The one unpaired unit of a family
+        on each side whose direct inputs pair, in corresponding modules, whatever their
+        output shapes (a port's conv with stride 2 where the other's has 1: [2, 6, 6, 8]
+        against [2, 8, 3, 3]). The pair is the finding: its shapes and arguments differ,
+        its inputs do not. Only where the family's unit is alone with those inputs on both
+        sides, so that no correct port pairs two ops of one family that compute other
+        things from one value."""
+        cands = ({}, {})
+        for s, lst, g in ((0, la, self.ga), (1, lb, self.gb)):
+            for k in lst:
+                if k in self.pair_of[s] or self._index_unit(s, k):
+                    continue
+                keys = self._complete_keys(s, k)
+                if keys:
+                    u = g.units[k]
+                    cands[s].setdefault((u.family, keys, int(self.groups[s][k])), []).append(k)
+        for key, xs in cands[0].items():
+            ys = cands[1].get(key, ())
+            if len(xs) != 1 or len(ys) != 1:
+                continue
+            x, y = xs[0], ys[0]
+            ux, uy = self.ga.units[x], self.gb.units[y]
+            if ux.shape == uy.shape or broadcast_pair(ux.shape, uy.shape) or \
+                    not self.modules_correspond(self.unit_module(0, x), self.unit_module(1, y)):
+                continue
+            self._add(x, y, "dataflow (other shape)",
+                      f"same op family, computed from the same {n_atoms} paired input(s) and "
+                      f"parameter(s); its {len(key[1])} direct input(s) are the same values or "
+                      f"made by paired ops, in corresponding modules; its output has another "
+                      f"shape ({list(ux.shape)} and {list(uy.shape)})")
+            return True
+        return False
+
+    def _pair_index_role(self, la, lb):
+        """Step 1d: a lookup whose indices differ. The one unpaired unit of a family on each
+        side, in corresponding modules, whose float inputs pair and whose integer inputs
+        (position ids, token ids) do not: one side given them, the other computing them
+        (HF RoBERTa's positions after the padding index, from the ids). The indices play
+        one role, read by the same op from the same table; the pair compares the lookups,
+        and the indices are the input that differs."""
+        cands = ({}, {})
+        for s, lst, g in ((0, la, self.ga), (1, lb, self.gb)):
+            for k in lst:
+                if k in self.pair_of[s] or self._index_unit(s, k):
+                    continue
+                keys = self._float_keys(s, k)
+                if keys:
+                    u = g.units[k]
+                    cands[s].setdefault((u.family, keys, int(self.groups[s][k])), []).append(k)
+        for key, xs in cands[0].items():
+            ys = cands[1].get(key, ())
+            if not ys or min(len(xs), len(ys)) != 1:
+                continue
+            x, y = xs[-1], ys[-1]      # the latest: an init-time forward precedes the apply
+            if not self.modules_correspond(self.unit_module(0, x), self.unit_module(1, y)):
+                continue
+            self._add(x, y, INDEX_ROLE,
+                      f"same op family; its {len(key[1])} float input(s) are the same values or "
+                      f"made by paired ops, in corresponding modules; its integer inputs "
+                      f"(indices) are not paired: compared as the indices of this op")
+            return True
+        return False
+
+    def _float_keys(self, s, k):
+        """What unit k reads directly, as `_complete_keys` says, its integer inputs left out;
+        None where a float input is unpaired or it reads no integer input that is unpaired."""
+        g = self.ga if s == 0 else self.gb
+        keys, ints = [], False
+        for _, _, nd in g.input_nodes(g.units[k]):
+            row = g.nodes[nd][0]
+            if row is not None and not len(g.shape(row)):
+                continue
+            a, prods = self._read(g, s, nd)
+            integer = row is not None and is_int(g.t.string(row["dtype"]))
+            if integer:
+                ints = ints or a is None and not any(self.pair_key(s, v) is not None
+                                                     for v in prods)
+                continue
+            if a is not None:
+                keys.append(("a", a))
+                continue
+            for v in prods:
+                pr = self.pair_key(s, v)
+                if pr is not None:
+                    keys.append(("p", pr))
+                elif g.support[v]:
+                    return None
+        return tuple(sorted(set(keys))) if ints else None
+
+    def modules_correspond(self, ma, mb):
+        """Module path `ma` of a is `mb` of b: learned from the pairs, or the same last name,
+        or both the top level (Flax's root module against torch's "")."""
+        hit = self.counterpart(ma)
+        if hit is not None:
+            return hit == mb
+        ca, cb = ma.split("/") if ma else [], mb.split("/") if mb else []
+        return (ca[-1:] == cb[-1:] and bool(cb)) or (len(ca) <= 1 and not cb)
 
     def _agree_units(self, ka, kb):
         """The outputs of unit ka of a and kb of b agree within tolerance (True where they
