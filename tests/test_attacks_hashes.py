@@ -30,6 +30,9 @@ pytest.importorskip("hdf5plugin")
 
 import jax.numpy as jnp  # noqa: E402
 
+# its own CI stage (pytest -m deep): a batch of hostile cases, each against its truth
+pytestmark = pytest.mark.deep
+
 CODECS = ("none", "zstd")
 HASHES = ("xxh3_64", "words64")
 LEVELS = ("full", "stats", "calls")

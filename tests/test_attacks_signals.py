@@ -28,6 +28,9 @@ from tracediff.trace.reader import Trace
 
 from .helpers import script_env
 
+# its own CI stage (pytest -m deep): a batch of hostile cases, each against its truth
+pytestmark = pytest.mark.deep
+
 ATTACK = """\
     import ctypes, os, signal, sys, time
     handler, signame, timing, game, code = sys.argv[1:6]

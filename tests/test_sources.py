@@ -47,6 +47,7 @@ def gpt(recorded, tmp_path_factory):
     return paths["a"], paths["b"], {"as_written": as_written, "same_init": same_init}
 
 
+@pytest.mark.deep
 def test_sources_rank_the_kernels_above_the_initialiser_as_the_counterfactual_run_does(gpt):
     a, b, truth = gpt
     doc = locate_json(a, b)
@@ -73,6 +74,7 @@ def test_sources_rank_the_kernels_above_the_initialiser_as_the_counterfactual_ru
     assert "initial values" in doc["sources"]["estimator"]
 
 
+@pytest.mark.deep
 def test_locate_prints_the_top_sources_and_explain_all_of_them(gpt):
     a, b, _ = gpt
     out = run_cli("locate", a, b).stdout
@@ -150,6 +152,7 @@ def cnn_on_a_tpu(recorded, tmp_path_factory):
     return paths["a"], paths["b"], truth
 
 
+@pytest.mark.deep
 def test_the_bf16_passes_come_first_with_their_fix_as_the_counterfactual_run_says(cnn_on_a_tpu):
     a, b, truth = cnn_on_a_tpu
     # the truth: at precision "highest" b keeps under 1 % of the difference; with a's

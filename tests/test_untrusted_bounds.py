@@ -250,7 +250,8 @@ def test_many_differing_alignment_regions(dot, tmp_path):
 
 def test_replay_refuses_an_output_larger_than_recorded(dot, tmp_path):
     """An expand whose recorded parameters ask for [2.5e8, 4] made locate's replay
-    verdict allocate 15.9 GB; it is now refused before anything runs."""
+    verdict allocate 15.9 GB; it is now refused before anything runs (explain's replay of
+    the event: locate never replays a view)."""
     a, b = tmp_path / "a.h5", tmp_path / "b.h5"
     expand_op(dot, a, b)
     proc, _ = run_bounded("locate", a, b, "--json", tmp=tmp_path)
@@ -258,8 +259,12 @@ def test_replay_refuses_an_output_larger_than_recorded(dot, tmp_path):
     d = json.loads(proc.stdout)
     assert d["first_difference"]["a"]["index"] == 2
     assert d["first_difference"]["a"]["op"] == "aten::expand"
-    assert d["explain"]["verdict"] == (
-        "aten::expand (a #2): cannot replay aten::expand: replay refused: the op would output "
+    # a view is never the origin locate replays (it reinterprets what it reads); asked to
+    # explain that very event, the replay is refused before anything runs
+    proc, _ = run_bounded("explain", a, b, 2, "--json", tmp=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["replay"]["verdict"] == (
+        "cannot replay aten::expand: replay refused: the op would output "
         "1,000,000,000 elements (4.0 GB), more than its recorded outputs (1 element, 4 bytes)")
 
 
