@@ -17,6 +17,9 @@ import tracediff
 from tracediff.trace.reader import Trace
 from tests.helpers import FIXTURES, run_cli, script_env
 
+# CI's 'deep' stage (pytest -m deep): several recordings, each against its truth
+pytestmark = pytest.mark.deep
+
 GPT = "torch_gpt.py"
 SCALAR = {"ATEN_CPU_CAPABILITY": "default"}
 

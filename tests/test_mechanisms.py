@@ -242,6 +242,7 @@ def _replayed(path, ev):
     return call, inputs, out
 
 
+@pytest.mark.deep
 def test_a_recorded_conv_replays_bitwise_and_its_float64_oracle_is_within_a_few_ulp(cnn):
     """Before: the params were cut at 60/240 characters and conv_general_dilated was not
     on the allow-list: "cannot replay"."""
@@ -265,6 +266,7 @@ def test_a_recorded_conv_replays_bitwise_and_its_float64_oracle_is_within_a_few_
                                               "float32")) <= 2
 
 
+@pytest.mark.deep
 def test_a_conv_run_as_one_bf16_pass_is_named_bf16_inputs_on_that_side_only(cnn):
     """Before: a conv had no mechanism family (no mechanisms at all) and could not be
     replayed."""
@@ -294,6 +296,7 @@ def test_a_conv_run_as_one_bf16_pass_is_named_bf16_inputs_on_that_side_only(cnn)
     assert res.mechanisms[0].side == "a" and res.mechanisms[0].name == "float64_accumulation"
 
 
+@pytest.mark.deep
 def test_a_float32_conv_on_a_tpu_at_default_precision_is_one_bf16_pass(cnn):
     """The recorded conv's own parameters (precision None, no preferred type): a TPU runs
     it as one bf16 pass unless the op or the process raises the precision. Before: only

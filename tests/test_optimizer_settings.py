@@ -24,12 +24,16 @@ from tracediff.trace import schema
 
 from .helpers import FIXTURES, ROOT, run_cli
 
+# CI's 'deep' stage (pytest -m deep): several recordings, each against its truth
+pytestmark = pytest.mark.deep
+
 SCRIPT = os.path.join(FIXTURES, "port_mlp_adam.py")
 JOBS = {"ok": (), "b2": ("--flax-b2", "0.95"), "eps": ("--flax-eps", "1e-3"),
         "hyper_b2": ("--hyperparams", "--flax-b2", "0.95")}
 BATCH = r"""
 import json, sys
 from tracediff.runner import record_script
+
 for name, args in json.loads(sys.argv[3]).items():
     rc = record_script(sys.argv[2], args, sys.argv[1] + "/" + name + ".h5", frameworks=("jax", "torch"))
     if rc:

@@ -21,6 +21,9 @@ import tracediff
 
 from .helpers import FIXTURES, ROOT
 
+# CI's 'deep' stage (pytest -m deep): several recordings, each against its truth
+pytestmark = pytest.mark.deep
+
 JOBS = {
     "conv_stride": ("port_conv.py", "--bug", "stride"),
     "rotary_base": ("port_rotary.py", "--bug", "base"),

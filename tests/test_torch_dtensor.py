@@ -24,6 +24,9 @@ from tests.helpers import run_cli  # noqa: E402
 from tracediff.trace import schema  # noqa: E402
 from tracediff.trace.reader import Trace  # noqa: E402
 
+# CI's 'deep' stage (pytest -m deep): several recordings, each against its truth
+pytestmark = pytest.mark.deep
+
 SCRIPT = "torch_dtensor_one_rank.py"
 _PARAM = re.compile(r"^step (\d+) param (\S+) shape ([\d,]+) offset ([\d,]+) values (.*)$", re.M)
 _GATHERED = re.compile(r"^step (\d+) gathered (\S+)$", re.M)
