@@ -13,6 +13,16 @@ from ..result import Cause
 from .causes import environment
 from .mechanisms import fix_for
 
+# random numbers: (the fix, what the counterfactual run loads from the other run)
+_RANDOM = {
+    "initialiser": ("initialise the parameters once, save them (np.savez, torch.save, a "
+                    "checkpoint) and load them in both runs; or initialise on one device and "
+                    "copy", "initial parameters"),
+    "random_data": ("draw the random inputs once (or with numpy on the host), save them and "
+                    "load them in both runs", "random inputs"),
+}
+
+
 def fix(d, result, cl, src):
     """(fix, counterfactual command lines, cause keys) of a source."""
     argv_side = src.side if src.side in ("a", "b") else "b"
@@ -20,18 +30,12 @@ def fix(d, result, cl, src):
     argv = shell.script_argv(t.manifest) or ["SCRIPT.py"]
     out = f"{argv_side}.counterfactual.h5"
     other = d.tb.path if argv_side == "a" else d.ta.path
-    if src.mechanism == "initialiser":
-        return ("initialise the parameters once, save them (np.savez, torch.save, a "
-                "checkpoint) and load them in both runs; or initialise on one device and copy",
-                [shell.comment(f"re-run {argv_side} with the other run's initial parameters "
-                               f"loaded from a file (a change to the script): the difference "
-                               f"left is what the other sources make")], [])
-    if src.mechanism == "random_data":
-        return ("draw the random inputs once (or with numpy on the host), save them and load "
-                "them in both runs",
-                [shell.comment(f"re-run {argv_side} with the other run's random inputs loaded "
-                               f"from a file (a change to the script): the difference left is "
-                               f"what the other sources make")], [])
+    if src.mechanism in _RANDOM:
+        fix_text, what = _RANDOM[src.mechanism]
+        return (fix_text,
+                [shell.comment(f"re-run {argv_side} with the other run's {what} loaded from a "
+                               f"file (a change to the script): the difference left is what "
+                               f"the other sources make")], [])
     if src.mechanism == "dtype":
         keys = [e["key"] for e in result.env_diff if ".autocast." in e["key"]]
         return (f"compute in the same dtype on both sides: autocast off on {argv_side}, or "
