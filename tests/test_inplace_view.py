@@ -1,6 +1,8 @@
 """An in-place write through a view (`w.view(-1).mul_(...)` in one run only) is named as the
 op that changed the values, never the view it wrote through (issue 51, item 4)."""
 
+import pytest
+
 import tracediff
 from tests.helpers import fixture_line, run_cli
 
@@ -117,6 +119,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.deep   # CI's 'deep' stage: its own recordings
 def test_a_dtensor_parameter_read_after_a_write_to_its_shard_reads_the_write(tmp_path):
     """`p.to_local().mul_` on a DTensor parameter: the ops that read the parameter next
     (Adam's `addcdiv_` on the DTensor and its local op) read what the write left, so no op after it is

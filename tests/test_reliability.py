@@ -211,6 +211,7 @@ PREEMPTED = """
 """
 
 
+@pytest.mark.deep   # CI's 'deep' stage: its own recordings
 @pytest.mark.parametrize("how, status", [("flag", "completed"), ("systemexit", "sys.exit")])
 def test_a_scripts_own_sigterm_handler_ends_the_run_as_the_plain_one(tmp_path, how, status):
     """Checkpoint on preemption: the script's handler sets a flag (or raises SystemExit)

@@ -73,6 +73,7 @@ def test_not_an_op_or_not_replayable_is_one_line(dots, tmp_path):
     assert proc.returncode == 2 and "cannot write a reproducer" in proc.stderr
 
 
+@pytest.mark.deep   # CI's 'deep' stage: its own recordings
 def test_conv_reproducer(recorded, tmp_path):
     """A Flax conv's event: its parameters recorded whole (the dimension numbers in full),
     rebuilt as lax.ConvDimensionNumbers in a script that runs and matches the recording.
