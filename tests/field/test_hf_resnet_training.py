@@ -32,8 +32,8 @@ def runs(tmp_path_factory):
 
 @pytest.mark.xfail(strict=False, reason=(
     "a regression found at the end of the 2026-12-06 evening session: the correct ResNet "
-    "training port reads INCONCLUSIVE (torch units paired below the bar) since a merge "
-    "between ed92aa9 and d5ead37, alone and under load; to bisect next (issue 51/53 notes)"))
+    "training port reads INCONCLUSIVE (torch units paired below the bar) since the merge "
+    "of the conv-replay branch (e22238a; f6194a1 passes), alone and under load; to fix next"))
 def test_correct_port_matches_with_the_backward_compared(runs):
     trace, dump, r = runs["ok"]
     assert _first_beyond(truth(dump)) == (None, None)        # the port is right (truth)
