@@ -6,23 +6,30 @@ inputs that region reads from outside (compared when a pair says "introduced her
 
 import collections
 
+from .graph import is_int
+
 MAX_UPSTREAM = 64      # units followed back from one unit to see if a pair would cross
 
 
 class Reads:
     """What the units and regions of a `Pairing` read (see the module docstring)."""
 
-    def _complete_keys(self, s, k):
+    def _complete_keys(self, s, k, indices_apart=False):
         """What unit k reads directly, as a sorted tuple of ('a', atom) / ('p', pair), or
         None while it reads a value of an unpaired unit. 0-d values and constants add
-        nothing."""
+        nothing. `indices_apart`: its integer inputs are left out, and the keys are None
+        unless one of them is unpaired (a lookup whose indices one side computes)."""
         g = self.ga if s == 0 else self.gb
-        keys = []
+        keys, unpaired_ints = [], False
         for _, _, nd in g.input_nodes(g.units[k]):
             row = g.nodes[nd][0]
             if row is not None and not len(g.shape(row)):
                 continue
             a, prods = self._read(g, s, nd)
+            if indices_apart and row is not None and is_int(g.t.string(row["dtype"])):
+                unpaired_ints = unpaired_ints or a is None and not any(
+                    self.pair_key(s, v) is not None for v in prods)
+                continue
             if a is not None:
                 keys.append(("a", a))
                 continue
@@ -32,6 +39,8 @@ class Reads:
                     keys.append(("p", pr))
                 elif g.support[v]:
                     return None
+        if indices_apart and not unpaired_ints:
+            return None
         return tuple(sorted(set(keys)))
 
     def pair_key(self, s, k):

@@ -10,7 +10,7 @@ backward stay in dataflow.py.
 import collections
 
 from ..differ import comparable
-from .graph import broadcast_pair, is_int
+from .graph import broadcast_pair
 
 MAX_MEET_COMPARISONS = 2000         # value comparisons per class to find where two sides meet
 INDEX_ROLE = "dataflow (indices by role)"
@@ -115,28 +115,7 @@ class RegionSteps:
     def _float_keys(self, s, k):
         """What unit k reads directly, as `_complete_keys` says, its integer inputs left out;
         None where a float input is unpaired or it reads no integer input that is unpaired."""
-        g = self.ga if s == 0 else self.gb
-        keys, ints = [], False
-        for _, _, nd in g.input_nodes(g.units[k]):
-            row = g.nodes[nd][0]
-            if row is not None and not len(g.shape(row)):
-                continue
-            a, prods = self._read(g, s, nd)
-            integer = row is not None and is_int(g.t.string(row["dtype"]))
-            if integer:
-                ints = ints or a is None and not any(self.pair_key(s, v) is not None
-                                                     for v in prods)
-                continue
-            if a is not None:
-                keys.append(("a", a))
-                continue
-            for v in prods:
-                pr = self.pair_key(s, v)
-                if pr is not None:
-                    keys.append(("p", pr))
-                elif g.support[v]:
-                    return None
-        return tuple(sorted(set(keys))) if ints else None
+        return self._complete_keys(s, k, indices_apart=True)
 
     def modules_correspond(self, ma, mb):
         """Module path `ma` of a is `mb` of b: learned from the pairs, or the same last name,
