@@ -30,10 +30,6 @@ def runs(tmp_path_factory):
     return located_runs(PROGRAM, CASES, tmp_path_factory.mktemp("resnet_train"))
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "a regression found at the end of the 2026-12-06 evening session: the correct ResNet "
-    "training port reads INCONCLUSIVE (torch units paired below the bar) since the merge "
-    "of the conv-replay branch (e22238a; f6194a1 passes), alone and under load; to fix next"))
 def test_correct_port_matches_with_the_backward_compared(runs):
     trace, dump, r = runs["ok"]
     assert _first_beyond(truth(dump)) == (None, None)        # the port is right (truth)

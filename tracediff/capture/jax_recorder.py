@@ -52,9 +52,11 @@ _TL = _Local()
 # the whole summary's; a value or tail that does not fit is written "..." (replay then
 # says the parameters were shortened), never cut in the middle
 _PARAM_VALUE_CAP, _PARAMS_CAP = 60, 240
-# primitives whose parameters are recorded whole, in a form replay rebuilds (their tuples
-# of ints are bounded by the array's rank)
-_WHOLE_PARAMS = frozenset({"conv_general_dilated"})
+# primitives whose parameters are recorded whole: a convolution's, in a form replay rebuilds
+# (their tuples of ints are bounded by the array's rank); a `name` equation's checkpoint
+# name, which holds the optimizer tag and its parameter path that pairing reads back
+# (`tracediff:optax/grads/...`; cut to `name=...`, a port's backward lost its seeds)
+_WHOLE_PARAMS = frozenset({"conv_general_dilated", "name"})
 
 
 def _int_tuple(val):
@@ -76,7 +78,7 @@ def _summarize_params(params, prim=None):
     reprs holding addresses left out). Values over `_PARAM_VALUE_CAP` characters are
     written `key=...` and a summary over `_PARAMS_CAP` ends in `...` after its last whole
     value, except for `_WHOLE_PARAMS` primitives, whose int tuples and dimension numbers
-    are written whole."""
+    and names are written whole."""
     whole = prim in _WHOLE_PARAMS
     parts = []
     for key in sorted(params):
@@ -90,7 +92,8 @@ def _summarize_params(params, prim=None):
         if " at 0x" in text:
             continue
         if len(text) > _PARAM_VALUE_CAP and not (whole and (
-                _int_tuple(val) or text.startswith("ConvDimensionNumbers("))):
+                _int_tuple(val) or isinstance(val, str)
+                or text.startswith("ConvDimensionNumbers("))):
             text = "..."
         part = f"{key}={text}"
         parts.append(part)
