@@ -122,6 +122,34 @@ class FindingBuilder:
         m["bitwise_equal"] = bool(xa.shape == xb.shape and xa.tobytes() == xb.tobytes())
         return m
 
+    def initial_and_final_parameters(self):
+        """[(name, init_a, init_b, final_a, final_b)] float64 arrays of the parameters both
+        sides start from and end with, where both are optax runs (an optax snapshot holds
+        the params `update` was given: the first step's are the initial ones) with bytes
+        on both sides; [] otherwise (a torch snapshot is taken after its step: it never
+        holds the initial parameters). The sources' estimator follows the initialiser's
+        difference to the end with them."""
+        ia, ib = self.pairs()
+        sel = self.sa.kind[ia] == schema.KIND_OPTIM
+        steps = list(zip(ia[sel].tolist(), ib[sel].tolist()))
+        if not steps or any(t.string(t.events["op"][e]) != "optim:optax"
+                            for t, e in ((self.ta, steps[0][0]), (self.tb, steps[0][1]))):
+            return []
+        first = {str(k): (ra, rb) for k, ra, rb in self._out_pairs(*steps[0])
+                 if str(k).startswith("params/")}
+        out = []
+        for k, ra, rb, arrays in self._params_after(steps, len(steps) - 1):
+            init = first.get(str(k))
+            if init is None or ra is None or rb is None or not all(
+                    comparable(r) for r in (*init, *((ra, rb) if arrays is None else ()))):
+                continue
+            fa, fb = (self.ra.read(ra), self.rb.read(rb)) if arrays is None else arrays[:2]
+            xs = [np.asarray(x, dtype=np.float64)
+                  for x in (self.ra.read(init[0]), self.rb.read(init[1]), fa, fb)]
+            if len({x.shape for x in xs}) == 1:
+                out.append((str(k), *xs))
+        return out
+
     def optimizer_steps(self):
         """Per optimizer step, the parameters after the step (`_params_after`: the same
         moment in torch and optax) compared: relative L2, max abs, the worst tensor."""

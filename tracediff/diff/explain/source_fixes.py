@@ -8,6 +8,8 @@ the environment keys that explain it, and the one line `locate` prints. Commands
 by `shell` only: words from a trace are quoted, never executed.
 """
 
+import math
+
 from ... import shell
 from ..result import Cause
 from .causes import environment
@@ -23,6 +25,13 @@ _RANDOM = {
 }
 
 
+def removes(share):
+    """The part of the final relative L2 difference a counterfactual run without a source
+    removes: a share is of the difference's square (independent sources add so), so the
+    run keeps sqrt(1 - share) of it."""
+    return 1.0 - math.sqrt(max(0.0, 1.0 - share))
+
+
 def fix(d, result, cl, src):
     """(fix, counterfactual command lines, cause keys) of a source."""
     argv_side = src.side if src.side in ("a", "b") else "b"
@@ -34,22 +43,23 @@ def fix(d, result, cl, src):
         fix_text, what = _RANDOM[src.mechanism]
         return (fix_text,
                 [shell.comment(f"re-run {argv_side} with the other run's {what} loaded from a "
-                               f"file (a change to the script): the difference left is what "
-                               f"the other sources make")], [])
+                               f"file (a change to the script): should remove "
+                               f"~{removes(src.share):.0%} of the difference; what is left "
+                               f"is what the other sources make")], [])
     if src.mechanism == "dtype":
         keys = [e["key"] for e in result.env_diff if ".autocast." in e["key"]]
         return (f"compute in the same dtype on both sides: autocast off on {argv_side}, or "
                 f"on for both (or the program's cast as on the other side)",
                 [shell.comment(f"re-run {argv_side} in the other run's dtype (autocast or "
                                f"the cast as on the other side: a change to the script): "
-                               f"should remove ~{src.share:.0%} of the difference")], keys)
+                               f"should remove ~{removes(src.share):.0%} of the difference")], keys)
     if src.mechanism == "bf16_inputs":
         fw = cl.framework or "jax"
         fix = fix_for("bf16_inputs", fw) or "run the matmuls and convolutions in float32"
         if fw == "jax":
             lines = shell.record_command(argv, out, {"JAX_DEFAULT_MATMUL_PRECISION": "highest"})
             lines.append(shell.with_comment(shell.command("tracediff", "locate", other, out),
-                                            f"should remove ~{src.share:.0%} of the difference"))
+                                            f"should remove ~{removes(src.share):.0%} of the difference"))
             return fix, lines, ["frameworks.jax.backend"]
         return fix, [], []
     causes = environment(result.env_diff, cl.op, cl.framework, cl.inputs_equal, cl.rv)
@@ -65,10 +75,10 @@ def fix(d, result, cl, src):
         if isinstance(mine, str):
             lines = shell.record_command(argv, out, {var: mine})
             lines.append(shell.with_comment(shell.command("tracediff", "locate", other, out),
-                                            f"should remove ~{src.share:.0%} of the difference"))
+                                            f"should remove ~{removes(src.share):.0%} of the difference"))
         else:
             lines = [shell.comment(f"re-run {argv_side} with {var} unset, then locate again: "
-                                   f"should remove ~{src.share:.0%} of the difference")]
+                                   f"should remove ~{removes(src.share):.0%} of the difference")]
         return fix, lines, keys
     if causes.causes:
         c = causes.causes[0]
