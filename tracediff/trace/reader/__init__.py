@@ -21,9 +21,9 @@ from typing import Callable, Optional
 import h5py
 import numpy as np
 
-from ..errors import TraceError, one_line
-from . import codec, schema, values
-from .sources import LIB_SEP, parse_source, split_site
+from ...errors import TraceError, one_line
+from .. import codec, schema, values
+from ..sources import LIB_SEP, parse_source, split_site
 
 MAX_MANIFEST_BYTES = 16 << 20
 MAX_HEAP_OBJECT_BYTES = 16 << 20   # one variable-length string (the manifest is the largest)

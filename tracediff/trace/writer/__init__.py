@@ -58,9 +58,9 @@ except ImportError:  # Windows
 import h5py
 import numpy as np
 
-from ..errors import one_line
-from . import codec as codecs, schema, values
-from .sources import LIB_SEP, split_site
+from ...errors import one_line
+from .. import codec as codecs, schema, values
+from ..sources import LIB_SEP, split_site
 
 FLUSH_ROWS = 20_000
 FLUSH_BYTES = 64 << 20
