@@ -1,5 +1,5 @@
 """Small scripts give small traces: a finished trace is rewritten without the unused tails
-of its chunks (writer._compact), and reads back exactly as the chunked file would."""
+of its chunks (writer/closing.py `_compact`), and reads back exactly as the chunked file would."""
 
 import os
 
