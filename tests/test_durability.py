@@ -17,6 +17,7 @@ import pytest
 import tracediff
 from tracediff.errors import TraceError
 from tracediff.trace import schema, writer as W
+from tracediff.trace.writer import settings, trace_file
 
 from .helpers import check_values
 
@@ -34,7 +35,7 @@ def recording(tmp_path_factory):
     would be logged before it."""
     folder = tmp_path_factory.mktemp("durability")
     states, log = [], []
-    pwrite, fsync = W._pwrite, os.fsync
+    pwrite, fsync = trace_file._pwrite, os.fsync
 
     def spy_write(fd, view, offset):
         n = pwrite(fd, view, offset)
@@ -49,9 +50,9 @@ def recording(tmp_path_factory):
         return out
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(W, "FLUSH_ROWS", 8)
-        mp.setattr(W, "FSYNC", True)
-        mp.setattr(W, "_pwrite", spy_write)
+        mp.setattr(settings, "FLUSH_ROWS", 8)
+        mp.setattr(settings, "FSYNC", True)
+        mp.setattr(trace_file, "_pwrite", spy_write)
         mp.setattr(os, "fsync", spy_fsync)
         w = W.TraceWriter(str(folder / "t.h5"), {"script": {"name": "durability"}})
         rng = np.random.default_rng(0)

@@ -245,15 +245,15 @@ def test_two_recordings_of_one_run_hold_the_same_statistics_whatever_the_flush_c
         tmp_path, monkeypatch):
     """The same JAX program recorded at --level calls twice, once with a flush after
     every value (a slow, busy machine), holds the same rows."""
-    from tracediff.trace import writer
+    from tracediff.trace.writer import settings
 
     from .helpers import first_difference
 
     f = jax.jit(lambda x: jnp.sin(x) * 3.1 + jnp.cumsum(x) / 7)   # one value a call
     x = jnp.linspace(-1.3, 2.9, 13, dtype=jnp.float32)
     paths = []
-    for clock in (writer.FLUSH_SECONDS, 0.0):
-        monkeypatch.setattr(writer, "FLUSH_SECONDS", clock)
+    for clock in (settings.FLUSH_SECONDS, 0.0):
+        monkeypatch.setattr(settings, "FLUSH_SECONDS", clock)
         paths.append(tmp_path / f"flush{clock}.h5")
         with tracediff.record(paths[-1], level="calls", frameworks=("jax",)):
             y = x

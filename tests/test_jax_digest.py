@@ -314,14 +314,14 @@ def test_flushes_inside_a_values_program_keep_every_hash(tmp_path, monkeypatch):
     import importlib.util
 
     import tracediff
-    from tracediff.trace import writer as W
+    from tracediff.trace.writer import settings
 
     from .helpers import ROOT
 
     spec = importlib.util.spec_from_file_location("jax_mlp", f"{ROOT}/fixtures/jax_mlp.py")
     mlp = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mlp)
-    monkeypatch.setattr(W, "FLUSH_ROWS", 8)
+    monkeypatch.setattr(settings, "FLUSH_ROWS", 8)
     traces = {}
     for name, device in (("device", "1"), ("host", "0")):
         monkeypatch.setenv("TRACEDIFF_JAX_DIGEST_ON_DEVICE", device)

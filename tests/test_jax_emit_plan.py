@@ -52,11 +52,11 @@ def test_planned_events_write_the_trace_the_general_path_writes(tmp_path, monkey
     """Flushes every 64 rows (inside and between planned calls), never by the clock (the
     host reduces small values' statistics in batches whose makeup would follow it)."""
     from tracediff.capture import jax_probe
-    from tracediff.trace import writer as W
+    from tracediff.trace.writer import settings
 
     monkeypatch.setenv("TRACEDIFF_JAX_DIGEST_ON_DEVICE", "1")
-    monkeypatch.setattr(W, "FLUSH_ROWS", 64)
-    monkeypatch.setattr(W, "FLUSH_SECONDS", 1e9)
+    monkeypatch.setattr(settings, "FLUSH_ROWS", 64)
+    monkeypatch.setattr(settings, "FLUSH_SECONDS", 1e9)
     finals = {}
     for name, planned in (("general", False), ("planned", True)):
         monkeypatch.setattr(jax_probe, "_PLANS_ON", planned)

@@ -275,6 +275,7 @@ def test_small_values_statistics_are_reduced_in_cache_sized_batches(tmp_path):
     value's statistics still equal numpy's on that value alone, across batch boundaries,
     NaN/Inf batches included."""
     from tracediff.trace import writer as W
+    from tracediff.trace.writer import settings
 
     rng = np.random.default_rng(3)
     arrays = [rng.standard_normal(int(rng.integers(1, 4000))).astype(np.float32)
@@ -290,7 +291,7 @@ def test_small_values_statistics_are_reduced_in_cache_sized_batches(tmp_path):
         (w.add_array if i % 2 else w.add_value)(e, 0, a)
         most_pending = max(most_pending, w._pstats_bytes)
     w.close()
-    assert most_pending < W.STATS_BATCH_BYTES + 64 * 1024
+    assert most_pending < settings.STATS_BATCH_BYTES + 64 * 1024
     with tracediff.load(path) as t:
         assert len(t.stats_rows) == len(arrays)
         for row in t.values:

@@ -386,7 +386,8 @@ STRESS = """
     import sys, time
     import numpy as np
     from tracediff.trace import writer as W
-    W.FLUSH_ROWS = 40              # flush all the time, so kills land inside flushes too
+    from tracediff.trace.writer import settings
+    settings.FLUSH_ROWS = 40       # flush all the time, so kills land inside flushes too
     w = W.TraceWriter(sys.argv[1], {"script": {"name": "stress"}})
     rng = np.random.default_rng(0)
     print("started", flush=True)

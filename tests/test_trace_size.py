@@ -1,5 +1,5 @@
 """Small scripts give small traces: a finished trace is rewritten without the unused tails
-of its chunks (writer._compact), and reads back exactly as the chunked file would."""
+of its chunks (writer/closing.py `_compact`), and reads back exactly as the chunked file would."""
 
 import os
 
@@ -8,11 +8,12 @@ import pytest
 
 import tracediff
 from tracediff.trace import writer as W
+from tracediff.trace.writer import settings
 
 
 def _write(path, compact_below):
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(W, "COMPACT_BELOW", compact_below)
+        mp.setattr(settings, "COMPACT_BELOW", compact_below)
         w = W.TraceWriter(str(path), {"script": {"name": "size"}})
         rng = np.random.default_rng(1)
         for i in range(20):
@@ -35,7 +36,7 @@ def test_a_small_recording_is_small(recorded):
 
 def test_compacted_trace_reads_exactly_as_the_chunked_one(tmp_path):
     chunked = _write(tmp_path / "chunked.h5", compact_below=0)
-    compact = _write(tmp_path / "compact.h5", compact_below=W.COMPACT_BELOW)
+    compact = _write(tmp_path / "compact.h5", compact_below=settings.COMPACT_BELOW)
     assert not chunked.compacted and compact.compacted
     assert os.path.getsize(tmp_path / "compact.h5") < os.path.getsize(tmp_path / "chunked.h5") / 10
     assert not list(tmp_path.glob("*.tmp*")), "the temporary file stayed behind"

@@ -328,6 +328,7 @@ def test_millions_of_unreferenced_strings_are_not_read(dot, tmp_path):
 def test_string_count_and_length_limits(dot, tmp_path):
     from tracediff.errors import TraceError
     from tracediff.trace import reader
+    from tracediff.trace.reader import limits
 
     path = tmp_path / "long.h5"
     shutil.copyfile(dot, path)
@@ -342,8 +343,8 @@ def test_string_count_and_length_limits(dot, tmp_path):
     path = tmp_path / "count.h5"
     shutil.copyfile(dot, path)
     with h5py.File(path, "r+") as f:   # a count past the limit, checked before reading
-        f["strings"].resize((reader.MAX_STRINGS + 1,))
-        f.attrs["committed_strings"] = reader.MAX_STRINGS + 1
+        f["strings"].resize((limits.MAX_STRINGS + 1,))
+        f.attrs["committed_strings"] = limits.MAX_STRINGS + 1
     with pytest.raises(TraceError, match=r": the strings table holds 16,777,217 strings, more "
                        r"than the 16,777,216 a trace may hold$"):
         reader.Trace(path)

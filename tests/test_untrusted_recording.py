@@ -243,7 +243,8 @@ def test_an_fsync_whose_duplicate_the_script_closed_is_no_write_error(tmp_path):
     a write error and the trace was cut after 0 events (CI, once in ~20 runs of the test
     above). Here the race is laid out step by step: the duplicate closed, then closed and
     its number reused for the script's own file."""
-    from tracediff.trace.writer import TraceFile, _Fsync
+    from tracediff.trace.writer import TraceFile
+    from tracediff.trace.writer.fsync import _Fsync
 
     trace = TraceFile(tmp_path / "trace.bin")
     trace.write(b"x" * 4096)

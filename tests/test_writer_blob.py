@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tracediff.trace import codec as codecs, writer as W
+from tracediff.trace.writer import settings, trace_file
 
 
 class _Later:
@@ -29,9 +30,9 @@ class _Later:
 @pytest.mark.parametrize("codec", [c for c in codecs.CODECS
                                    if c == "none" or codecs.plugin_available()])
 def test_copied_and_held_bytes_land_in_order_across_chunks(tmp_path, codec, monkeypatch):
-    monkeypatch.setattr(W, "FIRST_FLUSH_BYTES", 64 << 20)   # one flush, at the end
+    monkeypatch.setattr(settings, "FIRST_FLUSH_BYTES", 64 << 20)   # one flush, at the end
     rng = np.random.default_rng(0)
-    chunk = W.CHUNK_BYTES
+    chunk = settings.CHUNK_BYTES
     # sizes around the chunk boundaries: inside one chunk, exactly one, straddling two,
     # several whole chunks, and small values between them
     sizes = [10, chunk - 10, 3, 2 * chunk + 5, 7, chunk, 1, 3 * chunk - 1, 100, chunk // 2]
@@ -82,9 +83,9 @@ def test_a_held_buffer_is_read_only_once_the_bytes_before_it_are_written(tmp_pat
     """A device's copy of a flush's last values goes on while the bytes before them are
     written: each held buffer is read when the writing reaches it. Before: every held
     buffer was read (each waiting for its copy) before the flush wrote its first byte."""
-    monkeypatch.setattr(W, "FIRST_FLUSH_BYTES", 64 << 20)   # one flush, at the end
+    monkeypatch.setattr(settings, "FIRST_FLUSH_BYTES", 64 << 20)   # one flush, at the end
     log = []
-    pwrite = W._pwrite
+    pwrite = trace_file._pwrite
 
     def spy(fd, view, offset):
         log.append(("write", len(view)))
@@ -95,8 +96,8 @@ def test_a_held_buffer_is_read_only_once_the_bytes_before_it_are_written(tmp_pat
             log.append(("read", self.name))
             return super().__call__()
 
-    monkeypatch.setattr(W, "_pwrite", spy)
-    size = 3 * W.CHUNK_BYTES
+    monkeypatch.setattr(trace_file, "_pwrite", spy)
+    size = 3 * settings.CHUNK_BYTES
     rng = np.random.default_rng(1)
     w = W.TraceWriter(str(tmp_path / "t.h5"), {})
     e = w.add_event(framework=2, kind=3, op="op", source="s.py:1")
@@ -116,8 +117,8 @@ def test_a_held_buffer_is_read_only_once_the_bytes_before_it_are_written(tmp_pat
         else:
             written[what] = total
     # all but the chunk a buffer shares with the bytes before it is on its way to disk
-    assert written["a"] >= size - W.CHUNK_BYTES, written
-    assert written["b"] >= 2 * size - W.CHUNK_BYTES, written
+    assert written["a"] >= size - settings.CHUNK_BYTES, written
+    assert written["b"] >= 2 * size - settings.CHUNK_BYTES, written
 
 
 def test_chunks_written_behind_land_byte_for_byte_while_the_program_writes_on(tmp_path,
@@ -128,12 +129,12 @@ def test_chunks_written_behind_land_byte_for_byte_while_the_program_writes_on(tm
     overwrite chunks not yet written if they went into the same buffer. Every byte lands,
     in order, and the whole chunks were written by that thread, not the program's, at most
     `WRITEBACK_BYTES` a call, the disk started on each as it was written."""
-    monkeypatch.setattr(W, "WRITE_BEHIND", True)
-    monkeypatch.setattr(W, "FLUSH_BYTES", 4 << 20)
-    monkeypatch.setattr(W, "WRITEBACK_BYTES", 2 * W.CHUNK_BYTES)
-    monkeypatch.setattr(W, "EARLY_WRITEBACK", True)
+    monkeypatch.setattr(settings, "WRITE_BEHIND", True)
+    monkeypatch.setattr(settings, "FLUSH_BYTES", 4 << 20)
+    monkeypatch.setattr(settings, "WRITEBACK_BYTES", 2 * settings.CHUNK_BYTES)
+    monkeypatch.setattr(settings, "EARLY_WRITEBACK", True)
     writers, written, started = [], [], []
-    pwritev = W._pwritev
+    pwritev = trace_file._pwritev
 
     def slow(fd, views, offset):
         writers.append(threading.current_thread() is threading.main_thread())
@@ -149,7 +150,7 @@ def test_chunks_written_behind_land_byte_for_byte_while_the_program_writes_on(tm
             started.append((offset, length))
         return advise(fd, offset, length, how)
 
-    monkeypatch.setattr(W, "_pwritev", slow)
+    monkeypatch.setattr(trace_file, "_pwritev", slow)
     if advise is not None:   # Linux; elsewhere the disk starts at the fsync
         monkeypatch.setattr(os, "posix_fadvise", seen)
     rng = np.random.default_rng(2)
@@ -157,7 +158,7 @@ def test_chunks_written_behind_land_byte_for_byte_while_the_program_writes_on(tm
     e = w.add_event(framework=2, kind=3, op="op", source="s.py:1")
     expected = []
     for i in range(40):
-        n = int(rng.integers(1, 3 * W.CHUNK_BYTES // 2))
+        n = int(rng.integers(1, 3 * settings.CHUNK_BYTES // 2))
         data = rng.integers(0, 256, n, dtype=np.uint8)
         if i % 4 == 3:
             w.keep_joined(data)          # held as it is
@@ -170,7 +171,7 @@ def test_chunks_written_behind_land_byte_for_byte_while_the_program_writes_on(tm
     with h5py.File(tmp_path / "t.h5", "r") as f:
         blob = f["blob"][:int(f.attrs["committed_blob"])].tobytes()
     assert blob == b"".join(expected)
-    assert max(n for _, n in written) == 2 * W.CHUNK_BYTES, written   # adjacent: one call
+    assert max(n for _, n in written) == 2 * settings.CHUNK_BYTES, written   # adjacent: one call
     assert started == (written if advise is not None else [])
 
 
@@ -179,8 +180,8 @@ def test_the_disk_starts_on_whole_chunks_as_the_program_writes_them(tmp_path, mo
     """Written in the program's thread, each whole chunk is handed to the disk as it is
     written (`EARLY_WRITEBACK`), not left to the fsync at the end of the flush: the
     chunks' ranges are the ones started."""
-    monkeypatch.setattr(W, "WRITE_BEHIND", False)
-    monkeypatch.setattr(W, "EARLY_WRITEBACK", True)
+    monkeypatch.setattr(settings, "WRITE_BEHIND", False)
+    monkeypatch.setattr(settings, "EARLY_WRITEBACK", True)
     advise, started = os.posix_fadvise, []
 
     def seen(fd, offset, length, how):
@@ -190,9 +191,10 @@ def test_the_disk_starts_on_whole_chunks_as_the_program_writes_them(tmp_path, mo
 
     monkeypatch.setattr(os, "posix_fadvise", seen)
     w = W.TraceWriter(str(tmp_path / "t.h5"), {})
-    w.keep_joined(np.random.default_rng(3).integers(0, 256, 5 * W.CHUNK_BYTES, dtype=np.uint8))
+    w.keep_joined(np.random.default_rng(3).integers(0, 256, 5 * settings.CHUNK_BYTES,
+                                                    dtype=np.uint8))
     w.close()
-    whole = [s for s in started if s[1] == W.CHUNK_BYTES]
+    whole = [s for s in started if s[1] == settings.CHUNK_BYTES]
     assert len(whole) >= 4, started
     assert len({at for at, _ in whole}) == len(whole)
 
@@ -205,9 +207,9 @@ def test_closing_the_traces_descriptor_waits_for_the_chunks_written_behind(tmp_p
     trace's, not yet written). It waits for that write: the chunk lands in the trace, not in
     a file of the script's that got the number (dup2), and is no write error (close: EBADF);
     the trace is reopened by path and every byte is there."""
-    monkeypatch.setattr(W, "WRITE_BEHIND", True)
-    monkeypatch.setattr(W, "FLUSH_BYTES", 4 << 20)
-    in_write, pwritev = threading.Event(), W._pwritev
+    monkeypatch.setattr(settings, "WRITE_BEHIND", True)
+    monkeypatch.setattr(settings, "FLUSH_BYTES", 4 << 20)
+    in_write, pwritev = threading.Event(), trace_file._pwritev
 
     def slow(fd, views, offset):    # the thread, past its check, in the middle of a write
         if threading.current_thread() is not threading.main_thread() and not in_write.is_set():
@@ -215,14 +217,14 @@ def test_closing_the_traces_descriptor_waits_for_the_chunks_written_behind(tmp_p
             time.sleep(0.3)
         return pwritev(fd, views, offset)
 
-    monkeypatch.setattr(W, "_pwritev", slow)
+    monkeypatch.setattr(trace_file, "_pwritev", slow)
     own = tmp_path / "own.txt"
     rng = np.random.default_rng(5)
     w = W.TraceWriter(str(tmp_path / "t.h5"), {})
     e = w.add_event(framework=2, kind=3, op="op", source="s.py:1")
     expected, closed = [], False
     for i in range(24):
-        data = rng.integers(0, 256, int(rng.integers(1, 2 * W.CHUNK_BYTES)), dtype=np.uint8)
+        data = rng.integers(0, 256, int(rng.integers(1, 2 * settings.CHUNK_BYTES)), dtype=np.uint8)
         w.add_value(e, i, data)
         expected.append(data.tobytes())
         if not closed and in_write.wait(0.05 if i < 23 else 0):
