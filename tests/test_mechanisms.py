@@ -227,7 +227,7 @@ def cnn(recorded):
 def _replayed(path, ev):
     """(call, inputs, recorded output) of one event, as explain rebuilds them."""
     from tracediff.diff.align import sequence
-    from tracediff.diff.explain import replay
+    from tracediff.diff.explain.replay.calls import build_call, recorded_output_size
     from tracediff.diff.explain.verdict import trace_inputs
     from tracediff.trace import schema
     from tracediff.trace.blob import ValueReader
@@ -236,8 +236,8 @@ def _replayed(path, ev):
         reader = ValueReader(t)
         inputs = trace_inputs(t, sequence.prepare(t, sequence.StringIds()), reader, ev)
         e = t.event(ev)
-        call = replay.build_call(e["framework"], e["op"], e["params"], len(inputs),
-                                 replay.recorded_output_size(t, ev))
+        call = build_call(e["framework"], e["op"], e["params"], len(inputs),
+                          recorded_output_size(t, ev))
         out = reader.read(t.value_rows(ev, schema.ROLE_OUT)[0])
     return call, inputs, out
 
@@ -301,7 +301,8 @@ def test_a_float32_conv_on_a_tpu_at_default_precision_is_one_bf16_pass(cnn):
     """The recorded conv's own parameters (precision None, no preferred type): a TPU runs
     it as one bf16 pass unless the op or the process raises the precision. Before: only
     matmuls were."""
-    from tracediff.diff.explain import causes, replay
+    from tracediff.diff.explain import causes
+    from tracediff.diff.explain.replay.params import Named
 
     plain, _, convs = cnn
     params = _replayed(plain, convs[0])[0].params
@@ -309,14 +310,14 @@ def test_a_float32_conv_on_a_tpu_at_default_precision_is_one_bf16_pass(cnn):
     assert mechanisms.ran_as_bf16_pass("tpu", op, params, None) is True
     assert mechanisms.ran_as_bf16_pass("cpu", op, params, None) is False
     assert mechanisms.ran_as_bf16_pass("tpu", op, params, "highest") is False
-    highest = replay.Named("precision", "HIGHEST")
-    default = replay.Named("precision", "DEFAULT")
+    highest = Named("precision", "HIGHEST")
+    default = Named("precision", "DEFAULT")
     for precision, pass_ in ((default, True), ((default, default), True), (highest, False),
                              ((highest, default), False)):
         assert mechanisms.ran_as_bf16_pass("tpu", op, {**params, "precision": precision},
                                            None) is pass_
-    bf16_out = {**params, "preferred_element_type": replay.Named("np_dtype", "bfloat16")}
-    f32_out = {**params, "preferred_element_type": replay.Named("np_dtype", "float32")}
+    bf16_out = {**params, "preferred_element_type": Named("np_dtype", "bfloat16")}
+    f32_out = {**params, "preferred_element_type": Named("np_dtype", "float32")}
     assert mechanisms.ran_as_bf16_pass("tpu", op, bf16_out, None) is False
     assert mechanisms.ran_as_bf16_pass("tpu", op, f32_out, None) is True
     cause = causes.bf16_pass_cause({"a": ("jax", "tpu", op, params, None),

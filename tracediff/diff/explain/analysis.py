@@ -33,7 +33,7 @@ from . import chain as _chain
 from ..align.structure import is_inplace_write, is_view
 from ..compare import levels as _levels
 from .causes import bf16_pass_cause, environment
-from . import replay as _replay
+from .replay.params import parse_params
 from ..result import (Analysis, Causes, Chain, CompiledCall, Finding, Inner, LocateResult,
                       Replay)
 from .steps import steps_table
@@ -229,7 +229,7 @@ def _device_numerics(causes, d, rv):
         e = t.event(idx)
         jax_manifest = ((t.manifest or {}).get("frameworks") or {}).get("jax") or {}
         try:
-            params = _replay.parse_params(e["params"])
+            params = parse_params(e["params"])
         except Exception:   # unparseable parameters: the op's own precision is unknown
             params = {}
         sides[side] = (e["framework"], str(jax_manifest.get("backend") or "")

@@ -1,6 +1,6 @@
 """Mechanism hypotheses: which candidate numerics reproduce each side of a divergence.
 
-The replay verdict (explain/replay.py, explain/verdict.py) says whether *this machine* reproduces a or b.
+The replay verdict (explain/replay/, explain/verdict.py) says whether *this machine* reproduces a or b.
 A mechanism says *how* a side computed its value: candidate numerics of the origin op are
 re-executed here, in numpy, on each side's own recorded inputs, and each candidate is
 compared with that side's recorded output, bitwise or in ULP of the output dtype:
@@ -36,7 +36,9 @@ import numpy as np
 from ...trace import schema
 from ..compare import values as compare
 from . import convolution as _conv
-from . import replay as _replay
+from .replay.calls import JaxCall
+from .replay.oracle import numpy_oracle
+from .replay.params import Named
 from ..result import Mechanism
 
 MAX_ELEMENTS = 512         # output elements compared per hypothesis (evenly spaced sample)
@@ -668,8 +670,8 @@ def _rounded_inputs(prob, rounders):
                     ins[s] = np.asarray(ins[s]).astype(ml_dtypes.bfloat16)
                 try:
                     params = dict(prob.case.params or {})
-                    params["preferred_element_type"] = _replay.Named("np_dtype", "float32")
-                    call = _replay.JaxCall(prob.case.op, params, len(ins))
+                    params["preferred_element_type"] = Named("np_dtype", "float32")
+                    call = JaxCall(prob.case.op, params, len(ins))
                     out = np.asarray(call.run(ins)[0]).reshape(-1)[prob.positions]
                 except Exception:   # the op refuses bfloat16 operands: skipped
                     continue
@@ -1018,7 +1020,7 @@ def _default_precision(p):
     DEFAULT, or a pair of those (lhs, rhs). A pair holding HIGH or HIGHEST is not."""
     if p is None:
         return True
-    if isinstance(p, _replay.Named):
+    if isinstance(p, Named):
         return p[0] == "precision" and p[1] == "DEFAULT"
     if isinstance(p, (tuple, list)):
         return all(_default_precision(x) for x in p)
@@ -1031,7 +1033,7 @@ def _float32_result(p):
     float64 one is not a float32 matmul run as a bf16 pass)."""
     if p is None:
         return True
-    name = p[1] if isinstance(p, _replay.Named) else str(p)
+    name = p[1] if isinstance(p, Named) else str(p)
     return name == "float32" or name in ("dtype('float32')", "float32")
 
 
@@ -1142,7 +1144,7 @@ def _case(d, side, event, info, inputs_of):
     rec = info["recorded"][0]
     if rec is not None and np.asarray(rec).dtype.name == "float64":
         def wide(xs):
-            return _replay.numpy_oracle(info["framework"], info["op"], call.params, xs)
+            return numpy_oracle(info["framework"], info["op"], call.params, xs)
     else:
         def wide(xs):
             return call.run(xs, upcast=True)
