@@ -319,7 +319,7 @@ class Chain(_ByKey):
 @dataclass(repr=False)
 class Mechanism(_ByKey):
     """One candidate numeric mechanism re-executed on a side's recorded inputs
-    (diff/explain/mechanisms.py): does it reproduce that side's recorded output bitwise, and if
+    (diff/explain/mechanisms/): does it reproduce that side's recorded output bitwise, and if
     not, how far is it (max ULP in the output dtype)."""
 
     side: str                  # "a" or "b"
@@ -403,8 +403,8 @@ class ReplayRun(_ByKey):
     closer_by: Optional[str] = None              # the metric that decided (verdict.CLOSER_BY)
     reproduces: Optional[str] = None             # "a", "b", "both", "neither"
     machine: Optional[dict] = None               # what this machine replays with
-    mechanism: Optional[str] = None              # one line (mechanisms.summary)
-    mechanisms: list = field(default_factory=list)   # [Mechanism] (diff/explain/mechanisms.py)
+    mechanism: Optional[str] = None              # one line (mechanisms/summary.py)
+    mechanisms: list = field(default_factory=list)   # [Mechanism] (diff/explain/mechanisms/)
     # why no float64 verdict: the op rounds nothing (diff/compare/args.py), and what differs instead
     not_judged: Optional[str] = None
 

@@ -11,7 +11,7 @@ by `shell` only: words from a trace are quoted, never executed.
 from ... import shell
 from ..result import Cause
 from .causes import environment
-from .mechanisms import fix_for
+from .mechanisms.precision import fix_for
 
 # random numbers: (the fix, what the counterfactual run loads from the other run)
 _RANDOM = {

@@ -51,7 +51,8 @@ from . import source_fixes
 from .causes import op_class
 from .chain import differing_mask
 from .local_error import measure_compiled, measure_event
-from .mechanisms import DESCRIPTIONS, ran_as_bf16_pass
+from .mechanisms.dispatch import DESCRIPTIONS
+from .mechanisms.precision import ran_as_bf16_pass
 from .verdict import replay_verdict
 
                        # differently (compiled alike, nearly equal inputs round nearly alike)

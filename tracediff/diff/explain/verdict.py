@@ -17,7 +17,8 @@ import numpy as np
 from ...trace import schema
 from ..compare import args as _args
 from ..compare import values as compare
-from . import mechanisms as _mechanisms
+from .mechanisms import dispatch as _mechanisms
+from .mechanisms.summary import summary as mechanisms_line
 from .replay.calls import build_call, recorded_output_size
 from .replay.oracle import numpy_oracle
 from .replay.params import CannotReplay
@@ -237,7 +238,7 @@ def replay_verdict(d, ea: int, eb: int) -> ReplayRun:
         return _not_judged(d, res, ea, eb, sides, dtypes)
     out_dtype = next((np.asarray(r).dtype.name for r in S["recorded"] if r is not None), "")
     oracle, how = None, None
-    # mechanisms (diff/explain/mechanisms.py): candidate numerics re-run on each side's inputs; a
+    # mechanisms (diff/explain/mechanisms/): candidate numerics re-run on each side's inputs; a
     # fused (compiled-probe) origin is judged against its whole expression, exactly
     cases = _mechanisms.cases(d, {"a": ea, "b": eb}, sides, event_inputs)
     expr = getattr(cases.get(src), "expr", None)
@@ -290,8 +291,8 @@ def replay_verdict(d, ea: int, eb: int) -> ReplayRun:
     res.reproduces = _reproduces(res)
     res.machine = _machine(sides[src]["framework"])
     res.mechanisms = _mechanisms.hypotheses(cases)
-    res.mechanism = _mechanisms.summary(res.mechanisms, {s: sides[s]["op"] for s in ("a", "b")},
-                                        cases)
+    res.mechanism = mechanisms_line(res.mechanisms, {s: sides[s]["op"] for s in ("a", "b")},
+                                    cases)
     res.verdict = _verdict_text(res)
     return res
 
