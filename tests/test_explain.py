@@ -8,7 +8,8 @@ import pytest
 
 import tracediff
 from tracediff.diff.compare import values as compare
-from tracediff.diff.explain import replay
+from tracediff.diff.explain.replay.calls import build_call
+from tracediff.diff.explain.replay.params import CannotReplay, _py, parse_params
 from tracediff.trace import schema
 
 from . import synth
@@ -21,16 +22,16 @@ F32 = np.float32
 # -- parsing and safety -------------------------------------------------------------------------
 
 def test_params_parse_literals_and_named_constants_only():
-    p = replay.parse_params("dimension_numbers=(((1,), (0,)), ((), ())), out_sharding=None, "
-                            "precision=None, preferred_element_type=dtype('float32')")
+    p = parse_params("dimension_numbers=(((1,), (0,)), ((), ())), out_sharding=None, "
+                     "precision=None, preferred_element_type=dtype('float32')")
     assert p["dimension_numbers"] == (((1,), (0,)), ((), ()))
     assert p["preferred_element_type"] == ("np_dtype", "float32")
-    assert replay.parse_params("other=2, memory_format=torch.preserve_format, 3=-1.5") == {
+    assert parse_params("other=2, memory_format=torch.preserve_format, 3=-1.5") == {
         "other": 2, "memory_format": ("torch_memfmt", "preserve_format"), "_pos3": -1.5}
     for bad in ("x=__import__('os').system('true')", "x=open('f')", "x=torch.load",
                 "x=(lambda: 1)", "x=[1, 2, ...", "name='averyveryverylongname..."):
-        with pytest.raises(replay.CannotReplay):
-            replay.parse_params(bad)
+        with pytest.raises(CannotReplay):
+            parse_params(bad)
 
 
 def test_conv_dimension_numbers_are_an_allow_listed_constant_of_permutations():
@@ -38,29 +39,29 @@ def test_conv_dimension_numbers_are_an_allow_listed_constant_of_permutations():
     three int permutations of one rank, never called by name. Before: "not a plain
     literal" for all of them."""
     specs = "lhs_spec=(0, 3, 1, 2), rhs_spec=(3, 2, 0, 1), out_spec=(0, 3, 1, 2)"
-    p = replay.parse_params(f"dimension_numbers=ConvDimensionNumbers({specs})")
+    p = parse_params(f"dimension_numbers=ConvDimensionNumbers({specs})")
     assert p["dimension_numbers"] == ("conv_dims", ((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2)))
-    assert replay._py(p["dimension_numbers"], "jax") == f"lax.ConvDimensionNumbers({specs})"
+    assert _py(p["dimension_numbers"], "jax") == f"lax.ConvDimensionNumbers({specs})"
     for bad in ("lhs_spec=(0, 0, 1, 2), rhs_spec=(3, 2, 0, 1), out_spec=(0, 3, 1, 2)",
                 "lhs_spec=(0, 1, 2), rhs_spec=(3, 2, 0, 1), out_spec=(0, 3, 1, 2)",
                 "lhs_spec=(0, 3, 1, 2), rhs_spec=(3, 2, 0, 1)",
                 "lhs_spec=(0, 3, 1, 2), rhs_spec=(3, 2, 0, 1), out_spec=(0, 3, 1, 2), x=1",
                 "lhs_spec=__import__('os'), rhs_spec=(3, 2, 0, 1), out_spec=(0, 3, 1, 2)",
                 "(0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2)"):
-        with pytest.raises(replay.CannotReplay):
-            replay.parse_params(f"dimension_numbers=ConvDimensionNumbers({bad})")
-    with pytest.raises(replay.CannotReplay):
-        replay._py(p["dimension_numbers"], "torch")
+        with pytest.raises(CannotReplay):
+            parse_params(f"dimension_numbers=ConvDimensionNumbers({bad})")
+    with pytest.raises(CannotReplay):
+        _py(p["dimension_numbers"], "torch")
 
 
 def test_only_allow_listed_ops_are_rebuilt():
-    with pytest.raises(replay.CannotReplay, match="not on the list"):
-        replay.build_call("torch", "aten::uniform_", "", 1)
-    with pytest.raises(replay.CannotReplay, match="not on the list"):
-        replay.build_call("jax", "random_bits", "bit_width=32, shape=(2,)", 1)
-    with pytest.raises(replay.CannotReplay, match="not on the list"):
-        replay.build_call("torch", "os.system", "", 0)
-    call = replay.build_call("torch", "aten::addmm", "beta=0.5", 3)
+    with pytest.raises(CannotReplay, match="not on the list"):
+        build_call("torch", "aten::uniform_", "", 1)
+    with pytest.raises(CannotReplay, match="not on the list"):
+        build_call("jax", "random_bits", "bit_width=32, shape=(2,)", 1)
+    with pytest.raises(CannotReplay, match="not on the list"):
+        build_call("torch", "os.system", "", 0)
+    call = build_call("torch", "aten::addmm", "beta=0.5", 3)
     x = [np.ones(2, F32), np.ones((2, 3), F32), np.ones((3, 2), F32)]
     assert call.run(x)[0].tolist() == [[3.5, 3.5], [3.5, 3.5]]
     assert call.run(x, upcast=True)[0].dtype == np.float64
@@ -279,7 +280,7 @@ def test_the_high_precision_reference_is_computed_in_float64(tmp_path):
     exact = x.astype(np.float64) + y.astype(np.float64)
     assert (x + y).tolist() == [1.0, 1.0] and exact[1] != 1.0
     for framework, op in (("torch", "aten::add.Tensor"), ("jax", "add")):
-        call = replay.build_call(framework, op, "", 2)
+        call = build_call(framework, op, "", 2)
         low, high = call.run([x, y])[0], call.run([x, y], upcast=True)[0]
         assert np.asarray(low).dtype == F32 and np.asarray(low).tolist() == [1.0, 1.0]
         assert np.asarray(high).dtype == np.float64 and np.asarray(high).tolist() == exact.tolist()

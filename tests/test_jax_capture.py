@@ -292,7 +292,7 @@ def test_a_params_summary_never_cuts_a_value_in_the_middle():
     from jax import lax
 
     from tracediff.capture.jax_recorder import _summarize_params
-    from tracediff.diff.explain import replay
+    from tracediff.diff.explain.replay.params import CannotReplay, parse_params
 
     def conv(x, w):
         return lax.conv_general_dilated(x, w, (1, 2), ((1, 1), (2, 0)), rhs_dilation=(2, 1),
@@ -302,7 +302,7 @@ def test_a_params_summary_never_cuts_a_value_in_the_middle():
     text = _summarize_params(eqn.params, eqn.primitive.name)
     assert "dimension_numbers=ConvDimensionNumbers(lhs_spec=(0, 3, 1, 2), rhs_spec=(3, 2, 0, " \
            "1), out_spec=(0, 3, 1, 2))" in text and len(text) > 240 and "..." not in text
-    params = replay.parse_params(text)
+    params = parse_params(text)
     assert params["padding"] == ((1, 1), (2, 0)) and params["window_strides"] == (1, 2)
     assert params["dimension_numbers"] == ("conv_dims", ((0, 3, 1, 2), (3, 2, 0, 1),
                                                          (0, 3, 1, 2)))
@@ -310,8 +310,8 @@ def test_a_params_summary_never_cuts_a_value_in_the_middle():
     many = _summarize_params({f"k{i:02}": "v" * 50 for i in range(9)})
     assert len(many) <= 240 and many.endswith(", ...") and "k03='" + "v" * 50 + "'" in many
     for cut in ("a=..., b=1", many):
-        with pytest.raises(replay.CannotReplay, match="shortened"):
-            replay.parse_params(cut)
+        with pytest.raises(CannotReplay, match="shortened"):
+            parse_params(cut)
 
 
 LONG_PATHS = '''

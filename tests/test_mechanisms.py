@@ -1,4 +1,4 @@
-"""Mechanism hypotheses (diff/explain/mechanisms.py) and exact references of fused expressions,
+"""Mechanism hypotheses (diff/explain/mechanisms/) and exact references of fused expressions,
 on real divergences: XLA's FMA contraction (compiled probe, default ISA vs SSE4.2), a
 TF32-rounded addmm and MKL's reproducible (CBWR) code path (torch), division across JAX
 versions (x / y vs x * (1/y)). Each side's mechanism is asserted by name. The recordings
@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 import tracediff
-from tracediff.diff.explain import mechanisms
+from tracediff.diff.explain.mechanisms import dispatch, numerics, problems
+from tracediff.diff.explain.mechanisms.precision import fix_for, ran_as_bf16_pass
 
 from .conftest import (BF16_PASS, MKL_SSE, OTHER_JAX, PERTURB, TF32_ADDMM, TORCH_GRU_STEPS,
                        XLA_SSE4)
@@ -66,21 +67,21 @@ def test_fused_multiply_add_is_rounded_once():
     # 1 + 2^-11 + 2^-24 + 2^-80: rounding to float64 first lands on a float32 midpoint, and
     # rounding that to float32 goes the wrong way; the emulated FMA does not
     a, c = np.float32(1 + 2 ** -12), np.float32(2.0 ** -80)
-    assert mechanisms.fma32(a, a, c) == np.float32(1 + 2 ** -11 + 2 ** -23)
+    assert numerics.fma32(a, a, c) == np.float32(1 + 2 ** -11 + 2 ** -23)
     assert np.float32(np.float64(a) * np.float64(a) + np.float64(c)) == np.float32(1 + 2 ** -11)
     rng = np.random.default_rng(5)
     x, y = rng.standard_normal(300), rng.standard_normal(300)
     z = -(x * y) * (1 + 2.0 ** -50)   # near-total cancellation: the hard case
-    got = mechanisms.fma64(x, y, z)
+    got = numerics.fma64(x, y, z)
     assert all(got[i] == float(Fraction(x[i]) * Fraction(y[i]) + Fraction(z[i]))
                for i in range(300))
 
 
 def test_tf32_rounding_keeps_ten_mantissa_bits():
     x = np.array([1 + 2 ** -10 + 2 ** -11, 1 + 2 ** -11, 1 + 2 ** -11 + 2 ** -20], np.float32)
-    assert mechanisms._round_mantissa(x, 10, truncate=True).tolist() == \
+    assert numerics._round_mantissa(x, 10, truncate=True).tolist() == \
         [1 + 2 ** -10, 1.0, 1.0]
-    assert mechanisms._round_mantissa(x, 10, truncate=False).tolist() == \
+    assert numerics._round_mantissa(x, 10, truncate=False).tolist() == \
         [1 + 2 ** -9, 1.0, 1 + 2 ** -10]   # ties to even, above the tie rounds up
 
 
@@ -227,7 +228,7 @@ def cnn(recorded):
 def _replayed(path, ev):
     """(call, inputs, recorded output) of one event, as explain rebuilds them."""
     from tracediff.diff.align import sequence
-    from tracediff.diff.explain import replay
+    from tracediff.diff.explain.replay.calls import build_call, recorded_output_size
     from tracediff.diff.explain.verdict import trace_inputs
     from tracediff.trace import schema
     from tracediff.trace.blob import ValueReader
@@ -236,8 +237,8 @@ def _replayed(path, ev):
         reader = ValueReader(t)
         inputs = trace_inputs(t, sequence.prepare(t, sequence.StringIds()), reader, ev)
         e = t.event(ev)
-        call = replay.build_call(e["framework"], e["op"], e["params"], len(inputs),
-                                 replay.recorded_output_size(t, ev))
+        call = build_call(e["framework"], e["op"], e["params"], len(inputs),
+                          recorded_output_size(t, ev))
         out = reader.read(t.value_rows(ev, schema.ROLE_OUT)[0])
     return call, inputs, out
 
@@ -301,28 +302,29 @@ def test_a_float32_conv_on_a_tpu_at_default_precision_is_one_bf16_pass(cnn):
     """The recorded conv's own parameters (precision None, no preferred type): a TPU runs
     it as one bf16 pass unless the op or the process raises the precision. Before: only
     matmuls were."""
-    from tracediff.diff.explain import causes, replay
+    from tracediff.diff.explain import causes
+    from tracediff.diff.explain.replay.params import Named
 
     plain, _, convs = cnn
     params = _replayed(plain, convs[0])[0].params
     op = "conv_general_dilated"
-    assert mechanisms.ran_as_bf16_pass("tpu", op, params, None) is True
-    assert mechanisms.ran_as_bf16_pass("cpu", op, params, None) is False
-    assert mechanisms.ran_as_bf16_pass("tpu", op, params, "highest") is False
-    highest = replay.Named("precision", "HIGHEST")
-    default = replay.Named("precision", "DEFAULT")
+    assert ran_as_bf16_pass("tpu", op, params, None) is True
+    assert ran_as_bf16_pass("cpu", op, params, None) is False
+    assert ran_as_bf16_pass("tpu", op, params, "highest") is False
+    highest = Named("precision", "HIGHEST")
+    default = Named("precision", "DEFAULT")
     for precision, pass_ in ((default, True), ((default, default), True), (highest, False),
                              ((highest, default), False)):
-        assert mechanisms.ran_as_bf16_pass("tpu", op, {**params, "precision": precision},
-                                           None) is pass_
-    bf16_out = {**params, "preferred_element_type": replay.Named("np_dtype", "bfloat16")}
-    f32_out = {**params, "preferred_element_type": replay.Named("np_dtype", "float32")}
-    assert mechanisms.ran_as_bf16_pass("tpu", op, bf16_out, None) is False
-    assert mechanisms.ran_as_bf16_pass("tpu", op, f32_out, None) is True
+        assert ran_as_bf16_pass("tpu", op, {**params, "precision": precision},
+                                None) is pass_
+    bf16_out = {**params, "preferred_element_type": Named("np_dtype", "bfloat16")}
+    f32_out = {**params, "preferred_element_type": Named("np_dtype", "float32")}
+    assert ran_as_bf16_pass("tpu", op, bf16_out, None) is False
+    assert ran_as_bf16_pass("tpu", op, f32_out, None) is True
     cause = causes.bf16_pass_cause({"a": ("jax", "tpu", op, params, None),
                                     "b": ("torch", "", "aten::convolution", {}, None)})
     assert "computes a float32 convolution as one bfloat16 pass" in cause.reason
-    assert FIX in cause.reason and mechanisms.fix_for("bf16_inputs", "jax").startswith(FIX)
+    assert FIX in cause.reason and fix_for("bf16_inputs", "jax").startswith(FIX)
     assert causes.op_class("conv_general_dilated") == "matmul"
     assert causes.op_class("convert_element_type") == "elementwise"   # not a conv
 
@@ -337,9 +339,9 @@ def test_a_torch_conv_replays_and_its_float64_accumulation_is_nearest(recorded):
         ev = next(i for i in range(len(tr)) if tr.event(i)["op"] == "aten::convolution")
     call, inputs, recorded_out = _replayed(t, ev)
     assert len(inputs) == 3 and call.run(inputs)[0].tobytes() == recorded_out.tobytes()
-    case = mechanisms.Case(side="a", framework="torch", op="aten::convolution",
-                           params=call.params, inputs=inputs, outputs=[recorded_out],
-                           kernel=call.run, wide=lambda xs: call.run(xs, upcast=True))
-    found = mechanisms.side_mechanisms(case)
+    case = problems.Case(side="a", framework="torch", op="aten::convolution",
+                         params=call.params, inputs=inputs, outputs=[recorded_out],
+                         kernel=call.run, wide=lambda xs: call.run(xs, upcast=True))
+    found = dispatch.side_mechanisms(case)
     assert found[0].name == "float64_accumulation" and found[0].max_ulp < 1e4
-    assert mechanisms.family(case)[0] == "convolution"
+    assert dispatch.family(case)[0] == "convolution"

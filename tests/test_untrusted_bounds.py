@@ -284,18 +284,18 @@ def test_repro_refuses_an_output_larger_than_recorded(dot, tmp_path):
 def test_replay_cap_holds_whatever_the_recording_claims(dot, tmp_path):
     """A recorded output that claims the same huge shape (metadata, not stored) does not
     lift the budget: the 256 MiB cap holds."""
-    from tracediff.diff.explain import replay
+    from tracediff.diff.explain.replay.calls import build_call, ReplayRefused
 
     a, b = tmp_path / "a.h5", tmp_path / "b.h5"
     expand_op(dot, a, b)
-    call = replay.build_call("torch", "aten::expand", "size=[250000000, 4]", 1,
-                             (1_000_000_000, 4_000_000_000))
-    with pytest.raises(replay.ReplayRefused, match=r"^replay refused: the op would output "
+    call = build_call("torch", "aten::expand", "size=[250000000, 4]", 1,
+                      (1_000_000_000, 4_000_000_000))
+    with pytest.raises(ReplayRefused, match=r"^replay refused: the op would output "
                        r"1,000,000,000 elements \(4\.0 GB\), more than the 256 MiB a replay "
                        r"may produce$"):
         call.run([np.float32(1.0)])
     # within budget, the same call runs
-    small = replay.build_call("torch", "aten::expand", "size=[2, 4]", 1, (8, 32))
+    small = build_call("torch", "aten::expand", "size=[2, 4]", 1, (8, 32))
     assert small.run([np.float32(1.5)])[0].tolist() == [[1.5] * 4] * 2
 
 

@@ -24,7 +24,8 @@ from click.testing import CliRunner
 import tracediff
 from tracediff.cli import main
 from tracediff.diff.compare import levels
-from tracediff.diff.explain import replay
+from tracediff.diff.explain.replay.calls import build_call
+from tracediff.diff.explain.replay.params import CannotReplay, _py
 from tracediff.report.common import report_context
 from tracediff.report.json_report import next_steps
 
@@ -137,7 +138,7 @@ def test_repro_params_cannot_name_code(traces, tmp_path):
             "other=('torch_memfmt', 'x, **{" + PAYLOAD.format("memfmt") + ": 1}')",
             "other=[('np_dtype', 'float32) + " + PAYLOAD.format("np") + "')]")):
         # the generated call holds the tuple as a literal: it cannot run anything
-        code = replay.build_call("torch", "aten::mul.Tensor", params, 1).code()
+        code = build_call("torch", "aten::mul.Tensor", params, 1).code()
         assert code == f"torch.ops.aten.mul.Tensor(self=inputs[0], other={params[6:]})"
         ast.literal_eval(params[6:])
         # and `repro` refuses the op: its output size cannot be computed from a tuple
@@ -147,19 +148,19 @@ def test_repro_params_cannot_name_code(traces, tmp_path):
         assert code == 2 and "replay refused" in err and len(err.strip().splitlines()) == 1, err
         assert not (out / "repro.py").exists()
     # the real named constants still work
-    call = replay.build_call("torch", "aten::_to_copy", "dtype=torch.float64, "
-                             "memory_format=torch.preserve_format", 1)
+    call = build_call("torch", "aten::_to_copy", "dtype=torch.float64, "
+                      "memory_format=torch.preserve_format", 1)
     assert call.code() == ("torch.ops.aten._to_copy.default(self=inputs[0], dtype=torch.float64, "
                            "memory_format=torch.preserve_format)")
 
 
 def test_params_keys_and_values_are_checked():
     for bad in ("f=1, **inf", "_posx=1"):
-        with pytest.raises(replay.CannotReplay):
-            replay.build_call("torch", "aten::mul.Tensor", bad, 2)
-    with pytest.raises(replay.CannotReplay):
-        replay.build_call("jax", "tanh", "accuracy=None, **nan", 1)
-    assert replay._py(complex(float("nan"), 1.0), "jax") == "complex(float('nan'), 1.0)"
+        with pytest.raises(CannotReplay):
+            build_call("torch", "aten::mul.Tensor", bad, 2)
+    with pytest.raises(CannotReplay):
+        build_call("jax", "tanh", "accuracy=None, **nan", 1)
+    assert _py(complex(float("nan"), 1.0), "jax") == "complex(float('nan'), 1.0)"
 
 
 # -- 2. printed shell commands ------------------------------------------------------------

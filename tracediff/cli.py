@@ -89,7 +89,7 @@ def _user_map(spec):
     (bounded; a FIFO or device refused at once): the dict, or None."""
     if spec is None:
         return None
-    from .diff.pairing.cross import load_map
+    from .diff.pairing.mapfile import load_map
 
     return load_map(spec)
 

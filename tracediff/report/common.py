@@ -19,7 +19,7 @@ from typing import Optional
 
 from ..diff.compare.args import text as args_text
 from ..diff.result import EventRef, Finding, Gap, LocateResult, Replay
-from ..diff.explain.mechanisms import FAR_ULP
+from ..diff.explain.mechanisms.summary import FAR_ULP
 from ..diff.explain.verdict import meaningful_ulp
 from ..diff.compare import levels
 from ..trace import sources

@@ -102,7 +102,7 @@ def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) ->
                     f", max rel {fmt(fo.max_rel)}"
             c.print(f"  {side}: {markup(s.op or '')} {rep}{dist}"
                     f"{' (' + markup(s.reason) + ')' if s.reason else ''}")
-    if rv.mechanism:   # diff/explain/mechanisms.py
+    if rv.mechanism:   # diff/explain/mechanisms/
         c.print(f"[bold]mechanism[/]: {markup(rv.mechanism)}")
     if an.compiled_call is not None:
         cc = an.compiled_call

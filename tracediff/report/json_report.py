@@ -389,7 +389,7 @@ def analysis_json(an: Optional[Analysis]) -> dict:
     out["chain"] = [hop_json(h) for h in an.chain.hops]
     out["chain_info"] = _chain_info(an.chain)
     out["replay"] = replay_run_json(an.replay)
-    out["mechanisms"] = [_plain(m) for m in an.mechanisms]   # diff/explain/mechanisms.py
+    out["mechanisms"] = [_plain(m) for m in an.mechanisms]   # diff/explain/mechanisms/
     if an.compiled_call is not None:
         out["compiled_call"] = _compiled_call(an.compiled_call)
     if an.inner is not None:

@@ -367,7 +367,7 @@ def _extras(console, r, verbose=False):
     if r.explain is not None:
         head = r.explain.verdict or r.explain.summary
         console.print(f"[bold]replay verdict[/]: {markup(str(head))}")
-        if r.explain.mechanism:   # diff/explain/mechanisms.py
+        if r.explain.mechanism:   # diff/explain/mechanisms/
             console.print(f"[bold]mechanism[/]: {markup(r.explain.mechanism)}")
     if r.chain:
         # short: the hops with a role (origin, first beyond tolerance, last), the others

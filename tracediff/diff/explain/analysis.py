@@ -13,7 +13,7 @@ It puts together what the modules beside it compute:
   event, with the amplification at each hop.
 * replay (`explain/verdict.py`): the origin op re-executed here from each side's inputs; which
   side is closer to the exact result, which one this machine reproduces; the mechanism
-  hypotheses (`explain/mechanisms.py`) that name how each side computed its value.
+  hypotheses (`explain/mechanisms/`) that name how each side computed its value.
 * compiled call / inner structure: a divergence no single replayed equation explains,
   and how the equations inside a jit origin pair up.
 * environment (`explain/causes.py`): the manifest differences that can change this kind of op.
@@ -33,7 +33,7 @@ from . import chain as _chain
 from ..align.structure import is_inplace_write, is_view
 from ..compare import levels as _levels
 from .causes import bf16_pass_cause, environment
-from . import replay as _replay
+from .replay.params import parse_params
 from ..result import (Analysis, Causes, Chain, CompiledCall, Finding, Inner, LocateResult,
                       Replay)
 from .steps import steps_table
@@ -132,7 +132,7 @@ def analyse(result: LocateResult, d, event: Optional[int] = None) -> Analysis:
     except Exception as exc:  # never fail the analysis over the chain
         out.chain = Chain(error=f"{type(exc).__name__}: {exc}"[:200])
     out.replay = rv = replay_verdict(d, ea, eb)
-    out.mechanisms = rv.mechanisms   # diff/explain/mechanisms.py: how each side computed its value
+    out.mechanisms = rv.mechanisms   # diff/explain/mechanisms/: how each side computed its value
     if f.compiled:
         step = int(f.a.step)
         probe = command("tracediff", "record", "--probe", _levels.probe_pattern(f.a.op),
@@ -229,7 +229,7 @@ def _device_numerics(causes, d, rv):
         e = t.event(idx)
         jax_manifest = ((t.manifest or {}).get("frameworks") or {}).get("jax") or {}
         try:
-            params = _replay.parse_params(e["params"])
+            params = parse_params(e["params"])
         except Exception:   # unparseable parameters: the op's own precision is unknown
             params = {}
         sides[side] = (e["framework"], str(jax_manifest.get("backend") or "")
@@ -357,7 +357,7 @@ def short(analysis: Analysis) -> tuple:
         ex.exact_by = rv.oracle.computed_by
     if rv.reproduces:
         ex.reproduced_here = rv.reproduces
-    if rv.mechanism:   # diff/explain/mechanisms.py: which candidate numerics reproduce each side
+    if rv.mechanism:   # diff/explain/mechanisms/: which candidate numerics reproduce each side
         ex.mechanism, ex.mechanisms = rv.mechanism, list(rv.mechanisms)
     causes = analysis.environment.causes
     if causes:

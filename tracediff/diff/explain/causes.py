@@ -18,7 +18,7 @@ from typing import Optional
 
 from ..result import Cause, Causes, Inner, ReplayRun
 from . import reasons
-from .mechanisms import fix_for, is_conv, ran_as_bf16_pass
+from .mechanisms.precision import fix_for, is_conv, ran_as_bf16_pass
 
 # convolutions are matmuls here (`conv\w*` but not `convert_element_type`)
 MATMUL = re.compile(r"^(aten::)?(dot|vdot|mm|addmm|bmm|baddbmm|addbmm|matmul|mv|addmv|linear|"

@@ -2,7 +2,7 @@
 
 An op whose inputs already differ carries what it inherits; the question for the sources
 (`explain/sources.py`) is whether it adds more. Each side's op is re-run here on that
-side's own recorded inputs (`explain/replay.py`), in its dtype and in float64:
+side's own recorded inputs (`explain/replay/`), in its dtype and in float64:
 
 * this machine reproduces both sides bitwise, in the same dtypes: both computed the same
   way, the op adds nothing of its own (`Measure.source` False);
@@ -21,7 +21,7 @@ import numpy as np
 
 from ..compare import args as _args
 from ..compare import values as compare
-from . import replay as _replay
+from .replay.calls import build_call, recorded_output_size
 from .verdict import event_inputs, event_outputs, recorded_backend, replay_backend
 
 LOCAL_RATIO = 4.0      # one side's local error this many times the other's: it computes differently
@@ -63,8 +63,8 @@ def _replay_here(d, side, ev):
     t = d.ta if side == "a" else d.tb
     e = t.event(ev)
     inputs = event_inputs(d, side, ev)
-    call = _replay.build_call(e["framework"], e["op"], e["params"], len(inputs),
-                              _replay.recorded_output_size(t, ev))
+    call = build_call(e["framework"], e["op"], e["params"], len(inputs),
+                      recorded_output_size(t, ev))
     recorded = event_outputs(d, side, ev)
     there, mine = recorded_backend(t, e["framework"]), replay_backend(e["framework"])
     if there and mine and there != mine:

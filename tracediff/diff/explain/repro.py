@@ -7,7 +7,7 @@ alone with those inputs, prints each output, its sha256 and whether it equals th
 output recorded in the trace. It is what to attach to an upstream bug report: run it
 on both machines and compare the hashes.
 
-The call is rebuilt as for `explain/replay.py` (allow-listed ops only, parameters from the
+The call is rebuilt as for `explain/replay/` (allow-listed ops only, parameters from the
 params summary); an op that cannot be rebuilt gives a clear error, not a script.
 
 The trace is untrusted, and the user runs the script: nothing from the trace reaches its
@@ -28,7 +28,8 @@ from ...errors import TraceError
 from ...untrusted import printable, py_str
 from ...trace import schema
 from ..align import sequence as _align
-from . import replay as _replay
+from .replay.calls import build_call, recorded_output_size
+from .replay.params import CannotReplay
 
 
 def _raw(x):
@@ -168,11 +169,11 @@ def write_repro(trace_path, event, out_dir, force=False):
         reader = ValueReader(t)
         try:
             inputs = trace_inputs(t, side, reader, event)
-            call = _replay.build_call(e["framework"], e["op"], e["params"], len(inputs),
-                                      _replay.recorded_output_size(t, event))
+            call = build_call(e["framework"], e["op"], e["params"], len(inputs),
+                              recorded_output_size(t, event))
             call.check_size(inputs)   # the script would allocate what a replay would
             code = call.code()
-        except _replay.CannotReplay as exc:
+        except CannotReplay as exc:
             raise TraceError(f"cannot write a reproducer for {printable(e['op'], 80)} "
                              f"(event {event}): {printable(exc)}") from None
         rows = t.value_rows(event, schema.ROLE_OUT)

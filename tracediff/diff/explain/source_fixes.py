@@ -13,7 +13,7 @@ import math
 from ... import shell
 from ..result import Cause
 from .causes import environment
-from .mechanisms import fix_for
+from .mechanisms.precision import fix_for
 
 # random numbers: (the fix, what the counterfactual run loads from the other run)
 _RANDOM = {

@@ -9,7 +9,7 @@ keeps those where a difference *enters*:
   holds at every recording level);
 * **adds beyond what it inherits**: its inputs already differ, and the op itself computes
   differently on the two sides. Each side's op is re-run here on that side's own recorded
-  inputs (`explain/replay.py`), in its dtype and in float64. Where this machine reproduces
+  inputs (`explain/replay/`), in its dtype and in float64. Where this machine reproduces
   both sides bitwise, both computed the same way: the op only carries what it inherited.
   Otherwise a side's *local error* is `recorded - exact(its own inputs)`, and what the op adds
   is `local_a - local_b`: the part of `out_a - out_b` left once the inherited part,
@@ -46,12 +46,13 @@ from ...trace import schema
 from ..compare import dtypes as _dtypes
 from ..differ import BITWISE
 from ..result import Source, Sources
-from . import replay as _replay
+from .replay.params import parse_params
 from . import source_fixes
 from .causes import op_class
 from .chain import differing_mask
 from .local_error import measure_compiled, measure_event
-from .mechanisms import DESCRIPTIONS, ran_as_bf16_pass
+from .mechanisms.dispatch import DESCRIPTIONS
+from .mechanisms.precision import ran_as_bf16_pass
 from .verdict import replay_verdict
 
                        # differently (compiled alike, nearly equal inputs round nearly alike)
@@ -402,7 +403,7 @@ def _bf16_side(d, ea, eb):
             continue
         jax_manifest = ((t.manifest or {}).get("frameworks") or {}).get("jax") or {}
         try:
-            params = _replay.parse_params(e["params"])
+            params = parse_params(e["params"])
         except Exception:   # unparseable: the op's precision is unknown, default assumed
             params = {}
         bf16[side] = bool(ran_as_bf16_pass(str(jax_manifest.get("backend") or ""), e["op"],

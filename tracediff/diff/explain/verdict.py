@@ -1,6 +1,6 @@
 """The replay verdict: which machine computed the origin op right.
 
-The origin op is re-executed here from each side's recorded inputs (`explain/replay.py`: an
+The origin op is re-executed here from each side's recorded inputs (`explain/replay/`: an
 allow-list of ops, parameters parsed as literals), in its own dtype (does this machine
 reproduce a, b, neither?) and in higher precision (float64 for float32/16 ops; numpy long
 double for float64 ops), and each side's recorded output is measured in ULP from that
@@ -17,8 +17,11 @@ import numpy as np
 from ...trace import schema
 from ..compare import args as _args
 from ..compare import values as compare
-from . import mechanisms as _mechanisms
-from . import replay as _replay
+from .mechanisms import dispatch as _mechanisms
+from .mechanisms.summary import summary as mechanisms_line
+from .replay.calls import build_call, recorded_output_size
+from .replay.oracle import numpy_oracle
+from .replay.params import CannotReplay
 from ..differ import comparable
 from ..engine.inputs import input_value_row
 from ..result import FromOracle, Oracle, ReplayRun, SideReplay
@@ -51,25 +54,25 @@ def trace_inputs(t, s, reader, ev):
     for r in t.input_rows(ev):
         slot, p, ps = int(r["slot"]), int(r["producer"]), int(r["producer_slot"])
         if slot != len(arrays):
-            raise _replay.CannotReplay(f"input slot {len(arrays)} is not recorded")
+            raise CannotReplay(f"input slot {len(arrays)} is not recorded")
         if p == schema.PRODUCER_LITERAL:
             row = s.value_row(ev, slot, schema.ROLE_IN)   # stored since tracediff 0.1 (JAX)
             if row is None or not comparable(row):
-                raise _replay.CannotReplay(f"input {slot} is a literal of the program; its "
-                                           f"value is not recorded")
+                raise CannotReplay(f"input {slot} is a literal of the program; its "
+                                   f"value is not recorded")
             arrays.append(reader.read(row))
             continue
         if p == schema.PRODUCER_CONST:
-            raise _replay.CannotReplay(f"input {slot} is a closed-over constant; its value is "
-                                       f"not recorded")
+            raise CannotReplay(f"input {slot} is a closed-over constant; its value is "
+                               f"not recorded")
         if p < 0:
-            raise _replay.CannotReplay(f"input {slot} has an unknown producer")
+            raise CannotReplay(f"input {slot} has an unknown producer")
         row = input_value_row(s, t, ev, p, ps)
         if row is None or not comparable(row):
-            raise _replay.CannotReplay(f"input {slot} (from event {p}) was not stored")
+            raise CannotReplay(f"input {slot} (from event {p}) was not stored")
         total += int(row["nbytes"])
         if total > MAX_REPLAY_BYTES:
-            raise _replay.CannotReplay("inputs larger than 64 MB are not replayed")
+            raise CannotReplay("inputs larger than 64 MB are not replayed")
         arrays.append(reader.read(row))
     return arrays
 
@@ -181,20 +184,20 @@ def replay_verdict(d, ea: int, eb: int) -> ReplayRun:
             continue
         try:
             if e["kind"] not in ("eqn", "eager", "op"):
-                raise _replay.CannotReplay(f"a {e['kind']} event is not an op")
+                raise CannotReplay(f"a {e['kind']} event is not an op")
             inputs = event_inputs(d, side, idx)
-            call = _replay.build_call(e["framework"], e["op"], e["params"], len(inputs),
-                                      _replay.recorded_output_size(_side(d, side)[0], idx))
+            call = build_call(e["framework"], e["op"], e["params"], len(inputs),
+                              recorded_output_size(_side(d, side)[0], idx))
             recorded = event_outputs(d, side, idx)
             info.update(call=call, inputs=inputs, recorded=recorded, n_inputs=len(inputs))
             if ends[side] != idx:   # a fused unit's matmul: the unit's output is measured
                 info["unit_output"] = event_outputs(d, side, ends[side])
             try:
                 here = call.run(inputs)
-            except _replay.CannotReplay:
+            except CannotReplay:
                 raise
             except Exception as exc:
-                raise _replay.CannotReplay(f"running it here failed ({type(exc).__name__}: "
+                raise CannotReplay(f"running it here failed ({type(exc).__name__}: "
                                            f"{str(exc).splitlines()[0][:120] if str(exc) else ''})")
             info["here"] = here
             info["reproduced"] = len(here) == len(recorded) and all(
@@ -206,7 +209,7 @@ def replay_verdict(d, ea: int, eb: int) -> ReplayRun:
                 info["reproduced"] = None
                 info["reason"] = (f"{OTHER_BACKEND} ({there}); this machine replays on {mine}: "
                                   f"not the backend that computed it")
-        except _replay.CannotReplay as exc:
+        except CannotReplay as exc:
             info["reason"] = str(exc)
         except Exception as exc:  # a damaged value, an odd op: never fail the report
             info["reason"] = f"cannot replay: {type(exc).__name__}: {str(exc)[:120]}"
@@ -235,7 +238,7 @@ def replay_verdict(d, ea: int, eb: int) -> ReplayRun:
         return _not_judged(d, res, ea, eb, sides, dtypes)
     out_dtype = next((np.asarray(r).dtype.name for r in S["recorded"] if r is not None), "")
     oracle, how = None, None
-    # mechanisms (diff/explain/mechanisms.py): candidate numerics re-run on each side's inputs; a
+    # mechanisms (diff/explain/mechanisms/): candidate numerics re-run on each side's inputs; a
     # fused (compiled-probe) origin is judged against its whole expression, exactly
     cases = _mechanisms.cases(d, {"a": ea, "b": eb}, sides, event_inputs)
     expr = getattr(cases.get(src), "expr", None)
@@ -245,7 +248,7 @@ def replay_verdict(d, ea: int, eb: int) -> ReplayRun:
             oracle = [np.broadcast_to(expr.exact(), shape)]
             how = "numpy long double" if out_dtype == "float64" else "float64"
         elif out_dtype in ("float64", "complex128"):
-            oracle = _replay.numpy_oracle(S["framework"], S["op"], S["call"].params, S["inputs"])
+            oracle = numpy_oracle(S["framework"], S["op"], S["call"].params, S["inputs"])
             how = "numpy long double" if oracle is not None else None
             if oracle is None:
                 res.oracle_note = (f"{S['op']} already computes in {out_dtype} and has no "
@@ -288,8 +291,8 @@ def replay_verdict(d, ea: int, eb: int) -> ReplayRun:
     res.reproduces = _reproduces(res)
     res.machine = _machine(sides[src]["framework"])
     res.mechanisms = _mechanisms.hypotheses(cases)
-    res.mechanism = _mechanisms.summary(res.mechanisms, {s: sides[s]["op"] for s in ("a", "b")},
-                                        cases)
+    res.mechanism = mechanisms_line(res.mechanisms, {s: sides[s]["op"] for s in ("a", "b")},
+                                    cases)
     res.verdict = _verdict_text(res)
     return res
 
@@ -306,8 +309,8 @@ def local_errors(d, ea: int, eb: int):
             if e["kind"] not in ("eqn", "eager", "op"):
                 return None
             inputs = event_inputs(d, side, idx)
-            call = _replay.build_call(e["framework"], e["op"], e["params"], len(inputs),
-                                      _replay.recorded_output_size(t, idx))
+            call = build_call(e["framework"], e["op"], e["params"], len(inputs),
+                              recorded_output_size(t, idx))
             recorded = event_outputs(d, side, idx)
             if not any(r is not None and compare.is_floating(np.asarray(r).dtype.name)
                        for r in recorded):

@@ -8,7 +8,8 @@ module turns them into the `Differ` the rest of `diff/` uses:
   int32 `count` equals torch's float32 `step`; a pair whose values are equal is never a
   difference, at either level;
 * b's arrays are laid out like a's before comparing (a reshape, a transpose, an axis
-  permutation such as NCHW -> NHWC), choosing the layout under which they agree best;
+  permutation such as NCHW -> NHWC), choosing the layout under which they agree best
+  (`layout.py`);
 * "introduced here" compares what the two units (or composites) read, input by input,
   matched through the pairing (same atom, or made by paired units);
 * optimizer snapshots are compared by role (align/optroles.py) in the per-step table
@@ -17,11 +18,9 @@ module turns them into the `Differ` the rest of `diff/` uses:
   fc1 (addmm)", `Finding.layer`; `layers.py`).
 
 One trace, two frameworks: `CrossDiffer(t, t)` compares the JAX events (a) with the
-torch events (b) of the same file; event numbers stay those of the file.
+torch events (b) of the same file; event numbers stay those of the file. The user's module
+map (`--map`) is read by `mapfile.py`.
 """
-
-import json
-import os
 
 import numpy as np
 
@@ -35,14 +34,14 @@ from . import graph as _graph
 from ..differ import BITWISE, Differ, comparable
 from .graph import op_family  # noqa: F401  (the op families, for callers and tests)
 from .layers import LayerNames, _num
+from .layout import _as_f64, best_layout
+from .mapfile import load_map
 from .meet import FormulaMeeting
 from .roles import RoleSteps
 from .rounding import RoundingInherited
 from .regions import INDEX_ROLE
 from .shapes import OTHER_SHAPE, OtherShapes
 from .stops import PairingStops
-
-SAMPLE = 2048          # elements compared to choose a layout
 
 
 def sides(ta, tb):
@@ -59,79 +58,6 @@ def sides(ta, tb):
     if len(fa) == 1 and len(fb) == 2:
         return next(iter(fa)), next(iter(fb - fa))
     return None
-
-
-MAX_MAP_BYTES = 1 << 20      # a map names modules: a few lines, never megabytes
-MAX_MAP_ENTRIES = 256         # each entry is matched against every unit of both traces
-MAX_MAP_PATTERN = 1000        # characters of one pattern
-
-
-def load_map(spec):
-    """The user's module map {a pattern: b pattern}: `spec` is a dict, inline JSON (text
-    starting with `{` that names no file: `--map '{"MLP/fc1": "fc1"}'`) or a JSON file.
-    Bounded (MAX_MAP_BYTES, MAX_MAP_ENTRIES, MAX_MAP_PATTERN) and a file must be a regular
-    file, refused at once otherwise (a FIFO would block the read forever)."""
-    if spec is None:
-        return {}
-    if isinstance(spec, dict):
-        m, where = spec, "the map"
-    else:
-        spec = os.fspath(spec)
-        if spec.lstrip().startswith("{") and not os.path.exists(spec):
-            where = "the --map JSON"
-            if len(spec.encode("utf-8", "surrogatepass")) > MAX_MAP_BYTES:
-                raise TraceError(f"{where} is longer than the {MAX_MAP_BYTES >> 20} MiB a map "
-                                 f"may hold")
-            text = spec
-        else:
-            where, text = f"{spec}: the map file", _read_map_file(spec)
-        try:
-            m = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as exc:
-            raise TraceError(f"{where} is not valid JSON ({exc})") from None
-    if not isinstance(m, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                          for k, v in m.items()):
-        raise TraceError(f"{where} must be a JSON object of string to string "
-                         f"(e.g. {{\"MLP/fc1\": \"fc1\"}})")
-    if len(m) > MAX_MAP_ENTRIES:
-        raise TraceError(f"{where} has {len(m):,} entries, more than the {MAX_MAP_ENTRIES} a "
-                         f"map may hold (name modules, or use * patterns)")
-    long = next((p for kv in m.items() for p in kv if len(p) > MAX_MAP_PATTERN), None)
-    if long is not None:
-        raise TraceError(f"{where} has a pattern of {len(long):,} characters, more than the "
-                         f"{MAX_MAP_PATTERN} a pattern may hold")
-    return dict(m)
-
-
-def _read_map_file(path):
-    """The text of a map file: a regular file of at most MAX_MAP_BYTES, opened without
-    blocking (a FIFO or device is refused before anything is read)."""
-    import stat
-
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read the map file ({exc.strerror or exc})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise TraceError(f"{path}: the map file is not a regular file (give a JSON file, "
-                             f"or the JSON itself)")
-        if st.st_size > MAX_MAP_BYTES:
-            raise TraceError(f"{path}: the map file is {st.st_size:,} bytes, more than the "
-                             f"{MAX_MAP_BYTES >> 20} MiB a map may hold")
-        data = os.read(fd, MAX_MAP_BYTES + 1)
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read the map file ({exc.strerror or exc})") from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_MAP_BYTES:
-        raise TraceError(f"{path}: the map file is more than the {MAX_MAP_BYTES >> 20} MiB a "
-                         f"map may hold")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise TraceError(f"{path}: the map file is not valid JSON ({exc})") from None
 
 
 class CrossAlignment(_align.Alignment):
@@ -525,90 +451,6 @@ def _dedupe(ins):
             seen.add(k)
             out.append(x)
     return out
-
-
-def _as_f64(x):
-    x = np.asarray(x)
-    try:
-        return x.astype(np.float64) if x.dtype.kind in "fiub" else None
-    except (TypeError, ValueError):
-        return None
-
-
-def best_layout(xa, xb, same_shape_exact=False):
-    """The axis order under which b's array agrees best with a's (see
-    `graph.permutations_to`), judged on a sample of elements; None if none fits.
-    `same_shape_exact`: two arrays of one shape keep it (None) unless it disagrees and
-    another order agrees on every sampled element (a JAX einsum's `dot_general` that
-    computes the attention output with its last two axes swapped, [b, h, d, q] against
-    torch SDPA's [b, h, q, d] when d == q).
-    Agreeing best: most elements close. Where under no order do most agree (the two differ: gelu
-    against relu), a fraction of a few coincidences picks a layout at random (it compared
-    NHWC with NCHW read as NHWC, 2.67 for 0.17): then the frameworks' convention that maps
-    b's shape onto a's (channels first <-> last, the 2-D transpose), else the order with the
-    smallest mean squared difference."""
-    xa, xb = np.asarray(xa), np.asarray(xb)
-    perms = _graph.permutations_to(xa.shape, xb.shape)
-    if same_shape_exact:
-        best = best_layout(xa, xb) if len(perms) > 1 else None
-        if best is None or best == tuple(range(xa.ndim)) or \
-                _sample_score(xa, xb, perms[0]) == 1.0 or _sample_score(xa, xb, best) < 1.0:
-            return None
-        return best
-    if not perms:
-        return None
-    if len(perms) == 1:
-        return perms[0]
-    fa, coords = _sample(xa)
-    best, best_score, nearest, nearest_sq = None, -1.0, None, np.inf
-    for p in perms:
-        fb = _laid_out(xb, xa.shape, coords, p)
-        if fa is None or fb is None:
-            return perms[0]
-        close = _close(fa, fb)
-        with np.errstate(invalid="ignore", over="ignore"):
-            sq = float(np.nanmean(np.square(fa - fb))) if len(close) else 0.0
-        score = float(close.mean()) if len(close) else 1.0
-        if score > best_score:
-            best, best_score = p, score
-        if sq < nearest_sq:
-            nearest, nearest_sq = p, sq
-        if score == 1.0:
-            break
-    if best_score >= 0.5:
-        return best
-    return next((p for p in perms if _graph.conventional(p) and
-                 [xa.shape[i] for i in p] == list(xb.shape)), nearest or best)
-
-
-def _sample(xa):
-    """(a's sampled elements as float64, or None; their coordinates): the `SAMPLE` elements
-    (all of a small array) a layout is judged on, the same ones at every call."""
-    n = xa.size
-    idx = np.random.default_rng(0).choice(n, SAMPLE, replace=False) if n > SAMPLE else np.arange(n)
-    return _as_f64(xa.reshape(-1)[idx]), np.unravel_index(idx, xa.shape)
-
-
-def _laid_out(xb, shape_a, coords, p):
-    """b's elements at a's sampled coordinates, b laid out by axis order `p` (float64, or
-    None)."""
-    flat = np.ravel_multi_index([coords[i] for i in p], [shape_a[i] for i in p])
-    return _as_f64(np.asarray(xb).reshape(-1)[flat])
-
-
-def _close(fa, fb):
-    """Which sampled elements agree (rtol 1e-2: a layout, not a tolerance)."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        return np.isclose(fa, fb, rtol=1e-2, atol=1e-6, equal_nan=True)
-
-
-def _sample_score(xa, xb, p):
-    """The share of sampled elements of a that b, laid out by `p`, agrees with (rtol 1e-2)."""
-    fa, coords = _sample(xa)
-    fb = _laid_out(xb, xa.shape, coords, p)
-    if fa is None or fb is None or not len(fa):
-        return 1.0
-    return float(_close(fa, fb).mean())
 
 
 def cross_differ(ta, tb, rtol=None, atol=None, map_file=None):

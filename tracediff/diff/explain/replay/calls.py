@@ -1,73 +1,23 @@
-"""Re-execute one recorded op on this machine, from a trace's recorded inputs.
+"""One recorded op rebuilt as a call on this machine (`build_call` -> `OpCall`) and run.
 
-Honest by construction:
-
-* Only ops on an explicit allow-list are ever run (`TORCH_OPS`: aten operator names,
-  looked up as `torch.ops.aten.<name>.<overload>`; `JAX_PRIMITIVES`: `jax.lax` primitive
-  names, looked up as `jax.extend.core.primitives.<name>_p`). Nothing from a trace is
-  evaluated, unpickled or imported by name.
-* The op's non-array parameters come from the event's `params` summary, parsed with
-  `ast.parse` (which never executes anything) and accepted only when every value is a
-  literal (numbers, strings, None, booleans, tuples/lists of those) or one of a few
-  named constants mapped here (`dtype('float32')`, `torch.float32`,
-  `torch.contiguous_format`, `device(type='cpu')`, `Precision.HIGHEST`,
-  `ConvDimensionNumbers(lhs_spec=(..), rhs_spec=(..), out_spec=(..))` of int tuples, built
-  as `jax.lax.ConvDimensionNumbers`). A summary that was shortened at recording time
-  ("..."; or, in a trace of an older tracediff that cut values in the middle, a summary
-  of 240 characters or a value of 60 that does not parse) gives "parameters were
-  shortened when recorded"; one that holds anything else gives "cannot replay: parameters not
-  recorded in a form that can rebuild the call" (`CannotReplay`).
-* Array inputs are the producer values of the event's rows in the `inputs` table. A
-  literal constant of a jaxpr (producer -2) or a value that was not stored cannot be
-  rebuilt: the op is then not replayed, and the reason says so.
-
-`OpCall.run(inputs, upcast=False)` runs the op in its recorded dtypes; `upcast=True`
-runs it with floating inputs (and dtype parameters) promoted to float64 / complex128:
-the oracle for float16/bfloat16/float32 ops. For ops that are already float64 the
-oracle is numpy in `np.longdouble` (x87 80-bit on x86-64) for the ops in
-`_NUMPY_ORACLE` only; otherwise there is no oracle and the verdict says so.
-
-Bounded by what the trace holds (its parameters are untrusted: `expand` with a recorded
-`size=[250000000, 4]` asks for 4 GB from a scalar): before an op runs, `OpCall.run` (and
-`check_size`, for the reproducer) computes the shapes and dtypes of its outputs without
-running it (torch: the op on `meta` tensors; JAX: `jax.eval_shape`), and refuses
-(`ReplayRefused`, a `CannotReplay` whose message starts with "replay refused: ") when they
-would hold more elements than the op's recorded outputs (`OpCall.recorded`: the shapes of
-its output rows in the values table, stored or not, `recorded_output_size`) or take more
-than `MAX_OUTPUT_BYTES` (256 MiB). Elements, not bytes, are compared with the recording so
-that a replay in a wider dtype than recorded is still run (and found not to reproduce);
-the cap is in bytes and holds for the float64 oracle run (`upcast=True`) too. When the
-sizes cannot be computed without running the op, it is not run either. (The long-double
-numpy oracle of float64 ops produces the same shape as the checked op, at twice its
-bytes; inputs are capped by the caller, 64 MB in `explain`.)
+Only ops on the allow-lists run (`TORCH_OPS`: aten names looked up as
+`torch.ops.aten.<name>.<overload>`; `JAX_PRIMITIVES`: `jax.extend.core.primitives.<name>_p`),
+with the parameters `params.py` read back. `OpCall.run` first computes the shapes of the
+outputs without running the op (torch's `meta` tensors, `jax.eval_shape`) and refuses
+(`ReplayRefused`) more elements than were recorded or more than `MAX_OUTPUT_BYTES`;
+`upcast=True` runs it in float64 / complex128, the oracle of narrower ops.
 """
 
-import ast
-import math
 import re
 
 import numpy as np
 
-from ...trace import schema
-from ...trace import values as _values
-from .convolution import TORCH_CONVS
+from ....trace import schema
+from ....trace import values as _values
+from ..convolution import TORCH_CONVS
+from .params import CannotReplay, Named, _py, parse_params
 
 MAX_OUTPUT_BYTES = 256 << 20   # what one replay run may produce, whatever was recorded
-
-
-class CannotReplay(Exception):
-    """The op cannot be rebuilt from what the trace holds (the message says why)."""
-
-
-class Named(tuple):
-    """(kind, name) of an allow-listed named constant (`torch.float32`, `dtype('float32')`,
-    `Precision.HIGHEST`, `device(type='cpu')`; for `ConvDimensionNumbers(...)` the kind
-    "conv_dims" and as name its three int tuples), distinct from a literal tuple in the params:
-    a recorded `('torch_dtype', 'float32 if ... else 0')` must stay a tuple of strings, never
-    become code in a reproducer or an attribute looked up here."""
-
-    def __new__(cls, kind, name):
-        return super().__new__(cls, (kind, name))
 
 
 class ReplayRefused(CannotReplay):
@@ -131,132 +81,8 @@ sqrt square sub tan tanh transpose reshape broadcast_in_dim squeeze rev slice co
 copy conv_general_dilated
 """.split())
 
-# named constants accepted in a params summary, mapped to what the framework needs
-_TORCH_CONSTANTS = {
-    **{n: ("torch_dtype", n) for n in (
-        "float16", "bfloat16", "float32", "float64", "complex64", "complex128", "int8", "int16",
-        "int32", "int64", "uint8", "bool", "half", "float", "double", "long", "int")},
-    **{n: ("torch_memfmt", n) for n in (
-        "contiguous_format", "preserve_format", "channels_last", "channels_last_3d")},
-}
-_NUMPY_DTYPES = {"float16", "bfloat16", "float32", "float64", "complex64", "complex128", "int8",
-                 "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool"}
-_PRECISIONS = {"DEFAULT", "HIGH", "HIGHEST"}
 _UPCAST = {"float16": "float64", "bfloat16": "float64", "float32": "float64",
            "complex64": "complex128", "half": "double", "float": "double"}
-_HIGH = {"float64", "complex128"}
-
-
-# -- the params summary -------------------------------------------------------------------
-
-def _lit(node):
-    """A literal or allow-listed constant from an ast node; raises CannotReplay."""
-    if isinstance(node, ast.Constant):
-        if node.value is Ellipsis:
-            raise CannotReplay("parameters were shortened when recorded (...)")
-        if isinstance(node.value, (int, float, complex, str, bool, type(None))):
-            return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        v = _lit(node.operand)
-        if isinstance(v, (int, float, complex)) and not isinstance(v, bool):
-            return -v if isinstance(node.op, ast.USub) else v
-    if isinstance(node, (ast.Tuple, ast.List)):
-        vals = [_lit(e) for e in node.elts]
-        return tuple(vals) if isinstance(node, ast.Tuple) else vals
-    if isinstance(node, ast.Name) and node.id in ("inf", "nan"):
-        return float(node.id)
-    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-        owner, attr = node.value.id, node.attr
-        if owner == "torch" and attr in _TORCH_CONSTANTS:
-            return Named(*_TORCH_CONSTANTS[attr])
-        if owner == "Precision" and attr in _PRECISIONS:
-            return Named("precision", attr)
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args \
-            and node.func.id == "device" and len(node.keywords) == 1 \
-            and node.keywords[0].arg == "type":
-        _lit(node.keywords[0].value)
-        return Named("device", "cpu")
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args \
-            and node.func.id == "ConvDimensionNumbers":
-        return _conv_dims(node)
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and len(node.args) == 1 \
-            and not node.keywords:
-        fn = node.func.id
-        if fn == "dtype":
-            name = _lit(node.args[0])
-            if name in _NUMPY_DTYPES:
-                return Named("np_dtype", name)
-        if fn in ("np.int64", "int64"):  # pragma: no cover - handled below
-            pass
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-            isinstance(node.func.value, ast.Name) and node.func.value.id == "np" and \
-            node.func.attr in ("int64", "int32", "float64", "float32") and \
-            len(node.args) == 1 and not node.keywords:
-        v = _lit(node.args[0])   # numpy scalar reprs: np.int64(0)
-        if isinstance(v, (int, float)):
-            return v
-    raise CannotReplay(f"parameter value {ast.unparse(node)[:60]!r} is not a plain literal")
-
-
-_CONV_SPECS = ("lhs_spec", "rhs_spec", "out_spec")
-
-
-def _conv_dims(node):
-    """`ConvDimensionNumbers(lhs_spec=(0, 3, 1, 2), rhs_spec=(..), out_spec=(..))`, each
-    spec a permutation of the same rank: Named("conv_dims", (lhs, rhs, out))."""
-    given = {kw.arg: _lit(kw.value) for kw in node.keywords}
-    specs = tuple(given.get(k) for k in _CONV_SPECS)
-    ok = set(given) == set(_CONV_SPECS) and all(
-        isinstance(sp, tuple) and all(isinstance(d, int) and not isinstance(d, bool)
-                                      for d in sp) and sorted(sp) == list(range(len(sp)))
-        for sp in specs) and len({len(sp) for sp in specs}) == 1
-    if not ok:
-        raise CannotReplay(f"parameter value {ast.unparse(node)[:60]!r} is not a convolution's "
-                           f"dimension numbers")
-    return Named("conv_dims", specs)
-
-
-# a summary written by a tracediff that cut values at 60 characters and the whole at 240
-_OLD_VALUE_CUT, _OLD_CUT = 60, 240
-_VALUE_START = re.compile(r"(?:^|, )[A-Za-z_][A-Za-z0-9_]*=")
-
-
-def _cut_in_the_middle(text):
-    """An unparseable summary that an older tracediff cut in the middle: 240 characters,
-    or a value of exactly 60."""
-    if len(text) == _OLD_CUT:
-        return True
-    found = list(_VALUE_START.finditer(text))
-    starts = {m.start() for m in found} | {len(text)}
-    return any(m.end() + _OLD_VALUE_CUT in starts for m in found)
-
-
-_POS_KEY = re.compile(r"(^|, )(\d+)=")
-_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")   # ASCII names only (`**x` has no name)
-
-
-def parse_params(text):
-    """{name: value} from a recorded params summary (`key=repr, ...`); raises
-    CannotReplay when it cannot be read back exactly."""
-    text = (text or "").strip()
-    if not text:
-        return {}
-    if text.endswith("..."):
-        raise CannotReplay("parameters were shortened when recorded (...)")
-    src = _POS_KEY.sub(lambda m: f"{m.group(1)}_pos{m.group(2)}=", text)
-    try:
-        tree = ast.parse(f"f({src})", mode="eval")
-    except SyntaxError:
-        if _cut_in_the_middle(text):
-            raise CannotReplay("parameters were shortened when recorded (cut at "
-                               f"{_OLD_VALUE_CUT} characters a value, {_OLD_CUT} in all, by an "
-                               "older tracediff)") from None
-        raise CannotReplay("parameters not recorded in a form that can rebuild the call") from None
-    call = tree.body
-    if not isinstance(call, ast.Call) or call.args or \
-            not all(kw.arg and _KEY.fullmatch(kw.arg) for kw in call.keywords):
-        raise CannotReplay("parameters not recorded in a form that can rebuild the call")
-    return {kw.arg: _lit(kw.value) for kw in call.keywords}
 
 
 # -- values -------------------------------------------------------------------------------
@@ -576,42 +402,6 @@ def x64(jax):
     return ctx(True)
 
 
-_NAMES = {"np_dtype": _NUMPY_DTYPES, "precision": _PRECISIONS,
-          "torch_dtype": {k for k, v in _TORCH_CONSTANTS.items() if v[0] == "torch_dtype"},
-          "torch_memfmt": {k for k, v in _TORCH_CONSTANTS.items() if v[0] == "torch_memfmt"}}
-
-
-def _py(v, fw):
-    """Python source of a parsed parameter value (for the generated reproducer): literals
-    as their repr, named constants only from the allow-lists above."""
-    if isinstance(v, Named):
-        kind, name = v
-        if kind == "device":
-            return "torch.device('cpu')"
-        if kind == "conv_dims" and fw == "jax":
-            lhs, rhs, out = (_py(tuple(int(d) for d in sp), fw) for sp in name)
-            return f"lax.ConvDimensionNumbers(lhs_spec={lhs}, rhs_spec={rhs}, out_spec={out})"
-        if name not in _NAMES.get(kind, ()):   # never: parse_params makes only these
-            raise CannotReplay(f"{kind} {name!r} is not an allow-listed constant")
-        if kind == "np_dtype":
-            return f"torch.{name}" if fw == "torch" else f"np.dtype({name!r})"
-        if kind == "precision":
-            return f"lax.Precision.{name}"
-        return f"torch.{name}"
-    if isinstance(v, bool) or v is None or isinstance(v, (int, str)):
-        return repr(v)
-    if isinstance(v, float):
-        return repr(v) if math.isfinite(v) else f"float({str(v)!r})"
-    if isinstance(v, complex):
-        return f"complex({_py(v.real, fw)}, {_py(v.imag, fw)})"
-    if isinstance(v, tuple):
-        return "(" + ", ".join(_py(x, fw) for x in v) + ("," if len(v) == 1 else "") + ")"
-    if isinstance(v, list):
-        return ("(" if fw == "jax" else "[") + ", ".join(_py(x, fw) for x in v) + \
-            ("," if fw == "jax" and len(v) == 1 else "") + (")" if fw == "jax" else "]")
-    raise CannotReplay(f"a {type(v).__name__} parameter cannot be written as code")
-
-
 def build_call(framework, op, params_text, n_inputs, recorded=None):
     """An `OpCall` for a recorded op, or raises CannotReplay with the reason.
     `recorded`: (elements, bytes) of its recorded outputs (`recorded_output_size`), the
@@ -650,73 +440,6 @@ def _build_call(framework, op, params_text, n_inputs):
             raise CannotReplay("jax is not installed here") from None
         return JaxCall(op, params, n_inputs)
     raise CannotReplay(f"unknown framework {framework!r}")
-
-
-# -- numpy extended-precision oracle (for float64 ops) ------------------------------------
-
-def _dot_general_np(x, y, dimension_numbers=None, **_):
-    (lc, rc), (lb, rb) = dimension_numbers
-    if lb or rb:
-        raise CannotReplay("batched dot_general has no numpy oracle")
-    return np.tensordot(x, y, axes=(tuple(lc), tuple(rc)))
-
-
-def _logistic(x, **_):
-    return 1 / (1 + np.exp(-x))
-
-
-_UNARY = {"tanh": np.tanh, "exp": np.exp, "log": np.log, "sin": np.sin, "cos": np.cos,
-          "tan": np.tan, "sqrt": np.sqrt, "expm1": np.expm1, "log1p": np.log1p, "neg": np.negative,
-          "abs": np.abs, "sinh": np.sinh, "cosh": np.cosh, "arcsinh": np.arcsinh,
-          "asinh": np.arcsinh, "atan": np.arctan, "asin": np.arcsin, "acos": np.arccos,
-          "rsqrt": lambda x: 1 / np.sqrt(x), "square": np.square, "sigmoid": None,
-          "logistic": None, "exp2": np.exp2, "reciprocal": lambda x: 1 / x}
-_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
-           "pow": np.power, "atan2": np.arctan2, "max": np.maximum, "min": np.minimum,
-           "maximum": np.maximum, "minimum": np.minimum}
-
-
-def numpy_oracle(framework, op, params, inputs):
-    """The op evaluated by numpy in long double (complex: clongdouble), or None when
-    there is no numpy equivalent here (or long double is no wider than float64)."""
-    if np.finfo(np.longdouble).nmant <= np.finfo(np.float64).nmant:
-        return None
-    name = op.split("::", 1)[-1].split(".", 1)[0] if framework == "torch" else op
-
-    def wide(x):
-        x = np.asarray(x)
-        if x.dtype.kind == "c":
-            return x.astype(np.clongdouble)
-        if x.dtype.kind == "f" or x.dtype.name == "bfloat16":
-            return x.astype(np.longdouble)
-        return x
-
-    xs = [wide(x) for x in inputs]
-    try:
-        with np.errstate(all="ignore"):
-            if name in ("logistic", "sigmoid") and len(xs) == 1:
-                return [_logistic(xs[0])]
-            if name in _UNARY and _UNARY[name] is not None and len(xs) == 1:
-                return [_UNARY[name](xs[0])]
-            if name in _BINARY and len(xs) == 2 and not params.get("alpha", 1) != 1:
-                return [_BINARY[name](xs[0], xs[1])]
-            if framework == "jax" and name == "dot_general" and len(xs) == 2:
-                return [_dot_general_np(*xs, **params)]
-            if framework == "torch" and name in ("dot", "mm", "matmul", "mv", "bmm") and len(xs) == 2:
-                return [np.matmul(xs[0], xs[1])]
-            if framework == "torch" and name == "addmm" and len(xs) == 3:
-                return [params.get("beta", 1) * xs[0] + params.get("alpha", 1) *
-                        np.matmul(xs[1], xs[2])]
-    except (CannotReplay, TypeError, ValueError):
-        return None
-    return None
-
-
-def oracle_of_kind(dtype_name):
-    """How the oracle of an op with outputs in this dtype is computed."""
-    if dtype_name in _HIGH:
-        return "longdouble"
-    return "float64"
 
 
 def kinds():
