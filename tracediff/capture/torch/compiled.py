@@ -48,8 +48,8 @@ import re
 import sys
 import threading
 
-from ..trace import schema
-from . import ImportWatcher
+from ...trace import schema
+from .. import ImportWatcher
 
 _torch = None
 

@@ -56,7 +56,7 @@ Design (see the design notes, torch-capture-notes.md, for the measurements behin
   ops that rebuild them from shared memory (`empty` + `set_`), whose outputs are stored.
 - Robustness: an exception inside the recorder stops recording (one line on stderr,
   `recording_error` in the manifest); the script's op still runs and returns normally.
-- torch.compile: recorded faithfully by `torch_compile.py` (shadow mode: the compiled
+- torch.compile: recorded faithfully by `compiled.py` (shadow mode: the compiled
   graphs run for real, their aten graphs are replayed op by op). The dispatch mode says
   `ignore_compile_internals`, so Dynamo compiles under it instead of falling back to
   eager; ops run inside a compiled call pass through unrecorded (`compiled_depth`), and
@@ -79,10 +79,11 @@ import weakref
 
 import numpy as np
 
-from . import Capture, optim_settings, torch_device
-from .budget import HEADROOM, get_limit, set_limit
-from ..trace import schema
-from ..trace.sources import LIB_SEP
+from .. import Capture, optim_settings
+from ..budget import HEADROOM, get_limit, set_limit
+from ...trace import schema
+from ...trace.sources import LIB_SEP
+from . import device
 
 SUPPORTED = "torch >= 2.1 (tested 2.13)"
 
@@ -228,7 +229,7 @@ class _OpInfo:
                         for r in sch.returns)
         # record_function brackets (profiler::) carry no numbers and an object address.
         self.skip = sch.name.startswith("profiler::")
-        self.collective = sch.name.startswith("c10d::")   # torch_collectives records these
+        self.collective = sch.name.startswith("c10d::")   # collectives.py records these
 
 
 class TorchCapture(Capture):
@@ -263,10 +264,10 @@ class TorchCapture(Capture):
 
         self.session = session
         self.writer = session.writer
-        from . import torch_stats
+        from . import stats
 
         # statistics (--level stats) with torch's own ops, on the values' device
-        self.writer.stats_reducer = torch_stats.segment_stats
+        self.writer.stats_reducer = stats.segment_stats
         self.writer.stats_backend = "torch"
         self.lock = session.lock
         tool_dirs = tuple(session.tool_dirs) + (os.path.dirname(os.path.abspath(__file__)),)
@@ -320,7 +321,7 @@ class TorchCapture(Capture):
         self._short = {}
         self._ids = {}           # interned ids: node names, (op, params, module, source)
         self._pcache = {}        # (op info, non-tensor arguments) -> params summary
-        self._device_batch = None  # accelerator values read back in batches (torch_device)
+        self._device_batch = None  # accelerator values read back in batches (device.py)
         self._cur_node = torch._C._current_autograd_node
         self._get_seq = torch.autograd._get_sequence_nr
 
@@ -340,7 +341,7 @@ class TorchCapture(Capture):
         self._is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or \
             (lambda: False)
         self.hook_optimizer(None)
-        from .torch_subclass import Subclasses
+        from .subclass import Subclasses
 
         self.subclasses = Subclasses(self, torch)
         self.mode = _make_mode(self)
@@ -355,20 +356,20 @@ class TorchCapture(Capture):
         self.mode_on = False
         self._update_window()
         self.installed = True
-        from .torch_compile import CompileRecorder
+        from .compiled import CompileRecorder
 
         self.compile = CompileRecorder(self)
         self.compile.install()
-        from .torch_collectives import Collectives
+        from .collectives import Collectives
 
         self.collectives = Collectives(self, torch)
-        from .torch_autocast import AutocastLog
+        from .autocast import AutocastLog
 
         self.autocast = AutocastLog(self, torch)
 
     def hook_optimizer(self, wrap):
         """(Re-)register the global optimizer step hooks, each passed through `wrap` when
-        given: torch_compile wraps them in `torch._dynamo.disable`, so that a compiled
+        given: compiled.py wraps them in `torch._dynamo.disable`, so that a compiled
         `opt.step()` calls them eagerly (a graph break at the step's edges) instead of
         tracing them into its graph."""
         from torch.optim.optimizer import (register_optimizer_step_post_hook,
@@ -454,7 +455,7 @@ class TorchCapture(Capture):
             return False
 
     def manifest(self):
-        from ..trace import manifest as _manifest
+        from ...trace import manifest as _manifest
 
         torch = _torch
         if torch is None:
@@ -475,7 +476,7 @@ class TorchCapture(Capture):
              "ops": getattr(self, "n_ops", 0),
              "input_snapshots": getattr(self, "n_inputs", 0),
              "producer_fallbacks": getattr(self, "n_fallback", 0),
-             "statistics": "torch ops on the value's device (capture/torch_stats.py)"}
+             "statistics": "torch ops on the value's device (capture/torch/stats.py)"}
         if getattr(self, "collectives", None) is not None:
             m["collectives"] = self.collectives.manifest()
         if getattr(self, "autocast", None) is not None:
@@ -663,10 +664,10 @@ class TorchCapture(Capture):
                 w.add_meta_value(eid, slot, dname, tuple(t.shape), role=role, name=name)
                 return
         if not t.is_cpu:
-            names = torch_device.storage_name(torch, dtype)
+            names = device.storage_name(torch, dtype)
             if names is not None:   # read back in batches, never one op at a time
                 if self._device_batch is None:
-                    self._device_batch = torch_device.DeviceBatch(w, torch)
+                    self._device_batch = device.DeviceBatch(w, torch)
                 self._device_batch.add(eid, slot, t, names[0], names[1], role, name)
                 return
             t = t.cpu()
@@ -798,7 +799,7 @@ class TorchCapture(Capture):
     # -- the op hook ----------------------------------------------------------------------
     def on_sub_op(self, func, types, args, kwargs):
         """An op with tensor-subclass arguments (`types`): a DTensor op recorded at the
-        level the user wrote it and its local ops below (capture/torch_subclass.py), any
+        level the user wrote it and its local ops below (capture/torch/subclass.py), any
         other as one op whose subclass values are metadata."""
         sub = self.subclasses
         if not self.keep_resizable and (_own_dispatch(types) or _fsdp_possible()):
@@ -889,7 +890,7 @@ class TorchCapture(Capture):
         except Exception as exc:
             self._fail(exc)
             return func(*args, **kwargs)
-        if info.collective:   # c10d: inputs before, outputs after its Work (torch_collectives)
+        if info.collective:   # c10d: inputs before, outputs after its Work (collectives.py)
             return self.collectives.run(func, args, kwargs,
                                         (info, None, node, seq_now, src, mod, refs))
         out = info.call(*args, **kwargs) if not dtensor else self.subclasses.run(func, args, kwargs)
@@ -1072,7 +1073,7 @@ class TorchCapture(Capture):
         s = ", ".join(parts)
         return s if len(s) <= _MAX_PARAMS else s[:_MAX_PARAMS - 3] + "..."
 
-    # -- emitter API (used by torch_compile for compiled calls and their replay) ------------
+    # -- emitter API (used by compiled.py for compiled calls and their replay) ------------
     def recording(self):
         """Is this thread recording now (not forked, not failed, inside the --steps window)?"""
         return (self.installed and not self.forked and not self.failed and not self.writer.closed
@@ -1344,7 +1345,7 @@ def _make_mode(capture):
         def ignore_compile_internals(cls):
             # Dynamo compiles under this mode (instead of falling back to eager) and runs
             # the compiled artifacts with it active; their ops pass through `on_op`
-            # unrecorded (compiled_depth) and torch_compile records the calls.
+            # unrecorded (compiled_depth) and compiled.py records the calls.
             return True
 
     return _TraceMode()

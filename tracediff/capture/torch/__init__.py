@@ -1,0 +1,1 @@
+"""PyTorch capture (placeholder docstring, rewritten below once the modules are split)."""
