@@ -35,7 +35,7 @@ def is_collective(func):
 
 def _one_level(xs, torch):
     """The tensors of xs, lists nested one level included: the order and slots of the
-    recorder's dataflow edges (`recorder._flat`)."""
+    recorder's dataflow edges (`dispatch._flat`)."""
     out = []
     for x in xs:
         if isinstance(x, torch.Tensor):
@@ -55,7 +55,7 @@ def _deep(xs, out, torch):
 
 
 class Collectives:
-    """The collective recorder of one `TorchCapture` (its emitter API, `recorder.py`)."""
+    """The collective recorder of one `TorchCapture` (its emitter API, `emitter.py`)."""
 
     def __init__(self, cap, torch):
         self.cap = cap
