@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import tracediff
-from tracediff.capture import jax_stats, torch_stats
+from tracediff.capture import jax_stats
+from tracediff.capture.torch import stats as torch_stats
 from tracediff.trace import schema, values
 from tracediff.trace.reader import Trace
 
@@ -189,10 +190,10 @@ def test_bad_jax_values_mode_is_refused():
 
 
 def test_device_batch_reads_values_back_as_the_host_path_stores_them(tmp_path):
-    """The accelerator path (capture/torch_device.py), run with CPU tensors: values held
+    """The accelerator path (capture/torch/device.py), run with CPU tensors: values held
     as device copies and read back at the flush get the same hashes, bytes and
     statistics as values stored at once; a later in-place write does not leak in."""
-    from tracediff.capture import torch_device
+    from tracediff.capture.torch import device as torch_device
     from tracediff.trace.writer import TraceWriter
 
     xs = [torch.randn(3, 4), torch.tensor([1.0, float("nan"), float("inf")]),

@@ -413,7 +413,7 @@ def test_forked_dataloader_workers_do_not_write(recorded):
 def test_a_recorder_failure_never_reaches_the_script(tmp_path, monkeypatch):
     """In-process: a bug in the recorder stops recording; the op still runs correctly."""
     from tracediff.capture import RecordOptions, Session
-    from tracediff.capture.torch_recorder import TorchCapture
+    from tracediff.capture.torch.recorder import TorchCapture
     from tracediff.trace.writer import TraceWriter
 
     writer = TraceWriter(tmp_path / "fail.h5", {})

@@ -1,5 +1,5 @@
 """DTensor capture on one rank, in the default suite (issue 53): FSDP2 shards recorded as
-the rank's local shard plus a `placements` row (capture/torch_subclass.py), without
+the rank's local shard plus a `placements` row (capture/torch/subclass.py), without
 torchrun. fixtures/torch_dtensor_one_rank.py runs gloo with world size 1 through a file
 store (no TCP port), a 1-device mesh, `fully_shard` on a small MLP, two Adam steps and an
 explicit functional all-gather (a result pending until its `wait_tensor`).

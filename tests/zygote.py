@@ -50,7 +50,7 @@ def _preload(frameworks):
     # a TorchDispatchMode's __torch_dispatch__ in `_disable_dynamo`, which imports Dynamo
     # on its first call), and so does a plain run at its first optimizer step; importing
     # it earlier changes nothing a child computes or records
-    mods = {"torch": ["torch", "torch._dynamo", "tracediff.capture.torch_recorder"],
+    mods = {"torch": ["torch", "torch._dynamo", "tracediff.capture.torch.recorder"],
             "jax": ["jax", "jax.numpy", "tracediff.capture.jax_recorder"]}
     for fw in frameworks:
         for mod in mods[fw]:

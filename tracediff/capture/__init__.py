@@ -444,7 +444,7 @@ class ImportWatcher(importlib.abc.MetaPathFinder):
 # has imported it: a torch-only script never pays for importing JAX, and vice versa.
 RECORDERS = {
     "jax": ("jax", "tracediff.capture.jax_recorder", "JaxCapture"),
-    "torch": ("torch", "tracediff.capture.torch_recorder", "TorchCapture"),
+    "torch": ("torch", "tracediff.capture.torch.recorder", "TorchCapture"),
 }
 
 

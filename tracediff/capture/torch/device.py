@@ -4,7 +4,7 @@ Reading a CUDA tensor's bytes one op at a time (`t.cpu()`) stalls the GPU stream
 every op. Instead each value is cloned on its device (an async device-side copy: the
 program may overwrite the original in place later) and its values row is reserved in the
 writer; at the next flush (or past a byte budget) the batch is concatenated per device
-and dtype, its statistics are computed there by torch ops (capture/torch_stats.py), and
+and dtype, its statistics are computed there by torch ops (capture/torch/stats.py), and
 the bytes come to the host in one transfer per group, into pinned memory with
 `non_blocking=True` and one synchronisation. The host then hashes each value (xxh3_64 of
 the exact bytes, as for CPU values) and stores its bytes (full level) or its statistics
@@ -14,7 +14,7 @@ with CPU tensors (tests/test_fast_capture.py). docs/accelerators.md says what re
 
 import numpy as np
 
-from ..trace import values
+from ...trace import values
 
 BUDGET_BYTES = 256 << 20   # device bytes held before the batch is read back
 
@@ -75,7 +75,7 @@ class DeviceBatch:
 
 
 def torch_stats_batch(flat, starts, counts):
-    from .torch_stats import tensor_segment_stats
+    from .stats import tensor_segment_stats
 
     return tensor_segment_stats(flat, starts, counts)
 

@@ -18,7 +18,7 @@ tests compare the two on the same recorded values):
 
 import numpy as np
 
-from ..trace import values
+from ...trace import values
 
 _torch = None
 

@@ -23,7 +23,7 @@ by DTensor and FSDP2) are recorded as ordinary ops: their result is only defined
 `wait_tensor`, which is recorded as its own op with the reduced value.
 """
 
-from ..trace import schema
+from ...trace import schema
 
 NAMESPACE = "c10d"
 
@@ -35,7 +35,7 @@ def is_collective(func):
 
 def _one_level(xs, torch):
     """The tensors of xs, lists nested one level included: the order and slots of the
-    recorder's dataflow edges (`torch_recorder._flat`)."""
+    recorder's dataflow edges (`dispatch._flat`)."""
     out = []
     for x in xs:
         if isinstance(x, torch.Tensor):
@@ -55,7 +55,7 @@ def _deep(xs, out, torch):
 
 
 class Collectives:
-    """The collective recorder of one `TorchCapture` (its emitter API, `torch_recorder.py`)."""
+    """The collective recorder of one `TorchCapture` (its emitter API, `emitter.py`)."""
 
     def __init__(self, cap, torch):
         self.cap = cap

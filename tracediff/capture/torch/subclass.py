@@ -24,7 +24,7 @@ by type in the manifest (`frameworks.torch.subclasses.unreadable_values`); `reco
 warns and `info` says so. Capture goes on.
 """
 
-from ..trace import schema
+from ...trace import schema
 
 _MAX_TYPES = 20
 
