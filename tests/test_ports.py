@@ -72,7 +72,7 @@ JOBS = [
 ]
 BATCH = r"""
 import json, runpy, sys
-from tracediff.runner import record_script
+from tracediff.runner.script import record_script
 for job in json.loads(sys.argv[2]):
     if job["perturb"]:
         runpy.run_path(job["perturb"] + "/sitecustomize.py")

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 import tracediff
 from tracediff.cli import main as cli_main
 from tracediff.errors import TraceError
-from tracediff.runner import distributed_rank, output_path_for
+from tracediff.runner.output import distributed_rank, output_path_for
 
 from .helpers import (FIXTURES, ROOT, check_values as _check_values, record, run_cli, run_plain,
                       script_env as _env)
@@ -267,7 +267,7 @@ WAKEUP_SCRIPT = """
 
 WAKEUP_CALLER = """
     import os, runpy, signal, socket, sys
-    from tracediff.runner import record_script
+    from tracediff.runner.script import record_script
     script, out, how, caller = sys.argv[1:]
     if caller == "caller":
         r, w = socket.socketpair()

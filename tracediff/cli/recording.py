@@ -123,7 +123,8 @@ def record(output, loops, frameworks, level, steps, ops, modules, max_bytes, pro
       tracediff record --probe '^train_step$' --steps 31:32 -o a31p.h5 train.py
     """
     from ..capture import RecordOptions
-    from ..runner import output_path_for, record_script
+    from ..runner.output import output_path_for
+    from ..runner.script import record_script
 
     if not os.path.isfile(script):
         raise TraceError(f"{script}: no such script (give the path of a Python file: "
@@ -144,7 +145,7 @@ def record(output, loops, frameworks, level, steps, ops, modules, max_bytes, pro
         extra += _bytes_per_step(at)
     click.echo(f"tracediff: trace written to {written}{extra}", err=True)
     if code < 0:   # the plain script dies by this signal: so does record, trace written
-        from ..runner import exit_by_signal
+        from ..runner.signals import exit_by_signal
 
         exit_by_signal(-code)
     sys.exit(code)
@@ -195,7 +196,7 @@ def check(golden, script, args, rtol, atol, output, update, report_path, force, 
     import tempfile
 
     from ..capture import RecordOptions
-    from ..runner import record_script
+    from ..runner.script import record_script
 
     if verbose and quiet:
         raise click.UsageError("--verbose and --quiet contradict each other; pick one")
