@@ -598,7 +598,7 @@ MOVING = """
 def test_a_relative_output_stays_where_record_started_when_the_script_chdirs(tmp_path):
     """`-o t.h5` is fixed at start: the close-time rewrite never replaces the t.h5 of the
     folder the script moved to, and the size printed is the real trace's."""
-    from tracediff.report.common import fmt_bytes
+    from tracediff.report.numbers import fmt_bytes
 
     script = _script(tmp_path, "moving.py", MOVING)
     start, elsewhere = tmp_path / "start", tmp_path / "elsewhere"

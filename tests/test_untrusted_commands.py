@@ -25,7 +25,7 @@ import tracediff
 from tracediff.cli import main
 from tracediff.diff.compare import levels
 from tracediff.diff.explain import replay
-from tracediff.report.common import report_context
+from tracediff.report.context import report_context
 from tracediff.report.json_report import next_steps
 
 from .conftest import BROKEN_DOT

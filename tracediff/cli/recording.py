@@ -8,7 +8,7 @@ import sys
 import click
 
 from ..errors import TraceError
-from ..report.common import fmt_bytes
+from ..report.numbers import fmt_bytes
 from ..shell import command
 from .reports import report_format, write_report
 from .shared import CONTEXT, guard, print_result, tolerance_options

@@ -10,7 +10,7 @@ import os
 import click
 
 from ..errors import TraceError
-from ..report.common import fmt_bytes
+from ..report.numbers import fmt_bytes
 from ..shell import command
 from ..untrusted import printable
 from .shared import (CONTEXT, guard, need_trace, source_dir_option, tolerance_options,
@@ -169,7 +169,7 @@ def write_report(trace_a, trace_b, output, fmt=None, rtol=None, atol=None, map_f
     Code context is what trace a recorded (or read from `source_dir`, see --source-dir).
     `output` is never written through a symbolic link; `force` replaces the link."""
     from ..outfile import check_link, open_output
-    from ..report.common import report_context
+    from ..report.context import report_context
 
     fmt = report_format(output, fmt)
     if output != "-":

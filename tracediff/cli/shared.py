@@ -101,7 +101,7 @@ def tolerance_options(fn):
 
 def source_dir_option(fn):
     """--source-dir: the only way a local source file is read (the trace's recorded lines
-    are shown otherwise); see report/common.py `source_context`."""
+    are shown otherwise); see report/source_context.py."""
     return click.option(
         "--source-dir", type=click.Path(exists=True, file_okay=False), default=None,
         metavar="DIR",
