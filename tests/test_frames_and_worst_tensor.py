@@ -61,7 +61,7 @@ def test_reports_show_the_worst_tensor_relative_l2(gru_steps):
 
     _, _, r = gru_steps
     s0 = next(s for s in r.optimizer_steps if not s.bitwise_equal)
-    from tracediff.report.common import fmt
+    from tracediff.report.numbers import fmt
 
     md = markdown.render(r)
     assert "worst parameter (relative L2)" in md
@@ -165,7 +165,7 @@ def test_report_code_context_is_the_user_line_from_the_trace_or_source_dir(gru_s
     """The culprit ran inside torch.optim (adam.py ← the script's opt.step()): the code
     shown is the user's line, from the trace, and from --source-dir when asked."""
     from tracediff.report import markdown
-    from tracediff.report.common import report_context
+    from tracediff.report.context import report_context
 
     _, _, r = gru_steps
     f = r.first_beyond_tolerance

@@ -74,7 +74,7 @@ def test_within_a_category_the_numerically_relevant_keys_come_first(dot):
 def test_headline_shows_the_values_and_the_report_reproduces_the_cause(dot):
     from rich.console import Console
 
-    from tracediff.report.common import report_context
+    from tracediff.report.context import report_context
     from tracediff.report.terminal import print_locate
 
     a, b, r = dot

@@ -32,7 +32,7 @@ JOBS = {"ok": (), "b2": ("--flax-b2", "0.95"), "eps": ("--flax-eps", "1e-3"),
         "hyper_b2": ("--hyperparams", "--flax-b2", "0.95")}
 BATCH = r"""
 import json, sys
-from tracediff.runner import record_script
+from tracediff.runner.script import record_script
 
 for name, args in json.loads(sys.argv[3]).items():
     rc = record_script(sys.argv[2], args, sys.argv[1] + "/" + name + ".h5", frameworks=("jax", "torch"))

@@ -72,7 +72,7 @@ JOBS = [
 ]
 BATCH = r"""
 import json, runpy, sys
-from tracediff.runner import record_script
+from tracediff.runner.script import record_script
 for job in json.loads(sys.argv[2]):
     if job["perturb"]:
         runpy.run_path(job["perturb"] + "/sitecustomize.py")
@@ -413,7 +413,7 @@ def test_adamw_square_layer_and_decay_mask_by_role(traces):
     assert set(p.decay_parameters) == {n for s, n, b in truth if s == step and b}
     assert "a (jax) applies" in p.note and "its biases" in p.note
     from tracediff.report import html, markdown
-    from tracediff.report.common import report_context
+    from tracediff.report.context import report_context
 
     ctx = report_context(r)
     for text in (markdown.render(r, ctx), html.render(r, ctx)):   # every renderer names it

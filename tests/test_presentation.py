@@ -16,7 +16,7 @@ from tracediff.diff.profile import event_profile
 from tracediff.diff.result import FromOracle, Oracle, ReplayRun, SideReplay
 from tracediff.report import html as html_report
 from tracediff.report import markdown
-from tracediff.report.common import report_context
+from tracediff.report.context import report_context
 from tracediff.report.explain_terminal import print_analysis
 from tracediff.report.terminal import print_locate
 from tracediff.trace import schema

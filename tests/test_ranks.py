@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import tracediff
-from tracediff.runner import output_path_for
+from tracediff.runner.output import output_path_for
 from tracediff.trace import schema
 
 from .helpers import (FIXTURES, ROOT, fixture_line, require_loopback, run_cli, script_env,

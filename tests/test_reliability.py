@@ -22,7 +22,7 @@ from click.testing import CliRunner
 import tracediff
 from tracediff.cli import main as cli_main
 from tracediff.errors import TraceError
-from tracediff.runner import distributed_rank, output_path_for
+from tracediff.runner.output import distributed_rank, output_path_for
 
 from .helpers import (FIXTURES, ROOT, check_values as _check_values, record, run_cli, run_plain,
                       script_env as _env)
@@ -267,7 +267,7 @@ WAKEUP_SCRIPT = """
 
 WAKEUP_CALLER = """
     import os, runpy, signal, socket, sys
-    from tracediff.runner import record_script
+    from tracediff.runner.script import record_script
     script, out, how, caller = sys.argv[1:]
     if caller == "caller":
         r, w = socket.socketpair()
@@ -599,7 +599,7 @@ MOVING = """
 def test_a_relative_output_stays_where_record_started_when_the_script_chdirs(tmp_path):
     """`-o t.h5` is fixed at start: the close-time rewrite never replaces the t.h5 of the
     folder the script moved to, and the size printed is the real trace's."""
-    from tracediff.report.common import fmt_bytes
+    from tracediff.report.numbers import fmt_bytes
 
     script = _script(tmp_path, "moving.py", MOVING)
     start, elsewhere = tmp_path / "start", tmp_path / "elsewhere"

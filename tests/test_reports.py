@@ -17,8 +17,11 @@ from tracediff.diff.profile import event_profile, locate_with_profile
 from tracediff.diff.result import EventRef, Finding, Gap, Hop, LocateResult, Metrics, Replay
 from tracediff.report import html as html_report
 from tracediff.report import markdown
-from tracediff.report.common import fmt_bytes, md_text, report_context, source_context
+from tracediff.report.context import report_context
+from tracediff.report.numbers import fmt_bytes
+from tracediff.report.source_context import source_context
 from tracediff.trace.reader import Trace
+from tracediff.untrusted import md_text
 
 from . import synth
 from .conftest import GRU_STEPS
@@ -411,7 +414,7 @@ def test_an_insufficient_coverage_names_even_a_one_op_unpaired_region(inserted, 
     """a kept as metadata only (nothing can be compared) against b with its one extra
     multiply: the coverage is below the bar, so its lines name every unpaired region, the
     one-op one too (a sufficient coverage names only regions of more than one)."""
-    from tracediff.report.common import coverage_lines
+    from tracediff.report.analysis_lines import coverage_lines
 
     from .helpers import metadata_only_copy
 

@@ -23,7 +23,7 @@ from tracediff.diff.result import (Analysis, EventRef, Finding, Gap, Hop, Locate
                                    Replay)
 from tracediff.report import html as html_report
 from tracediff.report import markdown
-from tracediff.report.common import report_context
+from tracediff.report.context import report_context
 from tracediff.report.explain_terminal import print_analysis
 from tracediff.report.json_report import analysis_json, build
 from tracediff.report.terminal import print_locate

@@ -24,7 +24,7 @@ import tracediff
 from tracediff.diff.locate import locate
 from tracediff.report import html as html_report
 from tracediff.report import markdown
-from tracediff.report.common import report_context
+from tracediff.report.context import report_context
 from tracediff.report.json_report import build
 from tracediff.report.terminal import print_locate
 

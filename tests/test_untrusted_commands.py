@@ -26,7 +26,7 @@ from tracediff.cli import main
 from tracediff.diff.compare import levels
 from tracediff.diff.explain.replay.calls import build_call
 from tracediff.diff.explain.replay.params import CannotReplay, _py
-from tracediff.report.common import report_context
+from tracediff.report.context import report_context
 from tracediff.report.json_report import next_steps
 
 from .conftest import BROKEN_DOT

@@ -45,7 +45,7 @@ def _preload(frameworks):
     import numpy  # noqa: F401
 
     import tracediff.cli  # noqa: F401
-    import tracediff.runner  # noqa: F401
+    import tracediff.runner.script  # noqa: F401
     # torch._dynamo too (~2.5 CPU-s): a recording imports it at its first op (torch wraps
     # a TorchDispatchMode's __torch_dispatch__ in `_disable_dynamo`, which imports Dynamo
     # on its first call), and so does a plain run at its first optimizer step; importing

@@ -13,7 +13,7 @@
     print(result.verdict, tracediff.to_json(result)["first_beyond_tolerance"])
 
 The block is recorded with the same captures and trace writer as `tracediff record`
-(`runner.Recording`): frameworks already imported are captured at once, frameworks
+(`runner.recording.Recording`): frameworks already imported are captured at once, frameworks
 imported inside the block when they are imported, and everything is uninstalled when
 the block ends, so successive blocks work. The manifest says
 `recording.tool = "tracediff.record()"`; an exception in the block is recorded as the
@@ -65,7 +65,7 @@ class record:
         self._rec = None
 
     def _start(self, caller_file):
-        from .runner import Recording
+        from .runner.recording import Recording
 
         if self._rec is not None:
             raise RuntimeError("tracediff.record(): this block is already recording "
@@ -88,7 +88,7 @@ class record:
         if exc_type is None:
             end = {"status": "completed", "exit_code": 0}
         elif issubclass(exc_type, SystemExit):
-            from .runner import exit_status
+            from .runner.signals import exit_status
 
             end = {"status": "sys.exit", "exit_code": exit_status(exc.code)}
         elif issubclass(exc_type, KeyboardInterrupt):

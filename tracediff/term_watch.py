@@ -38,7 +38,7 @@ import threading
 from .trace.writer import installed_handler, release_descriptor, reserve_descriptor
 
 GRACE = 2.0                 # seconds the main thread has to take SIGTERM itself
-taken = threading.Event()   # set by the Python-level SIGTERM handler (runner._on_sigterm)
+taken = threading.Event()   # set by the Python-level SIGTERM handler (runner.signals.on_sigterm)
 _active = []                # the wakeup fd a TermWatch set, while it is set
 _real_set_wakeup_fd = signal.set_wakeup_fd
 # the signals whose arrival the trace's end records when the script's own handler took them
@@ -49,9 +49,9 @@ ENDING = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQ
 class TermWatch:
     """Context manager around the script's run (main thread only; see the module
     docstring). `stop(end)` closes the trace from the watch thread and flushes the
-    standard streams, never raising (runner._ProcessEnds.stop); `exit_by_signal(signum,
-    finalize)` ends the process by that signal from any thread (runner.exit_by_signal);
-    `handler` is tracediff's own SIGTERM handler (runner._on_sigterm); `received` gets
+    standard streams, never raising (runner.closing.ProcessEnds.stop); `exit_by_signal(signum,
+    finalize)` ends the process by that signal from any thread (runner.signals.exit_by_signal);
+    `handler` is tracediff's own SIGTERM handler (runner.signals.on_sigterm); `received` gets
     the names of the signals the script's own handlers took."""
 
     def __init__(self, stop, exit_by_signal, handler, received=None):

@@ -17,8 +17,9 @@ from ..diff.explain.chain import collapse
 from ..diff.result import Analysis, Gap
 from ..diff.explain.verdict import fmt, ulp_text
 from ..untrusted import markup
-from .common import (coverage_text, inputs_words, site, sources_lines, typed, ulp_cell,
-                     worst_detail)
+from .analysis_lines import coverage_text, sources_lines
+from .findings import inputs_words, site, typed
+from .numbers import ulp_cell, worst_detail
 
 
 def print_analysis(an: Optional[Analysis], console: Optional[Console] = None) -> None:

@@ -7,7 +7,8 @@ difference marked, and the same per optimizer step. Tables (environment, optimiz
 steps, differing events) can be searched with a few lines of vanilla JavaScript.
 
 Every string from a trace goes through `e` (HTML-escaped, control characters shown as
-text) or `code`; the shared helpers of `common` get these as their renderers.
+text) or `code`; the shared helpers (findings.py, analysis_lines.py) get these as their
+renderers.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ import numpy as np
 from .._version import __version__
 from ..diff.result import Finding, LocateResult
 from ..untrusted import printable
-from .common import (GITHUB_ATTACH_LIMIT, MATCHES, NO_LINES, RECORDED, ReportContext,
-                     chain_items, coverage_lines, culprit, event_label, explain_parts, finding_rows,
-                     first_parameter_text, fmt,
-                     fmt_bytes, fmt_pct, sources_lines, summary, typed, ulp_cell,
-                     worst_detail)
+from .analysis_lines import chain_items, coverage_lines, explain_parts, sources_lines
+from .context import GITHUB_ATTACH_LIMIT, ReportContext
+from .findings import culprit, event_label, finding_rows, first_parameter_text, summary, typed
+from .numbers import fmt, fmt_bytes, fmt_pct, ulp_cell, worst_detail
+from .source_context import MATCHES, NO_LINES, RECORDED
 
 MAX_POINTS = 2500          # wider runs are binned (max per bin) to keep the page small
 MAX_EVENT_ROWS = 500
@@ -311,7 +312,7 @@ def _finding(f: Finding, title, src=None):
 
 
 def _source(src):
-    """The culprit's code context (`common.source_context`), from the trace's lines."""
+    """The culprit's code context (`source_context.source_context`), from the trace's lines."""
     note = src.get("note")
     if not src.get("found"):
         return (f'<p class="muted">source {e(printable(src["file"], 300))}:{src["line"]} '
@@ -347,7 +348,7 @@ def _events_rows(profile, result, limit=MAX_EVENT_ROWS):
 
 
 def render(result: LocateResult, ctx: Optional[ReportContext] = None, profile=None) -> str:
-    """HTML text of a `LocateResult`, its `common.report_context` and the event profile
+    """HTML text of a `LocateResult`, its `context.report_context` and the event profile
     (`profile.event_profile`) of its traces; without a context or a profile, the page has
     no code lines, reproduction commands or trace files, or no plot of the run."""
     typed(result, LocateResult)

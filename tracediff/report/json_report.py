@@ -48,7 +48,7 @@ from .._version import __version__
 from ..diff.compare.levels import zoom_lines
 from ..diff.result import Analysis, Gap, LocateResult, RanksResult, ReplicasResult
 from ..shell import command, comment, with_comment
-from .common import typed
+from .findings import typed
 
 EVENT_FIELDS = ("index", "op", "name_stack", "source", "step", "kind", "framework", "phase",
                 "origin", "node", "call", "shapes", "dtypes", "rank")

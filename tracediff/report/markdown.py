@@ -22,11 +22,11 @@ from typing import Optional
 from .._version import __version__
 from ..diff.result import Finding, LocateResult
 from ..untrusted import md_code, md_text, printable
-from .common import (GITHUB_ATTACH_LIMIT, MATCHES, NO_LINES, RECORDED, ReportContext,
-                     chain_items, coverage_lines, culprit, event_label, explain_parts, finding_rows,
-                     first_parameter_text, fmt,
-                     fmt_bytes, fmt_pct, sources_lines, summary, typed, ulp_cell,
-                     worst_detail)
+from .analysis_lines import chain_items, coverage_lines, explain_parts, sources_lines
+from .context import GITHUB_ATTACH_LIMIT, ReportContext
+from .findings import culprit, event_label, finding_rows, first_parameter_text, summary, typed
+from .numbers import fmt, fmt_bytes, fmt_pct, ulp_cell, worst_detail
+from .source_context import MATCHES, NO_LINES, RECORDED
 from .json_report import MAX_VALUES
 
 MAX_STEP_ROWS = 30
@@ -111,7 +111,7 @@ def _finding(lines, f: Finding, title, ctx_source=None):
 
 
 def _source(lines, src):
-    """The culprit's code context (`common.source_context`): the trace's lines in a fenced
+    """The culprit's code context (`source_context.source_context`): the trace's lines in a fenced
     block (each line printable, the fence longer than any backtick run in them)."""
     note = src.get("note")
     if not src.get("found"):
@@ -151,7 +151,7 @@ def _chain(lines, chain):
 
 
 def render(result: LocateResult, ctx: Optional[ReportContext] = None) -> str:
-    """Markdown text of a `LocateResult` and its `common.report_context` (without one, no
+    """Markdown text of a `LocateResult` and its `context.report_context` (without one, no
     code lines, reproduction commands or trace files)."""
     typed(result, LocateResult)
     typed(ctx, ReportContext, optional=True)

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from ..diff.result import RanksResult, ReplicasResult
 from ..untrusted import markup
-from .common import typed
+from .findings import typed
 
 
 def _console(console):

@@ -21,7 +21,9 @@ from rich.console import Console
 
 from ..diff.result import Finding, Gap, LocateResult
 from ..untrusted import markup
-from .common import args_text, coverage_lines, inputs_words, site, sources_lines, typed, ulp_cell
+from .analysis_lines import coverage_lines, sources_lines
+from .findings import args_text, inputs_words, site, typed
+from .numbers import ulp_cell
 from .json_report import next_steps
 
 MAX_ENV = 15
@@ -149,10 +151,10 @@ def _finding(console, title, f: Finding, verbose=False, context=None):
 
 
 def _code(console, ctx):
-    """The lines trace a recorded around the source (`common.source_context`)."""
+    """The lines trace a recorded around the source (`source_context.source_context`)."""
     if ctx is None:
         return
-    from .common import NO_LINES
+    from .source_context import NO_LINES
 
     for no, text in ctx["lines"]:
         mark = "[bold red]>[/]" if no == ctx["line"] else " "
@@ -331,7 +333,7 @@ def _fmt_env(v):
 
 def _source_context(path, source, source_dir=None):
     from ..trace.reader import Trace
-    from .common import source_context
+    from .source_context import source_context
 
     try:
         with Trace(path) as t:

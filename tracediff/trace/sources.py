@@ -7,7 +7,7 @@ the machine of whoever opens the report, and a trace is untrusted: a source of
 distinct `file:LINE` string, when the writer first interns it) and the sha256 of each
 file it read, in the trace's `sources` table; reports show those. A local file is read
 only on request (`--source-dir`), and then only through `read_regular` and only when its
-sha256 matches the recorded one (report/common.py).
+sha256 matches the recorded one (report/source_context.py).
 """
 
 import hashlib
