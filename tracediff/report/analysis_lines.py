@@ -138,8 +138,10 @@ def sources_lines(srcs, limit=None, details=False) -> list:
     if more > 0:
         out.append(f"  ... {more} more (tracediff explain lists every source)")
     if len(srcs.sources) > 1:
-        out.append("  shares estimate what each source adds where it acts, not how much the "
-                   "program amplifies it afterwards: the counterfactual run measures that")
+        out.append(("  the initialiser's share is followed to the final parameters; the other "
+                    "shares estimate" if srcs.initialiser_followed else "  shares estimate") +
+                   " what each source adds where it acts, not how much the program amplifies "
+                   "it afterwards: the counterfactual run measures that")
     if srcs.not_judged:
         out.append("  shares are of the measured sources; not measured: " +
                    "; ".join(f"{op} x{n} ({why})" for op, n, why in srcs.not_judged[:4]) +

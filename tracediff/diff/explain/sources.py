@@ -114,7 +114,7 @@ def find(d, result) -> Sources:
         cl.name_mechanism(d, explain=i < MAX_EXPLAINED)
     out.sources, estimator = _group(d, result, found)
     if estimator:
-        out.estimator = estimator
+        out.estimator, out.initialiser_followed = estimator, True
     out.bound = not full
     if not full:
         out.note = ("stats-level traces hold hashes and statistics, not values: only ops "

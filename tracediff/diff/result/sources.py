@@ -56,4 +56,7 @@ class Sources(_ByKey):
     estimator: str = ("share = the relative difference each source adds where it acts "
                       "(||added|| / ||output||, L2), summed over its events (the initialiser: "
                       "its initial values as a whole), over the total")
+    # the initialiser's share followed to the final parameters (optax runs with bytes):
+    # the other shares are still estimated where their sources act
+    initialiser_followed: bool = False
     note: str = ""
