@@ -126,7 +126,7 @@ def test_replay_fidelity_is_measured_over_every_element():
     """The manifest's max relative difference between replayed and compiled outputs: the
     recorder compares only the elements that differ, in float64; the truth here is one
     complex128 pass over whole arrays (numpy), with NaN, inf, -0.0 and complex values."""
-    from tracediff.capture.jax_recorder import _max_rel_difference
+    from tracediff.capture.jax.recorder import _max_rel_difference
     from tracediff.trace.values import same_bytes as _same_bytes
 
     def truth(r, c):
@@ -291,7 +291,7 @@ def test_a_params_summary_never_cuts_a_value_in_the_middle():
     import jax.numpy as jnp
     from jax import lax
 
-    from tracediff.capture.jax_recorder import _summarize_params
+    from tracediff.capture.jax.recorder import _summarize_params
     from tracediff.diff.explain import replay
 
     def conv(x, w):

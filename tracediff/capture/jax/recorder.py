@@ -9,11 +9,11 @@ rewrites, e.g. `x / s` into `x * (1/s)`), so each event says where its values co
 from (`origin`: compiled, replay, eager); the script's own results stay bitwise
 identical to an unrecorded run because nothing replayed is ever returned to it.
 
-Hooks (private, see jax_internals): `pjit._pjit_call_impl_python` sees every concrete
+Hooks (private, see internals.py): `pjit._pjit_call_impl_python` sees every concrete
 jit call; `EvalTrace.process_primitive` sees eager primitives; `_get_fastpath_data`
 returns None for intercepted calls so C++ dispatch does not hide calls 2..N.
 
-Emitter API (public methods, used by jax_probe and optax_tags as by the recorder itself):
+Emitter API (public methods, used by probe.py and optax_tags as by the recorder itself):
 `site(eqn)` (cached per-equation metadata), `bind(eqn, vals)` (run one equation),
 `producer(x)` (the event that made an array), `eqn_event(...)` (write one equation's
 event and input links), `store(eid, slot, x)` (write a value), `flush_optim()` (write
@@ -29,9 +29,10 @@ import weakref
 
 import numpy as np
 
-from ..trace import schema, values
-from . import (Capture, ImportWatcher, jax_devices, jax_digest, jax_fastjit, jax_host,
-               jax_internals, jax_probe, nnx_paths, optax_tags, optim_settings)
+from ...trace import schema, values
+from .. import Capture, ImportWatcher, optim_settings
+from . import device_digests, devices, fastjit, host_replay, internals, nnx_paths, optax_tags
+from .probe import Prober
 from .optax_tags import OPTAX_TAG
 
 _CALL_PRIMS = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
@@ -116,7 +117,7 @@ class _Site:
         prim = eqn.primitive.name
         # nested jits are named like top-level calls: `jit:_normal_real`, whatever the
         # primitive is called in this JAX version (`pjit` before 0.7)
-        self.op = f"jit:{eqn.params.get('name', '?')}" if prim in jax_internals.JIT_NAMES else prim
+        self.op = f"jit:{eqn.params.get('name', '?')}" if prim in internals.JIT_NAMES else prim
         self.params = _summarize_params(eqn.params, prim)
         self.name_stack = str(eqn.source_info.name_stack)
         tb = eqn.source_info.traceback
@@ -155,14 +156,14 @@ class _Site:
         elif prim in _LOOP_PRIMS:
             self.mode = prim
         elif prim == "shard_map" and "mesh" in p and "jaxpr" in p and "in_specs" in p:
-            self.mode = "shard_map"   # replayed per device (jax_devices.BodyReplay)
+            self.mode = "shard_map"   # replayed per device (devices.BodyReplay)
         if eqn.effects and not eqn.outvars:
             self.mode = "skip"  # debug prints and other output-less effects: never run twice
 
 
 def _jaxpr_has_tag(jaxpr, depth):
     """True when a jaxpr (or one nested in its equations' params) tags optax values."""
-    return jax_internals.any_equation(
+    return internals.any_equation(
         jaxpr, lambda e: e.primitive.name == "name" and
         str(e.params.get("name", "")).startswith(OPTAX_TAG), False, depth)
     for eqn in getattr(jaxpr, "eqns", ()):
@@ -195,7 +196,7 @@ class _LightPlan:
         names = arg_names(closed, len(ins))
         self.in_rows = [writer.meta_row(slot, str(a.dtype), a.shape, schema.ROLE_IN,
                                         names[slot]) for slot, a in enumerate(ins)]
-        if digests is None or not all(jax_digest.dtype_ok(a.dtype) for a in outs):
+        if digests is None or not all(device_digests.dtype_ok(a.dtype) for a in outs):
             return
         names = result_names(closed, len(outs))
         made = [digests.ids_of(a) for a in outs]
@@ -226,11 +227,11 @@ class JaxCapture(Capture):
         self._cur_device = None   # the one device of the call being replayed, if any
         self._mesh_calls = {}     # id(jaxpr) -> (jaxpr, holds a shard_map)
         self._dtype_names = {}    # dtype -> str(dtype)
-        self.fast_calls = 0       # calls recorded around JAX's fast path (jax_fastjit)
+        self.fast_calls = 0       # calls recorded around JAX's fast path (fastjit)
 
     # -- install -----------------------------------------------------------------------------
     def install(self, session):
-        core, pjit, siu = jax_internals.check()   # raises UnsupportedJax
+        core, pjit, siu = internals.check()   # raises UnsupportedJax
         import jax
 
         self.session, self._core, self._pjit, self._siu = session, core, pjit, siu
@@ -244,22 +245,24 @@ class JaxCapture(Capture):
         self._optax_calls = {}      # id(jaxpr) -> (jaxpr, contains optax tags)
         self._light_plans = {}      # id(jaxpr) -> _LightPlan
         probe = getattr(self.opts, "probe", None)
-        self.prober = jax_probe.Prober(self, probe) if probe and not self.calls_only else None
-        # per-device capture (jax_devices): shards/replicas of global arrays, shard_map and
+        self.prober = Prober(self, probe) if probe and not self.calls_only else None
+        # per-device capture (devices): shards/replicas of global arrays, shard_map and
         # pmap bodies replayed per device; `RecordOptions(devices=False)` turns it off
         self.per_device = bool(getattr(self.opts, "devices", True))
-        self.bodies = jax_devices.BodyReplay(self)
+        self.bodies = devices.BodyReplay(self)
         # `--jax-values compiled`: each call's equation values come from its jaxpr compiled
         # once (cached per jaxpr) with every equation's outputs as extra outputs, instead of
         # the op-by-op replay; calls matched by --probe keep the replay (and their probe)
         # `auto` (the default) is decided per backend at the first recorded call or
         # primitive (`_decide`: the script may still choose its platform after importing
-        # jax), as is the trace's hash and hashing on the device (jax_digest)
+        # jax), as is the trace's hash and hashing on the device (device_digests)
         self.digests = self.values_prober = None
         self.values_mode = getattr(self.opts, "jax_values", "auto")
-        self.host = jax_host.HostReplay(False)
+        self.host = host_replay.HostReplay(False)
         self._decided = False
-        siu.register_exclusion(os.path.dirname(os.path.abspath(__file__)))
+        # capture/ as a whole (this package and the modules it shares with torch's) is
+        # tracediff's own code, never an equation's user frame
+        siu.register_exclusion(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         import jaxlib
 
         session.site_skip = tuple(os.path.dirname(m.__file__) + os.sep for m in (jax, jaxlib))
@@ -268,9 +271,9 @@ class JaxCapture(Capture):
         pjit._pjit_call_impl_python = self._impl_hook
         pjit._get_fastpath_data = self._fast_hook
         core.EvalTrace.process_primitive = self._make_pp_hook()
-        if self.calls_only and jax_fastjit.enabled():   # the script's jits keep the fast path
+        if self.calls_only and fastjit.enabled():   # the script's jits keep the fast path
             self._orig["jit"] = jax.jit
-            jax.jit = jax_fastjit.patched_jit(self, jax.jit)
+            jax.jit = fastjit.patched_jit(self, jax.jit)
         jax.clear_caches()
         self._optax = ImportWatcher({"optax": self._patch_optax, "flax.nnx": self._patch_nnx})
         self._optax.install()
@@ -283,11 +286,11 @@ class JaxCapture(Capture):
         import jax
 
         accelerator = jax.default_backend() != "cpu"
-        self.host.accelerator = jax_host.applies(accelerator)
+        self.host.accelerator = host_replay.applies(accelerator)
         self._choose_hash(self.session.writer)
         if self.values_mode == "auto":   # the faithful fast default of this backend
             self.values_mode = "compiled" if accelerator else "replay"
-        self.values_prober = jax_probe.Prober(self, ".*", values_mode=True) \
+        self.values_prober = Prober(self, ".*", values_mode=True) \
             if self.values_mode == "compiled" and not self.calls_only else None
 
     def _choose_hash(self, w):
@@ -295,16 +298,16 @@ class JaxCapture(Capture):
         device (an accelerator, by default), which the host computes too (CPU traces
         compare with TPU traces hash to hash under --hash words64); else xxh3_64."""
         want = getattr(self.opts, "hash", "auto")
-        device = jax_digest.on_device()
+        device = device_digests.on_device()
         if want == "auto":
             want = values.WORDS_HASH_NAME if device else values.HASH_NAME
         if not w.use_hash(want):   # values already written (another framework): keep theirs
             return
         if want == values.WORDS_HASH_NAME and device:
-            self.digests = jax_digest.DeviceDigests(w, self._quiet)
+            self.digests = device_digests.DeviceDigests(w, self._quiet)
 
     def _outputs(self):
-        """A call's outputs: hashed on the device as one program (jax_digest)."""
+        """A call's outputs: hashed on the device as one program (device_digests)."""
         if self.digests is None or self.session.writer.level == "full":
             return contextlib.nullcontext()
         return self.digests.outputs()
@@ -314,21 +317,21 @@ class JaxCapture(Capture):
         call's outputs (or an optimizer step's values) by one program and few copies
         (`DeviceDigests.fetch`): a `HostView` where the value came back joined, else the
         array; (x, None, None) for each value `store` hashes itself (and at other levels);
-        a `jax_digest.Fetched` gives its own (an optimizer step's value fetched with its
+        a `device_digests.Fetched` gives its own (an optimizer step's value fetched with its
         values program's). `same_as`: the values program's final outputs (`Fetched`) of a
         call whose outputs these are: an output with the same hash, dtype and shape points
         at the bytes the trace holds for it already (`kept`: their blob offset), and its
         own bytes never cross to the host."""
-        out = [(x.value, x.h, x.kept) if type(x) is jax_digest.Fetched else (x, None, None)
+        out = [(x.value, x.h, x.kept) if type(x) is device_digests.Fetched else (x, None, None)
                for x in xs]
         if self.digests is None or self.session.writer.level != "full":
             return out
         at = [i for i, x in enumerate(xs) if x is not None and type(x) is not
-              jax_digest.Fetched and jax_digest.can_digest(x)]
+              device_digests.Fetched and device_digests.can_digest(x)]
         if at:
             twins = [None] * len(xs)
             if same_as is not None and len(same_as) == len(xs):
-                twins = [f if type(f) is jax_digest.Fetched and f.kept is not None else None
+                twins = [f if type(f) is device_digests.Fetched and f.kept is not None else None
                          for f in same_as]
             try:
                 got = self.digests.fetch([xs[i] for i in at],
@@ -369,7 +372,7 @@ class JaxCapture(Capture):
         if self.session is not None and self.session.active:
             w = self.session.writer
             try:
-                dist = jax_devices.distributed_section(w._manifest.get("distributed"))
+                dist = devices.distributed_section(w._manifest.get("distributed"))
             except Exception:  # informative only
                 dist = None
             if dist is not None:
@@ -399,10 +402,10 @@ class JaxCapture(Capture):
             "replay_errors": self.replay_errors[:20],
             "replay_vs_compiled": dict(self.fidelity, note="replayed call outputs compared with "
                                        "the compiled outputs the script received"),
-            "untested_version": jax_internals.untested_version(),
+            "untested_version": internals.untested_version(),
         }
         try:   # primitives whose lowering was replaced from outside JAX (a sitecustomize)
-            out["python_kernels"] = jax_internals.lowering_overrides()
+            out["python_kernels"] = internals.lowering_overrides()
         except Exception as exc:  # informative only
             out["python_kernels"] = f"unavailable: {type(exc).__name__}"
         if self.prober is not None:
@@ -415,7 +418,7 @@ class JaxCapture(Capture):
                 "calls": self.fast_calls,
                 "note": "--level calls: jit calls of functions with no static arguments ran "
                         "through JAX's C++ fast path (the script's own executable), recorded "
-                        "around it where in the --steps window (capture/jax_fastjit.py)"}
+                        "around it where in the --steps window (capture/fastjit.py)"}
         out["values"] = self.values_mode if self.session else None
         if self.session:
             out["values_default"] = "auto: compiled on an accelerator, replay on the CPU" \
@@ -485,7 +488,7 @@ class JaxCapture(Capture):
                 if self.digests is not None:   # before the call may donate its arguments
                     self.digests.dispatch()
                 result = orig(*args, jaxpr=jaxpr, **params)
-                outs = jax_internals.call_outputs(result)
+                outs = internals.call_outputs(result)
                 if not host:
                     self._measure_replay(name, replayed, outs)
                 if probed is not None:
@@ -499,7 +502,7 @@ class JaxCapture(Capture):
                         self._register(x, call_id, slot)
                 if valued is not None:   # by the hashes of both sides where they were made
                     if all(h is not None for _, h, _ in fetched):   # level full: as fetched
-                        refs = [jax_digest.Fetched(v, h) for v, h, _ in fetched]
+                        refs = [device_digests.Fetched(v, h) for v, h, _ in fetched]
                     self.values_prober.check(name, valued, outs, refs)
                 if not _TL.optax_depth:  # a jit call inside an eager optax update is not its end
                     self.flush_optim()
@@ -522,7 +525,7 @@ class JaxCapture(Capture):
 
         def run():
             result.append(orig(*args, jaxpr=jaxpr, **params))
-            return jax_internals.call_outputs(result[0])
+            return internals.call_outputs(result[0])
 
         self.record_light_call(params.get("name", "?"), jaxpr, args, run)
         _TL.intercepted = True
@@ -534,7 +537,7 @@ class JaxCapture(Capture):
         return _TL.suppress > 0
 
     def records_fast_calls(self):
-        """Is a `jax_fastjit.FastJit` call to be recorded now (a concrete call of the
+        """Is a `fastjit.FastJit` call to be recorded now (a concrete call of the
         script's, not tracediff's own JAX work)?"""
         return not self.own_work() and self.session is not None and self.session.active and \
             self._core.trace_state_clean()
@@ -576,7 +579,7 @@ class JaxCapture(Capture):
                 outs = run()
                 if record:
                     if plan.out_ids is not None and self.digests is not None and \
-                            w.level != "full" and all(map(jax_digest.can_digest, outs)):
+                            w.level != "full" and all(map(device_digests.can_digest, outs)):
                         self.digests.add_rows(outs, w.reserve_rows(call_id, schema.ROLE_OUT,
                                                                    plan.out_ids),
                                               plan.out_nbytes)
@@ -628,7 +631,7 @@ class JaxCapture(Capture):
 
     def _make_pp_hook(self):
         capture, orig = self, self._orig["pp"]
-        jit_names = jax_internals.JIT_NAMES
+        jit_names = internals.JIT_NAMES
 
         def process_primitive(trace, prim, args, params, /):
             if _TL.suppress or prim.name in jit_names or not capture.session.active:
@@ -694,15 +697,15 @@ class JaxCapture(Capture):
     def optim_value(self, x):
         """An optax-tagged value kept for the step's event: on the host, or left on its
         device where values are hashed there (stored by `store` at `flush_optim`)."""
-        return x if self.digests is not None and jax_digest.can_digest(x) else self._host(x)
+        return x if self.digests is not None and device_digests.can_digest(x) else self._host(x)
 
     def store(self, eid, slot, x, name=None, role=schema.ROLE_OUT, store=True, stats=None,
               h=None, kept=None):
-        """Write one value (an array, a Python scalar, or a `jax_digest.Ref` to a value
+        """Write one value (an array, a Python scalar, or a `device_digests.Ref` to a value
         digested already); returns its `Ref` where it is hashed on the device, else None.
-        `kept`: with `h`, where the blob holds x's bytes already (`jax_digest.Fetched`)."""
+        `kept`: with `h`, where the blob holds x's bytes already (`device_digests.Fetched`)."""
         w = self.session.writer
-        if type(x) is jax_digest.Ref:   # an optimizer step's value, digested in its program
+        if type(x) is device_digests.Ref:   # an optimizer step's value, digested in its program
             self.digests.add_ref(eid, slot, x, role, name)
             return x
         dtype = getattr(x, "dtype", None)
@@ -717,14 +720,14 @@ class JaxCapture(Capture):
             w.add_meta_value(eid, slot, text, getattr(x, "shape", ()), role=role, name=name)
             return
         logical = None
-        if jax_internals.is_key_dtype(dtype):
+        if internals.is_key_dtype(dtype):
             import jax
 
             logical, x = str(dtype), jax.random.key_data(x)
         elif kept is not None and h is not None:   # bytes held already: a row, no array
             w.add_kept_value(eid, slot, dtype, tuple(x.shape), kept, h, role=role, name=name)
             return
-        if h is None and self.digests is not None and jax_digest.can_digest(x):
+        if h is None and self.digests is not None and device_digests.can_digest(x):
             if w.level != "full":   # hash and statistics on the device: no bytes cross
                 return self.digests.add(eid, slot, x, role, name, logical)
             try:
@@ -738,11 +741,11 @@ class JaxCapture(Capture):
         except Exception:  # tokens, non-addressable arrays: keep shape and dtype only
             w.add_meta_value(eid, slot, str(dtype), getattr(x, "shape", ()), role=role, name=name)
             if self.per_device:   # a process's own shards of a multi-process array
-                self.shards += jax_devices.store_shards(w, eid, slot, x, None, role, logical)
+                self.shards += devices.store_shards(w, eid, slot, x, None, role, logical)
             return
         w.add_value(eid, slot, arr, role=role, name=name, logical_dtype=logical, stats=stats, h=h)
         if self.per_device:
-            self.shards += jax_devices.store_shards(w, eid, slot, x, arr, role, logical)
+            self.shards += devices.store_shards(w, eid, slot, x, arr, role, logical)
 
     def _record_call_start(self, name, jaxpr, args):
         self.calls += 1
@@ -772,12 +775,12 @@ class JaxCapture(Capture):
         mesh in its program (a shard_map spans the mesh's devices); else None."""
         if not self.per_device:
             return None
-        devs = {jax_devices.single_device(x) for x in args if hasattr(x, "sharding")}
+        devs = {devices.single_device(x) for x in args if hasattr(x, "sharding")}
         if len(devs) != 1 or None in devs:
             return None
         hit = self._mesh_calls.get(id(closed))
         if hit is None or hit[0] is not closed:
-            hit = self._mesh_calls[id(closed)] = (closed, jax_devices.has_mesh(closed.jaxpr))
+            hit = self._mesh_calls[id(closed)] = (closed, devices.has_mesh(closed.jaxpr))
         return None if hit[1] else devs.pop()
 
     def _arg_needs_bytes(self, ref):
@@ -813,7 +816,7 @@ class JaxCapture(Capture):
             w.add_input(eid, slot, *ref)
         outs = out if prim.multiple_results else [out]
         if self.per_device and outs:
-            dev = jax_devices.single_device(outs[0])
+            dev = devices.single_device(outs[0])
             if dev:
                 w.set_device(eid, dev)
         keep = not self.filtered or self.opts.selected(prim.name, self._name_stack())
@@ -835,7 +838,7 @@ class JaxCapture(Capture):
             self.opaque_calls += 1
             return
         try:
-            if host:   # on the host CPU (jax_host): never op by op on the accelerator
+            if host:   # on the host CPU (host_replay): never op by op on the accelerator
                 args = self.host.inputs(args)
                 if args is None:
                     self.opaque_calls += 1
@@ -982,7 +985,7 @@ class JaxCapture(Capture):
     def bind(eqn, vals):
         prim = eqn.primitive
         with eqn.ctx.manager:
-            out = prim.bind(*vals, **jax_internals.bind_params(prim, eqn.params))
+            out = prim.bind(*vals, **internals.bind_params(prim, eqn.params))
         return list(out) if prim.multiple_results else [out]
 
     def _step_scan(self, eqn, vals, refs, call_id, parent, ns, src):

@@ -28,8 +28,8 @@ collectives in the same order.
 
 import numpy as np
 
-from ..trace import schema
-from . import jax_internals
+from ...trace import schema
+from . import internals
 from .optax_tags import OPTAX_TAG
 
 _AXIS_KEYS = ("axes", "axis_name")
@@ -93,13 +93,13 @@ def uses_axes(eqn, names, depth=0):
     def names_axis(e):
         return any(key in e.params and _names_in(e.params[key]) & names for key in _AXIS_KEYS)
 
-    return names_axis(eqn) or any(jax_internals.any_equation(sub, names_axis, True, depth + 1)
-                                  for sub in jax_internals.sub_jaxprs(eqn))
+    return names_axis(eqn) or any(internals.any_equation(sub, names_axis, True, depth + 1)
+                                  for sub in internals.sub_jaxprs(eqn))
 
 
 def has_mesh(jaxpr, depth=0):
     """Does a jaxpr (or one nested in it) run over a device mesh (shard_map)?"""
-    return jax_internals.any_equation(jaxpr, lambda e: "mesh" in e.params, True, depth)
+    return internals.any_equation(jaxpr, lambda e: "mesh" in e.params, True, depth)
 
 
 def _spec_index(spec, shape, mesh, pos):

@@ -6,13 +6,13 @@ CPU-seconds a step on a TPU v5e's host). Here XLA computes, on the value's devic
 words64 hash of its exact bytes (trace/values.py: the very function numpy computes for
 values already on the host, so traces from two backends compare hash to hash) and its
 statistics (`values.STAT_FIELDS`), packed into 8 uint32 words a value: inside the values
-program of a call (`--jax-values compiled`, jax_probe), or, for a call's own inputs and
+program of a call (`--jax-values compiled`, probe.py), or, for a call's own inputs and
 outputs and eager values, by one small jitted program per dtype and shape run as the value
 is recorded. Only those words are copied to the host, asynchronously, and the writer's
 reserved rows are filled when they are read (`drain`: at a flush, or when many are
 pending). At level full the values are hashed from the arrays themselves, and the small
 ones joined into one buffer for the host (`fetch_parts`): inside a values program, from
-its values past an optimization barrier (jax_probe), else by one program over the arrays
+its values past an optimization barrier (probe), else by one program over the arrays
 (`DeviceDigests.fetch`).
 
 The same code runs on XLA:CPU (`record --hash words64`; tests/test_jax_digest.py), where
@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from ..trace import values
+from ...trace import values
 
 WORDS = 8                   # uint32 words a value: 2 hash lanes, 4 float32 stats, 2 counts
 MAX_PENDING = 4096          # results not yet read
@@ -279,7 +279,7 @@ def joined(shapes):
     """Per value ((shape, dtype) pairs): is it returned inside the joined buffer? Values of
     at most JOIN_VALUE bytes, while the total stays within JOIN_CALL; never on a process
     with several devices (a value spread over them is recorded shard by shard,
-    jax_devices.store_shards, from the array itself)."""
+    devices.store_shards, from the array itself)."""
     import jax
 
     if jax.local_device_count() != 1 or jax.process_count() != 1:
