@@ -24,7 +24,7 @@ import re
 import numpy as np
 
 from ...trace import schema, values
-from . import device_digests, internals, xla_stats
+from . import digest_programs, digest_results, internals, xla_stats
 from .optax_tags import OPTAX_TAG
 
 # `_Plan`s on (the default); TRACEDIFF_JAX_EMIT_PLAN=0 writes every event through `_emit`
@@ -90,7 +90,7 @@ class Prober:
                 # every value of a hashable dtype is digested, optax-tagged ones too;
                 # `at`: a value's place among them (a final output that is an equation's
                 # value takes that value's words)
-                mask[:] = [device_digests.dtype_ok(x.dtype) for x in found]
+                mask[:] = [digest_results.dtype_ok(x.dtype) for x in found]
                 at, n = {}, 0
                 for x, m in zip(found, mask):
                     if m:
@@ -108,11 +108,11 @@ class Prober:
                 kept = [x for x, m in zip(found, mask) if m]
                 avals[:] = [(x.shape, x.dtype) for x in kept]
                 nbytes[:] = [x.size * np.dtype(x.dtype).itemsize for x in kept]
-                small = device_digests.joined(avals)
-                starts[:] = device_digests.joined_starts(avals, small)
+                small = digest_results.joined(avals)
+                starts[:] = digest_results.joined_starts(avals, small)
                 if kept:
                     kept = list(jax.lax.optimization_barrier(kept))
-                parts = device_digests.fetch_parts(kept, small)
+                parts = digest_programs.fetch_parts(kept, small)
                 back = iter(None if j else x for x, j in zip(kept, small))
                 return outs, [next(back) if m else x for x, m in zip(found, mask)], parts
             if digest:
@@ -122,14 +122,14 @@ class Prober:
                 # same values
                 more = []
                 for x in outs:
-                    if not device_digests.dtype_ok(x.dtype):
+                    if not digest_results.dtype_ok(x.dtype):
                         out_at.append(None)
                     elif id(x) in at:
                         out_at.append(at[id(x)])
                     else:
                         out_at.append(n + len(more))
                         more.append(x)
-                pk = device_digests.packed([x for x, m in zip(found, mask) if m] + more, True,
+                pk = digest_programs.packed([x for x, m in zip(found, mask) if m] + more, True,
                                        inside=True)
                 return outs, [None if m else x for x, m in zip(found, mask)], pk
             if with_stats:  # statistics computed by XLA next to the values (xla_stats.py)
@@ -231,7 +231,7 @@ class Prober:
             for slot, (v, h, kept) in enumerate(fetched):
                 cap.store(pid, slot, v, h=h, kept=kept)
         if all(h is not None for _, h, _ in fetched):   # level full: `check` compares hashes
-            return [device_digests.Fetched(v, h, kept) for v, h, kept in fetched]
+            return [digest_results.Fetched(v, h, kept) for v, h, kept in fetched]
         return outs
 
     def _plan_for(self, closed, ns, source, mask, digested, stats):
@@ -266,18 +266,18 @@ class Prober:
         if len(outs) != len(compiled):
             self._count(name, False)
         elif len(compiled_refs) == len(outs) and all(
-                type(r) is device_digests.Fetched for r in (*outs, *compiled_refs)):
+                type(r) is digest_results.Fetched for r in (*outs, *compiled_refs)):
             # level full: both sides were hashed as they were fetched (no program runs)
             self._count(name, all(
                 p.h == c.h and p.value.dtype == c.value.dtype and p.value.shape == c.value.shape
                 for p, c in zip(outs, compiled_refs)))
         elif digests is not None:
-            arrays = [x.array if type(x) is device_digests.Ref else x for x in outs]
+            arrays = [x.array if type(x) is digest_results.Ref else x for x in outs]
             for x in outs:   # a Ref waiting for a drain keeps no array alive
-                if type(x) is device_digests.Ref:
+                if type(x) is digest_results.Ref:
                     x.array = None
             if len(compiled_refs) == len(outs) and all(
-                    type(r) is device_digests.Ref for r in (*outs, *compiled_refs)):
+                    type(r) is digest_results.Ref for r in (*outs, *compiled_refs)):
                 digests.compare_later(list(outs), list(compiled_refs),
                                       lambda same: self._count(name, same))
             else:   # answered at the next drain: no host sync
@@ -324,7 +324,7 @@ class Prober:
                               stats=None if st is None else np.asarray(st, np.float64))
                 if tags and site.tag is not None:   # digested here: the step's row takes
                     cap._pending_optim[site.tag] = got if type(got) in (    # its words or
-                        device_digests.Ref, device_digests.Fetched) else cap.optim_value(x)  # bytes
+                        digest_results.Ref, digest_results.Fetched) else cap.optim_value(x)  # bytes
                 if type(v).__name__ != "DropVar":
                     env[v] = (eid, slot)
 
@@ -361,7 +361,7 @@ class _Digested:
         self.full = cap.session.writer.level == "full"
         self.reserve = cap.digests.reserve
         self.at = 0                   # the next digested value's place in the result
-        self.result = device_digests.Result(None if self.full else packed)
+        self.result = digest_results.Result(None if self.full else packed)
         self.rows = self.result.rows
         if self.full:
             avals, nbytes, self.starts = full_meta
@@ -391,7 +391,7 @@ class _Digested:
             handle, nbytes = None, math.prod(aval.shape) * np.dtype(aval.dtype).itemsize
         self.rows.append((handle, nbytes))
         self.at += 1
-        return device_digests.Ref(self.result, self.at - 1, aval.dtype, tuple(aval.shape), nbytes)
+        return digest_results.Ref(self.result, self.at - 1, aval.dtype, tuple(aval.shape), nbytes)
 
     def fetched_at(self, i, x):
         """Level full: value `i` of the fetched ones as a `Fetched` (x: its array), or x
@@ -400,9 +400,9 @@ class _Digested:
             return x
         host = self.host(i)
         if host is None:
-            return device_digests.Fetched(x, self.hashes[i], self.kept_alone.get(i))
+            return digest_results.Fetched(x, self.hashes[i], self.kept_alone.get(i))
         kept = None if self.kept_at is None else self.kept_at + self.starts[i]
-        return device_digests.Fetched(host, self.hashes[i], kept)
+        return digest_results.Fetched(host, self.hashes[i], kept)
 
     def host(self, i):
         """Level full: digested value i's bytes on the host (a `HostView`, read when asked),
@@ -412,14 +412,14 @@ class _Digested:
         if at is None:
             return None
         shape, dtype = self.avals[i]
-        return device_digests.HostView(self.joined, at, dtype, shape)
+        return digest_results.HostView(self.joined, at, dtype, shape)
 
     def ref(self, i, aval):
         """The `Ref` of value `i` of the packed result (a final output of the program)."""
         nbytes = math.prod(aval.shape) * np.dtype(aval.dtype).itemsize
         while len(self.rows) <= i:    # outputs digested after the equations' values
             self.rows.append((None, 0))
-        return device_digests.Ref(self.result, i, aval.dtype, tuple(aval.shape), nbytes)
+        return digest_results.Ref(self.result, i, aval.dtype, tuple(aval.shape), nbytes)
 
     def done(self):
         if not self.full:
@@ -541,16 +541,16 @@ class _Plan:
                 if at is not None and starts[i] is not None:
                     w.add_fetched_row(event, op[2], op[9], at + starts[i], op[4], h)
                     if op[5] is not None:   # the step's row points at the same bytes
-                        optim[op[5]] = device_digests.Fetched(digested.host(i), h, at + starts[i])
+                        optim[op[5]] = digest_results.Fetched(digested.host(i), h, at + starts[i])
                     continue
                 if starts[i] is None:   # too large to join: held as it came back, no copy
                     x = found[op[10]]
-                    off = w.keep_joined(device_digests.Joined(x, copy=False))   # copy under way
+                    off = w.keep_joined(digest_results.Joined(x, copy=False))   # copy under way
                     if off is not None:
                         digested.kept_alone[i] = off
                         w.add_fetched_row(event, op[2], op[9], off, op[4], h)
                         if op[5] is not None:
-                            optim[op[5]] = device_digests.Fetched(x, h, off)
+                            optim[op[5]] = digest_results.Fetched(x, h, off)
                         continue
                 host = digested.host(i)
                 host = None if host is None else np.asarray(host)   # to be copied: read now
@@ -558,12 +558,12 @@ class _Plan:
                     host = found[op[10]] if host is None else host
                     cap.store(event, op[2], host, h=h)
                 if op[5] is not None:
-                    optim[op[5]] = device_digests.Fetched(host, h)
+                    optim[op[5]] = digest_results.Fetched(host, h)
             elif kind == 1:       # digested in the program: a reserved row
                 values_rows.append((base + op[1], op[2]) + op[3])
                 held.append((len(values_rows) - 1, op[4]))
                 if op[5] is not None:
-                    optim[op[5]] = device_digests.Ref(result, op[6], op[7], op[8], op[4])
+                    optim[op[5]] = digest_results.Ref(result, op[6], op[7], op[8], op[4])
             elif kind == 0:     # a literal input
                 w.add_host_value(base + op[1], op[2], op[3], role=schema.ROLE_IN)
             else:               # returned by the program: stored as `_emit` stores it

@@ -31,7 +31,8 @@ import numpy as np
 
 from ...trace import schema, values
 from .. import Capture, ImportWatcher, optim_settings
-from . import device_digests, devices, fastjit, host_replay, internals, nnx_paths, optax_tags
+from . import (device_digests, devices, digest_results, fastjit, host_replay, internals,
+               nnx_paths, optax_tags)
 from .probe import Prober
 from .optax_tags import OPTAX_TAG
 
@@ -196,7 +197,7 @@ class _LightPlan:
         names = arg_names(closed, len(ins))
         self.in_rows = [writer.meta_row(slot, str(a.dtype), a.shape, schema.ROLE_IN,
                                         names[slot]) for slot, a in enumerate(ins)]
-        if digests is None or not all(device_digests.dtype_ok(a.dtype) for a in outs):
+        if digests is None or not all(digest_results.dtype_ok(a.dtype) for a in outs):
             return
         names = result_names(closed, len(outs))
         made = [digests.ids_of(a) for a in outs]
@@ -298,7 +299,7 @@ class JaxCapture(Capture):
         device (an accelerator, by default), which the host computes too (CPU traces
         compare with TPU traces hash to hash under --hash words64); else xxh3_64."""
         want = getattr(self.opts, "hash", "auto")
-        device = device_digests.on_device()
+        device = digest_results.on_device()
         if want == "auto":
             want = values.WORDS_HASH_NAME if device else values.HASH_NAME
         if not w.use_hash(want):   # values already written (another framework): keep theirs
@@ -317,21 +318,21 @@ class JaxCapture(Capture):
         call's outputs (or an optimizer step's values) by one program and few copies
         (`DeviceDigests.fetch`): a `HostView` where the value came back joined, else the
         array; (x, None, None) for each value `store` hashes itself (and at other levels);
-        a `device_digests.Fetched` gives its own (an optimizer step's value fetched with its
+        a `digest_results.Fetched` gives its own (an optimizer step's value fetched with its
         values program's). `same_as`: the values program's final outputs (`Fetched`) of a
         call whose outputs these are: an output with the same hash, dtype and shape points
         at the bytes the trace holds for it already (`kept`: their blob offset), and its
         own bytes never cross to the host."""
-        out = [(x.value, x.h, x.kept) if type(x) is device_digests.Fetched else (x, None, None)
+        out = [(x.value, x.h, x.kept) if type(x) is digest_results.Fetched else (x, None, None)
                for x in xs]
         if self.digests is None or self.session.writer.level != "full":
             return out
         at = [i for i, x in enumerate(xs) if x is not None and type(x) is not
-              device_digests.Fetched and device_digests.can_digest(x)]
+              digest_results.Fetched and digest_results.can_digest(x)]
         if at:
             twins = [None] * len(xs)
             if same_as is not None and len(same_as) == len(xs):
-                twins = [f if type(f) is device_digests.Fetched and f.kept is not None else None
+                twins = [f if type(f) is digest_results.Fetched and f.kept is not None else None
                          for f in same_as]
             try:
                 got = self.digests.fetch([xs[i] for i in at],
@@ -502,7 +503,7 @@ class JaxCapture(Capture):
                         self._register(x, call_id, slot)
                 if valued is not None:   # by the hashes of both sides where they were made
                     if all(h is not None for _, h, _ in fetched):   # level full: as fetched
-                        refs = [device_digests.Fetched(v, h) for v, h, _ in fetched]
+                        refs = [digest_results.Fetched(v, h) for v, h, _ in fetched]
                     self.values_prober.check(name, valued, outs, refs)
                 if not _TL.optax_depth:  # a jit call inside an eager optax update is not its end
                     self.flush_optim()
@@ -579,7 +580,7 @@ class JaxCapture(Capture):
                 outs = run()
                 if record:
                     if plan.out_ids is not None and self.digests is not None and \
-                            w.level != "full" and all(map(device_digests.can_digest, outs)):
+                            w.level != "full" and all(map(digest_results.can_digest, outs)):
                         self.digests.add_rows(outs, w.reserve_rows(call_id, schema.ROLE_OUT,
                                                                    plan.out_ids),
                                               plan.out_nbytes)
@@ -697,15 +698,15 @@ class JaxCapture(Capture):
     def optim_value(self, x):
         """An optax-tagged value kept for the step's event: on the host, or left on its
         device where values are hashed there (stored by `store` at `flush_optim`)."""
-        return x if self.digests is not None and device_digests.can_digest(x) else self._host(x)
+        return x if self.digests is not None and digest_results.can_digest(x) else self._host(x)
 
     def store(self, eid, slot, x, name=None, role=schema.ROLE_OUT, store=True, stats=None,
               h=None, kept=None):
-        """Write one value (an array, a Python scalar, or a `device_digests.Ref` to a value
+        """Write one value (an array, a Python scalar, or a `digest_results.Ref` to a value
         digested already); returns its `Ref` where it is hashed on the device, else None.
-        `kept`: with `h`, where the blob holds x's bytes already (`device_digests.Fetched`)."""
+        `kept`: with `h`, where the blob holds x's bytes already (`digest_results.Fetched`)."""
         w = self.session.writer
-        if type(x) is device_digests.Ref:   # an optimizer step's value, digested in its program
+        if type(x) is digest_results.Ref:   # an optimizer step's value, digested in its program
             self.digests.add_ref(eid, slot, x, role, name)
             return x
         dtype = getattr(x, "dtype", None)
@@ -727,7 +728,7 @@ class JaxCapture(Capture):
         elif kept is not None and h is not None:   # bytes held already: a row, no array
             w.add_kept_value(eid, slot, dtype, tuple(x.shape), kept, h, role=role, name=name)
             return
-        if h is None and self.digests is not None and device_digests.can_digest(x):
+        if h is None and self.digests is not None and digest_results.can_digest(x):
             if w.level != "full":   # hash and statistics on the device: no bytes cross
                 return self.digests.add(eid, slot, x, role, name, logical)
             try:
