@@ -2,7 +2,7 @@
 
 At `--level calls` a JAX recording on an accelerator runs, after each jitted call, one
 program over the call's outputs that computes their words64 hashes and statistics
-(capture/jax_digest.py); on the 4096-wide MLP of issue 37 that is ~800 MB a step
+(capture/jax/digest_programs.py); on the 4096-wide MLP of issue 37 that is ~800 MB a step
 (parameters and both Adam moments). This prints, for arrays of that shape on the
 device, the time of one such program beside a plain read of the same bytes (a sum):
 

@@ -1,7 +1,7 @@
-"""words64 (trace/values.py): the hash XLA computes on the device (capture/jax_digest.py)
+"""words64 (trace/values.py): the hash XLA computes on the device (capture/jax/digest_programs.py)
 is the hash numpy computes on the host, and equal hashes stand for equal bytes; a JAX
 recording that hashes on the device writes the trace the host path writes; calls holding
-float64/complex128 replayed on the host CPU (capture/jax_host.py) leave the script's
+float64/complex128 replayed on the host CPU (capture/jax/host_replay.py) leave the script's
 ending as it is. The device code paths run here on XLA:CPU (TRACEDIFF_JAX_DIGEST_ON_DEVICE,
 TRACEDIFF_JAX_WIDE_ON_HOST), as on a TPU."""
 
@@ -21,7 +21,7 @@ jax = pytest.importorskip("jax")
 
 
 def _device_hashes(arrays):
-    """words64 of each array computed by the device programs (jax_digest) on XLA:CPU: the
+    """words64 of each array computed by the device programs (digest_programs) on XLA:CPU: the
     hash alone (level full), and with the statistics reduced in the same pass (an
     accelerator's) or beside it (XLA:CPU's); the three agree."""
     from tracediff.capture.jax import digest_programs, digest_results

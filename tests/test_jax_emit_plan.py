@@ -1,6 +1,6 @@
 """The speed of a JAX recording at --level stats/calls on an accelerator (issue 37) comes
 from work made once instead of every step: equation events written from a plan
-(capture/jax_probe._Plan), rows whose strings are interned once, optimizer values and a
+(capture/jax/probe._Plan), rows whose strings are interned once, optimizer values and a
 probe's final outputs taking the words their values program computed (digest_results.Ref),
 the probe check answered at the next drain, at level full the small values' bytes kept
 as the one buffer they were fetched in. None of it may change the trace: a trace
