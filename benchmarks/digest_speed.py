@@ -2,7 +2,7 @@
 
 At `--level calls` a JAX recording on an accelerator runs, after each jitted call, one
 program over the call's outputs that computes their words64 hashes and statistics
-(capture/jax_digest.py); on the 4096-wide MLP of issue 37 that is ~800 MB a step
+(capture/jax/digest_programs.py); on the 4096-wide MLP of issue 37 that is ~800 MB a step
 (parameters and both Adam moments). This prints, for arrays of that shape on the
 device, the time of one such program beside a plain read of the same bytes (a sum):
 
@@ -10,7 +10,7 @@ device, the time of one such program beside a plain read of the same bytes (a su
                                 (8, 128) tiles first: the reduction order's cost)
     words64                     the two hash lanes alone (level full)
     words64 + stats, one pass   what `calls` and `stats` compute on an accelerator: one
-                                variadic reduction a value (jax_digest.packed)
+                                variadic reduction a value (digest_programs.packed)
     words64 + stats, apart      the same with each float reduction alone (XLA:CPU's)
     masked, one pass / apart    the statistics of a values program (`inside`)
 
@@ -34,7 +34,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from tracediff.capture import jax_digest  # noqa: E402
+from tracediff.capture.jax import digest_programs, digest_results  # noqa: E402
 
 
 def timed(fn, xs, repeat):
@@ -75,13 +75,13 @@ def main():
                 ("read (sum over rows first)",
                  lambda xs: jnp.stack([x.sum(axis=0).sum() for x in xs])),
                 ("read (sum over (8, 128) tiles)", lambda xs: jnp.stack([_by_tiles(x) for x in xs])),
-                ("words64", lambda xs: jax_digest.packed(xs, False))]
+                ("words64", lambda xs: digest_programs.packed(xs, False))]
     for together in (True, False):
         how = "one pass" if together else "apart"
         programs += [(f"words64 + stats, {how}",
-                      lambda xs, t=together: jax_digest.packed(xs, True, together=t)),
+                      lambda xs, t=together: digest_programs.packed(xs, True, together=t)),
                      (f"masked, {how}",
-                      lambda xs, t=together: jax_digest.packed(xs, True, inside=True,
+                      lambda xs, t=together: digest_programs.packed(xs, True, inside=True,
                                                                together=t))]
     print("| program | time | speed | error: mean / RMS, L2 |")
     print("|---|---|---|---|")
@@ -90,7 +90,7 @@ def main():
         dt = timed(fn, xs, args.repeat)
         err = ""
         if "stats" in name or "masked" in name:
-            _, _, st, _ = jax_digest.unpack_all(np.asarray(fn(xs)), True)
+            _, _, st, _ = digest_results.unpack_all(np.asarray(fn(xs)), True)
             off = np.abs(st[:, 2:4] - want)
             err = f"{(off[:, 0] / rms).max():.1e}, {(off[:, 1] / want[:, 1]).max():.1e}"
         print(f"| {name} | {dt * 1e3:.3f} ms | {nbytes / dt / 1e9:.1f} GB/s | {err} |",

@@ -8,7 +8,7 @@
                         recorded)
     calls, hook (host)  `tracediff record --level calls` with every call through the hook
                         (TRACEDIFF_JAX_FAST_JIT=0), values hashed on the host
-    calls (host)        the same on the fast path (capture/jax_fastjit.py, the default)
+    calls (host)        the same on the fast path (capture/jax/fastjit.py, the default)
     calls, hook (device), calls (device)
                         the same two, hashed and summarised on the device (the
                         accelerator default; TRACEDIFF_JAX_DIGEST_ON_DEVICE=1 on a CPU)

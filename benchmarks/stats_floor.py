@@ -49,7 +49,7 @@ def _jax_step(args):
     import jax
     import numpy as np
     from jax_mlp import build
-    from tracediff.capture.jax_internals import sub_jaxprs
+    from tracediff.capture.jax.internals import sub_jaxprs
 
     sizes = tuple(int(s) for s in (args.sizes if args.sizes != "1024,4096,4096,1024"
                                    else "256,1024,1024,256").replace("-", ",").split(","))

@@ -390,7 +390,7 @@ def test_long_shard_index_strings_are_refused_before_they_are_parsed(tmp_path):
 def test_multi_process_manifest_section():
     """jax.distributed cannot be started cheaply here: the manifest section is checked on
     its own (a launcher's rank is kept; JAX's process index fills what is missing)."""
-    from tracediff.capture.jax_devices import merge_distributed
+    from tracediff.capture.jax.devices import merge_distributed
 
     assert merge_distributed(None, 0, 1, ["cpu:0"]) is None
     d = merge_distributed(None, 1, 2, ["cpu:4", "cpu:5"])

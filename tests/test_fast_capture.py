@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import tracediff
-from tracediff.capture import jax_stats
+from tracediff.capture.jax import xla_stats
 from tracediff.capture.torch import stats as torch_stats
 from tracediff.trace import schema, values
 from tracediff.trace.reader import Trace
@@ -103,11 +103,11 @@ def test_torch_segment_stats_nan_inf_and_l2():
 def test_jax_in_program_stats_equal_numpy():
     """The statistics XLA computes inside the values program (used off the CPU)."""
     a = np.array([[1.0, np.nan, -3.0], [np.inf, 4.0, 0.5]], np.float32)
-    got = np.asarray(jax.jit(jax_stats.stats_vector)(jnp.asarray(a)), np.float64)
+    got = np.asarray(jax.jit(xla_stats.stats_vector)(jnp.asarray(a)), np.float64)
     want = values.value_stats(a)
     np.testing.assert_allclose(got, want, rtol=1e-6, equal_nan=True)
-    assert jax_stats.wants(jnp.ones(3)) and not jax_stats.wants(jnp.ones(0))
-    assert not jax_stats.wants(jnp.ones(2, jnp.complex64))
+    assert xla_stats.wants(jnp.ones(3)) and not xla_stats.wants(jnp.ones(0))
+    assert not xla_stats.wants(jnp.ones(2, jnp.complex64))
 
 
 def _jax_train(steps=2):

@@ -126,7 +126,7 @@ def test_replay_fidelity_is_measured_over_every_element():
     """The manifest's max relative difference between replayed and compiled outputs: the
     recorder compares only the elements that differ, in float64; the truth here is one
     complex128 pass over whole arrays (numpy), with NaN, inf, -0.0 and complex values."""
-    from tracediff.capture.jax_recorder import _max_rel_difference
+    from tracediff.capture.jax.replay import _max_rel_difference
     from tracediff.trace.values import same_bytes as _same_bytes
 
     def truth(r, c):
@@ -291,7 +291,7 @@ def test_a_params_summary_never_cuts_a_value_in_the_middle():
     import jax.numpy as jnp
     from jax import lax
 
-    from tracediff.capture.jax_recorder import _summarize_params
+    from tracediff.capture.jax.sites import summarize_params
     from tracediff.diff.explain.replay.params import CannotReplay, parse_params
 
     def conv(x, w):
@@ -299,15 +299,15 @@ def test_a_params_summary_never_cuts_a_value_in_the_middle():
                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
     eqn = jax.make_jaxpr(conv)(jnp.ones((2, 9, 9, 3)), jnp.ones((3, 3, 3, 4))).jaxpr.eqns[0]
-    text = _summarize_params(eqn.params, eqn.primitive.name)
+    text = summarize_params(eqn.params, eqn.primitive.name)
     assert "dimension_numbers=ConvDimensionNumbers(lhs_spec=(0, 3, 1, 2), rhs_spec=(3, 2, 0, " \
            "1), out_spec=(0, 3, 1, 2))" in text and len(text) > 240 and "..." not in text
     params = parse_params(text)
     assert params["padding"] == ((1, 1), (2, 0)) and params["window_strides"] == (1, 2)
     assert params["dimension_numbers"] == ("conv_dims", ((0, 3, 1, 2), (3, 2, 0, 1),
                                                          (0, 3, 1, 2)))
-    assert _summarize_params({"a": "x" * 70, "b": 1}) == "a=..., b=1"
-    many = _summarize_params({f"k{i:02}": "v" * 50 for i in range(9)})
+    assert summarize_params({"a": "x" * 70, "b": 1}) == "a=..., b=1"
+    many = summarize_params({f"k{i:02}": "v" * 50 for i in range(9)})
     assert len(many) <= 240 and many.endswith(", ...") and "k03='" + "v" * 50 + "'" in many
     for cut in ("a=..., b=1", many):
         with pytest.raises(CannotReplay, match="shortened"):
@@ -350,10 +350,10 @@ def test_optimizer_tags_of_long_parameter_paths_are_recorded_whole(tmp_path):
     port's pairing seeds its backward from; HF modules' paths are long. Before: a name over
     60 characters was written `name=...`, and an HF ResNet port's backward went from 166 to
     80 of 170 JAX units paired (INCONCLUSIVE on a correct port)."""
-    from tracediff.capture.jax_recorder import _summarize_params
+    from tracediff.capture.jax.sites import summarize_params
 
     tag = "tracediff:optax/grads/params/" + "x" * 80
-    assert _summarize_params({"name": tag}, "name") == f"name={tag!r}"
+    assert summarize_params({"name": tag}, "name") == f"name={tag!r}"
     script = tmp_path / "long_paths.py"
     script.write_text(LONG_PATHS)
     trace = tmp_path / "t.h5"

@@ -1,7 +1,7 @@
-"""words64 (trace/values.py): the hash XLA computes on the device (capture/jax_digest.py)
+"""words64 (trace/values.py): the hash XLA computes on the device (capture/jax/digest_programs.py)
 is the hash numpy computes on the host, and equal hashes stand for equal bytes; a JAX
 recording that hashes on the device writes the trace the host path writes; calls holding
-float64/complex128 replayed on the host CPU (capture/jax_host.py) leave the script's
+float64/complex128 replayed on the host CPU (capture/jax/host_replay.py) leave the script's
 ending as it is. The device code paths run here on XLA:CPU (TRACEDIFF_JAX_DIGEST_ON_DEVICE,
 TRACEDIFF_JAX_WIDE_ON_HOST), as on a TPU."""
 
@@ -21,17 +21,17 @@ jax = pytest.importorskip("jax")
 
 
 def _device_hashes(arrays):
-    """words64 of each array computed by the device programs (jax_digest) on XLA:CPU: the
+    """words64 of each array computed by the device programs (digest_programs) on XLA:CPU: the
     hash alone (level full), and with the statistics reduced in the same pass (an
     accelerator's) or beside it (XLA:CPU's); the three agree."""
-    from tracediff.capture import jax_digest
+    from tracediff.capture.jax import digest_programs, digest_results
 
     found = []
-    for fn in (lambda xs: jax_digest.packed(xs, False),
-               lambda xs: jax_digest.packed(xs, True, together=True),
-               lambda xs: jax_digest.packed(xs, True, together=False)):
+    for fn in (lambda xs: digest_programs.packed(xs, False),
+               lambda xs: digest_programs.packed(xs, True, together=True),
+               lambda xs: digest_programs.packed(xs, True, together=False)):
         out = np.asarray(jax.jit(fn)([jax.numpy.asarray(a) for a in arrays]))
-        a, b, _, _ = jax_digest.unpack_all(out, out.size > 2 * len(arrays))
+        a, b, _, _ = digest_results.unpack_all(out, out.size > 2 * len(arrays))
         found.append([values.words_finish(p, q, np.asarray(x).nbytes)
                       for p, q, x in zip(a, b, arrays)])
     assert found[0] == found[1] == found[2]
@@ -66,7 +66,7 @@ def test_device_statistics_follow_the_hosts_definitions():
     when every number of the batch is finite, else by the masked ones for the whole batch
     (inside a values program: the masked ones), in one pass or apart; all equal the host's statistics (float32
     accumulation: within rounding)."""
-    from tracediff.capture import jax_digest
+    from tracediff.capture.jax import digest_programs
 
     rng = np.random.default_rng(1)
     finite = [rng.standard_normal((4, 6)).astype(np.float32), np.arange(7, dtype=np.int32),
@@ -78,7 +78,7 @@ def test_device_statistics_follow_the_hosts_definitions():
     for inside, together in itertools.product((False, True), (False, True)):
         # a batch of a call's outputs, or a values program's own; one pass (an
         # accelerator) or float reductions apart (XLA:CPU)
-        fn = jax.jit(lambda xs: jax_digest.packed(xs, True, inside=inside, together=together))
+        fn = jax.jit(lambda xs: digest_programs.packed(xs, True, inside=inside, together=together))
         for batch in (finite, finite + odd, odd):
             rows = np.asarray(fn([jax.numpy.asarray(a) for a in batch])).reshape(-1, 8)
             for a, r in zip(batch, rows):
@@ -97,7 +97,7 @@ def test_device_statistics_stay_within_locates_rounding_allowance():
     form reduces rows first, then columns."""
     import math
 
-    from tracediff.capture import jax_digest
+    from tracediff.capture.jax import digest_programs
 
     rng = np.random.default_rng(2)
     x = (rng.standard_normal((2048, 1024)) + 3.0).astype(np.float32)
@@ -107,7 +107,7 @@ def test_device_statistics_stay_within_locates_rounding_allowance():
     rms = l2 / math.sqrt(n)
     slack = 1e-6 * rms * math.log2(n)
     for inside, together in itertools.product((False, True), (False, True)):
-        fn = jax.jit(lambda xs: jax_digest.packed(xs, True, inside=inside, together=together))
+        fn = jax.jit(lambda xs: digest_programs.packed(xs, True, inside=inside, together=together))
         row = np.asarray(fn([jax.numpy.asarray(x)])).reshape(8)
         got_mean, got_l2 = row[4:6].view(np.float32).astype(np.float64)
         assert abs(got_mean - mean) <= slack, (inside, together, got_mean, mean)
@@ -272,11 +272,11 @@ def test_calls_hashed_on_the_device_write_the_hosts_rows(tmp_path):
 CAN_DIGEST = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
-    from tracediff.capture import jax_digest
+    from tracediff.capture.jax import digest_results
     mesh = jax.make_mesh((2,), ("d",))
     x = jnp.arange(8.0, dtype=jnp.float32)
     spread = jax.device_put(x, NamedSharding(mesh, P("d")))
-    print(jax_digest.can_digest(x), jax_digest.can_digest(spread))
+    print(digest_results.can_digest(x), digest_results.can_digest(spread))
 """)
 
 
@@ -287,16 +287,16 @@ def test_what_is_hashed_on_the_device():
     import subprocess
     import sys
 
-    from tracediff.capture import jax_digest
+    from tracediff.capture.jax import digest_results
 
     import ml_dtypes
 
     # bfloat16 and float8 are numpy kind "V": they were sent to the host path by mistake
     for dt in (np.float32, np.float16, np.int8, np.uint8, np.int32,
                np.bool_, np.complex64, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn):
-        assert jax_digest.dtype_ok(dt), dt
+        assert digest_results.dtype_ok(dt), dt
     for dt in (np.float64, np.int64, np.uint64, np.complex128):
-        assert not jax_digest.dtype_ok(dt), dt
+        assert not digest_results.dtype_ok(dt), dt
     env = script_env({"XLA_FLAGS": "--xla_force_host_platform_device_count=2",
                       "JAX_PLATFORMS": "cpu"})
     proc = subprocess.run([sys.executable, "-c", CAN_DIGEST], env=env, capture_output=True,
@@ -404,14 +404,14 @@ def test_a_device_program_that_fails_at_level_full_leaves_the_host_to_hash(tmp_p
     program one backend rejects), the call still returns and its values are hashed on the
     host: the same results, every stored value's words64 its row's hash."""
     import tracediff
-    from tracediff.capture import jax_digest
+    from tracediff.capture.jax import device_digests
     from tracediff.trace.reader import Trace
 
     def refuse(self, xs, copy=True):
         raise RuntimeError("UNIMPLEMENTED: this backend refuses the program")
 
     monkeypatch.setenv("TRACEDIFF_JAX_DIGEST_ON_DEVICE", "1")
-    monkeypatch.setattr(jax_digest.DeviceDigests, "fetch", refuse)
+    monkeypatch.setattr(device_digests.DeviceDigests, "fetch", refuse)
     f = jax.jit(lambda w, x: (jax.numpy.tanh(x @ w), (x @ w) > 0))
     w, x = jax.numpy.ones((4, 3)), jax.numpy.linspace(-1, 1, 8).reshape(2, 4)
     want = [np.asarray(v) for v in f(w, x)]
@@ -463,21 +463,21 @@ def test_a_calls_outputs_share_its_values_programs_bytes_only_where_equal(
     manifest counts the difference. Outputs small enough to come back joined, and outputs
     each copied on its own."""
     import tracediff
-    from tracediff.capture import jax_digest, jax_recorder
+    from tracediff.capture.jax import digest_results, recorder
 
     monkeypatch.setenv("TRACEDIFF_JAX_DIGEST_ON_DEVICE", "1")
     if perturbed:
-        bind = jax_recorder.JaxCapture.bind
+        bind = recorder.JaxCapture.bind
 
         def nudged(eqn, vals):
             outs = bind(eqn, vals)
             return [o + 1 for o in outs] if eqn.primitive.name == "sin" else outs
 
-        monkeypatch.setattr(jax_recorder.JaxCapture, "bind", staticmethod(nudged))
+        monkeypatch.setattr(recorder.JaxCapture, "bind", staticmethod(nudged))
     f = jax.jit(lambda w, x: (jax.numpy.tanh(x @ w), jax.numpy.sin(x @ w)))
     w, x = jax.numpy.ones((4, width)), jax.numpy.linspace(-1, 1, 8).reshape(2, 4)
     want = [np.asarray(v).tobytes() for v in f(w, x)]
-    assert (len(want[0]) > jax_digest.JOIN_VALUE) == (width > 3)
+    assert (len(want[0]) > digest_results.JOIN_VALUE) == (width > 3)
     out = tmp_path / "call.h5"
     with tracediff.record(out, level="full", hash="words64", frameworks=("jax",),
                           jax_values="compiled"):
@@ -502,20 +502,20 @@ def test_a_calls_outputs_share_its_values_programs_bytes_only_where_equal(
 def test_the_device_paths_hash_is_never_zero_as_the_hosts_is_not():
     """A hash of 0 means "no hash" (a metadata-only value, docs/format.md): words64 maps
     the one mix that would finish as 0 to 1, on the host (`values.words_finish`) and on the
-    device path's batched finish (`jax_digest.finish_all`, the zero-hash fix), so a value
+    device path's batched finish (`digest_results.finish_all`, the zero-hash fix), so a value
     hashed on the device never reads as metadata-only nor differs from the host's hash.
     fmix64(0) is 0: lanes equal to the byte count's term finish as 0 before the fix."""
-    from tracediff.capture import jax_digest
+    from tracediff.capture.jax import digest_results
 
     nbytes = np.array([4, 64, 1 << 20], np.uint64)
     with np.errstate(over="ignore"):
         term = nbytes * np.uint64(0x9E3779B97F4A7C15)
     lane1, lane2 = term >> np.uint64(32), term & np.uint64(0xFFFFFFFF)
-    got = jax_digest.finish_all(lane1, lane2, nbytes).tolist()
+    got = digest_results.finish_all(lane1, lane2, nbytes).tolist()
     want = [values.words_finish(int(a), int(b), int(n)) for a, b, n in zip(lane1, lane2, nbytes)]
     assert got == want == [1, 1, 1]
     # and an ordinary value still finishes as the host's hash
     x = np.arange(7, dtype=np.float32)
     a, b = values.words_lanes(x.tobytes())
-    assert jax_digest.finish_all(np.array([a], np.uint64), np.array([b], np.uint64),
+    assert digest_results.finish_all(np.array([a], np.uint64), np.array([b], np.uint64),
                                  [x.nbytes]).tolist() == [values.words_digest(x)]

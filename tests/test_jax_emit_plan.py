@@ -1,7 +1,7 @@
 """The speed of a JAX recording at --level stats/calls on an accelerator (issue 37) comes
 from work made once instead of every step: equation events written from a plan
-(capture/jax_probe._Plan), rows whose strings are interned once, optimizer values and a
-probe's final outputs taking the words their values program computed (jax_digest.Ref),
+(capture/jax/probe._Plan), rows whose strings are interned once, optimizer values and a
+probe's final outputs taking the words their values program computed (digest_results.Ref),
 the probe check answered at the next drain, at level full the small values' bytes kept
 as the one buffer they were fetched in. None of it may change the trace: a trace
 recorded with these paths equals, table by table, string by string and value by value,
@@ -51,7 +51,7 @@ def _manifest(path):
 def test_planned_events_write_the_trace_the_general_path_writes(tmp_path, monkeypatch, level):
     """Flushes every 64 rows (inside and between planned calls), never by the clock (the
     host reduces small values' statistics in batches whose makeup would follow it)."""
-    from tracediff.capture import jax_probe
+    from tracediff.capture.jax import probe
     from tracediff.trace.writer import settings
 
     monkeypatch.setenv("TRACEDIFF_JAX_DIGEST_ON_DEVICE", "1")
@@ -59,7 +59,7 @@ def test_planned_events_write_the_trace_the_general_path_writes(tmp_path, monkey
     monkeypatch.setattr(settings, "FLUSH_SECONDS", 1e9)
     finals = {}
     for name, planned in (("general", False), ("planned", True)):
-        monkeypatch.setattr(jax_probe, "_PLANS_ON", planned)
+        monkeypatch.setattr(probe, "_PLANS_ON", planned)
         finals[name] = _record(tmp_path / f"{name}.h5", level, 5)
     assert all(np.array_equal(a, b) for a, b in zip(finals["general"], finals["planned"]))
     # by value: a planned call at full keeps its joined values as the one buffer they
@@ -97,13 +97,13 @@ def test_compare_later_answers_by_hash_at_the_drain(tmp_path):
     read (no host sync inside the call)."""
     import jax.numpy as jnp
 
-    from tracediff.capture import jax_digest
+    from tracediff.capture.jax import device_digests
     from tracediff.trace.writer import TraceWriter
 
     w = TraceWriter(str(tmp_path / "t.h5"), {})
     w.level = "stats"
     assert w.use_hash("words64")
-    d = jax_digest.DeviceDigests(w, __import__("contextlib").nullcontext)
+    d = device_digests.DeviceDigests(w, __import__("contextlib").nullcontext)
     x = jnp.arange(12, dtype=jnp.float32).reshape(3, 4)
     y = x.at[1, 2].set(7.5)
     with d.outputs():

@@ -1,5 +1,5 @@
 """At `--level calls` the script's jitted functions keep JAX's C++ fast path
-(capture/jax_fastjit.py): the calls are recorded around the script's own executable
+(capture/jax/fastjit.py): the calls are recorded around the script's own executable
 instead of through JAX's Python dispatch path. The trace must be the one the hook writes,
 row by row, and the script must not notice: same printed results, same errors, the
 jitted function's attributes, a jitted method, its use as a decorator factory, static

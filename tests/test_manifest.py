@@ -124,7 +124,7 @@ def _mapped():
 
 
 def test_jax_lowering_replaced_by_a_sitecustomize_is_recorded():
-    code = ("import json, jax; from tracediff.capture.jax_internals import lowering_overrides; "
+    code = ("import json, jax; from tracediff.capture.jax.internals import lowering_overrides; "
             "print(json.dumps(lowering_overrides()))")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join((os.path.join(PERTURB, "tanh_ulp"), ROOT)))
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
@@ -134,7 +134,7 @@ def test_jax_lowering_replaced_by_a_sitecustomize_is_recorded():
     assert list(perturbed) == ["tanh"]
     assert perturbed["tanh"].startswith("cpu lowering registered at ") and \
         os.path.join("tanh_ulp", "sitecustomize.py:") in perturbed["tanh"]
-    from tracediff.capture.jax_internals import lowering_overrides
+    from tracediff.capture.jax.internals import lowering_overrides
 
     assert lowering_overrides() == {}   # this process's JAX is its own
     diff = env_diff({"frameworks": {"jax": {"python_kernels": {}}}},

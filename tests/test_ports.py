@@ -671,7 +671,7 @@ def test_nnx_paths_leave_the_computation_unchanged():
     import jax.numpy as jnp
     from flax import nnx
 
-    from tracediff.capture.nnx_paths import NnxPaths
+    from tracediff.capture.jax.nnx_paths import NnxPaths
 
     class Model(nnx.Module):
         def __init__(self, rngs):

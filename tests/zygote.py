@@ -51,7 +51,7 @@ def _preload(frameworks):
     # on its first call), and so does a plain run at its first optimizer step; importing
     # it earlier changes nothing a child computes or records
     mods = {"torch": ["torch", "torch._dynamo", "tracediff.capture.torch.recorder"],
-            "jax": ["jax", "jax.numpy", "tracediff.capture.jax_recorder"]}
+            "jax": ["jax", "jax.numpy", "tracediff.capture.jax.recorder"]}
     for fw in frameworks:
         for mod in mods[fw]:
             importlib.import_module(mod)

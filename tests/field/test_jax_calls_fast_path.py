@@ -1,5 +1,5 @@
 """`--level calls` records the script's jitted functions around JAX's C++ fast path
-(capture/jax_fastjit.py). On programs written as users write them, the trace must be the
+(capture/jax/fastjit.py). On programs written as users write them, the trace must be the
 one every call through the hook writes (TRACEDIFF_JAX_FAST_JIT=0, the path recorded so far),
 row by row, and the script's printed results those of a plain run: Flax NNX training
 under `nnx.jit` with `nnx.Optimizer` and a jit with a static flag, data-parallel training

@@ -116,9 +116,9 @@ class RecordOptions:
     separated): events outside these are recorded without values (metadata only);
     `max_bytes`: past this many stored value bytes, values are kept as stats + hash.
     `probe` (JAX, regex on jit function names): also record those calls' compiled
-    intermediates (capture/jax_probe.py) to narrow compiled-call divergences.
+    intermediates (capture/jax/probe.py) to narrow compiled-call divergences.
     `devices` (JAX, default on): shards and replicas of multi-device arrays and
-    shard_map/pmap bodies per device (capture/jax_devices.py).
+    shard_map/pmap bodies per device (capture/jax/devices.py).
     `jax_values`: "replay" (every equation re-run op by op: faithful to each primitive)
     or "compiled" (each call's jaxpr compiled once with every intermediate as an output:
     fast, the values of a program XLA may fuse differently; docs/performance.md), or
@@ -147,7 +147,7 @@ class RecordOptions:
         if loops not in ("opaque", "stepped"):
             raise ValueError(f"unknown loop mode {loops!r}")
         self.level, self.loops = level, loops
-        self.devices = bool(devices)   # JAX per-device capture (capture/jax_devices.py)
+        self.devices = bool(devices)   # JAX per-device capture (capture/jax/devices.py)
         self.steps = parse_steps(steps) if not isinstance(steps, tuple) else steps
         self.ops = ops or None
         self._ops_re = None
@@ -250,7 +250,7 @@ class Session:
     @property
     def active(self):
         """False in forked children (DataLoader workers, fork Pools, os.fork): they never
-        write the parent's file (the writer also stops them, trace/writer.py)."""
+        write the parent's file (the writer also stops them, trace/writer/process_hooks.py)."""
         return os.getpid() == self.pid and not self.writer.closed
 
     _LIBRARY_MARKERS = (os.sep + "lib" + os.sep + "python3", "<frozen", "<string>")
@@ -443,7 +443,7 @@ class ImportWatcher(importlib.abc.MetaPathFinder):
 # Recorder modules import their framework, so they are imported only once the script
 # has imported it: a torch-only script never pays for importing JAX, and vice versa.
 RECORDERS = {
-    "jax": ("jax", "tracediff.capture.jax_recorder", "JaxCapture"),
+    "jax": ("jax", "tracediff.capture.jax.recorder", "JaxCapture"),
     "torch": ("torch", "tracediff.capture.torch.recorder", "TorchCapture"),
 }
 

@@ -148,7 +148,7 @@ def finding_json(f):
         "values_total": len(f.values),
         # the op's non-tensor arguments that differ (diff/compare/args.py), only when some do
         **({"arguments_differ": [_plain(x) for x in f.arguments]} if f.arguments else {}),
-        # per-device copies (only when recorded per device, capture/jax_devices.py)
+        # per-device copies (only when recorded per device, capture/jax/devices.py)
         **({"device_note": f.device_note,
             "devices": [_plain(d) for d in f.devices]} if f.devices or f.device_note else {}),
         **({"dtype_note": f.dtype_note} if f.dtype_note else {}),

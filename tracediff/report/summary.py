@@ -74,7 +74,7 @@ def event_detail(t, eid):
                 arrays.append(arr)
         vals.append(meta)
     d["values"] = vals
-    if len(t.shard_rows):   # per-device copies of the outputs (capture/jax_devices.py)
+    if len(t.shard_rows):   # per-device copies of the outputs (capture/jax/devices.py)
         per = []
         for slot in sorted({int(r["slot"]) for r in t.value_rows(eid, schema.ROLE_OUT)}):
             for dv in t.device_values(eid, slot):

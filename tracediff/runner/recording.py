@@ -59,7 +59,7 @@ class Recording(Closing):
         except OSError as exc:
             raise TraceError(f"cannot write {self.output}: {exc.strerror or exc}") from None
         # a hash chosen with --hash applies to every framework's values (`auto` is chosen
-        # by the JAX capture per backend, capture/jax_recorder.py; else xxh3_64)
+        # by the JAX capture per backend, capture/jax/value_store.py; else xxh3_64)
         if getattr(self.options, "hash", "auto") != "auto":
             self.writer.use_hash(self.options.hash)
         # --level stats/calls store hash + statistics instead of bytes; --max-bytes caps bytes

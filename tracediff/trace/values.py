@@ -103,7 +103,7 @@ digest = xxhash.xxh3_64_intdigest  # 64-bit hash of exact bytes (any buffer)
 #     lane2 = sum_i fmix32((w_i ^ C2) * M2 + i*A2 + B2)
 # and the hash is fmix64(lane1 << 32 | lane2, xor the byte count times a constant), never 0.
 # Sums are associative, so XLA reduces them in any order on any backend and gets the same
-# bits (capture/jax_digest.py); numpy computes the same here for values already on the host.
+# bits (capture/jax/digest_programs.py); numpy computes the same here for values already on the host.
 # Each term is a bijection of its word for a fixed position, so two values that differ in
 # exactly one word (one float32 element, one ULP) always hash differently; other accidental
 # differences collide with probability about 2^-64 (docs/format.md). It is not keyed against

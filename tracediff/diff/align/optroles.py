@@ -3,11 +3,11 @@
 Why: optax and torch.optim name the same state differently, and the two snapshots are
 taken at different moments, so same-name pairing compares nothing (or the wrong things).
 
-* optax (capture/optax_tags.py): `grads/<path>`, `params/<path>` (the params given to
+* optax (capture/jax/optax_tags.py): `grads/<path>`, `params/<path>` (the params given to
   `update`, i.e. *before* the step), `updates/<path>`, `state/mu|nu|trace/<path>`,
   `state/count`; `<path>` is the pytree path (`params/fc1/kernel` for linen, where the
   first `params` is the collection; `linear1/kernel[/value]` for NNX).
-* torch (capture/torch_recorder.py): `params/<name>` (*after* the step), `grads/<name>`,
+* torch (capture/torch/optimizer.py): `params/<name>` (*after* the step), `grads/<name>`,
   `state/<name>/exp_avg|exp_avg_sq|momentum_buffer|step`, `<name>` from
   `named_parameters()` (`fc1.weight`).
 

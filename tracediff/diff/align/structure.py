@@ -48,7 +48,7 @@ def is_inplace_write(op: str) -> bool:
 def _consumers(trace):
     """producer event -> [consumer events], from the inputs table, and from an in-place
     write to the `<input>` snapshot of what it wrote through another view (the snapshot's
-    `parent`, capture/torch_recorder.py)."""
+    `parent`, capture/torch/dataflow.py)."""
     ins = trace.inputs
     prod = ins["producer"].astype(np.int64)
     ok = prod >= 0

@@ -1,5 +1,5 @@
 """Why two paired outputs differ in dtype: the autocast state each side recorded at the op
-(`capture/torch_autocast.py`: regions of events in the manifest), in one line that
+(`capture/torch/autocast.py`: regions of events in the manifest), in one line that
 findings put first ("float32 vs bfloat16: autocast on b (cpu bfloat16)")."""
 
 import bisect

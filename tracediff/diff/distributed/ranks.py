@@ -32,7 +32,7 @@ from ..result import RankSummary, RanksResult, Spread
 
 COLLECTIVE_PREFIX = "c10d::"
 # torch's functional collectives (DTensor's redistributions, `full_tensor()`): issued by
-# one op, their result defined at `wait_tensor` (capture/torch_collectives.py)
+# one op, their result defined at `wait_tensor` (capture/torch/collectives.py)
 FUNCOL_PREFIX = "_c10d_functional::"
 FUNCOL_WAIT = "_c10d_functional::wait_tensor"
 _FUNCOL_NOT_ISSUE = frozenset({FUNCOL_WAIT, "_c10d_functional::_wrap_tensor_autograd"})

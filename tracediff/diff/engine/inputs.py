@@ -102,7 +102,7 @@ class InputJudgement:
         # dataflow edges
         rows_a = self.ta.input_rows(ea)
         # a slot has several rows when an event reads one value per device (a collective
-        # replayed per device, capture/jax_devices.py): paired in order
+        # replayed per device, capture/jax/devices.py): paired in order
         rows_b, seen_b = {}, {}
         for r in self.tb.input_rows(eb):
             k = int(r["slot"])

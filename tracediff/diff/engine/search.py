@@ -214,7 +214,7 @@ class DivergenceSearch:
 
     def _probe_finding(self, ea, eb, call, level, probe):
         """A compiled call whose replayed equations all match: search its compiled probe
-        (`record --probe`, capture/jax_probe.py), the same equations compiled with every
+        (`record --probe`, capture/jax/probe.py), the same equations compiled with every
         intermediate as an output, for the first one whose compiled value differs while
         its inputs match. None when the call was not probed on both sides."""
         mine = np.flatnonzero(probe & (self.sa.kind == schema.KIND_CALL) & (self.sa.parent == ea))

@@ -119,10 +119,10 @@ class TraceWriter(_Events, _Values, _ReservedValues, _Statistics, _DeviceCopies,
         self._slice_digests = {}   # add_shard: digests of the last global value's slices
         self._dtype_ids = {}       # numpy dtype -> (interned name, storage name) for add_array
         # statistics of a batch of values (values.segment_stats's signature); a capture
-        # sets its framework's own (capture/torch_stats.py: torch ops on the value's device)
+        # sets its framework's own (capture/torch/stats.py: torch ops on the value's device)
         self.stats_reducer = values.segment_stats
         # the hash of every value's exact bytes (values.DIGESTS): xxh3_64, or words64 where a
-        # JAX capture hashes on an accelerator (capture/jax_digest.py); one per trace, named
+        # JAX capture hashes on an accelerator (capture/jax/device_digests.py); one per trace, named
         # in the manifest's recording.hash (`use_hash`)
         self.hash_name = values.HASH_NAME
         self.digest = values.digest

@@ -1,6 +1,6 @@
 """Value statistics inside the compiled program (`record --jax-values compiled --level stats`).
 
-The values program (capture/jax_probe.py, values mode) returns, next to every equation's
+The values program (capture/jax/probe.py, values mode) returns, next to every equation's
 outputs, one small vector per output with its statistics (`trace.values.STAT_FIELDS`:
 min and max over the non-NaN elements, mean and L2 over the finite ones, NaN and Inf
 counts), computed by XLA on the device that holds the value: the host then reads six

@@ -23,8 +23,8 @@ import re
 
 import numpy as np
 
-from ..trace import schema, values
-from . import jax_digest, jax_internals, jax_stats
+from ...trace import schema, values
+from . import digest_programs, digest_results, internals, xla_stats
 from .optax_tags import OPTAX_TAG
 
 # `_Plan`s on (the default); TRACEDIFF_JAX_EMIT_PLAN=0 writes every event through `_emit`
@@ -65,7 +65,7 @@ class Prober:
             return hit[1:]
         import jax
 
-        # values hashed (and summarised) on the device (jax_digest): the program returns
+        # values hashed (and summarised) on the device (device_digests): the program returns
         # one packed uint32 vector for them, and at level stats not the values themselves,
         # so XLA need not write the intermediates out (a 4096-wide MLP's step: 14 GB); at
         # level full it returns their hashes, the small ones' words joined, the others
@@ -81,7 +81,7 @@ class Prober:
         # across the bus; on the CPU XLA's extra reductions were measured dearer than
         # numpy's on the host (docs/performance.md), and the bytes are in host memory
         with_stats = self.values_mode and self.capture.session.writer.level == "stats" and \
-            jax_stats.in_program()
+            xla_stats.in_program()
 
         def program(*args):
             found, tags = [], []
@@ -90,7 +90,7 @@ class Prober:
                 # every value of a hashable dtype is digested, optax-tagged ones too;
                 # `at`: a value's place among them (a final output that is an equation's
                 # value takes that value's words)
-                mask[:] = [jax_digest.dtype_ok(x.dtype) for x in found]
+                mask[:] = [digest_results.dtype_ok(x.dtype) for x in found]
                 at, n = {}, 0
                 for x, m in zip(found, mask):
                     if m:
@@ -108,11 +108,11 @@ class Prober:
                 kept = [x for x, m in zip(found, mask) if m]
                 avals[:] = [(x.shape, x.dtype) for x in kept]
                 nbytes[:] = [x.size * np.dtype(x.dtype).itemsize for x in kept]
-                small = jax_digest.joined(avals)
-                starts[:] = jax_digest.joined_starts(avals, small)
+                small = digest_results.joined(avals)
+                starts[:] = digest_results.joined_starts(avals, small)
                 if kept:
                     kept = list(jax.lax.optimization_barrier(kept))
-                parts = jax_digest.fetch_parts(kept, small)
+                parts = digest_programs.fetch_parts(kept, small)
                 back = iter(None if j else x for x, j in zip(kept, small))
                 return outs, [next(back) if m else x for x, m in zip(found, mask)], parts
             if digest:
@@ -122,18 +122,18 @@ class Prober:
                 # same values
                 more = []
                 for x in outs:
-                    if not jax_digest.dtype_ok(x.dtype):
+                    if not digest_results.dtype_ok(x.dtype):
                         out_at.append(None)
                     elif id(x) in at:
                         out_at.append(at[id(x)])
                     else:
                         out_at.append(n + len(more))
                         more.append(x)
-                pk = jax_digest.packed([x for x, m in zip(found, mask) if m] + more, True,
+                pk = digest_programs.packed([x for x, m in zip(found, mask) if m] + more, True,
                                        inside=True)
                 return outs, [None if m else x for x, m in zip(found, mask)], pk
-            if with_stats:  # statistics computed by XLA next to the values (jax_stats.py)
-                return outs, found, [jax_stats.stats_vector(x) if jax_stats.wants(x) else None
+            if with_stats:  # statistics computed by XLA next to the values (xla_stats.py)
+                return outs, found, [xla_stats.stats_vector(x) if xla_stats.wants(x) else None
                                      for x in found]
             return outs, found
 
@@ -231,7 +231,7 @@ class Prober:
             for slot, (v, h, kept) in enumerate(fetched):
                 cap.store(pid, slot, v, h=h, kept=kept)
         if all(h is not None for _, h, _ in fetched):   # level full: `check` compares hashes
-            return [jax_digest.Fetched(v, h, kept) for v, h, kept in fetched]
+            return [digest_results.Fetched(v, h, kept) for v, h, kept in fetched]
         return outs
 
     def _plan_for(self, closed, ns, source, mask, digested, stats):
@@ -266,18 +266,18 @@ class Prober:
         if len(outs) != len(compiled):
             self._count(name, False)
         elif len(compiled_refs) == len(outs) and all(
-                type(r) is jax_digest.Fetched for r in (*outs, *compiled_refs)):
+                type(r) is digest_results.Fetched for r in (*outs, *compiled_refs)):
             # level full: both sides were hashed as they were fetched (no program runs)
             self._count(name, all(
                 p.h == c.h and p.value.dtype == c.value.dtype and p.value.shape == c.value.shape
                 for p, c in zip(outs, compiled_refs)))
         elif digests is not None:
-            arrays = [x.array if type(x) is jax_digest.Ref else x for x in outs]
+            arrays = [x.array if type(x) is digest_results.Ref else x for x in outs]
             for x in outs:   # a Ref waiting for a drain keeps no array alive
-                if type(x) is jax_digest.Ref:
+                if type(x) is digest_results.Ref:
                     x.array = None
             if len(compiled_refs) == len(outs) and all(
-                    type(r) is jax_digest.Ref for r in (*outs, *compiled_refs)):
+                    type(r) is digest_results.Ref for r in (*outs, *compiled_refs)):
                 digests.compare_later(list(outs), list(compiled_refs),
                                       lambda same: self._count(name, same))
             else:   # answered at the next drain: no host sync
@@ -324,14 +324,14 @@ class Prober:
                               stats=None if st is None else np.asarray(st, np.float64))
                 if tags and site.tag is not None:   # digested here: the step's row takes
                     cap._pending_optim[site.tag] = got if type(got) in (    # its words or
-                        jax_digest.Ref, jax_digest.Fetched) else cap.optim_value(x)  # bytes
+                        digest_results.Ref, digest_results.Fetched) else cap.optim_value(x)  # bytes
                 if type(v).__name__ != "DropVar":
                     env[v] = (eid, slot)
 
 
 def _same_bytes(x, y):
     dtype = getattr(x, "dtype", None)
-    if dtype is not None and jax_internals.is_key_dtype(dtype):
+    if dtype is not None and internals.is_key_dtype(dtype):
         import jax
 
         x, y = jax.random.key_data(x), jax.random.key_data(y)
@@ -361,7 +361,7 @@ class _Digested:
         self.full = cap.session.writer.level == "full"
         self.reserve = cap.digests.reserve
         self.at = 0                   # the next digested value's place in the result
-        self.result = jax_digest.Result(None if self.full else packed)
+        self.result = digest_results.Result(None if self.full else packed)
         self.rows = self.result.rows
         if self.full:
             avals, nbytes, self.starts = full_meta
@@ -391,7 +391,7 @@ class _Digested:
             handle, nbytes = None, math.prod(aval.shape) * np.dtype(aval.dtype).itemsize
         self.rows.append((handle, nbytes))
         self.at += 1
-        return jax_digest.Ref(self.result, self.at - 1, aval.dtype, tuple(aval.shape), nbytes)
+        return digest_results.Ref(self.result, self.at - 1, aval.dtype, tuple(aval.shape), nbytes)
 
     def fetched_at(self, i, x):
         """Level full: value `i` of the fetched ones as a `Fetched` (x: its array), or x
@@ -400,9 +400,9 @@ class _Digested:
             return x
         host = self.host(i)
         if host is None:
-            return jax_digest.Fetched(x, self.hashes[i], self.kept_alone.get(i))
+            return digest_results.Fetched(x, self.hashes[i], self.kept_alone.get(i))
         kept = None if self.kept_at is None else self.kept_at + self.starts[i]
-        return jax_digest.Fetched(host, self.hashes[i], kept)
+        return digest_results.Fetched(host, self.hashes[i], kept)
 
     def host(self, i):
         """Level full: digested value i's bytes on the host (a `HostView`, read when asked),
@@ -412,14 +412,14 @@ class _Digested:
         if at is None:
             return None
         shape, dtype = self.avals[i]
-        return jax_digest.HostView(self.joined, at, dtype, shape)
+        return digest_results.HostView(self.joined, at, dtype, shape)
 
     def ref(self, i, aval):
         """The `Ref` of value `i` of the packed result (a final output of the program)."""
         nbytes = math.prod(aval.shape) * np.dtype(aval.dtype).itemsize
         while len(self.rows) <= i:    # outputs digested after the equations' values
             self.rows.append((None, 0))
-        return jax_digest.Ref(self.result, i, aval.dtype, tuple(aval.shape), nbytes)
+        return digest_results.Ref(self.result, i, aval.dtype, tuple(aval.shape), nbytes)
 
     def done(self):
         if not self.full:
@@ -541,16 +541,16 @@ class _Plan:
                 if at is not None and starts[i] is not None:
                     w.add_fetched_row(event, op[2], op[9], at + starts[i], op[4], h)
                     if op[5] is not None:   # the step's row points at the same bytes
-                        optim[op[5]] = jax_digest.Fetched(digested.host(i), h, at + starts[i])
+                        optim[op[5]] = digest_results.Fetched(digested.host(i), h, at + starts[i])
                     continue
                 if starts[i] is None:   # too large to join: held as it came back, no copy
                     x = found[op[10]]
-                    off = w.keep_joined(jax_digest.Joined(x, copy=False))   # copy under way
+                    off = w.keep_joined(digest_results.Joined(x, copy=False))   # copy under way
                     if off is not None:
                         digested.kept_alone[i] = off
                         w.add_fetched_row(event, op[2], op[9], off, op[4], h)
                         if op[5] is not None:
-                            optim[op[5]] = jax_digest.Fetched(x, h, off)
+                            optim[op[5]] = digest_results.Fetched(x, h, off)
                         continue
                 host = digested.host(i)
                 host = None if host is None else np.asarray(host)   # to be copied: read now
@@ -558,12 +558,12 @@ class _Plan:
                     host = found[op[10]] if host is None else host
                     cap.store(event, op[2], host, h=h)
                 if op[5] is not None:
-                    optim[op[5]] = jax_digest.Fetched(host, h)
+                    optim[op[5]] = digest_results.Fetched(host, h)
             elif kind == 1:       # digested in the program: a reserved row
                 values_rows.append((base + op[1], op[2]) + op[3])
                 held.append((len(values_rows) - 1, op[4]))
                 if op[5] is not None:
-                    optim[op[5]] = jax_digest.Ref(result, op[6], op[7], op[8], op[4])
+                    optim[op[5]] = digest_results.Ref(result, op[6], op[7], op[8], op[4])
             elif kind == 0:     # a literal input
                 w.add_host_value(base + op[1], op[2], op[3], role=schema.ROLE_IN)
             else:               # returned by the program: stored as `_emit` stores it

@@ -17,7 +17,7 @@ JIT_NAMES = ("jit", "pjit")
 SUPPORTED = ((0, 7), (0, 10))  # inclusive range of minor versions tested in CI
 
 
-from ..errors import UnsupportedJax  # noqa: E402  (re-exported: capture raises it)
+from ...errors import UnsupportedJax  # noqa: E402  (re-exported: capture raises it)
 
 
 def jax_version():

@@ -28,8 +28,8 @@ collectives in the same order.
 
 import numpy as np
 
-from ..trace import schema
-from . import jax_internals
+from ...trace import schema
+from . import internals
 from .optax_tags import OPTAX_TAG
 
 _AXIS_KEYS = ("axes", "axis_name")
@@ -93,13 +93,13 @@ def uses_axes(eqn, names, depth=0):
     def names_axis(e):
         return any(key in e.params and _names_in(e.params[key]) & names for key in _AXIS_KEYS)
 
-    return names_axis(eqn) or any(jax_internals.any_equation(sub, names_axis, True, depth + 1)
-                                  for sub in jax_internals.sub_jaxprs(eqn))
+    return names_axis(eqn) or any(internals.any_equation(sub, names_axis, True, depth + 1)
+                                  for sub in internals.sub_jaxprs(eqn))
 
 
 def has_mesh(jaxpr, depth=0):
     """Does a jaxpr (or one nested in it) run over a device mesh (shard_map)?"""
-    return jax_internals.any_equation(jaxpr, lambda e: "mesh" in e.params, True, depth)
+    return internals.any_equation(jaxpr, lambda e: "mesh" in e.params, True, depth)
 
 
 def _spec_index(spec, shape, mesh, pos):
@@ -394,3 +394,31 @@ def merge_distributed(existing, index, count, local_devices):
     d["process_index"], d["process_count"] = index, count
     d["local_devices"] = list(local_devices)
     return d
+
+
+class _Devices:
+    """JaxCapture's devices and processes: the one device a call runs on, and this
+    process's place among several (`jax.distributed`) in the manifest."""
+
+    def _args_device(self, args, closed):
+        """The one device a call runs on: all its array arguments on that device and no
+        mesh in its program (a shard_map spans the mesh's devices); else None."""
+        if not self.per_device:
+            return None
+        devs = {single_device(x) for x in args if hasattr(x, "sharding")}
+        if len(devs) != 1 or None in devs:
+            return None
+        hit = self._mesh_calls.get(id(closed))
+        if hit is None or hit[0] is not closed:
+            hit = self._mesh_calls[id(closed)] = (closed, has_mesh(closed.jaxpr))
+        return None if hit[1] else devs.pop()
+
+    def _record_distributed(self):
+        """The manifest's `distributed` section, where several processes ran the script."""
+        w = self.session.writer
+        try:
+            dist = distributed_section(w._manifest.get("distributed"))
+        except Exception:  # informative only
+            dist = None
+        if dist is not None:
+            w.update_manifest(distributed=dist)

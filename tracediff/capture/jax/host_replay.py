@@ -14,7 +14,7 @@ it does without tracediff. Where no CPU backend is there (JAX_PLATFORMS=tpu), th
 is not replayed (`calls_not_replayed`).
 """
 
-from . import jax_internals
+from . import internals
 
 _WIDE = frozenset(("float64", "complex128"))
 
@@ -51,7 +51,7 @@ class HostReplay:
         if hit is None or hit[0] is not closed:
             jaxpr = closed.jaxpr
             wide = any(_wide_var(v) for v in (*jaxpr.invars, *jaxpr.outvars, *jaxpr.constvars)) \
-                or jax_internals.any_equation(
+                or internals.any_equation(
                     jaxpr, lambda e: any(_wide_var(v) for v in (*e.invars, *e.outvars)), True)
             hit = self._seen[id(closed)] = (closed, wide)
         return hit[1]

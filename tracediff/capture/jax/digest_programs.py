@@ -1,0 +1,266 @@
+"""The XLA programs that hash and summarise JAX values where they are (issue 37).
+
+Traced code only, run inside a jitted program on the value's device: the words64 hash of
+a value's exact bytes (`lanes`: trace/values.py's function, the one numpy computes for
+values already on the host, so traces from two backends compare hash to hash) and its
+statistics (`values.STAT_FIELDS`), packed into 8 uint32 words a value (`packed`), and the
+small values' words end to end for one copy to the host (`fetch_parts`). Which values
+take this path and what is read back lives in digest_results.py; device_digests.py runs
+these programs for a recording.
+"""
+
+import numpy as np
+
+from ...trace import values
+
+
+def _fmix32(x):
+    x = x ^ (x >> 16)
+    x = x * np.uint32(0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = x * np.uint32(0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def words(x):
+    """Traced: x's exact bytes as little-endian uint32 words, zero-padded (1-D)."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    dt = np.dtype(x.dtype)
+    if dt.kind == "c":   # real and imaginary parts interleaved, as in memory
+        part = np.dtype(np.float32) if dt.itemsize == 8 else np.dtype(np.float64)
+        x = jnp.stack([jnp.real(x).astype(part), jnp.imag(x).astype(part)], axis=-1)
+        dt = part
+    if dt.kind == "b":
+        x, dt = x.astype(jnp.uint8), np.dtype(np.uint8)
+    flat = x.reshape(-1)
+    size = dt.itemsize
+    if size == 4:
+        return lax.bitcast_convert_type(flat, jnp.uint32)
+    if size == 8:
+        return lax.bitcast_convert_type(flat, jnp.uint32).reshape(-1)
+    narrow = jnp.uint16 if size == 2 else jnp.uint8
+    u = lax.bitcast_convert_type(flat, narrow).astype(jnp.uint32)
+    per = 4 // size
+    pad = (-u.shape[0]) % per
+    if pad:
+        u = jnp.concatenate([u, jnp.zeros((pad,), jnp.uint32)])
+    u = u.reshape(-1, per)
+    out = u[:, 0]
+    for k in range(1, per):
+        out = out | (u[:, k] << (8 * size * k))
+    return out
+
+
+def _positions(shape, a, b):
+    """Traced: i*a + b (mod 2^32) for the flat index i of each element of a 1-D or 2-D
+    shape; for 2-D (rows, cols) as a row term plus a column term, i = r*cols + c, so an
+    element costs one add instead of a multiply and an add (measured on a TPU v5e: the
+    hash of 805 MB in 1.67 ms instead of 1.81, the memory's own pace)."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    if len(shape) == 1:
+        return lax.iota(jnp.uint32, shape[0]) * np.uint32(a) + np.uint32(b)
+    rows, cols = shape
+    col = lax.iota(jnp.uint32, cols) * np.uint32(a) + np.uint32(b)
+    row = lax.iota(jnp.uint32, rows) * np.uint32((cols * a) & 0xFFFFFFFF)
+    return row[:, None] + col[None, :]
+
+
+def _terms(w):
+    """Traced: the two arrays of uint32 terms whose sums are the words64 lanes of words
+    `w` (1-D, or (rows, cols) in memory order)."""
+    one = _fmix32(w + _positions(w.shape, values._A1, values._B1))
+    two = _fmix32((w ^ np.uint32(values._C2)) * np.uint32(values._M2) +
+                  _positions(w.shape, values._A2, values._B2))
+    return one, two
+
+
+def lanes(x):
+    """Traced: the two words64 lanes of x (uint32[2]), as values.words_lanes. A value of
+    4-byte numbers is hashed in place (`_in_place`; two or more axes as (rows, last
+    axis)): the same words in the same order, without flattening it (a copy on a TPU's
+    tiled layout) or a multiply per position."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    pair = _in_place(x) if x.size else None
+    w = words(x) if pair is None else pair[0]
+    if w.size == 0:
+        return jnp.zeros((2,), jnp.uint32)
+    one, two = _terms(w)
+    if one_pass():   # measured on a TPU v5e: 1.77 ms over 805 MB; one variadic: 4.55
+        return jnp.stack([one.sum(dtype=jnp.uint32), two.sum(dtype=jnp.uint32)])
+    add = (np.uint32(0), lax.add)   # XLA:CPU: 1.0 ms over 16 MB; two sums: 9.8
+    return jnp.stack(_reduce([(one, add), (two, add)]))
+
+
+def _numbers(x):
+    """Traced: x's numbers as float32 (complex: its real and imaginary parts, on a last
+    axis of 2)."""
+    import jax.numpy as jnp
+
+    if np.dtype(x.dtype).kind == "c":
+        return jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1).astype(jnp.float32)
+    return x.astype(jnp.float32)
+
+
+def _in_place(x):
+    """Traced: (words, numbers) of a non-empty value whose every number is one 4-byte word
+    (4-byte reals and integers, complex64's parts), both of one shape: 1-D, or (rows,
+    last axis) in memory order; else None (narrower elements share a word)."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    dt = np.dtype(x.dtype)
+    if dt.kind == "c" and dt.itemsize == 8:
+        x = _numbers(x)            # the float32 parts, interleaved as in memory
+    elif not (dt.itemsize == 4 and dt.kind in "fiu"):
+        return None
+    x = x.reshape(-1, x.shape[-1]) if x.ndim >= 2 else x.reshape(-1)
+    return lax.bitcast_convert_type(x, jnp.uint32), x.astype(jnp.float32)
+
+
+def _reduce(pairs, together=True):
+    """Traced: reductions over all axes of same-shaped operands, `pairs` = [(operand,
+    (identity, combine))]. `together`: one variadic reduction, which reads the value once
+    for all of them, in two stages where it has two or more axes (over all but the last
+    axis, then over that one), so that no float sum runs in a chain longer than the
+    number of rows or columns even where the reduction is sequential (XLA:CPU's: an L2
+    norm 1.4% off over 16 M numbers in one stage, where locate's bounds allow ~eps *
+    sqrt n: diff/compare/levels.py; a 1-D value is reduced in one stage). Otherwise
+    each float reduction alone: XLA:CPU vectorises a lone float sum, min or max, not one
+    inside a variadic reduction (the hash and unmasked statistics of 16 MB there: 1.2 ms
+    apart, 7.0 in one stage)."""
+    from jax import lax
+
+    def variadic(ops, dims):
+        return lax.reduce(tuple(ops), tuple(p[1][0] for p in rest),
+                          lambda a, b: tuple(p[1][1](x, y) for p, x, y in zip(rest, a, b)),
+                          dims)
+
+    ndim = pairs[0][0].ndim
+    alone = [not together and p[0].dtype == np.float32 for p in pairs]
+    rest = [p for p, a in zip(pairs, alone) if not a]
+    got = ()
+    if rest and together and ndim >= 2 and any(p[0].dtype == np.float32 for p in rest):
+        got = variadic(variadic([p[0] for p in rest], tuple(range(ndim - 1))), (0,))
+    elif rest:
+        got = variadic([p[0] for p in rest], tuple(range(ndim)))
+    got = iter(got)
+    return tuple(lax.reduce(p[0], p[1][0], p[1][1], tuple(range(ndim))) if a else next(got)
+                 for p, a in zip(pairs, alone))
+
+
+def one_pass():
+    """Are a value's hash and statistics reduced together (`_reduce`)? On an accelerator,
+    not on XLA:CPU."""
+    import jax
+
+    return jax.default_backend() != "cpu"
+
+
+def _digest(x, masked, together):
+    """Traced: (x's 8 words: the two words64 lanes, its statistics as 4 float32 bit
+    patterns (`values.STAT_FIELDS`: min, max, mean, L2) and NaN and Inf counts, is every
+    number finite?) of a non-empty value; `together`: in one pass over its memory where
+    its numbers are its words (`_in_place`; measured on a TPU v5e over 805 MB in one
+    stage: 1.93 ms, against 2.85 in separate reductions; in `_reduce`'s two stages not
+    yet measured there). Unmasked, the statistics are sum, sum of squares, min and max
+    alone, exact only where every number is finite, which a finite sum proves (an
+    infinity or NaN stays one through any order of additions); masked, the definitions
+    of values.segment_stats (min and max without NaNs, mean and L2 over the finite
+    numbers, NaN and Inf counts; 2.17 ms over those 805 MB)."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    u32, f32 = jnp.uint32, jnp.float32
+    add = (np.uint32(0), lax.add)
+    fadd = (np.float32(0), lax.add)
+    low = (np.float32(np.inf), lax.min)
+    high = (np.float32(-np.inf), lax.max)
+    pair = _in_place(x)
+    if pair is None:   # narrow elements: the hash over words, the statistics over numbers
+        hashed, v = [], _numbers(x)
+        hash_lanes = lanes(x)
+    else:
+        w, v = pair
+        hashed = list(zip(_terms(w), (add, add)))
+    if masked:
+        nan, fin = jnp.isnan(v), jnp.isfinite(v)
+        vf = jnp.where(fin, v, 0)
+        stats = [(vf, fadd), (vf * vf, fadd), (jnp.where(nan, jnp.inf, v), low),
+                 (jnp.where(nan, -jnp.inf, v), high), (nan.astype(u32), add),
+                 (fin.astype(u32), add)]
+    else:
+        stats = [(v, fadd), (v * v, fadd), (v, low), (v, high)]
+    got = _reduce(hashed + stats, together)
+    if hashed:
+        hash_lanes, got = jnp.stack(got[:2]), got[2:]
+    n = v.size
+    if masked:
+        total, squares, mn, mx, n_nan, n_fin = got
+        all_nan = n_nan == n
+        mn, mx = jnp.where(all_nan, jnp.nan, mn), jnp.where(all_nan, jnp.nan, mx)
+        mean = jnp.where(n_fin > 0, total / jnp.maximum(n_fin, 1).astype(f32), jnp.nan)
+        counts = jnp.stack([n_nan, np.uint32(n) - n_fin - n_nan])
+    else:
+        total, squares, mn, mx = got
+        mean, counts = total / np.float32(n), jnp.zeros((2,), u32)
+    floats = lax.bitcast_convert_type(jnp.stack([mn, mx, mean, jnp.sqrt(squares)]), u32)
+    return jnp.concatenate([hash_lanes, floats, counts]), jnp.isfinite(total)
+
+
+def packed(xs, with_stats, inside=False, together=None):
+    """Traced: one uint32 vector, WORDS (or 2) words per value of xs (`_digest`;
+    `together`: `one_pass()` where not given). A batch's statistics are the unmasked ones
+    when every number of it is finite, else, by one `lax.cond`, the masked ones.
+    `inside`: xs are intermediates of the program being traced (a values program),
+    summarised by the masked pass alone: a conditional over them would take them all as
+    operands, written out to memory, where XLA otherwise fuses their reductions into the
+    equations that make them."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    xs = list(xs)
+    if not xs:
+        return jnp.zeros((0,), jnp.uint32)
+    if not with_stats:
+        return jnp.stack([lanes(x) for x in xs]).reshape(-1)
+    together = one_pass() if together is None else together
+    full = [x for x in xs if x.size]
+    if not full:
+        rows = []
+    elif inside:
+        rows = [_digest(x, True, together)[0] for x in full]
+    else:
+        quick = [_digest(x, False, together) for x in full]
+        finite = jnp.stack([ok for _, ok in quick]).all()
+        rows = lax.cond(finite, lambda xs: jnp.stack([r for r, _ in quick]),
+                        lambda xs: jnp.stack([_digest(x, True, together)[0] for x in xs]),
+                        full)
+    empty = jnp.array([0, 0] + [0x7FC00000] * 4 + [0, 0], jnp.uint32)  # hash of no bytes: 0
+    out, k = [], 0                                                    # lanes; NaN statistics
+    for x in xs:
+        if x.size:
+            out.append(rows[k])
+            k += 1
+        else:
+            out.append(empty)
+    return jnp.stack(out).reshape(-1)
+
+
+def fetch_parts(xs, small):
+    """Traced: (the words64 lanes of xs, the words of those marked in `small` end to end
+    or None), for `DeviceDigests.fetched`."""
+    return packed(xs, False), join([x for x, j in zip(xs, small) if j])
+
+
+def join(xs):
+    """Traced: the words of xs end to end (one uint32 vector), or None for no value."""
+    import jax.numpy as jnp
+
+    parts = [words(x) for x in xs]
+    return jnp.concatenate(parts) if parts else None
