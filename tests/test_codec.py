@@ -17,7 +17,7 @@ import tracediff
 from tracediff.errors import TraceError
 from tracediff.trace import codec
 
-from .helpers import ROOT, locate_json, run_cli
+from .helpers import locate_json, run_cli, script_env
 
 pytest.importorskip("hdf5plugin")
 
@@ -57,7 +57,7 @@ def test_codec_trace_without_hdf5plugin_is_refused_in_one_line(pair):
     blocked = ("import sys; sys.modules['hdf5plugin'] = None; "
                "from tracediff.cli import main; sys.argv = ['tracediff', 'info', sys.argv[1]]; main()")
     proc = subprocess.run([sys.executable, "-c", blocked, str(pair[1])], capture_output=True,
-                          text=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=120)
+                          text=True, env=script_env(), timeout=120)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "hdf5plugin" in lines[0] and "Traceback" not in proc.stderr
@@ -300,7 +300,7 @@ def test_a_compressed_trace_naming_an_unknown_hash_is_refused_in_one_line(words_
     import json
 
     bad = tmp_path / "unknown_hash.h5"
-    shutil.copy(words_pair[1], bad)
+    shutil.copyfile(words_pair[1], bad)   # not its mode: shared recordings are read-only
     with h5py.File(bad, "r+") as f:
         manifest = json.loads(f["manifest"][()])
         manifest["recording"]["hash"] = "md5"

@@ -9,7 +9,6 @@ its dispatch mode, and the Flax init / RNG units a port does not count.
 """
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -21,13 +20,13 @@ import tracediff
 from tracediff.diff import coverage as _coverage
 from tracediff.trace import schema
 
-from .helpers import ROOT, metadata_only_copy
+from .helpers import metadata_only_copy, script_env
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 def _cli(*args, cwd=None):
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = script_env()
     return subprocess.run([sys.executable, "-m", "tracediff", *args], capture_output=True,
                           text=True, timeout=600, cwd=cwd, env=env)
 

@@ -18,7 +18,7 @@ from tracediff.diff.explain.env import env_diff
 from tracediff.trace import manifest
 
 from .conftest import BROKEN_DOT, PERTURB
-from .helpers import ROOT
+from .helpers import script_env
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                  reason="torch is not installed (the oldest-JAX CI environment)")
@@ -126,7 +126,7 @@ def _mapped():
 def test_jax_lowering_replaced_by_a_sitecustomize_is_recorded():
     code = ("import json, jax; from tracediff.capture.jax.internals import lowering_overrides; "
             "print(json.dumps(lowering_overrides()))")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join((os.path.join(PERTURB, "tanh_ulp"), ROOT)))
+    env = script_env({"PYTHONPATH": os.path.join(PERTURB, "tanh_ulp")})
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -22,7 +22,7 @@ import pytest
 import tracediff
 from tracediff.trace import schema
 
-from .helpers import FIXTURES, ROOT, run_cli
+from .helpers import FIXTURES, ROOT, run_cli, script_env
 
 # CI's 'deep' stage (pytest -m deep): several recordings, each against its truth
 pytestmark = pytest.mark.deep
@@ -45,7 +45,7 @@ RTOL, ATOL = 1e-5, 1e-6
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
     d = tmp_path_factory.mktemp("optsettings")
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = script_env()
     env.pop("XLA_FLAGS", None)
     jobs = {k: list(v) for k, v in JOBS.items()}
     run = subprocess.run([sys.executable, "-c", BATCH, str(d), SCRIPT, json.dumps(jobs)],

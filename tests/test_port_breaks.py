@@ -19,7 +19,7 @@ import pytest
 
 import tracediff
 
-from .helpers import FIXTURES, ROOT
+from .helpers import FIXTURES, ROOT, script_env
 
 # CI's 'deep' stage (pytest -m deep): several recordings, each against its truth
 pytestmark = pytest.mark.deep
@@ -36,7 +36,7 @@ JOBS = {
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
     d = tmp_path_factory.mktemp("breaks")
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = script_env()
     env.pop("XLA_FLAGS", None)
     out = {}
     for name, (script, *args) in JOBS.items():

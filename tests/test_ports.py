@@ -23,7 +23,7 @@ from tracediff.cli import main as cli
 from tracediff.diff.locate import open_differ
 from tracediff.trace import schema
 
-from .helpers import FIXTURES, ROOT, fixture_line
+from .helpers import FIXTURES, ROOT, fixture_line, script_env
 
 TF32 = os.path.join(ROOT, "tests", "perturb", "tf32_addmm")
 
@@ -87,9 +87,7 @@ def _env(cache):
     """The recordings' environment: this checkout, and XLA's persistent compilation
     cache in `cache` (the same programs are compiled once, not once per recording; the
     compiled code, and so every recorded value, is the same)."""
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
-    env["PYTHONPATH"] = ROOT
+    env = script_env()
     env.update(JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
     return env

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tests.conftest import BROKEN_DOT, MKL_SSE, TORCH_GRU_STEPS as GRU_STEPS  # noqa: E402
-from tests.helpers import FIXTURES, run_plain  # noqa: E402
+from tests.helpers import FIXTURES, require_loopback, run_plain  # noqa: E402
 from tracediff.trace import schema  # noqa: E402
 from tracediff.trace.reader import Trace  # noqa: E402
 
@@ -219,6 +219,7 @@ def test_an_empty_tensor_links_to_its_producer_whatever_object_held_its_id_befor
     empty `save_mean` was its producer's or an `<input>` snapshot from run to run (HF
     ResNet: 106-120 of 130 torch units paired between identical runs; now 122 each).
     FSDP imported and a process group up is what makes the recorder watch for it."""
+    require_loopback()   # gloo's one-rank group still resolves 127.0.0.1
     import torch.distributed as dist
     import torch.distributed.fsdp  # noqa: F401
 

@@ -21,7 +21,7 @@ import pytest
 from tracediff.trace import schema
 from tracediff.trace.values import digest
 
-from .helpers import ROOT
+from .helpers import ROOT, script_env
 
 AS_LIMIT = 3 << 30          # address space of a checked command (torch alone maps ~1.2 GB)
 TIMEOUT = 120               # seconds; the hostile inputs took minutes before the fix
@@ -194,7 +194,7 @@ def run_bounded(*args, tmp, limit=AS_LIMIT, timeout=TIMEOUT):
     """Run the CLI in a child limited to `limit` bytes of address space; returns
     (CompletedProcess, the child's peak RSS in bytes or None if it did not exit normally)."""
     peak_file = os.path.join(tmp, "peak.txt")
-    env = dict(os.environ, NO_COLOR="1", PYTHONPATH=ROOT)
+    env = script_env({"NO_COLOR": "1"})
     env.pop("XLA_FLAGS", None)
     code = _CHILD.format(limit=limit, peak=peak_file)
     proc = subprocess.run([sys.executable, "-c", code, *map(str, args)], env=env, cwd=ROOT,

@@ -30,7 +30,7 @@ from tracediff.report.context import report_context
 from tracediff.report.json_report import next_steps
 
 from .conftest import BROKEN_DOT
-from .helpers import ROOT, run_cli, run_plain
+from .helpers import run_cli, run_plain, script_env
 
 DOT = 1            # event 1 of torch_dot.py is aten::dot
 MUL = 2            # event 2 is aten::mul.Tensor (other=2)
@@ -349,7 +349,7 @@ def test_write_errors_exit_2(traces, tmp_path):
     code, _, err = _cli("show", full, DOT, "--npy", "/dev/full")
     assert code == 2
     assert err == "tracediff: error: cannot write /dev/full: No space left on device\n"
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = script_env()
     with open("/dev/full", "w") as sink:
         proc = subprocess.run([sys.executable, "-m", "tracediff", "show", str(full), str(DOT)],
                               stdout=sink, stderr=subprocess.PIPE, text=True, env=env,

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 
-from ..helpers import ROOT
+from ..helpers import script_env
 
 RTOL, ATOL = 1e-5, 1e-6     # float32 (compare.DEFAULT_TOLERANCES)
 
@@ -27,7 +27,7 @@ def load_program(path):
 def record_cases(program, cases, folder, extra=()):
     """{case: trace} of `tracediff record PROGRAM --bug BUG [EXTRA]` for each (case, bug); BUG
     may be the program's whole argument list instead (["--attn", "sdpa", "--bug", "none"])."""
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = script_env()
     env.pop("XLA_FLAGS", None)
     out = {}
     for name, bug in cases.items():

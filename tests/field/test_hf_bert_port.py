@@ -21,7 +21,7 @@ import pytest
 
 import tracediff
 
-from ..helpers import ROOT
+from ..helpers import ROOT, script_env
 
 PROGRAM = os.path.join(ROOT, "tests", "field", "programs", "hf_bert.py")
 GPT2 = os.path.join(ROOT, "tests", "field", "programs", "hf_gpt2.py")
@@ -44,7 +44,7 @@ def _program(path=PROGRAM):
 
 
 def _record(out, *args, cwd, program=PROGRAM):
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = script_env()
     env.pop("XLA_FLAGS", None)
     r = subprocess.run([sys.executable, "-m", "tracediff", "record", "-o", out, program, *args],
                        cwd=cwd, env=env, capture_output=True, text=True, timeout=900)

@@ -20,7 +20,7 @@ import pytest
 
 import tracediff
 
-from ..helpers import ROOT, run_cli
+from ..helpers import run_cli, script_env
 
 PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "hf_bert_train.py")
 RTOL, ATOL = 1e-5, 1e-6
@@ -31,7 +31,7 @@ CASES = {"ok": ("--grads",), "mask": ("--bug", "decay_mask"), "ok_eager": ("--at
 def record_with_dumps(program, cases, d):
     """{case: (trace, dump)}: `tracediff record PROGRAM ARGS --dump DUMP` for each case, the
     recordings at once (the dump: the parameters after each step, the truth's input)."""
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = script_env()
     env.pop("XLA_FLAGS", None)
     procs, out = {}, {}
     for name, args in cases.items():
@@ -182,7 +182,7 @@ def two_scripts(tmp_path_factory):
     """The decay-mask port as two scripts, one trace each: (flax trace, torch trace, dump of
     the flax side, dump of the torch side)."""
     d = tmp_path_factory.mktemp("bert_train_two")
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = script_env()
     procs, out = [], []
     for side, fw, extra in (("flax", "jax", ("--bug", "decay_mask")), ("torch", "torch", ())):
         trace, dump = str(d / f"{side}.h5"), str(d / f"{side}.npz")

@@ -16,6 +16,10 @@ _CALL_PRIMS = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "cu
                "custom_vjp_call_jaxpr", "remat2", "checkpoint"}
 _LOOP_PRIMS = {"while", "scan"}
 
+# the params summary's bounds (they bound the trace's string table): one value's text,
+# the whole summary's; a value or tail that does not fit is written "..." (replay then
+# says the parameters were shortened), never cut in the middle
+_PARAM_VALUE_CAP, _PARAMS_CAP = 60, 240
 # primitives whose parameters are recorded whole: a convolution's, in a form replay rebuilds
 # (their tuples of ints are bounded by the array's rank); a `name` equation's checkpoint
 # name, which holds the optimizer tag and its parameter path that pairing reads back
