@@ -1,5 +1,6 @@
 """Shared test helpers: run the real CLI in a subprocess, as a user would."""
 
+import functools
 import hashlib
 import json
 import os
@@ -140,6 +141,39 @@ def require_loopback():
     why = loopback_refused()
     if why:
         pytest.skip(why)
+
+
+_FUSIONS_ALIKE = """
+import numpy as np, jax, jax.numpy as jnp
+from tracediff.capture.jax import digest_programs as dp
+from tracediff.trace import values
+def prog(a):
+    h = jax.lax.iota(jnp.float32, 2059) / np.float32(2059.0)
+    kept = jax.lax.optimization_barrier([a * (np.float32(1.0) - h)])
+    return kept[0], dp.lanes(kept[0])
+x, lanes = jax.jit(prog)(jnp.float32(-1.0))
+print(tuple(int(v) for v in np.asarray(lanes)) == tuple(int(v) for v in values.words_lanes(np.asarray(x))))
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def xla_cpu_hashes_what_it_returns():
+    """Why XLA:CPU here does not hash inside a program the very values the program returns,
+    or None. The device path hashes a value behind an optimization barrier in the program
+    that returns it; XLA:CPU expands barriers and may recompute a cheap value inside the
+    hashing fusion, and where its code generator rounds the two fusions' copies apart (seen
+    under AVX2 code: `jnp.linspace`'s `1 - iota / n`, a TPU host's CPU), the hash is of
+    other bytes. The product hashes on the host on XLA:CPU; tests that force the device
+    path there check this premise first."""
+    proc = subprocess.run([sys.executable, "-c", _FUSIONS_ALIKE], env=script_env(),
+                          capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        return f"the premise check failed to run: {proc.stderr.strip()[-300:]}"
+    if proc.stdout.strip() != "True":
+        return ("XLA:CPU on this CPU recomputes a value inside the hashing fusion with other "
+                "rounding (optimization barriers are expanded there): device-path hashes on "
+                "XLA:CPU cannot be of the returned bytes here")
+    return None
 
 
 def script_env(extra=None):

@@ -15,7 +15,7 @@ import pytest
 
 from tracediff.trace import schema, values
 
-from .helpers import record, script_env
+from .helpers import record, script_env, xla_cpu_hashes_what_it_returns
 
 jax = pytest.importorskip("jax")
 
@@ -375,6 +375,9 @@ def test_full_level_on_the_device_stores_the_bytes_it_hashed(tmp_path):
     host path writes."""
     from tracediff.trace.reader import Trace
 
+    why = xla_cpu_hashes_what_it_returns()
+    if why:
+        pytest.skip(why)
     traces = _device_and_host(tmp_path, FULL_SCRIPT, "--level", "full", "--jax-values",
                               "compiled")
     jd = _manifest(traces["device"])["frameworks"]["jax"]
