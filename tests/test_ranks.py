@@ -398,6 +398,7 @@ def test_a_scheduler_that_accepts_and_never_answers_is_given_up_on(monkeypatch):
     import socket
     import threading
 
+    require_loopback()   # the silent server listens on 127.0.0.1
     pytest.importorskip("distributed")
     from tracediff.diff.distributed import pool
     from tracediff.errors import TraceError
