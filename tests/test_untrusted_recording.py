@@ -237,6 +237,36 @@ def test_closerange_never_writes_into_the_scripts_files_and_keeps_the_trace(tmp_
         assert y.shape == (800, 800) and float(y.sum()) == 1920000.0
 
 
+CLOSE_ALL_THEN_EXIT = """\
+    import os
+
+    import torch
+
+    x = torch.ones(4) * 2
+    print("before", flush=True)
+    os.closerange(0, 65536)           # stdin, stdout, stderr and the trace's descriptors
+    os._exit(4)
+"""
+
+
+def test_os_exit_after_closing_every_descriptor_keeps_its_status(tmp_path):
+    """Issue 53, finding 10: a script that closes every descriptor, then `os._exit(4)`,
+    ends with 4 recorded as plain. Before: tracediff's `os._exit` closed the trace, then
+    printed "trace written" to the closed stderr; the print raised, the handler's own
+    error message raised again, and the script died of that exception (exit 1) before
+    the real `os._exit` ran."""
+    script = _script(tmp_path, "close_all.py", CLOSE_ALL_THEN_EXIT)
+    plain = _plain(script)
+    assert plain.returncode == 4 and plain.stdout == "before\n"
+    out = tmp_path / "close_all.h5"
+    proc = _record(script, out)
+    assert (proc.returncode, proc.stdout) == (plain.returncode, plain.stdout), proc.stderr
+    info = _info(out)
+    assert info["complete"] is True
+    assert info["manifest"]["end"] == {"status": "os._exit", "exit_code": 4}
+    assert "aten::mul.Tensor" in _ops(out)
+
+
 def test_an_fsync_whose_duplicate_the_script_closed_is_no_write_error(tmp_path):
     """The flush's fsync runs in a thread on a duplicate of the trace's descriptor, and
     `os.closerange(3, 4096)` closes that one too. Before: the thread's EBADF was taken for

@@ -169,10 +169,13 @@ class ProcessEnds:
         return os.getpid() == self.rec.pid and not self.rec._stopped
 
     def _exit(self, status):
-        if self._ours():
-            code = status if isinstance(status, int) and not isinstance(status, bool) else 1
-            self.stop({"status": "os._exit", "exit_code": code & 0xFF})
-        self.saved["_exit"](status)
+        try:
+            if self._ours():
+                code = status if isinstance(status, int) and not isinstance(status, bool) \
+                    else 1
+                self.stop({"status": "os._exit", "exit_code": code & 0xFF})
+        finally:   # whatever closing the trace met, the process ends as the script asked
+            self.saved["_exit"](status)
 
     def _exec(self, name):
         def exec_(path, args, *env):
@@ -183,8 +186,8 @@ class ProcessEnds:
             try:
                 return self.saved[name](path, args, *env)
             except BaseException:
-                print(f"tracediff: warning: os.{name} failed after the trace was closed; "
-                      f"the rest of the script is not recorded", file=sys.stderr)
+                _say(f"tracediff: warning: os.{name} failed after the trace was closed; "
+                     f"the rest of the script is not recorded")
                 raise
         return exec_
 
@@ -194,12 +197,20 @@ class ProcessEnds:
         try:
             rec.stop(end)
             if not rec.lost and not rec.incomplete:
-                print(f"tracediff: trace written to {rec.output} ({end['status']})",
-                      file=sys.stderr)
+                _say(f"tracediff: trace written to {rec.output} ({end['status']})")
         except Exception as exc:   # never keep the script from ending as it asked
-            print(f"tracediff: error: closing the trace at {end['status']}: {exc}", file=sys.stderr)
+            _say(f"tracediff: error: closing the trace at {end['status']}: {exc}")
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except Exception:
                 pass
+
+
+def _say(line):
+    """One line to stderr, which the script may have closed (`os.closerange(0, ...)`): a
+    message that cannot be written is dropped, never raised into the script's exit."""
+    try:
+        print(line, file=sys.stderr)
+    except Exception:
+        pass
