@@ -17,6 +17,10 @@ import pytest
 
 from .helpers import ROOT, first_difference, xla_cpu_hashes_what_it_returns
 
+# the device path on XLA:CPU (the product hashes on the host there): CI's deep stage,
+# which keeps README's test command within its five minutes
+pytestmark = pytest.mark.deep
+
 jax = pytest.importorskip("jax")
 
 
