@@ -109,12 +109,7 @@ def locate(trace_a, trace_b, rtol, atol, map_file, as_json, verbose, quiet, ulp,
     if workers is not None or scheduler is not None:
         raise click.UsageError("--workers and --scheduler apply to directories of per-rank "
                                "traces (tracediff locate DIR_A DIR_B)")
-    map_file = user_map(map_file)
-    need_trace(trace_a)
-    if trace_b is not None:
-        need_trace(trace_b)
-    for n in noise or ():
-        need_trace(n, "noise trace")
+    map_file = _checked_inputs(map_file, trace_a, trace_b, noise)
     with ProgressBar(quiet) as progress:
         result = _locate(trace_a, trace_b, rtol=rtol, atol=atol, map_file=map_file, ulp=ulp,
                          noise=noise or None, explain=not no_explain and not quiet,
@@ -258,12 +253,7 @@ def explain(trace_a, trace_b, event, rtol, atol, ulp, noise, map_file, rank, as_
         _, trace_a, trace_b = ranked
     elif rank is not None:
         raise click.UsageError("--rank applies to directories of per-rank traces")
-    map_file = user_map(map_file)
-    need_trace(trace_a)
-    if trace_b is not None:
-        need_trace(trace_b)
-    for n in noise or ():
-        need_trace(n, "noise trace")
+    map_file = _checked_inputs(map_file, trace_a, trace_b, noise)
     with ProgressBar() as progress:
         result, analysis = locate_with_analysis(trace_a, trace_b, event, rtol=rtol, atol=atol,
                                                 map_file=map_file, ulp=ulp,
@@ -292,3 +282,15 @@ def _one_trace_event(trace_b, event):
             not os.path.exists(trace_b):
         return None, int(trace_b)
     return trace_b, event
+
+
+def _checked_inputs(map_file, trace_a, trace_b, noise):
+    """The --map read and every trace checked before any work (one-line errors, exit 2);
+    returns the map."""
+    map_file = user_map(map_file)
+    need_trace(trace_a)
+    if trace_b is not None:
+        need_trace(trace_b)
+    for n in noise or ():
+        need_trace(n, "noise trace")
+    return map_file
