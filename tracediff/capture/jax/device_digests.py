@@ -215,15 +215,9 @@ class DeviceDigests:
     def reserve(self, eid, slot, x, role, name=None, logical=None):
         """Reserve a value's row (x: an array, an aval or a `Ref`); (handle, nbytes) for
         `adopt`. The row's string ids and byte count are made once per dtype and shape."""
-        key = (x.dtype, x.shape, logical)
-        hit = self._ids.get(key)
-        if hit is None:
-            storage, dname = storage_of(x.dtype)
-            hit = self._ids[key] = (
-                self.writer.value_ids(logical or dname, storage, tuple(x.shape)),
-                math.prod(x.shape) * np.dtype(x.dtype).itemsize)
+        ids, nbytes = self.ids_of(x, logical)
         w = self.writer
-        return w.reserve_ids(eid, slot, role, hit[0], w.intern(name)), hit[1]
+        return w.reserve_ids(eid, slot, role, ids, w.intern(name)), nbytes
 
     def same_later(self, xs, ys, done):
         """Do two lists of arrays hold the same bytes? Compared on the device where both

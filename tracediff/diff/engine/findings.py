@@ -122,6 +122,12 @@ class FindingBuilder:
         m["bitwise_equal"] = bool(xa.shape == xb.shape and xa.tobytes() == xb.tobytes())
         return m
 
+    def _optimizer_pairs(self):
+        """[(a event, b event)] of the paired optimizer steps, in order."""
+        ia, ib = self.pairs()
+        sel = self.sa.kind[ia] == schema.KIND_OPTIM
+        return list(zip(ia[sel].tolist(), ib[sel].tolist()))
+
     def initial_and_final_parameters(self):
         """[(name, init_a, init_b, final_a, final_b)] float64 arrays of the parameters both
         sides start from and end with, where both are optax runs (an optax snapshot holds
@@ -129,9 +135,7 @@ class FindingBuilder:
         on both sides; [] otherwise (a torch snapshot is taken after its step: it never
         holds the initial parameters). The sources' estimator follows the initialiser's
         difference to the end with them."""
-        ia, ib = self.pairs()
-        sel = self.sa.kind[ia] == schema.KIND_OPTIM
-        steps = list(zip(ia[sel].tolist(), ib[sel].tolist()))
+        steps = self._optimizer_pairs()
         if not steps or any(t.string(t.events["op"][e]) != "optim:optax"
                             for t, e in ((self.ta, steps[0][0]), (self.tb, steps[0][1]))):
             return []
@@ -153,9 +157,7 @@ class FindingBuilder:
     def optimizer_steps(self):
         """Per optimizer step, the parameters after the step (`_params_after`: the same
         moment in torch and optax) compared: relative L2, max abs, the worst tensor."""
-        ia, ib = self.pairs()
-        sel = self.sa.kind[ia] == schema.KIND_OPTIM
-        steps = list(zip(ia[sel].tolist(), ib[sel].tolist()))
+        steps = self._optimizer_pairs()
         rows = []
         for i, (ea, eb) in enumerate(steps):
             names = self._params_after(steps, i)

@@ -522,9 +522,9 @@ def _carried_initial_share(d, sources):
     difference `Di` is what the final parameters' difference `Df` starts from: its share is
     its projection on it, <Di, Df> / ||Df||^2 (of the square, as independent sources add),
     and the other sources share the rest by their weights."""
-    init = [s for s in sources if s.mechanism == "initialiser"]
+    init = next((s for s in sources if s.mechanism == "initialiser"), None)   # one at most
     rest = [s for s in sources if s.mechanism != "initialiser"]
-    if not init:
+    if init is None:
         return None
     try:
         params = d.initial_and_final_parameters()
@@ -535,9 +535,7 @@ def _carried_initial_share(d, sources):
     if not params or df <= 0 or not np.isfinite(di / df):
         return None
     share = min(1.0, max(0.0, di / df)) if rest else 1.0
-    init[0].share = share
-    for s in init[1:]:
-        s.share = 0.0
+    init.share = share
     total = sum(s.weight for s in rest) or 1.0
     for s in rest:
         s.share = (1.0 - share) * s.weight / total
