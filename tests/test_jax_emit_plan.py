@@ -104,13 +104,14 @@ def test_compare_later_answers_by_hash_at_the_drain(tmp_path):
     read (no host sync inside the call)."""
     import jax.numpy as jnp
 
-    from tracediff.capture.jax import device_digests
+    from tracediff.capture.jax import device_digests, program_cache
     from tracediff.trace.writer import TraceWriter
 
     w = TraceWriter(str(tmp_path / "t.h5"), {})
     w.level = "stats"
     assert w.use_hash("words64")
-    d = device_digests.DeviceDigests(w, __import__("contextlib").nullcontext)
+    d = device_digests.DeviceDigests(w, __import__("contextlib").nullcontext,
+                                     program_cache.ProgramCache())
     x = jnp.arange(12, dtype=jnp.float32).reshape(3, 4)
     y = x.at[1, 2].set(7.5)
     with d.outputs():

@@ -38,8 +38,9 @@ class DeviceDigests:
     """The values of one recording hashed on their device (callers hold the
     session's lock and run with tracediff's own JAX work unrecorded)."""
 
-    def __init__(self, writer, quiet):
+    def __init__(self, writer, quiet, programs):
         self.writer = writer
+        self.programs = programs      # program_cache.ProgramCache: compiled once a machine
         self.quiet = quiet            # context manager: tracediff's JAX work, not recorded
         self.with_stats = writer.level != "full"
         self.pending = []             # Results dispatched, not yet read
@@ -110,9 +111,7 @@ class DeviceDigests:
         ws = self.with_stats
         fn = self._programs.get(("batch", ws))
         if fn is None:
-            import jax
-
-            fn = self._programs[("batch", ws)] = jax.jit(lambda xs: packed(xs, ws))
+            fn = self._programs[("batch", ws)] = self.programs.jit(lambda xs: packed(xs, ws))
         try:
             with self.quiet():
                 out = fn(batch)
@@ -131,9 +130,8 @@ class DeviceDigests:
     def _program(self, with_stats):
         fn = self._programs.get(with_stats)
         if fn is None:
-            import jax
-
-            fn = self._programs[with_stats] = jax.jit(lambda x: packed([x], with_stats))
+            fn = self._programs[with_stats] = self.programs.jit(
+                lambda x: packed([x], with_stats))
         return fn
 
     def fetch(self, xs, copy=True):
@@ -148,9 +146,7 @@ class DeviceDigests:
         small = tuple(joined(avals))
         fn = self._programs.get(("fetch", small))
         if fn is None:
-            import jax
-
-            fn = self._programs[("fetch", small)] = jax.jit(
+            fn = self._programs[("fetch", small)] = self.programs.jit(
                 lambda xs: fetch_parts(xs, small))
         with self.quiet():
             lanes, flat = fn(list(xs))
@@ -243,10 +239,9 @@ class DeviceDigests:
             return
         fn = self._programs.get("same")
         if fn is None:
-            import jax
             import jax.numpy as jnp
 
-            fn = self._programs["same"] = jax.jit(lambda a, b: jnp.stack(
+            fn = self._programs["same"] = self.programs.jit(lambda a, b: jnp.stack(
                 [jnp.array_equal(words(p), words(q)) for p, q in zip(a, b)]).all())
         with self.quiet():
             out = fn([x for x, _ in dev], [y for _, y in dev])

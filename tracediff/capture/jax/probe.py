@@ -137,7 +137,7 @@ class Prober:
                                      for x in found]
             return outs, found
 
-        fn = jax.jit(program)
+        fn = self.capture.programs.jit(program)
         full_meta = (avals, nbytes, starts) if digest and full else None
         self._programs[id(closed)] = (closed, fn, mask if digest else None, out_at, full_meta)
         return fn, (mask if digest else None), out_at, full_meta

@@ -30,7 +30,7 @@ the tagged optax values as one step), `optax_update()` (bracket an optax update)
 import os
 
 from .. import Capture, ImportWatcher
-from . import devices, fastjit, host_replay, internals
+from . import devices, fastjit, host_replay, internals, program_cache
 from .dispatch import _Dispatch
 from .devices import _Devices
 from .light_calls import _LightCalls
@@ -97,6 +97,8 @@ class JaxCapture(_Dispatch, _LightCalls, _Replay, _Values, _Naming, _Optimizer, 
         # primitive (`_decide`: the script may still choose its platform after importing
         # jax), as is the trace's hash and hashing on the device (device_digests)
         self.digests = self.values_prober = None
+        # tracediff's own XLA programs (values, digests) kept compiled between runs
+        self.programs = program_cache.ProgramCache()
         self.values_mode = getattr(self.opts, "jax_values", "auto")
         self.host = host_replay.HostReplay(False)
         self._decided = False
@@ -199,6 +201,8 @@ class JaxCapture(_Dispatch, _LightCalls, _Replay, _Values, _Naming, _Optimizer, 
             out["digests_on_device"] = None if self.digests is None else {
                 "values": self.digests.values, "batches": self.digests.batches}
             out["replayed_on_host_cpu"] = self.host.manifest()
+        if getattr(self, "programs", None) is not None:
+            out["program_cache"] = self.programs.manifest()
         if getattr(self, "values_prober", None) is not None:
             out["mode"] = ("shadow: jit calls return their real compiled outputs (origin=compiled); "
                            "the values of the equations inside them come from the call's jaxpr "

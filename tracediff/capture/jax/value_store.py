@@ -32,7 +32,7 @@ class _Values:
         if not w.use_hash(want):   # values already written (another framework): keep theirs
             return
         if want == values.WORDS_HASH_NAME and device:
-            self.digests = device_digests.DeviceDigests(w, self._quiet)
+            self.digests = device_digests.DeviceDigests(w, self._quiet, self.programs)
 
     def _outputs(self):
         """A call's outputs: hashed on the device as one program (device_digests)."""

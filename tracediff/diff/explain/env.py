@@ -10,9 +10,10 @@ IGNORED = {"created", "pid", "python.executable", "script.path", "script.argv.0"
            "env.TORCHINDUCTOR_CACHE_DIR", "env.TRITON_CACHE_DIR",
            "env.JAX_COMPILATION_CACHE_DIR", "env.JAX_ENABLE_COMPILATION_CACHE",
            "env.JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
-           "env.JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"}
+           "env.JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "env.TRACEDIFF_XLA_CACHE"}
 IGNORED_PREFIX = ("end.", "counts.", "stats.", "frameworks.jax.replay_vs_compiled.",
-                  "frameworks.jax.probe.", "frameworks.torch.compile.stats.")
+                  "frameworks.jax.probe.", "frameworks.torch.compile.stats.",
+                  "frameworks.jax.program_cache.")
 # leaf names that are recording statistics or notes, not environment
 IGNORED_LEAF = {"calls", "calls_not_replayed", "eager_primitives", "equations", "optimizer_steps",
                 "replay_errors", "ops", "input_snapshots", "mode", "supported", "threads_note",

@@ -1,0 +1,237 @@
+"""tracediff's own XLA programs kept on disk between runs (issue 55).
+
+On a TPU v5e the programs tracediff adds to a recording (a call's values program, which
+hashes and summarises every intermediate; the digest programs per dtype and shape) took
+~94 s to compile for a 20-step 4096-wide MLP whose plain run takes 20 s, and the
+hashing's integer arithmetic is most of it (one 4096x4096 value's hash alone: 0.7-1.6 s
+to compile, 0.2 ms to run). A user re-runs the same repro many times; each run compiled
+the same programs again. Here each program is compiled once per machine and software:
+the executable XLA built is serialised into a folder and loaded by later runs
+(~10 ms), keyed by the program's StableHLO text and everything that could make XLA
+build another executable from it (jax/jaxlib versions, backend and its version, the
+device kind and the devices it runs on, XLA_FLAGS/LIBTPU_INIT_ARGS, the host CPU's
+features). The script's own programs never go through here: JAX's compilation, and its
+own cache settings, stay the script's.
+
+The folder: `TRACEDIFF_XLA_CACHE` (a path, or `off`), else `$XDG_CACHE_HOME/tracediff/xla`
+(`~/.cache/tracediff/xla`); created private (0700), and not used where another user
+owns it or others may write to it, nor where JAX's own persistent cache is on (it keeps
+tracediff's programs with the script's). At most `MAX_BYTES`, oldest files dropped first.
+Any failure (a corrupt file, a full disk, a backend that cannot serialise) compiles as
+before; the manifest says how many programs were loaded, compiled and stored.
+"""
+
+import hashlib
+import os
+import stat
+import threading
+
+MAX_BYTES = 4 << 30
+_VERSION = "1"   # of the key's recipe
+
+
+def folder():
+    """The cache folder, or None where it is turned off."""
+    chosen = os.environ.get("TRACEDIFF_XLA_CACHE", "")
+    if chosen.lower() in ("off", "0", "none", "false"):
+        return None
+    if chosen:
+        return os.path.abspath(os.path.expanduser(chosen))
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "tracediff", "xla")
+
+
+def _host_key():
+    """What about this host and its software could change an executable: versions, the
+    backend's own version string (libtpu's), compiler flags, the CPU's features (XLA:CPU
+    code is built for the host's ISA; a home folder can be shared between machines)."""
+    import jax
+    import jaxlib
+
+    parts = [_VERSION, jax.__version__, getattr(jaxlib, "__version__", "")]
+    devs = jax.devices()
+    parts += [jax.default_backend(), getattr(devs[0].client, "platform_version", "")]
+    parts += [devs[0].device_kind, str(len(devs))]
+    parts += [os.environ.get(k, "") for k in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")]
+    try:
+        with open("/proc/cpuinfo") as f:
+            parts += sorted({line for line in f if line.startswith(("flags", "model name"))})
+    except OSError:
+        import platform
+
+        parts.append(platform.processor() or platform.machine())
+    return "\0".join(parts)
+
+
+class ProgramCache:
+    """Compiles lowered programs, or loads them from the folder; counts both."""
+
+    def __init__(self, path=None):
+        self.path = folder() if path is None else path
+        self.loaded = self.compiled = self.stored = 0
+        self.jax_cache = None      # JAX's own cache folder, where that holds them instead
+        self.errors = []
+        self._host = None          # the key's host part, and the folder checked, at first use
+
+    def _usable(self, path):
+        """`path` made private if new; None (with the reason kept) where it is not ours or
+        others may write to it: a file there would be loaded as a program."""
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            st = os.stat(path)
+        except OSError as exc:
+            self._error(f"cache folder {path}: {exc.strerror}")
+            return None
+        if hasattr(os, "getuid") and st.st_uid != os.getuid():
+            self._error(f"cache folder {path} belongs to another user: not used")
+            return None
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            self._error(f"cache folder {path} is writable by others: not used")
+            return None
+        return path
+
+    def _jax_cache(self):
+        """JAX's own persistent cache folder where the script (or its environment) set one:
+        it holds tracediff's programs too, so this cache stands aside."""
+        import jax
+
+        try:
+            chosen = jax.config.jax_compilation_cache_dir
+        except AttributeError:
+            return None
+        if chosen and self.jax_cache is None:
+            self.jax_cache = chosen
+        return chosen or None
+
+    def _error(self, message):
+        if len(self.errors) < 20:
+            self.errors.append(message)
+
+    def jit(self, fn):
+        """`jax.jit(fn)`, compiled through this cache (`CachedProgram`)."""
+        return CachedProgram(self, fn)
+
+    def compile(self, lowered, devices):
+        """The executable of `lowered` (a `jax.stages.Lowered`): loaded from the folder,
+        else compiled and stored. `devices`: the ids of the devices its arguments are on."""
+        if self._host is None and self.path is not None:
+            self.path = self._usable(self.path) if self._jax_cache() is None else None
+        if self.path is None:
+            self.compiled += 1
+            return lowered.compile()
+        from jax.experimental import serialize_executable
+
+        try:
+            if self._host is None:
+                self._host = _host_key()
+            key = hashlib.sha256("\0".join(
+                [self._host, repr(devices), lowered.as_text()]).encode()).hexdigest()
+        except Exception as exc:
+            self._error(f"key: {type(exc).__name__}: {str(exc)[:200]}")
+            self.compiled += 1
+            return lowered.compile()
+        file = os.path.join(self.path, key[:40] + ".xla")
+        try:
+            with open(file, "rb") as f:
+                blob = f.read()
+        except FileNotFoundError:
+            blob = None
+        except OSError as exc:
+            self._error(f"read: {exc.strerror}")
+            blob = None
+        if blob:
+            try:
+                exe = serialize_executable.deserialize_and_load(blob, lowered.in_tree,
+                                                                lowered.out_tree)
+                self.loaded += 1
+                os.utime(file)   # recently used: dropped last
+                return exe
+            except Exception as exc:   # corrupt or foreign: compile, overwrite below
+                self._error(f"load: {type(exc).__name__}: {str(exc)[:200]}")
+        exe = lowered.compile()
+        self.compiled += 1
+        try:
+            data = serialize_executable.serialize(exe)[0]
+            tmp = f"{file}.{os.getpid()}.{threading.get_ident()}.tmp"
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+                f.write(data)
+            os.replace(tmp, file)
+            self.stored += 1
+            self._trim()
+        except Exception as exc:   # cannot serialise here, or the disk is full: run anyway
+            self._error(f"store: {type(exc).__name__}: {str(exc)[:200]}")
+        return exe
+
+    def _trim(self):
+        """Drop the least recently used files while the folder holds over MAX_BYTES."""
+        entries = []
+        with os.scandir(self.path) as it:
+            for e in it:
+                if e.name.endswith(".xla"):
+                    st = e.stat()
+                    entries.append((st.st_mtime, st.st_size, e.path))
+        total = sum(size for _, size, _ in entries)
+        for _, size, path in sorted(entries):
+            if total <= MAX_BYTES:
+                break
+            try:
+                os.remove(path)
+                total -= size
+            except OSError:
+                pass
+
+    def manifest(self):
+        return {"folder": self.path, "jax_cache_folder": self.jax_cache, "loaded": self.loaded, "compiled": self.compiled,
+                "stored": self.stored, "errors": self.errors,
+                "note": "tracediff's own programs (values and digest programs) loaded from, "
+                        "or compiled and stored into, this folder; the script's programs are "
+                        "compiled by JAX as in a plain run"}
+
+
+def _signature(leaf):
+    """What of an argument decides the program compiled for it."""
+    sharding = getattr(leaf, "sharding", None)
+    if sharding is not None:
+        return (leaf.shape, leaf.dtype, getattr(leaf, "weak_type", False), sharding)
+    import numpy as np
+
+    return (type(leaf), np.shape(leaf), np.result_type(leaf))
+
+
+class CachedProgram:
+    """A jitted function of tracediff's whose executables come from a `ProgramCache`:
+    lowered once per argument signature, as `jax.jit` would trace it, then compiled or
+    loaded. Where anything in that path fails, the call goes through `jax.jit` itself."""
+
+    def __init__(self, cache, fn):
+        import jax
+
+        self.cache = cache
+        self._jit = jax.jit(fn)
+        self._exes = {}
+
+    def __call__(self, *args):
+        import jax
+
+        leaves, tree = jax.tree_util.tree_flatten(args)
+        try:
+            sig = (tree, tuple(_signature(x) for x in leaves))
+            exe = self._exes.get(sig)
+        except TypeError:   # an unhashable sharding: JAX's own cache decides
+            return self._jit(*args)
+        if exe is None:
+            try:
+                devices = sorted({d.id for x in leaves
+                                  for d in getattr(getattr(x, "sharding", None), "device_set", ())})
+                exe = self._exes[sig] = self.cache.compile(self._jit.lower(*args), devices)
+            except Exception as exc:
+                self.cache._error(f"compile: {type(exc).__name__}: {str(exc)[:200]}")
+                exe = self._exes[sig] = self._jit
+        if exe is self._jit:
+            return exe(*args)
+        try:
+            return exe(*args)
+        except Exception as exc:   # an executable that does not take these arguments
+            self.cache._error(f"call: {type(exc).__name__}: {str(exc)[:200]}")
+            self._exes[sig] = self._jit
+            return self._jit(*args)
