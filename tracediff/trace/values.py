@@ -317,7 +317,11 @@ def segment_stats(flat, starts, counts, logical):
         res[:, 0] = red(np.minimum, nums)
         res[:, 1] = red(np.maximum, nums)
         res[:, 2] = tot / c
-        sq_dt = np.float32 if nums.dtype == np.float16 else None  # float16 squares overflow
+        # a batch of small values squares in float64, as the non-finite path below does: a
+        # value's statistics then do not depend on whether a NaN or Inf shares its batch
+        # (batches follow the writer's flush clock, so two recordings of one run would
+        # differ in the last bits of an L2); float16 squares overflow in their own dtype
+        sq_dt = np.float64 if not one else np.float32 if nums.dtype == np.float16 else None
         with np.errstate(over="ignore"):
             if one and nums.dtype in (np.float32, np.float64) and nums.ndim == 1:
                 # one BLAS dot: a single pass, no temporary (half the cost of square + sum);
