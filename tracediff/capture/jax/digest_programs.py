@@ -215,8 +215,10 @@ def _digest(x, masked, together):
 
 def packed(xs, with_stats, inside=False, together=None):
     """Traced: one uint32 vector, WORDS (or 2) words per value of xs (`_digest`;
-    `together`: `one_pass()` where not given). A batch's statistics are the unmasked ones
-    when every number of it is finite, else, by one `lax.cond`, the masked ones.
+    `together`: `one_pass()` where not given). Reduced together (an accelerator), the
+    statistics are the masked ones; apart (XLA:CPU, which vectorises a lone unmasked
+    reduction), the unmasked ones when every number of the batch is finite, else, by one
+    `lax.cond`, the masked ones.
     `inside`: xs are intermediates of the program being traced (a values program),
     summarised by the masked pass alone: a conditional over them would take them all as
     operands, written out to memory, where XLA otherwise fuses their reductions into the
@@ -233,7 +235,11 @@ def packed(xs, with_stats, inside=False, together=None):
     full = [x for x in xs if x.size]
     if not full:
         rows = []
-    elif inside:
+    elif inside or together:
+        # the masked pass alone: on a TPU v5e it compiled and ran faster than both
+        # branches of the finiteness `cond` below (64 MB: 1.55 s and 0.22 ms, against
+        # 2.46 s and 0.33 ms; 16 MB: 2.03 s and 0.17 ms, against 3.04 s and 0.48 ms); the
+        # same statistics where every number is finite
         rows = [_digest(x, True, together)[0] for x in full]
     else:
         quick = [_digest(x, False, together) for x in full]
