@@ -24,28 +24,31 @@ class _SourceLines:
         library's frame as USER (the line that says which layer, `Session.jax_site`).
         Each code object is classified once (`_code_entry`) and each instruction's
         "file:line" formatted once (`_sites`), so the walk costs a dict lookup or two per
-        frame."""
+        frame; a frame's "file:line" is looked up only where it is used (the library's
+        innermost frame, a model library's, the user's), not for the library frames
+        between (nn.Module's `_call_impl` and `_wrapped_call_impl` above every layer)."""
         f = sys._getframe(2)
         kinds = self._code_kind
         sites = self._sites
         lib = model = None
+        in_framework = False
         while f is not None:
             code = f.f_code
             c = id(code)
             e = kinds.get(c)
             if e is None:
                 e = self._code_entry(code)
-            if e[1]:
+            k = e[1]
+            if k and (k == 2 or lib is None or (k == 3 and model is None and in_framework)):
                 site = sites.get((c, f.f_lasti))
                 if site is None:
                     site = sites[(c, f.f_lasti)] = f"{e[2]}:{f.f_lineno}"
-                k = e[1]
                 if k == 2:
                     user = model or site
                     return user if lib is None else f"{lib}{LIB_SEP}{user}"
                 if lib is None:
                     lib, in_framework = site, k == 1
-                elif k == 3 and model is None and in_framework:
+                else:
                     model = site   # transformers calling torch.nn
             f = f.f_back
         return f"{lib}{LIB_SEP}{model}" if model else lib

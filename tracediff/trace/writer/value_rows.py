@@ -123,7 +123,18 @@ class _Values:
         else:
             buf = b""
         h = self.digest(buf)
-        offset = self._keep_bytes(event, buf, nbytes)
+        rows = self._rows["values"]
+        if self.level == "full" and self.max_bytes is None:
+            # `_keep_bytes`'s common case inlined (no byte cap: every value's bytes kept)
+            offset = self._blob_size
+            if nbytes:
+                self._blob.append(buf)
+            self._blob_size = offset + nbytes
+            self.bytes_recorded += nbytes
+        elif self.level == "full":
+            offset = self._keep_bytes(event, buf, nbytes)
+        else:
+            offset = -1
         if offset < 0:
             flags = schema.VFLAG_NOT_STORED | schema.VFLAG_STATS
             if nbytes >= self.STATS_DIRECT_BYTES:
@@ -137,7 +148,7 @@ class _Values:
                 start = arena.used
                 p[2].append(start)
                 p[3].append(nbytes)
-                p[1].append(self._counts["values"] + len(self._rows["values"]))
+                p[1].append(self._counts["values"] + len(rows))
                 if nbytes:
                     end = start + nbytes
                     if end > len(arena.arr):
@@ -145,14 +156,12 @@ class _Values:
                     else:
                         arena.mem[start:end] = buf
                         arena.used = end
-                self._pstats_bytes += nbytes
-                if self._pstats_bytes >= settings.STATS_BATCH_BYTES:
-                    self._reduce_stats()
-        shape = a.shape
-        sid = self._shape_ids.get(shape)
+                    self._pstats_bytes += nbytes
+                    if self._pstats_bytes >= settings.STATS_BATCH_BYTES:
+                        self._reduce_stats()
+        sid = self._shape_ids.get(a.shape)
         if sid is None:
-            sid = self._shape_ids[shape] = self.intern(values.shape_str(shape))
-        rows = self._rows["values"]
+            sid = self._shape_ids[a.shape] = self.intern(values.shape_str(a.shape))
         rows.append((event, slot, role, flags, ids[0], ids[0], sid, name_id, offset, nbytes, h))
         if len(self._blob) >= self._flush_bytes or len(rows) >= settings.FLUSH_ROWS:
             self._auto_flush()
