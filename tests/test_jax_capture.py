@@ -150,6 +150,23 @@ def test_replay_fidelity_is_measured_over_every_element():
         cases.append((c.copy(), c))                              # equal
     c = rng.standard_normal((200, 200)).astype(np.float32)        # more than one chunk
     cases.append(((c * np.float32(1.0001)).astype(np.float32), c))
+    # float32 arrays of a chunk or more are searched in float32 first; where that quotient
+    # overflows (a difference past float32's range, not the largest in float64; a huge
+    # difference over a denormal), where only the bytes differ, or where many elements tie
+    # with the largest, the answer is still the float64 one
+    big = rng.standard_normal(1 << 16).astype(np.float32)
+    over = big.copy()
+    big[3], over[3] = 3e38, -3e38           # float32 difference: inf; float64 quotient: 2
+    big[5], over[5] = 1e-40, 1e-3           # the largest: 1e-3 / tiny
+    cases.append((over, big.copy()))
+    over = big.copy()
+    over[7], over[8] = 1e3, 2e3             # both quotients past float32's range
+    cases.append((over, big.copy()))
+    zeros = np.zeros(1 << 16, np.float32)
+    cases.append((-zeros, zeros))
+    cases.append((np.nextafter(big, np.float32(np.inf)), big))   # every element one ulp up
+    near = np.full(1 << 16, 1.0, np.float32)
+    cases.append((near + np.linspace(0, 1e-6, near.size, dtype=np.float32), near))
     z = np.zeros(4, np.float32)
     cases.append((-z, z))                                        # only the bytes differ
     cases.append((np.full(3, np.nan, np.float32), np.ones(3, np.float32)))   # all NaN
