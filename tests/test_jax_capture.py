@@ -362,6 +362,50 @@ print(float(jax.tree_util.tree_leaves(p)[0].sum()))
 '''
 
 
+DONATED_ADAM = '''
+import sys
+import jax, jax.numpy as jnp, numpy as np, optax
+FOLDER = sys.argv[1]
+p = {"w": jnp.arange(1, 5, dtype=jnp.float32)}
+opt = optax.adam(0.1)
+s = opt.init(p)
+
+def step(p, s):
+    g = jax.grad(lambda q: jnp.sum(q["w"] ** 3))(p)
+    u, s = opt.update(g, s, p)
+    return optax.apply_updates(p, u), s
+
+step = jax.jit(step, donate_argnums=(0, 1))
+for i in range(3):
+    np.save(f"{FOLDER}/params{i}.npy", np.asarray(p["w"]))
+    p, s = step(p, s)
+print(p["w"])
+'''
+
+
+def test_optax_values_of_a_donating_step_are_stored(tmp_path):
+    """A jitted step that donates its parameters and optimizer state: the step's optax
+    snapshot still holds every value, the params being the bytes the script passed in.
+    (The replay keeps its tagged values for the snapshot without copying them, except the
+    call's donated arguments, which the compiled call deletes before the snapshot is
+    written.)"""
+    script = tmp_path / "donated_adam.py"
+    script.write_text(DONATED_ADAM)
+    out = tmp_path / "donated.h5"
+    record(str(script), out, str(tmp_path))
+    with tracediff.load(out) as t:
+        steps = [e for e in events(t) if e["kind"] == "optim"]
+        assert [e["step"] for e in steps] == [0, 1, 2]
+        for k, e in enumerate(steps):
+            rows = t.value_rows(e["index"])
+            vals = {t.value_meta(r)["name"]: t.read_value(r) for r in rows}
+            assert set(vals) == {"grads/w", "params/w", "updates/w", "state/count",
+                                 "state/mu/w", "state/nu/w"}
+            assert all(v is not None for v in vals.values()), vals
+            np.testing.assert_array_equal(vals["params/w"], np.load(tmp_path / f"params{k}.npy"))
+            assert int(vals["state/count"]) == k + 1
+
+
 def test_optimizer_tags_of_long_parameter_paths_are_recorded_whole(tmp_path):
     """The checkpoint name that tags a gradient (`tracediff:optax/grads/<path>`) is what a
     port's pairing seeds its backward from; HF modules' paths are long. Before: a name over

@@ -128,7 +128,8 @@ class _Replay:
             for slot, (v, x) in enumerate(zip(eqn.outvars, outs)):
                 self.store(eid, slot, x, store=keep)
                 if site.op == "name" and str(eqn.params.get("name", "")).startswith(OPTAX_TAG):
-                    self._pending_optim[eqn.params["name"][len(OPTAX_TAG):]] = self.optim_value(x)
+                    self._pending_optim[eqn.params["name"][len(OPTAX_TAG):]] = self.optim_value(
+                        x, replayed=True)
                 if type(v).__name__ != "DropVar":
                     env[v] = (x, (eid, slot))
             for v in drop:

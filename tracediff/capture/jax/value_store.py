@@ -104,9 +104,14 @@ class _Values:
             return entry[1], entry[2]
         return None
 
-    def optim_value(self, x):
+    def optim_value(self, x, replayed=False):
         """An optax-tagged value kept for the step's event: on the host, or left on its
-        device where values are hashed there (stored by `store` at `flush_optim`)."""
+        device where values are hashed there (stored by `store` at `flush_optim`).
+        `replayed`: a value of the call's replay, which nothing but the call itself can
+        delete before the step is written, and only as an argument it donates: kept as it
+        is (a host copy of a train step's tags was ~40 MB a step)."""
+        if replayed and hasattr(x, "dtype") and id(x) not in self._call_donated:
+            return x
         return x if self.digests is not None and digest_results.can_digest(x) else self._host(x)
 
     def store(self, eid, slot, x, name=None, role=schema.ROLE_OUT, store=True, stats=None,
