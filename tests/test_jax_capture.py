@@ -150,6 +150,23 @@ def test_replay_fidelity_is_measured_over_every_element():
         cases.append((c.copy(), c))                              # equal
     c = rng.standard_normal((200, 200)).astype(np.float32)        # more than one chunk
     cases.append(((c * np.float32(1.0001)).astype(np.float32), c))
+    # float32 arrays of a chunk or more are searched in float32 first; where that quotient
+    # overflows (a difference past float32's range, not the largest in float64; a huge
+    # difference over a denormal), where only the bytes differ, or where many elements tie
+    # with the largest, the answer is still the float64 one
+    big = rng.standard_normal(1 << 16).astype(np.float32)
+    over = big.copy()
+    big[3], over[3] = 3e38, -3e38           # float32 difference: inf; float64 quotient: 2
+    big[5], over[5] = 1e-40, 1e-3           # the largest: 1e-3 / tiny
+    cases.append((over, big.copy()))
+    over = big.copy()
+    over[7], over[8] = 1e3, 2e3             # both quotients past float32's range
+    cases.append((over, big.copy()))
+    zeros = np.zeros(1 << 16, np.float32)
+    cases.append((-zeros, zeros))
+    cases.append((np.nextafter(big, np.float32(np.inf)), big))   # every element one ulp up
+    near = np.full(1 << 16, 1.0, np.float32)
+    cases.append((near + np.linspace(0, 1e-6, near.size, dtype=np.float32), near))
     z = np.zeros(4, np.float32)
     cases.append((-z, z))                                        # only the bytes differ
     cases.append((np.full(3, np.nan, np.float32), np.ones(3, np.float32)))   # all NaN
@@ -343,6 +360,50 @@ def step(p, s):
 p, s = step(p, s)
 print(float(jax.tree_util.tree_leaves(p)[0].sum()))
 '''
+
+
+DONATED_ADAM = '''
+import sys
+import jax, jax.numpy as jnp, numpy as np, optax
+FOLDER = sys.argv[1]
+p = {"w": jnp.arange(1, 5, dtype=jnp.float32)}
+opt = optax.adam(0.1)
+s = opt.init(p)
+
+def step(p, s):
+    g = jax.grad(lambda q: jnp.sum(q["w"] ** 3))(p)
+    u, s = opt.update(g, s, p)
+    return optax.apply_updates(p, u), s
+
+step = jax.jit(step, donate_argnums=(0, 1))
+for i in range(3):
+    np.save(f"{FOLDER}/params{i}.npy", np.asarray(p["w"]))
+    p, s = step(p, s)
+print(p["w"])
+'''
+
+
+def test_optax_values_of_a_donating_step_are_stored(tmp_path):
+    """A jitted step that donates its parameters and optimizer state: the step's optax
+    snapshot still holds every value, the params being the bytes the script passed in.
+    (The replay keeps its tagged values for the snapshot without copying them, except the
+    call's donated arguments, which the compiled call deletes before the snapshot is
+    written.)"""
+    script = tmp_path / "donated_adam.py"
+    script.write_text(DONATED_ADAM)
+    out = tmp_path / "donated.h5"
+    record(str(script), out, str(tmp_path))
+    with tracediff.load(out) as t:
+        steps = [e for e in events(t) if e["kind"] == "optim"]
+        assert [e["step"] for e in steps] == [0, 1, 2]
+        for k, e in enumerate(steps):
+            rows = t.value_rows(e["index"])
+            vals = {t.value_meta(r)["name"]: t.read_value(r) for r in rows}
+            assert set(vals) == {"grads/w", "params/w", "updates/w", "state/count",
+                                 "state/mu/w", "state/nu/w"}
+            assert all(v is not None for v in vals.values()), vals
+            np.testing.assert_array_equal(vals["params/w"], np.load(tmp_path / f"params{k}.npy"))
+            assert int(vals["state/count"]) == k + 1
 
 
 def test_optimizer_tags_of_long_parameter_paths_are_recorded_whole(tmp_path):

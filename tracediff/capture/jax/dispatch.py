@@ -68,6 +68,9 @@ class _Dispatch:
                 name = params.get("name", "?")
                 replayed = valued = None
                 host = self.host.wants(jaxpr)   # float64/complex128 on an accelerator
+                self._call_donated = {id(x) for x, d in zip(args, params.get("donated_invars", ()))
+                                      if d}
+                self._hashed = {}
                 if self.values_prober is not None and not host and not (
                         self.prober is not None and self.prober.wants(name)):
                     valued = self.values_prober.record(call_id, name, jaxpr, args, self._call_refs,

@@ -53,6 +53,9 @@ class JaxCapture(_Dispatch, _LightCalls, _Replay, _Values, _Naming, _Optimizer, 
         self.session = None
         self.step = 0
         self._sites = {}
+        self._drop_plans = {}       # id(jaxpr) -> (jaxpr, variables dropped after each eqn)
+        self._call_donated = frozenset()   # ids of the recorded call's donated arguments
+        self._hashed = {}           # id(array) -> (weakref, hash): written once this call
         self._producers = {}        # id(array) -> (weakref, event, slot)
         self._pending_optim = {}    # optax tag -> numpy value, flushed as one optim event
         self._optax_settings = []   # the last optax update's settings (optim_settings rows)

@@ -104,9 +104,14 @@ class _Values:
             return entry[1], entry[2]
         return None
 
-    def optim_value(self, x):
+    def optim_value(self, x, replayed=False):
         """An optax-tagged value kept for the step's event: on the host, or left on its
-        device where values are hashed there (stored by `store` at `flush_optim`)."""
+        device where values are hashed there (stored by `store` at `flush_optim`).
+        `replayed`: a value of the call's replay, which nothing but the call itself can
+        delete before the step is written, and only as an argument it donates: kept as it
+        is (a host copy of a train step's tags was ~40 MB a step)."""
+        if replayed and hasattr(x, "dtype") and id(x) not in self._call_donated:
+            return x
         return x if self.digests is not None and digest_results.can_digest(x) else self._host(x)
 
     def store(self, eid, slot, x, name=None, role=schema.ROLE_OUT, store=True, stats=None,
@@ -146,6 +151,9 @@ class _Values:
                 h, arr = None, None
         else:
             arr = None
+        again = h is None and logical is None and self._hashed.get(id(x))
+        if again and again[0]() is x:   # this array hashed already in this call
+            h = again[1]
         try:
             arr = np.asarray(x if arr is None else arr)
         except Exception:  # tokens, non-addressable arrays: keep shape and dtype only
@@ -153,9 +161,23 @@ class _Values:
             if self.per_device:   # a process's own shards of a multi-process array
                 self.shards += devices.store_shards(w, eid, slot, x, None, role, logical)
             return
-        w.add_value(eid, slot, arr, role=role, name=name, logical_dtype=logical, stats=stats, h=h)
+        h = w.add_value(eid, slot, arr, role=role, name=name, logical_dtype=logical, stats=stats, h=h)
+        if logical is None and not isinstance(x, np.ndarray):   # immutable: a JAX array
+            self._remember_hash(x, h)
         if self.per_device:
             self.shards += devices.store_shards(w, eid, slot, x, arr, role, logical)
+
+    def _remember_hash(self, x, h):
+        """Keep the hash of a JAX array just written: an array written again while alive
+        (an optax tag is its input array, written again in the step's snapshot; ~40 MB
+        a step of the MLP hashed twice more) takes it instead of hashing its bytes again.
+        JAX arrays never change; the memo is emptied at each call and kept small."""
+        if len(self._hashed) >= 4096:
+            self._hashed = {}
+        try:
+            self._hashed[id(x)] = (weakref.ref(x), h)
+        except TypeError:   # not an array that takes weak references
+            pass
 
     def _arg_needs_bytes(self, ref):
         """A call argument produced by a recorded event is that event's output, already

@@ -55,7 +55,8 @@ class _Values:
 
         `store=False`: metadata only (no hash). Otherwise the bytes (level "full", under
         `max_bytes`) or the hash and statistics (level "stats", or past the cap); the
-        bytes are hashed and copied once, straight from the array's buffer."""
+        bytes are hashed and copied once, straight from the array's buffer. Returns the
+        row's hash (0 for metadata only)."""
         c, dtype_name, storage, shape = values.prepare(array, logical_dtype)
         if not store or flags & (schema.VFLAG_UNINIT | schema.VFLAG_NOT_STORED):
             flags |= schema.VFLAG_NOT_STORED if not (flags & schema.VFLAG_UNINIT) else 0
@@ -81,6 +82,7 @@ class _Values:
                                      nbytes, h))
         if len(self._blob) >= self._flush_bytes or len(self._rows["values"]) >= settings.FLUSH_ROWS:
             self._auto_flush()
+        return h
 
     def _keep_bytes(self, event, data, nbytes):
         """Append a value's bytes (a buffer, or a C-contiguous array) to the blob when the
