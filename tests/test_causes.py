@@ -95,6 +95,8 @@ def test_jax_device_settings_change_no_torch_op():
 
 # -- real divergences -----------------------------------------------------------------------
 
+# slow (10-15 s each here): CI's deep stage, which keeps README's test command within five minutes
+@pytest.mark.deep
 def test_thread_count_is_the_first_cause_of_a_batch_norm_difference(recorded):
     """OMP_NUM_THREADS=1 vs 2 on a BatchNorm MLP: native_batch_norm's per-channel sums are
     split across threads, so the values differ where torch runs it multi-threaded."""
@@ -113,6 +115,8 @@ def test_thread_count_is_the_first_cause_of_a_batch_norm_difference(recorded):
     assert "thread count" in first["reason"]
 
 
+# slow (10-15 s each here): CI's deep stage, which keeps README's test command within five minutes
+@pytest.mark.deep
 def test_xla_fast_math_has_its_own_reason(recorded):
     runs = recorded.many({"a": (SMALL_MLP[0], SMALL_MLP[1:], None),
                           "b": (SMALL_MLP[0], SMALL_MLP[1:], FAST_MATH)})

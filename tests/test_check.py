@@ -138,6 +138,8 @@ def _pytest(folder, *args):
                           text=True, timeout=600)
 
 
+# slow (10-15 s each here): CI's deep stage, which keeps README's test command within five minutes
+@pytest.mark.deep
 def test_pytest_plugin(tmp_path):
     (tmp_path / "train.py").write_text(TRAIN)
     (tmp_path / "test_golden.py").write_text(TESTS.replace("DRIFT", '"1"').replace("SCALE", "1.0"))
