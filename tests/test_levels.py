@@ -208,6 +208,9 @@ def test_torch_two_level_workflow_end_to_end(torch_runs):
 
 # -- JAX ------------------------------------------------------------------------------------
 
+# the JAX levels' four recordings of the GRU seed (~60 s of the run here): CI's deep stage,
+# which keeps README's test command within five minutes; the torch levels stay in it
+@pytest.mark.deep
 def test_jax_output_unchanged_at_every_level(jax_runs, recorded):
     runs, _ = jax_runs
     plain = recorded.plain("jax_gru_expm_adam.py", "--steps", GRU_STEPS).stdout
@@ -219,11 +222,13 @@ def test_jax_output_unchanged_at_every_level(jax_runs, recorded):
             assert out == plain, key
 
 
+@pytest.mark.deep
 def test_jax_stats_match_full(jax_runs):
     runs, _ = jax_runs
     _same_run_stats(runs["full"][0], runs["stats"][0])
 
 
+@pytest.mark.deep
 def test_jax_calls_level_has_calls_only_and_counts_optax_steps(jax_runs):
     runs, _ = jax_runs
     with tracediff.load(runs["calls"][0]) as t, tracediff.load(runs["full"][0]) as f:
@@ -236,6 +241,7 @@ def test_jax_calls_level_has_calls_only_and_counts_optax_steps(jax_runs):
         assert sorted(set(t.events["step"].tolist())) == list(range(int(GRU_STEPS) + 1))
 
 
+@pytest.mark.deep
 def test_jax_locate_across_levels(jax_runs):
     runs, _ = jax_runs
     ref = locate_json(runs["full"][0], runs["tanh_full"][0])["first_difference"]
