@@ -248,26 +248,25 @@ def _max_rel_difference(r, c, chunk=1 << 15):
     elements (XLA fused one op): those alone; many: cache-sized chunks, so the wide
     temporaries are never a fresh array as large as the outputs (a train step's are its
     parameters and optimizer state, every call)."""
+    wide = np.complex128 if r.dtype.kind == "c" else np.float64
+    tiny = np.finfo(r.dtype).tiny
+    at = None
     if r.dtype == np.float32 and r.size >= chunk and r.flags.c_contiguous and c.flags.c_contiguous:
         rf, cf = r.reshape(-1), c.reshape(-1)
         at = _float32_candidates(rf, cf, chunk)
-        if at is not None:   # the float64 quotient of the few elements that may be largest
-            rs, cs = rf[at], cf[at]
-            with np.errstate(all="ignore"):
-                rel = np.abs(rs.astype(np.float64) - cs) / np.maximum(np.abs(cs), np.finfo(r.dtype).tiny)
-            return float(np.fmax.reduce(rel))
-    wide = np.complex128 if r.dtype.kind == "c" else np.float64
-    tiny = np.finfo(r.dtype).tiny
     with np.errstate(all="ignore"):
-        differ = r != c      # equal elements add 0 (or NaN: inf - inf), never the maximum
-        n = int(np.count_nonzero(differ))
-        if n == 0:
-            return 0.0       # only the bytes differ (-0.0 and 0.0, NaN payloads)
-        if n * 8 < differ.size:
-            parts = [(r[differ], c[differ])]
+        if at is not None:   # the few elements whose quotient may be the largest
+            parts = [(rf[at], cf[at])]
         else:
-            rf, cf = r.reshape(-1), c.reshape(-1)
-            parts = ((rf[i:i + chunk], cf[i:i + chunk]) for i in range(0, rf.size, chunk))
+            differ = r != c  # equal elements add 0 (or NaN: inf - inf), never the maximum
+            n = int(np.count_nonzero(differ))
+            if n == 0:
+                return 0.0   # only the bytes differ (-0.0 and 0.0, NaN payloads)
+            if n * 8 < differ.size:
+                parts = [(r[differ], c[differ])]
+            else:
+                rf, cf = r.reshape(-1), c.reshape(-1)
+                parts = ((rf[i:i + chunk], cf[i:i + chunk]) for i in range(0, rf.size, chunk))
         worst = np.nan
         for rs, cs in parts:
             rel = np.abs(rs.astype(wide) - cs) / np.maximum(np.abs(cs), tiny)
