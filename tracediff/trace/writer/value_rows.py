@@ -126,17 +126,7 @@ class _Values:
             buf = b""
         h = self.digest(buf)
         rows = self._rows["values"]
-        if self.level == "full" and self.max_bytes is None:
-            # `_keep_bytes`'s common case inlined (no byte cap: every value's bytes kept)
-            offset = self._blob_size
-            if nbytes:
-                self._blob.append(buf)
-            self._blob_size = offset + nbytes
-            self.bytes_recorded += nbytes
-        elif self.level == "full":
-            offset = self._keep_bytes(event, buf, nbytes)
-        else:
-            offset = -1
+        offset = self._keep_bytes(event, buf, nbytes)
         if offset < 0:
             flags = schema.VFLAG_NOT_STORED | schema.VFLAG_STATS
             if nbytes >= self.STATS_DIRECT_BYTES:
