@@ -71,7 +71,8 @@ class ProgramCache:
         self.loaded = self.compiled = self.stored = 0
         self.jax_cache = None      # JAX's own cache folder, where that holds them instead
         self.errors = []
-        self._host = None          # the key's host part, and the folder checked, at first use
+        self._checked = False      # the folder checked (`_ready`), at the first compile
+        self._host = None          # the key's host part (`_host_key`), at the first key
 
     def _usable(self, path):
         """`path` made private if new; None (with the reason kept) where it is not ours or
@@ -90,18 +91,17 @@ class ProgramCache:
             return None
         return path
 
-    def _jax_cache(self):
-        """JAX's own persistent cache folder where the script (or its environment) set one:
-        it holds tracediff's programs too, so this cache stands aside."""
-        import jax
+    def _ready(self):
+        """The folder to use, checked once: none where JAX's own persistent cache is on
+        (the script or its environment set one: it holds tracediff's programs too)."""
+        if not self._checked:
+            self._checked = True
+            import jax
 
-        try:
-            chosen = jax.config.jax_compilation_cache_dir
-        except AttributeError:
-            return None
-        if chosen and self.jax_cache is None:
-            self.jax_cache = chosen
-        return chosen or None
+            self.jax_cache = getattr(jax.config, "jax_compilation_cache_dir", None) or None
+            if self.path is not None:
+                self.path = None if self.jax_cache else self._usable(self.path)
+        return self.path
 
     def _error(self, message):
         if len(self.errors) < 20:
@@ -114,9 +114,7 @@ class ProgramCache:
     def compile(self, lowered, devices):
         """The executable of `lowered` (a `jax.stages.Lowered`): loaded from the folder,
         else compiled and stored. `devices`: the ids of the devices its arguments are on."""
-        if self._host is None and self.path is not None:
-            self.path = self._usable(self.path) if self._jax_cache() is None else None
-        if self.path is None:
+        if self._ready() is None:
             self.compiled += 1
             return lowered.compile()
         from jax.experimental import serialize_executable
@@ -181,8 +179,8 @@ class ProgramCache:
                 pass
 
     def manifest(self):
-        return {"folder": self.path, "jax_cache_folder": self.jax_cache, "loaded": self.loaded, "compiled": self.compiled,
-                "stored": self.stored, "errors": self.errors,
+        return {"folder": self.path, "jax_cache_folder": self.jax_cache, "loaded": self.loaded,
+                "compiled": self.compiled, "stored": self.stored, "errors": self.errors,
                 "note": "tracediff's own programs (values and digest programs) loaded from, "
                         "or compiled and stored into, this folder; the script's programs are "
                         "compiled by JAX as in a plain run"}

@@ -161,7 +161,8 @@ class _Values:
             if self.per_device:   # a process's own shards of a multi-process array
                 self.shards += devices.store_shards(w, eid, slot, x, None, role, logical)
             return
-        h = w.add_value(eid, slot, arr, role=role, name=name, logical_dtype=logical, stats=stats, h=h)
+        h = w.add_value(eid, slot, arr, role=role, name=name, logical_dtype=logical, stats=stats,
+                        h=h)
         if logical is None and not isinstance(x, np.ndarray):   # immutable: a JAX array
             self._remember_hash(x, h)
         if self.per_device:
