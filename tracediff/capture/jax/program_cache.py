@@ -73,6 +73,7 @@ class ProgramCache:
         self.errors = []
         self._checked = False      # the folder checked (`_ready`), at the first compile
         self._host = None          # the key's host part (`_host_key`), at the first key
+        self._lock = threading.Lock()   # counts and errors: programs compile in threads too
 
     def _usable(self, path):
         """`path` made private if new; None (with the reason kept) where it is not ours or
@@ -104,8 +105,22 @@ class ProgramCache:
         return self.path
 
     def _error(self, message):
-        if len(self.errors) < 20:
-            self.errors.append(message)
+        with self._lock:
+            if len(self.errors) < 20:
+                self.errors.append(message)
+
+    def _count(self, what):
+        with self._lock:
+            setattr(self, what, getattr(self, what) + 1)
+
+    def prime(self):
+        """Check the folder and make the key's host part now, on this thread, before
+        programs compile in others (digest_groups.py)."""
+        try:
+            if self._ready() is not None and self._host is None:
+                self._host = _host_key()
+        except Exception as exc:
+            self._error(f"key: {type(exc).__name__}: {str(exc)[:200]}")
 
     def jit(self, fn):
         """`jax.jit(fn)`, compiled through this cache (`CachedProgram`)."""
@@ -115,7 +130,7 @@ class ProgramCache:
         """The executable of `lowered` (a `jax.stages.Lowered`): loaded from the folder,
         else compiled and stored. `devices`: the ids of the devices its arguments are on."""
         if self._ready() is None:
-            self.compiled += 1
+            self._count("compiled")
             return lowered.compile()
         from jax.experimental import serialize_executable
 
@@ -126,7 +141,7 @@ class ProgramCache:
                 [self._host, repr(devices), lowered.as_text()]).encode()).hexdigest()
         except Exception as exc:
             self._error(f"key: {type(exc).__name__}: {str(exc)[:200]}")
-            self.compiled += 1
+            self._count("compiled")
             return lowered.compile()
         file = os.path.join(self.path, key[:40] + ".xla")
         try:
@@ -141,20 +156,20 @@ class ProgramCache:
             try:
                 exe = serialize_executable.deserialize_and_load(blob, lowered.in_tree,
                                                                 lowered.out_tree)
-                self.loaded += 1
+                self._count("loaded")
                 os.utime(file)   # recently used: dropped last
                 return exe
             except Exception as exc:   # corrupt or foreign: compile, overwrite below
                 self._error(f"load: {type(exc).__name__}: {str(exc)[:200]}")
         exe = lowered.compile()
-        self.compiled += 1
+        self._count("compiled")
         try:
             data = serialize_executable.serialize(exe)[0]
             tmp = f"{file}.{os.getpid()}.{threading.get_ident()}.tmp"
             with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
                 f.write(data)
             os.replace(tmp, file)
-            self.stored += 1
+            self._count("stored")
             self._trim()
         except Exception as exc:   # cannot serialise here, or the disk is full: run anyway
             self._error(f"store: {type(exc).__name__}: {str(exc)[:200]}")
