@@ -526,3 +526,65 @@ def test_the_device_paths_hash_is_never_zero_as_the_hosts_is_not():
     a, b = values.words_lanes(x.tobytes())
     assert digest_results.finish_all(np.array([a], np.uint64), np.array([b], np.uint64),
                                  [x.nbytes]).tolist() == [values.words_digest(x)]
+
+
+def test_values_digested_by_group_programs_write_the_trace_digested_inside(tmp_path,
+                                                                          monkeypatch):
+    """A values program returns its values, digested after it by group programs compiled
+    once per dtype, shape and group size (digest_groups.py: on a TPU v5e each value digested
+    inside a values program cost ~0.4 s of its compile), where they fit in a share of the
+    device's memory; else it digests them inside, as before. Either way, and with groups
+    turned off, the trace is the host's, hash by hash, and the statistics agree."""
+    import importlib.util
+
+    import tracediff
+    from tracediff.capture.jax import digest_groups
+
+    from .helpers import ROOT
+
+    spec = importlib.util.spec_from_file_location("jax_mlp", f"{ROOT}/fixtures/jax_mlp.py")
+    mlp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mlp)
+    monkeypatch.setenv("TRACEDIFF_XLA_CACHE", "off")
+    big = digest_groups.RETURN_CPU
+    # name: (on the device, groups, memory for returned values, calls before the switch to
+    # the program that digests inside)
+    runs = {"groups": ("1", "1", big, 1000), "inside": ("1", "1", 0, 1000),
+            "off": ("1", "0", big, 1000), "host": ("0", "1", 0, 1000),
+            "switched": ("1", "1", big, 1)}
+    traces = {}
+    for name, (device, groups, budget, calls) in runs.items():
+        monkeypatch.setenv("TRACEDIFF_JAX_DIGEST_ON_DEVICE", device)
+        monkeypatch.setenv("TRACEDIFF_JAX_DIGEST_GROUPS", groups)
+        monkeypatch.setattr(digest_groups, "RETURN_CPU", budget)
+        monkeypatch.setattr(digest_groups, "INSIDE_AFTER_CALLS", calls)
+        out = traces[name] = tmp_path / f"{name}.h5"
+        with tracediff.record(out, level="stats", jax_values="compiled", hash="words64",
+                              frameworks=("jax",)):
+            step, params, state = mlp.build((8, 16, 16, 4), 4)
+            step = jax.jit(step)
+            for _ in range(3):
+                params, state, _ = step(params, state)
+    groups = {k: _manifest(traces[k])["frameworks"]["jax"]["digests_on_device"]["groups"]
+              for k in ("groups", "inside", "off", "switched")}
+    assert groups["groups"]["values_programs_returning_values"] >= 2   # init, step
+    assert groups["switched"]["groups_run"] < groups["groups"]["groups_run"]
+    assert groups["groups"]["values_programs_digesting_inside"] == 0
+    assert groups["groups"]["groups_run"] > 0
+    assert groups["inside"]["values_programs_returning_values"] == 0
+    assert groups["inside"]["values_programs_digesting_inside"] >= 2
+    assert groups["off"] is None
+    with h5py.File(traces["host"], "r") as fh:
+        host_values = fh["values"][:]
+    with h5py.File(traces["off"], "r") as f:
+        before = np.sort(f["stats"][:], order="value")   # the device path as it was
+    assert len(host_values) > 100
+    for name in ("groups", "inside", "off", "switched"):
+        with h5py.File(traces[name], "r") as f:
+            vals, stats = f["values"][:], np.sort(f["stats"][:], order="value")
+        assert (vals["hash"] == host_values["hash"]).all(), name
+        assert (stats["value"] == before["value"]).all(), name
+        assert (stats[["nan", "inf"]] == before[["nan", "inf"]]).all(), name
+        for field in ("min", "max", "mean", "l2"):
+            assert np.allclose(stats[field], before[field], rtol=1e-6, equal_nan=True), \
+                (name, field)

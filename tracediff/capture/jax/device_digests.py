@@ -28,10 +28,33 @@ import numpy as np
 
 from ...trace import values
 from .digest_programs import fetch_parts, packed, words
-from .digest_results import (HostView, Joined, Ref, Result, can_digest, finish_all, joined,
-                             joined_starts, storage_of, unpack_all)
+from .digest_groups import DigestGroups, enabled
+from .digest_results import (WORDS, HostView, Joined, Ref, Result, can_digest, finish_all,
+                             joined, joined_starts, storage_of, unpack_all)
 
 MAX_PENDING = 4096          # results not yet read
+
+
+def one_device(xs):
+    """The device every array of xs is committed to alone (Python scalars aside), or
+    None."""
+    device = None
+    try:
+        for x in xs:
+            sharding = getattr(x, "sharding", None)
+            if sharding is None and not hasattr(x, "shape"):
+                continue
+            devs = sharding.device_set
+            if len(devs) != 1:
+                return None
+            d = next(iter(devs))
+            if device is None:
+                device = d
+            elif d != device:
+                return None
+    except Exception:
+        return None
+    return device
 
 
 class DeviceDigests:
@@ -50,6 +73,9 @@ class DeviceDigests:
         self._programs = {}
         self.checks = []              # `same_later` / `compare_later` answers to read
         self._ids = {}                # (dtype, shape, logical) -> (row string ids, nbytes)
+        # values programs' values and calls' outputs digested by group programs, compiled
+        # once per dtype and shape (digest_groups.py); None: inside each program, as before
+        self.groups = DigestGroups(programs, quiet) if enabled() else None
         writer.flush_hooks.append(self.drain)
 
     def add(self, eid, slot, x, role, name, logical=None):
@@ -109,6 +135,14 @@ class DeviceDigests:
         """One program for a batch of values filling `res`; one program a value where the
         batch cannot be one (values committed to different devices)."""
         ws = self.with_stats
+        device = None if self.groups is None else one_device(batch)
+        if device is not None:   # the programs of the values programs' groups, shared
+            try:
+                res.out, res.take = self.groups.run(batch, device, ws)
+                self._adopt(res)
+                return
+            except Exception:
+                pass
         fn = self._programs.get(("batch", ws))
         if fn is None:
             fn = self._programs[("batch", ws)] = self.programs.jit(lambda xs: packed(xs, ws))
@@ -304,10 +338,13 @@ class DeviceDigests:
             self._batch, self._batch_result = [], Result()
         pending, self.pending = self.pending, []
         for res in pending:
+            width = WORDS if self.with_stats else 2
             with self.quiet():
                 out = res.out
-                host = np.concatenate([np.asarray(o) for o in out]) if isinstance(out, list) \
-                    else np.asarray(out)
+                host = np.concatenate([np.asarray(o).reshape(-1, width) for o in out]) \
+                    if isinstance(out, list) else np.asarray(out)
+            if res.take is not None:
+                host = host[res.take]
             a, b, st, counts = unpack_all(host, self.with_stats)
             res.out = None
             res.host = (a, b, st, counts)

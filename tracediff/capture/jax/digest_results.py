@@ -165,12 +165,14 @@ class Result:
     own, or outside an --ops/--modules window); `extra` = (handle, nbytes, i): rows
     reserved later for value i (`DeviceDigests.add_ref`); `host` = (lane1, lane2, stats
     floats, counts) once read at a drain. `out` is one device array, or a list of them
-    (a batch run one program a value)."""
+    (a batch run one program a value, or by groups: digest_groups.py, whose rows end to
+    end are reordered by `take`)."""
 
-    __slots__ = ("out", "rows", "extra", "host")
+    __slots__ = ("out", "rows", "extra", "host", "take")
 
-    def __init__(self, out=None, rows=None):
+    def __init__(self, out=None, rows=None, take=None):
         self.out, self.rows, self.extra, self.host = out, [] if rows is None else rows, [], None
+        self.take = take
 
 
 class Ref:

@@ -17,14 +17,15 @@ for how many probed calls the probe's final outputs equal the real compiled outp
 bitwise (when they do, the probe computed the same numbers as the script).
 """
 
-import math
 import os
 import re
 
 import numpy as np
 
 from ...trace import schema, values
-from . import digest_programs, digest_results, internals, xla_stats
+from . import digest_groups, digest_programs, digest_results, internals, xla_stats
+from .device_digests import one_device
+from .digested import Digested
 from .optax_tags import OPTAX_TAG
 
 # `_Plan`s on (the default); TRACEDIFF_JAX_EMIT_PLAN=0 writes every event through `_emit`
@@ -43,6 +44,7 @@ class Prober:
         self._re = re.compile(pattern)
         self._programs = {}   # id(closed jaxpr) -> (closed jaxpr, jitted probe program, mask)
         self._plans = {}      # (id(closed), name stack, source, device) -> (closed, writer, _Plan)
+        self._device = None   # the recorded call's one device (`DigestGroups.take`)
         self.calls = self.equations = self.same_as_compiled = 0
         self.differs_from_compiled = []
         self.errors = []
@@ -76,6 +78,9 @@ class Prober:
         # level full, per digested value (made while tracing): (shape, dtype), its byte
         # count, and its byte offset in the joined buffer or None
         avals, nbytes, starts = [], [], []
+        # level stats: [True] where the program returns its digested values, to be digested
+        # by group programs (digest_groups.py) after it; [False]: digested inside
+        after = [False]
 
         # statistics in the program only off the CPU: there they save moving every byte
         # across the bus; on the CPU XLA's extra reductions were measured dearer than
@@ -83,7 +88,7 @@ class Prober:
         with_stats = self.values_mode and self.capture.session.writer.level == "stats" and \
             xla_stats.in_program()
 
-        def program(*args):
+        def program(*args, inside=False):
             found, tags = [], []
             outs = self._walk(closed, list(args), found, tags)
             if digest:
@@ -129,18 +134,28 @@ class Prober:
                     else:
                         out_at.append(n + len(more))
                         more.append(x)
-                pk = digest_programs.packed([x for x, m in zip(found, mask) if m] + more, True,
-                                       inside=True)
-                return outs, [None if m else x for x, m in zip(found, mask)], pk
+                kept = [x for x, m in zip(found, mask) if m] + more
+                rest = [None if m else x for x, m in zip(found, mask)]
+                if not inside:
+                    groups = self.capture.digests.groups
+                    after[0] = groups is not None and groups.take(kept, self._device)
+                    if after[0]:
+                        return outs, rest, kept
+                return outs, rest, digest_programs.packed(kept, True, inside=True)
             if with_stats:  # statistics computed by XLA next to the values (xla_stats.py)
                 return outs, found, [xla_stats.stats_vector(x) if xla_stats.wants(x) else None
                                      for x in found]
             return outs, found
 
         fn = self.capture.programs.jit(program)
+        # a program called more than digest_groups.INSIDE_AFTER_CALLS times with its values
+        # returned is compiled again, digesting them inside (`record`)
+        fn_inside = self.capture.programs.jit(lambda *a: program(*a, inside=True)) \
+            if digest and not full else None
         full_meta = (avals, nbytes, starts) if digest and full else None
-        self._programs[id(closed)] = (closed, fn, mask if digest else None, out_at, full_meta)
-        return fn, (mask if digest else None), out_at, full_meta
+        hit = (fn, (mask if digest else None), out_at, full_meta, after, fn_inside, [0])
+        self._programs[id(closed)] = (closed, *hit)
+        return hit
 
     def _walk(self, closed, vals, found, tags=None):
         """Trace the equations of `closed` (under jax.jit), appending every equation's
@@ -175,14 +190,23 @@ class Prober:
         returns the probe's final outputs (for `check`), None when it could not run."""
         cap = self.capture
         try:
-            fn, mask, out_at, full_meta = self._program(closed)
+            self._device = one_device(args) if cap.digests is not None else None
+            fn, mask, out_at, full_meta, after, fn_inside, calls = self._program(closed)
+            calls[0] += 1
+            if after[0] and calls[0] > digest_groups.INSIDE_AFTER_CALLS:
+                # a long run: the program that digests inside, compiled once (its compile
+                # costs less than the group programs' dispatches and copies over the calls
+                # to come: on a TPU v5e ~31 s against ~27 ms a call, for a 4096-wide step)
+                fn, after = fn_inside, (False,)
             res = fn(*args)
             outs, found = res[0], res[1]
             stats = iter(res[2]) if len(res) > 2 and mask is None else None
             digested = None
             if mask is not None:
-                digested = _Digested(cap, mask, res[2] if len(res) > 2 else None, found,
-                                     full_meta)
+                packed = res[2] if len(res) > 2 else None
+                if after[0]:   # the values returned: digested now, by their groups
+                    packed = cap.digests.groups.run(packed, self._device)
+                digested = Digested(cap, mask, packed, found, full_meta)
         except Exception as exc:  # never break the script: the probe is extra work
             if len(self.errors) < 100:
                 self.errors.append(f"{name}: {type(exc).__name__}: {str(exc)[:200]}")
@@ -344,86 +368,6 @@ def _same_bytes(x, y):
 
 def _is_tag(site, eqn):
     return site.op == "name" and str(eqn.params.get("name", "")).startswith(OPTAX_TAG)
-
-
-class _Digested:
-    """The values of one values-program run hashed on the device: at level stats their
-    rows are reserved and filled from the packed result (read asynchronously, at the next
-    drain); at level full the program hashed them and joined the small ones into one
-    buffer, brought to the host by `DeviceDigests.fetched` (one copy), the others
-    returned as arrays."""
-
-    def __init__(self, cap, mask, packed, found, full_meta=None):
-        """packed: the values program's digests (level stats), or at level full its
-        `fetch_parts` with `full_meta` = ((shape, dtype), byte count, byte offset in the
-        joined buffer or None) per digested value."""
-        self.cap, self.mask = cap, iter(mask)
-        self.full = cap.session.writer.level == "full"
-        self.reserve = cap.digests.reserve
-        self.at = 0                   # the next digested value's place in the result
-        self.result = digest_results.Result(None if self.full else packed)
-        self.rows = self.result.rows
-        if self.full:
-            avals, nbytes, self.starts = full_meta
-            rest = [x for x, m in zip(found, mask) if m and x is not None]
-            self.hashes, self.joined = cap.digests.fetched(nbytes, *packed, rest)
-            self.avals = avals
-            self.at_full = 0
-            self.kept_at = None       # the joined buffer's blob offset, once kept whole
-            self.kept_alone = {}      # value -> blob offset of a value kept on its own
-
-    def take(self, eid, slot, var, x, keep):
-        """Record one found value if it was digested: its `Ref` (its `Fetched` at level
-        full); False: the caller stores it."""
-        if not next(self.mask):
-            return False
-        if self.full:
-            got = self.fetched_at(self.at_full, x)
-            self.at_full += 1
-            self.cap.store(eid, slot, got.value, store=keep, h=got.h)
-            return got
-        aval = var.aval
-        if keep:
-            handle, nbytes = self.reserve(eid, slot, aval, schema.ROLE_OUT)
-        else:   # outside an --ops/--modules window: shape and dtype only
-            self.cap.session.writer.add_meta_value(eid, slot, str(aval.dtype),
-                                                   tuple(aval.shape), role=schema.ROLE_OUT)
-            handle, nbytes = None, math.prod(aval.shape) * np.dtype(aval.dtype).itemsize
-        self.rows.append((handle, nbytes))
-        self.at += 1
-        return digest_results.Ref(self.result, self.at - 1, aval.dtype, tuple(aval.shape), nbytes)
-
-    def fetched_at(self, i, x):
-        """Level full: value `i` of the fetched ones as a `Fetched` (x: its array), or x
-        itself where i is None (a final output that is no equation's value)."""
-        if i is None:
-            return x
-        host = self.host(i)
-        if host is None:
-            return digest_results.Fetched(x, self.hashes[i], self.kept_alone.get(i))
-        kept = None if self.kept_at is None else self.kept_at + self.starts[i]
-        return digest_results.Fetched(host, self.hashes[i], kept)
-
-    def host(self, i):
-        """Level full: digested value i's bytes on the host (a `HostView`, read when asked),
-        or None where it was not joined (a planned call writes most of them as the buffer,
-        its rows pointing into it)."""
-        at = self.starts[i]
-        if at is None:
-            return None
-        shape, dtype = self.avals[i]
-        return digest_results.HostView(self.joined, at, dtype, shape)
-
-    def ref(self, i, aval):
-        """The `Ref` of value `i` of the packed result (a final output of the program)."""
-        nbytes = math.prod(aval.shape) * np.dtype(aval.dtype).itemsize
-        while len(self.rows) <= i:    # outputs digested after the equations' values
-            self.rows.append((None, 0))
-        return digest_results.Ref(self.result, i, aval.dtype, tuple(aval.shape), nbytes)
-
-    def done(self):
-        if not self.full:
-            self.cap.digests.adopt_result(self.result)
 
 
 class _NoPlan(Exception):

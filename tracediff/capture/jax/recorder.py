@@ -152,6 +152,8 @@ class JaxCapture(_Dispatch, _LightCalls, _Replay, _Values, _Naming, _Optimizer, 
 
             jax.jit = self._orig.pop("jit")
         self.flush_optim()
+        if self.digests is not None and self.digests.groups is not None:
+            self.digests.groups.close()
         if self.session is not None and self.session.active:
             self._record_distributed()
         if self.session is None or not self.session.ends_process:   # ~0.15 s: only where
@@ -202,7 +204,9 @@ class JaxCapture(_Dispatch, _LightCalls, _Replay, _Values, _Naming, _Optimizer, 
                 if getattr(self.opts, "jax_values", "auto") == "auto" else "chosen"
             out["hash"] = self.session.writer.hash_name
             out["digests_on_device"] = None if self.digests is None else {
-                "values": self.digests.values, "batches": self.digests.batches}
+                "values": self.digests.values, "batches": self.digests.batches,
+                "groups": None if self.digests.groups is None else
+                self.digests.groups.manifest()}
             out["replayed_on_host_cpu"] = self.host.manifest()
         if getattr(self, "programs", None) is not None:
             out["program_cache"] = self.programs.manifest()

@@ -1,0 +1,194 @@
+"""Many values digested by few programs, compiled once per dtype, shape and group size.
+
+Measured on a TPU v5e (docs/accelerators.md, tenth session): a value's digest compiled
+inside a values program costs ~0.4 s of that program's compile, value by value (a
+4096-wide MLP step's 195 values: 31 s; its initialiser's: 33 s; 20 values of 16 MB: 7.9 s
+against 0.5 s for the program returning them), while one digest program over a stack of
+same-shaped values compiles about as fast as over one value. So a values program that
+can afford it returns its values (probe.py), and they are digested here: values of one
+dtype and shape stacked `k` at a time under one vmapped digest (`_group_fn`), by
+programs compiled once per (dtype, shape, k, device) for the whole recording, kept
+between runs by program_cache.py, and compiled ahead of their first use in background
+threads (`prepare`) while XLA compiles the values program itself. The hashes are of the
+very bytes the values program returned (no recomputation inside a hashing fusion).
+"""
+
+import concurrent.futures
+import math
+import os
+
+import numpy as np
+
+from . import digest_programs
+
+MAX_GROUP = 16              # values a group program takes at most
+GROUP_BYTES = 256 << 20     # ... and bytes: its stack is a copy of them
+RETURN_SHARE = 0.5          # a values program returns its values where they fit in this
+RETURN_CPU = 2 << 30        # share of the device's free memory (no memory stats: bytes)
+# ... for this many calls of it; later calls take the program that digests inside, compiled
+# then: the groups' dispatches and copies cost each call (a 4096-wide MLP's step on a TPU
+# v5e: loop 1.13 s against 0.59 s for 20 steps) what that compile costs once (~31 s)
+INSIDE_AFTER_CALLS = 1000
+
+
+def enabled():
+    """TRACEDIFF_JAX_DIGEST_GROUPS=0 digests every value inside its values program, as
+    before (for comparisons)."""
+    return os.environ.get("TRACEDIFF_JAX_DIGEST_GROUPS", "1") != "0"
+
+
+def affordable(nbytes, device=None):
+    """May a values program return values of `nbytes` bytes, all live at once, to be
+    digested after it? A share of the device's free memory, where it reports it."""
+    try:
+        import jax
+
+        stats = (device or jax.local_devices()[0]).memory_stats()
+    except Exception:
+        stats = None
+    if not stats or "bytes_limit" not in stats:
+        return nbytes <= RETURN_CPU
+    free = stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+    return nbytes <= RETURN_SHARE * free
+
+
+def _largest_group(nbytes):
+    """The largest power of two k <= MAX_GROUP with k values within GROUP_BYTES."""
+    k = max(1, min(MAX_GROUP, GROUP_BYTES // max(nbytes, 1)))
+    return 1 << (k.bit_length() - 1)
+
+
+def plan(avals):
+    """(chunks, take) for values of these (shape, dtype, weak_type): chunks = [(key, value
+    indices)], each key (shape, dtype, weak_type, k) with exactly k indices (a last, short
+    chunk is padded to a power of two with its last value); take[i] = the row of value i
+    among the chunks' rows end to end."""
+    by_key = {}
+    for i, a in enumerate(avals):
+        by_key.setdefault(a, []).append(i)
+    chunks, take, row = [], [0] * len(avals), 0
+    for a, idx in by_key.items():
+        shape, dtype = a[0], a[1]
+        k_max = _largest_group(math.prod(shape) * np.dtype(dtype).itemsize)
+        for start in range(0, len(idx), k_max):
+            part = idx[start:start + k_max]
+            k = 1 << (len(part) - 1).bit_length()
+            for j, i in enumerate(part):
+                take[i] = row + j
+            chunks.append(((*a, k), part + [part[-1]] * (k - len(part))))
+            row += k
+    return chunks, np.asarray(take, np.int64)
+
+
+def _group_fn(with_stats, together, k, empty):
+    """Traced: the rows (k, WORDS or 2) of k values of one dtype and shape."""
+    import jax
+    import jax.numpy as jnp
+
+    width = 8 if with_stats else 2
+    if empty:   # no bytes: hash lanes 0, NaN statistics, no NaN or Inf
+        row = [0, 0] + [0x7FC00000] * 4 + [0, 0]
+        return lambda *xs: jnp.tile(jnp.array(row[:width], jnp.uint32), (k, 1))
+    one = (lambda x: digest_programs._digest(x, True, together)[0]) if with_stats else \
+        digest_programs.lanes
+    if k == 1:
+        return lambda x: one(x)[None]
+    return lambda *xs: jax.vmap(one)(jnp.stack(xs))
+
+
+class DigestGroups:
+    """Runs `plan`'s group programs for a recording; their executables per (key, device,
+    with_stats), compiled in background threads where `prepare` saw them coming."""
+
+    def __init__(self, programs, quiet):
+        self.programs = programs     # program_cache.ProgramCache
+        self.quiet = quiet           # context manager: tracediff's own JAX work
+        self._exes = {}              # (key, device id, with_stats) -> executable or Future
+        self._pool = None
+        self.groups = self.prepared = 0
+        self.returning = self.inside = 0   # values programs that return their values, or not
+
+    def _compile(self, key, device, with_stats):
+        import jax
+        from jax.sharding import SingleDeviceSharding
+
+        shape, dtype, weak, k = key
+        fn = _group_fn(with_stats, digest_programs.one_pass(), k, math.prod(shape) == 0)
+        spec = jax.ShapeDtypeStruct(shape, dtype, sharding=SingleDeviceSharding(device),
+                                    weak_type=weak)
+        with self.quiet():
+            return self.programs.compile(jax.jit(fn).lower(*[spec] * k), [device.id])
+
+    def take(self, kept, device):
+        """While a values program is traced: will its digested values (kept: tracers) be
+        returned, to be digested here after it? Where the call's arguments are on one
+        device (not None) and the values fit in its memory (`affordable`); their group
+        programs then start compiling, while XLA compiles the values program."""
+        if device is None:
+            return False
+        avals = [(tuple(x.shape), np.dtype(x.dtype),
+                  bool(getattr(getattr(x, "aval", None), "weak_type", False))) for x in kept]
+        unique = {id(x): a for x, a in zip(kept, avals)}.values()   # a value twice: once
+        if not affordable(sum(math.prod(a[0]) * a[1].itemsize for a in unique), device):
+            self.inside += 1
+            return False
+        self.returning += 1
+        self.prepare(avals, device)
+        return True
+
+    def prepare(self, avals, device, with_stats=True):
+        """Start compiling, in background threads, the group programs that values of
+        these (shape, dtype, weak_type) on `device` will need."""
+        chunks, _ = plan(avals)
+        todo = [(key, device.id, with_stats) for key, _ in chunks]
+        todo = [t for t in dict.fromkeys(todo) if t not in self._exes]
+        if not todo:
+            return
+        if self._pool is None:
+            self.programs.prime()   # the folder and key checked once, on this thread
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                max(1, min(8, (os.cpu_count() or 2) - 1)), thread_name_prefix="tracediff-xla")
+        for t in todo:
+            self._exes[t] = self._pool.submit(self._compile, t[0], device, with_stats)
+            self.prepared += 1
+
+    def _exe(self, key, device, with_stats):
+        t = (key, device.id, with_stats)
+        exe = self._exes.get(t)
+        if isinstance(exe, concurrent.futures.Future):
+            try:
+                exe = exe.result()
+            except Exception as exc:   # compile it here, through jax.jit, below
+                self.programs._error(f"group: {type(exc).__name__}: {str(exc)[:200]}")
+                exe = None
+            self._exes[t] = exe
+        if exe is None:
+            exe = self._exes[t] = self._compile(key, device, with_stats)
+        return exe
+
+    def run(self, xs, device, with_stats=True):
+        """(the group programs' outputs, take) for arrays xs, all on `device`: their rows
+        are `np.concatenate(outputs)[take]` (digest_results.Result)."""
+        chunks, take = plan([(tuple(x.shape), np.dtype(x.dtype), bool(x.weak_type))
+                             for x in xs])
+        outs = []
+        with self.quiet():
+            for key, idx in chunks:
+                outs.append(self._exe(key, device, with_stats)(*[xs[i] for i in idx]))
+        self.groups += len(chunks)
+        return outs, take
+
+    def close(self):
+        """Compiles not started are dropped (the recording ends)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def manifest(self):
+        return {"groups_run": self.groups, "programs_prepared": self.prepared,
+                "values_programs_returning_values": self.returning,
+                "values_programs_digesting_inside": self.inside,
+                "note": "values programs that return their values have them digested by group "
+                        "programs compiled once per dtype, shape and group size; the others "
+                        "(values beyond a share of the device's free memory) digest them "
+                        "inside"}
