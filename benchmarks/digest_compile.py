@@ -2,7 +2,7 @@
 on whatever backend JAX has: one value of three shapes, and twenty chained values in one
 program (digested inside, as a values program does; hashed only; stacked under one vmap).
 
-    python benchmarks/digest_compile.py
+    python benchmarks/digest_compile.py [variants]
 
 docs/accelerators.md (ninth session) has the TPU v5e's numbers. The last part compiles two
 programs with JAX's persistent cache in a child process twice (a TPU held by this process
@@ -32,6 +32,39 @@ def chain(x, n):
         ys.append(x)
     return ys
 
+
+def variants():
+    """`python benchmarks/digest_compile.py variants`: which part of a value's digest compiles
+    slowly (one 1024x4096 value, and 20 chained values digested inside one program)."""
+    U = jnp.uint32
+    w2 = lambda x: lax.bitcast_convert_type(x, U)
+    pos = lambda w: dp._positions(w.shape, 0x9E3779B1, 0x7F4A7C15)
+
+    def one_mul(x):
+        x = x * np.uint32(0x85EBCA6B)
+        return x ^ (x >> 15)
+
+    V = {"raw word sum": lambda x: w2(x).sum(dtype=U),
+         "one lane fmix32": lambda x: dp._fmix32(w2(x) + pos(w2(x))).sum(dtype=U),
+         "lanes (words64)": lambda x: dp.lanes(x),
+         "two lanes one multiply": lambda x: jnp.stack([
+             one_mul(w2(x) + pos(w2(x))).sum(dtype=U),
+             one_mul((w2(x) ^ np.uint32(7)) + pos(w2(x))).sum(dtype=U)]),
+         "4 plain stats": lambda x: jnp.stack([x.sum(), (x * x).sum(), x.min(), x.max()]),
+         "masked digest": lambda x: dp._digest(x, True, True)[0]}
+    print(jax.devices()[0].device_kind, flush=True)
+    x = jax.random.normal(jax.random.PRNGKey(0), (1024, 4096), jnp.float32)
+    ct("20 chained, returned", lambda x: chain(x, 20), x)
+    for name, f in V.items():
+        ct("one: " + name, f, x)
+        ct("20 inside: " + name,
+           lambda x: jnp.stack([jnp.atleast_1d(f(y)) for y in chain(x, 20)]).reshape(-1), x)
+    ct("20 inside: packed (nested jit)", lambda x: dp.packed(chain(x, 20), True, inside=True), x)
+
+
+if sys.argv[1:] == ["variants"]:
+    variants()
+    sys.exit()
 
 if sys.argv[1:] == ["cache"]:
     jax.config.update("jax_compilation_cache_dir", "/tmp/jcc")
