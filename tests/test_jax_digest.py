@@ -588,3 +588,45 @@ def test_values_digested_by_group_programs_write_the_trace_digested_inside(tmp_p
         for field in ("min", "max", "mean", "l2"):
             assert np.allclose(stats[field], before[field], rtol=1e-6, equal_nan=True), \
                 (name, field)
+
+
+def test_eager_values_wait_for_their_program_and_survive_donation(tmp_path, monkeypatch):
+    """An eager value whose digest program is still compiling in the background
+    (`DigestGroups.one`: a model's first values of several shapes compile side by side)
+    waits as tracediff's own copy and is digested at the next drain: the script deleting
+    or donating the value meanwhile changes nothing, and the trace is the host path's,
+    hash by hash."""
+    import time
+
+    import tracediff
+    from tracediff.capture.jax import digest_groups
+
+    compile_now = digest_groups.DigestGroups._compile
+
+    def slow_compile(self, *args):
+        time.sleep(1.0)
+        return compile_now(self, *args)
+
+    monkeypatch.setattr(digest_groups.DigestGroups, "_compile", slow_compile)
+    monkeypatch.setenv("TRACEDIFF_XLA_CACHE", "off")
+    jnp = jax.numpy
+    traces, ends = {}, {}
+    for name, device in (("device", "1"), ("host", "0")):
+        monkeypatch.setenv("TRACEDIFF_JAX_DIGEST_ON_DEVICE", device)
+        out = traces[name] = tmp_path / f"{name}.h5"
+        with tracediff.record(out, level="stats", hash="words64", frameworks=("jax",)):
+            step = jax.jit(lambda w, g: w - 0.1 * g, donate_argnums=0)
+            w = jnp.linspace(-1, 1, 4096, dtype=jnp.float32).reshape(64, 64) * 3
+            g = jnp.cos(w) + 1
+            scratch = jnp.sin(jnp.ones((3, 7), jnp.float32))   # a new shape: it waits
+            scratch.delete()                                   # freed before any drain
+            for _ in range(3):
+                w = step(w, g)
+            ends[name] = np.asarray(w)
+    assert np.array_equal(ends["device"], ends["host"])
+    groups = _manifest(traces["device"])["frameworks"]["jax"]["digests_on_device"]["groups"]
+    assert groups["eager_values_waited_for_their_program"] >= 1
+    with h5py.File(traces["device"], "r") as fd, h5py.File(traces["host"], "r") as fh:
+        vd, vh = fd["values"][:], fh["values"][:]
+        assert len(vd) == len(vh) > 5
+        assert (vd["hash"] == vh["hash"]).all()

@@ -90,9 +90,18 @@ class DeviceDigests:
             self._batch.append(x)
             res.rows.append((handle, nbytes))
             return Ref(res, len(res.rows) - 1, x.dtype, tuple(x.shape), nbytes)
-        with self.quiet():
-            out = self._program(self.with_stats)(x)
-        res = self.adopt(out, [(handle, nbytes)])
+        device = None if self.groups is None else one_device((x,))
+        if device is not None:   # the groups' program of one value, compiled in background
+            res = Result(None, [(handle, nbytes)])
+            with self.quiet():
+                self.groups.one(x, device, self.with_stats, res)
+            self.pending.append(res)
+            self.values += 1
+            self.batches += 1
+        else:
+            with self.quiet():
+                out = self._program(self.with_stats)(x)
+            res = self.adopt(out, [(handle, nbytes)])
         if len(self.pending) > MAX_PENDING:
             self.drain()
         return Ref(res, 0, x.dtype, tuple(x.shape), nbytes)
@@ -336,6 +345,9 @@ class DeviceDigests:
             res.out = self._one_by_one(self._batch)
             self._adopt(res)
             self._batch, self._batch_result = [], Result()
+        if self.groups is not None:   # eager values whose program was still compiling
+            with self.quiet():
+                self.groups.settle()
         pending, self.pending = self.pending, []
         for res in pending:
             width = WORDS if self.with_stats else 2
