@@ -95,9 +95,7 @@ class DeviceDigests:
             res = Result(None, [(handle, nbytes)])
             with self.quiet():
                 self.groups.one(x, device, self.with_stats, res)
-            self.pending.append(res)
-            self.values += 1
-            self.batches += 1
+            self._adopt(res)   # read at a drain, once it has run
         else:
             with self.quiet():
                 out = self._program(self.with_stats)(x)
