@@ -23,15 +23,12 @@ from . import digest_programs
 
 MAX_GROUP = 16              # values a group program takes at most
 GROUP_BYTES = 256 << 20     # ... and bytes: its stack is a copy of them
-RETURN_SHARE = 0.5          # a values program returns its values where they fit in this
-RETURN_CPU = 2 << 30        # share of the device's free memory (no memory stats: bytes)
-# ... for this many calls of it; later calls take the program that digests inside, compiled
-# then: the groups' dispatches and copies cost each call (a 4096-wide MLP's step on a TPU
-# v5e: loop 1.13 s against 0.59 s for 20 steps) what that compile costs once (~31 s)
-INSIDE_AFTER_CALLS = 1000
-
-
-WAIT_BYTES = 1 << 30        # eager values held while their digest program compiles
+RETURN_SHARE = 0.5          # a values program returns its values where they fit in this share
+RETURN_CPU = 2 << 30        # of the device's free memory (where it reports none: bytes)
+INSIDE_AFTER_CALLS = 1000   # later calls of a values program digest inside (`Prober.record`):
+# the groups' copies and dispatches cost each call (a 4096-wide MLP's step on a TPU v5e: loop
+# 1.13 s against 0.59 s for 20 steps) what that program's compile costs once (~31 s)
+WAIT_BYTES = 1 << 30        # eager values held while their digest program compiles (`one`)
 
 
 def _copy_async(outs):
