@@ -67,12 +67,9 @@ class Prober:
             return hit[1:]
         import jax
 
-        # values hashed (and summarised) on the device (device_digests): at level stats the
-        # program returns the values, digested after it by group programs compiled once
-        # per dtype and shape (digest_groups.py), where they fit in the device's memory,
-        # else one packed uint32 vector of their digests made inside (XLA then need not
-        # write them out: a 4096-wide MLP's step, 6.7 GB); at level full it returns their
-        # hashes, the small ones' words joined, the others
+        # values hashed on the device (device_digests): at level stats the program returns
+        # them for digest_groups.py where they fit in memory, else their digests (packed);
+        # at level full their hashes, the small ones' words joined, the others
         digest = self.values_mode and self.capture.digests is not None
         full = self.capture.session.writer.level == "full"
         mask = []   # per found value: digested on the device (filled while tracing)
