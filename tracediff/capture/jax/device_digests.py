@@ -27,10 +27,11 @@ import math
 import numpy as np
 
 from ...trace import values
-from .digest_programs import fetch_parts, packed, words
+from .digest_checks import SameLater
 from .digest_groups import DigestGroups, enabled
-from .digest_results import (WORDS, HostView, Joined, Ref, Result, can_digest, finish_all,
-                             joined, joined_starts, storage_of, unpack_all)
+from .digest_programs import fetch_parts, packed
+from .digest_results import (WORDS, HostView, Joined, Ref, Result, finish_all, joined,
+                             joined_starts, storage_of, unpack_all)
 
 MAX_PENDING = 4096          # results not yet read
 
@@ -57,7 +58,7 @@ def one_device(xs):
     return device
 
 
-class DeviceDigests:
+class DeviceDigests(SameLater):
     """The values of one recording hashed on their device (callers hold the
     session's lock and run with tracediff's own JAX work unrecorded)."""
 
@@ -73,6 +74,7 @@ class DeviceDigests:
         self._programs = {}
         self.checks = []              # `same_later` / `compare_later` answers to read
         self._ids = {}                # (dtype, shape, logical) -> (row string ids, nbytes)
+        self._keys = set()            # rows of PRNG key data not yet filled
         # values programs' values and calls' outputs digested by group programs, compiled
         # once per dtype and shape (digest_groups.py); None: inside each program, as before
         self.groups = DigestGroups(programs, quiet) if enabled() else None
@@ -85,6 +87,8 @@ class DeviceDigests:
         what a call stores (its first call stores its arguments, later ones not), and each
         new one was a compile inside the script's timed loop. Returns the value's `Ref`."""
         handle, nbytes = self.reserve(eid, slot, x, role, name, logical)
+        if logical is not None and logical.startswith("key<"):
+            self._keys.add(handle)    # PRNG key data: counts only, as on the host
         if self._batch is not None:
             res = self._batch_result
             self._batch.append(x)
@@ -256,76 +260,16 @@ class DeviceDigests:
         w = self.writer
         return w.reserve_ids(eid, slot, role, ids, w.intern(name)), nbytes
 
-    def same_later(self, xs, ys, done):
-        """Do two lists of arrays hold the same bytes? Compared on the device where both
-        can be (one boolean crosses), else on the host; `done(bool)` is called at the next
-        drain (or now, when the host decides alone). The device's boolean is copied to the
-        host asynchronously: reading it inside the call (one per jit call, the values
-        program checked against the script's program) made the host wait for the device
-        at every step (measured on XLA:CPU: ~2-3 ms a step of jax_mlp.py, the two
-        programs' own time)."""
-        dev = [(x, y) for x, y in zip(xs, ys) if can_digest(x) and can_digest(y) and
-               x.dtype == y.dtype and x.shape == y.shape]
-        rest = [(x, y) for x, y in zip(xs, ys) if not any(x is a for a, _ in dev)]
-        for x, y in rest:
-            try:
-                a, b = np.asarray(x), np.asarray(y)
-            except Exception:   # keys, tokens: not compared
-                continue
-            if a.dtype != b.dtype or a.shape != b.shape or not values.same_bytes(a, b):
-                done(False)
-                return
-        if not dev:
-            done(True)
-            return
-        fn = self._programs.get("same")
-        if fn is None:
-            import jax.numpy as jnp
-
-            fn = self._programs["same"] = self.programs.jit(lambda a, b: jnp.stack(
-                [jnp.array_equal(words(p), words(q)) for p, q in zip(a, b)]).all())
-        with self.quiet():
-            out = fn([x for x, _ in dev], [y for _, y in dev])
-        try:
-            out.copy_to_host_async()
-        except Exception:
-            pass
-        self.checks.append((out, done))
-        if len(self.checks) > MAX_PENDING:
-            self.drain()
-
-    def compare_later(self, xs, ys, done):
-        """`same_later` for two lists of `Ref`s: equal dtypes, shapes and words64 hashes
-        (equal hashes stand for equal bytes, docs/format.md), read at the next drain. No
-        program runs: both sides were digested already (a call's outputs and its values
-        program's final outputs)."""
-        self.checks.append(((xs, ys), done))
-
-    def settle_checks(self, drained=False):
-        """Answer the pending checks, in the order they were asked (a drain first, when
-        one compares results not read yet; a result never dispatched compares unequal)."""
-        if not drained and any(type(c[0]) is tuple and any(
-                r.result.host is None for r in c[0][0] + c[0][1]) for c in self.checks):
-            self.drain()   # settles
-            return
-        checks, self.checks = self.checks, []
-        for what, done in checks:
-            if type(what) is tuple:
-                done(all(x.result.host is not None and y.result.host is not None and
-                         x.dtype == y.dtype and x.shape == y.shape and
-                         self._hash(x) == self._hash(y) for x, y in zip(*what)))
-                continue
-            with self.quiet():
-                answer = bool(np.asarray(what))
-            done(answer)
-
-    @staticmethod
-    def _hash(ref):
-        a, b = ref.result.host[:2]
-        return values.words_finish(a[ref.index], b[ref.index], ref.nbytes)
-
     def dispatch(self):
         """Values are hashed as they are added (kept for callers that mark a call's end)."""
+
+    def _no_key_stats(self, rows, st, counts):
+        """PRNG key data's rows get no statistics (values.STAT_FIELDS: counts only), as
+        the host path writes them: its words are bits, not numbers."""
+        for i, (handle, _) in enumerate(rows):
+            if handle in self._keys:
+                self._keys.discard(handle)
+                st[i], counts[i] = np.nan, 0
 
     def _fill(self, handle, nbytes, host, i):
         a, b, floats, counts = host
@@ -361,6 +305,8 @@ class DeviceDigests:
             rows = res.rows
             n = len(rows)
             hashes = finish_all(a[:n], b[:n], [nb for _, nb in rows]).tolist()
+            if self._keys and st is not None:
+                self._no_key_stats(rows, st, counts)
             if st is None:
                 w.fill_digests(rows, hashes)
             else:
