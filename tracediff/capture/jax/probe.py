@@ -123,8 +123,8 @@ class Prober:
                 # digested here (the optimizer step's rows take their words: `Ref`), and
                 # the program's final outputs where they are not equation outputs already
                 # (the probe call's rows): one program a call, no second pass over the
-                # same values
-                more = []
+                # same values (out_at made afresh: both variants trace this)
+                more, out_at[:] = [], []
                 for x in outs:
                     if not digest_results.dtype_ok(x.dtype):
                         out_at.append(None)
