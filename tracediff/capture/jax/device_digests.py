@@ -291,8 +291,8 @@ class DeviceDigests(SameLater):
             with self.quiet():
                 self.groups.settle()
         pending, self.pending = self.pending, []
+        width = WORDS if self.with_stats else 2
         for res in pending:
-            width = WORDS if self.with_stats else 2
             with self.quiet():
                 out = res.out
                 host = np.concatenate([np.asarray(o).reshape(-1, width) for o in out]) \

@@ -20,6 +20,7 @@ import os
 import numpy as np
 
 from . import digest_programs
+from .digest_results import WORDS
 
 MAX_GROUP = 16              # values a group program takes at most
 GROUP_BYTES = 256 << 20     # ... and bytes: its stack is a copy of them
@@ -99,15 +100,21 @@ def plan(avals):
     return chunks, np.asarray(take, np.int64)
 
 
+def _key(x):
+    """(shape, dtype, weak_type) of an array or a tracer (a numpy constant: not weak), what
+    picks its group program."""
+    return tuple(x.shape), np.dtype(x.dtype), bool(getattr(x, "weak_type", False))
+
+
 def _group_fn(with_stats, together, k, empty):
     """Traced: the rows (k, WORDS or 2) of k values of one dtype and shape."""
     import jax
     import jax.numpy as jnp
 
-    width = 8 if with_stats else 2
-    if empty:   # no bytes: hash lanes 0, NaN statistics, no NaN or Inf
-        row = [0, 0] + [0x7FC00000] * 4 + [0, 0]
-        return lambda *xs: jnp.tile(jnp.array(row[:width], jnp.uint32), (k, 1))
+    width = WORDS if with_stats else 2
+    if empty:
+        row = digest_programs.EMPTY_WORDS[:width]
+        return lambda *xs: jnp.tile(jnp.array(row, jnp.uint32), (k, 1))
     one = (lambda x: digest_programs._digest(x, True, together)[0]) if with_stats else \
         digest_programs.lanes
     if k == 1:
@@ -140,15 +147,14 @@ class DigestGroups:
         with self.quiet():
             return self.programs.compile(jax.jit(fn).lower(*[spec] * k), [device.id])
 
-    def take(self, kept, device):
+    def accepts(self, kept, device):
         """While a values program is traced: will its digested values (kept: tracers) be
         returned, to be digested here after it? Where the call's arguments are on one
         device (not None) and the values fit in its memory (`affordable`); their group
         programs then start compiling, while XLA compiles the values program."""
         if device is None:
             return False
-        avals = [(tuple(x.shape), np.dtype(x.dtype),
-                  bool(getattr(getattr(x, "aval", None), "weak_type", False))) for x in kept]
+        avals = [_key(x) for x in kept]
         unique = {id(x): a for x, a in zip(kept, avals)}.values()   # a value twice: once
         if not affordable(sum(math.prod(a[0]) * a[1].itemsize for a in unique), device):
             self.inside += 1
@@ -190,8 +196,7 @@ class DigestGroups:
     def run(self, xs, device, with_stats=True):
         """(the group programs' outputs, take) for arrays xs, all on `device`: their rows
         are `np.concatenate(outputs)[take]` (digest_results.Result)."""
-        chunks, take = plan([(tuple(x.shape), np.dtype(x.dtype), bool(x.weak_type))
-                             for x in xs])
+        chunks, take = plan([_key(x) for x in xs])
         outs = []
         with self.quiet():
             for key, idx in chunks:
@@ -205,7 +210,7 @@ class DigestGroups:
         background, so that the first values of several new shapes (a model's
         initialisation) compile side by side instead of one after another (on a TPU v5e
         1.2-2.7 s each) while the script goes on. At most WAIT_BYTES wait at once."""
-        key = (tuple(x.shape), np.dtype(x.dtype), bool(x.weak_type))
+        key = _key(x)
         t = ((*key, 1), device.id, with_stats)
         exe = self._exes.get(t)
         if exe is None:
@@ -220,9 +225,8 @@ class DigestGroups:
             self.waited += 1
             if self._waiting_bytes > WAIT_BYTES:
                 self.settle()
-        else:
+        else:   # the caller adopts res (its copy to the host starts there)
             res.out, res.take = self.run([x], device, with_stats)
-            _copy_async(res.out)
         if self._waiting:
             self.settle(only_ready=True)
 
@@ -230,9 +234,7 @@ class DigestGroups:
         """Run the waiting values' digests (their compiles awaited, unless only_ready)."""
         keep = []
         for x, device, with_stats, res in self._waiting:
-            t = ((tuple(x.shape), np.dtype(x.dtype), bool(x.weak_type), 1), device.id,
-                 with_stats)
-            exe = self._exes.get(t)
+            exe = self._exes.get(((*_key(x), 1), device.id, with_stats))
             if only_ready and isinstance(exe, concurrent.futures.Future) and not exe.done():
                 keep.append((x, device, with_stats, res))
                 continue

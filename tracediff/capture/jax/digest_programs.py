@@ -213,6 +213,9 @@ def _digest(x, masked, together):
     return jnp.concatenate([hash_lanes, floats, counts]), jnp.isfinite(total)
 
 
+# the words of a value with no bytes: hash lanes 0, NaN statistics, no NaN or Inf
+EMPTY_WORDS = [0, 0] + [0x7FC00000] * 4 + [0, 0]
+
 _SHARED = {}   # (what, together) -> jitted digest of one value, called inside the programs
 
 
@@ -267,7 +270,7 @@ def packed(xs, with_stats, inside=False, together=None):
         rows = lax.cond(finite, lambda xs: jnp.stack([r for r, _ in quick]),
                         lambda xs: jnp.stack([_digest(x, True, together)[0] for x in xs]),
                         full)
-    empty = jnp.array([0, 0] + [0x7FC00000] * 4 + [0, 0], jnp.uint32)  # hash of no bytes: 0
+    empty = jnp.array(EMPTY_WORDS, jnp.uint32)
     out, k = [], 0                                                    # lanes; NaN statistics
     for x in xs:
         if x.size:

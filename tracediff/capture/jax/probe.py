@@ -44,7 +44,7 @@ class Prober:
         self._re = re.compile(pattern)
         self._programs = {}   # id(closed jaxpr) -> (closed jaxpr, jitted probe program, mask)
         self._plans = {}      # (id(closed), name stack, source, device) -> (closed, writer, _Plan)
-        self._device = None   # the recorded call's one device (`DigestGroups.take`)
+        self._device = None   # the recorded call's one device (`DigestGroups.accepts`)
         self.calls = self.equations = self.same_as_compiled = 0
         self.differs_from_compiled = []
         self.errors = []
@@ -137,7 +137,7 @@ class Prober:
                 rest = [None if m else x for x, m in zip(found, mask)]
                 if not inside:
                     groups = self.capture.digests.groups
-                    after[0] = groups is not None and groups.take(kept, self._device)
+                    after[0] = groups is not None and groups.accepts(kept, self._device)
                     if after[0]:
                         return outs, rest, kept
                 return outs, rest, digest_programs.packed(kept, True, inside=True)
