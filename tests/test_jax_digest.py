@@ -551,13 +551,16 @@ def test_values_digested_by_group_programs_write_the_trace_digested_inside(tmp_p
     # the program that digests inside)
     runs = {"groups": ("1", "1", big, 1000), "inside": ("1", "1", 0, 1000),
             "off": ("1", "0", big, 1000), "host": ("0", "1", 0, 1000),
-            "switched": ("1", "1", big, 1)}
+            "switched": ("1", "1", big, 1), "unstacked": ("1", "1", big, 1000)}
     traces = {}
     for name, (device, groups, budget, calls) in runs.items():
         monkeypatch.setenv("TRACEDIFF_JAX_DIGEST_ON_DEVICE", device)
         monkeypatch.setenv("TRACEDIFF_JAX_DIGEST_GROUPS", groups)
         monkeypatch.setattr(digest_groups, "RETURN_CPU", budget)
         monkeypatch.setattr(digest_groups, "INSIDE_AFTER_CALLS", calls)
+        # unstacked: every value digested where it lies (on a TPU, those of 8 MB and more)
+        monkeypatch.setattr(digest_groups, "UNSTACKED_BYTES", 0 if name == "unstacked" else
+                            8 << 20)
         out = traces[name] = tmp_path / f"{name}.h5"
         with tracediff.record(out, level="stats", jax_values="compiled", hash="words64",
                               frameworks=("jax",)):
@@ -566,7 +569,8 @@ def test_values_digested_by_group_programs_write_the_trace_digested_inside(tmp_p
             for _ in range(3):
                 params, state, _ = step(params, state)
     groups = {k: _manifest(traces[k])["frameworks"]["jax"]["digests_on_device"]["groups"]
-              for k in ("groups", "inside", "off", "switched")}
+              for k in ("groups", "inside", "off", "switched", "unstacked")}
+    assert groups["unstacked"]["groups_run"] > groups["groups"]["groups_run"] // 2
     assert groups["groups"]["values_programs_returning_values"] >= 2   # init, step
     assert groups["switched"]["groups_run"] < groups["groups"]["groups_run"]
     assert groups["groups"]["values_programs_digesting_inside"] == 0
@@ -580,7 +584,7 @@ def test_values_digested_by_group_programs_write_the_trace_digested_inside(tmp_p
     with h5py.File(traces["off"], "r") as f:
         before = np.sort(f["stats"][:], order="value")   # the device path as it was
     assert len(host_values) > 100
-    for name in ("groups", "inside", "off", "switched"):
+    for name in ("groups", "inside", "off", "switched", "unstacked"):
         with h5py.File(traces[name], "r") as f:
             vals, stats = f["values"][:], np.sort(f["stats"][:], order="value")
         assert (vals["hash"] == host_values["hash"]).all(), name
@@ -634,3 +638,84 @@ def test_eager_values_wait_for_their_program_and_survive_donation(tmp_path, monk
         vd, vh = fd["values"][:], fh["values"][:]
         assert len(vd) == len(vh) > 5
         assert (vd["hash"] == vh["hash"]).all()
+
+
+def _stored_hashes_match_bytes(path):
+    """(rows whose hash is the words64 of the bytes the trace stores for them, rows)."""
+    with h5py.File(path, "r") as f:
+        rows, blob = f["values"][:], f["blob"]
+        stored = rows[(rows["offset"] >= 0) & (rows["nbytes"] > 0)]
+        same = sum(values.words_digest(np.asarray(blob[r["offset"]:r["offset"] + r["nbytes"]]))
+                   == int(r["hash"]) for r in stored)
+    return same, len(stored)
+
+
+def test_full_level_values_are_hashed_by_group_programs_as_stored(tmp_path, monkeypatch):
+    """At level full a values program returns its values (the small ones also joined) and
+    group programs hash them, where each
+    value's hash used to cost the values program its compile (on a TPU v5e a Flax block's
+    step: 61 s); an eager value of a shape whose program is still compiling is hashed on
+    the host meanwhile. Every stored value's hash is that of its stored bytes, and the
+    values and hashes are those of the path that hashed inside and of the host's."""
+    import importlib.util
+
+    import tracediff
+    from tracediff.capture.jax import digest_groups
+
+    from .helpers import ROOT
+
+    spec = importlib.util.spec_from_file_location("jax_mlp", f"{ROOT}/fixtures/jax_mlp.py")
+    mlp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mlp)
+    monkeypatch.setenv("TRACEDIFF_XLA_CACHE", "off")
+    traces = {}
+    for name, device, groups in (("groups", "1", "1"), ("off", "1", "0"), ("host", "0", "1")):
+        monkeypatch.setenv("TRACEDIFF_JAX_DIGEST_ON_DEVICE", device)
+        monkeypatch.setenv("TRACEDIFF_JAX_DIGEST_GROUPS", groups)
+        out = traces[name] = tmp_path / f"{name}.h5"
+        with tracediff.record(out, level="full", jax_values="compiled", hash="words64",
+                              frameworks=("jax",)):
+            step, params, state = mlp.build((8, 16, 16, 4), 4)
+            step = jax.jit(step)
+            for _ in range(3):
+                params, state, _ = step(params, state)
+            jax.numpy.tanh(params["Dense_0"]["kernel"])   # an eager value, a new shape
+    got = _manifest(traces["groups"])["frameworks"]["jax"]["digests_on_device"]["groups"]
+    assert got["values_programs_returning_values"] >= 2 and got["groups_run"] > 0
+    assert got["values_hashed_on_host_while_their_program_compiled"] >= 1
+    assert digest_groups.enabled()
+    with h5py.File(traces["host"], "r") as f:
+        host = f["values"][:]
+    assert len(host) > 100
+    for name in ("groups", "off"):
+        same, n = _stored_hashes_match_bytes(traces[name])
+        assert same == n > 100, name
+        with h5py.File(traces[name], "r") as f:
+            assert (f["values"]["hash"][:] == host["hash"]).all(), name
+    with tracediff.load(traces["groups"]) as a, tracediff.load(traces["host"]) as b:
+        for eid in range(len(a)):
+            for x, y in zip(a.outputs(eid), b.outputs(eid)):
+                if x is not None and y is not None:
+                    assert x.dtype == y.dtype and x.tobytes() == y.tobytes(), eid
+
+
+
+def test_a_flax_blocks_full_trace_on_the_device_stores_what_it_hashed(tmp_path):
+    """The Flax attention block of issue 55's target (fixtures/flax_block_adam.py: masks,
+    softmax, layer norms, Adam) at level full with values hashed on the device by group
+    programs: the script prints what it prints plain, and every stored value's hash is the
+    words64 of its stored bytes."""
+    from .helpers import run_plain
+
+    why = xla_cpu_hashes_what_it_returns()
+    if why:
+        pytest.skip(why)
+    out = tmp_path / "block.h5"
+    env = {"TRACEDIFF_JAX_DIGEST_ON_DEVICE": "1", "TRACEDIFF_XLA_CACHE": "off"}
+    proc = record("flax_block_adam.py", out, "--width", "32", "--seq", "8", env=env,
+                  extra=("--level", "full", "--jax-values", "compiled", "--hash", "words64"))
+    assert proc.stdout == run_plain("flax_block_adam.py", "--width", "32", "--seq", "8").stdout
+    groups = _manifest(out)["frameworks"]["jax"]["digests_on_device"]["groups"]
+    assert groups["values_programs_returning_values"] >= 2 and groups["groups_run"] > 0
+    same, n = _stored_hashes_match_bytes(out)
+    assert same == n > 500

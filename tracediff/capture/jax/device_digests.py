@@ -29,7 +29,7 @@ import numpy as np
 from ...trace import values
 from .digest_checks import SameLater
 from .digest_groups import DigestGroups, enabled
-from .digest_programs import fetch_parts, packed
+from .digest_programs import fetch_parts, join, packed
 from .digest_results import (WORDS, HostView, Joined, Ref, Result, finish_all, joined,
                              joined_starts, storage_of, unpack_all)
 
@@ -179,22 +179,41 @@ class DeviceDigests(SameLater):
                 lambda x: packed([x], with_stats))
         return fn
 
-    def fetch(self, xs, copy=True):
+    def fetch(self, xs, copy=True, wait=True):
         """Level full: [(words64 hash, bytes on the host or None)] of arrays on their
         device, by one program for all of them (a call's outputs, an optimizer step's
         values: one dispatch and one read, not one a value) that also joins the small
         ones' words into one buffer (`fetch_parts`): one copy to the host for those, read
         as `HostView`s when first asked; the others' copies are started here and left to
         the caller (None). The hashes are of the arrays given, not of a recomputation.
-        copy=False: no copy starts (the caller expects to need the hashes only)."""
+        copy=False: no copy starts (the caller expects to need the hashes only).
+        wait=False (an eager value): [(None, None)] where a group program they need is not
+        compiled yet (the caller hashes them on the host)."""
+        device = None if self.groups is None else one_device(xs)
+        if not wait and device is not None and \
+                not self.groups.ready(xs, device, with_stats=False):
+            # hashed on the host meanwhile (the bytes cross at this level anyway), while
+            # their programs compile in the background: a model's eager initialiser no
+            # longer waits for a program per new shape (on a TPU ~1-3 s each)
+            self.groups.host_hashed += len(xs)
+            return [(None, None)] * len(xs)
         avals = [(x.shape, x.dtype) for x in xs]
         small = tuple(joined(avals))
-        fn = self._programs.get(("fetch", small))
+        # hashed by the group programs (compiled once per dtype and shape, not once per
+        # signature: on a TPU each value's hash costs a program ~0.2 s to compile), the
+        # small ones joined by a program that only copies
+        what = "fetch" if device is None else "join"
+        fn = self._programs.get((what, small))
         if fn is None:
-            fn = self._programs[("fetch", small)] = self.programs.jit(
-                lambda xs: fetch_parts(xs, small))
+            fn = self._programs[(what, small)] = self.programs.jit(
+                (lambda xs: fetch_parts(xs, small)) if device is None else
+                (lambda xs: join([x for x, j in zip(xs, small) if j])))
         with self.quiet():
-            lanes, flat = fn(list(xs))
+            if device is None:
+                lanes, flat = fn(list(xs))
+            else:
+                flat = fn(list(xs)) if any(small) else None
+                lanes = self.groups.run(list(xs), device, with_stats=False)
         hashes, data = self.fetched([x.nbytes for x in xs], lanes, flat,
                                     [x for x, j in zip(xs, small) if not j and copy], copy)
         return [(h, None if at is None else HostView(data, at, dtype, shape))
@@ -213,7 +232,8 @@ class DeviceDigests(SameLater):
                 pass
         with self.quiet():
             joined = Joined(flat, copy) if flat is not None else None
-            lanes = np.asarray(lanes)
+            # a values program's group programs' (outputs, take), or one program's lanes
+            lanes = DigestGroups.rows(*lanes) if type(lanes) is tuple else np.asarray(lanes)
         self.values += len(nbytes)
         self.batches += 1
         a, b, _, _ = unpack_all(lanes, False)

@@ -24,6 +24,8 @@ from .digest_results import WORDS
 
 MAX_GROUP = 16              # values a group program takes at most
 GROUP_BYTES = 256 << 20     # ... and bytes: its stack is a copy of them
+UNSTACKED_BYTES = 8 << 20   # values this large are digested where they lie (no stack, no copy),
+MAX_UNSTACKED = 8           # up to this many a program, each its own reduction
 RETURN_SHARE = 0.5          # a values program returns its values where they fit in this share
 RETURN_CPU = 2 << 30        # of the device's free memory (where it reports none: bytes)
 INSIDE_AFTER_CALLS = 1000   # later calls of a values program digest inside (`Prober.record`):
@@ -72,8 +74,17 @@ def affordable(nbytes, device=None):
     return nbytes <= RETURN_SHARE * free
 
 
+def _stacked(nbytes):
+    """Are values of this size stacked under one vmapped digest (a copy of them, one
+    reduction to compile), or digested where they lie (no copy, one reduction each)?"""
+    return nbytes < UNSTACKED_BYTES
+
+
 def _largest_group(nbytes):
-    """The largest power of two k <= MAX_GROUP with k values within GROUP_BYTES."""
+    """The largest power of two k <= MAX_GROUP with k values within GROUP_BYTES (stacked),
+    or k <= MAX_UNSTACKED (digested where they lie)."""
+    if not _stacked(nbytes):
+        return MAX_UNSTACKED
     k = max(1, min(MAX_GROUP, GROUP_BYTES // max(nbytes, 1)))
     return 1 << (k.bit_length() - 1)
 
@@ -106,7 +117,7 @@ def _key(x):
     return tuple(x.shape), np.dtype(x.dtype), bool(getattr(x, "weak_type", False))
 
 
-def _group_fn(with_stats, together, k, empty):
+def _group_fn(with_stats, together, k, empty, stacked=True):
     """Traced: the rows (k, WORDS or 2) of k values of one dtype and shape."""
     import jax
     import jax.numpy as jnp
@@ -119,6 +130,8 @@ def _group_fn(with_stats, together, k, empty):
         digest_programs.lanes
     if k == 1:
         return lambda x: one(x)[None]
+    if not stacked:
+        return lambda *xs: jnp.stack([one(x) for x in xs])
     return lambda *xs: jax.vmap(one)(jnp.stack(xs))
 
 
@@ -135,19 +148,22 @@ class DigestGroups:
         self.returning = self.inside = 0   # values programs that return their values, or not
         self._waiting, self._waiting_bytes = [], 0   # eager values (`one`), compile under way
         self.waited = 0
+        self.host_hashed = 0   # level full: values hashed on the host while their program compiled
 
     def _compile(self, key, device, with_stats):
         import jax
         from jax.sharding import SingleDeviceSharding
 
         shape, dtype, weak, k = key
-        fn = _group_fn(with_stats, digest_programs.one_pass(), k, math.prod(shape) == 0)
+        n = math.prod(shape)
+        fn = _group_fn(with_stats, digest_programs.one_pass(), k, n == 0,
+                       _stacked(n * np.dtype(dtype).itemsize))
         spec = jax.ShapeDtypeStruct(shape, dtype, sharding=SingleDeviceSharding(device),
                                     weak_type=weak)
         with self.quiet():
             return self.programs.compile(jax.jit(fn).lower(*[spec] * k), [device.id])
 
-    def accepts(self, kept, device):
+    def accepts(self, kept, device, with_stats=True):
         """While a values program is traced: will its digested values (kept: tracers) be
         returned, to be digested here after it? Where the call's arguments are on one
         device (not None) and the values fit in its memory (`affordable`); their group
@@ -160,7 +176,7 @@ class DigestGroups:
             self.inside += 1
             return False
         self.returning += 1
-        self.prepare(avals, device)
+        self.prepare(avals, device, with_stats)
         return True
 
     def prepare(self, avals, device, with_stats=True):
@@ -178,6 +194,17 @@ class DigestGroups:
         for t in todo:
             self._exes[t] = self._pool.submit(self._compile, t[0], device, with_stats)
             self.prepared += 1
+
+    def ready(self, xs, device, with_stats=True):
+        """Are the group programs of arrays xs on `device` compiled? Those that are not
+        start compiling in the background (`prepare`)."""
+        keys = [_key(x) for x in xs]
+        chunks, _ = plan(keys)
+        exes = [self._exes.get((key, device.id, with_stats)) for key, _ in chunks]
+        if any(e is None for e in exes):
+            self.prepare(keys, device, with_stats)
+            return False
+        return all(not isinstance(e, concurrent.futures.Future) or e.done() for e in exes)
 
     def _exe(self, key, device, with_stats):
         t = (key, device.id, with_stats)
@@ -203,6 +230,12 @@ class DigestGroups:
                 outs.append(self._exe(key, device, with_stats)(*[xs[i] for i in idx]))
         self.groups += len(chunks)
         return outs, take
+
+    @staticmethod
+    def rows(outs, take):
+        """`run`'s results on the host, a row a value in the values' order (waits for them)."""
+        width = np.asarray(outs[0]).shape[-1]
+        return np.concatenate([np.asarray(o).reshape(-1, width) for o in outs])[take]
 
     def one(self, x, device, with_stats, res):
         """An eager value's digest into `res` (a `digest_results.Result`): run now where its
@@ -254,6 +287,7 @@ class DigestGroups:
                 "values_programs_returning_values": self.returning,
                 "values_programs_digesting_inside": self.inside,
                 "eager_values_waited_for_their_program": self.waited,
+                "values_hashed_on_host_while_their_program_compiled": self.host_hashed,
                 "note": "values programs that return their values have them digested by group "
                         "programs compiled once per dtype, shape and group size; the others "
                         "(values beyond a share of the device's free memory) digest them "

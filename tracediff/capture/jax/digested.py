@@ -2,8 +2,8 @@
 
 At level stats their rows are reserved while the call's events are written and filled from
 the program's packed result, or from the group programs' results (digest_groups.py), read
-asynchronously at the next drain; at level full the program hashed them and joined the
-small ones into one buffer (`DeviceDigests.fetched`).
+asynchronously at the next drain; at level full the program, or the group programs after it,
+hashed them, and the program joined the small ones into one buffer (`DeviceDigests.fetched`).
 """
 
 import math
@@ -17,14 +17,15 @@ from . import digest_results
 class Digested:
     """The values of one values-program run hashed on the device: at level stats their
     rows are reserved and filled from the packed result (read asynchronously, at the next
-    drain); at level full the program hashed them and joined the small ones into one
-    buffer, brought to the host by `DeviceDigests.fetched` (one copy), the others
-    returned as arrays."""
+    drain); at level full they were hashed (by the program or by group programs after
+    it) and the small ones joined into one buffer, brought to the host by
+    `DeviceDigests.fetched` (one copy), the others returned as arrays."""
 
     def __init__(self, cap, mask, packed, found, full_meta=None):
-        """packed: the values program's digests (level stats), or at level full its
-        `fetch_parts` with `full_meta` = ((shape, dtype), byte count, byte offset in the
-        joined buffer or None) per digested value."""
+        """packed: the values program's digests (level stats), or at level full (its
+        lanes, or the group programs' (outputs, take); its joined buffer) with `full_meta`
+        = ((shape, dtype), byte count, byte offset in the joined buffer or None) per
+        digested value."""
         self.cap, self.mask = cap, iter(mask)
         self.full = cap.session.writer.level == "full"
         self.reserve = cap.digests.reserve

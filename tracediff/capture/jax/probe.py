@@ -67,9 +67,8 @@ class Prober:
             return hit[1:]
         import jax
 
-        # values hashed on the device (device_digests): at level stats the program returns
-        # them for digest_groups.py where they fit in memory, else their digests (packed);
-        # at level full their hashes, the small ones' words joined, the others
+        # values hashed on the device: returned for digest_groups.py where they fit in
+        # memory, else digested here (packed; level full: hashed, small ones joined)
         digest = self.values_mode and self.capture.digests is not None
         full = self.capture.session.writer.level == "full"
         mask = []   # per found value: digested on the device (filled while tracing)
@@ -101,13 +100,12 @@ class Prober:
                         at.setdefault(id(x), n)
                         n += 1
             if digest and full:
-                # hashed here, and the small ones joined into one buffer (`fetch_parts`),
-                # from the values as an optimization barrier hands them on: XLA may not
-                # recompute a value inside a hashing fusion with other rounding (an FMA
-                # contracted in one fusion and not the other, seen on XLA:CPU), so the
-                # hashes are of the very bytes returned. One program a call, and no
-                # per-value output for the joined ones (on a TPU v5e a program's output
-                # costs its dispatch ~7 us, and a defaults step has ~300 values)
+                # the small ones joined into one buffer (one copy to the host), hashed by
+                # group programs after it (the joined ones also returned alone) or else
+                # here (`fetch_parts`), from the values as an optimization barrier hands
+                # them on: XLA may not recompute a value inside a hashing or joining
+                # fusion with other rounding (an FMA contracted in one fusion and not the
+                # other, seen on XLA:CPU), so the hashes are of the very bytes returned
                 out_at[:] = [at.get(id(x)) for x in outs]
                 kept = [x for x, m in zip(found, mask) if m]
                 avals[:] = [(x.shape, x.dtype) for x in kept]
@@ -116,9 +114,12 @@ class Prober:
                 starts[:] = digest_results.joined_starts(avals, small)
                 if kept:
                     kept = list(jax.lax.optimization_barrier(kept))
-                parts = digest_programs.fetch_parts(kept, small)
+                groups = self.capture.digests.groups
+                after[0] = not inside and groups is not None and \
+                    groups.accepts(kept, self._device, with_stats=False)
                 back = iter(None if j else x for x, j in zip(kept, small))
-                return outs, [next(back) if m else x for x, m in zip(found, mask)], parts
+                return outs, [next(back) if m else x for x, m in zip(found, mask)], \
+                    _joined_parts(kept, small, after[0])
             if digest:
                 # digested here (the optimizer step's rows take their words: `Ref`), and
                 # the program's final outputs where they are not equation outputs already
@@ -150,7 +151,7 @@ class Prober:
         # a program called more than digest_groups.INSIDE_AFTER_CALLS times with its values
         # returned is compiled again, digesting them inside (`record`)
         fn_inside = self.capture.programs.jit(lambda *a: program(*a, inside=True)) \
-            if digest and not full else None
+            if digest else None
         full_meta = (avals, nbytes, starts) if digest and full else None
         hit = (fn, (mask if digest else None), out_at, full_meta, after, fn_inside, [0])
         self._programs[id(closed)] = (closed, *hit)
@@ -204,7 +205,8 @@ class Prober:
             if mask is not None:
                 packed = res[2] if len(res) > 2 else None
                 if after[0]:   # the values returned: digested now, by their groups
-                    packed = cap.digests.groups.run(packed, self._device)
+                    packed = _run_groups(cap.digests.groups, self._device, packed, found,
+                                         mask, full_meta)
                 digested = Digested(cap, mask, packed, found, full_meta)
         except Exception as exc:  # never break the script: the probe is extra work
             if len(self.errors) < 100:
@@ -363,6 +365,30 @@ def _same_bytes(x, y):
     except Exception:   # tokens: nothing to compare
         return True
     return x.dtype == y.dtype and x.shape == y.shape and values.same_bytes(x, y)
+
+
+def _joined_parts(kept, small, after):
+    """Traced, level full: what a values program returns beside its values: the small ones
+    alone and joined, for group programs to hash after it (`after`), else their lanes and
+    the joined buffer (`fetch_parts`)."""
+    if not after:
+        return digest_programs.fetch_parts(kept, small)
+    alone = [x for x, j in zip(kept, small) if j]
+    return alone, digest_programs.join(alone)
+
+
+def _run_groups(groups, device, packed, found, mask, full_meta):
+    """The group programs' results for a values program's returned values: `run`'s (outputs,
+    take); at level full with its joined buffer, the values in order taken from those
+    returned alone (`found`) and those also joined (`packed[0]`, their starts not None)."""
+    if full_meta is None:
+        return groups.run(packed, device)
+    alone, joined = iter(x for x, m in zip(found, mask) if m), iter(packed[0])
+    xs = []
+    for at in full_meta[2]:
+        x = next(alone)
+        xs.append(x if at is None else next(joined))
+    return groups.run(xs, device, with_stats=False), packed[1]
 
 
 def _is_tag(site, eqn):

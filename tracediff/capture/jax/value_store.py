@@ -146,7 +146,7 @@ class _Values:
             if w.level != "full":   # hash and statistics on the device: no bytes cross
                 return self.digests.add(eid, slot, x, role, name, logical)
             try:
-                h, arr = self.digests.fetch([x])[0]
+                h, arr = self.digests.fetch([x], wait=False)[0]
             except Exception:   # a program the device could not run: hashed on the host
                 h, arr = None, None
         else:
