@@ -528,6 +528,21 @@ def test_the_device_paths_hash_is_never_zero_as_the_hosts_is_not():
                                  [x.nbytes]).tolist() == [values.words_digest(x)]
 
 
+def _record_mlp(mlp, out, level, eager=False):
+    """Record 3 jitted steps of fixtures/jax_mlp.py's small MLP in this process at `level`
+    with compiled values and words64 hashes (`eager`: then an eager value of a new shape)."""
+    import tracediff
+
+    with tracediff.record(out, level=level, jax_values="compiled", hash="words64",
+                          frameworks=("jax",)):
+        step, params, state = mlp.build((8, 16, 16, 4), 4)
+        step = jax.jit(step)
+        for _ in range(3):
+            params, state, _ = step(params, state)
+        if eager:
+            jax.numpy.tanh(params["Dense_0"]["kernel"])
+
+
 def test_values_digested_by_group_programs_write_the_trace_digested_inside(tmp_path,
                                                                           monkeypatch):
     """A values program returns its values, digested after it by group programs compiled
@@ -537,7 +552,6 @@ def test_values_digested_by_group_programs_write_the_trace_digested_inside(tmp_p
     turned off, the trace is the host's, hash by hash, and the statistics agree."""
     import importlib.util
 
-    import tracediff
     from tracediff.capture.jax import digest_groups
 
     from .helpers import ROOT
@@ -562,12 +576,7 @@ def test_values_digested_by_group_programs_write_the_trace_digested_inside(tmp_p
         monkeypatch.setattr(digest_groups, "UNSTACKED_BYTES", 0 if name == "unstacked" else
                             8 << 20)
         out = traces[name] = tmp_path / f"{name}.h5"
-        with tracediff.record(out, level="stats", jax_values="compiled", hash="words64",
-                              frameworks=("jax",)):
-            step, params, state = mlp.build((8, 16, 16, 4), 4)
-            step = jax.jit(step)
-            for _ in range(3):
-                params, state, _ = step(params, state)
+        _record_mlp(mlp, out, "stats")
     groups = {k: _manifest(traces[k])["frameworks"]["jax"]["digests_on_device"]["groups"]
               for k in ("groups", "inside", "off", "switched", "unstacked")}
     assert groups["unstacked"]["groups_run"] > groups["groups"]["groups_run"] // 2
@@ -673,13 +682,7 @@ def test_full_level_values_are_hashed_by_group_programs_as_stored(tmp_path, monk
         monkeypatch.setenv("TRACEDIFF_JAX_DIGEST_ON_DEVICE", device)
         monkeypatch.setenv("TRACEDIFF_JAX_DIGEST_GROUPS", groups)
         out = traces[name] = tmp_path / f"{name}.h5"
-        with tracediff.record(out, level="full", jax_values="compiled", hash="words64",
-                              frameworks=("jax",)):
-            step, params, state = mlp.build((8, 16, 16, 4), 4)
-            step = jax.jit(step)
-            for _ in range(3):
-                params, state, _ = step(params, state)
-            jax.numpy.tanh(params["Dense_0"]["kernel"])   # an eager value, a new shape
+        _record_mlp(mlp, out, "full", eager=True)
     got = _manifest(traces["groups"])["frameworks"]["jax"]["digests_on_device"]["groups"]
     assert got["values_programs_returning_values"] >= 2 and got["groups_run"] > 0
     assert got["values_hashed_on_host_while_their_program_compiled"] >= 1
