@@ -661,11 +661,12 @@ def _stored_hashes_match_bytes(path):
 
 def test_full_level_values_are_hashed_by_group_programs_as_stored(tmp_path, monkeypatch):
     """At level full a values program returns its values (the small ones also joined) and
-    group programs hash them, where each
-    value's hash used to cost the values program its compile (on a TPU v5e a Flax block's
-    step: 61 s); an eager value of a shape whose program is still compiling is hashed on
-    the host meanwhile. Every stored value's hash is that of its stored bytes, and the
-    values and hashes are those of the path that hashed inside and of the host's."""
+    group programs hash them, where each value's hash used to cost the values program its
+    compile (on a TPU v5e a Flax block's step: 61 s); an eager value of a shape whose
+    program is still compiling is hashed on the host meanwhile; past INSIDE_AFTER_CALLS
+    calls the program that hashes inside takes over. Every stored value's hash is that of
+    its stored bytes, and the values and hashes are those of the path that hashed inside
+    and of the host's."""
     import importlib.util
 
     import tracediff
@@ -678,19 +679,22 @@ def test_full_level_values_are_hashed_by_group_programs_as_stored(tmp_path, monk
     spec.loader.exec_module(mlp)
     monkeypatch.setenv("TRACEDIFF_XLA_CACHE", "off")
     traces = {}
-    for name, device, groups in (("groups", "1", "1"), ("off", "1", "0"), ("host", "0", "1")):
+    for name, device, groups, calls in (("groups", "1", "1", 1000), ("off", "1", "0", 1000),
+                                        ("host", "0", "1", 1000), ("switched", "1", "1", 1)):
         monkeypatch.setenv("TRACEDIFF_JAX_DIGEST_ON_DEVICE", device)
         monkeypatch.setenv("TRACEDIFF_JAX_DIGEST_GROUPS", groups)
+        monkeypatch.setattr(digest_groups, "INSIDE_AFTER_CALLS", calls)
         out = traces[name] = tmp_path / f"{name}.h5"
         _record_mlp(mlp, out, "full", eager=True)
-    got = _manifest(traces["groups"])["frameworks"]["jax"]["digests_on_device"]["groups"]
-    assert got["values_programs_returning_values"] >= 2 and got["groups_run"] > 0
-    assert got["values_hashed_on_host_while_their_program_compiled"] >= 1
-    assert digest_groups.enabled()
+    got = {k: _manifest(traces[k])["frameworks"]["jax"]["digests_on_device"]["groups"]
+           for k in ("groups", "switched")}
+    assert got["groups"]["values_programs_returning_values"] >= 2
+    assert got["groups"]["values_hashed_on_host_while_their_program_compiled"] >= 1
+    assert 0 < got["switched"]["groups_run"] < got["groups"]["groups_run"]
     with h5py.File(traces["host"], "r") as f:
         host = f["values"][:]
     assert len(host) > 100
-    for name in ("groups", "off"):
+    for name in ("groups", "off", "switched"):
         same, n = _stored_hashes_match_bytes(traces[name])
         assert same == n > 100, name
         with h5py.File(traces[name], "r") as f:
@@ -700,7 +704,6 @@ def test_full_level_values_are_hashed_by_group_programs_as_stored(tmp_path, monk
             for x, y in zip(a.outputs(eid), b.outputs(eid)):
                 if x is not None and y is not None:
                     assert x.dtype == y.dtype and x.tobytes() == y.tobytes(), eid
-
 
 
 def test_a_flax_blocks_full_trace_on_the_device_stores_what_it_hashed(tmp_path):

@@ -101,11 +101,10 @@ class Prober:
                         n += 1
             if digest and full:
                 # the small ones joined into one buffer (one copy to the host), hashed by
-                # group programs after it (the joined ones also returned alone) or else
-                # here (`fetch_parts`), from the values as an optimization barrier hands
-                # them on: XLA may not recompute a value inside a hashing or joining
-                # fusion with other rounding (an FMA contracted in one fusion and not the
-                # other, seen on XLA:CPU), so the hashes are of the very bytes returned
+                # group programs after it (the joined ones also returned alone) or here
+                # (`fetch_parts`), from the values as an optimization barrier hands them on:
+                # XLA may not recompute a value in a hashing or joining fusion with other
+                # rounding (an FMA contracted in one fusion, not the other, seen on XLA:CPU)
                 out_at[:] = [at.get(id(x)) for x in outs]
                 kept = [x for x, m in zip(found, mask) if m]
                 avals[:] = [(x.shape, x.dtype) for x in kept]
@@ -115,11 +114,12 @@ class Prober:
                 if kept:
                     kept = list(jax.lax.optimization_barrier(kept))
                 groups = self.capture.digests.groups
-                after[0] = not inside and groups is not None and \
-                    groups.accepts(kept, self._device, with_stats=False)
+                if not inside:   # (the variant that hashes inside leaves the choice as is)
+                    after[0] = groups is not None and \
+                        groups.accepts(kept, self._device, with_stats=False)
                 back = iter(None if j else x for x, j in zip(kept, small))
                 return outs, [next(back) if m else x for x, m in zip(found, mask)], \
-                    _joined_parts(kept, small, after[0])
+                    _joined_parts(kept, small, after[0] and not inside)
             if digest:
                 # digested here (the optimizer step's rows take their words: `Ref`), and
                 # the program's final outputs where they are not equation outputs already
