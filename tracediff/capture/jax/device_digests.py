@@ -31,7 +31,7 @@ from .digest_checks import SameLater
 from .digest_groups import DigestGroups, enabled
 from .digest_programs import fetch_parts, join, packed
 from .digest_results import (WORDS, HostView, Joined, Ref, Result, finish_all, joined,
-                             joined_starts, storage_of, unpack_all)
+                             joined_starts, rows_of, storage_of, unpack_all)
 
 MAX_PENDING = 4096          # results not yet read
 
@@ -233,7 +233,8 @@ class DeviceDigests(SameLater):
         with self.quiet():
             joined = Joined(flat, copy) if flat is not None else None
             # a values program's group programs' (outputs, take), or one program's lanes
-            lanes = DigestGroups.rows(*lanes) if type(lanes) is tuple else np.asarray(lanes)
+            lanes = rows_of(lanes[0], 2, lanes[1]) if type(lanes) is tuple else \
+                np.asarray(lanes)
         self.values += len(nbytes)
         self.batches += 1
         a, b, _, _ = unpack_all(lanes, False)
@@ -315,10 +316,8 @@ class DeviceDigests(SameLater):
         for res in pending:
             with self.quiet():
                 out = res.out
-                host = np.concatenate([np.asarray(o).reshape(-1, width) for o in out]) \
-                    if isinstance(out, list) else np.asarray(out)
-            if res.take is not None:
-                host = host[res.take]
+                host = rows_of(out, width, res.take) if isinstance(out, list) else \
+                    np.asarray(out)
             a, b, st, counts = unpack_all(host, self.with_stats)
             res.out = None
             res.host = (a, b, st, counts)

@@ -231,27 +231,13 @@ class DigestGroups:
         self.groups += len(chunks)
         return outs, take
 
-    @staticmethod
-    def rows(outs, take):
-        """`run`'s results on the host, a row a value in the values' order (waits for them)."""
-        width = np.asarray(outs[0]).shape[-1]
-        return np.concatenate([np.asarray(o).reshape(-1, width) for o in outs])[take]
-
     def one(self, x, device, with_stats, res):
         """An eager value's digest into `res` (a `digest_results.Result`): run now where its
         program is compiled, else left waiting (`settle`) while it compiles in the
         background, so that the first values of several new shapes (a model's
         initialisation) compile side by side instead of one after another (on a TPU v5e
         1.2-2.7 s each) while the script goes on. At most WAIT_BYTES wait at once."""
-        key = _key(x)
-        t = ((*key, 1), device.id, with_stats)
-        exe = self._exes.get(t)
-        if exe is None:
-            self.prepare([key], device, with_stats)
-            exe = self._exes.get(t)
-        own = None
-        if isinstance(exe, concurrent.futures.Future) and not exe.done():
-            own = _own_copy(x, device)
+        own = None if self.ready([x], device, with_stats) else _own_copy(x, device)
         if own is not None:   # a copy: the script may donate or delete x meanwhile
             self._waiting.append((own, device, with_stats, res))
             self._waiting_bytes += own.nbytes
@@ -267,8 +253,7 @@ class DigestGroups:
         """Run the waiting values' digests (their compiles awaited, unless only_ready)."""
         keep = []
         for x, device, with_stats, res in self._waiting:
-            exe = self._exes.get(((*_key(x), 1), device.id, with_stats))
-            if only_ready and isinstance(exe, concurrent.futures.Future) and not exe.done():
+            if only_ready and not self.ready([x], device, with_stats):
                 keep.append((x, device, with_stats, res))
                 continue
             res.out, res.take = self.run([x], device, with_stats)

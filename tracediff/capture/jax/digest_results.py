@@ -72,6 +72,14 @@ def unpack_all(host, with_stats):
         (rows[:, 6:8].astype(np.int64) if with_stats else None)
 
 
+def rows_of(outs, width, take=None):
+    """Several programs' packed results (a list: the group programs', or one program a
+    value) on the host as one (values, width) array, in the values' order where `take`
+    gives it (`Result.take`); waits for them."""
+    host = np.concatenate([np.asarray(o).reshape(-1, width) for o in outs])
+    return host if take is None else host[take]
+
+
 def finish_all(lane1, lane2, nbytes):
     """`values.words_finish` of arrays of lanes and byte counts (uint64 arithmetic)."""
     m1, m2 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)
