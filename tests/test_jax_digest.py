@@ -506,6 +506,38 @@ def test_a_calls_outputs_share_its_values_programs_bytes_only_where_equal(
         assert [r[1] for r in call] == [r[1] for r in probe]
 
 
+def test_the_joined_buffer_holds_each_value_at_its_start_stacked_or_not():
+    """`join` groups the small values by shape and dtype (stacked where their bytes are
+    whole words: one relayout a shape); every value's bytes sit at its `joined_starts`
+    offset, the same buffer stacked or value by value, odd-sized bfloat16 and bool too."""
+    from tracediff.capture.jax import digest_programs, digest_results
+
+    jnp = jax.numpy
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal((3, 4)).astype(np.float32), np.arange(5, dtype=np.int32),
+          rng.standard_normal((3, 4)).astype(np.float32),
+          jnp.asarray(rng.standard_normal(3), jnp.bfloat16), np.array([True, False, True]),
+          jnp.asarray(rng.standard_normal(3), jnp.bfloat16), np.float32(2.5),
+          rng.standard_normal((3, 4)).astype(np.float32), jnp.asarray(rng.standard_normal((2, 2)),
+                                                                      jnp.bfloat16)]
+    xs = [jnp.asarray(x) for x in xs]
+    avals = [(x.shape, x.dtype) for x in xs]
+    small = [True] * len(xs)
+    small[1] = False
+    starts = digest_results.joined_starts(avals, small)
+    assert starts[1] is None
+    picked = [x for x, j in zip(xs, small) if j]
+    flats = [np.asarray(jax.jit(lambda *a, s=s: digest_programs.join(list(a), stack=s))(*picked))
+             for s in (False, True)]
+    assert flats[0].tobytes() == flats[1].tobytes()
+    data = flats[1].view(np.uint8)
+    assert starts[2] == starts[0] + 48   # the two (3, 4) float32 values side by side
+    for x, at in zip(xs, starts):
+        if at is not None:
+            got = digest_results.view_at(data, at, x.dtype, x.shape)
+            assert got.tobytes() == np.asarray(x).tobytes()
+
+
 def test_the_device_paths_hash_is_never_zero_as_the_hosts_is_not():
     """A hash of 0 means "no hash" (a metadata-only value, docs/format.md): words64 maps
     the one mix that would finish as 0 to 1, on the host (`values.words_finish`) and on the
@@ -642,7 +674,7 @@ def test_eager_values_wait_for_their_program_and_survive_donation(tmp_path, monk
             ends[name] = np.asarray(w)
     assert np.array_equal(ends["device"], ends["host"])
     groups = _manifest(traces["device"])["frameworks"]["jax"]["digests_on_device"]["groups"]
-    assert groups["eager_values_waited_for_their_program"] >= 1
+    assert groups["values_waited_for_their_program"] >= 1
     with h5py.File(traces["device"], "r") as fd, h5py.File(traces["host"], "r") as fh:
         vd, vh = fd["values"][:], fh["values"][:]
         assert len(vd) == len(vh) > 5
@@ -659,10 +691,121 @@ def _stored_hashes_match_bytes(path):
     return same, len(stored)
 
 
+def test_a_calls_outputs_programs_compile_while_it_runs_and_its_outputs_wait(tmp_path,
+                                                                            monkeypatch):
+    """At `--level calls` a jitted function's outputs' digest programs start compiling
+    before its first call runs (beside JAX's compile of the function itself), and its
+    outputs wait, as tracediff's own copies, while they compile: the calls return with
+    every program still held back, the script donating the outputs meanwhile, and the
+    trace is the host path's hash by hash (on a TPU v5e those compiles took 9.5 s of a
+    20-step MLP's script thread at its first calls)."""
+    import threading
+
+    import tracediff
+    from tracediff.capture.jax import digest_groups
+
+    compile_now = digest_groups.DigestGroups._compile
+    gate, held_up, step_compiled = threading.Event(), [], {}
+    holder = {}
+
+    def gated_compile(self, key, device, with_stats):
+        if key[0] == (48, 40) and "step" in holder:   # the step's first output
+            step_compiled.setdefault("at_submit", holder["step"]._cache_size())
+        if not gate.wait(20):
+            held_up.append(key)
+        return compile_now(self, key, device, with_stats)
+
+    monkeypatch.setattr(digest_groups.DigestGroups, "_compile", gated_compile)
+    monkeypatch.setenv("TRACEDIFF_XLA_CACHE", "off")
+    jnp = jax.numpy
+    rng = np.random.default_rng(3)
+    w0 = rng.standard_normal((48, 40)).astype(np.float32)
+    g0 = rng.standard_normal((48, 40)).astype(np.float32)
+    traces, ends, returned = {}, {}, {}
+    for name, device in (("device", "1"), ("host", "0")):
+        monkeypatch.setenv("TRACEDIFF_JAX_DIGEST_ON_DEVICE", device)
+        gate.clear()
+        out = traces[name] = tmp_path / f"{name}.h5"
+        with tracediff.record(out, level="calls", hash="words64", frameworks=("jax",)):
+            step = holder["step"] = jax.jit(lambda w, g: (w - 0.1 * g, jnp.sum(w * g)),
+                                            donate_argnums=0)
+            w, g = jnp.asarray(w0), jnp.asarray(g0)
+            for _ in range(3):
+                w, s = step(w, g)
+            returned[name] = not gate.is_set()
+            gate.set()
+            ends[name] = (np.asarray(w), float(s))
+        holder.clear()
+    assert not held_up, "the script's thread waited for a program held back"
+    assert returned["device"]
+    assert step_compiled["at_submit"] == 0, "the outputs' program started after the call ran"
+    assert np.array_equal(ends["device"][0], ends["host"][0])
+    assert ends["device"][1] == ends["host"][1]
+    groups = _manifest(traces["device"])["frameworks"]["jax"]["digests_on_device"]["groups"]
+    assert groups["values_waited_for_their_program"] >= 6   # 3 calls, 2 outputs each
+    with h5py.File(traces["device"], "r") as fd, h5py.File(traces["host"], "r") as fh:
+        vd, vh = fd["values"][:], fh["values"][:]
+        assert len(vd) == len(vh)
+        assert (vd["hash"] == vh["hash"]).all()
+        outs = vd[vd["role"] == schema.ROLE_OUT]
+        assert len(outs) >= 6 and (outs["hash"] != 0).all()
+
+
+def test_a_values_program_compiles_beside_the_scripts_own_unless_the_call_donates(
+        tmp_path, monkeypatch):
+    """A jitted function's first call that donates nothing runs the script's program (and
+    its compile) first, while the values program compiles in a background thread (on a TPU
+    v5e a 4096-wide MLP step's two took 4.2 and 3.2 s one after the other); one that
+    donates runs the values program first, on arguments still alive. Either way each call
+    has its values program's events (no replay), and the trace is the one recorded with
+    values hashed on the host, hash by hash."""
+    import threading
+
+    import tracediff
+    from tracediff.capture.jax import program_cache
+
+    compile_now = program_cache.ProgramCache.compile
+    where = []
+
+    def noted_compile(self, lowered, devices):
+        if "jit_program" in lowered.as_text()[:2000]:   # a values program
+            where.append(threading.current_thread() is threading.main_thread())
+        return compile_now(self, lowered, devices)
+
+    monkeypatch.setattr(program_cache.ProgramCache, "compile", noted_compile)
+    monkeypatch.setenv("TRACEDIFF_XLA_CACHE", "off")
+    jnp = jax.numpy
+    w0 = np.linspace(-1, 1, 48 * 40, dtype=np.float32).reshape(48, 40)
+    traces, ends, ran_on_main = {}, {}, {}
+    for name, device, donate in (("kept", "1", ()), ("donated", "1", (0,)),
+                                 ("host", "0", ())):
+        monkeypatch.setenv("TRACEDIFF_JAX_DIGEST_ON_DEVICE", device)
+        where.clear()
+        out = traces[name] = tmp_path / f"{name}.h5"
+        with tracediff.record(out, level="stats", jax_values="compiled", hash="words64",
+                              frameworks=("jax",)):
+            step = jax.jit(lambda w, g: (jnp.tanh(w) - 0.1 * g, jnp.sum(w * g)),
+                           donate_argnums=donate)
+            w, g = jnp.asarray(w0), jnp.asarray(w0 * 0.5)
+            for _ in range(3):
+                w, s = step(w, g)
+            ends[name] = (np.asarray(w), float(s))
+        ran_on_main[name] = list(where)
+    assert ran_on_main["kept"] and not any(ran_on_main["kept"]), ran_on_main
+    assert ran_on_main["donated"] and all(ran_on_main["donated"]), ran_on_main
+    for name in ("kept", "donated"):
+        assert np.array_equal(ends[name][0], ends["host"][0]) and ends[name][1] == ends["host"][1]
+        jm = _manifest(traces[name])["frameworks"]["jax"]
+        assert jm["compiled_values"]["calls"] == 3 and not jm["compiled_values"]["errors"], name
+        with h5py.File(traces[name], "r") as f, h5py.File(traces["host"], "r") as fh:
+            assert (f["values"]["hash"][:] == fh["values"]["hash"][:]).all(), name
+
+
 def test_full_level_values_are_hashed_by_group_programs_as_stored(tmp_path, monkeypatch):
-    """At level full a values program returns its values (the small ones also joined) and
-    group programs hash them, where each value's hash used to cost the values program its
-    compile (on a TPU v5e a Flax block's step: 61 s); an eager value of a shape whose
+    """At level full a values program returns its values (the small ones joined by a program
+    of their own after it) and group programs hash them, where each value's hash used to
+    cost the values program its compile (on a TPU v5e a Flax block's step: 61 s); the
+    join's program compiles beside it; an eager value of a shape whose
     program is still compiling is hashed on the host meanwhile; past INSIDE_AFTER_CALLS
     calls the program that hashes inside takes over. Every stored value's hash is that of
     its stored bytes, and the values and hashes are those of the path that hashed inside
@@ -691,6 +834,8 @@ def test_full_level_values_are_hashed_by_group_programs_as_stored(tmp_path, monk
     assert got["groups"]["values_programs_returning_values"] >= 2
     assert got["groups"]["values_hashed_on_host_while_their_program_compiled"] >= 1
     assert 0 < got["switched"]["groups_run"] < got["groups"]["groups_run"]
+    # the small values joined by a program of their own, compiled beside the values program
+    assert not _manifest(traces["groups"])["frameworks"]["jax"]["program_cache"]["errors"]
     with h5py.File(traces["host"], "r") as f:
         host = f["values"][:]
     assert len(host) > 100

@@ -28,10 +28,10 @@ import numpy as np
 
 from ...trace import values
 from .digest_checks import SameLater
-from .digest_groups import DigestGroups, enabled
+from .digest_groups import DigestGroups, enabled, group_key
 from .digest_programs import fetch_parts, join, packed
-from .digest_results import (WORDS, HostView, Joined, Ref, Result, finish_all, joined,
-                             joined_starts, rows_of, storage_of, unpack_all)
+from .digest_results import (WORDS, HostView, Joined, Ref, Result, dtype_ok, finish_all,
+                             joined, joined_starts, rows_of, storage_of, unpack_all)
 
 MAX_PENDING = 4096          # results not yet read
 
@@ -108,6 +108,18 @@ class DeviceDigests(SameLater):
             self.drain()
         return Ref(res, 0, x.dtype, tuple(x.shape), nbytes)
 
+    def prepare(self, avals, args):
+        """Start compiling the group programs that a call's outputs (of these avals) will
+        take, before the call runs: they compile in background threads while JAX compiles
+        the script's program (on a TPU v5e a 4096-wide MLP step's outputs' programs took
+        4.2 s of the script's thread at its first call, and its initialiser's 5.2 s)."""
+        if self.groups is None:
+            return
+        keep = [a for a in avals if hasattr(a, "shape") and dtype_ok(a.dtype)]
+        device = one_device(args) if keep else None
+        if device is not None:
+            self.groups.prepare([group_key(a) for a in keep], device, self.with_stats)
+
     def add_rows(self, xs, first, nbytes):
         """`add` for values whose rows are reserved already, one after another from handle
         `first` (a call's outputs: `TraceWriter.reserve_rows`), run as one program."""
@@ -149,7 +161,8 @@ class DeviceDigests(SameLater):
         device = None if self.groups is None else one_device(batch)
         if device is not None:   # the programs of the values programs' groups, shared
             try:
-                res.out, res.take = self.groups.run(batch, device, ws)
+                if not self.groups.later(batch, device, ws, res):   # compiled already
+                    res.out, res.take = self.groups.run(batch, device, ws)
                 self._adopt(res)
                 return
             except Exception:
@@ -207,7 +220,7 @@ class DeviceDigests(SameLater):
         if fn is None:
             fn = self._programs[(what, small)] = self.programs.jit(
                 (lambda xs: fetch_parts(xs, small)) if device is None else
-                (lambda xs: join([x for x, j in zip(xs, small) if j])))
+                (lambda xs: join([x for x, j in zip(xs, small) if j], stack=True)))
         with self.quiet():
             if device is None:
                 lanes, flat = fn(list(xs))

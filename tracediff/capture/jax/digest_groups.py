@@ -111,10 +111,19 @@ def plan(avals):
     return chunks, np.asarray(take, np.int64)
 
 
-def _key(x):
-    """(shape, dtype, weak_type) of an array or a tracer (a numpy constant: not weak), what
-    picks its group program."""
+def group_key(x):
+    """(shape, dtype, weak_type) of an array, a tracer or an aval (a numpy constant: not
+    weak), what picks its group program."""
     return tuple(x.shape), np.dtype(x.dtype), bool(getattr(x, "weak_type", False))
+
+
+def _spec(key, device):
+    """The abstract argument of a group key's (shape, dtype, weak_type) on `device`."""
+    import jax
+    from jax.sharding import SingleDeviceSharding
+
+    return jax.ShapeDtypeStruct(key[0], key[1], sharding=SingleDeviceSharding(device),
+                                weak_type=key[2])
 
 
 def _group_fn(with_stats, together, k, empty, stacked=True):
@@ -143,7 +152,6 @@ class DigestGroups:
         self.programs = programs     # program_cache.ProgramCache
         self.quiet = quiet           # context manager: tracediff's own JAX work
         self._exes = {}              # (key, device id, with_stats) -> executable or Future
-        self._pool = None
         self.groups = self.prepared = 0
         self.returning = self.inside = 0   # values programs that return their values, or not
         self._waiting, self._waiting_bytes = [], 0   # eager values (`one`), compile under way
@@ -152,16 +160,44 @@ class DigestGroups:
 
     def _compile(self, key, device, with_stats):
         import jax
-        from jax.sharding import SingleDeviceSharding
 
         shape, dtype, weak, k = key
         n = math.prod(shape)
         fn = _group_fn(with_stats, digest_programs.one_pass(), k, n == 0,
                        _stacked(n * np.dtype(dtype).itemsize))
-        spec = jax.ShapeDtypeStruct(shape, dtype, sharding=SingleDeviceSharding(device),
-                                    weak_type=weak)
         with self.quiet():
-            return self.programs.compile(jax.jit(fn).lower(*[spec] * k), [device.id])
+            return self.programs.compile(jax.jit(fn).lower(*[_spec(key, device)] * k),
+                                         [device.id])
+
+    def prepare_join(self, xs, device):
+        """Level full: start compiling, in a background thread, the program that joins the
+        words of values like xs (arrays or tracers) on `device` end to end (one copy to the
+        host for a values program's small values); its Future, for `join`. A program of
+        its own, compiled beside the values program: joined inside it, a Flax block's
+        ~300 small values took 21 of its 22 s to compile on a TPU v5e."""
+        import jax
+
+        specs = [_spec(group_key(x), device) for x in xs]
+
+        def compile_join():
+            with self.quiet():
+                return self.programs.compile(
+                    jax.jit(lambda *a: digest_programs.join(list(a), stack=True)).lower(*specs),
+                    [device.id])
+
+        return self.programs.submit(compile_join)
+
+    def join(self, prepared, xs):
+        """The joined words of arrays xs, by `prepare_join`'s program (by `jax.jit` where
+        that failed or does not take them)."""
+        import jax
+
+        with self.quiet():
+            try:
+                return prepared.result()(*xs)
+            except Exception as exc:
+                self.programs._error(f"join: {type(exc).__name__}: {str(exc)[:200]}")
+                return jax.jit(lambda *a: digest_programs.join(list(a), stack=True))(*xs)
 
     def accepts(self, kept, device, with_stats=True):
         """While a values program is traced: will its digested values (kept: tracers) be
@@ -170,7 +206,7 @@ class DigestGroups:
         programs then start compiling, while XLA compiles the values program."""
         if device is None:
             return False
-        avals = [_key(x) for x in kept]
+        avals = [group_key(x) for x in kept]
         unique = {id(x): a for x, a in zip(kept, avals)}.values()   # a value twice: once
         if not affordable(sum(math.prod(a[0]) * a[1].itemsize for a in unique), device):
             self.inside += 1
@@ -185,20 +221,14 @@ class DigestGroups:
         chunks, _ = plan(avals)
         todo = [(key, device.id, with_stats) for key, _ in chunks]
         todo = [t for t in dict.fromkeys(todo) if t not in self._exes]
-        if not todo:
-            return
-        if self._pool is None:
-            self.programs.prime()   # the folder and key checked once, on this thread
-            self._pool = concurrent.futures.ThreadPoolExecutor(
-                max(1, min(8, (os.cpu_count() or 2) - 1)), thread_name_prefix="tracediff-xla")
         for t in todo:
-            self._exes[t] = self._pool.submit(self._compile, t[0], device, with_stats)
+            self._exes[t] = self.programs.submit(self._compile, t[0], device, with_stats)
             self.prepared += 1
 
     def ready(self, xs, device, with_stats=True):
         """Are the group programs of arrays xs on `device` compiled? Those that are not
         start compiling in the background (`prepare`)."""
-        keys = [_key(x) for x in xs]
+        keys = [group_key(x) for x in xs]
         chunks, _ = plan(keys)
         exes = [self._exes.get((key, device.id, with_stats)) for key, _ in chunks]
         if any(e is None for e in exes):
@@ -223,7 +253,7 @@ class DigestGroups:
     def run(self, xs, device, with_stats=True):
         """(the group programs' outputs, take) for arrays xs, all on `device`: their rows
         are `np.concatenate(outputs)[take]` (digest_results.Result)."""
-        chunks, take = plan([_key(x) for x in xs])
+        chunks, take = plan([group_key(x) for x in xs])
         outs = []
         with self.quiet():
             for key, idx in chunks:
@@ -233,45 +263,46 @@ class DigestGroups:
 
     def one(self, x, device, with_stats, res):
         """An eager value's digest into `res` (a `digest_results.Result`): run now where its
-        program is compiled, else left waiting (`settle`) while it compiles in the
-        background, so that the first values of several new shapes (a model's
-        initialisation) compile side by side instead of one after another (on a TPU v5e
-        1.2-2.7 s each) while the script goes on. At most WAIT_BYTES wait at once."""
-        own = None if self.ready([x], device, with_stats) else _own_copy(x, device)
-        if own is not None:   # a copy: the script may donate or delete x meanwhile
+        program is compiled, else left waiting (`later`)."""
+        if not self.later([x], device, with_stats, res):   # the caller adopts res (its
+            res.out, res.take = self.run([x], device, with_stats)   # copy starts there)
+
+    def later(self, xs, device, with_stats, res):
+        """Leave values xs waiting, their digests to run into `res` (`settle`), where a
+        program they need is still compiling in the background: so that the first values
+        of several new shapes (a model's initialisation, a call's first outputs) compile
+        side by side instead of one after another (on a TPU v5e 1.2-2.8 s each) while the
+        script goes on. Returns whether they wait; at most WAIT_BYTES wait at once. Those
+        waiting whose programs are ready by now run."""
+        own = None if self.ready(xs, device, with_stats) else \
+            [_own_copy(x, device) for x in xs]   # copies: the script may donate or delete
+        if own is not None and all(o is not None for o in own):   # xs meanwhile
             self._waiting.append((own, device, with_stats, res))
-            self._waiting_bytes += own.nbytes
-            self.waited += 1
-            if self._waiting_bytes > WAIT_BYTES:
-                self.settle()
-        else:   # the caller adopts res (its copy to the host starts there)
-            res.out, res.take = self.run([x], device, with_stats)
+            self._waiting_bytes += sum(o.nbytes for o in own)
+            self.waited += len(own)
+        else:
+            own = None
         if self._waiting:
-            self.settle(only_ready=True)
+            self.settle(only_ready=self._waiting_bytes <= WAIT_BYTES)
+        return own is not None
 
     def settle(self, only_ready=False):
         """Run the waiting values' digests (their compiles awaited, unless only_ready)."""
         keep = []
-        for x, device, with_stats, res in self._waiting:
-            if only_ready and not self.ready([x], device, with_stats):
-                keep.append((x, device, with_stats, res))
+        for xs, device, with_stats, res in self._waiting:
+            if only_ready and not self.ready(xs, device, with_stats):
+                keep.append((xs, device, with_stats, res))
                 continue
-            res.out, res.take = self.run([x], device, with_stats)
+            res.out, res.take = self.run(xs, device, with_stats)
             _copy_async(res.out)
         self._waiting = keep
-        self._waiting_bytes = sum(w[0].nbytes for w in keep)
-
-    def close(self):
-        """Compiles not started are dropped (the recording ends)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        self._waiting_bytes = sum(o.nbytes for w in keep for o in w[0])
 
     def manifest(self):
         return {"groups_run": self.groups, "programs_prepared": self.prepared,
                 "values_programs_returning_values": self.returning,
                 "values_programs_digesting_inside": self.inside,
-                "eager_values_waited_for_their_program": self.waited,
+                "values_waited_for_their_program": self.waited,
                 "values_hashed_on_host_while_their_program_compiled": self.host_hashed,
                 "note": "values programs that return their values have them digested by group "
                         "programs compiled once per dtype, shape and group size; the others "

@@ -287,9 +287,30 @@ def fetch_parts(xs, small):
     return packed(xs, False), join([x for x, j in zip(xs, small) if j])
 
 
-def join(xs):
-    """Traced: the words of xs end to end (one uint32 vector), or None for no value."""
+def join(xs, stack=False):
+    """Traced: the words of xs end to end (one uint32 vector) in `join_order`, or None for
+    no value. `stack`: a group's values of whole words stacked first, their words taken at
+    once (the same bytes: a stack's memory is its values' end to end); only where xs are a
+    program's arguments, never its intermediates, which XLA could compute again inside the
+    stacking fusion with other rounding (seen on XLA:CPU)."""
     import jax.numpy as jnp
 
-    parts = [words(x) for x in xs]
-    return jnp.concatenate(parts) if parts else None
+    from .digest_results import join_order
+
+    if not xs:
+        return None
+    order = join_order([(x.shape, x.dtype) for x in xs])
+    parts, k = [], 0
+    while k < len(order):
+        x = xs[order[k]]
+        n = 1
+        while k + n < len(order) and xs[order[k + n]].shape == x.shape and \
+                xs[order[k + n]].dtype == x.dtype:
+            n += 1
+        whole = x.size * np.dtype(x.dtype).itemsize % 4 == 0
+        if stack and n > 1 and whole:
+            parts.append(words(jnp.stack([xs[i] for i in order[k:k + n]])))
+        else:
+            parts.extend(words(xs[i]) for i in order[k:k + n])
+        k += n
+    return jnp.concatenate(parts)

@@ -42,14 +42,28 @@ def joined(shapes):
     return out
 
 
+def join_order(avals):
+    """The joined values' order in their buffer ((shape, dtype) of each, in value order):
+    grouped by shape and dtype, groups in order of first appearance, so that `join` may
+    stack a group's values and take their words at once (one relayout a shape instead of
+    one a value: a Flax block's ~300 small values joined value by value took a TPU v5e
+    17 s to compile)."""
+    groups = {}
+    for i, (shape, dtype) in enumerate(avals):
+        groups.setdefault((tuple(shape), np.dtype(dtype)), []).append(i)
+    return [i for idx in groups.values() for i in idx]
+
+
 def joined_starts(avals, small):
-    """The byte offset of each joined value in its buffer (`join`: each starts on a word),
-    None for the others."""
-    out, at = [], 0
-    for (shape, dtype), j in zip(avals, small):
-        out.append(at if j else None)
-        if j:
-            at += (math.prod(shape) * np.dtype(dtype).itemsize + 3) // 4 * 4
+    """The byte offset of each joined value in its buffer (`join`: in `join_order`, each
+    starting on a word), None for the others."""
+    at_small = [i for i, j in enumerate(small) if j]
+    out, at = [None] * len(avals), 0
+    for k in join_order([avals[i] for i in at_small]):
+        i = at_small[k]
+        shape, dtype = avals[i]
+        out[i] = at
+        at += (math.prod(shape) * np.dtype(dtype).itemsize + 3) // 4 * 4
     return out
 
 

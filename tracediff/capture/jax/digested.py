@@ -25,7 +25,7 @@ class Digested:
         """packed: the values program's digests (level stats), or at level full (its
         lanes, or the group programs' (outputs, take); its joined buffer) with `full_meta`
         = ((shape, dtype), byte count, byte offset in the joined buffer or None) per
-        digested value."""
+        digested value, and the program joining the small ones."""
         self.cap, self.mask = cap, iter(mask)
         self.full = cap.session.writer.level == "full"
         self.reserve = cap.digests.reserve
@@ -38,7 +38,7 @@ class Digested:
             self.result = digest_results.Result(packed)
         self.rows = self.result.rows
         if self.full:
-            avals, nbytes, self.starts = full_meta
+            avals, nbytes, self.starts = full_meta[:3]
             rest = [x for x, m in zip(found, mask) if m and x is not None]
             self.hashes, self.joined = cap.digests.fetched(nbytes, *packed, rest)
             self.avals = avals

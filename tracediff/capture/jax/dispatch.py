@@ -65,14 +65,22 @@ class _Dispatch:
         try:
             with self.session.lock:
                 call_id = self._record_call_start(params.get("name", "?"), jaxpr, args)
+                self._prepare_outputs(jaxpr, args)
                 name = params.get("name", "?")
                 replayed = valued = None
                 host = self.host.wants(jaxpr)   # float64/complex128 on an accelerator
                 self._call_donated = {id(x) for x, d in zip(args, params.get("donated_invars", ()))
                                       if d}
                 self._hashed = {}
-                if self.values_prober is not None and not host and not (
-                        self.prober is not None and self.prober.wants(name)):
+                values = self.values_prober is not None and not host and not (
+                    self.prober is not None and self.prober.wants(name))
+                # a program's first call that donates nothing: the script's program runs
+                # (and compiles) first, while its values program compiles in the background
+                first = values and not self._call_donated and \
+                    self.values_prober.start(name, jaxpr, args)
+                if first:
+                    result = orig(*args, jaxpr=jaxpr, **params)
+                if values:
                     valued = self.values_prober.record(call_id, name, jaxpr, args, self._call_refs,
                                                        self._call_ns, self._call_source)
                 if valued is None:  # replay mode, a --probe'd call, or the program failed
@@ -86,7 +94,8 @@ class _Dispatch:
                 self._cur_device = None
                 if self.digests is not None:   # before the call may donate its arguments
                     self.digests.dispatch()
-                result = orig(*args, jaxpr=jaxpr, **params)
+                if not first:
+                    result = orig(*args, jaxpr=jaxpr, **params)
                 outs = internals.call_outputs(result)
                 if not host:
                     self._measure_replay(name, replayed, outs)

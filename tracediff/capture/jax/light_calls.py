@@ -78,6 +78,8 @@ class _LightCalls:
                                        role=schema.ROLE_IN, store=self._arg_needs_bytes(ref))
                 if self.digests is not None:   # before the call may donate its arguments
                     self.digests.dispatch()
+                    if record:
+                        self._prepare_outputs(jaxpr, args)
                 outs = run()
                 if record:
                     if plan.out_ids is not None and self.digests is not None and \

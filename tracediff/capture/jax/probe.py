@@ -65,7 +65,6 @@ class Prober:
         hit = self._programs.get(id(closed))
         if hit is not None and hit[0] is closed:
             return hit[1:]
-        import jax
 
         # values hashed on the device: returned for digest_groups.py where they fit in
         # memory, else digested here (packed; level full: hashed, small ones joined)
@@ -79,6 +78,9 @@ class Prober:
         # level stats: [True] where the program returns its digested values, to be digested
         # by group programs (digest_groups.py) after it; [False]: digested inside
         after = [False]
+        # level full, values returned: the program that joins the small ones (a Future)
+        joiner = [None]
+        full_meta = (avals, nbytes, starts, joiner) if digest and full else None
 
         # statistics in the program only off the CPU: there they save moving every byte
         # across the bus; on the CPU XLA's extra reductions were measured dearer than
@@ -100,26 +102,8 @@ class Prober:
                         at.setdefault(id(x), n)
                         n += 1
             if digest and full:
-                # the small ones joined into one buffer (one copy to the host), hashed by
-                # group programs after it (the joined ones also returned alone) or here
-                # (`fetch_parts`), from the values as an optimization barrier hands them on:
-                # XLA may not recompute a value in a hashing or joining fusion with other
-                # rounding (an FMA contracted in one fusion, not the other, seen on XLA:CPU)
-                out_at[:] = [at.get(id(x)) for x in outs]
-                kept = [x for x, m in zip(found, mask) if m]
-                avals[:] = [(x.shape, x.dtype) for x in kept]
-                nbytes[:] = [x.size * np.dtype(x.dtype).itemsize for x in kept]
-                small = digest_results.joined(avals)
-                starts[:] = digest_results.joined_starts(avals, small)
-                if kept:
-                    kept = list(jax.lax.optimization_barrier(kept))
-                groups = self.capture.digests.groups
-                if not inside:   # (the variant that hashes inside leaves the choice as is)
-                    after[0] = groups is not None and \
-                        groups.accepts(kept, self._device, with_stats=False)
-                back = iter(None if j else x for x, j in zip(kept, small))
-                return outs, [next(back) if m else x for x, m in zip(found, mask)], \
-                    _joined_parts(kept, small, after[0] and not inside)
+                return _traced_full(self.capture.digests.groups, self._device, outs, found,
+                                    mask, at, out_at, full_meta, after, inside)
             if digest:
                 # digested here (the optimizer step's rows take their words: `Ref`), and
                 # the program's final outputs where they are not equation outputs already
@@ -152,7 +136,6 @@ class Prober:
         # returned is compiled again, digesting them inside (`record`)
         fn_inside = self.capture.programs.jit(lambda *a: program(*a, inside=True)) \
             if digest else None
-        full_meta = (avals, nbytes, starts) if digest and full else None
         hit = (fn, (mask if digest else None), out_at, full_meta, after, fn_inside, [0])
         self._programs[id(closed)] = (closed, *hit)
         return hit
@@ -185,6 +168,20 @@ class Prober:
         return [read(v) for v in jaxpr.outvars]
 
     # -- recording ---------------------------------------------------------------------------
+    def start(self, name, closed, args):
+        """Start compiling the values program of `closed` for these arguments in a
+        background thread, where it is not compiled yet (a program's first call), so that
+        the script's own program compiles meanwhile (`_impl_hook` runs it first, where it
+        donates nothing; on a TPU v5e a 4096-wide MLP step's two programs took 4.2 and
+        3.2 s one after the other). Returns whether it started."""
+        try:
+            self._device = one_device(args) if self.capture.digests is not None else None
+            return self._program(closed)[0].start(*args)
+        except Exception as exc:   # `record` tries again, and fails as before
+            if len(self.errors) < 100:
+                self.errors.append(f"{name}: {type(exc).__name__}: {str(exc)[:200]}")
+            return False
+
     def record(self, call_id, name, closed, args, refs, ns, source):
         """Run the probe program of one call and write it as a `probe:<name>` call;
         returns the probe's final outputs (for `check`), None when it could not run."""
@@ -367,28 +364,58 @@ def _same_bytes(x, y):
     return x.dtype == y.dtype and x.shape == y.shape and values.same_bytes(x, y)
 
 
+def _traced_full(groups, device, outs, found, mask, at, out_at, full_meta, after, inside):
+    """Traced, level full: a values program's outputs (`Prober._program`): the small values
+    joined into one buffer (one copy to the host), hashed by group programs after it
+    (`after`, then joined by a program of their own: `DigestGroups.prepare_join`) or in it
+    (`fetch_parts`), from the values as an optimization barrier hands them on: XLA may not
+    recompute a value in a hashing or joining fusion with other rounding (an FMA
+    contracted in one fusion, not the other, seen on XLA:CPU). Fills `full_meta`'s lists
+    and `out_at` (per final output: its value's place among the digested ones)."""
+    import jax
+
+    avals, nbytes, starts, joiner = full_meta
+    out_at[:] = [at.get(id(x)) for x in outs]
+    kept = [x for x, m in zip(found, mask) if m]
+    avals[:] = [(x.shape, x.dtype) for x in kept]
+    nbytes[:] = [x.size * np.dtype(x.dtype).itemsize for x in kept]
+    small = digest_results.joined(avals)
+    starts[:] = digest_results.joined_starts(avals, small)
+    if kept:
+        kept = list(jax.lax.optimization_barrier(kept))
+    if not inside:   # (the variant that hashes inside leaves the choice as is)
+        after[0] = groups is not None and groups.accepts(kept, device, with_stats=False)
+        alone = [x for x, j in zip(kept, small) if j]
+        joiner[0] = groups.prepare_join(alone, device) if after[0] and alone else None
+    back = iter(None if j else x for x, j in zip(kept, small))
+    return outs, [next(back) if m else x for x, m in zip(found, mask)], \
+        _joined_parts(kept, small, after[0] and not inside)
+
+
 def _joined_parts(kept, small, after):
     """Traced, level full: what a values program returns beside its values: the small ones
-    alone and joined, for group programs to hash after it (`after`), else their lanes and
-    the joined buffer (`fetch_parts`)."""
+    (to be joined by a program of their own and hashed by group programs after it:
+    `after`), else their lanes and the joined buffer (`fetch_parts`)."""
     if not after:
         return digest_programs.fetch_parts(kept, small)
-    alone = [x for x, j in zip(kept, small) if j]
-    return alone, digest_programs.join(alone)
+    return [x for x, j in zip(kept, small) if j], None
 
 
 def _run_groups(groups, device, packed, found, mask, full_meta):
     """The group programs' results for a values program's returned values: `run`'s (outputs,
-    take); at level full with its joined buffer, the values in order taken from those
-    returned alone (`found`) and those also joined (`packed[0]`, their starts not None)."""
+    take); at level full with the small ones' joined buffer (`DigestGroups.join`), the
+    values in order taken from the large ones (`found`) and the small ones (`packed[0]`,
+    their starts not None)."""
     if full_meta is None:
         return groups.run(packed, device)
-    alone, joined = iter(x for x, m in zip(found, mask) if m), iter(packed[0])
+    small = packed[0]
+    flat = groups.join(full_meta[3][0], small) if small else None
+    alone, joined = iter(x for x, m in zip(found, mask) if m), iter(small)
     xs = []
     for at in full_meta[2]:
         x = next(alone)
         xs.append(x if at is None else next(joined))
-    return groups.run(xs, device, with_stats=False), packed[1]
+    return groups.run(xs, device, with_stats=False), flat
 
 
 def _is_tag(site, eqn):

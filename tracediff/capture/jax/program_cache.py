@@ -21,6 +21,7 @@ Any failure (a corrupt file, a full disk, a backend that cannot serialise) compi
 before; the manifest says how many programs were loaded, compiled and stored.
 """
 
+import concurrent.futures
 import hashlib
 import os
 import stat
@@ -74,6 +75,7 @@ class ProgramCache:
         self._checked = False      # the folder checked (`_ready`), at the first compile
         self._host = None          # the key's host part (`_host_key`), at the first key
         self._lock = threading.Lock()   # counts and errors: programs compile in threads too
+        self._pool = None          # background compiles (`submit`)
 
     def _usable(self, path):
         """`path` made private if new; None (with the reason kept) where it is not ours or
@@ -121,6 +123,21 @@ class ProgramCache:
                 self._host = _host_key()
         except Exception as exc:
             self._error(f"key: {type(exc).__name__}: {str(exc)[:200]}")
+
+    def submit(self, fn, *args):
+        """fn(*args) in a background thread (a compile: XLA's releases the GIL), as a
+        Future; the folder and key are checked here first, on the caller's thread."""
+        if self._pool is None:
+            self.prime()
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                max(1, min(8, (os.cpu_count() or 2) - 1)), thread_name_prefix="tracediff-xla")
+        return self._pool.submit(fn, *args)
+
+    def close(self):
+        """Compiles not started are dropped (the recording ends)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
     def jit(self, fn):
         """`jax.jit(fn)`, compiled through this cache (`CachedProgram`)."""
@@ -214,7 +231,8 @@ def _signature(leaf):
 class CachedProgram:
     """A jitted function of tracediff's whose executables come from a `ProgramCache`:
     lowered once per argument signature, as `jax.jit` would trace it, then compiled or
-    loaded. Where anything in that path fails, the call goes through `jax.jit` itself."""
+    loaded, at its first call or ahead of it in a background thread (`start`). Where
+    anything in that path fails, the call goes through `jax.jit` itself."""
 
     def __init__(self, cache, fn):
         import jax
@@ -223,23 +241,68 @@ class CachedProgram:
         self._jit = jax.jit(fn)
         self._exes = {}
 
-    def __call__(self, *args):
+    def _sig(self, args):
+        """What picks the executable for these arguments; None where a sharding is
+        unhashable (JAX's own cache decides)."""
         import jax
 
         leaves, tree = jax.tree_util.tree_flatten(args)
+        sig = (tree, tuple(_signature(x) for x in leaves))
         try:
-            sig = (tree, tuple(_signature(x) for x in leaves))
-            exe = self._exes.get(sig)
-        except TypeError:   # an unhashable sharding: JAX's own cache decides
-            return self._jit(*args)
-        if exe is None:
+            self._exes.get(sig)
+        except TypeError:
+            return None
+        return sig
+
+    def _lower(self, args):
+        """(the program lowered for these arguments, the ids of the devices they are on)."""
+        import jax
+
+        devices = sorted({d.id for x in jax.tree_util.tree_leaves(args)
+                          for d in getattr(getattr(x, "sharding", None), "device_set", ())})
+        return self._jit.lower(*args), devices
+
+    def start(self, *args):
+        """Compile (or load) the program for these arguments in a background thread, where
+        it is not compiled yet: lowered here (tracing stays on the caller's thread), the
+        call that needs it waits for it. Returns whether a compile started."""
+        sig = self._sig(args)
+        if sig is None or sig in self._exes:
+            return False
+        try:
+            lowered, devices = self._lower(args)
+        except Exception as exc:
+            self.cache._error(f"compile: {type(exc).__name__}: {str(exc)[:200]}")
+            self._exes[sig] = self._jit
+            return False
+        self._exes[sig] = self.cache.submit(self.cache.compile, lowered, devices)
+        return True
+
+    def _executable(self, sig, args):
+        """The executable for these arguments: compiled (or loaded) now, or awaited where
+        `start` compiles it; `jax.jit`'s where any of that failed."""
+        exe = self._exes.get(sig)
+        if isinstance(exe, concurrent.futures.Future):
             try:
-                devices = sorted({d.id for x in leaves
-                                  for d in getattr(getattr(x, "sharding", None), "device_set", ())})
-                exe = self._exes[sig] = self.cache.compile(self._jit.lower(*args), devices)
+                exe = exe.result()
             except Exception as exc:
                 self.cache._error(f"compile: {type(exc).__name__}: {str(exc)[:200]}")
-                exe = self._exes[sig] = self._jit
+                exe = self._jit
+            self._exes[sig] = exe
+        elif exe is None:
+            try:
+                exe = self.cache.compile(*self._lower(args))
+            except Exception as exc:
+                self.cache._error(f"compile: {type(exc).__name__}: {str(exc)[:200]}")
+                exe = self._jit
+            self._exes[sig] = exe
+        return exe
+
+    def __call__(self, *args):
+        sig = self._sig(args)
+        if sig is None:
+            return self._jit(*args)
+        exe = self._executable(sig, args)
         if exe is self._jit:
             return exe(*args)
         try:

@@ -87,6 +87,7 @@ class JaxCapture(_Dispatch, _LightCalls, _Replay, _Values, _Naming, _Optimizer, 
         self.filtered = bool(getattr(self.opts, "filtered", False))
         self._optax_calls = {}      # id(jaxpr) -> (jaxpr, contains optax tags)
         self._light_plans = {}      # id(jaxpr) -> _LightPlan
+        self._prepared_outputs = {}   # id(jaxpr) -> jaxpr whose outputs' programs were started
         probe = getattr(self.opts, "probe", None)
         self.prober = Prober(self, probe) if probe and not self.calls_only else None
         # per-device capture (devices): shards/replicas of global arrays, shard_map and
@@ -152,8 +153,7 @@ class JaxCapture(_Dispatch, _LightCalls, _Replay, _Values, _Naming, _Optimizer, 
 
             jax.jit = self._orig.pop("jit")
         self.flush_optim()
-        if self.digests is not None and self.digests.groups is not None:
-            self.digests.groups.close()
+        self.programs.close()   # compiles not started are dropped
         if self.session is not None and self.session.active:
             self._record_distributed()
         if self.session is None or not self.session.ends_process:   # ~0.15 s: only where

@@ -34,6 +34,20 @@ class _Values:
         if want == values.WORDS_HASH_NAME and device:
             self.digests = device_digests.DeviceDigests(w, self._quiet, self.programs)
 
+    def _prepare_outputs(self, closed, args):
+        """Once per jitted program, before its first call runs: the digest programs its
+        outputs will take start compiling in the background (`DeviceDigests.prepare`)
+        while JAX compiles the program itself."""
+        if self.digests is None:
+            return
+        seen = self._prepared_outputs
+        if seen.get(id(closed)) is closed:
+            return
+        if len(seen) > 1024:   # shapes that change every step: jaxprs not kept forever
+            seen.clear()
+        seen[id(closed)] = closed
+        self.digests.prepare(closed.out_avals, args)
+
     def _outputs(self):
         """A call's outputs: hashed on the device as one program (device_digests)."""
         if self.digests is None or self.session.writer.level == "full":
