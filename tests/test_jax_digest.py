@@ -698,7 +698,8 @@ def test_a_calls_outputs_programs_compile_while_it_runs_and_its_outputs_wait(tmp
     outputs wait, as tracediff's own copies, while they compile: the calls return with
     every program still held back, the script donating the outputs meanwhile, and the
     trace is the host path's hash by hash (on a TPU v5e those compiles took 9.5 s of a
-    20-step MLP's script thread at its first calls)."""
+    20-step MLP's script thread at its first calls). Outputs over WAIT_BYTES are not
+    copied to wait (a model's whole state would double on the device): the call waits."""
     import threading
 
     import tracediff
@@ -722,9 +723,15 @@ def test_a_calls_outputs_programs_compile_while_it_runs_and_its_outputs_wait(tmp
     w0 = rng.standard_normal((48, 40)).astype(np.float32)
     g0 = rng.standard_normal((48, 40)).astype(np.float32)
     traces, ends, returned = {}, {}, {}
-    for name, device in (("device", "1"), ("host", "0")):
+    for name, device, bound in (("device", "1", 1 << 30), ("host", "0", 1 << 30),
+                                ("bounded", "1", 4096)):
         monkeypatch.setenv("TRACEDIFF_JAX_DIGEST_ON_DEVICE", device)
+        # bounded: outputs over WAIT_BYTES (7.7 KB a call) are not copied to wait; the
+        # call waits for its program instead (let through after 0.5 s)
+        monkeypatch.setattr(digest_groups, "WAIT_BYTES", bound)
         gate.clear()
+        if name == "bounded":
+            threading.Timer(0.5, gate.set).start()
         out = traces[name] = tmp_path / f"{name}.h5"
         with tracediff.record(out, level="calls", hash="words64", frameworks=("jax",)):
             step = holder["step"] = jax.jit(lambda w, g: (w - 0.1 * g, jnp.sum(w * g)),
@@ -741,14 +748,17 @@ def test_a_calls_outputs_programs_compile_while_it_runs_and_its_outputs_wait(tmp
     assert step_compiled["at_submit"] == 0, "the outputs' program started after the call ran"
     assert np.array_equal(ends["device"][0], ends["host"][0])
     assert ends["device"][1] == ends["host"][1]
-    groups = _manifest(traces["device"])["frameworks"]["jax"]["digests_on_device"]["groups"]
-    assert groups["values_waited_for_their_program"] >= 6   # 3 calls, 2 outputs each
-    with h5py.File(traces["device"], "r") as fd, h5py.File(traces["host"], "r") as fh:
-        vd, vh = fd["values"][:], fh["values"][:]
-        assert len(vd) == len(vh)
-        assert (vd["hash"] == vh["hash"]).all()
-        outs = vd[vd["role"] == schema.ROLE_OUT]
-        assert len(outs) >= 6 and (outs["hash"] != 0).all()
+    groups = {k: _manifest(traces[k])["frameworks"]["jax"]["digests_on_device"]["groups"]
+              for k in ("device", "bounded")}
+    assert groups["device"]["values_waited_for_their_program"] >= 6   # 3 calls, 2 outputs
+    assert groups["bounded"]["values_waited_for_their_program"] == 0
+    for name in ("device", "bounded"):
+        with h5py.File(traces[name], "r") as fd, h5py.File(traces["host"], "r") as fh:
+            vd, vh = fd["values"][:], fh["values"][:]
+            assert len(vd) == len(vh)
+            assert (vd["hash"] == vh["hash"]).all(), name
+            outs = vd[vd["role"] == schema.ROLE_OUT]
+            assert len(outs) >= 6 and (outs["hash"] != 0).all()
 
 
 def test_a_values_program_compiles_beside_the_scripts_own_unless_the_call_donates(

@@ -152,9 +152,10 @@ class DigestGroups:
         self.programs = programs     # program_cache.ProgramCache
         self.quiet = quiet           # context manager: tracediff's own JAX work
         self._exes = {}              # (key, device id, with_stats) -> executable or Future
+        self._join = None            # `join` where its prepared program failed
         self.groups = self.prepared = 0
         self.returning = self.inside = 0   # values programs that return their values, or not
-        self._waiting, self._waiting_bytes = [], 0   # eager values (`one`), compile under way
+        self._waiting, self._waiting_bytes = [], 0   # values (`later`), compile under way
         self.waited = 0
         self.host_hashed = 0   # level full: values hashed on the host while their program compiled
 
@@ -190,14 +191,15 @@ class DigestGroups:
     def join(self, prepared, xs):
         """The joined words of arrays xs, by `prepare_join`'s program (by `jax.jit` where
         that failed or does not take them)."""
-        import jax
-
         with self.quiet():
             try:
                 return prepared.result()(*xs)
             except Exception as exc:
                 self.programs._error(f"join: {type(exc).__name__}: {str(exc)[:200]}")
-                return jax.jit(lambda *a: digest_programs.join(list(a), stack=True))(*xs)
+                if self._join is None:
+                    self._join = self.programs.jit(
+                        lambda *a: digest_programs.join(list(a), stack=True))
+                return self._join(*xs)
 
     def accepts(self, kept, device, with_stats=True):
         """While a values program is traced: will its digested values (kept: tracers) be
@@ -272,18 +274,24 @@ class DigestGroups:
         program they need is still compiling in the background: so that the first values
         of several new shapes (a model's initialisation, a call's first outputs) compile
         side by side instead of one after another (on a TPU v5e 1.2-2.8 s each) while the
-        script goes on. Returns whether they wait; at most WAIT_BYTES wait at once. Those
-        waiting whose programs are ready by now run."""
-        own = None if self.ready(xs, device, with_stats) else \
-            [_own_copy(x, device) for x in xs]   # copies: the script may donate or delete
-        if own is not None and all(o is not None for o in own):   # xs meanwhile
+        script goes on. Returns whether they wait: at most WAIT_BYTES wait at once, within
+        a share of the device's free memory (their copies take it); past that they run
+        now, their compiles awaited. Those waiting whose programs are ready by now run."""
+        own = None
+        if not self.ready(xs, device, with_stats):
+            need = sum(x.nbytes for x in xs)
+            if self._waiting_bytes + need > WAIT_BYTES:
+                self.settle()   # the copies held so far freed, their compiles awaited
+            if need <= WAIT_BYTES and affordable(need, device):
+                own = [_own_copy(x, device) for x in xs]   # the script may donate or
+                if any(o is None for o in own):            # delete xs meanwhile
+                    own = None
+        if own is not None:
             self._waiting.append((own, device, with_stats, res))
             self._waiting_bytes += sum(o.nbytes for o in own)
             self.waited += len(own)
-        else:
-            own = None
         if self._waiting:
-            self.settle(only_ready=self._waiting_bytes <= WAIT_BYTES)
+            self.settle(only_ready=True)
         return own is not None
 
     def settle(self, only_ready=False):
