@@ -1,15 +1,17 @@
 """Whole-process seconds of a JAX recording with tracediff's program cache cold and warm
-(capture/jax/program_cache.py), beside the plain run: fixtures/jax_mlp.py with the given
-arguments; for each level, one run into an empty cache folder, then one run that loads what
+(capture/jax/program_cache.py), beside the plain run: fixtures/jax_mlp.py (or `--script`)
+with the given arguments; for each level, one run into an empty cache folder, then one run that loads what
 it stored. The script's printed results must equal the plain run's, and the warm trace the
 cold one (every value row; statistics value by value).
 
     python benchmarks/program_cache.py [--args "--sizes 4096,4096,4096,4096,4096 --batch 1024
         --steps 20"] [--levels stats,calls] [--extra "--jax-values compiled"]
+    python benchmarks/program_cache.py --script fixtures/flax_block_adam.py --args "" \
+        --levels full          # issue 55's Flax block
 
 On the CPU tracediff compiles no program of its own by default (values replayed, hashed on
 the host): pass `--extra "--jax-values compiled"` and TRACEDIFF_JAX_DIGEST_ON_DEVICE=1 to
-measure the device path there. docs/accelerators.md (ninth session) has the TPU's numbers.
+measure the device path there. docs/accelerators.md (ninth to twelfth sessions) has the TPU's numbers.
 """
 
 import argparse
@@ -50,8 +52,9 @@ def main():
     parser.add_argument("--args", default="--steps 30")
     parser.add_argument("--levels", default="stats,calls")
     parser.add_argument("--extra", default="")
+    parser.add_argument("--script", default=MLP)
     opts = parser.parse_args()
-    script = [MLP, *shlex.split(opts.args)]
+    script = [os.path.abspath(opts.script), *shlex.split(opts.args)]
     env = dict(os.environ)
     env.pop("JAX_COMPILATION_CACHE_DIR", None)   # JAX's own cache would hold them instead
     with tempfile.TemporaryDirectory() as tmp:
