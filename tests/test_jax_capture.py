@@ -426,3 +426,44 @@ def test_optimizer_tags_of_long_parameter_paths_are_recorded_whole(tmp_path):
             "a_projection_whose_name_is_long_like_hf_ones")
     assert {f"name='tracediff:optax/grads/{path}/{leaf}'" for leaf in ("bias", "kernel")} \
         <= set(grads), names
+
+
+CALLBACK = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.experimental import io_callback
+
+
+def seen(v):
+    print("callback", float(v), flush=True)
+    return np.float32(v)
+
+
+@jax.jit
+def f(x):
+    y = io_callback(seen, jax.ShapeDtypeStruct((), jnp.float32), x.sum())
+    return x * 2 + y
+
+
+for _ in range(2):
+    print(np.asarray(f(jnp.ones(3))), flush=True)
+"""
+
+
+@pytest.mark.parametrize("values", ["replay", "compiled"])
+def test_a_call_whose_callback_the_script_sees_runs_once(tmp_path, values):
+    """A jitted function with an io_callback is recorded by its inputs and outputs alone:
+    neither the replay nor the values program (`--jax-values compiled`, the accelerator
+    default) runs it again, so the script prints what it prints plain. Before: the values
+    program called the callback a second time at every call."""
+    from .helpers import run_plain
+
+    script = tmp_path / "callback.py"
+    script.write_text(CALLBACK)
+    trace = tmp_path / "t.h5"
+    plain = run_plain(str(script)).stdout
+    got = record(str(script), trace, extra=("--jax-values", values)).stdout
+    assert plain.count("callback") == 2
+    assert got == plain
+    with h5py.File(trace, "r") as f:
+        jm = json.loads(f["manifest"][()])["frameworks"]["jax"]
+    assert jm["calls_not_replayed"] == 2

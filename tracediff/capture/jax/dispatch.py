@@ -73,7 +73,8 @@ class _Dispatch:
                                       if d}
                 self._hashed = {}
                 values = self.values_prober is not None and not host and not (
-                    self.prober is not None and self.prober.wants(name))
+                    self.prober is not None and self.prober.wants(name)) and \
+                    not internals.repeats_side_effects(jaxpr)   # replay: not replayed either
                 # a program's first call that donates nothing: the script's program runs
                 # (and compiles) first, while its values program compiles in the background
                 first = values and not self._call_donated and \

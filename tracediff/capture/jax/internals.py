@@ -80,6 +80,14 @@ def call_outputs(result):
 _KEY_DTYPES = {}   # dtype -> is a PRNG key dtype (asked for every value recorded)
 
 
+def repeats_side_effects(closed):
+    """Would running this jaxpr a second time repeat what the script sees (io_callback,
+    ordered effects, state)? Debug prints aside: their equations have no outputs and the
+    replay and values programs skip them (sites.py). Such a call is recorded by its inputs
+    and outputs alone, never replayed nor run as a values program."""
+    return any("Debug" not in type(e).__name__ for e in closed.effects)
+
+
 def is_key_dtype(dtype):
     try:
         hit = _KEY_DTYPES.get(dtype)

@@ -20,8 +20,7 @@ class _Replay:
     """JaxCapture's replay of a call's equations and the events they write."""
 
     def _replay_call(self, call_id, closed, args, host=False):
-        effects = [e for e in closed.effects if "Debug" not in type(e).__name__]
-        if effects:  # ordered effects, io_callback, state: replay would repeat side effects
+        if internals.repeats_side_effects(closed):
             self.opaque_calls += 1
             return
         try:
