@@ -641,7 +641,7 @@ def test_values_digested_by_group_programs_write_the_trace_digested_inside(tmp_p
 
 def test_eager_values_wait_for_their_program_and_survive_donation(tmp_path, monkeypatch):
     """An eager value whose digest program is still compiling in the background
-    (`DigestGroups.one`: a model's first values of several shapes compile side by side)
+    (`DigestGroups.digest`: a model's first values of several shapes compile side by side)
     waits as tracediff's own copy and is digested at the next drain: the script deleting
     or donating the value meanwhile changes nothing, and the trace is the host path's,
     hash by hash."""

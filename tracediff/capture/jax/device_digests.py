@@ -29,7 +29,7 @@ import numpy as np
 from ...trace import values
 from .digest_checks import SameLater
 from .digest_groups import DigestGroups, enabled, group_key
-from .digest_programs import fetch_parts, join, packed
+from .digest_programs import fetch_parts, packed
 from .digest_results import (WORDS, HostView, Joined, Ref, Result, dtype_ok, finish_all,
                              joined, joined_starts, rows_of, storage_of, unpack_all)
 
@@ -98,7 +98,7 @@ class DeviceDigests(SameLater):
         if device is not None:   # the groups' program of one value, compiled in background
             res = Result(None, [(handle, nbytes)])
             with self.quiet():
-                self.groups.one(x, device, self.with_stats, res)
+                self.groups.digest([x], device, self.with_stats, res)
             self._adopt(res)   # read at a drain, once it has run
         else:
             with self.quiet():
@@ -161,8 +161,7 @@ class DeviceDigests(SameLater):
         device = None if self.groups is None else one_device(batch)
         if device is not None:   # the programs of the values programs' groups, shared
             try:
-                if not self.groups.later(batch, device, ws, res):   # compiled already
-                    res.out, res.take = self.groups.run(batch, device, ws)
+                self.groups.digest(batch, device, ws, res)
                 self._adopt(res)
                 return
             except Exception:
@@ -212,20 +211,18 @@ class DeviceDigests(SameLater):
             return [(None, None)] * len(xs)
         avals = [(x.shape, x.dtype) for x in xs]
         small = tuple(joined(avals))
-        # hashed by the group programs (compiled once per dtype and shape, not once per
-        # signature: on a TPU each value's hash costs a program ~0.2 s to compile), the
-        # small ones joined by a program that only copies
-        what = "fetch" if device is None else "join"
-        fn = self._programs.get((what, small))
-        if fn is None:
-            fn = self._programs[(what, small)] = self.programs.jit(
-                (lambda xs: fetch_parts(xs, small)) if device is None else
-                (lambda xs: join([x for x, j in zip(xs, small) if j], stack=True)))
         with self.quiet():
-            if device is None:
+            if device is None:   # one program hashes them all and joins the small ones
+                fn = self._programs.get(("fetch", small))
+                if fn is None:
+                    fn = self._programs[("fetch", small)] = self.programs.jit(
+                        lambda xs: fetch_parts(xs, small))
                 lanes, flat = fn(list(xs))
-            else:
-                flat = fn(list(xs)) if any(small) else None
+            else:   # hashed by the group programs (compiled once per dtype and shape, not
+                # once per signature: on a TPU each value's hash costs a program ~0.2 s to
+                # compile), the small ones joined by a program that only copies
+                alone = [x for x, j in zip(xs, small) if j]
+                flat = self.groups.join_now(alone) if alone else None
                 lanes = self.groups.run(list(xs), device, with_stats=False)
         hashes, data = self.fetched([x.nbytes for x in xs], lanes, flat,
                                     [x for x, j in zip(xs, small) if not j and copy], copy)

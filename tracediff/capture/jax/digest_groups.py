@@ -31,7 +31,7 @@ RETURN_CPU = 2 << 30        # of the device's free memory (where it reports none
 INSIDE_AFTER_CALLS = 1000   # later calls of a values program digest inside (`Prober.record`):
 # the groups' copies and dispatches cost each call (a 4096-wide MLP's step on a TPU v5e: loop
 # 1.13 s against 0.59 s for 20 steps) what that program's compile costs once (~31 s)
-WAIT_BYTES = 1 << 30        # eager values held while their digest program compiles (`one`)
+WAIT_BYTES = 1 << 30        # values held while their digest program compiles (`digest`)
 
 
 def _copy_async(outs):
@@ -144,6 +144,12 @@ def _group_fn(with_stats, together, k, empty, stacked=True):
     return lambda *xs: jax.vmap(one)(jnp.stack(xs))
 
 
+def _join_words(*xs):
+    """Traced: the words of small values joined (a values program's, returned; a call's
+    outputs; eager values), stacked a shape at a time: they are this program's arguments."""
+    return digest_programs.join(list(xs), stack=True)
+
+
 class DigestGroups:
     """Runs `plan`'s group programs for a recording; their executables per (key, device,
     with_stats), compiled in background threads where `prepare` saw them coming."""
@@ -152,10 +158,10 @@ class DigestGroups:
         self.programs = programs     # program_cache.ProgramCache
         self.quiet = quiet           # context manager: tracediff's own JAX work
         self._exes = {}              # (key, device id, with_stats) -> executable or Future
-        self._join = None            # `join` where its prepared program failed
+        self._join = None            # `join_now`'s program (made at its first use)
         self.groups = self.prepared = 0
         self.returning = self.inside = 0   # values programs that return their values, or not
-        self._waiting, self._waiting_bytes = [], 0   # values (`later`), compile under way
+        self._waiting, self._waiting_bytes = [], 0   # values (`_wait`), compile under way
         self.waited = 0
         self.host_hashed = 0   # level full: values hashed on the host while their program compiled
 
@@ -182,24 +188,27 @@ class DigestGroups:
 
         def compile_join():
             with self.quiet():
-                return self.programs.compile(
-                    jax.jit(lambda *a: digest_programs.join(list(a), stack=True)).lower(*specs),
-                    [device.id])
+                return self.programs.compile(jax.jit(_join_words).lower(*specs), [device.id])
 
         return self.programs.submit(compile_join)
 
     def join(self, prepared, xs):
-        """The joined words of arrays xs, by `prepare_join`'s program (by `jax.jit` where
+        """The joined words of arrays xs, by `prepare_join`'s program (by `join_now` where
         that failed or does not take them)."""
         with self.quiet():
             try:
                 return prepared.result()(*xs)
             except Exception as exc:
                 self.programs._error(f"join: {type(exc).__name__}: {str(exc)[:200]}")
-                if self._join is None:
-                    self._join = self.programs.jit(
-                        lambda *a: digest_programs.join(list(a), stack=True))
-                return self._join(*xs)
+        return self.join_now(xs)
+
+    def join_now(self, xs):
+        """The joined words of arrays xs (a call's outputs, eager values), by one program
+        compiled per signature when first needed."""
+        if self._join is None:
+            self._join = self.programs.jit(_join_words)
+        with self.quiet():
+            return self._join(*xs)
 
     def accepts(self, kept, device, with_stats=True):
         """While a values program is traced: will its digested values (kept: tracers) be
@@ -220,7 +229,9 @@ class DigestGroups:
     def prepare(self, avals, device, with_stats=True):
         """Start compiling, in background threads, the group programs that values of
         these (shape, dtype, weak_type) on `device` will need."""
-        chunks, _ = plan(avals)
+        self._start(plan(avals)[0], device, with_stats)
+
+    def _start(self, chunks, device, with_stats):
         todo = [(key, device.id, with_stats) for key, _ in chunks]
         todo = [t for t in dict.fromkeys(todo) if t not in self._exes]
         for t in todo:
@@ -230,11 +241,12 @@ class DigestGroups:
     def ready(self, xs, device, with_stats=True):
         """Are the group programs of arrays xs on `device` compiled? Those that are not
         start compiling in the background (`prepare`)."""
-        keys = [group_key(x) for x in xs]
-        chunks, _ = plan(keys)
+        return self._ready(plan([group_key(x) for x in xs])[0], device, with_stats)
+
+    def _ready(self, chunks, device, with_stats):
         exes = [self._exes.get((key, device.id, with_stats)) for key, _ in chunks]
         if any(e is None for e in exes):
-            self.prepare(keys, device, with_stats)
+            self._start(chunks, device, with_stats)
             return False
         return all(not isinstance(e, concurrent.futures.Future) or e.done() for e in exes)
 
@@ -252,10 +264,11 @@ class DigestGroups:
             exe = self._exes[t] = self._compile(key, device, with_stats)
         return exe
 
-    def run(self, xs, device, with_stats=True):
+    def run(self, xs, device, with_stats=True, planned=None):
         """(the group programs' outputs, take) for arrays xs, all on `device`: their rows
-        are `np.concatenate(outputs)[take]` (digest_results.Result)."""
-        chunks, take = plan([group_key(x) for x in xs])
+        are `np.concatenate(outputs)[take]` (digest_results.Result). `planned`: their
+        `plan`, where the caller made it."""
+        chunks, take = planned or plan([group_key(x) for x in xs])
         outs = []
         with self.quiet():
             for key, idx in chunks:
@@ -263,36 +276,37 @@ class DigestGroups:
         self.groups += len(chunks)
         return outs, take
 
-    def one(self, x, device, with_stats, res):
-        """An eager value's digest into `res` (a `digest_results.Result`): run now where its
-        program is compiled, else left waiting (`later`)."""
-        if not self.later([x], device, with_stats, res):   # the caller adopts res (its
-            res.out, res.take = self.run([x], device, with_stats)   # copy starts there)
-
-    def later(self, xs, device, with_stats, res):
-        """Leave values xs waiting, their digests to run into `res` (`settle`), where a
-        program they need is still compiling in the background: so that the first values
-        of several new shapes (a model's initialisation, a call's first outputs) compile
-        side by side instead of one after another (on a TPU v5e 1.2-2.8 s each) while the
-        script goes on. Returns whether they wait: at most WAIT_BYTES wait at once, within
-        a share of the device's free memory (their copies take it); past that they run
-        now, their compiles awaited. Those waiting whose programs are ready by now run."""
-        own = None
-        if not self.ready(xs, device, with_stats):
-            need = sum(x.nbytes for x in xs)
-            if self._waiting_bytes + need > WAIT_BYTES:
-                self.settle()   # the copies held so far freed, their compiles awaited
-            if need <= WAIT_BYTES and affordable(need, device):
-                own = [_own_copy(x, device) for x in xs]   # the script may donate or
-                if any(o is None for o in own):            # delete xs meanwhile
-                    own = None
-        if own is not None:
-            self._waiting.append((own, device, with_stats, res))
-            self._waiting_bytes += sum(o.nbytes for o in own)
-            self.waited += len(own)
+    def digest(self, xs, device, with_stats, res):
+        """Values xs digested into `res` (a `digest_results.Result`; the caller adopts it,
+        its copy starts there): now where their programs are compiled, else left waiting
+        (`_wait`, run by `settle`), so that the first values of several new shapes (a
+        model's initialisation, a call's first outputs) compile side by side instead of
+        one after another (on a TPU v5e 1.2-2.8 s each) while the script goes on. Those
+        waiting whose programs are ready by now run."""
+        planned = plan([group_key(x) for x in xs])   # once: a call's outputs, every call
+        if self._ready(planned[0], device, with_stats) or \
+                not self._wait(xs, device, with_stats, res):
+            res.out, res.take = self.run(xs, device, with_stats, planned)
         if self._waiting:
             self.settle(only_ready=True)
-        return own is not None
+
+    def _wait(self, xs, device, with_stats, res):
+        """Keep copies of xs waiting for their programs (the script may donate or delete
+        xs meanwhile): at most WAIT_BYTES at once, within a share of the device's free
+        memory (a step's outputs can be a model's whole state). Returns whether they wait;
+        past the bound they run now, their compiles awaited."""
+        need = sum(x.nbytes for x in xs)
+        if self._waiting_bytes + need > WAIT_BYTES:
+            self.settle()   # the copies held so far freed, their compiles awaited
+        if need > WAIT_BYTES or not affordable(need, device):
+            return False
+        own = [_own_copy(x, device) for x in xs]
+        if any(o is None for o in own):
+            return False
+        self._waiting.append((own, device, with_stats, res))
+        self._waiting_bytes += need
+        self.waited += len(own)
+        return True
 
     def settle(self, only_ready=False):
         """Run the waiting values' digests (their compiles awaited, unless only_ready)."""

@@ -288,29 +288,22 @@ def fetch_parts(xs, small):
 
 
 def join(xs, stack=False):
-    """Traced: the words of xs end to end (one uint32 vector) in `join_order`, or None for
-    no value. `stack`: a group's values of whole words stacked first, their words taken at
-    once (the same bytes: a stack's memory is its values' end to end); only where xs are a
-    program's arguments, never its intermediates, which XLA could compute again inside the
-    stacking fusion with other rounding (seen on XLA:CPU)."""
+    """Traced: the words of xs end to end (one uint32 vector) in `join_groups`' order, or
+    None for no value. `stack`: a group's values of whole words stacked first, their words
+    taken at once (the same bytes: a stack's memory is its values' end to end); only where
+    xs are a program's arguments, never its intermediates, which XLA could compute again
+    inside the stacking fusion with other rounding (seen on XLA:CPU)."""
     import jax.numpy as jnp
 
-    from .digest_results import join_order
+    from .digest_results import join_groups
 
     if not xs:
         return None
-    order = join_order([(x.shape, x.dtype) for x in xs])
-    parts, k = [], 0
-    while k < len(order):
-        x = xs[order[k]]
-        n = 1
-        while k + n < len(order) and xs[order[k + n]].shape == x.shape and \
-                xs[order[k + n]].dtype == x.dtype:
-            n += 1
-        whole = x.size * np.dtype(x.dtype).itemsize % 4 == 0
-        if stack and n > 1 and whole:
-            parts.append(words(jnp.stack([xs[i] for i in order[k:k + n]])))
+    parts = []
+    for group in join_groups([(x.shape, x.dtype) for x in xs]):
+        x = xs[group[0]]
+        if stack and len(group) > 1 and x.size * np.dtype(x.dtype).itemsize % 4 == 0:
+            parts.append(words(jnp.stack([xs[i] for i in group])))
         else:
-            parts.extend(words(xs[i]) for i in order[k:k + n])
-        k += n
+            parts.extend(words(xs[i]) for i in group)
     return jnp.concatenate(parts)

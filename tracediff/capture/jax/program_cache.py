@@ -241,18 +241,18 @@ class CachedProgram:
         self._jit = jax.jit(fn)
         self._exes = {}
 
-    def _sig(self, args):
-        """What picks the executable for these arguments; None where a sharding is
-        unhashable (JAX's own cache decides)."""
+    def _lookup(self, args):
+        """(the signature that picks the executable for these arguments, what this program
+        holds for it: an executable, a Future of one, or None); (None, None) where a
+        sharding is unhashable (JAX's own cache decides). One dict lookup: every call."""
         import jax
 
         leaves, tree = jax.tree_util.tree_flatten(args)
         sig = (tree, tuple(_signature(x) for x in leaves))
         try:
-            self._exes.get(sig)
+            return sig, self._exes.get(sig)
         except TypeError:
-            return None
-        return sig
+            return None, None
 
     def _lower(self, args):
         """(the program lowered for these arguments, the ids of the devices they are on)."""
@@ -266,8 +266,8 @@ class CachedProgram:
         """Compile (or load) the program for these arguments in a background thread, where
         it is not compiled yet: lowered here (tracing stays on the caller's thread), the
         call that needs it waits for it. Returns whether a compile started."""
-        sig = self._sig(args)
-        if sig is None or sig in self._exes:
+        sig, exe = self._lookup(args)
+        if sig is None or exe is not None:
             return False
         try:
             lowered, devices = self._lower(args)
@@ -278,10 +278,10 @@ class CachedProgram:
         self._exes[sig] = self.cache.submit(self.cache.compile, lowered, devices)
         return True
 
-    def _executable(self, sig, args):
-        """The executable for these arguments: compiled (or loaded) now, or awaited where
-        `start` compiles it; `jax.jit`'s where any of that failed."""
-        exe = self._exes.get(sig)
+    def _executable(self, sig, exe, args):
+        """The executable for these arguments (`exe`: what `_lookup` found): compiled (or
+        loaded) now, or awaited where `start` compiles it; `jax.jit`'s where any of that
+        failed."""
         if isinstance(exe, concurrent.futures.Future):
             try:
                 exe = exe.result()
@@ -299,10 +299,10 @@ class CachedProgram:
         return exe
 
     def __call__(self, *args):
-        sig = self._sig(args)
+        sig, exe = self._lookup(args)
         if sig is None:
             return self._jit(*args)
-        exe = self._executable(sig, args)
+        exe = self._executable(sig, exe, args)
         if exe is self._jit:
             return exe(*args)
         try:
