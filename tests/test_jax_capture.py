@@ -114,12 +114,47 @@ def test_manifest_says_how_and_where_it_was_recorded(gru):
     fidelity = jax_m["replay_vs_compiled"]  # how far replay is from the compiled program here
     assert fidelity["calls_compared"] == jax_m["calls"]
     assert 0 <= fidelity["calls_where_replay_differs"] <= fidelity["calls_compared"]
+    assert 0 <= fidelity["calls_measured"] <= fidelity["calls_where_replay_differs"]
     assert m["packages"]["jax"] == jax_m["version"]
     assert m["script"]["name"] == GRU and len(m["script"]["sha256"]) == 64
     assert m["script"]["argv"][1:] == ["--steps", STEPS]
     assert m["end"] == {"status": "completed", "exit_code": 0}
     assert m["cpu"]["count"] >= 1 and "python" in m
 
+
+
+def test_replay_differences_are_counted_every_call_and_measured_at_chosen_ones():
+    """Whether a call's replay differs from its compiled outputs is known at every call
+    (by the hashes both sides were written with, or their bytes); by how much at each
+    jitted function's first 8 differing calls, then its 16th, 32nd, 64th...: the
+    manifest's max_rel_difference is over `calls_measured` of them, never more."""
+    import weakref
+
+    from tracediff.capture.jax.replay import _max_rel_difference, _Replay, measured_call
+    from tracediff.trace import values
+
+    class Calls(_Replay):   # the replay's bookkeeping, without a recording around it
+        def __init__(self):
+            self.fidelity = {"calls_compared": 0, "calls_where_replay_differs": 0,
+                             "calls_measured": 0, "max_rel_difference": 0.0, "examples": []}
+            self._differing_calls, self._hashed = {}, {}
+
+    assert [k for k in range(1, 100) if measured_call(k)] == [1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64]
+    rec = Calls()
+    compiled = np.linspace(1, 2, 4096, dtype=np.float32)
+    worst = {}
+    for k in range(1, 21):
+        replayed = compiled * np.float32(1 + k * 1e-3)
+        worst[k] = _max_rel_difference(replayed, compiled)
+        rec._hashed = {id(x): (weakref.ref(x), values.digest(x)) for x in (replayed, compiled)}
+        rec._measure_replay("step", [replayed], [compiled])
+        rec._hashed = {}
+        rec._measure_replay("init", [compiled.copy()], [compiled])   # the same bytes, unhashed
+    fid = rec.fidelity
+    assert (fid["calls_compared"], fid["calls_where_replay_differs"], fid["calls_measured"]) == \
+        (40, 20, 9)
+    assert fid["max_rel_difference"] == worst[16] and worst[16] < worst[20]
+    assert fid["examples"] == ["step"]
 
 
 def test_replay_fidelity_is_measured_over_every_element():

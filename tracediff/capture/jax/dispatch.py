@@ -98,8 +98,6 @@ class _Dispatch:
                 if not first:
                     result = orig(*args, jaxpr=jaxpr, **params)
                 outs = internals.call_outputs(result)
-                if not host:
-                    self._measure_replay(name, replayed, outs)
                 if probed is not None:
                     self.prober.check(name, probed, outs)
                 names = self._result_names(jaxpr, len(outs))
@@ -109,6 +107,8 @@ class _Dispatch:
                             for slot, (v, h, kept) in enumerate(fetched)]
                     for slot, x in enumerate(outs):
                         self._register(x, call_id, slot)
+                if not host:
+                    self._measure_replay(name, replayed, outs)
                 if valued is not None:   # by the hashes of both sides where they were made
                     if all(h is not None for _, h, _ in fetched):   # level full: as fetched
                         refs = [digest_results.Fetched(v, h) for v, h, _ in fetched]

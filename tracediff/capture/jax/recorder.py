@@ -30,7 +30,7 @@ the tagged optax values as one step), `optax_update()` (bracket an optax update)
 import os
 
 from .. import Capture, ImportWatcher
-from . import devices, fastjit, host_replay, internals, program_cache
+from . import devices, fastjit, host_replay, internals, program_cache, replay
 from .dispatch import _Dispatch
 from .devices import _Devices
 from .light_calls import _LightCalls
@@ -63,7 +63,8 @@ class JaxCapture(_Dispatch, _LightCalls, _Replay, _Values, _Naming, _Optimizer, 
         self.calls = self.eqns = self.eager = 0
         self.replay_errors = []
         self.fidelity = {"calls_compared": 0, "calls_where_replay_differs": 0,
-                         "max_rel_difference": 0.0, "examples": []}
+                         "calls_measured": 0, "max_rel_difference": 0.0, "examples": []}
+        self._differing_calls = {}  # jitted function's name -> calls whose replay differed
         self.opaque_calls = 0
         self.prober = None
         self.shards = 0
@@ -179,8 +180,11 @@ class JaxCapture(_Dispatch, _LightCalls, _Replay, _Values, _Naming, _Optimizer, 
             "optimizer_steps": self.step, "calls_not_replayed": self.opaque_calls,
             "level": getattr(self.opts, "level", "full") if self.session else None,
             "replay_errors": self.replay_errors[:20],
-            "replay_vs_compiled": dict(self.fidelity, note="replayed call outputs compared with "
-                                       "the compiled outputs the script received"),
+            "replay_vs_compiled": dict(self.fidelity, note=(
+                "replayed call outputs compared with the compiled outputs the script "
+                "received, by their hashes at every call; max_rel_difference over the "
+                "calls_measured of the differing calls: each jitted function's first "
+                f"{replay.MEASURED_FIRST} that differ, then its 16th, 32nd, 64th...")),
             "untested_version": internals.untested_version(),
         }
         try:   # primitives whose lowering was replaced from outside JAX (a sitecustomize)
