@@ -509,8 +509,9 @@ def test_a_calls_outputs_share_its_values_programs_bytes_only_where_equal(
 def test_the_joined_buffer_holds_each_value_at_its_start_stacked_or_not():
     """`join` groups the small values by shape and dtype (stacked where their bytes are
     whole words: one relayout a shape); every value's bytes sit at its `joined_starts`
-    offset, the same buffer stacked or value by value, odd-sized bfloat16 and bool too."""
-    from tracediff.capture.jax import digest_programs, digest_results
+    offset, the same buffer stacked or value by value, odd-sized bfloat16, bool and
+    complex too, and the same as the host makes while the join's program compiles."""
+    from tracediff.capture.jax import digest_groups, digest_programs, digest_results
 
     jnp = jax.numpy
     rng = np.random.default_rng(5)
@@ -519,7 +520,8 @@ def test_the_joined_buffer_holds_each_value_at_its_start_stacked_or_not():
           jnp.asarray(rng.standard_normal(3), jnp.bfloat16), np.array([True, False, True]),
           jnp.asarray(rng.standard_normal(3), jnp.bfloat16), np.float32(2.5),
           rng.standard_normal((3, 4)).astype(np.float32), jnp.asarray(rng.standard_normal((2, 2)),
-                                                                      jnp.bfloat16)]
+                                                                      jnp.bfloat16),
+          np.array([1 + 2j, -3.5j], np.complex64)]
     xs = [jnp.asarray(x) for x in xs]
     avals = [(x.shape, x.dtype) for x in xs]
     small = [True] * len(xs)
@@ -530,6 +532,13 @@ def test_the_joined_buffer_holds_each_value_at_its_start_stacked_or_not():
     flats = [np.asarray(jax.jit(lambda *a, s=s: digest_programs.join(list(a), stack=s))(*picked))
              for s in (False, True)]
     assert flats[0].tobytes() == flats[1].tobytes()
+    assert digest_groups.host_join(picked).tobytes() == flats[0].tobytes()
+    # joined in pieces of whole groups (programs compiled side by side), end to end
+    pieces = digest_results.join_pieces([(x.shape, x.dtype) for x in picked], 3)
+    assert len(pieces) == 3 and sorted(i for p in pieces for i in p) == list(range(len(picked)))
+    ends = [np.asarray(jax.jit(lambda *a: digest_programs.join(list(a), stack=True))(
+        *[picked[i] for i in p])) for p in pieces]
+    assert digest_results.Joined(ends)().tobytes() == flats[0].view(np.uint8).tobytes()
     data = flats[1].view(np.uint8)
     assert starts[2] == starts[0] + 48   # the two (3, 4) float32 values side by side
     for x, at in zip(xs, starts):
@@ -816,14 +825,16 @@ def test_full_level_values_are_hashed_by_group_programs_as_stored(tmp_path, monk
     of their own after it) and group programs hash them, where each value's hash used to
     cost the values program its compile (on a TPU v5e a Flax block's step: 61 s); the
     join's program compiles beside it; an eager value of a shape whose
-    program is still compiling is hashed on the host meanwhile; past INSIDE_AFTER_CALLS
+    program is still compiling is hashed on the host meanwhile; small values are joined on
+    the host while the join's program compiles; past INSIDE_AFTER_CALLS
     calls the program that hashes inside takes over. Every stored value's hash is that of
     its stored bytes, and the values and hashes are those of the path that hashed inside
     and of the host's."""
+    import concurrent.futures
     import importlib.util
 
     import tracediff
-    from tracediff.capture.jax import digest_groups
+    from tracediff.capture.jax import digest_groups, program_cache
 
     from .helpers import ROOT
 
@@ -833,23 +844,29 @@ def test_full_level_values_are_hashed_by_group_programs_as_stored(tmp_path, monk
     monkeypatch.setenv("TRACEDIFF_XLA_CACHE", "off")
     traces = {}
     for name, device, groups, calls in (("groups", "1", "1", 1000), ("off", "1", "0", 1000),
-                                        ("host", "0", "1", 1000), ("switched", "1", "1", 1)):
+                                        ("host", "0", "1", 1000), ("switched", "1", "1", 1),
+                                        ("joined_on_host", "1", "1", 1000)):
         monkeypatch.setenv("TRACEDIFF_JAX_DIGEST_ON_DEVICE", device)
         monkeypatch.setenv("TRACEDIFF_JAX_DIGEST_GROUPS", groups)
         monkeypatch.setattr(digest_groups, "INSIDE_AFTER_CALLS", calls)
+        if name == "joined_on_host":   # the join's programs never done compiling
+            monkeypatch.setattr(digest_groups.DigestGroups, "prepare_join", lambda self, xs, device:
+                                [(list(range(len(xs))), concurrent.futures.Future())])
+            monkeypatch.setattr(program_cache.CachedProgram, "ready", lambda self, *a: False)
         out = traces[name] = tmp_path / f"{name}.h5"
         _record_mlp(mlp, out, "full", eager=True)
     got = {k: _manifest(traces[k])["frameworks"]["jax"]["digests_on_device"]["groups"]
-           for k in ("groups", "switched")}
+           for k in ("groups", "switched", "joined_on_host")}
     assert got["groups"]["values_programs_returning_values"] >= 2
     assert got["groups"]["values_hashed_on_host_while_their_program_compiled"] >= 1
+    assert got["joined_on_host"]["values_joined_on_host_while_their_program_compiled"] > 100
     assert 0 < got["switched"]["groups_run"] < got["groups"]["groups_run"]
     # the small values joined by a program of their own, compiled beside the values program
     assert not _manifest(traces["groups"])["frameworks"]["jax"]["program_cache"]["errors"]
     with h5py.File(traces["host"], "r") as f:
         host = f["values"][:]
     assert len(host) > 100
-    for name in ("groups", "off", "switched"):
+    for name in ("groups", "off", "switched", "joined_on_host"):
         same, n = _stored_hashes_match_bytes(traces[name])
         assert same == n > 100, name
         with h5py.File(traces[name], "r") as f:

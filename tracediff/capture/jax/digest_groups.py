@@ -20,7 +20,7 @@ import os
 import numpy as np
 
 from . import digest_programs
-from .digest_results import WORDS
+from .digest_results import WORDS, join_pieces
 
 MAX_GROUP = 16              # values a group program takes at most
 GROUP_BYTES = 256 << 20     # ... and bytes: its stack is a copy of them
@@ -32,6 +32,8 @@ INSIDE_AFTER_CALLS = 1000   # later calls of a values program digest inside (`Pr
 # the groups' copies and dispatches cost each call (a 4096-wide MLP's step on a TPU v5e: loop
 # 1.13 s against 0.59 s for 20 steps) what that program's compile costs once (~31 s)
 WAIT_BYTES = 1 << 30        # values held while their digest program compiles (`digest`)
+JOIN_PIECES = 6             # a values program's small values joined by up to this many
+                            # programs, compiled side by side (`prepare_join`)
 
 
 def _copy_async(outs):
@@ -150,6 +152,29 @@ def _join_words(*xs):
     return digest_programs.join(list(xs), stack=True)
 
 
+def host_join(xs):
+    """`_join_words`' buffer made on the host: each value's bytes at its `joined_starts`
+    offset, zero-padded to a word, in `join_groups`' order (what `HostView` reads). For a
+    join whose program is still compiling: ~300 small values each copied to the host
+    cost a Flax block's first step tens of ms, where waiting for the join's program
+    cost it 3.8 s on a TPU v5e."""
+    from .digest_results import join_groups
+
+    for x in xs:
+        try:
+            x.copy_to_host_async()
+        except Exception:
+            pass
+    parts = []
+    for group in join_groups([(x.shape, x.dtype) for x in xs]):
+        for i in group:
+            b = np.ascontiguousarray(np.asarray(xs[i])).reshape(-1).view(np.uint8)
+            parts.append(b)
+            if b.size % 4:
+                parts.append(np.zeros(4 - b.size % 4, np.uint8))
+    return np.concatenate(parts).view(np.uint32) if parts else np.zeros(0, np.uint32)
+
+
 class DigestGroups:
     """Runs `plan`'s group programs for a recording; their executables per (key, device,
     with_stats), compiled in background threads where `prepare` saw them coming."""
@@ -164,6 +189,7 @@ class DigestGroups:
         self._waiting, self._waiting_bytes = [], 0   # values (`_wait`), compile under way
         self.waited = 0
         self.host_hashed = 0   # level full: values hashed on the host while their program compiled
+        self.host_joined = 0   # level full: values joined on the host while the join compiled
 
     def _compile(self, key, device, with_stats):
         import jax
@@ -177,38 +203,54 @@ class DigestGroups:
                                          [device.id])
 
     def prepare_join(self, xs, device):
-        """Level full: start compiling, in a background thread, the program that joins the
-        words of values like xs (arrays or tracers) on `device` end to end (one copy to the
-        host for a values program's small values); its Future, for `join`. A program of
-        its own, compiled beside the values program: joined inside it, a Flax block's
-        ~300 small values took 21 of its 22 s to compile on a TPU v5e."""
+        """Level full: start compiling, in background threads, the programs that join the
+        words of values like xs (arrays or tracers) on `device` end to end (few copies to
+        the host for a values program's small values), a run of their shape groups each
+        (`join_pieces`); for `join`, [(the values' indices, Future)]. Programs of their
+        own, compiled beside the values program: joined inside it, a Flax block's ~300
+        small values took 21 of its 22 s to compile on a TPU v5e; in one program of their
+        own, 5-7 s."""
         import jax
 
         specs = [_spec(group_key(x), device) for x in xs]
 
-        def compile_join():
+        def compile_join(piece):
             with self.quiet():
-                return self.programs.compile(jax.jit(_join_words).lower(*specs), [device.id])
+                return self.programs.compile(
+                    jax.jit(_join_words).lower(*[specs[i] for i in piece]), [device.id])
 
-        return self.programs.submit(compile_join)
+        pieces = join_pieces([(x.shape, x.dtype) for x in xs], JOIN_PIECES)
+        return [(piece, self.programs.submit(compile_join, piece)) for piece in pieces]
 
     def join(self, prepared, xs):
-        """The joined words of arrays xs, by `prepare_join`'s program (by `join_now` where
-        that failed or does not take them)."""
+        """The joined words of arrays xs, by `prepare_join`'s programs (a list of their
+        buffers, end to end), by `join_now` where one failed; on the host while any is
+        still compiling."""
+        if not all(f.done() for _, f in prepared):
+            return self._host_join(xs)
         with self.quiet():
             try:
-                return prepared.result()(*xs)
+                return [f.result()(*[xs[i] for i in piece]) for piece, f in prepared]
             except Exception as exc:
                 self.programs._error(f"join: {type(exc).__name__}: {str(exc)[:200]}")
         return self.join_now(xs)
 
     def join_now(self, xs):
         """The joined words of arrays xs (a call's outputs, eager values), by one program
-        compiled per signature when first needed."""
+        per signature, compiled in the background from its first use and joined on the
+        host until it is ready."""
         if self._join is None:
             self._join = self.programs.jit(_join_words)
         with self.quiet():
+            if not self._join.ready(*xs):
+                return self._host_join(xs)
             return self._join(*xs)
+
+    def _host_join(self, xs):
+        with self.quiet():
+            flat = host_join(xs)
+        self.host_joined += len(xs)
+        return flat
 
     def accepts(self, kept, device, with_stats=True):
         """While a values program is traced: will its digested values (kept: tracers) be
@@ -326,6 +368,7 @@ class DigestGroups:
                 "values_programs_digesting_inside": self.inside,
                 "values_waited_for_their_program": self.waited,
                 "values_hashed_on_host_while_their_program_compiled": self.host_hashed,
+                "values_joined_on_host_while_their_program_compiled": self.host_joined,
                 "note": "values programs that return their values have them digested by group "
                         "programs compiled once per dtype, shape and group size; the others "
                         "(values beyond a share of the device's free memory) digest them "

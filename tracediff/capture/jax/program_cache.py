@@ -278,6 +278,17 @@ class CachedProgram:
         self._exes[sig] = self.cache.submit(self.cache.compile, lowered, devices)
         return True
 
+    def ready(self, *args):
+        """Is the program for these arguments compiled (or loaded)? Where it is not, its
+        compile starts in a background thread (`start`); where it cannot be, True: the
+        call compiles it through `jax.jit`, as before."""
+        sig, exe = self._lookup(args)
+        if sig is None:
+            return True
+        if exe is None:
+            return not self.start(*args)
+        return not isinstance(exe, concurrent.futures.Future) or exe.done()
+
     def _executable(self, sig, exe, args):
         """The executable for these arguments (`exe`: what `_lookup` found): compiled (or
         loaded) now, or awaited where `start` compiles it; `jax.jit`'s where any of that
