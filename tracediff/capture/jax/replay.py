@@ -247,9 +247,10 @@ MEASURED_FIRST = 8
 def measured_call(k):
     """Is the k-th differing call of a jitted function (1-based) one whose difference is
     measured? Its first `MEASURED_FIRST`, then the 16th, 32nd, 64th...: the difference's
-    size was ~10 % of a JAX MLP step recorded at stats on the CPU (issue 55), and a
-    program whose replay differs at one step differs the same way at the next; whether
-    each call differs stays known for every call (`calls_where_replay_differs`)."""
+    size was ~10 % of a JAX MLP step recorded at stats on the CPU (issue 55), and it
+    follows the program (which equations XLA fused) more than the step; whether each
+    call differs stays known for every call (`calls_where_replay_differs`), and the
+    manifest says over how many calls the size was taken (`calls_measured`)."""
     return k <= MEASURED_FIRST or k & (k - 1) == 0
 
 
