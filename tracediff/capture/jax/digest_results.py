@@ -74,8 +74,13 @@ def joined_starts(avals, small):
         i = at_small[k]
         shape, dtype = avals[i]
         out[i] = at
-        at += (math.prod(shape) * np.dtype(dtype).itemsize + 3) // 4 * 4
+        at += word_bytes(shape, dtype)
     return out
+
+
+def word_bytes(shape, dtype):
+    """The bytes a value takes in a joined buffer: its own, up to a whole word."""
+    return (math.prod(shape) * np.dtype(dtype).itemsize + 3) // 4 * 4
 
 
 def view_at(data, start, dtype, shape):

@@ -59,8 +59,8 @@ class _Replay:
                 continue
             if r.shape != c.shape or r.dtype != c.dtype:
                 continue
-            if hr is not None and hc is not None and hr == hc or \
-                    (hr is None or hc is None) and values.same_bytes(r, c):
+            same = hr == hc if hr is not None and hc is not None else values.same_bytes(r, c)
+            if same:
                 continue
             if not differs:   # this call's first differing output: is it one measured?
                 seen = self._differing_calls[name] = self._differing_calls.get(name, 0) + 1
