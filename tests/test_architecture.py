@@ -34,7 +34,7 @@ APART = [("tracediff.diff", "tracediff.capture"), ("tracediff.capture", "tracedi
 DIFF_LAYERS = [
     {"tracediff.diff.result"},
     {"tracediff.diff.compare"},
-    {"tracediff.diff.align"},
+    {"tracediff.diff.align", "tracediff.diff.nonfinite"},
     {"tracediff.diff.engine"},
     {"tracediff.diff.differ"},
     {"tracediff.diff.pairing", "tracediff.diff.explain"},

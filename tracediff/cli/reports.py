@@ -18,28 +18,45 @@ from .shared import (CONTEXT, guard, need_trace, source_dir_option, tolerance_op
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("trace", type=click.Path(dir_okay=False))
+@click.argument("trace", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @guard
 def info(trace, as_json):
-    """Summarise TRACE: machine, packages, how the run ended, operation counts.
+    """Summarise TRACE: machine, packages, how the run ended, operation counts, and where
+    its first NaN or Inf came from (the op that made it from finite inputs, how, and
+    where Inf turned into NaN). TRACE may be a folder of one run's per-rank traces: each
+    rank's origin, and the rank it started on.
 
     \b
-    Example:
+    Examples:
       tracediff info a.h5
+      tracediff info run_a/          # torchrun / jax.distributed: which rank first
     """
-    from ..report.summary import trace_summary, print_summary
-
+    from ..diff.distributed.ranks import is_rank_set, rank_traces
+    from ..diff.nonfinite import find_nonfinite, find_nonfinite_ranks
+    from ..report.json_report import nonfinite_json, nonfinite_ranks_json
+    from ..report.nonfinite import markup_lines, nonfinite_lines, ranks_lines
+    from ..report.summary import print_lines, trace_summary, print_summary
     from ..trace.reader import Trace
 
+    if os.path.isdir(trace) or (not os.path.exists(trace) and is_rank_set(trace)):
+        found = find_nonfinite_ranks(rank_traces(trace))
+        if as_json:
+            click.echo(json.dumps(nonfinite_ranks_json(found), indent=2))
+        else:
+            print_lines(markup_lines(ranks_lines(found)))
+        return
     need_trace(trace)
-
     with Trace(trace) as t:
         summary = trace_summary(t)
+        found = find_nonfinite(t)
     if as_json:
+        summary["first_nonfinite"] = nonfinite_json(found)
         click.echo(json.dumps(summary, indent=2, default=str))
-    else:
-        print_summary(summary)
+        return
+    print_summary(summary)
+    print_lines(markup_lines(nonfinite_lines(found)) if found is not None else
+                ["no NaN or Inf: every recorded value is finite"])
 
 
 @click.command(context_settings=CONTEXT)

@@ -64,6 +64,7 @@ from .compare import devices as _devices
 from .compare import levels as _levels
 from .align import structure as _structure
 from . import coverage as _coverage
+from .nonfinite import find_nonfinite
 from .coverage import missed_frameworks
 from .differ import BITWISE, TOLERANCE, Differ
 from .explain.env import env_diff
@@ -194,7 +195,20 @@ def run(ta, tb, rtol=None, atol=None, differ=None, mapping=None) -> LocateResult
                    **({"ulp": d.ulp} if d.ulp is not None else {})},
         mapping=mapping or [], optimizer_steps_total=n_steps,
         noise=_noise_info(d), levels=levels, near_zero=near_zero,
-        near_zero_total=near_zero_total)
+        near_zero_total=near_zero_total, nonfinite=_nonfinite(ta, tb, warnings))
+
+
+def _nonfinite(ta, tb, warnings):
+    """{"a": NonFinite | None, "b": ...}: where each side's NaN or Inf came from, None
+    where neither holds one; a failure is a warning, never a failed comparison."""
+    try:
+        a = find_nonfinite(ta)
+        b = a if tb is ta else find_nonfinite(tb)
+    except Exception as exc:  # the origin of a NaN is a bonus on top of the comparison
+        warnings.append(f"the origin of non-finite values was not searched: "
+                        f"{type(exc).__name__}: {str(exc)[:160]}")
+        return None
+    return None if a is None and b is None else {"a": a, "b": b}
 
 
 def _near_zero(d):

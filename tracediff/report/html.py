@@ -26,6 +26,7 @@ from ..untrusted import printable
 from .analysis_lines import chain_items, coverage_lines, explain_parts, sources_lines
 from .context import GITHUB_ATTACH_LIMIT, ReportContext
 from .findings import culprit, event_label, finding_rows, first_parameter_text, summary, typed
+from .nonfinite import result_lines
 from .numbers import fmt, fmt_bytes, fmt_pct, ulp_cell, worst_detail
 from .source_context import MATCHES, NO_LINES, RECORDED
 
@@ -375,6 +376,10 @@ def render(result: LocateResult, ctx: Optional[ReportContext] = None, profile=No
     if steps:
         body.append(f'<h2>Per optimizer step ({fmt(result.optimizer_steps_total or len(steps))} '
                     f'compared)</h2><div class="card">{step_plot(steps)}</div>')
+    nf = result_lines(result)
+    if nf:   # where a side's NaN or Inf came from (diff/nonfinite/)
+        body.append('<h2>Non-finite values</h2><div class="card"><pre>' +
+                    "\n".join(e(printable(line, 2000)) for line in nf) + "</pre></div>")
     st = result.structural
     if st is not None:   # an op only one run has, before any value differs
         body.append(f'<h2>First difference: an op only one run has</h2><div class="card"><p>'

@@ -265,7 +265,45 @@ def build(r: LocateResult) -> dict:
         out["structural"] = structural_json(r.structural)
     if r.sources is not None:      # every source, ranked (diff/explain/sources.py)
         out["sources"] = sources_json(r.sources)
+    if r.nonfinite is not None:    # where each side's NaN or Inf came from (diff/nonfinite/)
+        out["nonfinite"] = {"only_in": r.nonfinite_only,
+                            **{k: nonfinite_json(v) for k, v in r.nonfinite.items()}}
     return strict(out)
+
+
+def nonfinite_json(nf) -> Optional[dict]:
+    """`first_nonfinite` (info --json, and each side in locate's `nonfinite`): where a
+    trace's NaN or Inf came from (`NonFinite`), or None when every value is finite."""
+    if nf is None:
+        return None
+    o = nf.origin
+    out = {"event": o.index, "op": o.op, "step": o.step, "phase": o.phase, "kind": nf.made,
+           "module": o.name_stack, "source": o.source, "event_kind": o.kind,
+           "framework": o.framework, "inputs_finite": nf.inputs_finite,
+           **{k: getattr(nf, k) for k in ("kept", "received", "mechanism", "element", "nan", "inf",
+                                          "elements", "nan_mechanism", "absorbed", "level",
+                                          "events_nonfinite", "note")},
+           "inputs": [_plain(v) for v in nf.inputs],
+           "nan_at": event_json(nf.nan_at, HOP_EVENT_FIELDS) if nf.nan_at else None,
+           "chain": [{"event": c.event.index, "op": c.event.op, "made": c.made}
+                     for c in nf.chain],
+           "kept_at": event_json(nf.kept_at, HOP_EVENT_FIELDS) if nf.kept_at else None,
+           "first_absorbed": event_json(nf.first_absorbed, HOP_EVENT_FIELDS)
+           if nf.first_absorbed else None}
+    for k in ("lib_source", "device"):
+        if getattr(o, k):
+            out[k] = getattr(o, k)
+    if o.rank is not None:
+        out["rank"] = o.rank
+    return strict(out)
+
+
+def nonfinite_ranks_json(r) -> dict:
+    """`info DIR --json`: each rank's `first_nonfinite` and the rank it started on."""
+    return strict({"first_rank": r.first_rank, "note": r.note,
+                   "ranks": {str(k): {"path": r.paths.get(k),
+                                      "first_nonfinite": nonfinite_json(nf)}
+                             for k, nf in sorted(r.ranks.items())}})
 
 
 def sources_json(srcs) -> dict:

@@ -25,6 +25,7 @@ from ..untrusted import md_code, md_text, printable
 from .analysis_lines import chain_items, coverage_lines, explain_parts, sources_lines
 from .context import GITHUB_ATTACH_LIMIT, ReportContext
 from .findings import culprit, event_label, finding_rows, first_parameter_text, summary, typed
+from .nonfinite import result_lines
 from .numbers import fmt, fmt_bytes, fmt_pct, ulp_cell, worst_detail
 from .source_context import MATCHES, NO_LINES, RECORDED
 from .json_report import MAX_VALUES
@@ -169,6 +170,10 @@ def render(result: LocateResult, ctx: Optional[ReportContext] = None) -> str:
         lines.append(f"> **Warning:** {md_text(w)}")
     if result.warnings:
         lines.append("")
+    nf = [printable(x, 2000) for x in result_lines(result)]
+    if nf:   # where a side's NaN or Inf came from (diff/nonfinite/)
+        fence = _fence(nf)
+        lines += ["## Non-finite values", "", fence, *nf, fence, ""]
     st = result.structural
     if st is not None:   # an op only one run has, before any value differs
         lines += ["## First difference: an op only one run has", "",

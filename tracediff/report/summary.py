@@ -137,6 +137,13 @@ def print_summary(s, console=None):
         console.print(f"... and {len(s['operations']) - 40} more (--json for all)")
 
 
+def print_lines(lines, console=None):
+    """Lines of rich markup (their trace strings already escaped), one each."""
+    console = console or Console(emoji=False, highlight=False)
+    for line in lines:
+        console.print(line)
+
+
 def print_event(d, console=None):
     console = console or Console(emoji=False, highlight=False)
     console.print(f"[bold]event {d['index']}[/]: {markup(d['framework'])} {markup(d['kind'])} "

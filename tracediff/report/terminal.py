@@ -25,6 +25,7 @@ from .analysis_lines import coverage_lines, sources_lines
 from .findings import args_text, inputs_words, site, typed
 from .numbers import ulp_cell
 from .json_report import next_steps
+from .nonfinite import markup_lines, result_lines
 
 MAX_ENV = 15
 SOURCES_SHOWN = 5   # sources under the first difference; `explain` prints them all
@@ -201,6 +202,10 @@ def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bo
         head = "[bold red]DIVERGED[/]"
     side = lambda t: f" ({markup(t.framework)})" if t.framework else ""  # noqa: E731
     console.print(f"{head}   a={markup(a.path)}{side(a)}  b={markup(b.path)}{side(b)}")
+    only = r.nonfinite_only
+    if only is not None:   # the first thing a user asks: where did b's NaN come from
+        for line in markup_lines(result_lines(r)):
+            console.print(line)
     tol = r.tolerance
     tol_txt = ("per-dtype defaults" if tol.get("rtol") is None and tol.get("atol") is None else
                f"rtol {tol.get('rtol') if tol.get('rtol') is not None else 'default'}, "
@@ -254,6 +259,13 @@ def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bo
         console.print(f"replay-only difference beyond tolerance (not seen by the script): "
                       f"{_where(f.a)} (a #{f.a.index})")
     _extras(console, r, verbose)
+    if r.nonfinite is not None and only is None:
+        for key, nf in r.nonfinite.items():
+            if nf is not None and (key == "a" or nf is not r.nonfinite["a"]):
+                o = nf.origin
+                console.print(f"non-finite values in {key if r.path_a != r.path_b else 'the trace'}: "
+                              f"first made by {markup(o.op)} ({markup(o.phase)}) step {o.step} "
+                              f"(#{o.index}), {nf.made}: {markup(nf.mechanism)}")
     al = r.alignment
     console.print(f"alignment: {al['matched']} {markup(al.get('counted') or 'events')} matched; "
                   f"a {al['events_a']} "

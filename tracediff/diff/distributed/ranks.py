@@ -25,21 +25,14 @@ from typing import Optional
 import numpy as np
 
 from ...errors import TraceError
+from ...trace.collectives import (COLLECTIVE_PREFIX, FUNCOL_PREFIX, FUNCOL_WAIT, JAX_COLLECTIVES,
+                                  is_collective)
 from ...trace.reader import Trace
 from . import pool
 from ..locate import locate
 from ..result import RankSummary, RanksResult, Spread
 
-COLLECTIVE_PREFIX = "c10d::"
-# torch's functional collectives (DTensor's redistributions, `full_tensor()`): issued by
-# one op, their result defined at `wait_tensor` (capture/torch/collectives.py)
-FUNCOL_PREFIX = "_c10d_functional::"
-FUNCOL_WAIT = "_c10d_functional::wait_tensor"
 _FUNCOL_NOT_ISSUE = frozenset({FUNCOL_WAIT, "_c10d_functional::_wrap_tensor_autograd"})
-# JAX collectives (a shard_map body replayed per device on each process, jax.distributed)
-JAX_COLLECTIVES = frozenset({"psum", "psum_invariant", "psum2", "pmax", "pmin", "all_gather",
-                             "all_gather_invariant", "ppermute", "all_to_all",
-                             "reduce_scatter", "psum_scatter", "pbroadcast"})
 _GLOB_CHARS = "*?["
 _RANK_NAME = re.compile(r"(?:^|\.)rank(\d{1,6})\.h5$")
 
@@ -115,12 +108,6 @@ def _ranks_text(d):
     if rs and rs == list(range(rs[0], rs[-1] + 1)) and len(rs) > 2:
         return f"ranks {rs[0]}-{rs[-1]}"
     return "rank" + ("s " if len(rs) != 1 else " ") + ", ".join(map(str, rs))
-
-
-def is_collective(op: str) -> bool:
-    """A torch `c10d::*` collective, a functional collective's `wait_tensor` (where what
-    it received appears) or a JAX collective equation."""
-    return op.startswith(COLLECTIVE_PREFIX) or op == FUNCOL_WAIT or op in JAX_COLLECTIVES
 
 
 def _issues(op: str) -> bool:

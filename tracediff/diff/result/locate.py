@@ -51,6 +51,18 @@ class LocateResult:
     structural: Optional[Structural] = None        # an op only one run has (align/structure.py)
     coverage: Optional[Coverage] = None            # what was compared (diff/coverage.py)
     sources: Optional[Sources] = None              # every source, ranked (explain/sources.py)
+    # where each side's NaN or Inf came from ({"a": NonFinite | None, "b": ...}; one trace of
+    # two frameworks: the same for both), None when neither holds one (diff/nonfinite/)
+    nonfinite: Optional[dict] = None
+
+    @property
+    def nonfinite_only(self) -> Optional[str]:
+        """"a" or "b": the one side whose run kept non-finite values, None otherwise."""
+        nf = self.nonfinite or {}
+        a, b = (x if x is not None and x.kept else None for x in (nf.get("a"), nf.get("b")))
+        if (a is None) == (b is None) or self.path_a == self.path_b:
+            return None
+        return "a" if a is not None else "b"
 
     @property
     def exit_code(self) -> int:

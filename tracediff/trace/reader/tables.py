@@ -111,11 +111,15 @@ class _Tables:
 
     def value_rows(self, eid, role=None):
         """Rows of the values table for event `eid` (outputs by slot unless role given)."""
+        return self.values[self.value_row_ids(eid, role)]
+
+    def value_row_ids(self, eid, role=None):
+        """The row numbers in the values table of event `eid`'s values (of one role)."""
         lo, hi = np.searchsorted(self._v_sorted, [eid, eid + 1])
-        rows = self.values[self._v_order[lo:hi]]
+        ids = self._v_order[lo:hi]
         if role is not None:
-            rows = rows[rows["role"] == role]
-        return rows
+            ids = ids[self.values["role"][ids] == role]
+        return ids
 
     def input_rows(self, eid):
         lo, hi = np.searchsorted(self._i_sorted, [eid, eid + 1])

@@ -1,0 +1,103 @@
+"""Where a NaN came from (`tracediff info`, the head of `locate`): the first op that made a
+non-finite value from finite inputs and whose values the run kept, how, and where Inf
+turned into NaN; on real recordings of fixtures/torch_nonfinite.py and jax_nonfinite.py.
+
+What each program's answer is, checked by a dispatch mode and by `jax_debug_nans` (the
+truths of tests/nonfinite_truth.py), is the field suite's (tests/field/test_nonfinite_field.py):
+here the answers are written out, so a test fails on the op, phase, step or words."""
+
+import json
+
+import pytest
+
+from .helpers import fixture_line, run_cli
+
+TORCH = "torch_nonfinite.py"
+JAX = "jax_nonfinite.py"
+
+
+@pytest.fixture(scope="module")
+def traces(recorded):
+    return {k: str(p) for k, p in recorded.many({
+        "norm": (TORCH, ("--case", "norm"), None),
+        "norm_stats": (TORCH, ("--case", "norm"), None, ["--level", "stats"]),
+        "mask": (TORCH, ("--case", "mask"), None),
+        "causal": (TORCH, ("--case", "causal"), None),
+        "log_ok": (TORCH, ("--case", "log", "--lr", "0.05"), None),
+        "log_nan": (TORCH, ("--case", "log"), None),
+        "sqrt": (JAX, ("--case", "sqrt"), None),
+    }).items()}
+
+
+def _info(path):
+    proc = run_cli("info", "--json", path, check=True)
+    return json.loads(proc.stdout)["first_nonfinite"]
+
+
+def test_a_backward_only_inf_is_the_origin_and_the_nan_after_it_is_propagation(traces):
+    nf = _info(traces["norm"])
+    # sqrt's backward divides by 2*sqrt(0) in step 0: Inf from finite inputs
+    assert (nf["op"], nf["phase"], nf["step"], nf["kind"]) == \
+        ("aten::div.Tensor", "backward", 0, "Inf")
+    assert nf["inputs_finite"] is True and nf["kept"] is True
+    assert nf["source"] == fixture_line(TORCH, "norm = torch.sqrt(")   # a backward op's forward line
+    assert nf["mechanism"] == "division by zero: the divisor holds 1 zero"
+    assert nf["element"] == "at [2]: div(0.25, 0) = inf"
+    # ...and the pow's backward multiplies that Inf by the zero row: NaN, not an origin
+    assert nf["nan_at"]["op"] == "aten::mul.Tensor" and nf["nan_at"]["phase"] == "backward"
+    assert nf["nan_mechanism"].startswith("0 × Inf")
+    assert [c["made"] for c in nf["chain"]][0] == "Inf" and nf["chain"][-1]["made"] == "NaN"
+    assert nf["chain"][0]["event"] == nf["event"] and nf["chain"][-1]["event"] == nf["nan_at"]["index"]
+    assert nf["kept_at"]["phase"] == "optimizer"
+
+
+def test_a_stats_trace_names_the_same_origin_from_its_counts(traces):
+    full, stats = _info(traces["norm"]), _info(traces["norm_stats"])
+    for key in ("event", "op", "phase", "step", "kind", "source", "inputs_finite"):
+        assert stats[key] == full[key], key
+    assert stats["level"] == "statistics" and stats["element"] == ""
+    assert stats["mechanism"].startswith("division by zero: the divisor holds 0 (min 0, max ")
+    assert stats["nan_at"]["index"] == full["nan_at"]["index"]
+    text = run_cli("info", traces["norm_stats"], check=True).stdout
+    assert "found from the statistics of a --level stats trace" in text
+
+
+def test_one_inside_jit(traces):
+    nf = _info(traces["sqrt"])
+    assert (nf["op"], nf["event_kind"], nf["step"], nf["phase"], nf["kind"]) == \
+        ("sqrt", "eqn", 1, "forward", "NaN")
+    assert nf["source"] == fixture_line(JAX, "jnp.sqrt(")
+    assert nf["mechanism"] == "square root of a negative number: input min -5.743"
+    assert nf["element"] == "sqrt(-5.743) = nan"
+    assert nf["inputs"][0]["source"] == "sub" and nf["inputs"][0]["nan"] == 0
+
+
+def test_a_mask_the_softmax_absorbs_is_never_the_origin(traces):
+    nf = _info(traces["mask"])
+    assert (nf["op"], nf["step"], nf["kind"]) == ("aten::log", 0, "NaN")
+    assert nf["absorbed"] == 1 and nf["first_absorbed"]["op"] == "aten::full"
+    causal = _info(traces["causal"])        # a correct program: only the absorbed mask
+    assert causal["kept"] is False and causal["op"] == "aten::full"
+    assert "writes -inf given as an argument" in causal["mechanism"]
+    text = run_cli("info", traces["causal"], check=True).stdout
+    assert "no NaN or Inf reaches the results" in text and "first non-finite" not in text
+
+
+def test_locate_says_first_that_b_holds_a_nan_a_has_not(traces):
+    proc = run_cli("locate", traces["log_ok"], traces["log_nan"])
+    assert proc.returncode == 1
+    lines = proc.stdout.splitlines()
+    assert lines[1].startswith("b holds NaN or Inf that a has not; its first non-finite: "
+                               "aten::log (forward) step 3")
+    assert "log of a negative number" in lines[2]
+    data = json.loads(run_cli("locate", "--json", traces["log_ok"], traces["log_nan"]).stdout)
+    assert data["nonfinite"]["only_in"] == "b" and data["nonfinite"]["a"] is None
+    assert data["nonfinite"]["b"]["op"] == "aten::log"
+    same = run_cli("locate", traces["causal"], traces["causal"], check=True).stdout
+    assert "NaN" not in same.splitlines()[1]
+
+
+def test_a_finite_trace_says_so(traces):
+    assert _info(traces["log_ok"]) is None
+    assert "no NaN or Inf: every recorded value is finite" in \
+        run_cli("info", traces["log_ok"], check=True).stdout
