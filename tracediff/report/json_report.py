@@ -282,7 +282,7 @@ def nonfinite_json(nf) -> Optional[dict]:
            "framework": o.framework, "inputs_finite": nf.inputs_finite,
            **{k: getattr(nf, k) for k in ("kept", "received", "mechanism", "element", "nan", "inf",
                                           "elements", "nan_mechanism", "absorbed", "level",
-                                          "events_nonfinite", "note")},
+                                          "events_nonfinite", "note", "zoom")},
            "inputs": [_plain(v) for v in nf.inputs],
            "nan_at": event_json(nf.nan_at, HOP_EVENT_FIELDS) if nf.nan_at else None,
            "chain": [{"event": c.event.index, "op": c.event.op, "made": c.made}

@@ -35,7 +35,7 @@ def _event(e: EventRef) -> str:
 
 def _inputs_words(nf: NonFinite) -> str:
     if nf.received:
-        return "received"
+        return "not made here"
     if nf.inputs_finite is True:
         return "origin: its inputs are finite"
     if nf.inputs_finite is False:
@@ -87,6 +87,9 @@ def nonfinite_lines(nf: NonFinite, title="first non-finite") -> list:
         lines.append(f"  {LEVEL_WORDS[nf.level]}")
     if nf.note:
         lines.append(f"  note: {nf.note}")
+    if nf.zoom:
+        lines.append(f"  to name the op, record step {nf.origin.step} again with every op's "
+                     f"values: {nf.zoom}")
     return lines
 
 

@@ -2,8 +2,11 @@
 Inf the run kept (graph.py), what it read, how it made them (mechanism.py), and where Inf
 turned into NaN on the way."""
 
+import os
+
 import numpy as np
 
+from ... import shell
 from ...trace import schema
 from ...trace.collectives import is_collective
 from ...trace.reader import Trace
@@ -79,15 +82,19 @@ def _result(t, g, w, absorbed, note):
         mechanism = "the value entered the run already non-finite (data, a loaded checkpoint)"
     elif g.phase(e) == "optimizer" and ("division" in mechanism or "0 / 0" in mechanism):
         mechanism += _eps_hint(t, int(ev["step"]))
-    if int(ev["kind"]) == schema.KIND_CALL and not received:
-        mechanism = (f"inside the compiled call: its equations were not recorded "
-                     f"(--level calls, or outside --ops/--modules); {mechanism}")
+    zoom = ""
+    if int(ev["kind"]) in (schema.KIND_CALL, schema.KIND_OPTIM) and not received:
+        what = ("inside the compiled call" if int(ev["kind"]) == schema.KIND_CALL else
+                "in the optimizer step's parameters or state")
+        mechanism = (f"{what}: the ops that made it were not recorded (--level calls, "
+                     f"--steps, --ops or --modules)")
+        zoom = _zoom(t, int(ev["step"]))
     res = NonFinite(path=t.path, origin=_ref(t, g, e), made=made, nan=int(g.nan_ev[e]),
                     inf=int(g.inf_ev[e]), elements=_elements(t, e),
                     inputs_finite=_inputs_finite(g, e, inputs), received=received,
                     mechanism=mechanism, element=element, inputs=inputs,
                     absorbed=len(absorbed), level=_level(t, out_row),
-                    events_nonfinite=int(g.bad.sum()), note=note)
+                    events_nonfinite=int(g.bad.sum()), note=note, zoom=zoom)
     if absorbed:
         res.first_absorbed = _ref(t, g, absorbed[0])
     if w.kept is not None:
@@ -188,6 +195,16 @@ def _inputs(t, g, e):
         out_v.append(v)
         out_a.append(arr)
     return out_v, out_a
+
+
+def _zoom(t, step):
+    """The command that records this step of the run again with every op's values."""
+    argv = shell.script_argv(t.manifest)
+    if argv is None:
+        return ""
+    root, ext = os.path.splitext(t.path)
+    return shell.record_command(argv, f"{root}.step{step}{ext or '.h5'}", None,
+                                ["--level", "full", "--steps", f"{step}:{step + 1}"])[-1]
 
 
 def _g_value(v):

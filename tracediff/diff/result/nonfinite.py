@@ -70,6 +70,7 @@ class NonFinite(_ByKey):
     level: str = "values"          # "values" (bytes), "statistics", "calls"
     events_nonfinite: int = 0      # events with a non-finite output, in all
     note: str = ""
+    zoom: str = ""                 # the command recording the origin's step with every op
 
 
 @dataclass(repr=False)
