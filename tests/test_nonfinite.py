@@ -101,3 +101,46 @@ def test_a_finite_trace_says_so(traces):
     assert _info(traces["log_ok"]) is None
     assert "no NaN or Inf: every recorded value is finite" in \
         run_cli("info", traces["log_ok"], check=True).stdout
+
+
+DTYPES_PROGRAM = '''
+import torch
+x = torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 0.5, 2.0, float("nan")])
+for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64):
+    y = x.to(dtype) * 2                   # NaN, Inf, -Inf survive the product
+    flag = torch.ones(3, dtype=torch.bool) & torch.tensor([True, False, True])  # odd sizes
+    z = (y + 1).sum()                     # NaN: one value
+    print(dtype, z)
+'''
+
+
+def test_counts_match_numpy_for_every_float_layout_and_alignment(tmp_path):
+    """The exponent masks over the stored words (counts.py) against numpy on each value:
+    float16, bfloat16, float32, float64, complex64, between values of 3 bytes (offsets
+    that are no multiple of the word)."""
+    import numpy as np
+
+    from tracediff.diff.nonfinite.counts import Counts
+    from tracediff.trace.reader import Trace
+    from tracediff.trace.values import as_float64
+
+    script = tmp_path / "dtypes.py"
+    script.write_text(DTYPES_PROGRAM)
+    run_cli("record", "-o", tmp_path / "d.h5", script, check=True)
+    with Trace(tmp_path / "d.h5") as t:
+        c = Counts(t)
+        seen, misaligned = set(), 0
+        for i, row in enumerate(t.values):
+            x = t.read_value(row)
+            if x is None:
+                continue
+            f = as_float64(x)
+            want = (int(np.isnan(f).sum()), int(np.isinf(f).sum())) if f is not None else (0, 0)
+            if np.iscomplexobj(f):     # real and imaginary parts count as elements
+                want = (int(np.isnan(f.real).sum() + np.isnan(f.imag).sum()),
+                        int(np.isinf(f.real).sum() + np.isinf(f.imag).sum()))
+            assert (c.nan[i], c.inf[i]) == want, (t.string(row["dtype"]), x)
+            seen.add(t.string(row["dtype"]))
+            misaligned += int(row["offset"]) % 2 == 1
+    assert {"float16", "bfloat16", "float32", "float64", "complex64"} <= seen
+    assert misaligned   # the premise: some float values start at an odd byte

@@ -507,9 +507,9 @@ def test_bad_input_to_every_command_is_one_line_and_exit_2(good, tmp_path):
         for name, args in COMMANDS.items():
             res = runner.invoke(cli_main, [str(a) for a in args(path, good[0])])
             err = res.stderr.strip()
-            if kind == "directory" and not name.startswith("locate"):
-                # click refuses it before tracediff runs: a usage error (locate takes a
-                # directory as a run's per-rank traces: that one reads it, and says why not)
+            if kind == "directory" and not name.startswith(("locate", "info")):
+                # click refuses it before tracediff runs: a usage error (locate and info
+                # take a directory as a run's per-rank traces: they read it, and say why not)
                 ok = res.exit_code == 2 and "is a directory" in err and "Traceback" not in err
             else:
                 ok = res.exit_code == 2 and len(err.splitlines()) == 1 and \
@@ -520,7 +520,9 @@ def test_bad_input_to_every_command_is_one_line_and_exit_2(good, tmp_path):
     assert not failures, "\n".join(failures)
     # the messages say what is wrong
     msg = {k: runner.invoke(cli_main, ["info", str(p)]).stderr for k, p in files.items()}
-    assert "no such" in msg["missing"] and "directory" in msg["directory"]
+    assert "no such" in msg["missing"]
+    # a folder is one run's per-rank traces: the first file in it that is no trace is named
+    assert "empty.h5: empty file, not a trace" in msg["directory"]
     assert "not an HDF5 file" in msg["text"] and "empty" in msg["empty"]
     assert "truncated or corrupt" in msg["truncated"] and "not a tracediff trace" in msg["not_a_trace"]
     assert "upgrade tracediff" in msg["newer_schema"]

@@ -74,7 +74,7 @@ for _cmd in (record, info, show, locate, replicas, explain, repro, slice_command
 
 # One line each in `tracediff --help`.
 for _cmd, _text in ((record, "Run a script unmodified and record every operation into a trace."),
-                    (info, "Summarise a trace: machine, packages, end status, op counts."),
+                    (info, "Summarise a trace, and name the op its first NaN came from."),
                     (show, "Show one event of a trace: op, source, inputs, values."),
                     (locate, "Name the first operation where two traces disagree."),
                     (explain, "Explain a divergence: origin, chain, replay verdict, causes."),

@@ -138,8 +138,9 @@ def print_summary(s, console=None):
 
 
 def print_lines(lines, console=None):
-    """Lines of rich markup (their trace strings already escaped), one each."""
-    console = console or Console(emoji=False, highlight=False)
+    """Lines of rich markup (their trace strings already escaped), one each, never
+    wrapped (they are pasted into bug reports)."""
+    console = console or Console(emoji=False, highlight=False, soft_wrap=True)
     for line in lines:
         console.print(line)
 
