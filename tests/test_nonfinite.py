@@ -26,6 +26,7 @@ def traces(recorded):
         "log_ok": (TORCH, ("--case", "log", "--lr", "0.05"), None),
         "log_nan": (TORCH, ("--case", "log"), None),
         "sqrt": (JAX, ("--case", "sqrt"), None),
+        "rms": (JAX, ("--case", "rms"), None),
     }).items()}
 
 
@@ -70,6 +71,15 @@ def test_one_inside_jit(traces):
     assert nf["mechanism"] == "square root of a negative number: input min -5.743"
     assert nf["element"] == "sqrt(-5.743) = nan"
     assert nf["inputs"][0]["source"] == "sub" and nf["inputs"][0]["nan"] == 0
+
+
+def test_a_gradient_transform_of_the_programs_own_is_the_optimizer(traces):
+    """Inside one jit call, what reads the gradient outside it is the update, optax's
+    frames or not: rsqrt(mean(g^2)) of a zero gradient, then 0 x Inf."""
+    nf = _info(traces["rms"])
+    assert (nf["op"], nf["phase"], nf["step"], nf["kind"]) == ("rsqrt", "optimizer", 0, "Inf")
+    assert nf["mechanism"] == "rsqrt of zero: input min 0, max 0"
+    assert (nf["nan_at"]["op"], nf["nan_at"]["phase"]) == ("mul", "optimizer")
 
 
 def test_a_mask_the_softmax_absorbs_is_never_the_origin(traces):

@@ -3,7 +3,8 @@ tracediff:
 
 - fixtures/torch_nonfinite.py and fixtures/jax_nonfinite.py, four cases each (a forward
   NaN from a drifting log or sqrt, an Inf that appears only in backward, a float16
-  overflow, Adam with eps = 0 on a zero gradient), recorded at `--level full` and
+  overflow, Adam with eps = 0 on a zero gradient; JAX also a gradient transform of the
+  program's own dividing by a zero gradient's norm), recorded at `--level full` and
   `--level stats` (JAX also with `--jax-values compiled`, the accelerators' default).
   Truth: tests/nonfinite_truth.py, a TorchDispatchMode checking every aten op, and
   `jax_debug_nans` + `jax_debug_infs`, which stop JAX at the first primitive that made one.
@@ -26,11 +27,11 @@ from ..helpers import FIXTURES, ROOT, require_loopback, run_cli, script_env
 
 PROGRAMS = os.path.join(os.path.dirname(__file__), "programs")
 CASES = [("torch_nonfinite.py", c) for c in ("log", "norm", "half", "adam")] + \
-    [("jax_nonfinite.py", c) for c in ("sqrt", "norm", "half", "adam")]
+    [("jax_nonfinite.py", c) for c in ("sqrt", "norm", "half", "adam", "rms")]
 LEVELS = {"full": [], "stats": ["--level", "stats"], "compiled": ["--jax-values", "compiled"]}
 # what the words must say, per case: the mechanism a reader acts on
 WORDS = {"log": "log of a negative number", "sqrt": "square root of a negative number",
-         "norm": "division by zero", "half": "float16", "adam": "0 / 0"}
+         "norm": "division by zero", "half": "float16", "adam": "0 / 0", "rms": "rsqrt of zero"}
 
 
 def _truth(folder, script, *args):

@@ -115,6 +115,7 @@ class NonFiniteGraph:
         kind = ev["kind"]
         self.roots = np.flatnonzero(self.bad & ~self.holder & ~self.fed_bad)
         self.kind = kind
+        self._updates = {}   # per jit call: its equations after the gradient (`phase`)
 
     # -- one event -------------------------------------------------------------------------
     def consumers(self, e):
@@ -122,17 +123,40 @@ class NonFiniteGraph:
         return self.e_dst[lo:hi]
 
     def phase(self, e):
-        """forward / backward / optimizer: JAX's gradient lives in `transpose(...)` name
-        stacks and optax's update in optax's frames, both inside one jit call."""
+        """forward / backward / optimizer: inside one JAX jit call, the gradient is the
+        equations under `transpose(...)` name stacks, and the update the equations in
+        optax's frames or reading what the gradient made (a transform of the user's own)."""
         t, ev = self.t, self.t.events[e]
         if int(ev["kind"]) == schema.KIND_OPTIM or int(ev["phase"]) == schema.PHASE_OPTIM:
             return "optimizer"
         if int(ev["framework"]) == schema.FW_JAX:
             if OPTAX_FRAME in t.string(ev["source"]):
                 return "optimizer"
-            if "transpose(" in t.string(ev["name_stack"]):
+            stack = t.string(ev["name_stack"])
+            if "transpose(" in stack:
                 return "backward"
+            call = int(ev["call"])
+            if "jvp(" not in stack and 0 <= call < self.n and e in self._after_gradient(call):
+                return "optimizer"
         return schema.PHASE_NAMES.get(int(ev["phase"]), "forward")
+
+    def _after_gradient(self, call):
+        """The equations of jit call `call` outside the gradient that read, through the
+        dataflow, what its gradient equations made: the update of a train step."""
+        if call not in self._updates:
+            t = self.t
+            inside = np.flatnonzero((self.call == call) & (self.kind == schema.KIND_EQN))
+            reached = set()
+            for e in inside.tolist():
+                stack = t.string(t.events["name_stack"][e])
+                if "transpose(" in stack:
+                    reached.add(e)
+                elif "jvp(" not in stack and any(int(r["producer"]) in reached
+                                                 for r in t.input_rows(e)):
+                    reached.add(e)
+            self._updates[call] = {e for e in reached
+                                   if "transpose(" not in t.string(t.events["name_stack"][e])}
+        return self._updates[call]
 
     def kept(self, e):
         """True where event `e`'s non-finite values are kept by the run: an optimizer's

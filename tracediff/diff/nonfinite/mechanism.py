@@ -157,7 +157,7 @@ def _from_finite(name, params, made, out_dtype, inputs):
     if name in DIVIDE:
         return _division(name, made, inputs)
     if name in POWER:
-        return _power(name, params, made, inputs)
+        return _power(name, params, made, inputs, out_dtype)
     if name in EXPONENTIAL:
         return _overflow_exp(name, x, out_dtype)
     if name in DOMAIN_ONE or name in ("acosh", "arccosh"):
@@ -231,7 +231,7 @@ def _exponent(name, params, inputs):
         return None
 
 
-def _power(name, params, made, inputs):
+def _power(name, params, made, inputs, out_dtype=""):
     x = inputs[0]
     p = _exponent(name, params, inputs)
     ptxt = f", exponent {_g(p)}" if p is not None else ""
@@ -239,7 +239,9 @@ def _power(name, params, made, inputs):
         return f"a negative number to a fractional power: {_range(x)}{ptxt}"
     if p is not None and p < 0 and (_lo(x) or 0) <= 0 <= (_hi(x) or 0):
         return f"zero to a negative power: {_range(x)}{ptxt}"
-    return f"overflow in {name}: {_range(x)}{ptxt}"
+    limit = LARGEST.get(out_dtype)
+    past = f": the result passes {out_dtype}'s largest finite value {_g(limit)}" if limit else ""
+    return f"overflow in {name}{past}: {_largest(x)}{ptxt}"
 
 
 def _overflow_exp(name, x, out_dtype):
