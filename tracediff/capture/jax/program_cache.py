@@ -13,22 +13,33 @@ device kind and the devices it runs on, XLA_FLAGS/LIBTPU_INIT_ARGS, the host CPU
 features). The script's own programs never go through here: JAX's compilation, and its
 own cache settings, stay the script's.
 
+The key holds, beside the program's text, every setting that could make XLA build another
+executable from it, a superset of what JAX's own persistent cache key holds: every JAX
+configuration value (`jax_disable_most_optimizations`, the default matmul precision, ...)
+and every `JAX_*`, `XLA_*`, `LIBTPU*` and `TPU_*` environment variable, so that an entry
+filled under one setting is never handed back under another.
+
 The folder: `TRACEDIFF_XLA_CACHE` (a path, or `off`), else `$XDG_CACHE_HOME/tracediff/xla`
-(`~/.cache/tracediff/xla`); created private (0700), and not used where another user
-owns it or others may write to it, nor where JAX's own persistent cache is on (it keeps
-tracediff's programs with the script's). At most `MAX_BYTES`, oldest files dropped first.
-Any failure (a corrupt file, a full disk, a backend that cannot serialise) compiles as
-before; the manifest says how many programs were loaded, compiled and stored.
+(`~/.cache/tracediff/xla`); created private (0700), and not used where it or a folder above
+it may hold someone else's files, nor where JAX's own persistent cache is on (it keeps
+tracediff's programs with the script's). Its entries are sealed and read with bounds
+(cache_entries.py): a planted, foreign or damaged file is compiled again, never loaded. At
+most `MAX_BYTES`, temporaries included, oldest files dropped first. Any failure (a corrupt
+file, a full disk, a backend that cannot serialise) compiles as before; the manifest says
+how many programs were loaded, compiled and stored.
 """
 
 import concurrent.futures
 import hashlib
 import os
-import stat
 import threading
 
+from . import cache_entries as entries
+
 MAX_BYTES = 4 << 30
-_VERSION = "1"   # of the key's recipe
+_VERSION = "2"   # of the key's recipe
+# environment variables that JAX, XLA or libtpu read: all of them are in the key
+SETTING_PREFIXES = ("JAX_", "XLA_", "LIBTPU", "TPU_")
 
 
 def folder():
@@ -43,9 +54,10 @@ def folder():
 
 
 def _host_key():
-    """What about this host and its software could change an executable: versions, the
-    backend's own version string (libtpu's), compiler flags, the CPU's features (XLA:CPU
-    code is built for the host's ISA; a home folder can be shared between machines)."""
+    """What about this host, its software and its settings could change an executable:
+    versions, the backend's own version string (libtpu's), every JAX configuration value
+    and JAX/XLA/libtpu environment variable, the CPU's features (XLA:CPU code is built for
+    the host's ISA; a home folder can be shared between machines)."""
     import jax
     import jaxlib
 
@@ -53,7 +65,9 @@ def _host_key():
     devs = jax.devices()
     parts += [jax.default_backend(), getattr(devs[0].client, "platform_version", "")]
     parts += [devs[0].device_kind, str(len(devs))]
-    parts += [os.environ.get(k, "") for k in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")]
+    config = getattr(jax.config, "values", {})
+    parts += [f"{k}={config[k]!r}" for k in sorted(config)]
+    parts += [f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith(SETTING_PREFIXES)]
     try:
         with open("/proc/cpuinfo") as f:
             parts += sorted({line for line in f if line.startswith(("flags", "model name"))})
@@ -74,23 +88,24 @@ class ProgramCache:
         self.errors = []
         self._checked = False      # the folder checked (`_ready`), at the first compile
         self._host = None          # the key's host part (`_host_key`), at the first key
+        self._secret = None        # the folder's key that seals its entries (cache_entries)
         self._lock = threading.Lock()   # counts and errors: programs compile in threads too
         self._pool = None          # background compiles (`submit`)
 
     def _usable(self, path):
-        """`path` made private if new; None (with the reason kept) where it is not ours or
-        others may write to it: a file there would be loaded as a program."""
+        """`path` made private if new, with its sealing key; None (with the reason kept)
+        where it or a folder above it may hold someone else's files: they would be loaded
+        as programs."""
         try:
             os.makedirs(path, mode=0o700, exist_ok=True)
-            st = os.stat(path)
-        except OSError as exc:
-            self._error(f"cache folder {path}: {exc.strerror}")
+            why = entries.unsafe_folder(path)
+            if why is None:
+                self._secret = entries.secret(path)
+        except (OSError, entries.EntryError) as exc:
+            self._error(f"cache folder {path}: {getattr(exc, 'strerror', None) or exc}")
             return None
-        if hasattr(os, "getuid") and st.st_uid != os.getuid():
-            self._error(f"cache folder {path} belongs to another user: not used")
-            return None
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            self._error(f"cache folder {path} is writable by others: not used")
+        if why is not None:
+            self._error(f"cache folder {path}: {why}: not used")
             return None
         return path
 
@@ -160,55 +175,33 @@ class ProgramCache:
             self._error(f"key: {type(exc).__name__}: {str(exc)[:200]}")
             self._count("compiled")
             return lowered.compile()
-        file = os.path.join(self.path, key[:40] + ".xla")
+        name = key[:40] + ".xla"
+        file = os.path.join(self.path, name)
         try:
-            with open(file, "rb") as f:
-                blob = f.read()
-        except FileNotFoundError:
-            blob = None
-        except OSError as exc:
-            self._error(f"read: {exc.strerror}")
-            blob = None
-        if blob:
+            payload = entries.unseal(self._secret, name, entries.read_bounded(
+                file, entries.MAX_ENTRY_BYTES))
+        except entries.EntryError as exc:
+            if os.path.lexists(file):
+                self._error(f"load: {exc}")
+            payload = None
+        if payload is not None:
             try:
-                exe = serialize_executable.deserialize_and_load(blob, lowered.in_tree,
-                                                                lowered.out_tree)
+                exe = entries.load_executable(payload, lowered.in_tree, lowered.out_tree)
                 self._count("loaded")
                 os.utime(file)   # recently used: dropped last
                 return exe
-            except Exception as exc:   # corrupt or foreign: compile, overwrite below
+            except Exception as exc:   # foreign to this jaxlib: compile, overwrite below
                 self._error(f"load: {type(exc).__name__}: {str(exc)[:200]}")
         exe = lowered.compile()
         self._count("compiled")
         try:
             data = serialize_executable.serialize(exe)[0]
-            tmp = f"{file}.{os.getpid()}.{threading.get_ident()}.tmp"
-            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
-                f.write(data)
-            os.replace(tmp, file)
+            entries.write_entry(file, entries.seal(self._secret, name, data))
             self._count("stored")
-            self._trim()
+            entries.trim(self.path, MAX_BYTES)
         except Exception as exc:   # cannot serialise here, or the disk is full: run anyway
             self._error(f"store: {type(exc).__name__}: {str(exc)[:200]}")
         return exe
-
-    def _trim(self):
-        """Drop the least recently used files while the folder holds over MAX_BYTES."""
-        entries = []
-        with os.scandir(self.path) as it:
-            for e in it:
-                if e.name.endswith(".xla"):
-                    st = e.stat()
-                    entries.append((st.st_mtime, st.st_size, e.path))
-        total = sum(size for _, size, _ in entries)
-        for _, size, path in sorted(entries):
-            if total <= MAX_BYTES:
-                break
-            try:
-                os.remove(path)
-                total -= size
-            except OSError:
-                pass
 
     def manifest(self):
         return {"folder": self.path, "jax_cache_folder": self.jax_cache, "loaded": self.loaded,
