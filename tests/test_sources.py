@@ -213,3 +213,60 @@ def test_the_initialiser_followed_to_the_final_parameters_ranks_first(cnn_under_
     assert abs(predicted - removed) < 0.2, (predicted, truth)
     assert f"should remove ~{predicted:.0%}" in " ".join(first["counterfactual"])
     assert "followed to the final parameters" in sources["estimator"]
+
+
+ARGUMENTS = """
+import sys, torch
+c1, c2 = float(sys.argv[1]), float(sys.argv[2])
+x = torch.tensor([1.0, -2.0, 3.0])
+a = x * c1                                 # other=c1: the program's own scalar
+b = torch.tensor([4.0, 5.0, 6.0]) / c2     # c2 = 0 on one side: Inf
+print((a.sum() + b.sum()).item())
+"""
+
+
+def _arguments_pair(tmp_path, a_args, b_args, options=()):
+    script = tmp_path / "scaled.py"
+    script.write_text(ARGUMENTS)
+    paths = []
+    for name, args in (("a", a_args), ("b", b_args)):
+        out = tmp_path / f"{name}.h5"
+        run_cli("record", *options, "-o", out, script, *args, check=True)
+        paths.append(str(out))
+    return locate_json(*paths)["sources"]
+
+
+def test_an_op_whose_arguments_differ_is_the_program_never_the_hardware(tmp_path):
+    """`x * 2.0` against `x * 3.0`: the trace records other=2.0 / 3.0; the source says so,
+    with the fix in the program, not "hardware, or a library loaded at run time"."""
+    srcs = _arguments_pair(tmp_path, ("2.0", "1.0"), ("3.0", "1.0"))
+    (s,) = srcs["sources"]
+    assert s["mechanism"] == "arguments" and s["arguments"] == "other=2.0 vs 3.0"
+    assert s["share"] == 1.0 and s["ops"] == [["aten::mul.Tensor", 1]]
+    assert "arguments differ (other=2.0 vs 3.0)" in s["text"]
+    assert "hardware" not in s["fix"] and "other arguments" in s["fix"]
+
+
+def test_shares_are_finite_or_absent_with_the_reason(tmp_path):
+    """One run divides by zero: its source's relative difference is Inf, which no finite
+    share can hold beside the finite one ("nan%" before); so the sources carry no share,
+    come in the order they first appear, and say why; each names its own arguments."""
+    srcs = _arguments_pair(tmp_path, ("2.0", "1.0"), ("3.0", "0.0"))
+    assert "not finite" in srcs["no_shares"]
+    assert [s["share"] for s in srcs["sources"]] == [None, None]
+    assert [s["arguments"] for s in srcs["sources"]] == ["other=2.0 vs 3.0", "other=1.0 vs 0.0"]
+    inf = srcs["sources"][1]
+    assert inf["mechanism_text"].startswith("b makes Inf where a makes finite numbers")
+    assert "nan%" not in inf["text"] and "should remove its part" in inf["counterfactual"][0]
+
+
+@pytest.mark.parametrize("level", ["full", "stats"])
+def test_a_difference_in_the_sign_of_zero_alone_is_the_whole_difference(tmp_path, level):
+    """Outputs that differ only in the sign of zero: one source, 100 % at every level (it
+    was ranked 0.0 % at full level and 100 % at stats), in words of its own."""
+    options = () if level == "full" else ("--level", "stats")
+    srcs = _arguments_pair(tmp_path, ("0.0", "1.0"), ("-0.0", "1.0"), options)
+    (s,) = srcs["sources"]
+    assert s["share"] == 1.0 and s["arguments"] == "other=0.0 vs -0.0"
+    if level == "full":
+        assert s["mechanism_text"].startswith("the outputs differ only in the sign of zero")

@@ -123,7 +123,9 @@ def sources_lines(srcs, limit=None, details=False) -> list:
     shown = srcs.sources if limit is None else srcs.sources[:limit]
     more = len(srcs.sources) - len(shown)
     bound = " (bounds: stats-level traces)" if srcs.bound else ""
-    out = [f"sources of the difference, ranked by estimated share{bound} "
+    ranked = f"ranked by estimated share{bound}" if not srcs.no_shares else \
+        f"in the order they first appear, with no share: {srcs.no_shares}"
+    out = [f"sources of the difference, {ranked} "
            f"({srcs.examined} differing ops examined, {srcs.replayed} op runs replayed):"]
     for s in shown:
         out.append(f"  {s.rank}. {s.text}")
@@ -137,7 +139,7 @@ def sources_lines(srcs, limit=None, details=False) -> list:
                 out.append(f"       {line}")
     if more > 0:
         out.append(f"  ... {more} more (tracediff explain lists every source)")
-    if len(srcs.sources) > 1:
+    if len(srcs.sources) > 1 and not srcs.no_shares:
         out.append(("  the initialiser's share is followed to the final parameters; the other "
                     "shares estimate" if srcs.initialiser_followed else "  shares estimate") +
                    " what each source adds where it acts, not how much the program amplifies "

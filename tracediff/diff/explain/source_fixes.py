@@ -32,6 +32,12 @@ def removes(share):
     return 1.0 - math.sqrt(max(0.0, 1.0 - share))
 
 
+def _should(share):
+    """"should remove ~40% of the difference", or what to look at where no share was given."""
+    return (f"should remove ~{removes(share):.0%} of the difference" if share is not None
+            else "should remove its part of the difference")
+
+
 def fix(d, result, cl, src):
     """(fix, counterfactual command lines, cause keys) of a source."""
     argv_side = src.side if src.side in ("a", "b") else "b"
@@ -43,23 +49,29 @@ def fix(d, result, cl, src):
         fix_text, what = _RANDOM[src.mechanism]
         return (fix_text,
                 [shell.comment(f"re-run {argv_side} with the other run's {what} loaded from a "
-                               f"file (a change to the script): should remove "
-                               f"~{removes(src.share):.0%} of the difference; what is left "
-                               f"is what the other sources make")], [])
+                               f"file (a change to the script): {_should(src.share)}; what "
+                               f"is left is what the other sources make")], [])
+    if src.mechanism == "arguments":
+        argv_keys = [e["key"] for e in result.env_diff if e["key"] == "script.argv"]
+        why = " (the script's own arguments differ too)" if argv_keys else ""
+        return (f"the program calls {cl.op} with other arguments on the two sides{why}: pass "
+                f"the same ones", [shell.comment(
+                    f"re-run {argv_side} with the arguments of the other run (a change to the "
+                    f"script or its command line): {_should(src.share)}")], argv_keys)
     if src.mechanism == "dtype":
         keys = [e["key"] for e in result.env_diff if ".autocast." in e["key"]]
         return (f"compute in the same dtype on both sides: autocast off on {argv_side}, or "
                 f"on for both (or the program's cast as on the other side)",
                 [shell.comment(f"re-run {argv_side} in the other run's dtype (autocast or "
                                f"the cast as on the other side: a change to the script): "
-                               f"should remove ~{removes(src.share):.0%} of the difference")], keys)
+                               f"{_should(src.share)}")], keys)
     if src.mechanism == "bf16_inputs":
         fw = cl.framework or "jax"
         fix = fix_for("bf16_inputs", fw) or "run the matmuls and convolutions in float32"
         if fw == "jax":
             lines = shell.record_command(argv, out, {"JAX_DEFAULT_MATMUL_PRECISION": "highest"})
             lines.append(shell.with_comment(shell.command("tracediff", "locate", other, out),
-                                            f"should remove ~{removes(src.share):.0%} of the difference"))
+                                            _should(src.share)))
             return fix, lines, ["frameworks.jax.backend"]
         return fix, [], []
     causes = environment(result.env_diff, cl.op, cl.framework, cl.inputs_equal, cl.rv)
@@ -75,10 +87,10 @@ def fix(d, result, cl, src):
         if isinstance(mine, str):
             lines = shell.record_command(argv, out, {var: mine})
             lines.append(shell.with_comment(shell.command("tracediff", "locate", other, out),
-                                            f"should remove ~{removes(src.share):.0%} of the difference"))
+                                            _should(src.share)))
         else:
             lines = [shell.comment(f"re-run {argv_side} with {var} unset, then locate again: "
-                                   f"should remove ~{removes(src.share):.0%} of the difference")]
+                                   f"{_should(src.share)}")]
         return fix, lines, keys
     if causes.causes:
         c = causes.causes[0]
@@ -117,18 +129,21 @@ def source_line(s):
     """One line for the terminal: share, mechanism, side, ops, where, how large."""
     who = "in RNG and initialiser ops" if s.mechanism == "initialiser" else \
         "in RNG ops drawing data" if s.mechanism == "random_data" else \
+        f"({s.arguments})" if s.mechanism == "arguments" else \
         {"a": "on a", "b": "on b", "both": "introduced (inputs bitwise equal)"}.get(s.side, "")
     steps = "" if not s.steps else (f"step {s.steps[0]}" if s.steps[0] == s.steps[1] else
                                    f"steps {s.steps[0]}-{s.steps[1]}")
     mech = "random data" if s.mechanism == "random_data" else \
         "initialiser" if s.mechanism == "initialiser" else \
         "bf16 pass" if s.mechanism == "bf16_inputs" else \
-        "another dtype" if s.mechanism == "dtype" else s.mechanism.replace("implementation:",
-                                                                             "implementation, ")
+        "another dtype" if s.mechanism == "dtype" else \
+        "arguments differ" if s.mechanism == "arguments" else \
+        s.mechanism.replace("implementation:", "implementation, ")
     local = ""
     if s.local_a is not None and s.local_b is not None and s.how == "adds":
         local = f"; local error a {s.local_a:.2g} / b {s.local_b:.2g}"
-    return (f"{s.share:6.1%}  {mech} {who}: {_ops_text(s.ops)} in "
+    share = f"{s.share:6.1%}" if s.share is not None else "     -"
+    return (f"{share}  {mech} {who}: {_ops_text(s.ops)} in "
             f"{', '.join(s.modules[:3]) or '(top level)'}{' ...' if len(s.modules) > 3 else ''}"
             f"; {steps}; adds up to {s.added:.2g} rel{local}" if s.added is not None else
-            f"{s.share:6.1%}  {mech} {who}: {_ops_text(s.ops)}; {steps}")
+            f"{share}  {mech} {who}: {_ops_text(s.ops)}; {steps}")

@@ -43,16 +43,13 @@ import re
 import numpy as np
 
 from ...trace import schema
-from ..compare import dtypes as _dtypes
 from ..differ import BITWISE
 from ..result import Source, Sources
-from .replay.params import parse_params
-from . import source_fixes
+from . import source_fixes, source_kinds
 from .causes import op_class
 from .chain import differing_mask
 from .local_error import measure_compiled, measure_event
 from .mechanisms.dispatch import DESCRIPTIONS
-from .mechanisms.precision import ran_as_bf16_pass
 from .verdict import replay_verdict
 
                        # differently (compiled alike, nearly equal inputs round nearly alike)
@@ -112,7 +109,7 @@ def find(d, result) -> Sources:
     found.sort(key=lambda c: -c.weight)
     for i, cl in enumerate(found):
         cl.name_mechanism(d, explain=i < MAX_EXPLAINED)
-    out.sources, estimator = _group(d, result, found)
+    out.sources, estimator, out.no_shares = _group(d, result, found)
     if estimator:
         out.estimator, out.initialiser_followed = estimator, True
     out.bound = not full
@@ -266,6 +263,7 @@ class _Cluster:
         self.mechanism_text = ""
         self.side = ""            # "a", "b" or "both"
         self.framework = ""
+        self.arguments = ""       # the arguments that differ (mechanism "arguments")
         self.rv = None
 
     def sample(self, n):
@@ -309,6 +307,18 @@ class _Cluster:
         ea, eb, m = self.worst
         self.side = m.side
         self.framework = schema.FW_NAMES.get(int(d.ta.events[ea]["framework"]), "")
+        self._name(d, ea, eb, explain)
+        values = source_kinds.value_words(d, ea, eb)
+        if values:
+            self.mechanism_text = f"{values}; {self.mechanism_text}"
+
+    def _name(self, d, ea, eb, explain):
+        changed = self.arguments = source_kinds.arguments(d, ea, eb)
+        if changed:   # the program asked for another computation: never the hardware
+            self.mechanism, self.side = "arguments", "both"
+            self.mechanism_text = (f"the op's arguments differ: {changed} (a difference in "
+                                   f"the program or its inputs, not in how the op computes)")
+            return
         lib = d.ta.event(ea).get("lib_source", "") if self.init else ""
         if self.init and _random_data(self.op, self.module, self.framework, lib):
             self.mechanism = "random_data"
@@ -321,12 +331,12 @@ class _Cluster:
             self.mechanism_text = ("the initialiser differs: an RNG or initialiser op computes "
                                    "its values differently on the two sides")
             return
-        cast, narrow = _dtype_change(d, ea, eb)
+        cast, narrow = source_kinds.dtype_change(d, ea, eb)
         if cast:
             self.mechanism, self.side = "dtype", narrow
             self.mechanism_text = f"computed in another dtype ({cast})"
             return
-        bf16 = _bf16_side(d, ea, eb)
+        bf16 = source_kinds.bf16_side(d, ea, eb)
         if bf16:
             self.mechanism, self.side = "bf16_inputs", bf16
             self.mechanism_text = (f"a bf16 pass on {bf16}: float32 products computed from "
@@ -337,7 +347,7 @@ class _Cluster:
                 self.rv = replay_verdict(d, ea, eb)
             except Exception:  # a mechanism is a bonus: never fail the sources over it
                 self.rv = None
-        name = _best_hypothesis(self.rv, self.side)
+        name = source_kinds.best_hypothesis(self.rv, self.side)
         if name:
             self.mechanism = name
             self.mechanism_text = DESCRIPTIONS.get(name, name)
@@ -372,75 +382,21 @@ class _CompiledCluster(_Cluster):
                                f"vectorised), where the other side's does not or less")
 
 
-_WIDTH = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
-
-
-def _out_dtypes(t, ev):
-    rows = t.value_rows(ev, schema.ROLE_OUT)
-    return [t.string(r["dtype"]) for r in rows[np.argsort(rows["slot"], kind="stable")]]
-
-
-def _dtype_change(d, ea, eb):
-    """(note, narrower side) when the paired outputs differ in dtype (autocast on one
-    side, or a cast in the program): the dtype, not a kernel, makes the difference;
-    ("", "") otherwise."""
-    da, db = _out_dtypes(d.ta, ea), _out_dtypes(d.tb, eb)
-    note = _dtypes.dtype_note(d.ta, d.tb, ea, eb, da, db)
-    if not note:
-        return "", ""
-    x, y = next((x, y) for x, y in zip(da, db) if x != y)
-    return note, "a" if _WIDTH.get(x, 4) < _WIDTH.get(y, 4) else "b"
-
-
-def _bf16_side(d, ea, eb):
-    """The side whose matmul or convolution ran as a bf16 pass on a TPU (default
-    precision) while the other's did not; "" when not that."""
-    bf16 = {}
-    for side, t, ev in (("a", d.ta, ea), ("b", d.tb, eb)):
-        e = t.event(ev)
-        if e["framework"] != "jax":
-            bf16[side] = False
-            continue
-        jax_manifest = ((t.manifest or {}).get("frameworks") or {}).get("jax") or {}
-        try:
-            params = parse_params(e["params"])
-        except Exception:   # unparseable: the op's precision is unknown, default assumed
-            params = {}
-        bf16[side] = bool(ran_as_bf16_pass(str(jax_manifest.get("backend") or ""), e["op"],
-                                           params,
-                                           jax_manifest.get("jax_default_matmul_precision")))
-    if bf16["a"] != bf16["b"]:
-        return "a" if bf16["a"] else "b"
-    return ""
-
-
-def _best_hypothesis(rv, side):
-    """The hypothesis that reproduces the culprit side bitwise (or, for both sides, either),
-    from a replay verdict's mechanisms; None when none does."""
-    if rv is None or not rv.mechanisms:
-        return None
-    sides = ("a", "b") if side in ("both", "") else (side,)
-    for s in sides:
-        mine = [mm for mm in rv.mechanisms if mm.side == s]
-        if mine and mine[0].bitwise:
-            return mine[0].name
-    return None
-
-
 # -- grouping, fixes, counterfactual runs ---------------------------------------------------------
 
 def _group(d, result, clusters):
     """Sources from clusters: one per (mechanism, side, and op class for an unnamed
-    implementation), ranked by share; and how the shares were estimated (None: the
-    default, `Sources.estimator`)."""
+    implementation), ranked by share; how the shares were estimated (None: the default,
+    `Sources.estimator`); why no shares were given ("" where they were)."""
     groups = collections.OrderedDict()
     for cl in clusters:
-        key = (cl.mechanism, "", "") if cl.init else \
-            (cl.mechanism, cl.side, "introduced" if cl.inputs_equal else "adds")
+        key = (cl.mechanism, "", "", "") if cl.init else \
+            (cl.mechanism, cl.side, "introduced" if cl.inputs_equal else "adds",
+             cl.arguments)   # each set of differing arguments is a change of its own
         groups.setdefault(key, []).append(cl)
     total = sum(cl.weight for cl in clusters) or 1.0
     out = []
-    for (mech, side, how), members in groups.items():
+    for (mech, side, how, _), members in groups.items():
         if not how:   # random numbers: one source, whatever the sides of its ops
             how = "introduced" if all(cl.inputs_equal for cl in members) else "adds"
             sides = {cl.side for cl in members}
@@ -470,27 +426,50 @@ def _group(d, result, clusters):
             local_a=max(la) if la else None, local_b=max(lb) if lb else None,
             added=max(m.added_rel for m in judged) if judged else None,
             event_a=int(worst[0]), event_b=int(worst[1]),
-            first_event=int(min(events)))
+            first_event=int(min(events)), arguments=lead.arguments if mech == "arguments" else "")
         out.append((src, lead))
-    estimator = _with_fixes(d, result, clusters, out)
+    estimator, no_shares = _with_fixes(d, result, clusters, out)
     out = [src for src, _ in out]
-    out.sort(key=lambda s: -s.share)
+    out.sort(key=lambda s: (s.share is None, -(s.share or 0.0), s.first_event))
     for i, s in enumerate(out, 1):
         s.rank = i
-    return out, estimator
+    return out, estimator, no_shares
 
 
 def _with_fixes(d, result, clusters, pairs):
     """Shares (the initialiser's from its initial values as a whole, or followed to the
     final parameters where both runs hold them), then each source's fix, counterfactual
     and text (the counterfactual names the part it should remove). Returns how the shares
-    were estimated, where it is not the default (`Sources.estimator`)."""
+    were estimated, where it is not the default (`Sources.estimator`), and why none were
+    given ("" where they were)."""
     _initial_values_share(clusters, [src for src, _ in pairs])
     estimator = _carried_initial_share(d, [src for src, _ in pairs])
+    no_shares = _shares_or_none([src for src, _ in pairs])
     for src, lead in pairs:
         src.fix, src.counterfactual, src.causes = source_fixes.fix(d, result, lead, src)
         src.text = source_fixes.source_line(src)
-    return estimator
+    return estimator, no_shares
+
+
+def _shares_or_none(sources):
+    """Shares that are finite and add up to 1, or none at all (`Source.share` None) and
+    the reason why (returned, else ""): a difference that is not finite (a NaN or Inf against a
+    number) cannot be weighed against finite ones, and differences of no magnitude (the
+    sign of zero) have nothing to share. A single source has the whole difference."""
+    shares = [s.share for s in sources]
+    if len(sources) == 1:
+        sources[0].share = 1.0
+        return ""
+    if all(x is not None and np.isfinite(x) for x in shares) and \
+            abs(sum(shares) - 1.0) < 1e-6:
+        return ""
+    weights = [s.weight for s in sources]
+    why = ("a difference is not finite (NaN or Inf against a number): it cannot be "
+                   "weighed against the finite ones" if not all(np.isfinite(weights)) else
+           "the differences have no magnitude (the sign of zero): nothing to share")
+    for s in sources:
+        s.share = None
+    return why
 
 
 def _initial_values_share(clusters, sources):

@@ -17,7 +17,8 @@ class Source(_ByKey):
     whole, its fix and the counterfactual run that checks it."""
 
     rank: int
-    share: float                  # estimated fraction of the difference (0..1)
+    share: Optional[float]        # estimated fraction of the difference (0..1); None where
+                                  # no share can be given (`Sources.no_shares` says why)
     weight: float                 # sum over its events of ||added|| / ||output|| (L2)
     mechanism: str                # initialiser, bf16_inputs, fma, implementation:<class>, ...
     mechanism_text: str
@@ -36,6 +37,8 @@ class Source(_ByKey):
     event_a: int = -1             # its largest event, a and b
     event_b: int = -1
     first_event: int = -1
+    arguments: str = ""          # "other=2.0 vs 3.0": the arguments that differ (mechanism
+                                  # "arguments": the program asked for another computation)
     fix: str = ""
     counterfactual: list = field(default_factory=list)   # command / comment lines
     causes: list = field(default_factory=list)           # environment keys, ranked
@@ -60,3 +63,4 @@ class Sources(_ByKey):
     # the other shares are still estimated where their sources act
     initialiser_followed: bool = False
     note: str = ""
+    no_shares: str = ""           # why the sources carry no share (listed by first event)
