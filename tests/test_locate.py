@@ -440,6 +440,49 @@ def test_real_jax_tanh_ulp_descends_into_compiled_call(jax_traces):
     assert g["a"]["op"] == "tanh" and g["call"]["op"] == "jit:apply" and g["inputs_match"] is True
 
 
+def test_a_difference_inside_a_call_whose_outputs_match_is_compared_never_skipped(
+        recorded, tmp_path):
+    """`--jax-values compiled`: a jit call's equation values come from its values program
+    (origin probe). One of them moved one ULP in a copy (its hash updated) while the call's
+    outputs stay equal: locate said "MATCH, every compared value is bitwise identical"
+    with every event counted as compared. It is the first bitwise difference, probe-only."""
+    import shutil
+
+    import h5py
+    import xxhash
+
+    from tracediff.trace import schema
+    from tracediff.trace.reader import Trace
+
+    a = str(recorded("flax_dense.py", "--mlp", "--jit", options=["--jax-values", "compiled"]))
+    b = str(tmp_path / "b.h5")
+    shutil.copy(a, b)
+    with Trace(b) as t:
+        ev = t.events
+        v = t.values
+        (row, eid) = next((r, int(v["event"][r])) for r in range(len(v))
+                          if v["role"][r] == schema.ROLE_OUT and
+                          ev["kind"][v["event"][r]] == schema.KIND_EQN and
+                          ev["origin"][v["event"][r]] == schema.ORIGIN_PROBE and
+                          t.string(v["dtype"][r]) == "float32" and
+                          v["nbytes"][r] >= 16 and v["offset"][r] >= 0)
+        assert t.manifest["recording"]["hash"] == "xxh3_64"
+    with h5py.File(b, "r+") as f:
+        v = f["values"][row]
+        off, n = int(v["offset"]), int(v["nbytes"])
+        x = np.frombuffer(f["blob"][off:off + n].tobytes(), np.float32).copy()
+        x[0] = np.nextafter(x[0], np.float32(np.inf))
+        f["blob"][off:off + n] = np.frombuffer(x.tobytes(), np.uint8)
+        v["hash"] = xxhash.xxh3_64_intdigest(x.tobytes())
+        f["values"][row] = v
+    d = json.loads(run_cli("locate", a, b, "--rtol", "0", "--atol", "0", "--json").stdout)
+    f = d["first_difference"]
+    assert f is not None and f["a"]["index"] == eid and f["origin"] == "probe"
+    assert "probe-only" in f["note"] and d["verdict"] == "match"
+    text = run_cli("locate", a, b, "--rtol", "0", "--atol", "0").stdout
+    assert "every compared value is bitwise identical" not in text
+
+
 def test_real_foreach_vs_per_parameter_adam_aligns(tmp_path):
     """Different optimizer implementations: only optimizer-phase ops are left unmatched,
     every forward/backward op and every optimizer snapshot is paired."""

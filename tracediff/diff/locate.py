@@ -18,8 +18,9 @@ inputs, which explains but is not what the script computed):
    If every replayed equation matches, the call itself is reported with the note that
    the divergence is inside the compiled program (fusion, compiler rewrites), not at
    any single equation.
-2. A replayed equation that differs while the compiled outputs of its call match is a
-   *replay-only* difference: the script never saw it. It can be the bitwise
+2. A replayed equation (or an equation of the call's values program, `--jax-values
+   compiled` and `--probe`: origin probe) that differs while the compiled outputs of its
+   call match is a *replay-only* (*probe-only*) difference: the script never saw it. It can be the bitwise
    `first_difference` (marked `origin: replay` with a note saying the compiled outputs
    match), but it never decides the verdict: the tolerance search skips it and keeps
    the first such case in `replay_only` for information.

@@ -62,8 +62,8 @@ class DivergenceSearch:
         for i, (ea, eb) in enumerate(zip(ia.tolist(), ib.tolist())):
             if not i & 1023:
                 self._tell(phase, i, len(ia))
-            if state.probe[ea]:
-                continue  # tracediff's own extra program: searched only through its call
+            if state.probe[ea] and self.sa.kind[ea] != schema.KIND_EQN:
+                continue  # tracediff's own extra program: searched through its call
             if self.noisy is not None and self._is_noise(ea):
                 continue
             if self.cast_only(ea, eb):
@@ -104,11 +104,16 @@ class DivergenceSearch:
         return True
 
     def _search_eqn(self, ea, eb, s):
-        """A replayed equation: judged through its compiled call. Its call differing, it
-        was resolved there (the call comes first); the call matching, it is replay-only
-        (kept for information at the tolerance level, never the verdict)."""
+        """A replayed equation, or a probe's (`record --probe`, `--jax-values compiled`):
+        judged through its compiled call (a probe's: the call it probes). Its call
+        differing, it was resolved there (the call comes first); the call matching, it is
+        replay-only (the first bitwise difference at the bitwise level, kept for
+        information at the tolerance level, never the verdict): compared, never skipped."""
         level = s.level
         c = int(self.sa.call[ea])
+        probed = s.probe[ea]
+        if probed:   # a probe's equation (record --probe, --jax-values compiled): judged
+            c = int(self.sa.parent[c]) if c >= 0 else -1   # by the real call it probes
         cb = int(self.al.a2b[c]) if c >= 0 else -1
         if cb < 0:
             if self.equal_at(ea, eb, level):
@@ -134,8 +139,8 @@ class DivergenceSearch:
             return self.finding(ea, eb, level, note=(
                 f"the compiled outputs of the enclosing call (event {c}) match as global "
                 f"values, but their copy on {dev} differs: that device departed"))
-        note = (f"replay-only: the compiled outputs of the enclosing call (event {c}) "
-                f"match{' bitwise' if level == BITWISE else ' within tolerance'}; "
+        note = (f"{'probe-only' if probed else 'replay-only'}: the compiled outputs of the "
+                f"enclosing call (event {c}) match{' bitwise' if level == BITWISE else ' within tolerance'}; "
                 f"the script did not see this difference")
         f = self.finding(ea, eb, level, note=note)
         if level == BITWISE:
