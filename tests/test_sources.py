@@ -270,3 +270,49 @@ def test_a_difference_in_the_sign_of_zero_alone_is_the_whole_difference(tmp_path
     assert s["share"] == 1.0 and s["arguments"] == "other=0.0 vs -0.0"
     if level == "full":
         assert s["mechanism_text"].startswith("the outputs differ only in the sign of zero")
+
+
+REDRAWN = """
+import sys
+import numpy as np
+import torch
+
+torch.manual_seed(0)
+emb = torch.nn.Embedding(64, 64)            # normal_ on fresh memory
+drawn = {"first": emb.weight.detach().clone()}
+with torch.no_grad():
+    emb.weight.normal_(0.0, 0.02)           # drawn again over it, as HF's _init_weights does
+drawn["again"] = emb.weight.detach().clone()
+opt = torch.optim.SGD(emb.parameters(), lr=0.1)
+loss = (emb(torch.arange(8)) ** 2).mean()
+loss.backward()
+opt.step()
+np.savez(sys.argv[1], **{k: v.numpy() for k, v in drawn.items()})
+"""
+
+
+def test_the_initialiser_is_every_draw_weighed_as_its_values_as_a_whole(tmp_path):
+    """A weight drawn by its constructor and drawn again by `normal_` (HF's `_init_weights`):
+    the redraw reads the first draw, which differs between the runs, yet it is part of the
+    initialiser (it writes over what it reads); and the initialiser's weight is the
+    relative difference of the draws' values as a whole, sqrt(sum |a-b|^2 / sum |a|^2)
+    over the draws that differ, computed here from the draws the program saved."""
+    script = tmp_path / "redrawn.py"
+    script.write_text(REDRAWN)
+    paths, draws = [], []
+    for name, env in (("a", None), ("b", KERNELS)):
+        out, saved = tmp_path / f"{name}.h5", tmp_path / f"{name}.npz"
+        run_cli("record", "-o", out, script, saved, env=env, check=True)
+        paths.append(str(out))
+        draws.append(dict(np.load(saved)))
+    a, b = draws
+    if np.array_equal(a["first"], b["first"]):
+        pytest.skip("ATEN_CPU_CAPABILITY=default draws the same numbers as this CPU's "
+                    "vector kernels: no initialiser difference here")
+    differ = [k for k in a if not np.array_equal(a[k], b[k])]
+    truth = (sum(float(np.sum((a[k].astype(np.float64) - b[k]) ** 2)) for k in differ) /
+             sum(float(np.sum(a[k].astype(np.float64) ** 2)) for k in differ)) ** 0.5
+    sources = locate_json(*paths)["sources"]["sources"]
+    (init,) = [s for s in sources if s["mechanism"] == "initialiser"]
+    assert dict(init["ops"]).get("aten::normal_") == 2 and init["how"] == "introduced", init
+    assert abs(init["weight"] - truth) <= 1e-9 * truth, (init["weight"], truth)
