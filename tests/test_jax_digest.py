@@ -718,12 +718,12 @@ def test_a_calls_outputs_programs_compile_while_it_runs_and_its_outputs_wait(tmp
     gate, held_up, step_compiled = threading.Event(), [], {}
     holder = {}
 
-    def gated_compile(self, key, device, with_stats):
+    def gated_compile(self, key, device, with_stats, settings):
         if key[0] == (48, 40) and "step" in holder:   # the step's first output
             step_compiled.setdefault("at_submit", holder["step"]._cache_size())
         if not gate.wait(20):
             held_up.append(key)
-        return compile_now(self, key, device, with_stats)
+        return compile_now(self, key, device, with_stats, settings)
 
     monkeypatch.setattr(digest_groups.DigestGroups, "_compile", gated_compile)
     monkeypatch.setenv("TRACEDIFF_XLA_CACHE", "off")
@@ -786,10 +786,10 @@ def test_a_values_program_compiles_beside_the_scripts_own_unless_the_call_donate
     compile_now = program_cache.ProgramCache.compile
     where = []
 
-    def noted_compile(self, lowered, devices):
+    def noted_compile(self, lowered, devices, settings):
         if "jit_program" in lowered.as_text()[:2000]:   # a values program
             where.append(threading.current_thread() is threading.main_thread())
-        return compile_now(self, lowered, devices)
+        return compile_now(self, lowered, devices, settings)
 
     monkeypatch.setattr(program_cache.ProgramCache, "compile", noted_compile)
     monkeypatch.setenv("TRACEDIFF_XLA_CACHE", "off")

@@ -20,6 +20,7 @@ import os
 import numpy as np
 
 from . import digest_programs
+from .program_cache import settings_key
 from .digest_results import WORDS, join_pieces, joined_starts, word_bytes
 
 MAX_GROUP = 16              # values a group program takes at most
@@ -188,7 +189,9 @@ class DigestGroups:
         self.host_hashed = 0   # level full: values hashed on the host while their program compiled
         self.host_joined = 0   # level full: values joined on the host while the join compiled
 
-    def _compile(self, key, device, with_stats):
+    def _compile(self, key, device, with_stats, settings):
+        """The group program for `key` on `device`; `settings`: `settings_key()` on the
+        thread that asked for it (this may run in a background thread)."""
         import jax
 
         shape, dtype, weak, k = key
@@ -197,7 +200,7 @@ class DigestGroups:
                        _stacked(n * np.dtype(dtype).itemsize))
         with self.quiet():
             return self.programs.compile(jax.jit(fn).lower(*[_spec(key, device)] * k),
-                                         [device.id])
+                                         [device.id], settings)
 
     def prepare_join(self, xs, device):
         """Level full: start compiling, in background threads, the programs that join the
@@ -210,11 +213,13 @@ class DigestGroups:
         import jax
 
         specs = [_spec(group_key(x), device) for x in xs]
+        settings = settings_key()   # here, on the script's thread
 
         def compile_join(piece):
             with self.quiet():
                 return self.programs.compile(
-                    jax.jit(_join_words).lower(*[specs[i] for i in piece]), [device.id])
+                    jax.jit(_join_words).lower(*[specs[i] for i in piece]), [device.id],
+                    settings)
 
         pieces = join_pieces([(x.shape, x.dtype) for x in xs], JOIN_PIECES)
         return [(piece, self.programs.submit(compile_join, piece)) for piece in pieces]
@@ -274,7 +279,8 @@ class DigestGroups:
         todo = [(key, device.id, with_stats) for key, _ in chunks]
         todo = [t for t in dict.fromkeys(todo) if t not in self._exes]
         for t in todo:
-            self._exes[t] = self.programs.submit(self._compile, t[0], device, with_stats)
+            self._exes[t] = self.programs.submit(self._compile, t[0], device, with_stats,
+                                                 settings_key())
             self.prepared += 1
 
     def ready(self, xs, device, with_stats=True):
@@ -300,7 +306,7 @@ class DigestGroups:
                 exe = None
             self._exes[t] = exe
         if exe is None:
-            exe = self._exes[t] = self._compile(key, device, with_stats)
+            exe = self._exes[t] = self._compile(key, device, with_stats, settings_key())
         return exe
 
     def run(self, xs, device, with_stats=True, planned=None):

@@ -16,8 +16,10 @@ own cache settings, stay the script's.
 The key holds, beside the program's text, every setting that could make XLA build another
 executable from it, a superset of what JAX's own persistent cache key holds: every JAX
 configuration value (`jax_disable_most_optimizations`, the default matmul precision, ...)
-and every `JAX_*`, `XLA_*`, `LIBTPU*` and `TPU_*` environment variable, so that an entry
-filled under one setting is never handed back under another.
+and every `JAX_*`, `XLA_*`, `LIBTPU*` and `TPU_*` environment variable, read where the
+program is lowered (on the script's thread, under its `with` contexts, after any
+`jax.config.update` it made), so that an entry filled under one setting is never handed
+back under another.
 
 The folder: `TRACEDIFF_XLA_CACHE` (a path, or `off`), else `$XDG_CACHE_HOME/tracediff/xla`
 (`~/.cache/tracediff/xla`); created private (0700), and not used where it or a folder above
@@ -54,9 +56,8 @@ def folder():
 
 
 def _host_key():
-    """What about this host, its software and its settings could change an executable:
-    versions, the backend's own version string (libtpu's), every JAX configuration value
-    and JAX/XLA/libtpu environment variable, the CPU's features (XLA:CPU code is built for
+    """What about this host and its software could change an executable: versions, the
+    backend's own version string (libtpu's), the CPU's features (XLA:CPU code is built for
     the host's ISA; a home folder can be shared between machines)."""
     import jax
     import jaxlib
@@ -65,9 +66,6 @@ def _host_key():
     devs = jax.devices()
     parts += [jax.default_backend(), getattr(devs[0].client, "platform_version", "")]
     parts += [devs[0].device_kind, str(len(devs))]
-    config = getattr(jax.config, "values", {})
-    parts += [f"{k}={config[k]!r}" for k in sorted(config)]
-    parts += [f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith(SETTING_PREFIXES)]
     try:
         with open("/proc/cpuinfo") as f:
             parts += sorted({line for line in f if line.startswith(("flags", "model name"))})
@@ -75,6 +73,19 @@ def _host_key():
         import platform
 
         parts.append(platform.processor() or platform.machine())
+    return "\0".join(parts)
+
+
+def settings_key():
+    """Every setting that could change what XLA builds from a program, as they stand on this
+    thread now (a `with jax.default_matmul_precision(...)` of the script's included): every
+    JAX configuration value and every JAX/XLA/libtpu environment variable. Made where a
+    program is lowered, on the script's thread, never in a background compile."""
+    import jax
+
+    config = getattr(jax.config, "values", {})
+    parts = [f"{k}={config[k]!r}" for k in sorted(config)]
+    parts += [f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith(SETTING_PREFIXES)]
     return "\0".join(parts)
 
 
@@ -158,9 +169,10 @@ class ProgramCache:
         """`jax.jit(fn)`, compiled through this cache (`CachedProgram`)."""
         return CachedProgram(self, fn)
 
-    def compile(self, lowered, devices):
+    def compile(self, lowered, devices, settings):
         """The executable of `lowered` (a `jax.stages.Lowered`): loaded from the folder,
-        else compiled and stored. `devices`: the ids of the devices its arguments are on."""
+        else compiled and stored. `devices`: the ids of the devices its arguments are on;
+        `settings`: `settings_key()` where it was lowered."""
         if self._ready() is None:
             self._count("compiled")
             return lowered.compile()
@@ -170,7 +182,7 @@ class ProgramCache:
             if self._host is None:
                 self._host = _host_key()
             key = hashlib.sha256("\0".join(
-                [self._host, repr(devices), lowered.as_text()]).encode()).hexdigest()
+                [self._host, settings, repr(devices), lowered.as_text()]).encode()).hexdigest()
         except Exception as exc:
             self._error(f"key: {type(exc).__name__}: {str(exc)[:200]}")
             self._count("compiled")
@@ -248,12 +260,13 @@ class CachedProgram:
             return None, None
 
     def _lower(self, args):
-        """(the program lowered for these arguments, the ids of the devices they are on)."""
+        """(the program lowered for these arguments, the ids of the devices they are on,
+        the settings it compiles under: `settings_key()`, here on the caller's thread)."""
         import jax
 
         devices = sorted({d.id for x in jax.tree_util.tree_leaves(args)
                           for d in getattr(getattr(x, "sharding", None), "device_set", ())})
-        return self._jit.lower(*args), devices
+        return self._jit.lower(*args), devices, settings_key()
 
     def start(self, *args):
         """Compile (or load) the program for these arguments in a background thread, where
@@ -263,12 +276,12 @@ class CachedProgram:
         if sig is None or exe is not None:
             return False
         try:
-            lowered, devices = self._lower(args)
+            lowered = self._lower(args)
         except Exception as exc:
             self.cache._error(f"compile: {type(exc).__name__}: {str(exc)[:200]}")
             self._exes[sig] = self._jit
             return False
-        self._exes[sig] = self.cache.submit(self.cache.compile, lowered, devices)
+        self._exes[sig] = self.cache.submit(self.cache.compile, *lowered)
         return True
 
     def ready(self, *args):
