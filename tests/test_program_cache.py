@@ -179,16 +179,19 @@ def test_an_entry_sealed_for_another_name_is_not_loaded(tmp_path):
     _same_rows(rows1, rows2)
 
 
-def test_a_fifo_or_a_link_to_a_device_is_no_entry(tmp_path):
+def test_a_fifo_a_folder_or_a_link_to_a_device_is_no_entry(tmp_path):
     """A FIFO made the recording hang after "trace written"; a link to /dev/zero was read
-    until memory ran out: neither is opened for reading beyond its type."""
+    until memory ran out; a folder stopped the recording (IsADirectoryError): none is read
+    beyond its type."""
     folder, out1, first, rows1, entries = _fill(tmp_path)
     for i, f in enumerate(entries):
         f.unlink()
-        if i % 2:
+        if i % 3 == 0:
             os.mkfifo(f)
-        else:
+        elif i % 3 == 1:
             f.symlink_to("/dev/zero")
+        else:
+            f.mkdir()
     out2, second, rows2 = _record(tmp_path, "second", folder)
     assert second["compiled"] == first["compiled"] and second["loaded"] == first["loaded"]
     assert any("not a regular file" in e for e in second["errors"])

@@ -78,21 +78,33 @@ def read_bounded(path, limit, private=False):
     """The bytes of `path` where it is this user's regular file of at most `limit` bytes
     (with `private`, readable by no one else); EntryError otherwise. Never follows a link,
     never blocks on a FIFO, never reads more than the file's size."""
+    name = os.path.basename(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
-        raise EntryError(f"{os.path.basename(path)}: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
+        raise EntryError(f"{name}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)   # before any read: a folder, a FIFO or a device is no entry
         if not stat.S_ISREG(st.st_mode):
-            raise EntryError(f"{os.path.basename(path)}: not a regular file")
+            raise EntryError(f"{name}: not a regular file")
         if hasattr(os, "getuid") and st.st_uid != os.getuid():
-            raise EntryError(f"{os.path.basename(path)}: belongs to another user")
+            raise EntryError(f"{name}: belongs to another user")
         if private and st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise EntryError(f"{os.path.basename(path)}: others may read or write it")
+            raise EntryError(f"{name}: others may read or write it")
         if st.st_size > limit:
-            raise EntryError(f"{os.path.basename(path)}: {st.st_size} bytes, over {limit}")
-        return f.read(st.st_size)
+            raise EntryError(f"{name}: {st.st_size} bytes, over {limit}")
+        chunks, left = [], st.st_size
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 24))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise EntryError(f"{name}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
 
 
 def _mac(key, name, payload):

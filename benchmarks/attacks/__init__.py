@@ -1,0 +1,6 @@
+"""The attacks of benchmarks/hostile_round6.py, one module per area: each attack is a
+function of a fresh folder returning (held, what was seen)."""
+
+from . import cache, nonfinite, sources
+
+AREAS = {"cache": cache.ATTACKS, "sources": sources.ATTACKS, "nonfinite": nonfinite.ATTACKS}
