@@ -19,7 +19,7 @@ from tracediff.capture.torch import stats as torch_stats
 from tracediff.trace import schema, values
 from tracediff.trace.reader import Trace
 
-from .stats_truth import assert_float64_truth, hostile_values
+from .stats_truth import assert_float64_truth, float32_tolerances, hostile_values
 
 
 def _torch_program():
@@ -105,11 +105,33 @@ def test_torch_segment_stats_nan_inf_and_l2():
 def test_jax_in_program_stats_equal_numpy():
     """The statistics XLA computes inside the values program (used off the CPU)."""
     a = np.array([[1.0, np.nan, -3.0], [np.inf, 4.0, 0.5]], np.float32)
-    got = np.asarray(jax.jit(xla_stats.stats_vector)(jnp.asarray(a)), np.float64)
+    got = xla_stats.finish(np.asarray(jax.jit(xla_stats.stats_vector)(jnp.asarray(a))))
     want = values.value_stats(a)
     np.testing.assert_allclose(got, want, rtol=1e-6, equal_nan=True)
     assert xla_stats.wants(jnp.ones(3)) and not xla_stats.wants(jnp.ones(0))
     assert not xla_stats.wants(jnp.ones(2, jnp.complex64))
+
+
+def test_jax_in_program_stats_of_tiny_and_huge_values_are_float64s():
+    """The in-program statistics sum in float32 on the device (issue 66: Adam's
+    `exp_avg_sq`, at most ~1e-28, had L2 0.0): tiny, subnormal, huge, near-max and mixed
+    values it takes get float64's mean and L2 and (but where the device compares a
+    subnormal as 0) their exact min and max; 64-bit values keep the host's statistics."""
+    kinds = ("tiny", "subnormal", "huge", "near_max", "mixed")
+    fn = jax.jit(xla_stats.stats_vector)
+    taken = 0
+    for what, x in hostile_values(kinds, np.random.default_rng(7)):
+        if not xla_stats.wants(x):
+            assert x.dtype.itemsize == 8 or x.dtype.kind == "V", what   # float64, bfloat16
+            continue
+        for shaped in (x, x.reshape(-1, 4)):
+            st = xla_stats.finish(np.asarray(fn(jnp.asarray(shaped))))
+            lo, hi = x.astype(np.float64).min(), x.astype(np.float64).max()
+            if min(abs(lo), abs(hi)) >= np.finfo(np.float32).tiny:   # else compared as 0
+                assert st[0] == lo and st[1] == hi, (what, st[:2])
+            assert_float64_truth(st[2], st[3], x, what, float32_tolerances(x.size))
+            taken += 1
+    assert taken == 2 * 2 * 2 * len(kinds)   # float16, float32; small, large; 1-D, rows
 
 
 def _jax_train(steps=2):
