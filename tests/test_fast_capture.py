@@ -19,6 +19,8 @@ from tracediff.capture.torch import stats as torch_stats
 from tracediff.trace import schema, values
 from tracediff.trace.reader import Trace
 
+from .stats_truth import assert_float64_truth, float32_tolerances, hostile_values
+
 
 def _torch_program():
     """Ops whose outputs hold NaN, +-Inf, large and small values, several dtypes."""
@@ -103,11 +105,33 @@ def test_torch_segment_stats_nan_inf_and_l2():
 def test_jax_in_program_stats_equal_numpy():
     """The statistics XLA computes inside the values program (used off the CPU)."""
     a = np.array([[1.0, np.nan, -3.0], [np.inf, 4.0, 0.5]], np.float32)
-    got = np.asarray(jax.jit(xla_stats.stats_vector)(jnp.asarray(a)), np.float64)
+    got = xla_stats.finish(np.asarray(jax.jit(xla_stats.stats_vector)(jnp.asarray(a))))
     want = values.value_stats(a)
     np.testing.assert_allclose(got, want, rtol=1e-6, equal_nan=True)
     assert xla_stats.wants(jnp.ones(3)) and not xla_stats.wants(jnp.ones(0))
     assert not xla_stats.wants(jnp.ones(2, jnp.complex64))
+
+
+def test_jax_in_program_stats_of_tiny_and_huge_values_are_float64s():
+    """The in-program statistics sum in float32 on the device (issue 66: Adam's
+    `exp_avg_sq`, at most ~1e-28, had L2 0.0): tiny, subnormal, huge, near-max and mixed
+    values it takes get float64's mean and L2 and (but where the device compares a
+    subnormal as 0) their exact min and max; 64-bit values keep the host's statistics."""
+    kinds = ("tiny", "subnormal", "huge", "near_max", "mixed")
+    fn = jax.jit(xla_stats.stats_vector)
+    taken = 0
+    for what, x in hostile_values(kinds, np.random.default_rng(7)):
+        if not xla_stats.wants(x):
+            assert x.dtype.itemsize == 8 or x.dtype.kind == "V", what   # float64, bfloat16
+            continue
+        for shaped in (x, x.reshape(-1, 4)):
+            st = xla_stats.finish(np.asarray(fn(jnp.asarray(shaped))))
+            lo, hi = x.astype(np.float64).min(), x.astype(np.float64).max()
+            if min(abs(lo), abs(hi)) >= np.finfo(np.float32).tiny:   # else compared as 0
+                assert st[0] == lo and st[1] == hi, (what, st[:2])
+            assert_float64_truth(st[2], st[3], x, what, float32_tolerances(x.size))
+            taken += 1
+    assert taken == 2 * 2 * 2 * len(kinds)   # float16, float32; small, large; 1-D, rows
 
 
 def _jax_train(steps=2):
@@ -279,3 +303,58 @@ def test_two_recordings_of_one_run_hold_the_same_statistics_whatever_the_flush_c
             for _ in range(3):
                 y = f(y)
     assert first_difference(*paths) is None
+
+
+# -- mean and L2 of values whose squares or sums leave their dtype's range (issue 66) ------
+
+def _stats_of(reducer, x):
+    """A value's statistics by `reducer` as the writer calls it: its storage dtype's
+    flat array (bfloat16 as uint16 bits), its logical dtype's name."""
+    flat, logical, _, _ = values.prepare(x)
+    return reducer(flat.reshape(-1), [0], [x.size], logical)[0]
+
+
+@pytest.mark.parametrize("reducer", [values.segment_stats, torch_stats.segment_stats],
+                         ids=["numpy", "torch"])
+def test_tiny_values_have_the_l2_and_mean_of_float64(reducer):
+    """Adam's `exp_avg_sq` (float32, at most 4.9e-28) was stored with L2 0.0: a large
+    value's float32 dot of squares below ~1e-19 underflows to 0. Tiny and subnormal
+    values of every float dtype, small and large, get float64's mean and L2."""
+    for what, x in hostile_values(("tiny", "subnormal"), np.random.default_rng(3)):
+        st = _stats_of(reducer, x)
+        assert_float64_truth(st[2], st[3], x, what)
+
+
+@pytest.mark.parametrize("reducer", [values.segment_stats, torch_stats.segment_stats],
+                         ids=["numpy", "torch"])
+def test_huge_values_have_a_finite_l2_and_mean(reducer):
+    """Squares above ~1.8e19 overflow float32, above ~1.3e154 float64, and a sum of
+    values near the dtype's max overflows it: the L2 and mean stay finite wherever
+    float64's are (float64 values near its max: their L2 is not)."""
+    for what, x in hostile_values(("huge", "near_max", "mixed"), np.random.default_rng(4)):
+        st = _stats_of(reducer, x)
+        assert_float64_truth(st[2], st[3], x, what)
+
+
+def _torch_batch(flat, starts, counts, logical):
+    """torch's statistics of a batch as a device batch gets them (tensor_segment_stats)."""
+    return torch_stats.tensor_segment_stats(torch.from_numpy(flat), starts, counts).numpy()
+
+
+@pytest.mark.parametrize("reducer", [values.segment_stats, _torch_batch],
+                         ids=["numpy", "torch"])
+def test_a_tiny_or_huge_small_values_statistics_are_right_in_any_batch(reducer):
+    """float64 values of a batch square in float64, which underflows below ~1e-154 and
+    overflows above ~1.3e154: such a value's mean and L2 are float64's, and the same bit
+    for bit alone, beside others, and beside a NaN (the batch's non-finite path)."""
+    rng = np.random.default_rng(5)
+    other = rng.standard_normal(30)
+    for what, x in hostile_values(("tiny", "subnormal", "huge", "near_max", "mixed"), rng):
+        if x.dtype != np.float64 or x.nbytes >= values.WHOLE_VALUE_BYTES:
+            continue
+        alone = reducer(x, [0], [x.size], "float64")[0]
+        assert_float64_truth(alone[2], alone[3], x, what)
+        for first in (other, np.concatenate([other[:3], [np.nan], other[4:]])):
+            batch = np.concatenate([first, x])
+            beside = reducer(batch, [0, first.size], [first.size, x.size], "float64")[1]
+            assert beside.tolist() == alone.tolist(), what

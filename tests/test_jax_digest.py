@@ -16,6 +16,7 @@ import pytest
 from tracediff.trace import schema, values
 
 from .helpers import record, script_env, xla_cpu_hashes_what_it_returns
+from .stats_truth import assert_float64_truth, float32_tolerances, hostile_values
 
 # the device path on XLA:CPU (the product hashes on the host there): CI's deep stage,
 # which keeps README's test command within its five minutes
@@ -70,7 +71,7 @@ def test_device_statistics_follow_the_hosts_definitions():
     when every number of the batch is finite, else by the masked ones for the whole batch
     (inside a values program: the masked ones), in one pass or apart; all equal the host's statistics (float32
     accumulation: within rounding)."""
-    from tracediff.capture.jax import digest_programs
+    from tracediff.capture.jax import digest_programs, digest_results
 
     rng = np.random.default_rng(1)
     finite = [rng.standard_normal((4, 6)).astype(np.float32), np.arange(7, dtype=np.int32),
@@ -84,9 +85,9 @@ def test_device_statistics_follow_the_hosts_definitions():
         # accelerator) or float reductions apart (XLA:CPU)
         fn = jax.jit(lambda xs: digest_programs.packed(xs, True, inside=inside, together=together))
         for batch in (finite, finite + odd, odd):
-            rows = np.asarray(fn([jax.numpy.asarray(a) for a in batch])).reshape(-1, 8)
-            for a, r in zip(batch, rows):
-                got = np.concatenate([r[2:6].view(np.float32).astype(np.float64), r[6:8]])
+            _, _, st, counts = digest_results.unpack_all(
+                np.asarray(fn([jax.numpy.asarray(a) for a in batch])), True)
+            for a, got in zip(batch, np.concatenate([st, counts], axis=1)):
                 want = values.value_stats(np.asarray(a))
                 assert np.allclose(got, want, rtol=1e-6, equal_nan=True), \
                     (inside, together, a, got)
@@ -101,7 +102,7 @@ def test_device_statistics_stay_within_locates_rounding_allowance():
     form reduces rows first, then columns."""
     import math
 
-    from tracediff.capture.jax import digest_programs
+    from tracediff.capture.jax import digest_programs, digest_results
 
     rng = np.random.default_rng(2)
     x = (rng.standard_normal((2048, 1024)) + 3.0).astype(np.float32)
@@ -112,11 +113,39 @@ def test_device_statistics_stay_within_locates_rounding_allowance():
     slack = 1e-6 * rms * math.log2(n)
     for inside, together in itertools.product((False, True), (False, True)):
         fn = jax.jit(lambda xs: digest_programs.packed(xs, True, inside=inside, together=together))
-        row = np.asarray(fn([jax.numpy.asarray(x)])).reshape(8)
-        got_mean, got_l2 = row[4:6].view(np.float32).astype(np.float64)
+        _, _, st, _ = digest_results.unpack_all(np.asarray(fn([jax.numpy.asarray(x)])), True)
+        got_mean, got_l2 = st[0, 2:4]
         assert abs(got_mean - mean) <= slack, (inside, together, got_mean, mean)
         assert abs(got_l2 - l2) / math.sqrt(n) <= slack + rms * 2.0 ** -23 * math.sqrt(n), \
             (inside, together, got_l2, l2)
+
+
+def test_device_statistics_of_tiny_and_huge_values_are_float64s():
+    """The device sums a value's numbers and their squares in float32, where squares
+    underflow below ~1e-19 (Adam's `exp_avg_sq`, at most ~1e-28: L2 0.0) and overflow
+    above ~1.8e19, and XLA:CPU and a TPU flush subnormals to 0. Values of every dtype
+    digested there (float16, bfloat16, float32; 1-D and as rows), tiny, subnormal, huge,
+    near the dtype's max and mixed, get float64's mean and L2 (within the rounding of
+    float32 sums) from every form of the program: a call's outputs (finite-only
+    reductions or masked ones, in one pass or apart) and a values program's own; min and
+    max are exact but where the device compares a subnormal as 0."""
+    from tracediff.capture.jax import digest_programs, digest_results
+
+    kinds = ("tiny", "subnormal", "huge", "near_max", "mixed")
+    cases = [(what, x) for what, x in hostile_values(kinds, np.random.default_rng(6))
+             if digest_results.dtype_ok(x.dtype)]
+    cases += [(what + " as rows", x.reshape(-1, 4)) for what, x in cases]
+    for inside, together in itertools.product((False, True), (False, True)):
+        fn = jax.jit(lambda xs: digest_programs.packed(xs, True, inside=inside, together=together))
+        out = np.asarray(fn([jax.numpy.asarray(x) for _, x in cases]))
+        _, _, st, _ = digest_results.unpack_all(out, True)
+        for (what, x), row in zip(cases, st):
+            lo, hi = x.astype(np.float64).min(), x.astype(np.float64).max()
+            if min(abs(lo), abs(hi)) >= np.finfo(np.float32).tiny:   # else compared as 0
+                assert row[0] == lo and row[1] == hi, (what, row[:2])
+            tol = float32_tolerances(x.size, chain=together and x.ndim == 1)
+            assert_float64_truth(row[2], row[3], x, f"{what}, inside={inside}, "
+                                 f"together={together}", tol)
 
 
 def test_words64_equal_hash_means_equal_bytes():

@@ -10,6 +10,7 @@ import re
 import numpy as np
 import xxhash
 
+from . import norms
 from .schema import VFLAG_NOT_STORED, VFLAG_STATS, VFLAG_UNINIT
 
 # Name of the value hash, written to every trace's manifest (recording.hash). One hash
@@ -251,18 +252,23 @@ _WHOLE_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _one_float_stats(x):
-    """`segment_stats` of one whole, finite, 1-D float32/float64 value: the same arithmetic
-    as the batch path's single-value case, without its set-up (~100 µs less a value, which
-    is most of the cost for the ~300 large values a JAX MLP step stores); None when the
-    sum is not finite (NaN/Inf: the masked definitions of the batch path apply)."""
+    """`segment_stats` of one whole 1-D float32/float64 value, without the batch path's
+    set-up (~100 µs less a value, which is most of the cost for the ~300 large values a
+    JAX MLP step stores); None where a number is NaN or Inf (the masked definitions of
+    the batch path apply). min and max first: max|x| says whether the sums may run in
+    the value's dtype (`norms.plain`) or scaled (issue 66: a float32 dot of squares below
+    ~1e-19 is 0)."""
     with np.errstate(invalid="ignore", over="ignore"):
-        tot = np.float64(_whole_sum(x))
-        if not np.isfinite(tot):
+        mn, mx = np.minimum.reduce(x), np.maximum.reduce(x)
+        if not (np.isfinite(mn) and np.isfinite(mx)):
             return None
-        l2 = np.sqrt(np.float64(np.dot(x, x)))
-        if not np.isfinite(l2):   # squares overflowed the value's dtype
-            l2 = np.sqrt(np.add.reduce(np.square(x, dtype=np.float64)))
-    return np.array([[np.minimum.reduce(x), np.maximum.reduce(x), tot / x.size, l2, 0.0, 0.0]])
+        amax = max(-float(mn), float(mx))
+        if norms.plain_one(x.dtype, x.size, amax):
+            mean = np.float64(_whole_sum(x)) / x.size
+            l2 = np.sqrt(np.float64(np.dot(x, x)))
+        else:
+            mean, l2 = norms.mean_l2(x, amax)
+    return np.array([[mn, mx, mean, l2, 0.0, 0.0]])
 
 
 def _whole_sum(x):
@@ -289,8 +295,9 @@ def segment_stats(flat, starts, counts, logical):
     `starts`/`counts` give each value's first element and element count. Returns a float64
     array of shape (n, 6) in `STAT_FIELDS` order (NaN where undefined: empty values, keys).
     Vectorised: one pass of numpy reductions for the whole batch."""
-    if len(counts) == 1 and flat.ndim == 1 and flat.dtype in _WHOLE_FLOATS and \
-            starts[0] == 0 and counts[0] == flat.size > 0 and flat.nbytes >= WHOLE_VALUE_BYTES:
+    whole = len(counts) == 1 and flat.ndim == 1 and flat.dtype in _WHOLE_FLOATS and \
+        starts[0] == 0 and counts[0] == flat.size > 0 and flat.nbytes >= WHOLE_VALUE_BYTES
+    if whole:
         one = _one_float_stats(flat)
         if one is not None:
             return one
@@ -314,17 +321,22 @@ def segment_stats(flat, starts, counts, logical):
     def red(ufunc, x, **kw):
         return ufunc.reduce(x, **kw) if one else ufunc.reduceat(x, s, **kw)
 
-    # One large float32 value (the expensive case) accumulates in float32 (`_whole_sum`, in
-    # SIMD lanes: its error measured far inside what locate allows for a mean); locate allows
-    # for that when it bounds differences by mean and L2 (diff/compare/levels.py). Batches of small
-    # values go through reduceat, which sums sequentially, so they accumulate in float64.
-    acc = None if (one and nums.dtype == np.float32) else np.float64
-    with np.errstate(invalid="ignore", over="ignore"):
-        if one and nums.ndim == 1 and nums.dtype in _WHOLE_FLOATS:   # as `_one_float_stats`
-            tot = np.asarray([_whole_sum(nums)], dtype=np.float64)
-        else:
-            tot = np.asarray(red(np.add, nums, dtype=acc), dtype=np.float64)
-    if np.isfinite(tot).all():
+    tot = None
+    if one and nums.ndim == 1 and nums.dtype in _WHOLE_FLOATS:
+        # one large value of float32 or float64 numbers (bfloat16 and complex64 as
+        # float32, integers as float64): its own arithmetic (`_one_float_stats`: a float32
+        # value accumulates in float32, in SIMD lanes, which locate allows for when it
+        # bounds differences by mean and L2, diff/compare/levels.py); None: a NaN or Inf
+        got = None if whole else _one_float_stats(nums)
+        if got is not None:
+            out[nz] = got
+            return out
+    else:
+        # batches of small values go through reduceat, which sums sequentially, so they
+        # accumulate in float64 (a large float16 value too)
+        with np.errstate(invalid="ignore", over="ignore"):
+            tot = np.asarray(red(np.add, nums, dtype=np.float64), dtype=np.float64)
+    if tot is not None and np.isfinite(tot).all():
         # common case, fewer passes: no NaN/Inf anywhere (a float64 sum of float32/16
         # values cannot overflow), min/max in the value's own dtype
         res[:, 0] = red(np.minimum, nums)
@@ -333,18 +345,13 @@ def segment_stats(flat, starts, counts, logical):
         # a batch of small values squares in float64, as the non-finite path below does: a
         # value's statistics then do not depend on whether a NaN or Inf shares its batch
         # (batches follow the writer's flush clock, so two recordings of one run would
-        # differ in the last bits of an L2); float16 squares overflow in their own dtype
-        sq_dt = np.float64 if not one else np.float32 if nums.dtype == np.float16 else None
+        # differ in the last bits of an L2); a large float16 value squares in float32
+        sq_dt = np.float32 if one else np.float64
         with np.errstate(over="ignore"):
-            if one and nums.dtype in (np.float32, np.float64) and nums.ndim == 1:
-                # one BLAS dot: a single pass, no temporary (half the cost of square + sum);
-                # it accumulates in the value's dtype, locate allows for that (levels.py)
-                res[:, 3] = np.sqrt(np.float64(np.dot(nums, nums)))
-            else:
-                res[:, 3] = np.sqrt(np.asarray(red(np.add, np.square(nums, dtype=sq_dt),
-                                                   dtype=acc), dtype=np.float64))
-        if not np.isfinite(res[:, 3]).all():  # squares overflowed their dtype
-            res[:, 3] = np.sqrt(red(np.add, np.square(nums, dtype=np.float64)))
+            res[:, 3] = np.sqrt(np.asarray(red(np.add, np.square(nums, dtype=sq_dt),
+                                               dtype=np.float64), dtype=np.float64))
+        if nums.dtype == np.float64:   # float64 squares (and sums) may leave float64
+            norms.scale_where_needed(res, nums, s, c, c, np.maximum(-res[:, 0], res[:, 1]))
         res[:, 4:] = 0
         out[nz] = res
         return out
@@ -365,6 +372,8 @@ def segment_stats(flat, starts, counts, logical):
     with np.errstate(invalid="ignore", divide="ignore"):
         res[:, 2] = np.where(cnt_fin > 0, tot / np.maximum(cnt_fin, 1), np.nan)
     res[:, 3] = np.sqrt(sq)
+    if nums.dtype == np.float64:   # as the finite path: float64 numbers scaled where needed
+        norms.scale_where_needed(res, xf, s, c, cnt_fin, np.maximum.reduceat(np.abs(xf), s))
     res[:, 4] = cnt_nan
     res[:, 5] = c - cnt_fin - cnt_nan
     out[nz] = res

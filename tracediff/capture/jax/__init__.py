@@ -13,7 +13,8 @@ window), `replay` (the jaxpr interpreter) and `sites` (what an equation is, once
 stacks, NNX paths), `optimizer` (optax steps) and `devices` (shards, per-device bodies,
 processes); then the helpers they use: `probe` (compiled values of a call's equations),
 `fastjit` (JAX's C++ fast path kept at `--level calls`), `host_replay` (float64 replayed
-on the host CPU), `digest_programs`, `digest_results` and `device_digests` (hashes and
-statistics computed on the values' device), `xla_stats`, `optax_tags`, `nnx_paths` and
+on the host CPU), `digest_programs`, `digest_stats`, `digest_results` and
+`device_digests` (hashes and statistics computed on the values' device), `xla_stats`,
+`optax_tags`, `nnx_paths` and
 `internals` (every private JAX internal touched, checked at start).
 """

@@ -5,7 +5,7 @@ more than anything else (a 4096-wide MLP's Adam step: 14 GB of intermediates, 21
 CPU-seconds a step on a TPU v5e's host). Here XLA computes, on the value's device, the
 words64 hash of its exact bytes (trace/values.py: the very function numpy computes for
 values already on the host, so traces from two backends compare hash to hash) and its
-statistics (`values.STAT_FIELDS`), packed into 8 uint32 words a value: inside the values
+statistics (`values.STAT_FIELDS`), packed into 12 uint32 words a value: inside the values
 program of a call (`--jax-values compiled`, probe.py), or, for a call's own inputs and
 outputs and eager values, by one small jitted program per dtype and shape run as the value
 is recorded. Only those words are copied to the host, asynchronously, and the writer's
@@ -82,7 +82,7 @@ class DeviceDigests(SameLater):
 
     def add(self, eid, slot, x, role, name, logical=None):
         """Reserve the row of a value (stats/calls levels: no bytes will cross) and run its
-        program now (`can_digest`); its 8 words are copied to the host asynchronously.
+        program now (`can_digest`); its 12 words are copied to the host asynchronously.
         One program per dtype and shape, not per batch: a batch's signature changes with
         what a call stores (its first call stores its arguments, later ones not), and each
         new one was a compile inside the script's timed loop. Returns the value's `Ref`."""

@@ -3,8 +3,9 @@
 Traced code only, run inside a jitted program on the value's device: the words64 hash of
 a value's exact bytes (`lanes`: trace/values.py's function, the one numpy computes for
 values already on the host, so traces from two backends compare hash to hash) and its
-statistics (`values.STAT_FIELDS`), packed into 8 uint32 words a value (`packed`), and the
-small values' words end to end for one copy to the host (`fetch_parts`). Which values
+statistics (`values.STAT_FIELDS`: mean and L2 as sums that cannot overflow or underflow,
+digest_stats.py), packed into 12 uint32 words a value (`packed`), and the small values'
+words end to end for one copy to the host (`fetch_parts`). Which values
 take this path and what is read back lives in digest_results.py; device_digests.py runs
 these programs for a recording.
 """
@@ -12,6 +13,7 @@ these programs for a recording.
 import numpy as np
 
 from ...trace import values
+from . import digest_stats
 
 
 def _fmix32(x):
@@ -163,24 +165,16 @@ def one_pass():
 
 
 def _digest(x, masked, together):
-    """Traced: (x's 8 words: the two words64 lanes, its statistics as 4 float32 bit
-    patterns (`values.STAT_FIELDS`: min, max, mean, L2) and NaN and Inf counts, is every
-    number finite?) of a non-empty value; `together`: in one pass over its memory where
-    its numbers are its words (`_in_place`; measured on a TPU v5e over 805 MB in one
-    stage: 1.93 ms, against 2.85 in separate reductions; in `_reduce`'s two stages not
-    yet measured there). Unmasked, the statistics are sum, sum of squares, min and max
-    alone, exact only where every number is finite, which a finite sum proves (an
-    infinity or NaN stays one through any order of additions); masked, the definitions
-    of values.segment_stats (min and max without NaNs, mean and L2 over the finite
-    numbers, NaN and Inf counts; 2.17 ms over those 805 MB)."""
+    """Traced: (x's WORDS words: the two words64 lanes and `stat_words`; may these stand?)
+    of a non-empty value; `together`: in one pass over its memory where its numbers are
+    its words (`_in_place`; measured on a TPU v5e over 805 MB in one stage, with one sum
+    of the numbers and one of their squares: 1.93 ms, against 2.85 in separate
+    reductions, masked 2.17; with digest_stats.py's five sums and `_reduce`'s two stages
+    not yet measured there)."""
     import jax.numpy as jnp
     from jax import lax
 
-    u32, f32 = jnp.uint32, jnp.float32
     add = (np.uint32(0), lax.add)
-    fadd = (np.float32(0), lax.add)
-    low = (np.float32(np.inf), lax.min)
-    high = (np.float32(-np.inf), lax.max)
     pair = _in_place(x)
     if pair is None:   # narrow elements: the hash over words, the statistics over numbers
         hashed, v = [], _numbers(x)
@@ -188,39 +182,78 @@ def _digest(x, masked, together):
     else:
         w, v = pair
         hashed = list(zip(_terms(w), (add, add)))
-    if masked:
-        nan, fin = jnp.isnan(v), jnp.isfinite(v)
-        vf = jnp.where(fin, v, 0)
-        stats = [(vf, fadd), (vf * vf, fadd), (jnp.where(nan, jnp.inf, v), low),
-                 (jnp.where(nan, -jnp.inf, v), high), (nan.astype(u32), add),
-                 (fin.astype(u32), add)]
-    else:
-        stats = [(v, fadd), (v * v, fadd), (v, low), (v, high)]
-    got = _reduce(hashed + stats, together)
+    got = _reduce(hashed + stat_parts(v, masked), together)
     if hashed:
         hash_lanes, got = jnp.stack(got[:2]), got[2:]
-    n = v.size
+    words, stand = stat_words(got, v.size, masked)
+    return jnp.concatenate([hash_lanes, words]), stand
+
+
+def stat_parts(v, masked):
+    """Traced: [(operand, (identity, combine))] whose reductions `stat_words` reads, of
+    float32 numbers v. Unmasked: a plain sum, sum of squares, min and max, which stand
+    only where every number is finite (a finite sum proves it: an infinity or NaN stays
+    one through any order of additions) and the largest magnitude lies in
+    `digest_stats.plain_range`; masked: the definitions of values.segment_stats (min and
+    max without NaNs, mean and L2 over the finite numbers, NaN and Inf counts) from
+    `digest_stats.terms`, right for any finite number (min and max: of the numbers as the
+    device compares them, where a flushed subnormal is 0)."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    u32 = jnp.uint32
+    add = (np.uint32(0), lax.add)
+    fadd = (np.float32(0), lax.add)
+    low, high = (np.float32(np.inf), lax.min), (np.float32(-np.inf), lax.max)
+    if not masked:
+        return [(v, fadd), (v * v, fadd), (v, low), (v, high)]
+    nan, fin = jnp.isnan(v), jnp.isfinite(v)
+    return [(t, fadd) for t in digest_stats.terms(v, fin)] + [
+        (jnp.where(nan, jnp.inf, v), low), (jnp.where(nan, -jnp.inf, v), high),
+        (nan.astype(u32), add), (fin.astype(u32), add)]
+
+
+def stat_words(got, n, masked):
+    """Traced: (the WORDS - 2 words of the statistics of n numbers from the reductions of
+    `stat_parts`: min, max and the TERMS sums of digest_stats.py as float32 bit patterns,
+    NaN, Inf and finite counts; may they stand?)."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    u32 = jnp.uint32
     if masked:
-        total, squares, mn, mx, n_nan, n_fin = got
+        sums, (mn, mx, n_nan, n_fin) = got[:digest_stats.TERMS], got[digest_stats.TERMS:]
         all_nan = n_nan == n
         mn, mx = jnp.where(all_nan, jnp.nan, mn), jnp.where(all_nan, jnp.nan, mx)
-        mean = jnp.where(n_fin > 0, total / jnp.maximum(n_fin, 1).astype(f32), jnp.nan)
-        counts = jnp.stack([n_nan, np.uint32(n) - n_fin - n_nan])
+        counts = jnp.stack([n_nan, np.uint32(n) - n_fin - n_nan, n_fin])
+        stand = jnp.bool_(True)
     else:
         total, squares, mn, mx = got
-        mean, counts = total / np.float32(n), jnp.zeros((2,), u32)
-    floats = lax.bitcast_convert_type(jnp.stack([mn, mx, mean, jnp.sqrt(squares)]), u32)
-    return jnp.concatenate([hash_lanes, floats, counts]), jnp.isfinite(total)
+        sums = digest_stats.plain_terms(total, squares)
+        counts = jnp.array([0, 0, n], u32)
+        lo, hi = digest_stats.plain_range(n)
+        amax = jnp.maximum(-mn, mx)
+        stand = jnp.isfinite(total) & (amax >= lo) & (amax <= hi)
+    floats = lax.bitcast_convert_type(jnp.stack([mn, mx, *sums]), u32)
+    return jnp.concatenate([floats, counts]), stand
 
 
-# the words of a value with no bytes: hash lanes 0, NaN statistics, no NaN or Inf
-EMPTY_WORDS = [0, 0] + [0x7FC00000] * 4 + [0, 0]
+def stat_words_of(x):
+    """Traced: `stat_words` of a non-empty real value (masked; xla_stats.py), its numbers
+    as float32 in place (1-D, or rows by its last axis: `_reduce`'s two stages)."""
+    v = x.astype(np.float32)
+    v = v.reshape(-1, v.shape[-1]) if v.ndim >= 2 else v.reshape(-1)
+    return stat_words(_reduce(stat_parts(v, True), one_pass()), v.size, True)[0]
+
+
+# the words of a value with no bytes: hash lanes 0, NaN statistics, no NaN, Inf or finite
+EMPTY_WORDS = [0, 0] + [0x7FC00000] * (2 + digest_stats.TERMS) + [0, 0, 0]
 
 _SHARED = {}   # (what, together) -> jitted digest of one value, called inside the programs
 
 
 def _shared(what, together=None):
-    """Traced: one value's digest as a nested jitted function (`masked`: its 8 words by
+    """Traced: one value's digest as a nested jitted function (`masked`: its WORDS words by
     the masked pass; `lanes`: its hash alone). Inside a program each call is a call of
     one function per dtype and shape, traced and lowered once, where the digest written
     out for each of a step's ~200 values was traced and lowered ~200 times (a values
@@ -239,8 +272,9 @@ def packed(xs, with_stats, inside=False, together=None):
     """Traced: one uint32 vector, WORDS (or 2) words per value of xs (`_digest`;
     `together`: `one_pass()` where not given). Reduced together (an accelerator), the
     statistics are the masked ones; apart (XLA:CPU, which vectorises a lone unmasked
-    reduction), the unmasked ones when every number of the batch is finite, else, by one
-    `lax.cond`, the masked ones.
+    reduction), the unmasked ones when they stand for every value of the batch (all
+    finite, of magnitudes their plain sums keep: `_digest`), else, by one `lax.cond`, the
+    masked ones.
     `inside`: xs are intermediates of the program being traced (a values program),
     summarised by the masked pass alone: a conditional over them would take them all as
     operands, written out to memory, where XLA otherwise fuses their reductions into the
@@ -266,8 +300,8 @@ def packed(xs, with_stats, inside=False, together=None):
         rows = [row(x) for x in full]
     else:
         quick = [_digest(x, False, together) for x in full]
-        finite = jnp.stack([ok for _, ok in quick]).all()
-        rows = lax.cond(finite, lambda xs: jnp.stack([r for r, _ in quick]),
+        stand = jnp.stack([ok for _, ok in quick]).all()
+        rows = lax.cond(stand, lambda xs: jnp.stack([r for r, _ in quick]),
                         lambda xs: jnp.stack([_digest(x, True, together)[0] for x in xs]),
                         full)
     empty = jnp.array(EMPTY_WORDS, jnp.uint32)

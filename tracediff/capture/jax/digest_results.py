@@ -13,8 +13,11 @@ import math
 import numpy as np
 
 from ...trace import values
+from . import digest_stats
 
-WORDS = 8                   # uint32 words a value: 2 hash lanes, 4 float32 stats, 2 counts
+# uint32 words a value: 2 hash lanes; min, max and digest_stats.TERMS sums as float32; NaN,
+# Inf and finite counts
+WORDS = 2 + 2 + digest_stats.TERMS + 3
 
 # At level full, values of at most JOIN_VALUE bytes come back from the device as one buffer
 # of their words (`joined`), up to JOIN_CALL bytes at a time: a copy to the host costs
@@ -91,15 +94,26 @@ def view_at(data, start, dtype, shape):
 
 
 def unpack_all(host, with_stats):
-    """(hashes-to-be lanes as two uint64 arrays, stats rows or None) of a packed result:
-    `unpack` for every value at once (numpy, no Python loop)."""
+    """(hashes-to-be lanes as two uint64 arrays, then the statistics and counts of
+    `stat_rows`, or None and None without statistics) of a packed result, every value
+    at once (numpy, no Python loop)."""
     width = WORDS if with_stats else 2
     rows = np.asarray(host, np.uint32).reshape(-1, width)
-    st = None
-    if with_stats:
-        st = rows[:, 2:6].copy().view(np.float32).astype(np.float64)
-    return rows[:, 0].astype(np.uint64), rows[:, 1].astype(np.uint64), st, \
-        (rows[:, 6:8].astype(np.int64) if with_stats else None)
+    st, counts = stat_rows(rows[:, 2:]) if with_stats else (None, None)
+    return rows[:, 0].astype(np.uint64), rows[:, 1].astype(np.uint64), st, counts
+
+
+def stat_rows(words):
+    """(min, max, mean, L2 as float64 rows; NaN and Inf counts as int64 rows) of values
+    from their statistics' words (`digest_programs.stat_words`, WORDS - 2 a value): mean
+    and L2 from their sums by `digest_stats.finish`."""
+    words = np.asarray(words, np.uint32).reshape(-1, WORDS - 2)
+    floats = words[:, :2 + digest_stats.TERMS].copy().view(np.float32)
+    counts = words[:, 2 + digest_stats.TERMS:].astype(np.int64)
+    st = np.empty((len(words), 4))
+    st[:, :2] = floats[:, :2]
+    st[:, 2], st[:, 3] = digest_stats.finish(floats[:, 2:], counts[:, 2])
+    return st, counts[:, :2]
 
 
 def rows_of(outs, width, take=None):

@@ -343,7 +343,7 @@ class Prober:
                 got = take(eid, slot, v, x, keep) if take is not None else False
                 if not got:
                     cap.store(eid, slot, x, store=keep,
-                              stats=None if st is None else np.asarray(st, np.float64))
+                              stats=None if st is None else xla_stats.finish(st))
                 if tags and site.tag is not None:   # digested here: the step's row takes
                     cap._pending_optim[site.tag] = got if type(got) in (    # its words or
                         digest_results.Ref, digest_results.Fetched) else cap.optim_value(x)  # bytes

@@ -3,13 +3,16 @@
 The values program (capture/jax/probe.py, values mode) returns, next to every equation's
 outputs, one small vector per output with its statistics (`trace.values.STAT_FIELDS`:
 min and max over the non-NaN elements, mean and L2 over the finite ones, NaN and Inf
-counts), computed by XLA on the device that holds the value: the host then reads six
-numbers per value instead of making four passes over its bytes (it still hashes them).
+counts), computed by XLA on the device that holds the value: the host then reads ten
+words per value instead of making four passes over its bytes (it still hashes them).
 
-Numerics: sums accumulate in the widest float JAX has enabled (float32 unless
-`jax_enable_x64`), in XLA's reduction order; the host (numpy) statistics of small values
-accumulate in float64. Both are the same definitions; locate bounds mean and L2
-differences with an allowance for float32 accumulation (diff/compare/levels.py).
+Numerics: the device digest's (digest_programs.stat_parts, digest_stats.py): float32 sums
+in XLA's reduction order, scaled so that no square or sum underflows or overflows (issue
+66), and the host puts mean and L2 together in float64 (`finish`); min and max as the
+device compares the numbers (a subnormal flushed to 0 reads 0).
+Values of 64-bit or ml_dtypes numbers, and integers wider than float32 holds exactly,
+keep the host's statistics (numpy, float64 sums). locate bounds mean and L2 differences
+with an allowance for float32 accumulation (diff/compare/levels.py).
 """
 
 import numpy as np
@@ -31,38 +34,30 @@ def in_program():
 
 
 def wants(x):
-    """Can this value's statistics be computed in the program (a non-empty real or
-    integer array)? Complex values, PRNG keys and empty arrays stay on the host path."""
+    """Can this value's statistics be computed in the program (a non-empty real array of
+    numbers that float32 holds exactly: floats of at most 4 bytes, integers and bools of
+    at most 2)? Others, PRNG keys and empty arrays stay on the host path."""
     dt = getattr(x, "dtype", None)
     if dt is None or not getattr(x, "shape", None) and getattr(x, "size", 0) == 0:
         return False
     try:
-        kind = np.dtype(dt).kind
+        nd = np.dtype(dt)
     except TypeError:   # PRNG key dtypes
         return False
-    return kind in _KINDS and int(np.prod(x.shape, dtype=np.int64)) > 0
+    fits = nd.itemsize <= 4 if nd.kind == "f" else nd.kind in _KINDS and nd.itemsize <= 2
+    return fits and int(np.prod(x.shape, dtype=np.int64)) > 0
 
 
 def stats_vector(x):
-    """Traced inside jit: a (6,) float vector of x's statistics (STAT_FIELDS order)."""
-    import jax
-    import jax.numpy as jnp
+    """Traced inside jit: x's statistics as digest_programs.stat_words' uint32 words."""
+    from . import digest_programs
 
-    acc = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
-    v = x.astype(acc).reshape(-1)
-    nan = jnp.isnan(v)
-    fin = jnp.isfinite(v)
-    n_nan = nan.sum(dtype=acc)
-    n_fin = fin.sum(dtype=acc)
-    n = acc(v.size)
-    inf = jnp.inf
-    mn = jnp.min(jnp.where(nan, inf, v))
-    mx = jnp.max(jnp.where(nan, -inf, v))
-    all_nan = n_nan == n
-    mn = jnp.where(all_nan, jnp.nan, mn)
-    mx = jnp.where(all_nan, jnp.nan, mx)
-    vf = jnp.where(fin, v, 0)
-    tot = vf.sum()
-    sq = (vf * vf).sum()
-    mean = jnp.where(n_fin > 0, tot / jnp.maximum(n_fin, 1), jnp.nan)
-    return jnp.stack([mn, mx, mean, jnp.sqrt(sq), n_nan, n - n_fin - n_nan])
+    return digest_programs.stat_words_of(x)
+
+
+def finish(words):
+    """A `stats_vector` on the host as `values.STAT_FIELDS` (float64[6])."""
+    from .digest_results import stat_rows
+
+    st, counts = stat_rows(words)
+    return np.concatenate([st[0], counts[0]]).astype(np.float64)

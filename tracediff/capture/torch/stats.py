@@ -18,7 +18,7 @@ tests compare the two on the same recorded values):
 
 import numpy as np
 
-from ...trace import values
+from ...trace import norms, values
 
 _torch = None
 
@@ -91,14 +91,16 @@ def tensor_segment_stats(x, starts, counts, per=1):
         res[:, 2] = tot / counts.clamp(min=1)
         if one and x.dtype in (torch.float32, torch.float64):
             sq = torch.dot(x, x).to(torch.float64).reshape(1)
-            if not bool(torch.isfinite(sq).all()):  # squares overflowed the value's dtype
-                xd = x.to(torch.float64)
-                sq = torch.dot(xd, xd).reshape(1)
+            summed = x.dtype            # the sums ran in the value's dtype
         else:
             xd = x.to(torch.float64)
             sq = torch.segment_reduce(xd * xd, "sum", lengths=counts, unsafe=True)
+            summed = torch.float64
         res[:, 3] = sq.sqrt()
         res[:, 4:] = 0
+        if summed != torch.float64 or x.dtype == torch.float64:
+            _scale_where_needed(res, x, counts, counts, torch.maximum(-res[:, 0], res[:, 1]),
+                                summed)
     else:
         xd = x.to(torch.float64)
         nan = torch.isnan(xd)
@@ -120,7 +122,39 @@ def tensor_segment_stats(x, starts, counts, per=1):
         res[:, 0], res[:, 1] = mn, mx
         res[:, 2] = torch.where(cnt_fin > 0, tot / cnt_fin.clamp(min=1), float("nan"))
         res[:, 3] = sq.sqrt()
+        if x.dtype == torch.float64:   # float64 squares (and sums) may leave float64
+            amax = torch.zeros(n, dtype=torch.float64, device=dev).scatter_reduce_(
+                0, seg, xf.abs(), "amax")
+            _scale_where_needed(res, xf, counts, cnt_fin, amax, torch.float64)
         res[:, 4] = cnt_nan
         res[:, 5] = counts - cnt_fin - cnt_nan
     out[nz] = res[nz]
     return out
+
+
+def _scale_where_needed(res, x, counts, finite, amax, summed):
+    """`norms.scale_where_needed` in torch ops: res[i, 2:4] (mean, L2) of each value i
+    (back to back in x, zeros in place of non-finite numbers; `finite`: its count of
+    finite numbers) whose largest finite magnitude `amax` is beyond `norms.plain` for
+    sums in `summed`, again in its dtype on its numbers scaled by 2^-k (`norms.mean_l2`;
+    issue 66: a float32 dot of squares below ~1e-19 is 0)."""
+    torch = _t()
+    amax_h = amax.double().cpu().numpy()
+    counts_h = counts.cpu().numpy()
+    bad = np.flatnonzero(~norms.plain(np.dtype(str(summed).split(".")[-1]), counts_h, amax_h))
+    if not bad.size:
+        return
+    starts = np.cumsum(counts_h) - counts_h
+    finite_h = finite.cpu().numpy()
+    for i in bad.tolist():
+        s, c = int(starts[i]), int(counts_h[i])
+        if not amax_h[i] > 0 or not finite_h[i]:
+            continue
+        k = norms.exponent(amax_h[i])
+        y = x[s:s + c]
+        y = y if y.is_floating_point() else y.to(torch.float64)
+        half = -k // 2      # two factors of 2^-k, each within float32's range
+        y = y * 2.0 ** half * 2.0 ** (-k - half)
+        mean, l2 = norms.unscaled(float(y.sum(dtype=y.dtype)), float(torch.dot(y, y)),
+                                  float(finite_h[i]), k)
+        res[i, 2], res[i, 3] = mean, l2
