@@ -102,9 +102,9 @@ def find(d, result) -> Sources:
     out.replayed = MAX_REPLAYED - budget
     out.not_judged = _not_judged(measured, found) + _compiled_calls(compiled)
     if not found:
-        out.note = ("every difference is inherited: no paired op adds one of its own that "
-                    "could be measured" if full else
-                    "no op whose inputs are bitwise equal has outputs that differ")
+        out.note = _unpaired(d) or (
+            "every difference is inherited: no paired op adds one of its own that could be "
+            "measured" if full else "no op whose inputs are bitwise equal has outputs that differ")
         return out
     found.sort(key=lambda c: -c.weight)
     for i, cl in enumerate(found):
@@ -118,6 +118,23 @@ def find(d, result) -> Sources:
                     "whose inputs are bitwise equal are found, and their shares are bounds "
                     "from the statistics")
     return out
+
+
+def _unpaired(d):
+    """Where no paired op adds a difference but the runs executed different ops (an op
+    called with another slice, shape or flag is another event to the alignment): the
+    difference enters there, in what was not paired; "" where every event was paired."""
+    gaps = getattr(d.al, "gaps", None)
+    runs = gaps(1) if gaps is not None else []
+    if not runs:
+        return ""
+    parts = []
+    for g in runs:
+        t = d.ta if g["side"] == "a" else d.tb
+        parts.append(f"{g['length']} events only in {g['side']} from #{g['start']} "
+                     f"({t.string(t.events[g['start']]['op'])})")
+    return ("no paired op adds a difference of its own: it enters where the runs executed "
+            "different ops, which are not paired (" + "; ".join(parts) + ")")
 
 
 def _not_judged(clusters, found):
