@@ -13,6 +13,7 @@ import struct
 import sys
 
 from .. import term_watch
+from ..trace.writer import on_fork_in_child
 
 
 def exit_status(code, stderr=None):
@@ -58,7 +59,8 @@ def on_sigterm(signum, frame):
 
 # SIGTERM's handler before `record_script` installed `on_sigterm`: a child the script
 # forks gets it back (the plain script's child has no tracediff handler; a fork Pool's
-# workers, terminated by SIGTERM, would print a traceback each).
+# workers, terminated by SIGTERM, would print a traceback each). The writer's fork hook
+# runs this before any signal sent to the child is let through (trace.writer.signals).
 term_before = []
 
 
@@ -73,8 +75,7 @@ def _after_fork_in_child():
         pass
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+on_fork_in_child(_after_fork_in_child)
 
 
 def exit_by_signal(signum, finalize=True):
