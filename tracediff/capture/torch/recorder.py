@@ -279,9 +279,12 @@ class TorchCapture(_Dispatch, _Dataflow, _Values, _OpParams, _ModulePaths, _Sour
         if getattr(self, "autocast", None) is not None:
             self.autocast.uninstall()
         try:
-            if self.mode_on and threading.get_ident() != self.thread:
+            if self.mode_on and (threading.get_ident() != self.thread or
+                                 getattr(self.session, "ends_now", False)):
                 # closed from another thread (term_watch's, the process ends): the mode
-                # stack is per thread, and ours is on the recorded thread's, not this one's
+                # stack is per thread, and ours is on the recorded thread's, not this one's;
+                # or where SIGTERM found the script, which may be inside torch's dispatch
+                # with our mode stashed off the stack: the process dies next either way
                 self.mode_on = False
             elif self.mode_on:
                 self.mode_on = False
