@@ -84,7 +84,7 @@ import sysconfig
 import threading
 import weakref
 
-from .. import Capture
+from .. import Capture, skipped
 from ...trace import schema
 from . import loaded
 from .dataflow import _Dataflow
@@ -195,6 +195,9 @@ class TorchCapture(_Dispatch, _Dataflow, _Values, _OpParams, _ModulePaths, _Sour
         self.storage_of = {}     # id(tensor) -> its storage's data_ptr when produced (FSDP)
         self.failed = None
         self.failed_at_event = None
+        # what could not be read or formatted, skipped (capture/skipped.py): the manifest's
+        self.skipped_settings = skipped.settings()
+        self.skipped_names = skipped.names()
         self._seq_marks = []
         _live_captures.add(self)
         self._names, self._names_key = {}, None
@@ -342,6 +345,10 @@ class TorchCapture(_Dispatch, _Dataflow, _Values, _OpParams, _ModulePaths, _Sour
         if getattr(self, "failed", None):
             m["recording_error"] = self.failed
             m["recording_stopped_at_event"] = self.failed_at_event
+        for key in ("skipped_settings", "skipped_names"):
+            got = getattr(self, key, None)
+            if got:
+                m[key] = got.manifest()
         for key, fn in (("config", lambda: torch.__config__.show()),
                         ("parallel_info", lambda: torch.__config__.parallel_info()),
                         ("cpu_capability", lambda: torch.backends.cpu.get_cpu_capability()),
