@@ -52,8 +52,8 @@ import sys
 import threading
 
 from .. import ImportWatcher
-from ..optim_settings import label
-from ..skipped import kind, name, text
+from ..optim_settings import label as setting_label
+from ..skipped import kind, name as key_name, text
 from . import loaded
 from .compiled_calls import _CompiledCalls
 from .compiled_graphs import _Region
@@ -262,9 +262,9 @@ class CompileRecorder(_CompiledCalls, _Probe):
                      "fullgraph": bool(kwargs.get("fullgraph", False)), "options": {}}
             for k, v in list((kwargs.get("options") or {}).items()):
                 try:
-                    key = label(k)
+                    key = setting_label(k)
                 except Exception as exc:
-                    skipped.add(f"torch.compile option {name(k)}", exc)
+                    skipped.add(f"torch.compile option {key_name(k)}", exc)
                     continue
                 entry["options"][key] = shown(f"option {key}", v)
         except Exception as exc:
