@@ -176,3 +176,163 @@ def test_a_recorded_attack_ends_as_the_plain_run(attacks, attack):
             assert end["exit_code"] == want, end
         else:                               # only a death by a signal's default action
             assert plain["rc"] < 0, (plain, rec)
+
+
+# -- a forked child gets the script's handlers -----------------------------------------------
+
+FORKED = """\
+    import multiprocessing as mp, os, signal, sys, time
+
+    def work(i):
+        time.sleep(5)
+        return i
+
+    if __name__ == "__main__":
+        ctx = mp.get_context("fork")
+        if sys.argv[1] == "pool":
+            pool = ctx.Pool(2)
+            pool.map_async(work, range(2))
+            pool.terminate()            # the workers are still starting
+            pool.join()
+            print("terminated", flush=True)
+        else:
+            p = ctx.Process(target=work, args=(0,))
+            p.start()
+            os.kill(p.pid, signal.SIGTERM)
+            p.join()
+            print("worker exit", p.exitcode, flush=True)
+"""
+
+# A module that prepares every child the process forks, imported at start-up (before
+# tracediff registers its own fork hooks): the window between fork and tracediff's hook,
+# microseconds in a plain Pool (hit once in ~30 pools), made half a second.
+SLOW_CHILD_START = """\
+    import os, time
+    os.register_at_fork(after_in_child=lambda: time.sleep(0.5))
+"""
+
+
+def _run_group(cmd, cwd, env, timeout=60):
+    """Run CMD to its end: (exit status, stdout, stderr); whatever it left behind (children
+    that outlived it, holding its pipes) is killed with its process group."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        return "timed out", stdout, stderr
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return proc.returncode, stdout, stderr
+
+
+def _script_lines(stderr):
+    """stderr without tracediff's own closing lines."""
+    return [x for x in stderr.splitlines() if not x.startswith("tracediff: ")]
+
+
+@pytest.mark.parametrize("how", ["pool", "kill"])
+def test_a_forked_child_signalled_while_starting_dies_as_the_plain_ones(tmp_path, how):
+    """A fork Pool terminated at once (or a worker sent SIGTERM): the plain child dies by
+    SIGTERM's default action. Before, the recorded child still had tracediff's handler
+    until its fork hook ran: it raised there ("Exception ignored", a traceback) and its
+    wakeup byte reached the parent's term_watch, which killed the parent 2 s later."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(textwrap.dedent(SLOW_CHILD_START))
+    (tmp_path / "forked.py").write_text(textwrap.dedent(FORKED))
+    env = script_env({"PYTHONPATH": str(tmp_path / "site")})
+    got = {}
+    for run, cmd in [("plain", [sys.executable, "forked.py", how]),
+                     ("recorded", [sys.executable, "-m", "tracediff", "record", "-o", "trace.h5",
+                                   "forked.py", how])]:
+        code, stdout, stderr = _run_group(cmd, tmp_path, env)
+        got[run] = (code, stdout, _script_lines(stderr))
+    assert got["recorded"] == got["plain"], got
+    assert got["plain"][0] == 0 and got["plain"][2] == [], got
+    with Trace(str(tmp_path / "trace.h5")) as t:
+        assert t.complete and t.manifest["end"] == {"status": "completed", "exit_code": 0}
+
+
+# -- SIGTERM ends the recorded run where the plain one ends ----------------------------------
+
+TERMINATED = """\
+    import atexit, os, signal, sys, threading, time
+    feature = sys.argv[1]
+
+    if feature in ("atexit", "handler"):
+        atexit.register(lambda: print("atexit ran", flush=True))
+    if feature in ("thread", "handler"):    # not a daemon: Python joins it at exit
+        def late():
+            time.sleep(1.5)
+            print("thread ran", flush=True)
+        threading.Thread(target=late).start()
+    if feature == "handler":
+        def leave(signum, frame):
+            print("handler ran", flush=True)
+            sys.exit(3)
+        signal.signal(signal.SIGTERM, leave)
+    if feature in ("buffered", "handler"):  # a pipe: block-buffered, in the process only
+        print("buffered", end="")
+    try:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+            print("went on", flush=True)
+        except:
+            if feature in ("except", "handler"):
+                print("except ran", flush=True)
+            raise
+    finally:
+        if feature in ("finally", "handler"):
+            print("finally ran", flush=True)
+"""
+
+
+def _plain_and_recorded(tmp_path, script, *args):
+    """{"plain", "recorded"}: (exit status, stdout, stderr but tracediff's own lines) of
+    SCRIPT ARGS, its output block-buffered (no PYTHONUNBUFFERED), and the recorded trace."""
+    (tmp_path / "script.py").write_text(textwrap.dedent(script))
+    env = script_env()
+    env.pop("PYTHONUNBUFFERED", None)
+    got = {}
+    for run, cmd in [("plain", [sys.executable, "script.py", *args]),
+                     ("recorded", [sys.executable, "-m", "tracediff", "record", "-o", "trace.h5",
+                                   "script.py", *args])]:
+        code, stdout, stderr = _run_group(cmd, tmp_path, env)
+        got[run] = (code, stdout, _script_lines(stderr))
+    return got, str(tmp_path / "trace.h5")
+
+
+@pytest.mark.parametrize("feature", ["atexit", "thread", "finally", "except", "buffered"])
+def test_sigterm_ends_the_recorded_run_where_the_plain_one_ends(tmp_path, feature):
+    """SIGTERM's default action ends the plain run at once: no atexit handler, no thread
+    joined, no `finally` or `except` of the script, its buffered output never written.
+    tracediff takes SIGTERM to close the trace, then must end there too. Before, its
+    handler raised into the script: `finally` and `except` blocks ran (a bare `except:`
+    that did not raise again went on running, exit 0), and its buffered output was
+    flushed. (atexit and threads matched already: pinned.)"""
+    got, trace = _plain_and_recorded(tmp_path, TERMINATED, feature)
+    assert got["recorded"] == got["plain"] == (-signal.SIGTERM, "", []), got
+    with Trace(trace) as t:
+        end = t.manifest["end"]
+        assert t.complete and (end["status"], end["exit_code"]) == ("terminated (SIGTERM)", 143)
+        assert "script.py" in end["traceback"] and "os.kill" in end["traceback"], end
+
+
+def test_a_scripts_own_sigterm_handler_runs_with_atexit_threads_and_finally(tmp_path):
+    """A script's own SIGTERM handler decides how the run ends, as in the plain run: here it
+    exits 3, and Python's exit path runs (`except`, `finally`, the thread joined, atexit
+    handlers, the buffered output flushed), in the same order."""
+    got, trace = _plain_and_recorded(tmp_path, TERMINATED, "handler")
+    assert got["recorded"] == got["plain"], got
+    assert got["plain"] == (3, "bufferedhandler ran\nexcept ran\nfinally ran\nthread ran\n"
+                               "atexit ran\n", []), got
+    with Trace(trace) as t:
+        end = t.manifest["end"]
+        assert (end["status"], end["exit_code"]) == ("sys.exit", 3), end
+        assert end["signals_handled_by_script"] == ["SIGTERM"], end

@@ -212,3 +212,39 @@ def test_the_worst_parameter_is_never_one_whose_gradient_is_noise():
              worst_candidate(None, "fc.weight", 1e-5, 1e-5)]     # no gradient compared
     assert _worst(cands) == (1e-4, 1e-4, "ln.weight")
     assert _worst(cands[:1]) == (0.5, 2e-3, "key.bias")     # noise alone: named
+
+
+# -- settings tracediff cannot format --------------------------------------------------------
+
+@pytest.mark.parametrize("script, fw, skipped, kept", [
+    (("torch_unformattable.py", "settings"), "torch",
+     ["group 0 <Key>: RuntimeError", "group 0 note: RuntimeError"],
+     {"lr": (0.1, "0.1"), "momentum": (0.5, "0.5")}),
+    (("jax_optax_unformattable.py",), "jax", ["chain/1/scaled/config: RuntimeError"],
+     {"chain/0/scale_by_adam/b2": (0.95, "0.95"), "chain/1/scaled/lr": (0.1, "0.1")})],
+    ids=["torch", "optax"])
+def test_a_setting_that_cannot_be_formatted_is_skipped_never_the_capture(recorded, script, fw,
+                                                                         skipped, kept):
+    """Issue 66: an optimizer setting whose repr, str, float or == raises (a learning rate
+    of a float subclass, a `param_groups` key of the program's, a config whose attributes
+    raise) stopped the torch capture at the first optimizer step ("torch capture stopped
+    at event N"), and dropped every optax setting. Now that datum is skipped (a number is
+    read by its base type: the rate is kept), the manifest counts and names it, `record`
+    warns, and every step is recorded with the other settings."""
+    from .helpers import run_plain
+
+    out = recorded(*script)
+    proc = recorded.proc(out)
+    assert proc.returncode == 0 and proc.stdout == run_plain(*script).stdout, proc.stderr
+    assert "capture stopped" not in proc.stderr.lower(), proc.stderr
+    assert f"could not be read or formatted: left out of the trace ({skipped[0]}" in proc.stderr
+    with tracediff.load(out) as t:
+        m = t.manifest["frameworks"][fw]
+        assert "recording_error" not in m and not m.get("replay_errors"), m
+        assert m["skipped_settings"]["count"] == len(skipped)
+        assert m["skipped_settings"]["first"] == skipped
+        steps = [e for e in range(len(t)) if t.events["kind"][e] == schema.KIND_OPTIM]
+        assert len(steps) == 3
+        for e in steps:
+            rows = {k: (v, text) for _, k, v, text in t.optim_settings(e)}
+            assert {k: rows.get(k) for k in kept} == kept, rows

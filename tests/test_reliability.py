@@ -166,6 +166,60 @@ def test_sigterm_the_main_thread_takes_within_the_grace_keeps_where_the_script_w
         assert "blocked.py" in end["traceback"] and "message" not in end, end
 
 
+IN_AN_OP = """
+    import atexit, os, signal, sys, torch
+    atexit.register(lambda: print("atexit ran", flush=True))
+
+    @torch.library.custom_op("attack::term", mutates_args=())
+    def term(x: torch.Tensor) -> torch.Tensor:
+        os.kill(os.getpid(), signal.SIGTERM)   # taken while tracediff records this op
+        return x.clone()
+
+    x = torch.ones(8)
+    for _ in range(3):
+        x = torch.sin(x) * 1.5
+    print("buffered", end="")               # a pipe: block-buffered, in the process only
+    try:
+        try:
+            y = term(x) + 1
+            print("went on", flush=True)
+        except:
+            print("except ran", flush=True)
+            raise
+    finally:
+        print("finally ran", flush=True)
+"""
+
+
+def test_sigterm_taken_inside_the_recorder_ends_the_run_where_the_plain_one_ends(tmp_path):
+    """SIGTERM taken while tracediff records an op (here sent by the op's own Python
+    kernel) waits for tracediff's frames to return, then ends the process there: no
+    `except`, `finally` or atexit handler of the script, its buffered output unwritten,
+    death by SIGTERM, as the plain run. Before, tracediff's handler raised into the
+    script, which ran its `except` and `finally` blocks and flushed its output."""
+    script = _script(tmp_path, "in_op.py", IN_AN_OP)
+    out = tmp_path / "in_op.h5"
+    env = _env()
+    env.pop("PYTHONUNBUFFERED", None)
+    got = {}
+    for how, cmd in [("plain", [sys.executable, str(script)]),
+                     ("recorded", [sys.executable, "-m", "tracediff", "record", "-o", str(out),
+                                   str(script)])]:
+        proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True,
+                              timeout=300)
+        lines = [x for x in proc.stderr.splitlines() if not x.startswith("tracediff: ")]
+        got[how] = (proc.returncode, proc.stdout, lines)
+    assert got["recorded"] == got["plain"] == (-signal.SIGTERM, "", []), got
+    with tracediff.load(out) as t:
+        end = t.manifest["end"]
+        assert t.complete and (end["status"], end["exit_code"]) == ("terminated (SIGTERM)", 143)
+        assert "term(x)" in end["traceback"], end
+        assert [t.event(i)["op"] for i in range(len(t))][-2:] == ["aten::mul.Tensor",
+                                                                 "attack::term"]
+        assert "recording_error" not in t.manifest["frameworks"]["torch"]
+        _check_values(t)
+
+
 def _signalled_at_ready(cmd, sig, cwd=ROOT):
     """Run CMD until it prints "ready", send it SIG: (exit status, the rest of its stdout,
     stderr). The same instant of the script for the plain run and the recorded one."""

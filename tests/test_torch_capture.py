@@ -463,6 +463,32 @@ def test_a_wrapper_subclass_never_stops_capture(recorded):
     assert "capture: 3 torch values of tensor subclasses (Wrap)" in out.stdout
 
 
+def test_module_keys_torch_cannot_name_never_reach_the_script(recorded):
+    """Issue 66: module and parameter keys that are not str (`m._modules[0] = block`,
+    a key object of the program's, `_parameters[1]`) run plainly, but torch's own
+    `named_modules` cannot join them: the recorder's module hook raised that TypeError
+    into the script's forward (the recorded script died), and the optimizer snapshot's
+    stopped the capture. A module whose == raises failed the hook's lookup the same way.
+    Now an int key is named as torch would ("0"), a key with no text by its type
+    (`<Key>`, counted and named in the manifest), and every op and step is recorded."""
+    out, proc = _record(recorded, "torch_unformattable.py", "names")
+    assert proc.returncode == 0 and \
+        proc.stdout == run_plain("torch_unformattable.py", "names").stdout, proc.stderr
+    assert "Traceback" not in proc.stderr and "capture stopped" not in proc.stderr.lower()
+    with Trace(out) as t:
+        m = t.manifest["frameworks"]["torch"]
+        assert "recording_error" not in m, m["recording_error"]
+        assert m["skipped_names"]["first"] == ["key <Key>", "module <Unnamable>: RuntimeError"]
+        stacks = {e["name_stack"] for e in _ops(t, "aten::addmm")}
+        assert stacks == {"0.lin", "<Key>.lin"}
+        steps = _ops(t, kind=schema.KIND_OPTIM)
+        assert len(steps) == 3
+        names = [t.string(r["name"]) for r in t.value_rows(steps[-1]["index"], schema.ROLE_OUT)]
+        assert [n for n in names if n.startswith("params/")] == [
+            "params/1", "params/0.lin.weight", "params/0.lin.bias", "params/<Key>.lin.weight",
+            "params/<Key>.lin.bias"]
+
+
 @pytest.mark.parametrize("level", ["full", "stats"])
 def test_hash_words64_applies_to_torch_values(recorded, dtypes, level):
     """`record --hash words64` hashes torch values with words64 too (the docs say

@@ -329,3 +329,46 @@ def test_cli_locate_eager_vs_compiled(runs):
     first = [line for line in res.output.splitlines() if line.startswith("first bitwise")]
     assert first and "aten::native_layer_norm" in first[0] and "probe" in first[0]
     assert "introduced here" in first[0]
+
+
+# -- settings tracediff cannot format -------------------------------------------------------
+UNFORMATTABLE_OPTION = """\
+import torch
+
+
+class Threshold(int):
+    def __repr__(self):
+        raise RuntimeError("Threshold has no repr")
+
+    __str__ = __repr__
+
+
+def f(x):
+    return torch.sin(x) * 2
+
+
+g = torch.compile(f, options={"realize_reads_threshold": Threshold(4)})   # compiled lazily
+print(float((torch.ones(3) * 2).sum()))
+"""
+
+
+def test_a_compile_option_whose_repr_raises_never_fails_the_scripts_compile_call(tmp_path):
+    """Issue 66: `record` notes each `torch.compile` call's settings from inside the call;
+    an option whose repr raises (an int subclass inductor accepts) raised out of the
+    script's `torch.compile(...)`: the recorded script died where the plain one runs on.
+    A plain type's subclass is now shown by its base type's repr, anything else by its
+    type (counted in `skipped_settings`)."""
+    from tests.helpers import run_cli, run_plain
+
+    script = tmp_path / "option.py"
+    script.write_text(UNFORMATTABLE_OPTION)
+    out = tmp_path / "option.h5"
+    proc = run_cli("record", "-o", out, script, cwd=tmp_path)
+    plain = run_plain(str(script), cwd=tmp_path)
+    assert (proc.returncode, proc.stdout) == (0, plain.stdout), proc.stderr
+    with Trace(str(out)) as t:
+        m = t.manifest["frameworks"]["torch"]
+        assert "recording_error" not in m
+        assert m["compile"]["torch_compile_calls"] == [
+            {"backend": "inductor", "mode": None, "dynamic": None, "fullgraph": False,
+             "options": {"realize_reads_threshold": "4"}}]

@@ -39,8 +39,9 @@ def _plain(script, *args):
                           capture_output=True, text=True, timeout=TIMEOUT, cwd=script.parent)
 
 
-def _record(script, out, *args):
-    return run_cli("record", "-o", out, script, *args, cwd=script.parent, timeout=TIMEOUT)
+def _record(script, out, *args, env=None):
+    return run_cli("record", "-o", out, script, *args, cwd=script.parent, timeout=TIMEOUT,
+                   env=env)
 
 
 def _info(out):
@@ -265,6 +266,37 @@ def test_os_exit_after_closing_every_descriptor_keeps_its_status(tmp_path):
     assert info["complete"] is True
     assert info["manifest"]["end"] == {"status": "os._exit", "exit_code": 4}
     assert "aten::mul.Tensor" in _ops(out)
+
+
+ENDS_UNFLUSHED = """\
+    import os, sys
+
+    print("buffered", end="")         # a pipe: block-buffered, in the process only
+    print("partial", end="", file=sys.stderr)
+    if sys.argv[1] == "os._exit":
+        os._exit(4)
+    os.execv(sys.executable, [sys.executable, "-c", "print('exec ran')"])
+"""
+
+
+@pytest.mark.parametrize("how", ["os._exit", "exec"])
+def test_os_exit_and_exec_leave_the_scripts_buffered_output_unwritten(tmp_path, how):
+    """`os._exit` and `os.exec*` end the process without flushing sys.stdout and
+    sys.stderr: what they held is never written. Before, tracediff flushed them when it
+    closed the trace first, so the recorded run printed what the plain run does not."""
+    script = _script(tmp_path, "unflushed.py", ENDS_UNFLUSHED)
+    env = dict(os.environ)
+    env.pop("PYTHONUNBUFFERED", None)
+    env.pop("XLA_FLAGS", None)
+    plain = subprocess.run([sys.executable, str(script), how], env=env, capture_output=True,
+                           text=True, timeout=TIMEOUT, cwd=script.parent)
+    assert (plain.returncode, plain.stdout, plain.stderr) == \
+        ((4, "", "") if how == "os._exit" else (0, "exec ran\n", ""))
+    out = tmp_path / "unflushed.h5"
+    proc = _record(script, out, how, env={"PYTHONUNBUFFERED": ""})
+    script_stderr = [x for x in proc.stderr.splitlines() if not x.startswith("tracediff: ")]
+    assert (proc.returncode, proc.stdout, script_stderr) == (plain.returncode, plain.stdout, [])
+    assert _info(out)["manifest"]["end"]["status"] == how
 
 
 def test_an_fsync_whose_duplicate_the_script_closed_is_no_write_error(tmp_path):

@@ -240,6 +240,9 @@ class Session:
         self.tool_dirs = tuple(tool_dirs)
         self.captures = []
         self.ends_process = False   # the process ends with the recording (record_script)
+        # the process dies where the script is, right after the recording (SIGTERM,
+        # runner.signals.Termination): the captures leave the program's state as it is
+        self.ends_now = False
         self._user_files = {}
         self._site_kinds = {}
         # the lines around each new events.source, stored in the trace (trace/sources.py)

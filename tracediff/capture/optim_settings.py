@@ -17,9 +17,16 @@ concrete: a traced value inside `jit` is skipped), and nothing the program holds
   by its kind (`masked/mask` = "callable" or "pytree"). `inject_hyperparams` keeps its
   hyperparameters in the optimizer state: the snapshot holds them already
   (`state/hyperparams/b2`).
+
+A setting that cannot be read or formatted (its `repr`, `str`, `float`, `==` or an attribute
+raises; a key that is not a str) is skipped, never raised: the callers pass a
+`skipped.Skipped`, which the manifest reports. Numbers and strings are read through their
+base type's own methods, so a subclass's overrides are never called.
 """
 
 import math
+
+from .skipped import kind, name, text
 
 MAX_SETTINGS = 256     # rows per optimizer step at most: a huge closure is not the settings
 MAX_DEPTH = 8          # transformations nested this deep at most
@@ -29,19 +36,19 @@ _WRAPPERS = ("with_extra_args_support",)   # optax's own wrappers, not a transfo
 
 def scalar(v):
     """(value, text) of a plain setting: a number, bool, None or short string, or a concrete
-    array of one element; None for anything else (arrays, functions, tracers)."""
+    array of one element; None for anything else (arrays, functions, tracers). May raise
+    (an array-like whose attributes raise): the callers skip that setting."""
     if v is None or isinstance(v, str):
-        text = "None" if v is None else v
-        return math.nan, text[:MAX_TEXT]
+        return math.nan, ("None" if v is None else text(v))[:MAX_TEXT]
     if isinstance(v, bool):
-        return float(v), str(v)
+        return float(v), text(v)
     if isinstance(v, (int, float)):
+        shown = text(v)[:MAX_TEXT]
         try:
-            return float(v), repr(v)[:MAX_TEXT]
+            return (float.__float__(v) if isinstance(v, float) else int.__float__(v)), shown
         except OverflowError:
-            return math.nan, repr(v)[:MAX_TEXT]
-    kind = type(v).__name__
-    if "Tracer" in kind or getattr(v, "size", None) != 1 or not hasattr(v, "dtype"):
+            return math.nan, shown
+    if "Tracer" in kind(v) or getattr(v, "size", None) != 1 or not hasattr(v, "dtype"):
         return None
     if getattr(v, "is_cuda", False) or getattr(v, "requires_grad", False):
         return None         # a torch tensor on a device: reading it would synchronise
@@ -54,31 +61,56 @@ def scalar(v):
     return None
 
 
-def torch_groups(param_groups):
-    """[(group, key, value, text)] of torch's `param_groups`."""
+def torch_groups(param_groups, skipped=None):
+    """[(group, key, value, text)] of torch's `param_groups`; a setting that cannot be read
+    or formatted is noted in `skipped` (a `skipped.Skipped`) and left out."""
     out = []
     for g, group in enumerate(param_groups):
-        for k, v in group.items():
-            if k == "params":
-                out.append((g, "params", float(len(v)), str(len(v))))
-                continue
-            if isinstance(v, (tuple, list)) and 0 < len(v) <= 4:
-                for i, x in enumerate(v):
-                    got = scalar(x)
-                    if got is not None:
-                        out.append((g, f"{k}/{i}", *got))
-                continue
-            got = scalar(v)
-            if got is not None:
-                out.append((g, str(k), *got))
+        try:
+            items = list(group.items())
+        except Exception as exc:
+            _skip(skipped, f"group {g}", exc)
+            continue
+        for k, v in items:
+            try:
+                out.extend(_torch_setting(g, label(k), v))
+            except Exception as exc:
+                _skip(skipped, f"group {g} {name(k)}", exc)
         if len(out) >= MAX_SETTINGS:
             break
     return out[:MAX_SETTINGS]
 
 
+def _torch_setting(g, key, v):
+    """The rows of one `param_groups` entry (may raise: the caller skips it)."""
+    if key == "params":
+        return [(g, "params", float(len(v)), str(len(v)))]
+    if isinstance(v, (tuple, list)) and 0 < len(v) <= 4:
+        rows = []
+        for i, x in enumerate(v):
+            got = scalar(x)
+            if got is not None:
+                rows.append((g, f"{key}/{i}", *got))
+        return rows
+    got = scalar(v)
+    return [(g, key, *got)] if got is not None else []
+
+
+def label(key):
+    """A setting's key as text: a str, bool, int or float by its base type's own method,
+    anything else by its `str` (which may raise: the setting is then skipped)."""
+    got = text(key)
+    return got if got is not None else str.__str__(str(key))
+
+
+def _skip(skipped, where, exc):
+    if skipped is not None:
+        skipped.add(where, exc)
+
+
 def _factory(fn):
     """'scale_by_adam' for `scale_by_adam.<locals>.update_fn`; '' for a plain function."""
-    qual = getattr(fn, "__qualname__", "") or ""
+    qual = text(getattr(fn, "__qualname__", "")) or ""
     return qual.split(".<locals>", 1)[0] if ".<locals>" in qual else ""
 
 
@@ -88,45 +120,65 @@ def _is_transformation(v):
         callable(getattr(v, "init", None))
 
 
-def optax_settings(update):
+def optax_settings(update, skipped=None):
     """[(0, key, value, text)] of the scalars an optax update function and the
-    transformations inside it close over."""
+    transformations inside it close over; one that cannot be read or formatted is noted
+    in `skipped` and left out."""
     out = []
-    _walk(update, "", out, 0, set())
+    _walk(update, "", out, 0, set(), skipped)
     return [(0, k, v, t) for k, v, t in out[:MAX_SETTINGS]]
 
 
-def _walk(fn, prefix, out, depth, seen):
-    fn = getattr(fn, "__wrapped__", None) or fn    # optax_tags' wrapper: the original
+def _walk(fn, prefix, out, depth, seen, skipped):
+    try:
+        fn = getattr(fn, "__wrapped__", None) or fn    # optax_tags' wrapper: the original
+        factory = _factory(fn)
+        code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
+        variables = code.co_freevars if code is not None else ()
+    except Exception as exc:      # a callable whose attributes raise
+        _skip(skipped, f"{prefix}<{kind(fn)}>", exc)
+        return
     if depth > MAX_DEPTH or id(fn) in seen or len(out) >= MAX_SETTINGS:
         return
     seen.add(id(fn))
-    name = _factory(fn)
-    if name and name not in _WRAPPERS:
-        prefix = f"{prefix}{name}/"
-    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
-    if code is None or not cells:
+    if factory and factory not in _WRAPPERS:
+        prefix = f"{prefix}{factory}/"
+    if not variables or not cells:
         return
-    for var, cell in zip(code.co_freevars, cells):
+    for var, cell in zip(variables, cells):
         try:
             v = cell.cell_contents
         except ValueError:      # a cell not filled yet
             continue
-        if _is_transformation(v):
-            _walk(v.update, prefix, out, depth + 1, seen)
-        elif isinstance(v, (tuple, list)) and v and all(callable(x) or _is_transformation(x)
-                                                         for x in v):
-            for i, x in enumerate(v):      # chain's update functions, in order
-                _walk(x.update if _is_transformation(x) else x, f"{prefix}{i}/", out,
-                      depth + 1, seen)
-        elif isinstance(v, dict) and len(v) <= 32:    # inject_hyperparams' other settings
-            for k, x in v.items():
-                got = scalar(x) if isinstance(k, str) else None
-                if got is not None:
-                    out.append((f"{prefix}{var}/{k}", *got))
-        elif var == "mask" and v is not None:
-            out.append((f"{prefix}mask", math.nan, "callable" if callable(v) else "pytree"))
-        elif not callable(v):
-            got = scalar(v)
+        try:
+            _closed(var, v, prefix, out, depth, seen, skipped)
+        except Exception as exc:
+            _skip(skipped, f"{prefix}{var}", exc)
+
+
+def _closed(var, v, prefix, out, depth, seen, skipped):
+    """The settings of one variable an update function closes over (may raise: the caller
+    skips it)."""
+    if _is_transformation(v):
+        _walk(v.update, prefix, out, depth + 1, seen, skipped)
+    elif isinstance(v, (tuple, list)) and v and all(callable(x) or _is_transformation(x)
+                                                     for x in v):
+        for i, x in enumerate(v):      # chain's update functions, in order
+            _walk(x.update if _is_transformation(x) else x, f"{prefix}{i}/", out,
+                  depth + 1, seen, skipped)
+    elif isinstance(v, dict) and len(v) <= 32:    # inject_hyperparams' other settings
+        for k, x in list(v.items()):
+            key = text(k) if isinstance(k, str) else None
+            try:
+                got = scalar(x) if key is not None else None
+            except Exception as exc:
+                _skip(skipped, f"{prefix}{var}/{key}", exc)
+                continue
             if got is not None:
-                out.append((f"{prefix}{var}", *got))
+                out.append((f"{prefix}{var}/{key}", *got))
+    elif var == "mask" and v is not None:
+        out.append((f"{prefix}mask", math.nan, "callable" if callable(v) else "pytree"))
+    elif not callable(v):
+        got = scalar(v)
+        if got is not None:
+            out.append((f"{prefix}{var}", *got))

@@ -232,7 +232,9 @@ def check(golden, script, args, rtol, atol, output, update, report_path, force, 
         os.close(fd)
         target = tmp
     with contextlib.redirect_stdout(sys.stderr):
-        code = record_script(script, list(args), target, RecordOptions(loops=loops))
+        # SIGTERM: an error and the temporary trace removed, not a death where the script is
+        code = record_script(script, list(args), target, RecordOptions(loops=loops),
+                             sigterm_ends_process=False)
     if code != 0:
         if tmp:
             os.unlink(tmp)

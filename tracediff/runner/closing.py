@@ -152,8 +152,10 @@ class ProcessEnds:
     def __init__(self, rec):
         self.rec = rec
         self.saved = {}
+        self.stderr = _identity(2)   # the script's stderr when it started
 
     def __enter__(self):
+        self.stderr = _identity(2)
         for name, wrap in (("_exit", self._exit), ("execv", self._exec("execv")),
                            ("execve", self._exec("execve"))):
             if hasattr(os, name):
@@ -192,19 +194,42 @@ class ProcessEnds:
         return exec_
 
     def stop(self, end):
-        """Close the trace with `end` (from any thread: os._exit, the SIGTERM watch)."""
+        """Close the trace with `end` (from any thread: os._exit, exec, SIGTERM). The
+        process ends next without flushing what the script's sys.stdout and sys.stderr
+        hold (os._exit, exec and SIGTERM's default action do not): tracediff's lines go
+        straight to descriptor 2 (while it is still the script's stderr), the script's
+        streams are left unflushed. Before, that output was written, which the plain run
+        never writes."""
         rec = self.rec
+        script_stderr = sys.stderr
+        sys.stderr = _raw_stderr(self.stderr)
         try:
             rec.stop(end)
             if not rec.lost and not rec.incomplete:
                 _say(f"tracediff: trace written to {rec.output} ({end['status']})")
         except Exception as exc:   # never keep the script from ending as it asked
             _say(f"tracediff: error: closing the trace at {end['status']}: {exc}")
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
+        finally:
+            sys.stderr = script_stderr
+
+
+def _identity(fd):
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _raw_stderr(identity):
+    """A writer straight to descriptor 2 (nothing held back), or to os.devnull where the
+    script closed its stderr or reused the number for a file of its own."""
+    try:
+        if identity is not None and _identity(2) == identity:
+            return open(2, "w", buffering=1, closefd=False, errors="backslashreplace")
+        return open(os.devnull, "w")
+    except OSError:
+        return open(os.devnull, "w")
 
 
 def _say(line):

@@ -5,6 +5,7 @@ status, exception, Ctrl-C, SIGTERM, a lost or unreadable trace) into the manifes
 and the status `tracediff record` exits with.
 """
 
+import contextlib
 import os
 import runpy
 import signal
@@ -15,9 +16,9 @@ from .. import term_watch
 from ..capture import budget
 from ..errors import TraceError, UnsupportedJax
 from .closing import ProcessEnds
-from .recording import TOOL_DIR, Recording
-from .signals import (LostInterrupts, _Terminated, exit_by_signal, exit_message, exit_status,
-                      main_thread, on_sigterm, term_before)
+from .recording import Recording
+from .signals import (LostInterrupts, Termination, _Terminated, exit_by_signal, exit_message,
+                      exit_status, main_thread, on_sigterm, script_frame, term_before)
 
 
 def _std_files():
@@ -42,10 +43,14 @@ def _drop_lost_std(before):
             setattr(sys, name, open(os.devnull, "w"))
 
 
-def record_script(script, args, output, options=None, frameworks=("jax", "torch")):
+def record_script(script, args, output, options=None, frameworks=("jax", "torch"),
+                  sigterm_ends_process=True):
     """Record `script args...` into `output`; returns the script's exit status, or -N when
     the plain script would have died by signal N (Ctrl-C, SIGTERM: `exit_by_signal`).
-    `os._exit` and `os.exec*` in the script close (exec: flush) the trace first.
+    `os._exit` and `os.exec*` in the script close (exec: flush) the trace first. SIGTERM
+    while the script runs closes the trace and ends the process where the script is
+    (`Termination`); `sigterm_ends_process=False` (`check`, which has its own clean-up)
+    raises it into the script instead, and returns -15.
 
     Raises TraceError when the trace was lost (the script deleted or replaced it, or
     closed its descriptor and the path no longer holds it). In a child the script
@@ -68,14 +73,18 @@ def record_script(script, args, output, options=None, frameworks=("jax", "torch"
     if old_term is not None:
         term_before.append(old_term)
     ends = ProcessEnds(rec)
-    watch = term_watch.TermWatch(ends.stop, exit_by_signal, on_sigterm, rec.signals_taken)
+    termination = Termination(ends.stop, script, rec.session)
+    watch = term_watch.TermWatch(termination.stop_from_watch, exit_by_signal, on_sigterm,
+                                 rec.signals_taken)
     try:
         # the frames below the script and the recorder's own never count against the
         # script's recursion budget (capture/budget.py)
         std = _std_files()
         with LostInterrupts(rec.writer), ends, watch, budget.Shift(budget.below_script()):
             try:
-                runpy.run_path(script, run_name="__main__")
+                # SIGTERM ends the process where the script is
+                with termination if sigterm_ends_process else contextlib.nullcontext():
+                    runpy.run_path(script, run_name="__main__")
             finally:
                 _drop_lost_std(std)
     except SystemExit as exc:
@@ -134,8 +143,7 @@ def record_script(script, args, output, options=None, frameworks=("jax", "torch"
 
 def script_traceback(exc, last_line=None):
     """The script's traceback without tracediff's and runpy's frames."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if not f.filename.startswith(TOOL_DIR) and "runpy" not in os.path.basename(f.filename)]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if script_frame(f.filename)]
     lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames),
              *([last_line] if last_line else traceback.format_exception_only(type(exc), exc))]
     return "".join(lines)

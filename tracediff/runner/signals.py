@@ -1,9 +1,10 @@
 """Exit status and signals: the status Python gives `sys.exit(code)`, tracediff's SIGTERM
-handler (and the script's own handed back to a child the script forks), a Ctrl-C that
-Python swallowed handed back to the script (`LostInterrupts`), and ending this process
-by a signal as the plain script would have ended (`exit_by_signal`). term_watch.py takes
-SIGTERM while the main thread is blocked in a C call, with `on_sigterm` and
-`exit_by_signal` from here.
+handler (`on_sigterm`: while the script runs, `Termination` ends the process where the
+script is; the script's own handler handed back to a child the script forks), a Ctrl-C
+that Python swallowed handed back to the script (`LostInterrupts`), and ending this
+process by a signal as the plain script would have ended (`exit_by_signal`).
+term_watch.py takes SIGTERM while the main thread is blocked in a C call, with
+`on_sigterm` and `exit_by_signal` from here.
 """
 
 import ctypes
@@ -11,8 +12,12 @@ import os
 import signal
 import struct
 import sys
+import threading
+import traceback
 
 from .. import term_watch
+from .recording import TOOL_DIR
+from ..trace.writer import on_fork_in_child
 
 
 def exit_status(code, stderr=None):
@@ -52,13 +57,128 @@ class _Terminated(BaseException):
 
 
 def on_sigterm(signum, frame):
+    """tracediff's SIGTERM handler: while the script runs, its `Termination` ends the
+    process (now, or once tracediff's own frames have returned); before or after the
+    script, an exception `record_script` catches, which closes the trace."""
+    if _running and _running[-1].take(frame):
+        return
     term_watch.taken.set()      # the main thread took it: the watch thread stands down
     raise _Terminated()
 
 
+_running = []   # the `Termination` of the script `record_script` is running
+
+
+class Termination:
+    """SIGTERM taken by tracediff's handler while the script runs ends the process where
+    the script is, as SIGTERM's default action ends the plain run: the trace is closed,
+    then the process dies by SIGTERM, and nothing of the script runs meanwhile (no
+    `finally` block, no `except`, no atexit handler, no thread joined, no buffered output
+    flushed). Before, the handler raised an exception into the script: its `finally`
+    blocks ran and printed, and a bare `except:` swallowed SIGTERM (the run went on and
+    exited 0).
+
+    A signal taken inside tracediff's own frames (the capture between two of the
+    script's ops, the writer) waits until they have returned to the program's frame
+    below them (a trace function on that frame), so that the trace is closed with no
+    half-recorded op; term_watch still ends a run whose main thread does not get there
+    within its grace. `stop(end)` closes the trace and says so (runner.closing.ProcessEnds.stop);
+    the `session`'s captures are told the process dies where it is (`Session.ends_now`)."""
+
+    def __init__(self, stop, script, session=None):
+        self.stop = stop
+        self.script = script
+        self.session = session
+        self.pid = os.getpid()
+        self.boundary = None
+        self.armed = self.ending = False
+        self._claim = threading.Lock()   # one ending: the main thread's or the watch's
+
+    def __enter__(self):
+        self.boundary = sys._getframe(1)     # record_script's frame: below it, the script's run
+        _running.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _running.remove(self)
+        if self.armed:   # the script ended before the frame below tracediff's resumed
+            self._end(sys._getframe())
+
+    def take(self, frame):
+        """SIGTERM in the main thread at FRAME: end the run (now, or armed); False where
+        the script is not what runs (a forked child, tracediff before or after it)."""
+        if os.getpid() != self.pid or not main_thread():
+            return False
+        if self.armed or self.ending:
+            return True     # a second SIGTERM: the first one's end is on its way
+        own, f = None, frame
+        while f is not None and f is not self.boundary:
+            if self._own(f.f_code.co_filename):
+                own = f
+            f = f.f_back
+        if f is None:
+            return False
+        if own is None:
+            self._end(frame)                # never returns
+        self.armed = True
+        below = own.f_back
+        below.f_trace_opcodes = True        # its next instruction, whatever the line
+        below.f_trace = lambda f, event, arg: self._end(f)
+        sys.settrace(_untraced)   # tracing on (new frames untraced): `below` gets its events
+        return True
+
+    def _own(self, filename):
+        """A frame of tracediff's own (its examples and the script are the program's)."""
+        return filename.startswith(_OWN) and not filename.startswith(_EXAMPLES) and \
+            filename != self.script
+
+    def stop_from_watch(self, end):
+        """term_watch's ending (the main thread did not take SIGTERM within its grace):
+        the one ending of the run; when the main thread's has begun, that one ends it."""
+        if not self._claim.acquire(blocking=False):
+            threading.Event().wait()
+        self.stop(end)
+
+    def _end(self, frame):
+        if self.ending:     # `below` again, or SIGTERM again, while this one closes the trace
+            return
+        self.ending = True
+        sys.settrace(None)
+        if not self._claim.acquire(blocking=False):
+            threading.Event().wait()        # the watch thread is ending the run
+        term_watch.taken.set()
+        if self.session is not None:
+            self.session.ends_now = True
+        frames = []
+        while frame is not None and frame is not self.boundary:   # the script's run only
+            frames.append((frame, frame.f_lineno))
+            frame = frame.f_back
+        stack = [f for f in traceback.StackSummary.extract(reversed(frames))
+                 if script_frame(f.filename)]
+        tb = "".join(["Traceback (most recent call last):\n", *traceback.format_list(stack),
+                      "Terminated by SIGTERM\n"])
+        self.stop({"status": "terminated (SIGTERM)", "exit_code": 143, "exception": "SIGTERM",
+                   "traceback": tb[-20000:], "signal": int(signal.SIGTERM)})
+        exit_by_signal(signal.SIGTERM, finalize=False)
+
+
+def _untraced(frame, event, arg):
+    return None
+
+
+_OWN = TOOL_DIR + os.sep
+_EXAMPLES = os.path.join(TOOL_DIR, "examples") + os.sep
+
+
+def script_frame(filename):
+    """A frame of the script's (or a library's): neither tracediff's nor runpy's."""
+    return not filename.startswith(TOOL_DIR) and "runpy" not in os.path.basename(filename)
+
+
 # SIGTERM's handler before `record_script` installed `on_sigterm`: a child the script
 # forks gets it back (the plain script's child has no tracediff handler; a fork Pool's
-# workers, terminated by SIGTERM, would print a traceback each).
+# workers, terminated by SIGTERM, would print a traceback each). The writer's fork hook
+# runs this before any signal sent to the child is let through (trace.writer.signals).
 term_before = []
 
 
@@ -73,29 +193,28 @@ def _after_fork_in_child():
         pass
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+on_fork_in_child(_after_fork_in_child)
 
 
 def exit_by_signal(signum, finalize=True):
     """End this process killed by SIGNUM, as the plain script's would have ended (a parent
     sees -SIGNUM, a shell 128+SIGNUM). SIGINT: as Python ends on an uncaught
-    KeyboardInterrupt, after joining threads and running atexit handlers; SIGTERM's
-    default action ends a process at once. Never returns."""
+    KeyboardInterrupt, after joining threads, running atexit handlers and flushing
+    sys.stdout; SIGTERM's default action ends a process at once, the script's buffered
+    output unwritten. Never returns."""
     if finalize and signum == signal.SIGINT:
         import atexit
-        import threading
 
         try:
             threading._shutdown()
         except Exception:
             pass
         atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
+        for stream in (sys.stdout, sys.stderr):   # Python's finalization flushes them
+            try:
+                stream.flush()
+            except Exception:
+                pass
     try:
         _default_action(signum)
         if hasattr(signal, "pthread_sigmask"):
@@ -159,6 +278,4 @@ class LostInterrupts:
 
 
 def main_thread():
-    import threading
-
     return threading.current_thread() is threading.main_thread()

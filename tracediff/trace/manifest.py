@@ -249,7 +249,8 @@ def base_manifest(script=None, argv=None, recording=None):
 def capture_losses(frameworks) -> list:
     """What a recording lost, one sentence each, from the manifest's `frameworks` section
     (a recorder that stopped: `recording_error`; values recorded without their bytes
-    because a tensor subclass could not be read: `subclasses.unreadable_values`). `record`
+    because a tensor subclass could not be read: `subclasses.unreadable_values`; settings
+    and keys that could not be formatted: `skipped_settings`, `skipped_names`). `record`
     prints them as warnings and `info` shows them; the strings may come from an untrusted
     trace: the caller escapes them."""
     out = []
@@ -271,4 +272,23 @@ def capture_losses(frameworks) -> list:
             out.append(f"{n} {fw} value{'s' if n != 1 else ''} of tensor subclasses "
                        f"({names or 'unknown'}) recorded without their bytes (metadata only): "
                        f"they are not compared")
+        out += _skipped(fw, m)
+    return out
+
+
+def _skipped(fw, m):
+    """What a capture skipped because it could not read or format it (capture/skipped.py:
+    an optimizer setting whose repr raises, a module key that is not a str)."""
+    out = []
+    for key, what, became in (("skipped_settings", "optimizer setting", "left out of the trace"),
+                              ("skipped_names", "module or parameter key",
+                               "named by type")):
+        got = m.get(key)
+        n = got.get("count") if isinstance(got, dict) else None
+        if not isinstance(n, int) or n <= 0:
+            continue
+        first = got.get("first")
+        shown = ", ".join(str(x)[:120] for x in first[:3]) if isinstance(first, list) else ""
+        out.append(f"{n} {fw} {what}{'s' if n != 1 else ''} could not be read or formatted: "
+                   f"{became} ({shown or 'unknown'}; the manifest's {key})")
     return out

@@ -52,11 +52,11 @@ class _Optimizer:
         """Keep the settings of the outermost optax update being called (its closures,
         `optim_settings.optax_settings`), written with every step after it: a jitted step
         calls `update` once, while tracing."""
-        try:
-            self._optax_settings = optim_settings.optax_settings(update)
+        try:   # a setting that cannot be read is skipped (`skipped_settings`), not all
+            self._optax_settings = optim_settings.optax_settings(update, self.skipped_settings)
         except Exception as exc:   # never fail the program for its settings
             self._optax_settings = []
-            self.replay_errors.append(f"optax settings not recorded: {type(exc).__name__}")
+            self.skipped_settings.add("optax update", exc)
 
     def flush_optim(self):
         """Write the optax values tagged during the last call (or eager update) as one step."""

@@ -29,7 +29,7 @@ the tagged optax values as one step), `optax_update()` (bracket an optax update)
 
 import os
 
-from .. import Capture, ImportWatcher
+from .. import Capture, ImportWatcher, skipped
 from . import devices, fastjit, host_replay, internals, program_cache, replay
 from .dispatch import _Dispatch
 from .devices import _Devices
@@ -59,6 +59,7 @@ class JaxCapture(_Dispatch, _LightCalls, _Replay, _Values, _Naming, _Optimizer, 
         self._producers = {}        # id(array) -> (weakref, event, slot)
         self._pending_optim = {}    # optax tag -> numpy value, flushed as one optim event
         self._optax_settings = []   # the last optax update's settings (optim_settings rows)
+        self.skipped_settings = skipped.settings()   # unreadable: the manifest's
         self._orig = {}
         self.calls = self.eqns = self.eager = 0
         self.replay_errors = []
@@ -187,6 +188,8 @@ class JaxCapture(_Dispatch, _LightCalls, _Replay, _Values, _Naming, _Optimizer, 
                 f"{replay.MEASURED_FIRST} that differ, then its 16th, 32nd, 64th...")),
             "untested_version": internals.untested_version(),
         }
+        if self.skipped_settings:
+            out["skipped_settings"] = self.skipped_settings.manifest()
         try:   # primitives whose lowering was replaced from outside JAX (a sitecustomize)
             out["python_kernels"] = internals.lowering_overrides()
         except Exception as exc:  # informative only

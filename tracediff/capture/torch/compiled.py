@@ -52,10 +52,13 @@ import sys
 import threading
 
 from .. import ImportWatcher
+from ..optim_settings import label as setting_label
+from ..skipped import kind, name as key_name, text
 from . import loaded
 from .compiled_calls import _CompiledCalls
 from .compiled_graphs import _Region
 from .compiled_probe import _Probe
+from .opinfo import _PLAIN, _plain_repr
 
 
 # inductor / functorch / dynamo settings that change the numbers of a compiled program
@@ -236,12 +239,37 @@ class CompileRecorder(_CompiledCalls, _Probe):
                                      "inputs": len(prog.placeholders)})
 
     def _note_compile(self, kwargs):
-        backend = kwargs.get("backend", "inductor")
-        if not isinstance(backend, str):
-            backend = getattr(backend, "__name__", type(backend).__name__)
-        entry = {"backend": backend, "mode": kwargs.get("mode"), "dynamic": kwargs.get("dynamic"),
-                 "fullgraph": bool(kwargs.get("fullgraph", False)),
-                 "options": {str(k): repr(v)[:80] for k, v in (kwargs.get("options") or {}).items()}}
+        """The settings of a `torch.compile` call, for the manifest. One that cannot be
+        formatted (an option whose repr raises) is shown by its type and counted in the
+        capture's `skipped_settings`: this runs inside the script's `torch.compile` call,
+        which it must never fail (issue 66: the recorded script died there)."""
+        skipped = self.cap.skipped_settings
+
+        def shown(where, v):
+            try:
+                return (_plain_repr(v) if isinstance(v, _PLAIN) else repr(v))[:80]
+            except Exception as exc:
+                skipped.add(f"torch.compile {where}", exc)
+                return f"<{kind(v)}>"
+
+        try:
+            backend = kwargs.get("backend", "inductor")
+            if not isinstance(backend, str):
+                backend = text(getattr(backend, "__name__", None)) or kind(backend)
+            plain = {k: kwargs.get(k) for k in ("mode", "dynamic")}
+            entry = {"backend": text(backend), **{k: v if type(v) in _PLAIN else shown(k, v)
+                                                  for k, v in plain.items()},
+                     "fullgraph": bool(kwargs.get("fullgraph", False)), "options": {}}
+            for k, v in list((kwargs.get("options") or {}).items()):
+                try:
+                    key = setting_label(k)
+                except Exception as exc:
+                    skipped.add(f"torch.compile option {key_name(k)}", exc)
+                    continue
+                entry["options"][key] = shown(f"option {key}", v)
+        except Exception as exc:
+            self.note_error(f"torch.compile settings not recorded: {kind(exc)}")
+            return
         if entry not in self.compiles and len(self.compiles) < 20:
             self.compiles.append(entry)
 
@@ -263,7 +291,12 @@ class CompileRecorder(_CompiledCalls, _Probe):
                         obj = getattr(obj, part)
                 except AttributeError:
                     continue
-                vals[key] = obj if isinstance(obj, (bool, int, float, str, type(None))) else repr(obj)[:80]
+                try:   # a value set by the script, whose repr may raise: by its type
+                    vals[key] = obj if isinstance(obj, (bool, int, float, str, type(None))) \
+                        else repr(obj)[:80]
+                except Exception as exc:
+                    self.cap.skipped_settings.add(f"{label} config {key}", exc)
+                    vals[key] = f"<{kind(obj)}>"
             settings[label] = vals
         if self.settings is None:
             self.settings = settings

@@ -144,7 +144,10 @@ class _Dispatch:
         return out
 
     def _fail(self, exc):
-        self.failed = f"{type(exc).__name__}: {exc}"[:500]
+        try:
+            self.failed = f"{type(exc).__name__}: {exc}"[:500]
+        except Exception:   # an exception whose str raises
+            self.failed = type(exc).__name__
         self.failed_at_event = self.writer.n_events
         print(f"tracediff: torch capture stopped at event {self.failed_at_event}: {self.failed}",
               file=sys.stderr)

@@ -1,11 +1,19 @@
 """Module paths (`name_stack`): global module forward pre/post hooks keep a stack of
 qualified names; a root module names its subtree once with `named_modules()`. The same
 root modules name parameters (`params/<name>` of optimizer snapshots, `param=` of
-`AccumulateGrad`); a module wrapped by `torch.compile` is named as in an eager run."""
+`AccumulateGrad`); a module wrapped by `torch.compile` is named as in an eager run.
+
+A name is never the script's failure: where torch's `named_modules` / `named_parameters`
+raise (a key that is not a str: `m._modules[0] = sub` runs plainly, and torch's naming
+concatenates the key), the tree is walked here with each key as text (`skipped.text`)
+or, where it has none, a stand-in `<Type>` counted in the manifest (`skipped_names`);
+the module hook catches anything else. Before, the hook's TypeError broke the script's
+forward, and the optimizer snapshot's stopped the torch capture."""
 
 import threading
 import weakref
 
+from ..skipped import kind, text
 from .values import _fsdp_possible
 
 
@@ -19,7 +27,11 @@ class _ModulePaths:
                 self.keep_resizable = True
             if not self.mod_stack:
                 self.roots.append(weakref.ref(m))
-                for sub_name, sub in m.named_modules(remove_duplicate=False):
+                try:
+                    named = list(m.named_modules(remove_duplicate=False))
+                except Exception:   # a key torch cannot name: our own walk names it
+                    named = _named_modules(m, self.skipped_names)
+                for sub_name, sub in named:
                     if sub not in self.mod_names:
                         self.mod_names[sub] = _strip_compiled(sub_name)
                 n = self.mod_names[m]
@@ -33,7 +45,13 @@ class _ModulePaths:
         if self._is_compiling():
             return
         if threading.get_ident() == self.thread:
-            self.mod_stack.append(self._mod_name(module))
+            try:
+                name = self._mod_name(module)
+            except Exception as exc:   # never the script's forward broken by a name
+                name = f"{self.mod_stack[-1] if self.mod_stack else ''}.<{kind(module)}>"
+                name = name.lstrip(".")
+                self.skipped_names.add(f"module {name}", exc)
+            self.mod_stack.append(name)
 
     def _mod_post(self, module, args, output):
         if self._is_compiling():
@@ -51,7 +69,11 @@ class _ModulePaths:
         for r in self.roots:
             root = r()
             if root is not None:
-                for n, p in root.named_parameters(remove_duplicate=False):
+                try:
+                    pairs = list(root.named_parameters(remove_duplicate=False))
+                except Exception:   # a key torch cannot name: our own walk names it
+                    pairs = _named_parameters(root, self.skipped_names)
+                for n, p in pairs:
                     n = _strip_compiled(n)
                     names.setdefault(id(p), n)
                     named.append((n, p))
@@ -66,3 +88,42 @@ def _strip_compiled(name):
     if name == "_orig_mod":
         return ""
     return name.replace("_orig_mod.", "")
+
+
+def _part(key, skipped):
+    """One key of a module's `_modules` or `_parameters` as a name's part."""
+    got = text(key)
+    if got is None:
+        got = f"<{kind(key)}>"
+        skipped.add(f"key {got}")
+    return got
+
+
+def _named_modules(root, skipped, max_depth=64):
+    """[(path, module)] as `named_modules(remove_duplicate=False)` gives them, for a tree
+    with keys torch cannot name (`_part`); a cycle is not followed."""
+    out = []
+
+    def visit(m, prefix, above):
+        out.append((prefix, m))
+        if len(above) > max_depth:
+            return
+        for key, sub in list((getattr(m, "_modules", None) or {}).items()):
+            if sub is not None and id(sub) not in above:
+                part = _part(key, skipped)
+                visit(sub, f"{prefix}.{part}" if prefix else part, above | {id(sub)})
+
+    visit(root, "", frozenset((id(root),)))
+    return out
+
+
+def _named_parameters(root, skipped):
+    """[(name, parameter)] as `named_parameters(remove_duplicate=False)` gives them, for a
+    tree with keys torch cannot name."""
+    out = []
+    for prefix, m in _named_modules(root, skipped):
+        for key, p in list((getattr(m, "_parameters", None) or {}).items()):
+            if p is not None:
+                part = _part(key, skipped)
+                out.append((f"{prefix}.{part}" if prefix else part, p))
+    return out

@@ -35,14 +35,32 @@ def _tensor_like(a):
 def _short_repr(v):
     """repr of a plain argument (numbers, strings, dtypes, devices, lists of those);
     other objects (storages, script objects) are named by type only: their repr can be
-    huge or hold an address."""
+    huge or hold an address. A subclass of a plain type (an optimizer's `lr`) is shown by
+    its base type's repr: its own may raise (issue 66: the torch capture stopped)."""
     if isinstance(v, (list, tuple)):
         if len(v) > 8 or not all(isinstance(x, _PLAIN) for x in v):
             return f"<{type(v).__name__} of {len(v)}>"
+        if all(type(x) in _PLAIN for x in v):
+            r = repr(v)
+        else:
+            inner = ", ".join(_plain_repr(x) for x in v)
+            r = f"({inner},)" if isinstance(v, tuple) and len(v) == 1 else \
+                f"({inner})" if isinstance(v, tuple) else f"[{inner}]"
     elif not isinstance(v, _PLAIN + _torch_plain_types()):
         return f"<{type(v).__name__}>"
-    r = repr(v)
+    else:
+        r = _plain_repr(v) if isinstance(v, _PLAIN) else repr(v)
     return r if len(r) <= _MAX_PARAM else r[:_MAX_PARAM - 3] + "..."
+
+
+def _plain_repr(v):
+    """repr of a plain value by its base type's own repr (a subclass's is not called)."""
+    if type(v) in _PLAIN:
+        return repr(v)
+    for base in (int, float, complex, str):     # bool has no subclasses
+        if isinstance(v, base):
+            return base.__repr__(v)
+    return repr(v)
 
 
 _PLAIN = (bool, int, float, complex, str, type(None))

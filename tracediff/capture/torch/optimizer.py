@@ -8,6 +8,7 @@ import threading
 import numpy as np
 
 from .. import optim_settings
+from ..skipped import name as skipped_name
 from ...trace import schema
 from . import loaded
 from .opinfo import _MAX_PARAMS, _SCALAR_TYPES, _short_repr
@@ -68,17 +69,22 @@ class _OptimizerSteps:
         names = self._param_names()
         if any(id(p) not in names for g in opt.param_groups for p in g["params"]):
             names = self._param_names(force=True)   # parameters swapped since (FSDP2)
+        skipped = self.skipped_settings
         hyper = []
         for g, group in enumerate(opt.param_groups):
             for k in ("lr", "betas", "eps", "weight_decay", "momentum"):
-                if k in group and not isinstance(group[k], torch.Tensor):
-                    hyper.append(f"{k}={_short_repr(group[k])}" if g == 0 else f"g{g}.{k}={_short_repr(group[k])}")
+                try:   # a setting whose repr raises is skipped, never the capture stopped
+                    if k in group and not isinstance(group[k], torch.Tensor):
+                        shown = _short_repr(group[k])
+                        hyper.append(f"{k}={shown}" if g == 0 else f"g{g}.{k}={shown}")
+                except Exception as exc:
+                    skipped.add(f"group {g} {k}", exc)
         with self.lock, torch._C._DisableTorchDispatch(), torch.no_grad():
             eid = self.writer.add_event(framework=schema.FW_TORCH, kind=schema.KIND_OPTIM,
                                         op=f"optim:{type(opt).__name__}", phase=schema.PHASE_OPTIM,
                                         origin=schema.ORIGIN_SNAPSHOT, params=", ".join(hyper)[:_MAX_PARAMS] or None,
                                         step=self.step)
-            for row in optim_settings.torch_groups(opt.param_groups):
+            for row in optim_settings.torch_groups(opt.param_groups, skipped):
                 self.writer.add_optim_setting(eid, *row)
             slot = 0
             for g, group in enumerate(opt.param_groups):
@@ -90,6 +96,11 @@ class _OptimizerSteps:
                         self._store(eid, slot, p.grad, name=f"grads/{n}")
                         slot += 1
                     for k, v in opt.state.get(p, {}).items():
+                        try:
+                            k = optim_settings.label(k)
+                        except Exception as exc:   # a state key that cannot be named
+                            skipped.add(f"state {skipped_name(k)}", exc)
+                            continue
                         if isinstance(v, torch.Tensor):
                             self._store(eid, slot, v, name=f"state/{n}/{k}")
                         elif isinstance(v, _SCALAR_TYPES):

@@ -84,7 +84,7 @@ import sysconfig
 import threading
 import weakref
 
-from .. import Capture
+from .. import Capture, skipped
 from ...trace import schema
 from . import loaded
 from .dataflow import _Dataflow
@@ -195,6 +195,9 @@ class TorchCapture(_Dispatch, _Dataflow, _Values, _OpParams, _ModulePaths, _Sour
         self.storage_of = {}     # id(tensor) -> its storage's data_ptr when produced (FSDP)
         self.failed = None
         self.failed_at_event = None
+        # what could not be read or formatted, skipped (capture/skipped.py): the manifest's
+        self.skipped_settings = skipped.settings()
+        self.skipped_names = skipped.names()
         self._seq_marks = []
         _live_captures.add(self)
         self._names, self._names_key = {}, None
@@ -279,9 +282,12 @@ class TorchCapture(_Dispatch, _Dataflow, _Values, _OpParams, _ModulePaths, _Sour
         if getattr(self, "autocast", None) is not None:
             self.autocast.uninstall()
         try:
-            if self.mode_on and threading.get_ident() != self.thread:
+            if self.mode_on and (threading.get_ident() != self.thread or
+                                 getattr(self.session, "ends_now", False)):
                 # closed from another thread (term_watch's, the process ends): the mode
-                # stack is per thread, and ours is on the recorded thread's, not this one's
+                # stack is per thread, and ours is on the recorded thread's, not this one's;
+                # or where SIGTERM found the script, which may be inside torch's dispatch
+                # with our mode stashed off the stack: the process dies next either way
                 self.mode_on = False
             elif self.mode_on:
                 self.mode_on = False
@@ -339,6 +345,10 @@ class TorchCapture(_Dispatch, _Dataflow, _Values, _OpParams, _ModulePaths, _Sour
         if getattr(self, "failed", None):
             m["recording_error"] = self.failed
             m["recording_stopped_at_event"] = self.failed_at_event
+        for key in ("skipped_settings", "skipped_names"):
+            got = getattr(self, key, None)
+            if got:
+                m[key] = got.manifest()
         for key, fn in (("config", lambda: torch.__config__.show()),
                         ("parallel_info", lambda: torch.__config__.parallel_info()),
                         ("cpu_capability", lambda: torch.backends.cpu.get_cpu_capability()),

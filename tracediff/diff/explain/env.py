@@ -13,7 +13,10 @@ IGNORED = {"created", "pid", "python.executable", "script.path", "script.argv.0"
            "env.JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "env.TRACEDIFF_XLA_CACHE"}
 IGNORED_PREFIX = ("end.", "counts.", "stats.", "frameworks.jax.replay_vs_compiled.",
                   "frameworks.jax.probe.", "frameworks.torch.compile.stats.",
-                  "frameworks.jax.program_cache.", "frameworks.jax.digests_on_device.groups.")
+                  "frameworks.jax.program_cache.", "frameworks.jax.digests_on_device.groups.",
+                  # what a capture could not format (capture/skipped.py): the recording's
+                  "frameworks.torch.skipped_settings.", "frameworks.torch.skipped_names.",
+                  "frameworks.jax.skipped_settings.")
 # leaf names that are recording statistics or notes, not environment
 IGNORED_LEAF = {"calls", "calls_not_replayed", "eager_primitives", "equations", "optimizer_steps",
                 "replay_errors", "ops", "input_snapshots", "mode", "supported", "threads_note",

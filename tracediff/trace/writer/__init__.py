@@ -17,7 +17,8 @@ part per concern, each in its own module:
 Under them: pending.py (the value bytes of the next flush), trace_file.py (the file HDF5
 writes through, checked before every call), fsync.py (the flush's fsync and write-behind
 thread), process_hooks.py (fork, exit and descriptor guards), signals.py (signal
-handlers held back while in HDF5) and settings.py (the tunables).
+handlers held back while in HDF5; a forked child's handlers made the script's before any
+signal reaches it) and settings.py (the tunables).
 """
 
 import os
@@ -35,13 +36,13 @@ from .pending import _PendingBytes
 from .process_hooks import (_guard_descriptors, _live_writers, release_descriptor,
                             reserve_descriptor)
 from .reserved_values import _ReservedValues
-from .signals import _signals_deferred, installed_handler
+from .signals import _signals_deferred, installed_handler, on_fork_in_child
 from .statistics import _Statistics
 from .trace_file import TraceFile
 from .value_rows import _Values
 
 __all__ = ["TraceWriter", "TraceFile", "write_finished", "installed_handler",
-           "reserve_descriptor", "release_descriptor"]
+           "on_fork_in_child", "reserve_descriptor", "release_descriptor"]
 
 
 class TraceWriter(_Events, _Values, _ReservedValues, _Statistics, _DeviceCopies, _Flushing,

@@ -14,6 +14,8 @@ import functools
 import os
 import weakref
 
+from .signals import hold_for_fork, release_in_parent, settle_in_child
+
 
 # Writers and files of this process. A forked child (a DataLoader worker, a fork Pool, a
 # script's own os.fork) inherits them; the hook below stops the child from writing the
@@ -25,16 +27,23 @@ _live_files = weakref.WeakSet()
 
 def _before_fork():
     """No chunk is written behind while the process forks: the child would not have the
-    thread, and its copy of the buffers would be half written."""
-    for w in list(_live_writers):
-        w._quiet()
+    thread, and its copy of the buffers would be half written. Then the signals Python
+    handles wait until the child's handlers are the script's (signals.hold_for_fork)."""
+    try:
+        for w in list(_live_writers):
+            w._quiet()
+    finally:
+        hold_for_fork()
 
 
 def _after_fork_in_child():
-    for tf in list(_live_files):
-        tf.discard()
-    for w in list(_live_writers):
-        w._after_fork_in_child()
+    try:
+        for tf in list(_live_files):
+            tf.discard()
+        for w in list(_live_writers):
+            w._after_fork_in_child()
+    finally:
+        settle_in_child()
 
 
 def _close_at_exit():
@@ -122,5 +131,6 @@ def _guard_descriptors():
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+    os.register_at_fork(before=_before_fork, after_in_parent=release_in_parent,
+                        after_in_child=_after_fork_in_child)
 atexit.register(_close_at_exit)

@@ -4,6 +4,13 @@ A Python handler runs between any two bytecodes, so one that raises (Ctrl-C, SIG
 script's own) could fail one of HDF5's writes half-way, which HDF5 cannot recover from:
 the writer's entry points note signals meanwhile and deliver them once HDF5 has returned.
 `installed_handler` tells other threads (term_watch.py) which handler is the process's.
+
+A child the process forks gets the script's handlers, never tracediff's: the signals Python
+handles are blocked in the forking thread across the fork (`hold_for_fork`), and the child
+lets them through only once its handlers are the script's again (`settle_in_child`: the
+deferral's stand-ins, and whatever upper layers registered with `on_fork_in_child`).
+Otherwise a signal sent to a child that is still starting (a fork Pool terminated at
+once) ran tracediff's handler there, and wrote to the parent's wakeup socket.
 """
 
 import functools
@@ -69,3 +76,66 @@ def installed_handler(sig):
 
 _CATCHABLE = tuple(s for s in getattr(signal, "valid_signals", lambda: ())()
                    if s not in (getattr(signal, "SIGKILL", None), getattr(signal, "SIGSTOP", None)))
+
+
+# -- fork ------------------------------------------------------------------------------------
+
+_in_child = []   # callables a forked child runs before its signals are let through
+_masks = {}      # forking thread's ident -> its signal mask before `hold_for_fork`
+
+
+def on_fork_in_child(fn):
+    """Run FN in every child the process forks, after the writer's own fork hook and before
+    any signal sent to the child meanwhile is delivered (register once per process)."""
+    _in_child.append(fn)
+
+
+def hold_for_fork():
+    """In the forking thread, just before fork: block the signals that Python handles, so
+    that none runs a handler of tracediff's in the child before `settle_in_child` (between
+    fork and the child's hooks, the child's handlers are still the parent's: SIGTERM's
+    raised into a starting Pool worker, which printed a traceback, and its wakeup byte
+    reached the parent's term_watch, which then killed the parent)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return
+    try:
+        held = [s for s in _CATCHABLE if callable(installed_handler(s))]
+        if held:
+            _masks[threading.get_ident()] = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    except (ValueError, OSError):
+        pass
+
+
+def release_in_parent():
+    """In the parent after fork: the forking thread's mask as it was."""
+    _unmask(_masks.pop(threading.get_ident(), None))
+
+
+def settle_in_child():
+    """In a forked child: the script's handlers back in place of the deferral's stand-ins
+    (a thread forked while the main thread was in HDF5), the upper layers' `on_fork_in_child`
+    (tracediff's SIGTERM handler swapped for the script's), then the signals let through."""
+    mask = _masks.pop(threading.get_ident(), None)
+    _masks.clear()
+    try:
+        for sig, handler in list(_held.items()):
+            try:
+                signal.signal(sig, handler)
+            except (ValueError, OSError, TypeError, RuntimeError):
+                pass
+        _held.clear()
+        for fn in _in_child:
+            try:
+                fn()
+            except Exception:
+                pass
+    finally:
+        _unmask(mask)
+
+
+def _unmask(mask):
+    if mask is not None:
+        try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        except (ValueError, OSError):
+            pass
