@@ -20,7 +20,7 @@ import tracediff
 from tracediff.diff import coverage as _coverage
 from tracediff.trace import schema
 
-from .helpers import metadata_only_copy, script_env
+from .helpers import locate_json, metadata_only_copy, record, script_env
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -195,6 +195,36 @@ def test_an_op_only_one_run_has_is_unpaired_on_that_side_only(recorded):
     assert a.paired == a.compared == a.events > 0
     assert b.events == a.events + 1 and b.paired == b.compared == a.events
     assert [(u.side, u.length, u.op) for u in r.coverage.unpaired] == [("b", 1, "aten::mul.Tensor")]
+
+
+INSERTED_RUN = """import sys
+import torch
+torch.manual_seed(0)
+x = torch.randn(8)
+if "--insert" in sys.argv:
+    x = x * 1.000001   # inserted 1
+    x = x + 0.5        # inserted 2
+    x = x * 0.999999   # inserted 3
+print(torch.sign(x).sum().item())
+"""
+
+
+def test_an_unpaired_region_starts_at_its_first_event(tmp_path):
+    """b runs three ops a does not, one after another: one unpaired region of b, which
+    starts where b's extra work starts (the event a user opens first) and holds all three.
+    The truth from b's event table: the events recorded at the inserted lines."""
+    script = tmp_path / "inserted.py"
+    script.write_text(INSERTED_RUN)
+    a, b = tmp_path / "a.h5", tmp_path / "b.h5"
+    record(str(script), a)
+    record(str(script), b, "--insert")
+    inserted = [f"inserted.py:{n}" for n in (6, 7, 8)]
+    with tracediff.load(str(b)) as t:
+        mine = [i for i in range(len(t)) if t.event(i)["source"] in inserted]
+    assert len(mine) == 3 and mine == list(range(mine[0], mine[0] + 3)), mine   # the premise
+    regions = locate_json(a, b, "--no-explain")["coverage"]["unpaired"]
+    assert [(u["side"], u["start"], u["length"]) for u in regions] == [("b", mine[0], 3)], regions
+    assert regions[0]["op"] == "aten::mul.Tensor" and regions[0]["source"] == inserted[0], regions
 
 
 @pytest.fixture(scope="module")

@@ -157,6 +157,80 @@ def test_replay_differences_are_counted_every_call_and_measured_at_chosen_ones()
     assert fid["examples"] == ["step"]
 
 
+# fixtures/jax_fused_fma.py: each jit call's outputs are these equations' results
+FMA_OUTPUTS = {"jit:true_divide": ("div",), "jit:schedule": ("add", "reduce_sum")}
+
+
+@pytest.fixture(scope="module")
+def fma(recorded):
+    """fixtures/jax_fused_fma.py with this CPU's ISA and with SSE4.2 (as test_jax_locate)."""
+    from .conftest import XLA_SSE4
+
+    return recorded.many({"fma": ("jax_fused_fma.py", (), None),
+                          "sse": ("jax_fused_fma.py", (), XLA_SSE4)})
+
+
+def _replay_differs(path):
+    """{call op: whether its compiled outputs differ from its replayed equations' results}
+    by the bytes a level-full trace holds (the truth of `replay_vs_compiled`)."""
+    out = {}
+    with tracediff.load(path) as t:
+        evs = events(t)
+        for call in (e for e in evs if e["kind"] == "call"):
+            inner = {e["op"]: e["index"] for e in evs if e["call"] == call["index"]}
+            compiled = [t.read_value(r) for r in t.value_rows(call["index"], schema.ROLE_OUT)]
+            replayed = [t.read_value(t.value_rows(inner[op], schema.ROLE_OUT)[0])
+                        for op in FMA_OUTPUTS[call["op"]]]
+            assert len(compiled) == len(replayed)
+            out[call["op"]] = any(c.tobytes() != r.tobytes() for c, r in zip(compiled, replayed))
+    return out
+
+
+def _fma_truth(fma):
+    """`_replay_differs` of the recording with this CPU's ISA, where its FMA decides."""
+    truth = _replay_differs(fma["fma"])
+    if not truth["jit:schedule"]:
+        pytest.skip("XLA contracts no FMA on this CPU (no FMA in its ISA): the compiled "
+                    "schedule rounds as its replay does, no call's replay differs")
+    return truth
+
+
+def _check_replay_counts(path, truth):
+    with tracediff.load(path) as t:
+        fid = t.manifest["frameworks"]["jax"]["replay_vs_compiled"]
+    differs = [op.split(":", 1)[1] for op, d in truth.items() if d]
+    assert (fid["calls_compared"], fid["calls_where_replay_differs"], fid["calls_measured"]) \
+        == (len(truth), len(differs), len(differs)), (fid, truth)
+    assert fid["examples"] == differs, (fid, truth)
+
+
+def test_the_call_whose_compiled_program_rounds_otherwise_is_counted(fma):
+    """XLA contracts `t * rate + offset` into one FMA where the ISA has it; replayed one
+    equation at a time it rounds twice. `replay_vs_compiled` counts that call and only it
+    (the division rounds alike), by the hashes both sides were written with; under SSE4.2
+    the schedule's replay is its compiled program's. Truth: the trace's bytes."""
+    sse = _replay_differs(fma["sse"])
+    assert sse == {"jit:true_divide": False, "jit:schedule": False}, sse
+    _check_replay_counts(fma["sse"], sse)
+    truth = _fma_truth(fma)
+    assert truth == {"jit:true_divide": False, "jit:schedule": True}, truth
+    _check_replay_counts(fma["fma"], truth)
+
+
+@pytest.mark.deep   # the device path forced on XLA:CPU: CI's deep stage
+def test_calls_hashed_on_the_device_are_compared_by_their_bytes(fma, recorded):
+    """On an accelerator values are hashed on the device and read later: at a call's end
+    neither its replayed nor its compiled outputs have a hash, and their bytes are compared.
+    The same program recorded so (forced on XLA:CPU, --level stats) counts the same call
+    as the level-full trace's bytes say (the truth)."""
+    truth = _fma_truth(fma)
+    dev = recorded("jax_fused_fma.py", env={"TRACEDIFF_JAX_DIGEST_ON_DEVICE": "1"},
+                   options=("--level", "stats"))
+    with tracediff.load(dev) as t:
+        assert t.manifest["frameworks"]["jax"]["digests_on_device"]   # the premise
+    _check_replay_counts(dev, truth)
+
+
 def test_replay_fidelity_is_measured_over_every_element():
     """The manifest's max relative difference between replayed and compiled outputs: the
     recorder compares only the elements that differ, in float64; the truth here is one

@@ -719,6 +719,77 @@ def test_eager_values_wait_for_their_program_and_survive_donation(tmp_path, monk
         assert (vd["hash"] == vh["hash"]).all()
 
 
+def test_values_held_for_their_program_stay_within_wait_bytes(tmp_path, monkeypatch):
+    """The copies held while their program compiles are bounded by WAIT_BYTES (a model's
+    first values can be its whole state), set here to two of the script's 4 KB values
+    exactly: its input and the device copy made of it wait, the next value (inside the
+    first `sin`) would pass the bound, so the script waits there for the program (held back
+    here) instead of holding a third copy, and three values waited in all, the rest digested
+    by the program compiled by then; the trace is the host path's, hash by hash. Unbounded,
+    the script ran on with 13 of its 20 values held."""
+    import threading
+    import time
+
+    import tracediff
+    from tracediff.capture.jax import digest_groups
+
+    compile_now = digest_groups.DigestGroups._compile
+    gate = threading.Event()
+
+    def held_compile(self, *args):
+        gate.wait(30)   # opened once the script has stopped making values, or at its end
+        return compile_now(self, *args)
+
+    def watch(made, done, stopped):
+        """Open the gate where the script makes no value for 1 s (it waits at the bound)."""
+        seen, since = -1, time.monotonic()
+        while not done.is_set():
+            if len(made) != seen:
+                seen, since = len(made), time.monotonic()
+            elif time.monotonic() - since > 1.0:
+                stopped.append(seen)
+                break
+            time.sleep(0.02)
+        gate.set()
+
+    monkeypatch.setattr(digest_groups.DigestGroups, "_compile", held_compile)
+    monkeypatch.setattr(digest_groups, "WAIT_BYTES", 8192)
+    monkeypatch.setenv("TRACEDIFF_XLA_CACHE", "off")
+    jnp = jax.numpy
+    x0 = np.linspace(-1, 1, 1024, dtype=np.float32).reshape(8, 128)   # 4 KB a value
+    x = jnp.asarray(x0)
+    for _ in range(6):   # the script's own programs compiled before the recordings
+        x = jnp.sin(x)
+    traces, ends, stopped = {}, {}, {}
+    for name, device in (("host", "0"), ("device", "1")):
+        monkeypatch.setenv("TRACEDIFF_JAX_DIGEST_ON_DEVICE", device)
+        gate.clear()
+        made, done, stopped[name] = [], threading.Event(), []
+        watcher = threading.Thread(target=watch, args=(made, done, stopped[name]))
+        out = traces[name] = tmp_path / f"{name}.h5"
+        try:
+            with tracediff.record(out, level="stats", hash="words64", frameworks=("jax",)):
+                watcher.start()
+                x = jnp.asarray(x0)
+                for _ in range(6):
+                    x = jnp.sin(x)
+                    made.append(x.shape)
+                done.set()
+                ends[name] = np.asarray(x)
+        finally:
+            done.set()
+            if watcher.is_alive():
+                watcher.join()
+    assert stopped == {"host": [], "device": [0]}, stopped
+    assert np.array_equal(ends["device"], ends["host"])
+    groups = _manifest(traces["device"])["frameworks"]["jax"]["digests_on_device"]["groups"]
+    assert groups["values_waited_for_their_program"] == 3, groups
+    with h5py.File(traces["device"], "r") as fd, h5py.File(traces["host"], "r") as fh:
+        vd, vh = fd["values"][:], fh["values"][:]
+        assert len(vd) == len(vh) > 6
+        assert (vd["hash"] == vh["hash"]).all()
+
+
 def _stored_hashes_match_bytes(path):
     """(rows whose hash is the words64 of the bytes the trace stores for them, rows)."""
     with h5py.File(path, "r") as f:

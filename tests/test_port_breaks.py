@@ -28,6 +28,7 @@ JOBS = {
     "conv_stride": ("port_conv.py", "--bug", "stride"),
     "rotary_base": ("port_rotary.py", "--bug", "base"),
     "rotary_gain": ("port_rotary.py", "--bug", "gain"),
+    "rotary_base_product": ("port_rotary.py", "--bug", "base", "--rotate-product"),
     "pos_offset": ("port_positions.py", "--padding-offset"),
     "pos_offset_bug": ("port_positions.py", "--padding-offset", "--bug", "pos"),
 }
@@ -96,6 +97,24 @@ def test_a_rotary_table_of_another_base_is_found_at_the_table(traces):
     printed = float(traces["rotary_base:stdout"].split("max abs")[-1])    # the script's own
     assert f.layer["outputs"]["max_abs"] == pytest.approx(printed, rel=5e-3), f.layer
     assert not r.coverage.sufficient       # the divergence stands on what was compared
+
+
+def test_of_two_tables_read_by_the_same_ops_the_closer_one_is_the_pair(traces):
+    """Both sides rotate `q * sin` (--rotate-product): each side's cos and sin are read by
+    a `mul` with q, so Flax's cos (base 500) has two candidates by role, torch's cos and
+    sin. The closer one is its pair, and the finding is the cos table with the cos-to-cos
+    difference (numpy), never the sin table with the difference of two other functions."""
+    fx = _fixture("port_rotary.py")
+    bad, good = fx["sincos_table"](500.0)[:8], fx["sincos_table"]()[:8]
+    cos = float(np.abs(bad[:, 8:] - good[:, 8:]).max())
+    sin = float(np.abs(bad[:, 8:] - good[:, :8]).max())
+    assert sin > 1.5 * cos, (sin, cos)     # the premise: the distances tell them apart
+    r = tracediff.locate(traces["rotary_base_product"], explain=False)
+    assert r.verdict == "diverged" and r.exit_code == 1, r.coverage.reasons
+    f = r.first_beyond_tolerance
+    assert f.layer["family"] == "table" and f.layer["module"]["a"] == "Rotary", f.layer
+    assert "aten::cos" in f.layer["b"], f.layer
+    assert f.metrics.max_abs == pytest.approx(cos, rel=1e-5), (f.metrics.max_abs, cos, sin)
 
 
 def test_position_ids_that_forgot_the_padding_offset_are_found_at_the_lookup(traces):
