@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tracediff.trace import schema, values
+from tracediff.trace.reader import Trace
 
 from .helpers import record, script_env, xla_cpu_hashes_what_it_returns
 from .stats_truth import assert_float64_truth, float32_tolerances, hostile_values
@@ -997,3 +998,29 @@ def test_a_flax_blocks_full_trace_on_the_device_stores_what_it_hashed(tmp_path):
     assert groups["values_programs_returning_values"] >= 2 and groups["groups_run"] > 0
     same, n = _stored_hashes_match_bytes(out)
     assert same == n > 500
+
+
+X64 = """
+import jax, jax.numpy as jnp
+jax.config.update("jax_enable_x64", True)
+step = jax.jit(lambda x: (x * 2, jnp.tanh(x)))
+x = jnp.linspace(-1.0, 1.0, 64, dtype=jnp.float64)
+for _ in range(2):
+    x, y = step(x)
+print(float(x.sum()), float(y.sum()))
+"""
+
+
+def test_a_batch_whose_values_all_go_to_the_host_writes_its_trace(tmp_path):
+    """Under jax_enable_x64 a call's float64 outputs are summarised on the host (float32
+    on the device cannot hold them), which left a batch of the device path with no
+    program to read back: the recording stopped at its end ("need at least one array to
+    concatenate", exit 2)."""
+    script = tmp_path / "x64.py"
+    script.write_text(X64)
+    out = tmp_path / "x64.h5"
+    proc = record(str(script), str(out), env={"TRACEDIFF_JAX_DIGEST_ON_DEVICE": "1"},
+                  extra=("--level", "stats", "--jax-values", "compiled"), check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with Trace(str(out)) as t:
+        assert t.complete and len(t.stats_rows)

@@ -119,7 +119,10 @@ def stat_rows(words):
 def rows_of(outs, width, take=None):
     """Several programs' packed results (a list: the group programs', or one program a
     value) on the host as one (values, width) array, in the values' order where `take`
-    gives it (`Result.take`); waits for them."""
+    gives it (`Result.take`); waits for them. No programs (every value of a batch went
+    another way: 64-bit values are summarised on the host) is no rows."""
+    if not outs:
+        return np.zeros((0, width), np.uint32)
     host = np.concatenate([np.asarray(o).reshape(-1, width) for o in outs])
     return host if take is None else host[take]
 
