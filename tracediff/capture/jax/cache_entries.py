@@ -172,9 +172,12 @@ def trim(folder, max_bytes):
     now = time.time()
     with os.scandir(folder) as it:
         for e in it:
-            if e.name == KEY_FILE or not e.is_file(follow_symlinks=False):
+            try:
+                if e.name == KEY_FILE or not e.is_file(follow_symlinks=False):
+                    continue
+                st = e.stat(follow_symlinks=False)
+            except FileNotFoundError:   # renamed or dropped by another writer meanwhile
                 continue
-            st = e.stat(follow_symlinks=False)
             if e.name.endswith(".tmp") and now - st.st_mtime > STALE_TMP_SECONDS:
                 _remove(e.path)
                 continue
