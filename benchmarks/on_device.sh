@@ -13,7 +13,11 @@
 # order below; truths, issue 37's behaviours against their truths, installs torch's CPU
 # build first; behind: the defaults' full level with TRACEDIFF_WRITE_BEHIND=1, beside
 # `defaults`; full: the defaults' full level alone; writer_overlap: the same choices on
-# the writer alone, no accelerator used).
+# the writer alone, no accelerator used; and issues 66 and 68's: nonfinite, where a NaN
+# came from, fixtures/jax_nonfinite.py's cases at --level stats on the chip and `info`;
+# cache, the program cache cold then warm on the MLP at --level stats, the two traces
+# located; loop, the stats loop and whole process against a revision's tracediff,
+# `against_revision.py --rev-tree $REV_TREE`, ROUNDS rounds).
 set -u
 out="${1:?usage: on_device.sh FOLDER [SITE]}"
 site="${2:-/tmp/site}"
@@ -39,6 +43,21 @@ step() {   # name, command...
     "$@" > "$out/$name.txt" 2>&1
     echo "$name: exit $? in $(( $(date +%s) - start )) s" | tee -a "$out/times.txt"
 }
+nonfinite() {
+    for c in sqrt norm half adam rms; do
+        python3 -m tracediff record --level stats -o "/tmp/nf_$c.h5" fixtures/jax_nonfinite.py --case "$c" > /dev/null
+        python3 -m tracediff info "/tmp/nf_$c.h5" | grep -A3 "first non-finite"
+    done
+}
+cache() {
+    local mlp="fixtures/jax_mlp.py --sizes 256,1024,1024,256 --batch 64 --steps 30"
+    rm -rf /tmp/xla
+    for run in cold warm; do
+        /usr/bin/time -f "$run: %e s wall" env TRACEDIFF_XLA_CACHE=/tmp/xla python3 -m tracediff record --level stats -o "/tmp/$run.h5" $mlp
+        python3 -c "import h5py, json; m = json.loads(h5py.File('/tmp/$run.h5')['manifest'][()]); print('$run', m['frameworks']['jax']['program_cache'])"
+    done
+    python3 -m tracediff locate /tmp/cold.h5 /tmp/warm.h5 | head -3
+}
 run() {   # name: that step's command
     case "$1" in
     digest_speed) step digest_speed python3 benchmarks/digest_speed.py ;;
@@ -52,6 +71,10 @@ run() {   # name: that step's command
         --only defaults --levels full ;;   # the full level with the chunks written behind
     writer_overlap) step writer_overlap python3 benchmarks/writer_overlap.py ;;
     full) step full python3 benchmarks/accelerator.py --only defaults --levels full ;;
+    nonfinite) step nonfinite nonfinite ;;
+    cache) step cache cache ;;
+    loop) step loop python3 benchmarks/against_revision.py --rev-tree "${REV_TREE:?}" \
+        --rounds "${ROUNDS:-3}" --args "--sizes 256,1024,1024,256 --batch 64 --steps 300" ;;
     *) echo "no step $1" >&2; exit 2 ;;
     esac
 }

@@ -84,7 +84,7 @@ class TermWatch:
         taken.clear()
         self.pid = os.getpid()
         self.sockets = (r, w)
-        self.ids = (_identity(r.fileno()), _identity(w.fileno()))
+        self.ids = (descriptor_identity(r.fileno()), descriptor_identity(w.fileno()))
         for sock in (r, w):
             reserve_descriptor(sock.fileno())
         _active.append(w.fileno())
@@ -111,7 +111,7 @@ class TermWatch:
             release_descriptor(sock.fileno())
         # a script that closed every descriptor (os.closerange) may hold these numbers
         # for its own files now: never shut down or close what is no longer ours
-        ours = [_identity(x.fileno()) == i for x, i in zip((r, w), self.ids)]
+        ours = [descriptor_identity(x.fileno()) == i for x, i in zip((r, w), self.ids)]
         if ours[0]:
             try:
                 r.shutdown(socket.SHUT_RDWR)    # ends the thread's recv
@@ -198,7 +198,7 @@ def _high(pair, low=1000):
     return out
 
 
-def _identity(fd):
+def descriptor_identity(fd):
     """(device, inode) of a descriptor, or None when it is closed."""
     try:
         st = os.fstat(fd)

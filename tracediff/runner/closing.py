@@ -9,6 +9,7 @@ import gc
 import os
 import sys
 
+from ..term_watch import descriptor_identity
 from ..trace.manifest import capture_losses, native_libraries
 
 
@@ -152,10 +153,10 @@ class ProcessEnds:
     def __init__(self, rec):
         self.rec = rec
         self.saved = {}
-        self.stderr = _identity(2)   # the script's stderr when it started
+        self.stderr = descriptor_identity(2)   # the script's stderr when it started
 
     def __enter__(self):
-        self.stderr = _identity(2)
+        self.stderr = descriptor_identity(2)
         for name, wrap in (("_exit", self._exit), ("execv", self._exec("execv")),
                            ("execve", self._exec("execve"))):
             if hasattr(os, name):
@@ -213,19 +214,11 @@ class ProcessEnds:
             sys.stderr = script_stderr
 
 
-def _identity(fd):
-    try:
-        st = os.fstat(fd)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
 def _raw_stderr(identity):
     """A writer straight to descriptor 2 (nothing held back), or to os.devnull where the
     script closed its stderr or reused the number for a file of its own."""
     try:
-        if identity is not None and _identity(2) == identity:
+        if identity is not None and descriptor_identity(2) == identity:
             return open(2, "w", buffering=1, closefd=False, errors="backslashreplace")
         return open(os.devnull, "w")
     except OSError:
