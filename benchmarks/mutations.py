@@ -8,6 +8,7 @@ check that each one is still caught.
 
     python benchmarks/mutations.py                    # every mutation in MUTATIONS
     python benchmarks/mutations.py --only coverage-run-start,stops-farthest-table
+    python benchmarks/mutations.py --round 2          # one audit round's mutations
     python benchmarks/mutations.py --list             # ids, files, tests; runs nothing
     python benchmarks/mutations.py --whole            # the owning files whole (no -k)
 
@@ -15,8 +16,9 @@ To add a mutation, append a `Mutation` to MUTATIONS: an id, the file, the functi
 in, the exact original text (it must occur once in the file), the mutated text, the test
 files that own the code, and pytest arguments (`-m deep` for the deep stage's tests, `-k`
 to pick the tests that pin the behaviour down: a module's recordings are what its tests
-cost). A mutation that cannot change any outcome (it only changes the cost) takes
-`equivalent="why"`: it is listed but not run or counted.
+cost), and the audit round that chose it (`round=`). A mutation that cannot change any
+outcome (it only changes the cost) takes `equivalent="why"`: it is listed but not run or
+counted.
 
 The script refuses to start where git reports changes to a file it mutates, checks first
 that the owning tests pass without any mutation (the baseline), restores each file to
@@ -48,6 +50,7 @@ class Mutation:
     tests: tuple         # the owning test files
     args: tuple = ()     # pytest arguments: ("-m", "deep"), ("-k", "expr")
     equivalent: str = ""  # why no test can catch it (not run, not counted)
+    round: int = 1        # the audit round that chose it (`--round`)
 
 
 DEEP = ("-m", "deep")
@@ -90,6 +93,114 @@ MUTATIONS = [
                         "pass over a train step's state (its cost)"),
 ]
 
+
+# Round 2 (issue 66, "Tests that catch bugs in the code they own"): 25 mutations of the code
+# changed since 247fcf8, a few in each module, each a plausible slip (`--round 2`).
+NONFINITE = ("tests/test_nonfinite.py",)
+CACHE = ("tests/test_program_cache.py",)
+SOURCES = ("tests/test_sources.py",)
+SIGNALS = ("tests/test_attacks_signals.py",)
+SETTINGS = ("tests/test_optimizer_settings.py", "tests/test_torch_capture.py")
+UNFORMATTABLE = ANY + ("-k", "cannot_be_formatted or cannot_name")
+STATS = ("tests/test_fast_capture.py",)
+DIGEST = ("tests/test_jax_digest.py", "tests/test_fast_capture.py")
+DIGEST_K = ANY + ("-k", "device_statistics or in_program_stats")
+ROUND2 = [
+    # -- diff/nonfinite/
+    Mutation("nf-counts-stop-past-value", "tracediff/diff/nonfinite/counts.py", "Counts._masked",
+             "stop = start + nbytes[sel] // size", "stop = start + nbytes[sel] // size + 1",
+             NONFINITE),
+    Mutation("nf-call-is-a-root", "tracediff/diff/nonfinite/graph.py", "NonFiniteGraph.__init__",
+             "self.roots = np.flatnonzero(self.bad & ~self.holder & ~self.fed_bad)",
+             "self.roots = np.flatnonzero(self.bad & ~self.fed_bad)", NONFINITE),
+    Mutation("nf-want-nan-inverted", "tracediff/diff/nonfinite/graph.py", "NonFiniteGraph.reach",
+             "want_nan = self.nan_ev[root] == 0", "want_nan = self.nan_ev[root] > 0",
+             NONFINITE),
+    Mutation("nf-zeros-plural", "tracediff/diff/nonfinite/mechanism.py", "_zero_words",
+             "zero{'s' if v.zeros > 1 else ''}", "zero{'s' if v.zeros >= 1 else ''}",
+             NONFINITE),
+    Mutation("nf-absorbed-counts-itself", "tracediff/diff/nonfinite/origin.py", "find_nonfinite",
+             "        absorbed = absorbed[1:]\n", "", NONFINITE),
+    # -- capture/jax/cache_entries.py, program_cache.py
+    Mutation("cache-sticky-folder-itself", "tracediff/capture/jax/cache_entries.py",
+             "unsafe_folder",
+             "if writable and (first or not st.st_mode & stat.S_ISVTX):",
+             "if writable and not st.st_mode & stat.S_ISVTX:", CACHE, DEEP + ("-k", "folder")),
+    Mutation("cache-bound-inclusive", "tracediff/capture/jax/cache_entries.py", "read_bounded",
+             "if st.st_size > limit:", "if st.st_size >= limit:", CACHE,
+             DEEP + ("-k", "second_recording")),
+    Mutation("cache-seal-without-name", "tracediff/capture/jax/cache_entries.py", "_mac",
+             'name.encode() + b"\\0" + payload', "payload", CACHE,
+             DEEP + ("-k", "another_name")),
+    Mutation("cache-trim-one-too-many", "tracediff/capture/jax/cache_entries.py", "trim",
+             "if total <= max_bytes:", "if total < max_bytes:", CACHE, DEEP + ("-k", "trim")),
+    # -- diff/explain/sources.py, source_kinds.py, source_fixes.py
+    Mutation("src-nonfinite-side-swapped", "tracediff/diff/explain/source_kinds.py",
+             "value_words", 'side = "b" if (fa & ~fb).any() else "a"',
+             'side = "a" if (fa & ~fb).any() else "b"', SOURCES, ("-k", "arguments or shares")),
+    Mutation("src-arguments-one-group", "tracediff/diff/explain/sources.py", "_group",
+             "             cl.arguments)   # each set", '             "")   # each set', SOURCES,
+             ("-k", "arguments or shares")),
+    Mutation("src-unshared-not-by-first-event", "tracediff/diff/explain/sources.py", "_group",
+             "out.sort(key=lambda s: (s.share is None, -(s.share or 0.0), s.first_event))",
+             "out.sort(key=lambda s: (s.share is None, -(s.share or 0.0)))", SOURCES,
+             ("-k", "arguments or shares")),
+    Mutation("src-argv-key-misnamed", "tracediff/diff/explain/source_fixes.py", "fix",
+             'if e["key"] == "script.argv"]', 'if e["key"] == "script.args"]', SOURCES,
+             ("-k", "arguments or shares")),
+    # -- diff/engine/search.py (probe equations)
+    Mutation("search-probe-eqn-skipped", "tracediff/diff/engine/search.py",
+             "DivergenceSearch.search",
+             "if state.probe[ea] and self.sa.kind[ea] != schema.KIND_EQN:",
+             "if state.probe[ea]:", ("tests/test_locate.py",), ("-k", "never_skipped")),
+    Mutation("search-probe-judged-by-its-own-call", "tracediff/diff/engine/search.py",
+             "DivergenceSearch._search_eqn", "if probed:   # a probe's",
+             "if False:   # a probe's", ("tests/test_locate.py",), ("-k", "never_skipped")),
+    # -- trace/norms.py, trace/values.py, capture/jax/digest_stats.py
+    Mutation("stats-large-value-always-plain", "tracediff/trace/values.py", "_one_float_stats",
+             "if norms.plain_one(x.dtype, x.size, amax):", "if True:", STATS,
+             ("-k", "tiny or huge")),
+    Mutation("norms-mean-over-every-number", "tracediff/trace/norms.py", "mean_l2",
+             "n = x.size if count is None else count", "n = x.size", STATS,
+             ("-k", "tiny or huge or nan")),
+    Mutation("digest-big-squares-scaled-once", "tracediff/capture/jax/digest_stats.py", "finish",
+             "np.ldexp(f[:, 4], 2 * UP)", "np.ldexp(f[:, 4], UP)", DIGEST, DIGEST_K),
+    Mutation("digest-inf-counted-as-big", "tracediff/capture/jax/digest_stats.py", "terms",
+             "big = fin & (mag >= np.uint32(_BIG))", "big = mag >= np.uint32(_BIG)", DIGEST,
+             DIGEST_K),
+    # -- runner/signals.py (Termination), trace/writer/signals.py
+    # the flush back outside the SIGINT branch, as it was before `Termination`
+    Mutation("sig-sigterm-flushes-output", "tracediff/runner/signals.py", "exit_by_signal",
+             "        atexit._run_exitfuncs()\n"
+             "        for stream in (sys.stdout, sys.stderr):   "
+             "# Python's finalization flushes them\n"
+             "            try:\n                stream.flush()\n            except Exception:\n"
+             "                pass\n",
+             "        atexit._run_exitfuncs()\n"
+             "    for stream in (sys.stdout, sys.stderr):\n"
+             "        try:\n            stream.flush()\n        except Exception:\n"
+             "            pass\n",
+             SIGNALS, DEEP + ("-k", "sigterm_ends_the_recorded_run")),
+    Mutation("sig-ends-below-innermost-own-frame", "tracediff/runner/signals.py",
+             "Termination.take", "                own = f\n", "                own = own or f\n",
+             ("tests/test_reliability.py",) + SIGNALS,
+             ANY + ("-k", "sigterm_taken_inside or sigterm_ends_the_recorded_run")),
+    Mutation("sig-child-signals-stay-blocked", "tracediff/trace/writer/signals.py",
+             "settle_in_child", "    finally:\n        _unmask(mask)\n",
+             "    finally:\n        pass\n", SIGNALS, DEEP + ("-k", "forked_child")),
+    # -- capture/skipped.py, capture/optim_settings.py
+    Mutation("skipped-repeats-named", "tracediff/capture/skipped.py", "Skipped.add",
+             "if where in self.seen or len(self.seen) >= MAX_SEEN:",
+             "if len(self.seen) >= MAX_SEEN:", SETTINGS, UNFORMATTABLE),
+    Mutation("settings-float-override-called", "tracediff/capture/optim_settings.py", "scalar",
+             "(float.__float__(v) if isinstance(v, float) else int.__float__(v))", "float(v)",
+             SETTINGS, UNFORMATTABLE),
+    Mutation("settings-wrapper-named", "tracediff/capture/optim_settings.py", "_walk",
+             "if factory and factory not in _WRAPPERS:", "if factory:", SETTINGS,
+             UNFORMATTABLE),
+]
+ROUND2 = [dataclasses.replace(m, round=2) for m in ROUND2]
+MUTATIONS = MUTATIONS + ROUND2
 
 class Stop(Exception):
     """SIGTERM: end like Ctrl-C, through every `finally` (the file restored)."""
@@ -216,6 +327,7 @@ def run(mutations, python, timeout, whole, baseline=True):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", help="comma-separated mutation ids")
+    ap.add_argument("--round", type=int, help="only the mutations of this audit round (1, 2)")
     ap.add_argument("--list", action="store_true", help="list the mutations; run nothing")
     ap.add_argument("--whole", action="store_true",
                     help="run the owning test files whole (drop the -k selections)")
@@ -231,6 +343,8 @@ def main():
         if unknown:
             sys.exit(f"unknown mutation ids: {', '.join(sorted(unknown))}")
         chosen = [m for m in MUTATIONS if m.id in ids]
+    if a.round is not None:
+        chosen = [m for m in chosen if m.round == a.round]
     if a.list:
         for m in chosen:
             print(f"{m.id}\t{m.file}:{m.function}\t{' '.join(m.tests)} {' '.join(m.args)}"

@@ -358,3 +358,22 @@ def test_a_tiny_or_huge_small_values_statistics_are_right_in_any_batch(reducer):
             batch = np.concatenate([first, x])
             beside = reducer(batch, [0, first.size], [first.size, x.size], "float64")[1]
             assert beside.tolist() == alone.tolist(), what
+
+
+@pytest.mark.parametrize("reducer", [values.segment_stats, torch_stats.segment_stats],
+                         ids=["numpy", "torch"])
+def test_a_huge_value_holding_nan_or_inf_has_the_mean_of_its_finite_numbers(reducer):
+    """A float64 value whose squares leave float64 (summed scaled) and that holds NaN and
+    Inf: its mean and L2 are those of its finite numbers, as every other value's are
+    (NaN and Inf counted apart), small or large."""
+    rng = np.random.default_rng(8)
+    for what, x in hostile_values(("huge", "near_max", "mixed"), rng):
+        if x.dtype != np.float64:
+            continue
+        x = x.copy()
+        x[::3] = np.nan
+        x[1::7] = np.inf
+        finite = x[np.isfinite(x)]
+        st = _stats_of(reducer, x)
+        assert (st[4], st[5]) == (np.isnan(x).sum(), np.isinf(x).sum()), what
+        assert_float64_truth(st[2], st[3], finite, what)

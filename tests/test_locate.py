@@ -440,16 +440,32 @@ def test_real_jax_tanh_ulp_descends_into_compiled_call(jax_traces):
     assert g["a"]["op"] == "tanh" and g["call"]["op"] == "jit:apply" and g["inputs_match"] is True
 
 
+def _bump_one_ulp(f, row):
+    """Move the first element of value row `row` (float32) one ULP up, its hash with it."""
+    import xxhash
+
+    v = f["values"][row]
+    off, n = int(v["offset"]), int(v["nbytes"])
+    x = np.frombuffer(f["blob"][off:off + n].tobytes(), np.float32).copy()
+    x[0] = np.nextafter(x[0], np.float32(np.inf))
+    f["blob"][off:off + n] = np.frombuffer(x.tobytes(), np.uint8)
+    v["hash"] = xxhash.xxh3_64_intdigest(x.tobytes())
+    f["values"][row] = v
+
+
+@pytest.mark.parametrize("moved", ["equation", "probe-outputs"])
 def test_a_difference_inside_a_call_whose_outputs_match_is_compared_never_skipped(
-        recorded, tmp_path):
+        recorded, tmp_path, moved):
     """`--jax-values compiled`: a jit call's equation values come from its values program
     (origin probe). One of them moved one ULP in a copy (its hash updated) while the call's
     outputs stay equal: locate said "MATCH, every compared value is bitwise identical"
-    with every event counted as compared. It is the first bitwise difference, probe-only."""
+    with every event counted as compared. It is the first bitwise difference, probe-only.
+    So too where the probe program's own outputs moved with its last equation (the extra
+    outputs change its fusion: manifest `probe.differing_calls`): an equation is judged by
+    the real call it probes, whose outputs match, never by the probe's."""
     import shutil
 
     import h5py
-    import xxhash
 
     from tracediff.trace import schema
     from tracediff.trace.reader import Trace
@@ -460,21 +476,21 @@ def test_a_difference_inside_a_call_whose_outputs_match_is_compared_never_skippe
     with Trace(b) as t:
         ev = t.events
         v = t.values
-        (row, eid) = next((r, int(v["event"][r])) for r in range(len(v))
-                          if v["role"][r] == schema.ROLE_OUT and
-                          ev["kind"][v["event"][r]] == schema.KIND_EQN and
-                          ev["origin"][v["event"][r]] == schema.ORIGIN_PROBE and
-                          t.string(v["dtype"][r]) == "float32" and
-                          v["nbytes"][r] >= 16 and v["offset"][r] >= 0)
+        out = [r for r in range(len(v)) if v["role"][r] == schema.ROLE_OUT and
+               ev["origin"][v["event"][r]] == schema.ORIGIN_PROBE and
+               t.string(v["dtype"][r]) == "float32" and v["nbytes"][r] >= 16 and
+               v["offset"][r] >= 0]
+        eqns = [r for r in out if ev["kind"][v["event"][r]] == schema.KIND_EQN]
+        if moved == "equation":
+            rows = [eqns[0]]
+        else:   # the probe call's output, and the equation of the probe that made it
+            (call,) = [r for r in out if ev["kind"][v["event"][r]] == schema.KIND_CALL]
+            rows = [[r for r in eqns if v["hash"][r] == v["hash"][call]][-1], call]
+        eid = int(v["event"][rows[0]])
         assert t.manifest["recording"]["hash"] == "xxh3_64"
     with h5py.File(b, "r+") as f:
-        v = f["values"][row]
-        off, n = int(v["offset"]), int(v["nbytes"])
-        x = np.frombuffer(f["blob"][off:off + n].tobytes(), np.float32).copy()
-        x[0] = np.nextafter(x[0], np.float32(np.inf))
-        f["blob"][off:off + n] = np.frombuffer(x.tobytes(), np.uint8)
-        v["hash"] = xxhash.xxh3_64_intdigest(x.tobytes())
-        f["values"][row] = v
+        for row in rows:
+            _bump_one_ulp(f, row)
     d = json.loads(run_cli("locate", a, b, "--rtol", "0", "--atol", "0", "--json").stdout)
     f = d["first_difference"]
     assert f is not None and f["a"]["index"] == eid and f["origin"] == "probe"

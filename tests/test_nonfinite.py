@@ -89,8 +89,11 @@ def test_a_mask_the_softmax_absorbs_is_never_the_origin(traces):
     causal = _info(traces["causal"])        # a correct program: only the absorbed mask
     assert causal["kept"] is False and causal["op"] == "aten::full"
     assert "writes -inf given as an argument" in causal["mechanism"]
+    # the mask is the one op that made them: it is not also counted absorbed before itself
+    assert causal["absorbed"] == 0 and causal["first_absorbed"] is None
     text = run_cli("info", traces["causal"], check=True).stdout
-    assert "no NaN or Inf reaches the results" in text and "first non-finite" not in text
+    assert "no NaN or Inf reaches the results: 1 op made non-finite values" in text
+    assert "first non-finite" not in text
 
 
 def test_locate_says_first_that_b_holds_a_nan_a_has_not(traces):

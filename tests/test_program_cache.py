@@ -198,8 +198,11 @@ def test_a_fifo_a_folder_or_a_link_to_a_device_is_no_entry(tmp_path):
     _same_rows(rows1, rows2)
 
 
-@pytest.mark.parametrize("mode", [0o770, 0o707])
+@pytest.mark.parametrize("mode", [0o770, 0o707, 0o1777], ids=oct)
 def test_a_folder_its_group_or_others_may_write_to_is_never_read(tmp_path, mode):
+    """Sticky bit or not (0o1777, as /tmp): the sticky bit only keeps others from renaming
+    what is ours in a folder above; in the cache folder itself they could still add files
+    (the sealing key first)."""
     folder = tmp_path / "xla"
     folder.mkdir()
     folder.chmod(mode)
@@ -239,6 +242,9 @@ def test_the_trim_drops_the_oldest_first_and_counts_temporaries(tmp_path):
     (folder / "stale.xla.2.cd.tmp").write_bytes(b"x" * 10)
     os.utime(folder / "stale.xla.2.cd.tmp", (0, 0))    # its writer died long ago
     assert cache_entries.trim(folder, 250) == 200
+    assert sorted(p.name for p in folder.iterdir()) == ["c.xla.1.ab.tmp", "d.xla"]
+    # a folder holding exactly the bound is within it: nothing more is dropped
+    assert cache_entries.trim(folder, 200) == 200
     assert sorted(p.name for p in folder.iterdir()) == ["c.xla.1.ab.tmp", "d.xla"]
 
 

@@ -220,6 +220,53 @@ def test_sigterm_taken_inside_the_recorder_ends_the_run_where_the_plain_one_ends
         _check_values(t)
 
 
+IN_A_REPLAYED_CALL = """
+    import os, signal
+    import jax, jax.numpy as jnp
+    import numpy as np
+
+    def host(y):            # a host callback of the program's: called inside the jit call
+        os.kill(os.getpid(), signal.SIGTERM)
+        return np.asarray(y) * 2
+
+    @jax.jit
+    def step(x):
+        y = jnp.sin(x)
+        z = jax.pure_callback(host, jax.ShapeDtypeStruct(y.shape, y.dtype), y)
+        return jnp.cos(z) + 1
+
+    x = step(jnp.arange(4.0))
+    print("went on", float(x.sum()), flush=True)
+"""
+
+
+def test_sigterm_taken_inside_a_replayed_call_ends_once_the_call_is_recorded(tmp_path):
+    """SIGTERM taken in a host callback that tracediff's replay of a jit call runs (nested
+    inside several of tracediff's frames and JAX's between them) ends the run once the
+    outermost of tracediff's frames has returned: the call and every equation of it are in
+    the trace, the rest of the script never runs, death by SIGTERM as the plain run.
+    Ending below the innermost of tracediff's frames closed the trace half-way through
+    the replay: the call and its last equations were missing."""
+    script = _script(tmp_path, "callback.py", IN_A_REPLAYED_CALL)
+    out = tmp_path / "callback.h5"
+    got = {}
+    for how, cmd in [("plain", [sys.executable, str(script)]),
+                     ("recorded", [sys.executable, "-m", "tracediff", "record", "-o", str(out),
+                                   str(script)])]:
+        proc = subprocess.run(cmd, env=_env(), cwd=ROOT, capture_output=True, text=True,
+                              timeout=300)
+        got[how] = (proc.returncode, proc.stdout)
+    assert got["recorded"] == got["plain"] == (-signal.SIGTERM, ""), got
+    with tracediff.load(out) as t:
+        end = t.manifest["end"]
+        assert t.complete and (end["status"], end["exit_code"]) == ("terminated (SIGTERM)", 143)
+        assert "step(jnp.arange(4.0))" in end["traceback"], end
+        ops = [t.event(i)["op"] for i in range(len(t))]
+        assert "jit:step" in ops, ops
+        assert ops[ops.index("jit:step"):][-3:] == ["pure_callback", "cos", "add"], ops
+        _check_values(t)
+
+
 def _signalled_at_ready(cmd, sig, cwd=ROOT):
     """Run CMD until it prints "ready", send it SIG: (exit status, the rest of its stdout,
     stderr). The same instant of the script for the plain run and the recorded one."""

@@ -238,13 +238,17 @@ def _arguments_pair(tmp_path, a_args, b_args, options=()):
 
 def test_an_op_whose_arguments_differ_is_the_program_never_the_hardware(tmp_path):
     """`x * 2.0` against `x * 3.0`: the trace records other=2.0 / 3.0; the source says so,
-    with the fix in the program, not "hardware, or a library loaded at run time"."""
+    with the fix in the program, not "hardware, or a library loaded at run time", and
+    names the script's own arguments where the runs were given different ones."""
     srcs = _arguments_pair(tmp_path, ("2.0", "1.0"), ("3.0", "1.0"))
     (s,) = srcs["sources"]
     assert s["mechanism"] == "arguments" and s["arguments"] == "other=2.0 vs 3.0"
     assert s["share"] == 1.0 and s["ops"] == [["aten::mul.Tensor", 1]]
     assert "arguments differ (other=2.0 vs 3.0)" in s["text"]
     assert "hardware" not in s["fix"] and "other arguments" in s["fix"]
+    # the runs' command lines differ too (2.0 against 3.0): the fix says so, with its key
+    assert "(the script's own arguments differ too)" in s["fix"]
+    assert s["causes"] == ["script.argv"]
 
 
 def test_shares_are_finite_or_absent_with_the_reason(tmp_path):
