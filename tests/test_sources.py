@@ -276,6 +276,36 @@ def test_a_difference_in_the_sign_of_zero_alone_is_the_whole_difference(tmp_path
         assert s["mechanism_text"].startswith("the outputs differ only in the sign of zero")
 
 
+MASKED = """
+import sys, torch
+torch.manual_seed(0)
+x, w = torch.randn(4, 8), torch.randn(8, 8)
+with torch.autocast("cpu", dtype=torch.bfloat16, enabled=sys.argv[1] == "on"):
+    s = x @ w                                              # bfloat16 under autocast
+    fill = torch.full([], torch.finfo(s.dtype).min, dtype=s.dtype)   # a mask's fill value
+    s = torch.where(torch.ones(4, 8, dtype=torch.bool).tril(), s, fill)
+print(s.float().sum().item())
+"""
+
+
+def test_arguments_that_only_follow_a_change_of_dtype_are_the_dtype(tmp_path):
+    """Under autocast a mask's fill is `finfo(bfloat16).min` and its dtype bfloat16: the
+    op's arguments differ only because its dtype does. Every source is the change of dtype
+    on b, never "arguments differ" (GPT-2 under autocast, tests/field, ranked two such
+    `full`/`scalar_tensor` sources as the program's arguments)."""
+    script = tmp_path / "masked.py"
+    script.write_text(MASKED)
+    paths = []
+    for name, arg in (("a", "off"), ("b", "on")):
+        run_cli("record", "-o", tmp_path / f"{name}.h5", script, arg, check=True)
+        paths.append(str(tmp_path / f"{name}.h5"))
+    srcs = locate_json(*paths)["sources"]["sources"]
+    ops = {op for s in srcs for op, _ in s["ops"]}
+    assert "aten::full" in ops, srcs
+    assert all(s["mechanism"] == "dtype" and s["side"] == "b" for s in srcs), \
+        [(s["mechanism"], s["arguments"], s["ops"]) for s in srcs]
+
+
 REDRAWN = """
 import sys
 import numpy as np

@@ -20,18 +20,42 @@ _WIDTH = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 _PLACEMENT = re.compile(r"device|sharding|layout|pin_memory|memory_format|memory_kind")
 
 
+# the limits of each float dtype, as a program writes them into an argument (a mask's fill
+# value `torch.finfo(dtype).min`): max, smallest normal, eps
+_LIMITS = {"float64": (1.7976931348623157e308, 2.2250738585072014e-308, 2.220446049250313e-16),
+           "float32": (3.4028234663852886e38, 1.1754943508222875e-38, 1.1920928955078125e-07),
+           "bfloat16": (3.3895313892515355e38, 1.1754943508222875e-38, 0.0078125),
+           "float16": (65504.0, 6.103515625e-05, 0.0009765625)}
+
+
 def arguments(d, ea, eb):
     """"other=2.0 vs 3.0, shape=[3] vs [4]": the paired ops' recorded arguments or output
-    shapes that differ (placement aside), "" where none does."""
+    shapes that differ (placement aside), "" where none does. Where the outputs' dtypes
+    differ, arguments that only follow the dtype (the dtype itself, a fill value that is
+    the dtype's min) are the change of dtype, not another computation: not counted."""
+    da, db = _out_dtypes(d.ta, ea), _out_dtypes(d.tb, eb)
     diffs = [x for x in _args.differing(d.ta.string(d.ta.events[ea]["params"]),
                                         d.tb.string(d.tb.events[eb]["params"]))
-             if not _PLACEMENT.search(x.name)]
+             if not _PLACEMENT.search(x.name)
+             and not (da != db and _follows_dtype(x, set(da) | set(db)))]
     words = [f"{x.name}={x.a if x.a is not None else '-'} vs {x.b if x.b is not None else '-'}"
              for x in diffs]
     sa, sb = _out_shapes(d.ta, ea), _out_shapes(d.tb, eb)
     if sa != sb:
         words.append(f"shape={sa} vs {sb}")
     return ", ".join(words)
+
+
+def _follows_dtype(x, dtypes) -> bool:
+    """Is this differing argument the dtype itself, or a limit of the two sides' dtypes
+    (finfo max, min, tiny or eps) on both sides?"""
+    if "dtype" in x.name or any(str(v).replace("torch.", "") in dtypes for v in (x.a, x.b)):
+        return True
+    limits = {v for dt in dtypes for v in _LIMITS.get(dt, ())}
+    try:
+        return all(abs(float(v)) in limits for v in (x.a, x.b))
+    except (TypeError, ValueError):   # not numbers: a real argument
+        return False
 
 
 def _out_shapes(t, ev):
