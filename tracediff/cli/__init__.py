@@ -1,8 +1,9 @@
-"""Command line: record, info, show, locate, replicas, explain, repro, slice, report,
-check, demo.
+"""Command line: record, info, show, locate, replicas, explain, confirm, repro, slice,
+report, check, demo.
 
 Bad input: one line on stderr that says how to fix it, exit code 2. The commands live by
-family (recording.py: record, check; locating.py: locate, replicas, explain; reports.py:
+family (recording.py: record, check; locating.py: locate, replicas, explain; confirming.py:
+confirm; reports.py:
 info, show, repro, slice, report); this module makes the `tracediff` group of them, in
 workflow order, and holds `demo`.
 """
@@ -10,6 +11,7 @@ workflow order, and holds `demo`.
 import click
 
 from .._version import __version__
+from .confirming import confirm
 from .locating import explain, locate, replicas
 from .recording import check, record
 from .reports import info, repro, report, show, slice_command
@@ -68,8 +70,8 @@ def demo(folder, steps):
 
 
 # In workflow order: `tracediff --help` lists them so (`_Ordered`).
-for _cmd in (record, info, show, locate, replicas, explain, repro, slice_command, report, check,
-             demo):
+for _cmd in (record, info, show, locate, replicas, explain, confirm, repro, slice_command, report,
+             check, demo):
     main.add_command(_cmd)
 
 # One line each in `tracediff --help`.
@@ -77,6 +79,8 @@ for _cmd, _text in ((record, "Run a script unmodified and record every operation
                     (info, "Summarise a trace, and name the op its first NaN came from."),
                     (show, "Show one event of a trace: op, source, inputs, values."),
                     (locate, "Name the first operation where two traces disagree."),
+                    (confirm, "Check each source of a difference by re-running with the "
+                              "other side's settings."),
                     (explain, "Explain a divergence: origin, chain, replay verdict, causes."),
                     (repro, "Write a standalone script reproducing one recorded op."),
                     (slice_command, "Cut a trace down to one event and its neighbours (to attach)."),

@@ -1,0 +1,216 @@
+"""`confirm(a, b)`: the sources of the difference checked by runs tracediff makes itself.
+
+`locate` estimates each source's share and names the settings that could explain it; here
+side b's script is re-recorded on this machine with each differing setting set as on a,
+one at a time, and (with two or more) each one alone. Each run is judged twice: how much
+of the final difference it removes (`measure.distance`, as the shares measure it), and at
+each source's op whether the run removed that op's difference or makes it on its own
+(`measure.at_op`): the setting whose run does is that source's cause, found by experiment.
+Where removing a setting and setting it alone disagree, the settings interact, and the
+result says so. A source no setting reproduces is left to the machine or a library.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+
+from ...errors import TraceError
+from ...trace.reader import Trace
+from ..differ import Differ
+from ..explain.source_fixes import removes
+from ..result.confirmation import Confirmation, ConfirmRun, SettingEffect, SourceCheck
+from . import measure, op_runs, runs as _runs, settings as _settings
+
+INTERACTION = 0.1   # removal and "alone" further apart than this (absolute): they interact
+
+
+def confirm(a, b, workdir=None, max_runs=16, jobs=None, level="full", progress=None,
+            dry_run=False, located=None) -> Confirmation:
+    """Re-run b with settings of a and measure (see the module's docstring). `located`: a
+    `LocateResult` of the two traces already made (else made here, with its sources)."""
+    progress = progress or (lambda *a, **k: None)
+    ta, tb = Trace(a), Trace(b)
+    try:
+        found, unsettable = _settings.differing(ta.manifest, tb.manifest)
+        if located is None:
+            from ..locate import locate as _locate
+
+            located = _locate(ta, tb, progress=progress)
+        base = Differ(ta, tb)
+        out = Confirmation(trace_a=str(a), trace_b=str(b), script="",
+                           measures=measure.measured_what(base), distance=measure.distance(base),
+                           unsettable=[[u.key, u.why] for u in unsettable])
+        if not found:
+            out.notes.append("no setting that a re-run can set differs between the two runs: "
+                             "what differs is the machine, a library or the program itself; "
+                             "nothing was re-run")
+            out.sources = [_source_check(s, []) for s in _sources(located)]
+            return out
+        out.script = _runs.script_of(ta.manifest, tb.manifest)
+        folder = workdir or tempfile.mkdtemp(prefix="tracediff-confirm-")
+        os.makedirs(folder, exist_ok=True)
+        specs, out.skipped_runs = _runs.plan(ta.manifest, tb.manifest, found, out.script,
+                                             folder, level=level, max_runs=max_runs)
+        out.runs = [ConfirmRun(name=s.name, reverted=[x.label for x in s.reverted],
+                               alone=s.alone, command=_runs.command_line(s), trace=s.trace)
+                    for s in specs]
+        if dry_run:
+            out.notes.append("--dry-run: the runs were printed, not made")
+            return out
+        for run, (rc, seconds, err) in zip(out.runs, _runs.execute(specs, jobs, progress)):
+            run.exit_code, run.seconds, run.error = rc, seconds, err
+        at_ops = _measure_runs(ta, tb, out, located, progress)
+        _effects(out, found)
+        progress("re-running each source's op under each setting")
+        by_op = op_runs.causes(ta, tb, found, _source_pairs(base, _sources(located)), jobs)
+        out.sources = [_source_check(s, _causes(s, found, out.runs, at_ops, by_op))
+                       for s in _sources(located)]
+        for sc in out.sources:
+            _measured(sc, out)
+        return out
+    finally:
+        ta.close()
+        tb.close()
+
+
+def _sources(located):
+    return list(located.sources.sources) if located is not None and located.sources else []
+
+
+def _events(src):
+    """The a events a source is judged at: its largest and its first."""
+    return sorted({e for e in (src.event_a, src.first_event) if e >= 0})
+
+
+def _source_pairs(d, sources):
+    """[(a event, b event)] of the sources' events that are paired."""
+    out = set()
+    for src in sources:
+        for ea in _events(src):
+            eb = int(d.al.a2b[ea]) if ea < len(d.al.a2b) else -1
+            if eb >= 0:
+                out.add((ea, eb))
+    return sorted(out)
+
+
+def _measure_runs(ta, tb, out, located, progress):
+    """Distances and removals of every run; {run index: {a event: at_op}} at the sources."""
+    events = sorted({e for s in _sources(located) for e in _events(s)})
+    at_ops = {}
+    for i, run in enumerate(out.runs):
+        progress("measuring the runs", i, len(out.runs))
+        if not os.path.exists(run.trace):
+            run.error = run.error or "no trace written"
+            continue
+        try:
+            tr = Trace(run.trace)
+        except TraceError as exc:
+            run.error = f"its trace is unreadable: {exc}"
+            continue
+        try:
+            d = Differ(ta, tr)
+            run.distance = measure.distance(d)
+            at_ops[i] = {ea: measure.at_op(d, ea) for ea in events}
+            if i == 0:
+                out.reproduced = measure.distance(Differ(tb, tr)) == 0.0
+        finally:
+            tr.close()
+    whole = out.runs[0].distance if out.runs else None
+    if out.reproduced is False:
+        out.notes.append("b as re-run here does not give b's recorded values: the removals "
+                         "are measured against the re-run, not against trace b")
+    for run in out.runs:
+        if run.distance is not None and whole:
+            run.removal = 1.0 - run.distance / whole
+    if whole == 0.0:
+        out.notes.append("b as re-run here computes what a computed: the difference does not "
+                         "come from a setting this machine can change")
+    every = [r for r in out.runs if r.name == "every setting as on a"]
+    if every and every[0].distance is not None and whole:
+        out.residual = every[0].distance / whole
+    elif len(out.runs) == 2 and out.runs[1].removal is not None:
+        out.residual = 1.0 - out.runs[1].removal
+    return at_ops
+
+
+def _effects(out, found):
+    by_name = {r.name: r for r in out.runs}
+    for s in found:
+        without = by_name.get(f"without {s.label}")
+        alone = by_name.get(f"{s.label} alone")
+        e = SettingEffect(setting=s.label, a=s.a, b=s.b,
+                          removal=without.removal if without else None,
+                          alone=(alone.distance / out.runs[0].distance
+                                 if alone and alone.distance is not None and
+                                 out.runs[0].distance else None))
+        e.interacts = _interaction(e)
+        out.settings.append(e)
+
+
+def _interaction(e) -> str:
+    """Words where removing the setting and setting it alone disagree; independent
+    settings add as squares, so without X the run keeps sqrt(1 - alone^2)."""
+    if e.removal is None:
+        return ""
+    if e.removal < -0.05:
+        return (f"without it the runs differ {-e.removal:.0%} more: it offsets what another "
+                f"setting does")
+    if e.alone is None:
+        return ""
+    expected = 1.0 - math.sqrt(max(0.0, 1.0 - min(1.0, e.alone) ** 2))
+    if abs(e.removal - expected) > INTERACTION:
+        return (f"alone it makes {e.alone:.0%} of the difference, yet removing it removes "
+                f"{e.removal:.0%}: it acts together with another setting")
+    return ""
+
+
+def _causes(src, found, runs_, at_ops, by_op) -> list:
+    """The settings that change the source's op bits when it is re-run alone on its
+    recorded inputs (`op_runs`), or whose whole run removed the op's difference ("without
+    X") or makes it on a's inputs ("X alone")."""
+    out = []
+    for s in found:
+        if any(s in by_op.get(ea, ()) for ea in _events(src)):
+            out.append(s)
+            continue
+        for i, run in enumerate(runs_):
+            verdicts = [at_ops.get(i, {}).get(ea) for ea in _events(src)]
+            if (run.name == f"without {s.label}" and measure.REMOVED in verdicts) or \
+                    (run.alone == s.label and measure.MAKES in verdicts):
+                out.append(s)
+                break
+    return out
+
+
+def _source_check(src, causes) -> SourceCheck:
+    ops = ", ".join(f"{op} x{n}" if n > 1 else str(op) for op, n in (src.ops or [])[:4])
+    keys = {k for s in causes for k in s.keys}
+    if not causes:
+        verdict = "no setting reproduces it here"
+    elif not src.causes:
+        verdict = "cause found"
+    elif keys & set(src.causes):
+        verdict = "confirmed" if src.causes[0] in keys else "confirmed (not locate's first cause)"
+    else:
+        verdict = "another cause"
+    sc = SourceCheck(rank=src.rank, ops=ops, mechanism=src.mechanism,
+                     estimated=removes(src.share) if src.share is not None else None,
+                     causes_estimated=list(src.causes),
+                     causes_measured=[s.label for s in causes], verdict=verdict)
+    return sc
+
+
+def _measured(sc, out):
+    """The measured removal of the source's cause: the run without it (one cause), the run
+    without every setting (all of them)."""
+    by_name = {r.name: r for r in out.runs}
+    if len(sc.causes_measured) == 1:
+        run = by_name.get(f"without {sc.causes_measured[0]}")
+        sc.measured = run.removal if run else None
+    elif sc.causes_measured and len(sc.causes_measured) == len(out.settings):
+        sc.measured = (1.0 - out.residual) if out.residual is not None else None
+
+
+__all__ = ["confirm"]

@@ -1,0 +1,61 @@
+"""What a counterfactual run is judged by: how far its result is from trace a (the final
+parameters after the last optimizer step, as the sources' shares are; a program without an
+optimizer: its last output), and, at each source's op, whether the run removed that op's
+difference (its outputs equal a's) or makes it on its own (its inputs equal a's, its
+outputs not)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...trace import schema
+from ..compare import values as _values
+from ..differ import Differ, comparable
+
+REMOVED, MAKES, UNKNOWN = "removed", "makes", "unknown"
+
+
+def measured_what(d: Differ) -> str:
+    return ("the final parameters (after the last optimizer step)" if d._optimizer_pairs()
+            else "the last output both runs compute")
+
+
+def distance(d: Differ):
+    """Relative L2 between a and the run: of the parameters after the last paired
+    optimizer step, else of the last paired event's outputs with bytes; None when nothing
+    comparable was recorded."""
+    steps = d.optimizer_steps()
+    if steps:
+        last = steps[-1]
+        return 0.0 if last.bitwise_equal else last.rel_l2
+    ia, ib = d.pairs()
+    for ea, eb in zip(ia[::-1].tolist(), ib[::-1].tolist()):
+        ra, rb = d.ta.value_rows(ea, schema.ROLE_OUT), d.tb.value_rows(eb, schema.ROLE_OUT)
+        if len(ra) == 0 or len(ra) != len(rb):
+            continue
+        if not all(comparable(r) for r in (*ra, *rb)):
+            continue
+        xs = [np.asarray(d.ra.read(r), np.float64) for r in ra]
+        ys = [np.asarray(d.rb.read(r), np.float64) for r in rb]
+        if any(x.shape != y.shape for x, y in zip(xs, ys)):
+            continue
+        num = sum(float(np.sum((x - y) ** 2)) for x, y in zip(xs, ys))
+        den = sum(float(np.sum(x ** 2)) for x in xs)
+        return 0.0 if num == 0 else (float(np.sqrt(num / den)) if den > 0 else float("inf"))
+    return None
+
+
+def at_op(d: Differ, ea: int) -> str:
+    """What the run did at a's event `ea`: REMOVED (its outputs equal a's), MAKES (its
+    inputs equal a's and its outputs differ: the run's settings make this op differ), or
+    UNKNOWN (its inputs differ too, or it is not paired)."""
+    eb = int(d.al.a2b[ea]) if 0 <= ea < len(d.al.a2b) else -1
+    if eb < 0:
+        return UNKNOWN
+    if d.sa.content[ea] == d.sb.content[eb]:
+        return REMOVED
+    same_inputs = d.inputs_match(ea, eb, _values.BITWISE)[0]
+    return MAKES if same_inputs is True else UNKNOWN
+
+
+__all__ = ["distance", "at_op", "measured_what", "REMOVED", "MAKES", "UNKNOWN"]
