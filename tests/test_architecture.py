@@ -40,7 +40,7 @@ DIFF_LAYERS = [
     {"tracediff.diff.pairing", "tracediff.diff.explain"},
     {"tracediff.diff.coverage"},
     {"tracediff.diff.locate"},
-    {"tracediff.diff.profile", "tracediff.diff.distributed"},
+    {"tracediff.diff.profile", "tracediff.diff.distributed", "tracediff.diff.confirm"},
 ]
 DIFF_APART = [("tracediff.diff.pairing", "tracediff.diff.explain"),
               ("tracediff.diff.explain", "tracediff.diff.pairing"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..diff.result.confirmation import Confirmation
+from ..diff.result import Confirmation
 from ..untrusted import printable
 from .findings import typed
 from .json_report import strict

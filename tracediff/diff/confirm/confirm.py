@@ -20,7 +20,7 @@ from ...errors import TraceError
 from ...trace.reader import Trace
 from ..differ import Differ
 from ..explain.source_fixes import removes
-from ..result.confirmation import Confirmation, ConfirmRun, SettingEffect, SourceCheck
+from ..result import Confirmation, ConfirmRun, SettingEffect, SourceCheck
 from . import measure, op_runs, runs as _runs, settings as _settings
 
 INTERACTION = 0.1   # removal and "alone" further apart than this (absolute): they interact

@@ -134,22 +134,21 @@ def environment_for(base_env: dict, side_env: dict, revert=()) -> tuple:
     """(unset, assign) for a re-run: every numeric variable as on the side (`side_env`),
     except the settings in `revert`, set to their `a` value; the numeric variables of this
     shell that the side did not set are unset (they were not set when it was recorded)."""
-    want = {k: v for k, v in side_env.items() if settable_env(k, v)}
+    want = {k: v for k, v in side_env.items() if k != "XLA_FLAGS" and settable_env(k, v)}
     for s in revert:
         if s.kind == "env":
             want.pop(s.name, None)
             if s.a is not None:
                 want[s.name] = s.a
-    flags = [s for s in revert if s.kind == "xla_flag"]
-    if flags:
-        words = xla_flags(side_env.get("XLA_FLAGS"))
-        for s in flags:
+    # XLA_FLAGS: the side's flags, those naming files left out, the reverted ones as on a
+    words = {k: w for k, w in xla_flags(side_env.get("XLA_FLAGS")).items() if _safe_flag(w)}
+    for s in revert:
+        if s.kind == "xla_flag":
             words.pop(s.name, None)
             if s.a is not None:
                 words[s.name] = s.a
-        want.pop("XLA_FLAGS", None)
-        if words:
-            want["XLA_FLAGS"] = " ".join(words.values())
+    if words:
+        want["XLA_FLAGS"] = " ".join(words.values())
     unset = sorted(k for k in base_env if settable_env(k, None) and k not in want)
     assign = {k: v for k, v in sorted(want.items()) if base_env.get(k) != v}
     return unset, assign

@@ -16,7 +16,8 @@ dict also read by key (`finding.a["op"]` is `finding.a.op`).
 A package by what the types describe: `findings.py` (one located divergence and what each
 comparison reports next to it), `explanation.py` (`tracediff explain`), `steps.py` (step
 by step), `sources.py`, `levels.py`, `coverage.py`, `locate.py` (`LocateResult`),
-`distributed.py` (ranks and replicas), `nonfinite.py` (where a NaN or Inf came from); `bykey.py` gives every type read access by key.
+`distributed.py` (ranks and replicas), `nonfinite.py` (where a NaN or Inf came from),
+`confirmation.py` (`tracediff confirm`); `bykey.py` gives every type read access by key.
 This module is the package's public face: every type is imported from here
 (`from tracediff.diff.result import Finding`).
 """
@@ -32,6 +33,7 @@ from .coverage import CoverageSide, UnpairedRegion, Coverage
 from .locate import EXIT_CODES, LocateResult
 from .distributed import RankSummary, Spread, RanksResult, ReplicaDeparture, ReplicasResult
 from .nonfinite import NonFiniteValue, NonFiniteStep, NonFinite, NonFiniteRanks
+from .confirmation import ConfirmRun, SettingEffect, SourceCheck, Confirmation
 
 __all__ = ["EventRef", "Metrics", "ValueDesc", "ValueComparison", "DeviceDiff", "CallRef",
            "ArgDiff", "Finding", "Structural", "Noise", "TraceInfo", "Hop", "Gap", "Strongest",
@@ -40,4 +42,5 @@ __all__ = ["EventRef", "Metrics", "ValueDesc", "ValueComparison", "DeviceDiff", 
            "ParamDivergence", "Loss", "StepRow", "Source", "Sources", "LevelSide", "ZoomSide",
            "Zoom", "Levels", "CoverageSide", "UnpairedRegion", "Coverage", "EXIT_CODES",
            "LocateResult", "RankSummary", "Spread", "RanksResult", "ReplicaDeparture",
-           "ReplicasResult", "NonFiniteValue", "NonFiniteStep", "NonFinite", "NonFiniteRanks"]
+           "ReplicasResult", "NonFiniteValue", "NonFiniteStep", "NonFinite", "NonFiniteRanks",
+           "ConfirmRun", "SettingEffect", "SourceCheck", "Confirmation"]

@@ -54,7 +54,6 @@ class SourceCheck(_ByKey):
     causes_measured: list = field(default_factory=list)    # settings, found by re-running
     measured: Optional[float] = None   # removal of the run without its measured cause(s)
     verdict: str = ""             # "confirmed", "another cause", "no setting reproduces it"
-    text: str = ""
 
 
 @dataclass(repr=False)
