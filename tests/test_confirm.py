@@ -221,3 +221,27 @@ def test_a_script_changed_since_it_was_recorded_is_never_run(tmp_path):
     assert proc.returncode == 2 and "has changed since it was recorded" in proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "runs").exists() or not os.listdir(tmp_path / "runs")
+
+
+def test_a_run_made_elsewhere_is_measured_with_its_setting_and_must_run_the_same_script(tmp_path):
+    """`--with`: a trace of b's script recorded with a setting changed (where b ran on a
+    TPU, the run confirm prints for there) is measured as a run: its removal and the sources
+    it removed, named by what it changed. A trace of another script is refused."""
+    pytest.importorskip("torch")
+    script, (a, b) = _tiny(tmp_path, {"ATEN_CPU_CAPABILITY": "default"})
+    given = tmp_path / "given.h5"
+    run_cli("record", "-o", given, script, check=True)   # b's script, the setting unset
+    proc = run_cli("confirm", a, b, "--with", given, "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    if doc["distance"] == 0:
+        pytest.skip("ATEN_CPU_CAPABILITY=default computes this matmul as this CPU does")
+    (run,) = doc["runs"]
+    assert run["distance"] == 0 and run["removal"] == 1.0
+    assert run["reverted"] == ["ATEN_CPU_CAPABILITY=unset"]
+    assert all(s["causes_measured"] == ["ATEN_CPU_CAPABILITY=unset"] for s in doc["sources"])
+    other = tmp_path / "other.py"
+    other.write_text(script.read_text() + "print()\n")
+    run_cli("record", "-o", tmp_path / "other.h5", other, check=True)
+    proc = run_cli("confirm", a, b, "--with", tmp_path / "other.h5")
+    assert proc.returncode == 2 and "ran another script than b" in proc.stderr

@@ -20,9 +20,13 @@ from .shared import CONTEXT, guard, need_trace, to_stdout
 @click.option("--dir", "folder", default=None, metavar="DIR",
               help="Folder for the runs' traces and logs (default: a new temporary folder).")
 @click.option("--dry-run", is_flag=True, help="Print the runs, make none.")
+@click.option("--with", "given", multiple=True, type=click.Path(dir_okay=False), metavar="TRACE",
+              help="A trace of b's script recorded elsewhere with a setting changed (b ran "
+                   "on a TPU: the run confirm prints, made there); measured as a run. "
+                   "Repeat for several.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (docs/json.md).")
 @guard
-def confirm(trace_a, trace_b, max_runs, jobs, folder, dry_run, as_json):
+def confirm(trace_a, trace_b, max_runs, jobs, folder, dry_run, given, as_json):
     """Check each source of the difference between TRACE_A and TRACE_B by re-running.
 
     Re-records b's script on this machine with each setting that differs (a numeric
@@ -33,19 +37,23 @@ def confirm(trace_a, trace_b, max_runs, jobs, folder, dry_run, as_json):
     where settings interact. Runs only the script both traces ran (same sha256, at the
     recorded path); each run's command is printed exactly as run.
 
+    Where b ran on an accelerator (a TPU), nothing is re-run here: confirm prints the
+    commands to run there, and measures the traces given back with --with.
+
     \b
     Examples:
       tracediff confirm a.h5 b.h5
       tracediff confirm a.h5 b.h5 --dry-run       # the runs it would make
+      tracediff confirm cpu.h5 tpu.h5 --with tpu_highest.h5   # a run made on the TPU
     """
     from ..diff.confirm import confirm as _confirm
     from ..report.confirmation import lines, to_json
 
-    need_trace(trace_a)
-    need_trace(trace_b)
+    for path in (trace_a, trace_b, *given):
+        need_trace(path)
     with ProgressBar(quiet=as_json) as progress:
         result = _confirm(trace_a, trace_b, workdir=folder, max_runs=max_runs, jobs=jobs,
-                          progress=progress, dry_run=dry_run)
+                          progress=progress, dry_run=dry_run, given=given)
     with to_stdout():
         if as_json:
             click.echo(json.dumps(to_json(result), indent=2))

@@ -41,15 +41,26 @@ def lines(c: Confirmation) -> list:
     if c.residual is not None:
         out.append(f"left with every setting as on a: {_pct(c.residual)} of the difference "
                    f"(what no setting here explains: the machine, a library, the program)")
+    by_why = {}
     for key, why in c.unsettable:
-        out.append(f"not re-run: {printable(key)} ({printable(why)})")
+        by_why.setdefault(why, []).append(key)
+    for why, keys in by_why.items():
+        shown = ", ".join(printable(k) for k in keys[:4]) + (f" +{len(keys) - 4} more"
+                                                             if len(keys) > 4 else "")
+        out.append(f"not re-run: {shown} ({printable(why)})")
     if c.runs:
-        out.append(f"runs ({len(c.runs)}, script {printable(c.script)}):")
+        out.append(f"runs ({len(c.runs)}" + (f", script {printable(c.script)}" if c.script
+                                              else "") + "):")
         for r in c.runs:
-            state = (f"distance {r.distance:.3g}, removes {_pct(r.removal)}"
-                     if r.distance is not None else printable(r.error or "not run"))
+            if r.distance is None:
+                state = printable(r.error or "not run")
+            elif r.alone and r.removal is not None:   # one setting as on b: what it makes
+                state = f"distance {r.distance:.3g}, makes {_pct(1 - r.removal)}"
+            else:
+                state = f"distance {r.distance:.3g}, removes {_pct(r.removal)}"
             out.append(f"  {printable(r.name)}: {state}  ({r.seconds:.1f} s)")
-            out.append(f"    {r.command}")
+            if r.command:
+                out.append(f"    {r.command}")
     if c.skipped_runs:
         out.append(f"{c.skipped_runs} runs left out by --max-runs")
     out += [f"note: {printable(n)}" for n in c.notes]

@@ -16,6 +16,7 @@ import math
 import os
 import tempfile
 
+from ... import shell
 from ...errors import TraceError
 from ...trace.reader import Trace
 from ..differ import Differ
@@ -27,9 +28,12 @@ INTERACTION = 0.1   # removal and "alone" further apart than this (absolute): th
 
 
 def confirm(a, b, workdir=None, max_runs=16, jobs=None, level="full", progress=None,
-            dry_run=False, located=None) -> Confirmation:
+            dry_run=False, located=None, given=()) -> Confirmation:
     """Re-run b with settings of a and measure (see the module's docstring). `located`: a
-    `LocateResult` of the two traces already made (else made here, with its sources)."""
+    `LocateResult` of the two traces already made (else made here, with its sources).
+    `given`: traces of b's script recorded elsewhere with a setting changed (`--with`: a
+    TPU run at precision highest), measured as runs of their own; where b ran on an
+    accelerator, nothing is re-run here and the commands to run there are printed."""
     progress = progress or (lambda *a, **k: None)
     ta, tb = Trace(a), Trace(b)
     try:
@@ -48,6 +52,9 @@ def confirm(a, b, workdir=None, max_runs=16, jobs=None, level="full", progress=N
                              "nothing was re-run")
             out.sources = [_source_check(s, []) for s in _sources(located)]
             return out
+        there = _accelerator(tb.manifest)
+        if there or given:
+            return _elsewhere(ta, tb, out, located, found, given, there)
         out.script = _runs.script_of(ta.manifest, tb.manifest)
         folder = workdir or tempfile.mkdtemp(prefix="tracediff-confirm-")
         os.makedirs(folder, exist_ok=True)
@@ -65,7 +72,8 @@ def confirm(a, b, workdir=None, max_runs=16, jobs=None, level="full", progress=N
         _effects(out, found)
         progress("re-running each source's op under each setting")
         by_op = op_runs.causes(ta, tb, found, _source_pairs(base, _sources(located)), jobs)
-        out.sources = [_source_check(s, _causes(s, found, out.runs, at_ops, by_op))
+        out.sources = [_source_check(s, _causes(s, found, out.runs, at_ops, by_op),
+                                     _together(s, out.runs, at_ops))
                        for s in _sources(located)]
         for sc in out.sources:
             _measured(sc, out)
@@ -73,6 +81,95 @@ def confirm(a, b, workdir=None, max_runs=16, jobs=None, level="full", progress=N
     finally:
         ta.close()
         tb.close()
+
+
+def _accelerator(manifest) -> str:
+    """The accelerator side b's JAX ran on ("tpu", "gpu"), "" for a CPU."""
+    jax = ((manifest or {}).get("frameworks") or {}).get("jax") or {}
+    backend = jax.get("backend") if isinstance(jax, dict) else None
+    return backend if isinstance(backend, str) and backend not in ("", "cpu") else ""
+
+
+def _elsewhere(ta, tb, out, located, found, given, there):
+    """b's counterfactual runs are made on b's machine: print their commands (each
+    source's, and b without each setting), and measure the traces given back."""
+    if there:
+        out.notes.append(f"b ran on a {there}: its runs are made there, not here. Run these "
+                         f"there and give their traces back with --with TRACE:")
+        lines = []
+        for src in _sources(located):
+            lines += [x for x in src.counterfactual if not x.startswith("#")
+                      and " locate " not in x]
+        argv = _settings.argv_of(tb.manifest) or ["SCRIPT.py"]
+        for s in found:
+            if s.kind == "env":
+                out_name = f"b_without_{s.name}.h5"
+                lines += (shell.record_command(argv, out_name, {s.name: s.a}) if s.a is not None
+                          else [shell.command("env", "-u", s.name, "tracediff", "record",
+                                              "-o", out_name, *argv)])
+        out.notes += list(dict.fromkeys(lines))
+    whole = out.distance
+    events = sorted({e for s in _sources(located) for e in _events(s)})
+    recorded = Differ(ta, tb)
+    before = {ea: measure.op_difference(recorded, ea) for ea in events}
+    removed = {}
+    for path in given:
+        tg = Trace(path)
+        try:
+            sha = [((m or {}).get("script") or {}).get("sha256") for m in (tb.manifest, tg.manifest)]
+            if sha[0] != sha[1]:
+                raise TraceError(f"{path}: it ran another script than b (sha256 "
+                                 f"{str(sha[1])[:12]} vs {str(sha[0])[:12]}): a run given with "
+                                 f"--with changes a setting, not the script")
+            label = _given_label(tb.manifest, tg.manifest)
+            d = Differ(ta, tg)
+            run = ConfirmRun(name=f"given {path}", reverted=[label], trace=str(path),
+                             distance=measure.distance(d))
+            if run.distance is not None and whole:
+                run.removal = 1.0 - run.distance / whole
+            out.runs.append(run)
+            removed[label] = ({ea for ea in events if _shrank(before[ea],
+                                                              measure.op_difference(d, ea))},
+                              run.removal)
+        finally:
+            tg.close()
+    for src in _sources(located):
+        labels = [k for k, (evs, _) in removed.items() if set(_events(src)) & evs]
+        sc = _source_check(src, [])
+        if labels:
+            sc.causes_measured = labels
+            sc.verdict = "removed by the run given"
+            sc.measured = removed[labels[0]][1] if len(labels) == 1 else None
+        else:
+            sc.verdict = ("not removed by the runs given" if given else
+                          f"not measured: its runs are made on the {there}")
+        out.sources.append(sc)
+    return out
+
+
+def _shrank(before, after) -> bool:
+    """A run made elsewhere removed the op's own difference: its outputs now equal a's, or
+    their difference fell to at most a tenth (a run on another machine keeps that machine's own rounding) while
+    its inputs' did not (an op downstream of a removed source shrinks with its inputs)."""
+    (out0, in0), (out1, in1) = before, after
+
+    def fell(x, y):
+        return x is not None and y is not None and x > 0 and y <= 0.1 * x
+
+    if out0 is not None and out0 > 0 and out1 == 0.0:   # gone bitwise: its own part too
+        return True
+    return fell(out0, out1) and not fell(in0, in1)
+
+
+def _given_label(mb, mg) -> str:
+    """What a given trace changed against b: its settings, its matmul precision."""
+    found, _ = _settings.differing(mb, mg)
+    words = [f"{s.label}={s.b if s.b is not None else 'unset'}" for s in found]
+    pb = (((mb or {}).get("frameworks") or {}).get("jax") or {}).get("jax_default_matmul_precision")
+    pg = (((mg or {}).get("frameworks") or {}).get("jax") or {}).get("jax_default_matmul_precision")
+    if pb != pg and not any("JAX_DEFAULT_MATMUL_PRECISION" in w for w in words):
+        words.append(f"matmul precision {pg or 'default'}")
+    return ", ".join(words) or "no setting differs from b"
 
 
 def _sources(located):
@@ -184,10 +281,21 @@ def _causes(src, found, runs_, at_ops, by_op) -> list:
     return out
 
 
-def _source_check(src, causes) -> SourceCheck:
+def _together(src, runs_, at_ops) -> bool:
+    """Did the run with every setting as on a remove the source's op difference?"""
+    for i, run in enumerate(runs_):
+        if run.name == "every setting as on a":
+            return any(at_ops.get(i, {}).get(ea) == measure.REMOVED for ea in _events(src))
+    return False
+
+
+def _source_check(src, causes, together=False) -> SourceCheck:
     ops = ", ".join(f"{op} x{n}" if n > 1 else str(op) for op, n in (src.ops or [])[:4])
     keys = {k for s in causes for k in s.keys}
-    if not causes:
+    if not causes and together:
+        verdict = ("the settings together: gone with every setting as on a, but no one of "
+                   "them alone was seen to change it (its inputs differ in every other run)")
+    elif not causes:
         verdict = "no setting reproduces it here"
     elif not src.causes:
         verdict = "cause found"

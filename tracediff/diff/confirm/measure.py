@@ -45,6 +45,36 @@ def distance(d: Differ):
     return None
 
 
+def _rel_rows(d, pairs):
+    """Relative L2 over paired value rows [(row a, row b)]; None where one is not stored."""
+    num = den = 0.0
+    for ra, rb in pairs:
+        if ra is None or rb is None or not (comparable(ra) and comparable(rb)):
+            return None
+        x, y = np.asarray(d.ra.read(ra), np.float64), np.asarray(d.rb.read(rb), np.float64)
+        if x.shape != y.shape:
+            return None
+        num, den = num + float(np.sum((x - y) ** 2)), den + float(np.sum(x ** 2))
+    return (float(np.sqrt(num / den)) if den > 0 else None) if pairs else None
+
+
+def op_difference(d: Differ, ea: int):
+    """(outputs, inputs): relative L2 between a's outputs of event `ea` and the run's
+    paired event's (0 when bitwise equal), and the same of their dataflow inputs; None
+    where not paired or not stored on both sides."""
+    eb = int(d.al.a2b[ea]) if 0 <= ea < len(d.al.a2b) else -1
+    if eb < 0:
+        return None, None
+    inputs = _rel_rows(d, [(x, y) for _, x, y in d.input_pairs(ea, eb)])
+    if d.sa.content[ea] == d.sb.content[eb]:
+        return 0.0, inputs
+    ra, rb = d.ta.value_rows(ea, schema.ROLE_OUT), d.tb.value_rows(eb, schema.ROLE_OUT)
+    if len(ra) == 0 or len(ra) != len(rb):
+        return None, inputs
+    return _rel_rows(d, list(zip(ra[np.argsort(ra["slot"])], rb[np.argsort(rb["slot"])]))), \
+        inputs
+
+
 def at_op(d: Differ, ea: int) -> str:
     """What the run did at a's event `ea`: REMOVED (its outputs equal a's), MAKES (its
     inputs equal a's and its outputs differ: the run's settings make this op differ), or
@@ -58,4 +88,4 @@ def at_op(d: Differ, ea: int) -> str:
     return MAKES if same_inputs is True else UNKNOWN
 
 
-__all__ = ["distance", "at_op", "measured_what", "REMOVED", "MAKES", "UNKNOWN"]
+__all__ = ["distance", "at_op", "op_difference", "measured_what", "REMOVED", "MAKES", "UNKNOWN"]

@@ -21,6 +21,7 @@ import subprocess
 import sys
 
 from . import settings as _settings
+from .runs import env_words
 
 
 def _digests(trace_path, events) -> dict:
@@ -56,13 +57,8 @@ def _digests(trace_path, events) -> dict:
 
 
 def _words(env_side, revert, trace_path, events):
-    unset, assign = _settings.environment_for(dict(os.environ), env_side, revert)
-    words = ["env"]
-    for k in unset:
-        words += ["-u", k]
-    words += [f"{k}={v}" for k, v in assign.items()]
-    return words + [sys.executable, "-m", "tracediff.diff.confirm.op_runs", trace_path,
-                    *map(str, events)]
+    return env_words(env_side, revert) + [
+        sys.executable, "-m", "tracediff.diff.confirm.op_runs", trace_path, *map(str, events)]
 
 
 def _run(words):

@@ -56,6 +56,16 @@ def script_of(ma, mb) -> str:
     return path
 
 
+def env_words(side_env, revert=()) -> list:
+    """`env -u KEY ... KEY=value ...`: the words that give a command the side's numeric
+    settings, those in `revert` as on a (`settings.environment_for`)."""
+    unset, assign = _settings.environment_for(dict(os.environ), side_env, revert)
+    words = ["env"]
+    for k in unset:
+        words += ["-u", k]
+    return words + [f"{k}={v}" for k, v in assign.items()]
+
+
 def plan(ma, mb, found, script, folder, level="full", max_runs=16) -> tuple:
     """([RunSpec], left out): b as recorded; b without each setting; with two or more
     settings, each setting alone and b with every setting as on a."""
@@ -70,14 +80,10 @@ def plan(ma, mb, found, script, folder, level="full", max_runs=16) -> tuple:
     argv_a, argv_b = _settings.argv_of(ma) or [script], _settings.argv_of(mb) or [script]
     for i, spec in enumerate(kept):
         spec.trace = os.path.join(folder, f"run{i}.h5")
-        unset, assign = _settings.environment_for(dict(os.environ), env_b, spec.reverted)
         argv = argv_a if any(s.kind == "argv" for s in spec.reverted) else argv_b
-        words = ["env"]
-        for k in unset:
-            words += ["-u", k]
-        words += [f"{k}={v}" for k, v in assign.items()]
-        words += [sys.executable, "-m", "tracediff", "record", "--level", level,
-                  "-o", spec.trace, script, *argv[1:]]
+        words = env_words(env_b, spec.reverted) + [
+            sys.executable, "-m", "tracediff", "record", "--level", level, "-o", spec.trace,
+            script, *argv[1:]]
         if any(printable(w) != w for w in words):
             raise TraceError("the recorded command line holds control characters: confirm "
                              "runs only what it can print exactly")
@@ -117,4 +123,4 @@ def execute(specs, jobs=None, progress=None) -> list:
         return list(pool.map(one, specs))
 
 
-__all__ = ["RunSpec", "script_of", "plan", "execute", "command_line"]
+__all__ = ["RunSpec", "script_of", "env_words", "plan", "execute", "command_line"]
