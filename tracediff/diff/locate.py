@@ -29,6 +29,10 @@ inputs, which explains but is not what the script computed):
    around zero (`compare/nearzero.py`: beyond tolerance only where an input it reads element for
    element is noise near zero): the first such event is kept in `near_zero`, never the
    verdict.
+4. A difference that never reaches another op (every op that reads it computes bitwise
+   the same on both sides: a weight drawn, then overwritten by a load before anything
+   read it) is passed over at both levels: the first is kept in `absorbed`, never the
+   headline. `first_difference` is the first difference that reaches the outputs.
 
 The verdict is about values: events that have no counterpart (the two runs executed
 different ops, or one trace is truncated) are counted in `alignment`, named in a warning,
@@ -179,6 +183,7 @@ def run(ta, tb, rtol=None, atol=None, differ=None, mapping=None) -> LocateResult
         first_bit = first_bit or first_tol
     levels, level_warnings = _levels.annotate(first_bit, first_tol, ta, tb, d)
     near_zero, near_zero_total = _near_zero(d)
+    absorbed, absorbed_total = _absorbed(d)
     diverged = first_tol is not None or first_param is not None or structural is not None
     if not diverged and not cov.sufficient:
         warnings.append("INCONCLUSIVE: every compared value agrees, but too little was "
@@ -196,7 +201,8 @@ def run(ta, tb, rtol=None, atol=None, differ=None, mapping=None) -> LocateResult
                    **({"ulp": d.ulp} if d.ulp is not None else {})},
         mapping=mapping or [], optimizer_steps_total=n_steps,
         noise=_noise_info(d), levels=levels, near_zero=near_zero,
-        near_zero_total=near_zero_total, nonfinite=_nonfinite(ta, tb, warnings))
+        near_zero_total=near_zero_total, absorbed=absorbed, absorbed_total=absorbed_total,
+        nonfinite=_nonfinite(ta, tb, warnings))
 
 
 def _nonfinite(ta, tb, warnings):
@@ -222,6 +228,20 @@ def _near_zero(d):
     f = d.finding(ea, eb, TOLERANCE, note=(
         f"rounding noise around zero, not counted as beyond tolerance: {why}"))
     return f, st.count
+
+
+def _absorbed(d):
+    """(the first difference the bitwise search passed over because no op it reaches
+    computes differently, as a `Finding` whose note names its readers; how many)."""
+    st = (getattr(d, "absorbed_state", None) or {}).get(BITWISE)
+    if st is None or st[0] is None:
+        return None, 0
+    ea, eb, readers = st[0]
+    names = ", ".join(f"{d.ta.string(d.ta.events['op'][r])} #{r}" for r in readers[:3].tolist())
+    f = d.finding(ea, eb, BITWISE, note=(
+        f"overwritten or dropped before anything read it: its readers ({names}) compute "
+        f"bitwise the same on both sides, so it never reaches the outputs"))
+    return f, st[1]
 
 
 def _structural(d, first_bit):

@@ -4,7 +4,8 @@
 `build(result)` of a `LocateResult`. Top-level fields: verdict ("match" | "diverged" |
 "inconclusive": no divergence in what was compared, too little compared; exit code 3), coverage,
 exit_code, traces {a, b}, warnings, tolerance, first_difference, first_beyond_tolerance,
-replay_only, near_zero (only when the tolerance search passed over rounding noise around
+replay_only, absorbed (only when a difference never reached another op: the first such,
+its note naming its readers) with absorbed_total, near_zero (only when the tolerance search passed over rounding noise around
 zero: the first such finding, its note saying why) with near_zero_total, alignment {events_a, events_b, matched, only_in_a, only_in_b,
 anchors_matched, fallback_regions, gaps}, optimizer_steps (per compared step: step, a, b,
 bitwise_equal, max_rel, max_abs, rel_l2, worst (the parameter with the largest relative L2 of
@@ -238,6 +239,8 @@ def build(r: LocateResult) -> dict:
         "replay_only": finding_json(r.replay_only),
         **({"near_zero": finding_json(r.near_zero), "near_zero_total": r.near_zero_total}
            if r.near_zero is not None else {}),
+        **({"absorbed": finding_json(r.absorbed), "absorbed_total": r.absorbed_total}
+           if r.absorbed is not None else {}),
         "alignment": {**r.alignment, "gaps": r.gaps},
         "optimizer_steps": [{k: (_plain(v) if k == "first_beyond" and v is not None else v)
                              for k, v in _plain(s).items()

@@ -254,6 +254,11 @@ def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bo
                       f"{_fmt(fm.max_abs if fm else None)}, max rel "
                       f"{_fmt(fm.max_rel if fm else None)}: {markup(f.note.split(': ', 1)[-1])}"
                       f"{f'; {more} more event(s) carry it on' if more > 0 else ''}")
+    if r.absorbed is not None:   # passed over: it never reached another op (search.py)
+        f, more = r.absorbed, r.absorbed_total - 1
+        console.print(f"[bold]a difference that never reached the outputs[/] (not the first "
+                      f"difference): {_where(f.a)} (a #{f.a.index}, b #{f.b.index}): "
+                      f"{markup(f.note)}{f'; {more} more like it' if more > 0 else ''}")
     if r.replay_only is not None and r.first_beyond_tolerance is None:
         f = r.replay_only
         console.print(f"replay-only difference beyond tolerance (not seen by the script): "

@@ -68,11 +68,48 @@ class DivergenceSearch:
                 continue
             if self.cast_only(ea, eb):
                 continue  # only the dtype changed (a cast): not where values part
+            if self._absorbed(ea, eb, level):
+                continue  # overwritten or dropped before any op read it: never the headline
             handler = self.SEARCH_BY_KIND.get(int(self.sa.kind[ea]), DivergenceSearch._search_event)
             found = handler(self, ea, eb, state)
             if found is not None:
                 return found, state.replay_only
         return None, state.replay_only
+
+    absorbed_state = None   # {level: [first (a event, b event, readers), count]}
+
+    def _absorbed(self, ea, eb, level):
+        """True (and remembered) when the difference of paired event ea never reaches
+        another op: it has readers in the dataflow and every one of them computes
+        bitwise-equal outputs on both sides (a weight drawn, then overwritten by a load's
+        `copy_` before anything read it). An event nothing reads may be what the script
+        prints or returns: never absorbed."""
+        if int(self.sa.kind[ea]) not in _ABSORBABLE:
+            return False
+        readers = self._readers(ea)
+        if not len(readers):
+            return False
+        for r in readers.tolist():
+            rb = int(self.al.a2b[r])
+            if rb < 0 or self.sa.content[r] != self.sb.content[rb]:
+                return False
+        if self.absorbed_state is None:
+            self.absorbed_state = {}
+        st = self.absorbed_state.setdefault(level, [None, 0])
+        if st[0] is None:
+            st[0] = (ea, eb, readers)
+        st[1] += 1
+        return True
+
+    def _readers(self, ea):
+        """The events of trace a that read an output of event `ea` (the inputs table)."""
+        if getattr(self, "_reader_index", None) is None:
+            prod = self.ta.inputs["producer"]
+            order = np.argsort(prod, kind="stable")
+            self._reader_index = (prod[order], self.ta.inputs["event"][order])
+        prods, events = self._reader_index
+        lo, hi = np.searchsorted(prods, [ea, ea + 1])
+        return np.unique(events[lo:hi])
 
     def _search_event(self, ea, eb, s):
         """What the script saw (eager primitive, torch op, optimizer snapshot, input):
@@ -269,6 +306,10 @@ class DivergenceSearch:
             self.noise_skipped = set()
         self.noise_skipped.add(int(ea))
         return True
+
+
+# kinds whose difference can die before it is read: ops, equations, eager primitives
+_ABSORBABLE = frozenset({schema.KIND_OP, schema.KIND_EQN, schema.KIND_EAGER})
 
 
 class _Search:

@@ -34,6 +34,10 @@ class LocateResult:
     # around zero (diff/compare/nearzero.py): not counted, shown apart; how many events were
     near_zero: Optional[Finding] = None
     near_zero_total: int = 0
+    # the first difference passed over because it never reached another op (overwritten or
+    # dropped before anything read it; engine/search.py `_absorbed`), and how many were
+    absorbed: Optional[Finding] = None
+    absorbed_total: int = 0
     alignment: dict = field(default_factory=dict)  # align.Alignment.stats()
     gaps: list = field(default_factory=list)
     env_diff: list = field(default_factory=list)   # [{key, category, a, b, ...}] (explain/env.py)
