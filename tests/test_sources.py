@@ -306,6 +306,38 @@ def test_arguments_that_only_follow_a_change_of_dtype_are_the_dtype(tmp_path):
         [(s["mechanism"], s["arguments"], s["ops"]) for s in srcs]
 
 
+OWN_BF16 = """
+import sys
+import jax, jax.numpy as jnp
+dt = jnp.bfloat16 if "--bf16" in sys.argv else jnp.float32
+kx, kw = jax.random.split(jax.random.PRNGKey(0))
+x, w = jax.random.normal(kx, (16, 32)), jax.random.normal(kw, (32, 8))
+
+@jax.jit
+def head(x, w):   # the program's own choice: bf16 operands, float32 products
+    return jnp.tanh(jnp.dot(x.astype(dt), w.astype(dt), preferred_element_type=jnp.float32))
+
+print(float(head(x, w).sum()))
+"""
+
+
+def test_a_jax_programs_own_bf16_operands_are_the_dtype_not_a_kernel(tmp_path):
+    """`preferred_element_type=float32` on bf16 operands in b only: the dot's outputs are
+    float32 on both sides, its inputs are not. The source is the change of dtype on b (it
+    was "implementation, matmul": a kernel computing differently)."""
+    pytest.importorskip("jax")
+    script = tmp_path / "head.py"
+    script.write_text(OWN_BF16)
+    paths = []
+    for name, args in (("a", ()), ("b", ("--bf16",))):
+        run_cli("record", "-o", tmp_path / f"{name}.h5", script, *args, check=True)
+        paths.append(str(tmp_path / f"{name}.h5"))
+    first = locate_json(*paths)["sources"]["sources"][0]
+    assert first["mechanism"] == "dtype" and first["side"] == "b", first
+    assert dict(first["ops"]).get("dot_general"), first["ops"]
+    assert "inputs float32 vs bfloat16" in first["mechanism_text"]
+
+
 REDRAWN = """
 import sys
 import numpy as np

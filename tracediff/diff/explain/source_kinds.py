@@ -92,14 +92,35 @@ def _out_dtypes(t, ev):
     return [t.string(r["dtype"]) for r in rows[np.argsort(rows["slot"], kind="stable")]]
 
 
+def _in_dtypes(d, ea, eb):
+    """The dtypes of the paired events' dataflow inputs, a's and b's (None: not known)."""
+    out_a, out_b = [], []
+    try:
+        pairs = d.input_pairs(ea, eb)
+    except Exception:   # a differ without dataflow pairing (two frameworks): none known
+        return [], []
+    for _, ra, rb in pairs:
+        out_a.append(d.ta.string(ra["dtype"]) if ra is not None else None)
+        out_b.append(d.tb.string(rb["dtype"]) if rb is not None else None)
+    return out_a, out_b
+
+
 def dtype_change(d, ea, eb):
     """(note, narrower side) when the paired outputs differ in dtype (autocast on one
-    side, or a cast in the program): the dtype, not a kernel, makes the difference;
-    ("", "") otherwise."""
+    side, or a cast in the program), or their inputs do (a program's own bf16 operands
+    with `preferred_element_type=float32`): the dtype, not a kernel, makes the
+    difference; ("", "") otherwise."""
     da, db = _out_dtypes(d.ta, ea), _out_dtypes(d.tb, eb)
     note = _dtypes.dtype_note(d.ta, d.tb, ea, eb, da, db)
     if not note:
-        return "", ""
+        ia, ib = _in_dtypes(d, ea, eb)
+        known = [(x, y) for x, y in zip(ia, ib) if x and y and x != y and
+                 _WIDTH.get(x) and _WIDTH.get(y)]
+        if not known:
+            return "", ""
+        x, y = known[0]
+        return (f"inputs {x} vs {y}, outputs {da[0] if da else '?'}",
+                "a" if _WIDTH[x] < _WIDTH[y] else "b")
     x, y = next((x, y) for x, y in zip(da, db) if x != y)
     return note, "a" if _WIDTH.get(x, 4) < _WIDTH.get(y, 4) else "b"
 
