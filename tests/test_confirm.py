@@ -27,6 +27,12 @@ import torch.nn as nn
 torch.manual_seed(0)
 model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
                       nn.Flatten(), nn.Linear(8 * 8 * 8, 10))
+if len(sys.argv) > 2:   # the truth's runs: save the initial parameters, or load them
+    how, path = sys.argv[2].split(":", 1)
+    if how == "save":
+        torch.save(model.state_dict(), path)
+    else:
+        model.load_state_dict(torch.load(path))
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 x, y = torch.randn(16, 3, 8, 8), torch.randint(0, 10, (16,))
 for _ in range(3):
@@ -90,10 +96,10 @@ else:
 """
 
 
-def _plain(tmp_path, script, env, name):
+def _plain(tmp_path, script, env, name, *extra):
     out = tmp_path / f"{name}.npz"
     full = {k: v for k, v in script_env(env).items() if k not in SETTINGS or k in env}
-    subprocess.run([sys.executable, str(script), str(out)], env=full, check=True,
+    subprocess.run([sys.executable, str(script), str(out), *extra], env=full, check=True,
                    capture_output=True)
     with np.load(out) as f:
         return {k: f[k].astype(np.float64) for k in f.files}
@@ -135,10 +141,11 @@ def cnn(tmp_path_factory):
     changes = _ops_changed(script, tmp)
     if not all(changes.values()):
         pytest.skip(f"a setting changes none of the ops on this CPU: {changes}")
-    a = _plain(tmp, script, {}, "a")
+    a = _plain(tmp, script, {}, "a", f"save:{tmp / 'init_a.pt'}")
     b = _plain(tmp, script, SETTINGS, "b")
     whole = _rel(a, b)
-    truth = {"changes": changes, "removal": {}, "alone": {}}
+    same_init = _rel(a, _plain(tmp, script, SETTINGS, "b_init_a", f"load:{tmp / 'init_a.pt'}"))
+    truth = {"changes": changes, "removal": {}, "alone": {}, "initialiser": 1 - same_init / whole}
     for k, v in SETTINGS.items():
         without = {o: w for o, w in SETTINGS.items() if o != k}
         truth["removal"][k] = 1 - _rel(a, _plain(tmp, script, without, f"no_{k}")) / whole
@@ -174,6 +181,11 @@ def test_each_source_gets_the_setting_that_changes_its_op_and_its_measured_remov
         if truth["removal"][e["setting"]] < -0.05:
             assert "differ" in e["interacts"] and "more" in e["interacts"], e
     assert doc["reproduced"] is True and doc["residual"] == 0.0
+    # the initialiser, which no setting alone expresses here, measured by substituting a's
+    # drawn values in b's run: what b started from a's initial parameters removes
+    (init,) = [s for s in doc["sources"] if s["mechanism"] == "initialiser"]
+    assert "substituted" in init["verdict"], init
+    assert abs(init["measured"] - truth["initialiser"]) <= 0.05, (init, truth)
 
 
 def _tiny(tmp_path, b_env):

@@ -88,6 +88,6 @@ def test_a_drawn_value_overwritten_by_a_load_is_never_the_first_difference(tmp_p
     assert first["a"]["step"] == 0 and first["a"]["phase"] == "forward"
     absorbed = doc["absorbed"]
     assert absorbed["a"]["op"] == "aten::uniform_" and "aten::copy_" in absorbed["note"]
-    assert "never reaches the outputs" in absorbed["note"]
+    assert "overwritten before anything read it" in absorbed["note"]
     text = run_cli("locate", *paths, "--no-sources").stdout
     assert "a difference that never reached the outputs" in text and "aten::uniform_" in text

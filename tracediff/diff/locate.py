@@ -29,9 +29,9 @@ inputs, which explains but is not what the script computed):
    around zero (`compare/nearzero.py`: beyond tolerance only where an input it reads element for
    element is noise near zero): the first such event is kept in `near_zero`, never the
    verdict.
-4. A difference that never reaches another op (every op that reads it computes bitwise
-   the same on both sides: a weight drawn, then overwritten by a load before anything
-   read it) is passed over at both levels: the first is kept in `absorbed`, never the
+4. A difference overwritten before anything reads it (the dataflow links it only to ops
+   that write over it without reading it: a weight drawn, then a load's `copy_` over it)
+   is passed over at both levels: the first is kept in `absorbed`, never the
    headline. `first_difference` is the first difference that reaches the outputs.
 
 The verdict is about values: events that have no counterpart (the two runs executed
@@ -231,16 +231,17 @@ def _near_zero(d):
 
 
 def _absorbed(d):
-    """(the first difference the bitwise search passed over because no op it reaches
-    computes differently, as a `Finding` whose note names its readers; how many)."""
+    """(the first difference the bitwise search passed over because it was overwritten
+    before anything read it, as a `Finding` whose note names what wrote over it; how
+    many)."""
     st = (getattr(d, "absorbed_state", None) or {}).get(BITWISE)
     if st is None or st[0] is None:
         return None, 0
     ea, eb, readers = st[0]
     names = ", ".join(f"{d.ta.string(d.ta.events['op'][r])} #{r}" for r in readers[:3].tolist())
     f = d.finding(ea, eb, BITWISE, note=(
-        f"overwritten or dropped before anything read it: its readers ({names}) compute "
-        f"bitwise the same on both sides, so it never reaches the outputs"))
+        f"overwritten before anything read it: the ops it goes to ({names}) write over it "
+        f"without reading its values, so it never reaches the outputs"))
     return f, st[1]
 
 

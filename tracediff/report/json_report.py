@@ -4,8 +4,8 @@
 `build(result)` of a `LocateResult`. Top-level fields: verdict ("match" | "diverged" |
 "inconclusive": no divergence in what was compared, too little compared; exit code 3), coverage,
 exit_code, traces {a, b}, warnings, tolerance, first_difference, first_beyond_tolerance,
-replay_only, absorbed (only when a difference never reached another op: the first such,
-its note naming its readers) with absorbed_total, near_zero (only when the tolerance search passed over rounding noise around
+replay_only, absorbed (only when a difference was overwritten before anything read it: the
+first such, its note naming what wrote over it) with absorbed_total, near_zero (only when the tolerance search passed over rounding noise around
 zero: the first such finding, its note saying why) with near_zero_total, alignment {events_a, events_b, matched, only_in_a, only_in_b,
 anchors_matched, fallback_regions, gaps}, optimizer_steps (per compared step: step, a, b,
 bitwise_equal, max_rel, max_abs, rel_l2, worst (the parameter with the largest relative L2 of

@@ -254,7 +254,7 @@ def print_locate(r: LocateResult, console: Optional[Console] = None, verbose: bo
                       f"{_fmt(fm.max_abs if fm else None)}, max rel "
                       f"{_fmt(fm.max_rel if fm else None)}: {markup(f.note.split(': ', 1)[-1])}"
                       f"{f'; {more} more event(s) carry it on' if more > 0 else ''}")
-    if r.absorbed is not None:   # passed over: it never reached another op (search.py)
+    if r.absorbed is not None:   # passed over: overwritten before anything read it (search.py)
         f, more = r.absorbed, r.absorbed_total - 1
         console.print(f"[bold]a difference that never reached the outputs[/] (not the first "
                       f"difference): {_where(f.a)} (a #{f.a.index}, b #{f.b.index}): "

@@ -264,6 +264,11 @@ def capture_losses(frameworks) -> list:
             out.append(f"{fw} capture STOPPED at event {m.get('recording_stopped_at_event')}: "
                        f"{str(m['recording_error'])[:200]}; nothing the script ran after it is "
                        f"in the trace")
+        subst = m.get("substituted")
+        if isinstance(subst, dict):   # confirm's counterfactual run (capture/torch/substitute.py)
+            out.append(f"{subst.get('substituted')} {fw} events of {subst.get('events')} hold "
+                       f"another run's values, substituted by tracediff confirm: what the "
+                       f"script saw, not what those ops computed")
         sub = m.get("subclasses")
         n = sub.get("unreadable_values") if isinstance(sub, dict) else None
         if isinstance(n, int) and n > 0:

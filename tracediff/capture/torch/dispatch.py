@@ -56,6 +56,8 @@ class _Dispatch:
             return func(*args, **kwargs)
         return self.on_op(func, args, kwargs, sub.dtensor_types(types))
 
+    substitutions = None   # confirm's counterfactual run: substitute.Substitutions
+
     def on_op(self, func, args, kwargs, dtensor=False):
         """Run one aten op and record it (called by the dispatch mode).
 
@@ -137,6 +139,11 @@ class _Dispatch:
             return self.collectives.run(func, args, kwargs,
                                         (info, None, node, seq_now, src, mod, refs))
         out = info.call(*args, **kwargs) if not dtensor else self.subclasses.run(func, args, kwargs)
+        if self.substitutions is not None:   # a counterfactual run of confirm (substitute.py)
+            try:
+                self.substitutions.apply(self.writer.n_events, info.name, out, loaded.torch)
+            except Exception as exc:
+                self._fail(exc)
         try:
             self._after(info, node, seq_now, src, mod, refs, args, kwargs, out, simple)
         except Exception as exc:

@@ -90,6 +90,7 @@ from . import loaded
 from .dataflow import _Dataflow
 from .dispatch import _Dispatch, _make_mode
 from .emitter import _EmitterAPI
+from .substitute import Substitutions
 from .modules import _ModulePaths
 from .opinfo import _OpParams
 from .optimizer import _OptimizerSteps
@@ -198,6 +199,8 @@ class TorchCapture(_Dispatch, _Dataflow, _Values, _OpParams, _ModulePaths, _Sour
         # what could not be read or formatted, skipped (capture/skipped.py): the manifest's
         self.skipped_settings = skipped.settings()
         self.skipped_names = skipped.names()
+        # confirm's counterfactual run: another run's values for some events (substitute.py)
+        self.substitutions = Substitutions.from_env()
         self._seq_marks = []
         _live_captures.add(self)
         self._names, self._names_key = {}, None
@@ -342,6 +345,8 @@ class TorchCapture(_Dispatch, _Dataflow, _Values, _OpParams, _ModulePaths, _Sour
             m["autocast"] = self.autocast.manifest()
         if getattr(self, "subclasses", None) is not None:
             m["subclasses"] = self.subclasses.manifest()
+        if getattr(self, "substitutions", None) is not None:
+            m["substituted"] = self.substitutions.manifest()
         if getattr(self, "failed", None):
             m["recording_error"] = self.failed
             m["recording_stopped_at_event"] = self.failed_at_event

@@ -22,7 +22,7 @@ from ...trace.reader import Trace
 from ..differ import Differ
 from ..explain.source_fixes import removes
 from ..result import Confirmation, ConfirmRun, SettingEffect, SourceCheck
-from . import measure, op_runs, runs as _runs, settings as _settings
+from . import measure, op_runs, runs as _runs, settings as _settings, substitution
 
 INTERACTION = 0.1   # removal and "alone" further apart than this (absolute): they interact
 
@@ -46,23 +46,40 @@ def confirm(a, b, workdir=None, max_runs=16, jobs=None, level="full", progress=N
         out = Confirmation(trace_a=str(a), trace_b=str(b), script="",
                            measures=measure.measured_what(base), distance=measure.distance(base),
                            unsettable=[[u.key, u.why] for u in unsettable])
-        if not found:
+        substitutable = [x for x in _sources(located) if x.mechanism in substitution.MECHANISMS]
+        if not found and not substitutable:
             out.notes.append("no setting that a re-run can set differs between the two runs: "
                              "what differs is the machine, a library or the program itself; "
                              "nothing was re-run")
             out.sources = [_source_check(s, []) for s in _sources(located)]
             return out
         there = _accelerator(tb.manifest)
-        if there or given:
-            return _elsewhere(ta, tb, out, located, found, given, there)
+        if there or given or not found:
+            if not found:   # the sources that substitution measures are measured below
+                out.notes.append("no setting that a re-run can set differs between the two "
+                                 "runs: only the sources measured by substitution are re-run")
+            if there or given:
+                return _elsewhere(ta, tb, out, located, found, given, there)
         out.script = _runs.script_of(ta.manifest, tb.manifest)
         folder = workdir or tempfile.mkdtemp(prefix="tracediff-confirm-")
         os.makedirs(folder, exist_ok=True)
         specs, out.skipped_runs = _runs.plan(ta.manifest, tb.manifest, found, out.script,
-                                             folder, level=level, max_runs=max_runs)
+                                             folder, level=level, max_runs=max_runs) \
+            if found else ([], 0)
+        subst, notes = substitution.specs(
+            base, _sources(located), folder, _settings.env_of(tb.manifest),
+            _settings.argv_of(tb.manifest) or [out.script], out.script, level)
+        out.notes += notes
+        if not found:   # the plain re-run of b: what the substitutions are measured against
+            specs = _runs.plan(ta.manifest, tb.manifest, [], out.script, folder, level=level,
+                               max_runs=1)[0]
         out.runs = [ConfirmRun(name=s.name, reverted=[x.label for x in s.reverted],
                                alone=s.alone, command=_runs.command_line(s), trace=s.trace)
                     for s in specs]
+        out.runs += [ConfirmRun(name=s.name, reverted=[], substituted=rank,
+                                command=_runs.command_line(s), trace=s.trace)
+                     for s, rank in subst]
+        specs = specs + [s for s, _ in subst]
         if dry_run:
             out.notes.append("--dry-run: the runs were printed, not made")
             return out
@@ -71,16 +88,27 @@ def confirm(a, b, workdir=None, max_runs=16, jobs=None, level="full", progress=N
         at_ops = _measure_runs(ta, tb, out, located, progress)
         _effects(out, found)
         progress("re-running each source's op under each setting")
-        by_op = op_runs.causes(ta, tb, found, _source_pairs(base, _sources(located)), jobs)
+        by_op = op_runs.causes(ta, tb, found, _source_pairs(base, _sources(located)),
+                               jobs) if found else {}
         out.sources = [_source_check(s, _causes(s, found, out.runs, at_ops, by_op),
                                      _together(s, out.runs, at_ops))
                        for s in _sources(located)]
         for sc in out.sources:
             _measured(sc, out)
+            _substituted(sc, out)
         return out
     finally:
         ta.close()
         tb.close()
+
+
+def _substituted(sc, out):
+    """The measured part of a source whose run had a's values substituted for its outputs:
+    what that run removes (the run's trace says how many events were substituted)."""
+    for run in out.runs:
+        if run.substituted == sc.rank and run.removal is not None:
+            sc.measured = run.removal
+            sc.verdict += "; measured with a's values substituted for its outputs"
 
 
 def _accelerator(manifest) -> str:
@@ -227,7 +255,8 @@ def _measure_runs(ta, tb, out, located, progress):
     every = [r for r in out.runs if r.name == "every setting as on a"]
     if every and every[0].distance is not None and whole:
         out.residual = every[0].distance / whole
-    elif len(out.runs) == 2 and out.runs[1].removal is not None:
+    elif len([r for r in out.runs if not r.substituted]) == 2 and \
+            out.runs[1].removal is not None:
         out.residual = 1.0 - out.runs[1].removal
     return at_ops
 

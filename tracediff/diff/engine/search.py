@@ -12,6 +12,7 @@ from ...trace import schema
 from ..compare import levels as _levels
 from ..compare import nearzero as _nearzero
 from ..compare import values as compare
+from ..compare.args import base_name
 from ..compare.values import BITWISE, TOLERANCE
 from ..result import CallRef
 
@@ -79,37 +80,38 @@ class DivergenceSearch:
     absorbed_state = None   # {level: [first (a event, b event, readers), count]}
 
     def _absorbed(self, ea, eb, level):
-        """True (and remembered) when the difference of paired event ea never reaches
-        another op: it has readers in the dataflow and every one of them computes
-        bitwise-equal outputs on both sides (a weight drawn, then overwritten by a load's
-        `copy_` before anything read it). An event nothing reads may be what the script
-        prints or returns: never absorbed."""
+        """True (and remembered) when the difference of paired event ea is overwritten
+        before anything reads it: the dataflow links it only to ops that write over that
+        argument without reading its values (a weight drawn, then `copy_` of a loaded
+        checkpoint over it; `fill_`, `zero_`, a second draw). It never reaches the outputs."""
         if int(self.sa.kind[ea]) not in _ABSORBABLE:
             return False
         readers = self._readers(ea)
         if not len(readers):
             return False
-        for r in readers.tolist():
-            rb = int(self.al.a2b[r])
-            if rb < 0 or self.sa.content[r] != self.sb.content[rb]:
+        ops = self.ta.events["op"]
+        for r, slot in readers:
+            if slot != 0 or base_name(self.ta.string(ops[r])) not in OVERWRITE_FIRST:
                 return False
         if self.absorbed_state is None:
             self.absorbed_state = {}
         st = self.absorbed_state.setdefault(level, [None, 0])
         if st[0] is None:
-            st[0] = (ea, eb, readers)
+            st[0] = (ea, eb, np.array(sorted({r for r, _ in readers})))
         st[1] += 1
         return True
 
     def _readers(self, ea):
-        """The events of trace a that read an output of event `ea` (the inputs table)."""
+        """[(event, slot)] of trace a's events that take an output of event `ea` as an
+        input (the inputs table)."""
         if getattr(self, "_reader_index", None) is None:
             prod = self.ta.inputs["producer"]
             order = np.argsort(prod, kind="stable")
-            self._reader_index = (prod[order], self.ta.inputs["event"][order])
-        prods, events = self._reader_index
+            self._reader_index = (prod[order], self.ta.inputs["event"][order],
+                                  self.ta.inputs["slot"][order])
+        prods, events, slots = self._reader_index
         lo, hi = np.searchsorted(prods, [ea, ea + 1])
-        return np.unique(events[lo:hi])
+        return list(zip(events[lo:hi].tolist(), slots[lo:hi].tolist()))
 
     def _search_event(self, ea, eb, s):
         """What the script saw (eager primitive, torch op, optimizer snapshot, input):
@@ -310,6 +312,10 @@ class DivergenceSearch:
 
 # kinds whose difference can die before it is read: ops, equations, eager primitives
 _ABSORBABLE = frozenset({schema.KIND_OP, schema.KIND_EQN, schema.KIND_EAGER})
+# torch ops that write over their first argument without reading its values (base names)
+OVERWRITE_FIRST = frozenset({"copy", "fill", "zero", "uniform", "normal", "bernoulli",
+                             "exponential", "geometric", "cauchy", "log_normal", "random",
+                             "set"})
 
 
 class _Search:

@@ -18,6 +18,7 @@ class ConfirmRun(_ByKey):
     name: str                     # "b as recorded", "without X", "X alone", "as a"
     reverted: list                # labels of the settings set as on a
     alone: str = ""               # the one setting left as on b ("X alone" runs)
+    substituted: int = 0          # the rank of the source whose outputs were a's values
     command: str = ""             # the command line, exactly as it was run
     trace: str = ""
     exit_code: Optional[int] = None

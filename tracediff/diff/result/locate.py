@@ -34,8 +34,8 @@ class LocateResult:
     # around zero (diff/compare/nearzero.py): not counted, shown apart; how many events were
     near_zero: Optional[Finding] = None
     near_zero_total: int = 0
-    # the first difference passed over because it never reached another op (overwritten or
-    # dropped before anything read it; engine/search.py `_absorbed`), and how many were
+    # the first difference passed over because it was overwritten before anything read it
+    # (engine/search.py `_absorbed`), and how many were
     absorbed: Optional[Finding] = None
     absorbed_total: int = 0
     alignment: dict = field(default_factory=dict)  # align.Alignment.stats()
