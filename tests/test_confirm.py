@@ -11,124 +11,16 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
-from .helpers import run_cli, script_env
+from . import confirm_truth as truth_of
+from .helpers import FIXTURES, run_cli, script_env
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
-CNN = """
-import sys
-import numpy as np
-import torch
-import torch.nn as nn
-
-torch.manual_seed(0)
-model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-                      nn.Flatten(), nn.Linear(8 * 8 * 8, 10))
-if len(sys.argv) > 2:   # the truth's runs: save the initial parameters, or load them
-    how, path = sys.argv[2].split(":", 1)
-    if how == "save":
-        torch.save(model.state_dict(), path)
-    else:
-        model.load_state_dict(torch.load(path))
-opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-x, y = torch.randn(16, 3, 8, 8), torch.randint(0, 10, (16,))
-for _ in range(3):
-    opt.zero_grad()
-    loss = nn.functional.cross_entropy(model(x), y)
-    loss.backward()
-    opt.step()
-print(loss.item())
-if len(sys.argv) > 1:
-    np.savez(sys.argv[1], **{k: v.detach().numpy() for k, v in model.state_dict().items()
-                             if v.dtype.is_floating_point})
-"""
-
+CNN = os.path.join(FIXTURES, "torch_cnn_settings.py")
 SETTINGS = {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "AVX2",
             "OMP_NUM_THREADS": "1"}
-
-# the truth of each op's cause, without tracediff: the script run plainly under a dispatch
-# mode that saves the inputs of the first calls of every aten op (torch.save); then, in one
-# process per setting, each saved call run again on those inputs and its outputs hashed: a
-# setting that changes an op's hash from the plain process's changes how that op computes
-OPS = """
-import collections, copy, hashlib, io, runpy, sys
-import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
-def digest(x):
-    ts = [t for t in torch.utils._pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
-    return hashlib.sha256(b"".join(t.detach().contiguous().numpy().tobytes() for t in ts
-                                   if t.dtype.is_floating_point)).hexdigest()[:16]
-
-if sys.argv[1] == "save":
-    calls, seen = [], collections.Counter()
-
-    class Save(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            if func.namespace == "aten" and seen[func.name()] < 20:
-                seen[func.name()] += 1
-                detach = lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t
-                call = (func.name(), torch.utils._pytree.tree_map(detach, (args, kwargs)))
-                try:   # calls holding what cannot be saved (a profiler handle) are left out
-                    torch.save(call, io.BytesIO())
-                    calls.append(call)
-                except Exception:
-                    pass
-            return func(*args, **kwargs)
-
-    out, sys.argv = sys.argv[2], sys.argv[3:]
-    with Save():
-        runpy.run_path(sys.argv[0], run_name="__main__")
-    torch.save(calls, out)
-else:
-    for name, (args, kwargs) in torch.load(sys.argv[2], weights_only=False):
-        packet, _, overload = name.split("::")[1].partition(".")
-        func = getattr(getattr(torch.ops.aten, packet), overload or "default")
-        args, kwargs = copy.deepcopy((args, kwargs))
-        try:
-            print(name, digest(func(*args, **kwargs)))
-        except Exception as exc:
-            print(name, "failed")
-"""
-
-
-def _plain(tmp_path, script, env, name, *extra):
-    out = tmp_path / f"{name}.npz"
-    full = {k: v for k, v in script_env(env).items() if k not in SETTINGS or k in env}
-    subprocess.run([sys.executable, str(script), str(out), *extra], env=full, check=True,
-                   capture_output=True)
-    with np.load(out) as f:
-        return {k: f[k].astype(np.float64) for k in f.files}
-
-
-def _rel(a, b):
-    num = sum(float(np.sum((a[k] - b[k]) ** 2)) for k in a)
-    return (num / sum(float(np.sum(a[k] ** 2)) for k in a)) ** 0.5
-
-
-def _op_hashes(calls, env):
-    full = {k: v for k, v in script_env(env).items() if k not in SETTINGS or k in env}
-    out = subprocess.run([sys.executable, "-c", OPS, "run", str(calls)], env=full,
-                         check=True, capture_output=True, text=True).stdout.splitlines()
-    return [line.split() for line in out if line.startswith("aten::")]
-
-
-def _ops_changed(script, tmp):
-    """{setting: op names whose bits change under it alone, on the same saved inputs}."""
-    calls = tmp / "calls.pt"
-    subprocess.run([sys.executable, "-c", OPS, "save", str(calls), str(script)],
-                   env=script_env({}), check=True, capture_output=True)
-    plain = _op_hashes(calls, {})
-    out = {}
-    for k, v in SETTINGS.items():
-        other = _op_hashes(calls, {k: v})
-        out[k] = sorted({op.split(".")[0] for (op, h), (_, h2) in zip(plain, other)
-                         if h != h2 and "failed" not in (h, h2) and "empty" not in op})
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -136,25 +28,28 @@ def cnn(tmp_path_factory):
     """The CNN recorded plainly (a) and with three settings at once (b), and the truth."""
     pytest.importorskip("torch")
     tmp = tmp_path_factory.mktemp("confirm_cnn")
-    script = tmp / "cnn.py"
-    script.write_text(CNN)
-    changes = _ops_changed(script, tmp)
+    base = script_env({})
+    changes = truth_of.ops_changed(CNN, [], str(tmp), SETTINGS, base)
     if not all(changes.values()):
         pytest.skip(f"a setting changes none of the ops on this CPU: {changes}")
-    a = _plain(tmp, script, {}, "a", f"save:{tmp / 'init_a.pt'}")
-    b = _plain(tmp, script, SETTINGS, "b")
-    whole = _rel(a, b)
-    same_init = _rel(a, _plain(tmp, script, SETTINGS, "b_init_a", f"load:{tmp / 'init_a.pt'}"))
+
+    def final(env, name, *args):
+        return truth_of.final(CNN, args, env, tmp / f"{name}.npz", base)
+
+    a = final({}, "a", "--save-init", str(tmp / "init_a.pt"))
+    b = final(SETTINGS, "b")
+    whole = truth_of.rel(a, b)
+    same_init = truth_of.rel(a, final(SETTINGS, "b_init_a", "--init-from", str(tmp / "init_a.pt")))
     truth = {"changes": changes, "removal": {}, "alone": {}, "initialiser": 1 - same_init / whole}
     for k, v in SETTINGS.items():
         without = {o: w for o, w in SETTINGS.items() if o != k}
-        truth["removal"][k] = 1 - _rel(a, _plain(tmp, script, without, f"no_{k}")) / whole
-        truth["alone"][k] = _rel(a, _plain(tmp, script, {k: v}, f"only_{k}")) / whole
+        truth["removal"][k] = 1 - truth_of.rel(a, final(without, f"no_{k}")) / whole
+        truth["alone"][k] = truth_of.rel(a, final({k: v}, f"only_{k}")) / whole
     paths = []
     for name, env in (("a", {}), ("b", SETTINGS)):
-        full = {k: v for k, v in script_env(env).items() if k not in SETTINGS or k in env}
         subprocess.run([sys.executable, "-m", "tracediff", "record", "-o", str(tmp / f"{name}.h5"),
-                        str(script)], env=full, check=True, capture_output=True, cwd=tmp)
+                        CNN], env=truth_of.environment(env, base), check=True,
+                       capture_output=True, cwd=tmp)
         paths.append(tmp / f"{name}.h5")
     return paths, truth, tmp
 
@@ -257,3 +152,17 @@ def test_a_run_made_elsewhere_is_measured_with_its_setting_and_must_run_the_same
     run_cli("record", "-o", tmp_path / "other.h5", other, check=True)
     proc = run_cli("confirm", a, b, "--with", tmp_path / "other.h5")
     assert proc.returncode == 2 and "ran another script than b" in proc.stderr
+
+
+@pytest.mark.deep
+def test_a_report_carries_the_sources_measured_by_runs(tmp_path):
+    """`report --confirm`: the Markdown and HTML reports end with the sources checked by
+    runs (measured beside estimated, the runs and their commands)."""
+    pytest.importorskip("torch")
+    _, (a, b) = _tiny(tmp_path, {"ATEN_CPU_CAPABILITY": "default"})
+    for name in ("r.md", "r.html"):
+        proc = run_cli("report", a, b, "-o", tmp_path / name, "--confirm")
+        assert proc.returncode == 0, proc.stderr
+        text = (tmp_path / name).read_text()
+        assert "Confirmed by runs" in text and "without ATEN_CPU_CAPABILITY" in text
+        assert "estimated" in text and "measured" in text

@@ -181,7 +181,7 @@ def report_format(output, fmt):
 
 
 def write_report(trace_a, trace_b, output, fmt=None, rtol=None, atol=None, map_file=None,
-                 source_dir=None, force=False):
+                 source_dir=None, force=False, confirm=False):
     """Locate and write a Markdown/HTML report to `output` ('-' = stdout); returns the result.
     Code context is what trace a recorded (or read from `source_dir`, see --source-dir).
     `output` is never written through a symbolic link; `force` replaces the link."""
@@ -206,6 +206,15 @@ def write_report(trace_a, trace_b, output, fmt=None, rtol=None, atol=None, map_f
 
         result = _locate(trace_a, trace_b, rtol=rtol, atol=atol, map_file=map_file)
         text = render(result, report_context(result, source_dir))
+    if confirm and trace_b is not None:   # each source checked by runs (diff/confirm/)
+        from ..diff.confirm import confirm as _confirm
+        from ..report import confirmation
+
+        c = _confirm(trace_a, trace_b, located=result)
+        if fmt == "html":
+            text = text.replace("</main>", confirmation.html_section(c) + "</main>", 1)
+        else:
+            text += confirmation.markdown(c)
     if output == "-":
         click.echo(text, nl=False)
     else:
@@ -232,8 +241,12 @@ def write_report(trace_a, trace_b, output, fmt=None, rtol=None, atol=None, map_f
 @source_dir_option
 @click.option("--force", is_flag=True,
               help="Replace FILE when it is a symbolic link (the link, never what it points to).")
+@click.option("--confirm", "with_confirm", is_flag=True,
+              help="Also check each source by runs made here (tracediff confirm): the "
+                   "measured removals beside the estimates, in a section of their own.")
 @guard
-def report(trace_a, trace_b, output, fmt, rtol, atol, map_file, source_dir, force):
+def report(trace_a, trace_b, output, fmt, rtol, atol, map_file, source_dir, force,
+           with_confirm):
     """Write a bug report comparing TRACE_A and TRACE_B (or the JAX and the torch side
     of one TRACE_A that recorded both).
 
@@ -253,13 +266,15 @@ def report(trace_a, trace_b, output, fmt, rtol, atol, map_file, source_dir, forc
     Examples:
       tracediff report a.h5 b.h5 -o report.md
       tracediff report a.h5 b.h5 -o report.html --rtol 1e-4
+      tracediff report a.h5 b.h5 -o report.md --confirm   # sources checked by runs
       tracediff report a.h5 b.h5 | gh issue create --title "run diverges" --body-file -
     """
     map_file = user_map(map_file)
     need_trace(trace_a)
     if trace_b is not None:
         need_trace(trace_b)
-    result = write_report(trace_a, trace_b, output, fmt, rtol, atol, map_file, source_dir, force)
+    result = write_report(trace_a, trace_b, output, fmt, rtol, atol, map_file, source_dir, force,
+                          confirm=with_confirm)
     if output != "-":
         click.echo(f"tracediff: {report_format(output, fmt)} report written to {output} "
                    f"(verdict: {result.verdict})", err=True)

@@ -67,10 +67,27 @@ def lines(c: Confirmation) -> list:
     return out
 
 
+def markdown(c: Confirmation) -> str:
+    """A report section: the lines in a fence longer than any backtick run in them."""
+    from .markdown import _fence
+
+    body = lines(c)
+    fence = _fence(body)
+    return "\n## Confirmed by runs\n\n" + "\n".join([fence, *body, fence]) + "\n"
+
+
+def html_section(c: Confirmation) -> str:
+    """A report section: the lines, escaped, in a <pre>."""
+    import html
+
+    body = "\n".join(html.escape(x, quote=True) for x in lines(c))
+    return f"<h2>Confirmed by runs</h2><pre>{body}</pre>"
+
+
 def to_json(c: Confirmation) -> dict:
     """The JSON form of a Confirmation (docs/json.md)."""
     typed(c, Confirmation)
     return strict(dataclasses.asdict(c))
 
 
-__all__ = ["lines", "to_json"]
+__all__ = ["lines", "markdown", "html_section", "to_json"]
