@@ -2,11 +2,12 @@
 truth is computed without tracediff: counterfactual runs of the plain scripts (the same
 program re-run with one source removed), and the identical runs' empty list."""
 
+import os
 
 import numpy as np
 import pytest
 
-from .helpers import locate_json, run_cli, run_plain
+from .helpers import FIXTURES, locate_json, run_cli, run_plain
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -336,6 +337,26 @@ def test_a_jax_programs_own_bf16_operands_are_the_dtype_not_a_kernel(tmp_path):
     assert first["mechanism"] == "dtype" and first["side"] == "b", first
     assert dict(first["ops"]).get("dot_general"), first["ops"]
     assert "inputs float32 vs bfloat16" in first["mechanism_text"]
+
+
+@pytest.mark.deep
+def test_a_plain_jax_initialiser_is_the_initialiser_and_the_batch_random_data(tmp_path):
+    """fixtures/jax_mlp_flags.py draws its parameters with `jax.nn.initializers` at top level
+    (no module) and its batch with `jax.random.normal`; under `--xla_cpu_max_isa=SSE4_2`
+    every draw differs. The draws that become the first optax step's parameters are the
+    initialiser, the other random data (before, all three were "random data")."""
+    pytest.importorskip("optax")
+    paths = []
+    for name, env in (("a", None), ("b", {"XLA_FLAGS": "--xla_cpu_max_isa=SSE4_2"})):
+        run_cli("record", "-o", tmp_path / f"{name}.h5",
+                os.path.join(FIXTURES, "jax_mlp_flags.py"), env=env, check=True)
+        paths.append(str(tmp_path / f"{name}.h5"))
+    sources = locate_json(*paths)["sources"]["sources"]
+    draws = {s["mechanism"]: dict(s["ops"]).get("erf_inv") for s in sources
+             if s["mechanism"] in ("initialiser", "random_data")}
+    if not draws:
+        pytest.skip("SSE4_2 draws the same numbers as this CPU's own ISA")
+    assert draws == {"initialiser": 2, "random_data": 1}, sources
 
 
 REDRAWN = """

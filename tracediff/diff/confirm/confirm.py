@@ -326,6 +326,8 @@ def _source_check(src, causes, together=False) -> SourceCheck:
                    "them alone was seen to change it (its inputs differ in every other run)")
     elif not causes:
         verdict = "no setting reproduces it here"
+    elif src.mechanism == "dtype" and any(s.kind == "argv" for s in causes):
+        verdict = "confirmed: the script's arguments choose the dtype (autocast or a cast)"
     elif not src.causes:
         verdict = "cause found"
     elif keys & set(src.causes):

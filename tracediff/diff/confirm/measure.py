@@ -11,6 +11,7 @@ import numpy as np
 from ...trace import schema
 from ..compare import values as _values
 from ..differ import Differ, comparable
+from ..explain.source_kinds import dtype_change
 
 REMOVED, MAKES, UNKNOWN = "removed", "makes", "unknown"
 
@@ -77,13 +78,16 @@ def op_difference(d: Differ, ea: int):
 
 def at_op(d: Differ, ea: int) -> str:
     """What the run did at a's event `ea`: REMOVED (its outputs equal a's), MAKES (its
-    inputs equal a's and its outputs differ: the run's settings make this op differ), or
+    inputs equal a's and its outputs differ, or it computes in another dtype than a: the
+    run's settings make this op differ), or
     UNKNOWN (its inputs differ too, or it is not paired)."""
     eb = int(d.al.a2b[ea]) if 0 <= ea < len(d.al.a2b) else -1
     if eb < 0:
         return UNKNOWN
     if d.sa.content[ea] == d.sb.content[eb]:
         return REMOVED
+    if dtype_change(d, ea, eb)[0]:   # computed in another dtype here: this run's making
+        return MAKES
     same_inputs = d.inputs_match(ea, eb, _values.BITWISE)[0]
     return MAKES if same_inputs is True else UNKNOWN
 

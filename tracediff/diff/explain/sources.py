@@ -261,11 +261,52 @@ def _random_data(op, module, framework, lib_source=""):
     return not module and not _MODULE_LIB.search(lib_source or "")
 
 
+def reaches_parameters(t, ev, hops=16) -> bool:
+    """Does a JAX draw outside any module become a parameter: does a value it leads to
+    (through the equations of its call, the call, then eager ops: a scale, a reshape, as
+    `jax.nn.initializers` at top level) equal, by hash, a parameter of the first optax
+    step? Then it is the initialiser, not random data."""
+    cache = t.__dict__.setdefault("_tracediff_params", {})
+    if "hashes" not in cache:
+        optim = np.flatnonzero(t.events["kind"] == schema.KIND_OPTIM)
+        hashes = set()
+        if len(optim):
+            for r in t.value_rows(int(optim[0]), None):
+                if t.string(r["name"]).startswith("params/") and int(r["hash"]):
+                    hashes.add(int(r["hash"]))
+        prod = t.inputs["producer"]
+        order = np.argsort(prod, kind="stable")
+        cache["hashes"], cache["readers"] = hashes, (prod[order], t.inputs["event"][order])
+    hashes, (prods, events) = cache["hashes"], cache["readers"]
+    if not hashes:
+        return False
+    frontier, seen = {int(ev)}, set()
+    for _ in range(hops):
+        nxt = set()
+        for e in frontier - seen:
+            seen.add(e)
+            if any(int(r["hash"]) in hashes for r in t.value_rows(e, schema.ROLE_OUT)):
+                return True
+            lo, hi = np.searchsorted(prods, [e, e + 1])
+            nxt.update(x for x in events[lo:hi].tolist()
+                       if int(t.events["kind"][x]) != schema.KIND_OPTIM)
+            call = int(t.events["call"][e])
+            if hi == lo and call >= 0:   # an equation's value leaves through its call
+                nxt.add(call)
+        if not nxt:
+            return False
+        frontier = nxt
+    return False
+
+
 def _cluster_key(d, ea, inputs_equal):
     e = d.ta.events[ea]
     module = _DIGITS.sub("*", d.ta.string(e["name_stack"]))
     init = is_initialiser(d.ta, ea)
-    return (d.ta.string(e["op"]), module, int(e["phase"]), init, inputs_equal)
+    # a JAX draw outside any module: a parameter's (the initialiser) or the data's
+    param = bool(init and not module and int(e["framework"]) == schema.FW_JAX and
+                 reaches_parameters(d.ta, ea))
+    return (d.ta.string(e["op"]), module, int(e["phase"]), init, inputs_equal, param)
 
 
 class _Cluster:
@@ -273,7 +314,7 @@ class _Cluster:
     judged source or inherited, weighed."""
 
     def __init__(self, key, members):
-        self.op, self.module, self.phase, self.init, self.inputs_equal = key
+        self.op, self.module, self.phase, self.init, self.inputs_equal = key[:5]
         self.members = members
         self.judged = []          # [(ea, eb, Measure)] of the replayed/compared events
         self.mechanism = ""       # short key: dtype, bf16_inputs, initialiser, fma, ...
@@ -337,7 +378,8 @@ class _Cluster:
                                    f"the program or its inputs, not in how the op computes)")
             return
         lib = d.ta.event(ea).get("lib_source", "") if self.init else ""
-        if self.init and _random_data(self.op, self.module, self.framework, lib):
+        if self.init and _random_data(self.op, self.module, self.framework, lib) and \
+                not (self.framework == "jax" and reaches_parameters(d.ta, ea)):
             self.mechanism = "random_data"
             self.mechanism_text = ("the random data differ: an RNG op drawing the program's "
                                    "inputs (not a module's parameters) computes its values "
