@@ -61,25 +61,7 @@ def confirm(a, b, workdir=None, max_runs=16, jobs=None, level="full", progress=N
             if there or given:
                 return _elsewhere(ta, tb, out, located, found, given, there)
         out.script = _runs.script_of(ta.manifest, tb.manifest)
-        folder = workdir or tempfile.mkdtemp(prefix="tracediff-confirm-")
-        os.makedirs(folder, exist_ok=True)
-        specs, out.skipped_runs = _runs.plan(ta.manifest, tb.manifest, found, out.script,
-                                             folder, level=level, max_runs=max_runs) \
-            if found else ([], 0)
-        subst, notes = substitution.specs(
-            base, _sources(located), folder, _settings.env_of(tb.manifest),
-            _settings.argv_of(tb.manifest) or [out.script], out.script, level)
-        out.notes += notes
-        if not found:   # the plain re-run of b: what the substitutions are measured against
-            specs = _runs.plan(ta.manifest, tb.manifest, [], out.script, folder, level=level,
-                               max_runs=1)[0]
-        out.runs = [ConfirmRun(name=s.name, reverted=[x.label for x in s.reverted],
-                               alone=s.alone, command=_runs.command_line(s), trace=s.trace)
-                    for s in specs]
-        out.runs += [ConfirmRun(name=s.name, reverted=[], substituted=rank,
-                                command=_runs.command_line(s), trace=s.trace)
-                     for s, rank in subst]
-        specs = specs + [s for s, _ in subst]
+        specs = _plan(ta, tb, found, located, base, out, workdir, level, max_runs)
         if dry_run:
             out.notes.append("--dry-run: the runs were printed, not made")
             return out
@@ -100,6 +82,25 @@ def confirm(a, b, workdir=None, max_runs=16, jobs=None, level="full", progress=N
     finally:
         ta.close()
         tb.close()
+
+
+def _plan(ta, tb, found, located, base, out, workdir, level, max_runs):
+    """The runs, in `out.runs` and as `RunSpec`s: b as recorded, b without each setting
+    and each alone (`runs.plan`), then b with a's values at each source that only
+    substitution measures (`substitution.specs`)."""
+    folder = workdir or tempfile.mkdtemp(prefix="tracediff-confirm-")
+    os.makedirs(folder, exist_ok=True)
+    specs, out.skipped_runs = _runs.plan(ta.manifest, tb.manifest, found, out.script, folder,
+                                         level=level, max_runs=max_runs)
+    subst, notes = substitution.specs(
+        base, _sources(located), folder, _settings.env_of(tb.manifest),
+        _settings.argv_of(tb.manifest) or [out.script], out.script, level)
+    out.notes += notes
+    out.runs = [ConfirmRun(name=s.name, reverted=[x.label for x in s.reverted], alone=s.alone,
+                           command=_runs.command_line(s), trace=s.trace) for s in specs]
+    out.runs += [ConfirmRun(name=s.name, reverted=[], substituted=rank,
+                            command=_runs.command_line(s), trace=s.trace) for s, rank in subst]
+    return specs + [s for s, _ in subst]
 
 
 def _substituted(sc, out):
