@@ -73,7 +73,7 @@ def confirm(a, b, workdir=None, max_runs=16, jobs=None, level="full", progress=N
         by_op = op_runs.causes(ta, tb, found, _source_pairs(base, _sources(located)),
                                jobs) if found else {}
         out.sources = [_source_check(s, _causes(s, found, out.runs, at_ops, by_op),
-                                     _together(s, out.runs, at_ops))
+                                     _together(s, out.runs, at_ops, by_op))
                        for s in _sources(located)]
         for sc in out.sources:
             _measured(sc, out)
@@ -311,8 +311,11 @@ def _causes(src, found, runs_, at_ops, by_op) -> list:
     return out
 
 
-def _together(src, runs_, at_ops) -> bool:
-    """Did the run with every setting as on a remove the source's op difference?"""
+def _together(src, runs_, at_ops, by_op) -> bool:
+    """Did the run with every setting as on a remove the source's op difference, where its
+    op could not be re-run alone (re-run alone and changed by no setting, it is none's)?"""
+    if any(ea in by_op for ea in _events(src)):
+        return False
     for i, run in enumerate(runs_):
         if run.name == "every setting as on a":
             return any(at_ops.get(i, {}).get(ea) == measure.REMOVED for ea in _events(src))

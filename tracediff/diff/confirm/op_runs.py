@@ -70,9 +70,10 @@ def _run(words):
 
 
 def causes(ta, tb, found, pairs, jobs=None) -> dict:
-    """{a event: [Setting]} for the (a event, b event) pairs: the settings that change
-    the op's bits when set as on the other side, on a's inputs (a's settings, then each
-    as on b) or on b's inputs (b's settings, then each as on a)."""
+    """{a event: [Setting]} for the (a event, b event) pairs whose op could be re-run here:
+    the settings that change the op's bits when set as on the other side, on a's inputs
+    (a's settings, then each as on b) or on b's inputs (b's settings, then each as on a).
+    An event whose op could not be re-run is absent."""
     env_a, env_b = _settings.env_of(ta.manifest), _settings.env_of(tb.manifest)
     ev_a = sorted({ea for ea, _ in pairs})
     ev_b = sorted({eb for _, eb in pairs})
@@ -87,6 +88,8 @@ def causes(ta, tb, found, pairs, jobs=None) -> dict:
         got = dict(zip(jobs_words, pool.map(_run, jobs_words.values())))
     out = {}
     for ea, eb in pairs:
+        if not isinstance(got[("a", None)].get(str(ea)), list):
+            continue   # not re-run here (not replayable, or its process failed)
         mine = []
         for s in env_settings:
             for side, ev in (("a", ea), ("b", eb)):
