@@ -265,15 +265,26 @@ def reaches_parameters(t, ev, hops=16) -> bool:
     """Does a JAX draw outside any module become a parameter: does a value it leads to
     (through the equations of its call, the call, then eager ops: a scale, a reshape, as
     `jax.nn.initializers` at top level) equal, by hash, a parameter of the first optax
-    step? Then it is the initialiser, not random data."""
+    step (a drawn one: constant parameters, zeros and ones, are left out)? Then it is the
+    initialiser, not random data."""
     cache = t.__dict__.setdefault("_tracediff_params", {})
     if "hashes" not in cache:
         optim = np.flatnonzero(t.events["kind"] == schema.KIND_OPTIM)
         hashes = set()
         if len(optim):
+            from ...trace.blob import ValueReader
+
+            reader = ValueReader(t)
             for r in t.value_rows(int(optim[0]), None):
-                if t.string(r["name"]).startswith("params/") and int(r["hash"]):
-                    hashes.add(int(r["hash"]))
+                if not (t.string(r["name"]).startswith("params/") and int(r["hash"])):
+                    continue
+                try:   # a constant parameter (zeros, ones) is any constant's hash: not drawn
+                    x = np.asarray(reader.read(r))
+                    if x.size and np.all(x == x.flat[0]):
+                        continue
+                except Exception:   # no bytes (stats level): the hash alone
+                    pass
+                hashes.add(int(r["hash"]))
         prod = t.inputs["producer"]
         order = np.argsort(prod, kind="stable")
         cache["hashes"], cache["readers"] = hashes, (prod[order], t.inputs["event"][order])
@@ -285,13 +296,15 @@ def reaches_parameters(t, ev, hops=16) -> bool:
         nxt = set()
         for e in frontier - seen:
             seen.add(e)
-            if any(int(r["hash"]) in hashes for r in t.value_rows(e, schema.ROLE_OUT)):
+            mine = {int(r["hash"]) for r in t.value_rows(e, schema.ROLE_OUT)}
+            if mine & hashes:
                 return True
             lo, hi = np.searchsorted(prods, [e, e + 1])
             nxt.update(x for x in events[lo:hi].tolist()
                        if int(t.events["kind"][x]) != schema.KIND_OPTIM)
             call = int(t.events["call"][e])
-            if hi == lo and call >= 0:   # an equation's value leaves through its call
+            if hi == lo and call >= 0 and mine & {   # the value itself leaves its call
+                    int(r["hash"]) for r in t.value_rows(call, schema.ROLE_OUT)}:
                 nxt.add(call)
         if not nxt:
             return False
