@@ -265,8 +265,8 @@ def reaches_parameters(t, ev, hops=16) -> bool:
     """Does a JAX draw outside any module become a parameter: does a value it leads to
     (through the equations of its call, the call, then eager ops: a scale, a reshape, as
     `jax.nn.initializers` at top level) equal, by hash, a parameter of the first optax
-    step (a drawn one: constant parameters, zeros and ones, are left out)? Then it is the
-    initialiser, not random data."""
+    step? Constant parameters (zeros, ones) are left out: any constant has their hash.
+    Then it is the initialiser, not random data."""
     cache = t.__dict__.setdefault("_tracediff_params", {})
     if "hashes" not in cache:
         optim = np.flatnonzero(t.events["kind"] == schema.KIND_OPTIM)
@@ -303,8 +303,7 @@ def reaches_parameters(t, ev, hops=16) -> bool:
             nxt.update(x for x in events[lo:hi].tolist()
                        if int(t.events["kind"][x]) != schema.KIND_OPTIM)
             call = int(t.events["call"][e])
-            if hi == lo and call >= 0 and mine & {   # the value itself leaves its call
-                    int(r["hash"]) for r in t.value_rows(call, schema.ROLE_OUT)}:
+            if hi == lo and call >= 0:   # no reader inside its call: the call takes it on
                 nxt.add(call)
         if not nxt:
             return False
