@@ -17,6 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from tests import confirm_truth as truth_of  # noqa: E402
+from tests.helpers import rel_l2  # noqa: E402
 
 FX = os.path.join(ROOT, "fixtures")
 ISA = {"XLA_FLAGS": "--xla_cpu_max_isa=SSE4_2"}
@@ -54,11 +55,11 @@ def _truth(script, env_b, args_b, tmp):
     t0 = time.perf_counter()
     b = final(env_b, args_b)
     plain = time.perf_counter() - t0
-    whole = truth_of.rel(a, b)
+    whole = rel_l2(a, b)
     rows = {}
     for label, env_w, args_w, env_o, args_o in _settings(env_b, args_b):
-        rows[label] = (1 - truth_of.rel(a, final(env_w, args_w)) / whole,
-                       truth_of.rel(a, final(env_o, args_o)) / whole)
+        rows[label] = (1 - rel_l2(a, final(env_w, args_w)) / whole,
+                       rel_l2(a, final(env_o, args_o)) / whole)
     return whole, rows, plain
 
 

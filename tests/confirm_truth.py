@@ -1,6 +1,6 @@
 """The truth of `tracediff confirm`'s cases, without tracediff (tests/test_confirm.py and
 benchmarks/confirm_truths.py): a program's final parameters from plain runs under each
-environment (`final`, `rel`), and, for torch, which aten ops each setting changes on the
+environment (`final`, compared by `helpers.rel_l2`), and, for torch, which aten ops each setting changes on the
 same inputs (`ops_changed`).
 
 """
@@ -28,12 +28,6 @@ def final(script, args, env, out, base=None):
                    env=environment(env, base), check=True, capture_output=True)
     with np.load(out) as f:
         return {k: f[k].astype(np.float64) for k in f.files}
-
-
-def rel(a, b):
-    """||a - b|| / ||a|| over every parameter."""
-    num = sum(float(np.sum((a[k] - b[k]) ** 2)) for k in a)
-    return (num / sum(float(np.sum(a[k] ** 2)) for k in a)) ** 0.5
 
 
 # the truth of each op's cause, without tracediff: the script run plainly under a dispatch

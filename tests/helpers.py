@@ -23,6 +23,16 @@ def fixture_line(script, text):
     raise AssertionError(f"{text!r} is not in {script}")
 
 
+def rel_l2(a, b):
+    """||a - b|| / ||a|| over every array of `a` (a dict or an .npz file, by key), in
+    float64: the relative L2 of two runs' parameters that the sources' truths compare."""
+    import numpy as np
+
+    num = sum(float(np.sum((np.asarray(a[k], np.float64) - np.asarray(b[k], np.float64)) ** 2))
+              for k in a)
+    return (num / sum(float(np.sum(np.asarray(a[k], np.float64) ** 2)) for k in a)) ** 0.5
+
+
 def line_in(path, marker):
     """The number of the first line of `path` (a test's own __file__) that holds `marker`
     outside a `def` line: where a test's inline program records its op."""

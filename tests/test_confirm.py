@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from . import confirm_truth as truth_of
-from .helpers import FIXTURES, run_cli, script_env
+from .helpers import FIXTURES, rel_l2, run_cli, script_env
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -38,13 +38,13 @@ def cnn(tmp_path_factory):
 
     a = final({}, "a", "--save-init", str(tmp / "init_a.pt"))
     b = final(SETTINGS, "b")
-    whole = truth_of.rel(a, b)
-    same_init = truth_of.rel(a, final(SETTINGS, "b_init_a", "--init-from", str(tmp / "init_a.pt")))
+    whole = rel_l2(a, b)
+    same_init = rel_l2(a, final(SETTINGS, "b_init_a", "--init-from", str(tmp / "init_a.pt")))
     truth = {"changes": changes, "removal": {}, "alone": {}, "initialiser": 1 - same_init / whole}
     for k, v in SETTINGS.items():
         without = {o: w for o, w in SETTINGS.items() if o != k}
-        truth["removal"][k] = 1 - truth_of.rel(a, final(without, f"no_{k}")) / whole
-        truth["alone"][k] = truth_of.rel(a, final({k: v}, f"only_{k}")) / whole
+        truth["removal"][k] = 1 - rel_l2(a, final(without, f"no_{k}")) / whole
+        truth["alone"][k] = rel_l2(a, final({k: v}, f"only_{k}")) / whole
     paths = []
     for name, env in (("a", {}), ("b", SETTINGS)):
         subprocess.run([sys.executable, "-m", "tracediff", "record", "-o", str(tmp / f"{name}.h5"),

@@ -7,20 +7,13 @@ import os
 import numpy as np
 import pytest
 
-from .helpers import FIXTURES, locate_json, run_cli, run_plain
+from .helpers import FIXTURES, locate_json, rel_l2, run_cli, run_plain
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 GPT = "torch_gpt_adamw.py"
 KERNELS = {"ATEN_CPU_CAPABILITY": "default"}
 CNN = "flax_cnn_adam.py"
-
-
-def _rel_l2(a, b):
-    num = sum(float(np.sum((a[k].astype(np.float64) - b[k].astype(np.float64)) ** 2))
-              for k in a)
-    den = sum(float(np.sum(a[k].astype(np.float64) ** 2)) for k in a)
-    return (num / den) ** 0.5
 
 
 def _torch_params(path):
@@ -40,7 +33,7 @@ def gpt(recorded, tmp_path_factory):
     run_plain(GPT, "--save-final", fb, env=KERNELS)
     run_plain(GPT, "--init-from", init, "--save-final", fc, env=KERNELS)
     pa, pb, pc = _torch_params(fa), _torch_params(fb), _torch_params(fc)
-    as_written, same_init = _rel_l2(pa, pb), _rel_l2(pa, pc)
+    as_written, same_init = rel_l2(pa, pb), rel_l2(pa, pc)
     if as_written == 0:
         pytest.skip("ATEN_CPU_CAPABILITY=default computes this GPT bitwise like this CPU's "
                     "vector kernels: no difference to explain here")
@@ -147,8 +140,8 @@ def cnn_on_a_tpu(recorded, tmp_path_factory):
     run_plain(CNN, "--save-final", fh, env={**tpu, "JAX_DEFAULT_MATMUL_PRECISION": "highest"})
     run_plain(CNN, "--init-from", init, "--save-final", fi, env=tpu)
     pa, pb, ph, pi = (dict(np.load(f)) for f in (fa, fb, fh, fi))
-    truth = {"as_written": _rel_l2(pa, pb), "highest": _rel_l2(pa, ph),
-             "same_init": _rel_l2(pa, pi)}
+    truth = {"as_written": rel_l2(pa, pb), "highest": rel_l2(pa, ph),
+             "same_init": rel_l2(pa, pi)}
     paths = recorded.many({"a": (CNN, (), None), "b": (CNN, (), tpu)})
     return paths["a"], paths["b"], truth
 
@@ -190,7 +183,7 @@ def cnn_under_sse4(recorded, tmp_path_factory):
     run_plain(CNN, "--save-final", fb, env=XLA_SSE4)
     run_plain(CNN, "--init-from", init, "--save-final", fi, env=XLA_SSE4)
     pa, pb, pi = (dict(np.load(f)) for f in (fa, fb, fi))
-    truth = {"as_written": _rel_l2(pa, pb), "same_init": _rel_l2(pa, pi)}
+    truth = {"as_written": rel_l2(pa, pb), "same_init": rel_l2(pa, pi)}
     if truth["as_written"] == 0 or truth["same_init"] >= truth["as_written"] / 2:
         pytest.skip(f"XLA_FLAGS={XLA_SSE4['XLA_FLAGS']} does not make the initialiser the "
                     f"larger part of this CNN's difference on this CPU: {truth}")

@@ -14,10 +14,9 @@ run removes it, and two plain recordings of the same run have no sources at all.
 
 import os
 
-import numpy as np
 import pytest
 
-from ..helpers import locate_json, run_cli, run_plain
+from ..helpers import locate_json, rel_l2, run_cli, run_plain
 
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs",
                        "hf_gpt2_train_steps.py")
@@ -30,11 +29,6 @@ def _params(path):
     return {k: v.double().numpy() for k, v in torch.load(path).items()}
 
 
-def _rel_l2(a, b):
-    num = sum(float(np.sum((a[k] - b[k]) ** 2)) for k in a)
-    return (num / sum(float(np.sum(a[k] ** 2)) for k in a)) ** 0.5
-
-
 @pytest.fixture(scope="module")
 def truth(tmp_path_factory):
     """Plain runs: a; b under the scalar kernels; b under them from a's initial parameters."""
@@ -44,7 +38,7 @@ def truth(tmp_path_factory):
     run_plain(PROGRAM, "--save-final", fb, env=SCALAR_KERNELS)
     run_plain(PROGRAM, "--init-from", init, "--save-final", fc, env=SCALAR_KERNELS)
     pa = _params(fa)
-    as_written, same_init = _rel_l2(pa, _params(fb)), _rel_l2(pa, _params(fc))
+    as_written, same_init = rel_l2(pa, _params(fb)), rel_l2(pa, _params(fc))
     if as_written == 0:
         pytest.skip("ATEN_CPU_CAPABILITY=default computes this GPT-2 bitwise like this CPU's "
                     "vector kernels: no difference to explain here")

@@ -17,16 +17,14 @@ import os
 import numpy as np
 import pytest
 
-from ..helpers import locate_json, run_cli, run_plain
+from ..helpers import locate_json, rel_l2, run_cli, run_plain
 
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs", "nnx_train.py")
 SSE4 = {"XLA_FLAGS": "--xla_cpu_max_isa=SSE4_2"}
 
 
 def _rel_l2(pa, pb):
-    a, b = np.load(pa), np.load(pb)
-    num = sum(float(np.sum((a[k].astype(np.float64) - b[k]) ** 2)) for k in a.files)
-    return (num / sum(float(np.sum(a[k].astype(np.float64) ** 2)) for k in a.files)) ** 0.5
+    return rel_l2(np.load(pa), np.load(pb))
 
 
 @pytest.fixture(scope="module")

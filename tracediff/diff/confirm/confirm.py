@@ -21,6 +21,7 @@ from ...errors import TraceError
 from ...trace.reader import Trace
 from ..differ import Differ
 from ..explain.source_fixes import removes
+from ..explain.verdict import recorded_backend
 from ..result import Confirmation, ConfirmRun, SettingEffect, SourceCheck
 from . import measure, op_runs, runs as _runs, settings as _settings, substitution
 
@@ -53,7 +54,8 @@ def confirm(a, b, workdir=None, max_runs=16, jobs=None, level="full", progress=N
                              "nothing was re-run")
             out.sources = [_source_check(s, []) for s in _sources(located)]
             return out
-        there = _accelerator(tb.manifest)
+        backend = recorded_backend(tb, "jax")
+        there = backend if backend not in (None, "cpu") else ""
         if there or given or not found:
             if not found:   # the sources that substitution measures are measured below
                 out.notes.append("no setting that a re-run can set differs between the two "
@@ -94,7 +96,7 @@ def _plan(ta, tb, found, located, base, out, workdir, level, max_runs):
                                          level=level, max_runs=max_runs)
     subst, notes = substitution.specs(
         base, _sources(located), folder, _settings.env_of(tb.manifest),
-        _settings.argv_of(tb.manifest) or [out.script], out.script, level)
+        shell.script_argv(tb.manifest) or [out.script], out.script, level)
     out.notes += notes
     out.runs = [ConfirmRun(name=s.name, reverted=[x.label for x in s.reverted], alone=s.alone,
                            command=_runs.command_line(s), trace=s.trace) for s in specs]
@@ -112,13 +114,6 @@ def _substituted(sc, out):
             sc.verdict += "; measured with a's values substituted for its outputs"
 
 
-def _accelerator(manifest) -> str:
-    """The accelerator side b's JAX ran on ("tpu", "gpu"), "" for a CPU."""
-    jax = ((manifest or {}).get("frameworks") or {}).get("jax") or {}
-    backend = jax.get("backend") if isinstance(jax, dict) else None
-    return backend if isinstance(backend, str) and backend not in ("", "cpu") else ""
-
-
 def _elsewhere(ta, tb, out, located, found, given, there):
     """b's counterfactual runs are made on b's machine: print their commands (each
     source's, and b without each setting), and measure the traces given back."""
@@ -129,7 +124,7 @@ def _elsewhere(ta, tb, out, located, found, given, there):
         for src in _sources(located):
             lines += [x for x in src.counterfactual if not x.startswith("#")
                       and " locate " not in x]
-        argv = _settings.argv_of(tb.manifest) or ["SCRIPT.py"]
+        argv = shell.script_argv(tb.manifest) or ["SCRIPT.py"]
         for s in found:
             if s.kind == "env":
                 out_name = f"b_without_{s.name}.h5"

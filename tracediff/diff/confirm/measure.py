@@ -31,23 +31,28 @@ def distance(d: Differ):
         return 0.0 if last.bitwise_equal else last.rel_l2
     ia, ib = d.pairs()
     for ea, eb in zip(ia[::-1].tolist(), ib[::-1].tolist()):
-        ra, rb = d.ta.value_rows(ea, schema.ROLE_OUT), d.tb.value_rows(eb, schema.ROLE_OUT)
-        if len(ra) == 0 or len(ra) != len(rb):
+        sums = _sums(d, _out_pairs(d, ea, eb))
+        if sums is None:
             continue
-        if not all(comparable(r) for r in (*ra, *rb)):
-            continue
-        xs = [np.asarray(d.ra.read(r), np.float64) for r in ra]
-        ys = [np.asarray(d.rb.read(r), np.float64) for r in rb]
-        if any(x.shape != y.shape for x, y in zip(xs, ys)):
-            continue
-        num = sum(float(np.sum((x - y) ** 2)) for x, y in zip(xs, ys))
-        den = sum(float(np.sum(x ** 2)) for x in xs)
+        num, den = sums
         return 0.0 if num == 0 else (float(np.sqrt(num / den)) if den > 0 else float("inf"))
     return None
 
 
-def _rel_rows(d, pairs):
-    """Relative L2 over paired value rows [(row a, row b)]; None where one is not stored."""
+def _out_pairs(d, ea, eb):
+    """[(row a, row b)] of two paired events' outputs, by slot ([] when their counts differ)."""
+    ra, rb = d.ta.value_rows(ea, schema.ROLE_OUT), d.tb.value_rows(eb, schema.ROLE_OUT)
+    if len(ra) != len(rb):
+        return []
+    return list(zip(ra[np.argsort(ra["slot"], kind="stable")],
+                    rb[np.argsort(rb["slot"], kind="stable")]))
+
+
+def _sums(d, pairs):
+    """(||a - b||^2, ||a||^2) over paired value rows; None where there are none, or one is
+    not stored or not of the other's shape."""
+    if not pairs:
+        return None
     num = den = 0.0
     for ra, rb in pairs:
         if ra is None or rb is None or not (comparable(ra) and comparable(rb)):
@@ -56,7 +61,13 @@ def _rel_rows(d, pairs):
         if x.shape != y.shape:
             return None
         num, den = num + float(np.sum((x - y) ** 2)), den + float(np.sum(x ** 2))
-    return (float(np.sqrt(num / den)) if den > 0 else None) if pairs else None
+    return num, den
+
+
+def _rel_rows(d, pairs):
+    """Relative L2 over paired value rows; None where `_sums` has none or ||a|| is 0."""
+    sums = _sums(d, pairs)
+    return float(np.sqrt(sums[0] / sums[1])) if sums is not None and sums[1] > 0 else None
 
 
 def op_difference(d: Differ, ea: int):
@@ -69,11 +80,7 @@ def op_difference(d: Differ, ea: int):
     inputs = _rel_rows(d, [(x, y) for _, x, y in d.input_pairs(ea, eb)])
     if d.sa.content[ea] == d.sb.content[eb]:
         return 0.0, inputs
-    ra, rb = d.ta.value_rows(ea, schema.ROLE_OUT), d.tb.value_rows(eb, schema.ROLE_OUT)
-    if len(ra) == 0 or len(ra) != len(rb):
-        return None, inputs
-    return _rel_rows(d, list(zip(ra[np.argsort(ra["slot"])], rb[np.argsort(rb["slot"])]))), \
-        inputs
+    return _rel_rows(d, _out_pairs(d, ea, eb)), inputs
 
 
 def at_op(d: Differ, ea: int) -> str:

@@ -16,12 +16,11 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import json
-import os
 import subprocess
 import sys
 
 from . import settings as _settings
-from .runs import env_words
+from .runs import default_jobs, env_words
 
 
 def _digests(trace_path, events) -> dict:
@@ -83,7 +82,7 @@ def causes(ta, tb, found, pairs, jobs=None) -> dict:
     for s in env_settings:
         jobs_words[("a", s.label)] = _words(env_a, [_settings.swapped(s)], ta.path, ev_a)
         jobs_words[("b", s.label)] = _words(env_b, [s], tb.path, ev_b)
-    jobs = jobs or max(1, min(4, (os.cpu_count() or 2) // 2))
+    jobs = jobs or default_jobs()
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         got = dict(zip(jobs_words, pool.map(_run, jobs_words.values())))
     out = {}

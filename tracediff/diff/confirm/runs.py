@@ -77,7 +77,7 @@ def plan(ma, mb, found, script, folder, level="full", max_runs=16) -> tuple:
         specs.append(RunSpec("every setting as on a", list(found)))
     kept, left = specs[:max(1, max_runs)], max(0, len(specs) - max(1, max_runs))
     env_b = _settings.env_of(mb)
-    argv_a, argv_b = _settings.argv_of(ma) or [script], _settings.argv_of(mb) or [script]
+    argv_a, argv_b = shell.script_argv(ma) or [script], shell.script_argv(mb) or [script]
     for i, spec in enumerate(kept):
         spec.trace = os.path.join(folder, f"run{i}.h5")
         argv = argv_a if any(s.kind == "argv" for s in spec.reverted) else argv_b
@@ -96,10 +96,15 @@ def command_line(spec) -> str:
     return shell.command(*spec.words)
 
 
+def default_jobs() -> int:
+    """Processes at once: half the cores, at most 4, at least 1."""
+    return max(1, min(4, (os.cpu_count() or 2) // 2))
+
+
 def execute(specs, jobs=None, progress=None) -> list:
     """[(exit code, seconds, error)] of each run, in order; runs in parallel (`jobs`,
-    default: half the cores, at most 4, at least 1)."""
-    jobs = jobs or max(1, min(4, (os.cpu_count() or 2) // 2))
+    default `default_jobs()`)."""
+    jobs = jobs or default_jobs()
     done = [0]
 
     def one(spec):
@@ -123,4 +128,4 @@ def execute(specs, jobs=None, progress=None) -> list:
         return list(pool.map(one, specs))
 
 
-__all__ = ["RunSpec", "script_of", "env_words", "plan", "execute", "command_line"]
+__all__ = ["RunSpec", "script_of", "env_words", "default_jobs", "plan", "execute", "command_line"]

@@ -16,6 +16,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Optional
 
+from ...shell import script_argv
 from ...untrusted import is_env_name
 
 # variables whose value changes how a kernel computes or how many threads it uses
@@ -59,14 +60,6 @@ def env_of(manifest) -> dict:
     env = (manifest or {}).get("env")
     return {k: v for k, v in env.items() if isinstance(k, str) and isinstance(v, str)} \
         if isinstance(env, dict) else {}
-
-
-def argv_of(manifest) -> Optional[list]:
-    script = (manifest or {}).get("script")
-    argv = script.get("argv") if isinstance(script, dict) else None
-    if isinstance(argv, list) and argv and all(isinstance(x, str) for x in argv):
-        return argv
-    return None
 
 
 def settable_env(key, value) -> bool:
@@ -118,7 +111,7 @@ def differing(ma, mb) -> tuple:
         else:
             unsettable.append(Unsettable(f"env.{key}", "it decides which code or files a run "
                                          "loads or writes: set it yourself"))
-    aa, ab = argv_of(ma), argv_of(mb)
+    aa, ab = script_argv(ma), script_argv(mb)
     if aa is not None and ab is not None and aa[1:] != ab[1:]:
         settings.append(Setting("argv", "script arguments", shlex.join(aa[1:]),
                                 shlex.join(ab[1:]), ("script.argv",)))
@@ -154,5 +147,5 @@ def environment_for(base_env: dict, side_env: dict, revert=()) -> tuple:
     return unset, assign
 
 
-__all__ = ["Setting", "Unsettable", "differing", "environment_for", "swapped", "env_of", "argv_of",
+__all__ = ["Setting", "Unsettable", "differing", "environment_for", "swapped", "env_of",
            "settable_env", "xla_flags"]

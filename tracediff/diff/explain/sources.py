@@ -47,7 +47,7 @@ from ..differ import BITWISE
 from ..result import Source, Sources
 from . import source_fixes, source_kinds
 from .causes import op_class
-from .chain import differing_mask
+from .chain import consumers, differing_mask
 from .local_error import measure_compiled, measure_event
 from .mechanisms.dispatch import DESCRIPTIONS
 from .verdict import replay_verdict
@@ -261,50 +261,42 @@ def _random_data(op, module, framework, lib_source=""):
     return not module and not _MODULE_LIB.search(lib_source or "")
 
 
-def reaches_parameters(t, ev, hops=16) -> bool:
-    """Does a JAX draw outside any module become a parameter: does a value it leads to
-    (through the equations of its call, the call, then eager ops: a scale, a reshape, as
-    `jax.nn.initializers` at top level) equal, by hash, a parameter of the first optax
-    step? Constant parameters (zeros, ones) are left out: any constant has their hash.
-    Then it is the initialiser, not random data."""
-    cache = t.__dict__.setdefault("_tracediff_params", {})
-    if "hashes" not in cache:
+def reaches_parameters(d, ev, hops=16) -> bool:
+    """Does a JAX draw of trace a outside any module become a parameter: does a value it
+    leads to in the dataflow (`chain.consumers`: through the equations of its call, the
+    call, then eager ops: a scale, a reshape, as `jax.nn.initializers` at top level)
+    equal, by hash, a parameter of the first optax step? Constant parameters (zeros,
+    ones) are left out: any constant has their hash. Then it is the initialiser, not
+    random data."""
+    if getattr(d, "_drawn_params", None) is None:
+        t = d.ta
         optim = np.flatnonzero(t.events["kind"] == schema.KIND_OPTIM)
         hashes = set()
-        if len(optim):
-            from ...trace.blob import ValueReader
-
-            reader = ValueReader(t)
-            for r in t.value_rows(int(optim[0]), None):
-                if not (t.string(r["name"]).startswith("params/") and int(r["hash"])):
+        for r in (t.value_rows(int(optim[0]), None) if len(optim) else ()):
+            if not (t.string(r["name"]).startswith("params/") and int(r["hash"])):
+                continue
+            try:   # a constant parameter (zeros, ones) is any constant's hash: not drawn
+                x = np.asarray(d.ra.read(r))
+                if x.size and np.all(x == x.flat[0]):
                     continue
-                try:   # a constant parameter (zeros, ones) is any constant's hash: not drawn
-                    x = np.asarray(reader.read(r))
-                    if x.size and np.all(x == x.flat[0]):
-                        continue
-                except Exception:   # no bytes (stats level): the hash alone
-                    pass
-                hashes.add(int(r["hash"]))
-        prod = t.inputs["producer"]
-        order = np.argsort(prod, kind="stable")
-        cache["hashes"], cache["readers"] = hashes, (prod[order], t.inputs["event"][order])
-    hashes, (prods, events) = cache["hashes"], cache["readers"]
+            except Exception:   # no bytes (stats level): the hash alone
+                pass
+            hashes.add(int(r["hash"]))
+        d._drawn_params = (hashes, consumers(d) if hashes else None)
+    hashes, graph = d._drawn_params
     if not hashes:
         return False
+    starts, targets = graph
+    kind = d.sa.kind
     frontier, seen = {int(ev)}, set()
     for _ in range(hops):
         nxt = set()
         for e in frontier - seen:
             seen.add(e)
-            mine = {int(r["hash"]) for r in t.value_rows(e, schema.ROLE_OUT)}
-            if mine & hashes:
+            if any(int(r["hash"]) in hashes for r in d.ta.value_rows(e, schema.ROLE_OUT)):
                 return True
-            lo, hi = np.searchsorted(prods, [e, e + 1])
-            nxt.update(x for x in events[lo:hi].tolist()
-                       if int(t.events["kind"][x]) != schema.KIND_OPTIM)
-            call = int(t.events["call"][e])
-            if hi == lo and call >= 0:   # no reader inside its call: the call takes it on
-                nxt.add(call)
+            nxt.update(x for x in targets[starts[e]:starts[e + 1]].tolist()
+                       if int(kind[x]) != schema.KIND_OPTIM)
         if not nxt:
             return False
         frontier = nxt
@@ -317,7 +309,7 @@ def _cluster_key(d, ea, inputs_equal):
     init = is_initialiser(d.ta, ea)
     # a JAX draw outside any module: a parameter's (the initialiser) or the data's
     param = bool(init and not module and int(e["framework"]) == schema.FW_JAX and
-                 reaches_parameters(d.ta, ea))
+                 reaches_parameters(d, ea))
     return (d.ta.string(e["op"]), module, int(e["phase"]), init, inputs_equal, param)
 
 
@@ -391,7 +383,7 @@ class _Cluster:
             return
         lib = d.ta.event(ea).get("lib_source", "") if self.init else ""
         if self.init and _random_data(self.op, self.module, self.framework, lib) and \
-                not (self.framework == "jax" and reaches_parameters(d.ta, ea)):
+                not (self.framework == "jax" and reaches_parameters(d, ea)):
             self.mechanism = "random_data"
             self.mechanism_text = ("the random data differ: an RNG op drawing the program's "
                                    "inputs (not a module's parameters) computes its values "
